@@ -1,0 +1,43 @@
+"""ZB-H1 and ZB-H2, the paper's handcrafted zero-bubble schedules, as one rule.
+
+Rank r runs ``warm-up`` forwards, then repeats B(i), W(i - lag), F(next); the W passes it
+still owes run at the end. Delaying W by ``lag`` on later ranks is what lets B travel up the
+pipeline without waiting for W, so the cool-down gaps of 1F1B are filled with W work.
+
+=========  =======================  =========  =====================  ===============
+schedule   warm-up forwards         W lag      bubble (T_comm = 0)    peak activations
+=========  =======================  =========  =====================  ===============
+ZB-H1      p - r                    r          (p-1)(T_F+T_B-T_W)     p * M_B
+ZB-H2      2p - 1 - 2r              2r         (p-1)(T_F+T_B-2T_W)    (2p-1) * M_B
+=========  =======================  =========  =====================  ===============
+
+The order is valid for any m >= 1 and any costs; the bubble formulas need m >= p (ZB-H1) or
+m >= 2p - 1 (ZB-H2), enough microbatches to fill the warm-up.
+"""
+
+from ..actions import Action, Op
+
+
+def zb_h(p: int, m: int, level: int) -> list[list[Action]]:
+    ranks = []
+    for r in range(p):
+        warmup = min(m, (p - r) + (level - 1) * (p - 1 - r))
+        lag = level * r
+        row = [Action(r, Op.F, j) for j in range(warmup)]
+        for i in range(m):
+            row.append(Action(r, Op.B, i))
+            if i >= lag:
+                row.append(Action(r, Op.W, i - lag))
+            if warmup + i < m:
+                row.append(Action(r, Op.F, warmup + i))
+        row += [Action(r, Op.W, j) for j in range(max(0, m - lag), m)]
+        ranks.append(row)
+    return ranks
+
+
+def zb_h1(p: int, m: int) -> list[list[Action]]:
+    return zb_h(p, m, 1)
+
+
+def zb_h2(p: int, m: int) -> list[list[Action]]:
+    return zb_h(p, m, 2)

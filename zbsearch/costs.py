@@ -1,0 +1,99 @@
+"""Cost model: what each pass costs on each virtual stage, under a given placement.
+
+A profile describes the model cut into P stages. A schedule may cut it finer into S = k*P
+virtual stages (interleaved or V placement): each profile stage is then split into k equal
+consecutive virtual stages, each taking 1/k of its time and memory. Communication costs the
+profile's boundary time between virtual stages on different ranks, zero between virtual
+stages on the same rank (a local hand-over); boundaries created by the split (inside one
+profile stage) cost the profile's mean boundary time, because activations between layers of
+one model have the same size wherever the cut is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .actions import Op
+from .errors import ZbError
+from .profile import Profile
+
+__all__ = ["CostModel"]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    stage_to_rank: tuple[int, ...]
+    t_f: tuple[float, ...]
+    t_b: tuple[float, ...]
+    t_w: tuple[float, ...]
+    m_f: tuple[float, ...]
+    m_b: tuple[float, ...]
+    m_w: tuple[float, ...]
+    comm_next: tuple[float, ...]  # delay from stage s to s+1 (and back); 0 on the same rank
+
+    @classmethod
+    def from_profile(cls, profile: Profile, stage_to_rank: list[int] | tuple[int, ...]) -> "CostModel":
+        S, P = len(stage_to_rank), profile.num_stages
+        if S % P:
+            raise ZbError(f"profile has {P} stages, which cannot be split evenly into {S} stages")
+        k = S // P
+        st = [profile.stages[s // k] for s in range(S)]
+        comm = []
+        for s in range(S - 1):
+            if stage_to_rank[s] == stage_to_rank[s + 1]:
+                comm.append(0.0)
+            elif (s + 1) % k == 0:
+                comm.append(profile.comm((s + 1) // k - 1))
+            else:
+                comm.append(profile.mean_comm())
+        return cls(
+            stage_to_rank=tuple(stage_to_rank),
+            t_f=tuple(c.t_f / k for c in st),
+            t_b=tuple(c.t_b / k for c in st),
+            t_w=tuple(c.t_w / k for c in st),
+            m_f=tuple(c.m_f / k for c in st),
+            m_b=tuple(c.m_b / k for c in st),
+            m_w=tuple(c.m_w / k for c in st),
+            comm_next=tuple(comm),
+        )
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_to_rank)
+
+    @property
+    def num_ranks(self) -> int:
+        return max(self.stage_to_rank) + 1
+
+    def rank_stages(self, rank: int) -> list[int]:
+        return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
+
+    def time(self, stage: int, op: Op) -> float:
+        if op is Op.F:
+            return self.t_f[stage]
+        if op is Op.B:
+            return self.t_b[stage]
+        if op is Op.W:
+            return self.t_w[stage]
+        return self.t_b[stage] + self.t_w[stage]
+
+    def memory(self, stage: int, op: Op) -> float:
+        if op is Op.F:
+            return self.m_f[stage]
+        if op is Op.B:
+            return self.m_b[stage]
+        if op is Op.W:
+            return self.m_w[stage]
+        return self.m_b[stage] + self.m_w[stage]
+
+    def comm(self, a: int, b: int) -> float:
+        """Delay for a tensor passed between adjacent stages a and b (either direction)."""
+        return self.comm_next[min(a, b)]
+
+    def activation_unit(self, rank: int) -> float:
+        """M_B of a rank: what one microbatch's forward through all of the rank's stages keeps."""
+        return sum(self.m_f[s] for s in self.rank_stages(rank))
+
+    def rank_busy(self, rank: int, num_microbatches: int) -> float:
+        """Compute time one iteration needs on this rank, whatever the schedule."""
+        return num_microbatches * sum(self.t_f[s] + self.t_b[s] + self.t_w[s] for s in self.rank_stages(rank))

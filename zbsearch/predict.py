@@ -1,0 +1,38 @@
+"""Attach a schedule's predicted timeline summary (the ``predicted`` block of the file)."""
+
+from __future__ import annotations
+
+from .bounds import makespan_lower_bound, span_lower_bound
+from .costs import CostModel
+from .schedule import Predicted, Schedule
+from .simulator import Timeline, simulate
+
+__all__ = ["cost_model", "timeline", "predict", "with_prediction"]
+
+
+def cost_model(schedule: Schedule) -> CostModel:
+    return CostModel.from_profile(schedule.profile, schedule.stage_to_rank)
+
+
+def timeline(schedule: Schedule) -> Timeline:
+    return simulate(schedule.rank_actions, cost_model(schedule))
+
+
+def predict(schedule: Schedule, tl: Timeline | None = None) -> Predicted:
+    cost = cost_model(schedule)
+    tl = tl or simulate(schedule.rank_actions, cost)
+    m = schedule.num_microbatches
+    return Predicted(
+        makespan=tl.makespan,
+        span=tl.span,
+        bubble_rate=tl.bubble_rate,
+        peak_memory=tl.peak_memory,
+        lower_bound=span_lower_bound(cost, m),
+        lower_bound_makespan=makespan_lower_bound(cost, m),
+        bubble_rate_makespan=tl.bubble_rate_makespan(),
+    )
+
+
+def with_prediction(schedule: Schedule) -> Schedule:
+    schedule.predicted = predict(schedule)
+    return schedule

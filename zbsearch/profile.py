@@ -1,0 +1,128 @@
+"""Profile file format (``zbsearch.profile`` v1): measured per-stage costs.
+
+A profile describes a model cut into pipeline stages: per stage, the time of F, B (input
+gradient) and W (weight gradient), and the activation memory each pass allocates (m_f > 0)
+or frees (m_b, m_w, normally negative). What F allocates must be freed by B and W, so the
+three memory deltas sum to zero per stage; a profile that breaks this is rejected because it
+would make every memory prediction drift with the number of microbatches.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import ZbError
+from .fileio import read_model, write_model
+
+__all__ = ["StageCost", "Profile", "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES"]
+
+# Relative tolerance for "m_f + m_b + m_w ~ 0" (measured allocator deltas are noisy).
+_MEMORY_BALANCE_RTOL = 0.02
+
+
+class StageCost(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    t_f: float = Field(gt=0, description="forward time")
+    t_b: float = Field(gt=0, description="input-gradient (B) time")
+    t_w: float = Field(ge=0, description="weight-gradient (W) time")
+    m_f: float = Field(ge=0, description="activation memory allocated by F (M_B)")
+    m_b: float = Field(description="memory change of B (normally negative)")
+    m_w: float = Field(description="memory change of W (normally negative)")
+
+    @field_validator("t_f", "t_b", "t_w", "m_f", "m_b", "m_w")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    @model_validator(mode="after")
+    def _balanced(self) -> "StageCost":
+        total = self.m_f + self.m_b + self.m_w
+        if abs(total) > _MEMORY_BALANCE_RTOL * max(abs(self.m_f), 1e-9):
+            raise ValueError(
+                f"memory deltas do not balance: m_f + m_b + m_w = {total:g} "
+                f"(what F allocates must be freed by B and W)"
+            )
+        return self
+
+
+class Profile(BaseModel):
+    """Per-stage costs. Extra top-level fields (device, settings...) are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: Literal["zbsearch.profile"] = "zbsearch.profile"
+    version: Literal[1] = 1
+    name: str
+    time_unit: Literal["ms"] = "ms"
+    memory_unit: Literal["bytes", "activations"]
+    stages: list[StageCost] = Field(min_length=1)
+    t_comm: float | list[float] = 0.0
+    memory_capacity: list[float] | None = None
+
+    @field_validator("t_comm")
+    @classmethod
+    def _comm_nonneg(cls, v: float | list[float]) -> float | list[float]:
+        values = v if isinstance(v, list) else [v]
+        if any(not math.isfinite(x) or x < 0 for x in values):
+            raise ValueError("communication times must be finite and >= 0")
+        return v
+
+    @field_validator("memory_capacity")
+    @classmethod
+    def _capacity_pos(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and any(not math.isfinite(x) or x <= 0 for x in v):
+            raise ValueError("memory capacities must be finite and > 0")
+        return v
+
+    @model_validator(mode="after")
+    def _comm_len(self) -> "Profile":
+        if isinstance(self.t_comm, list) and len(self.t_comm) != len(self.stages) - 1:
+            raise ValueError(
+                f"t_comm has {len(self.t_comm)} values but {len(self.stages)} stages have "
+                f"{len(self.stages) - 1} boundaries"
+            )
+        return self
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    def comm(self, boundary: int) -> float:
+        """Time to pass a tensor across the boundary between stage ``boundary`` and the next."""
+        return self.t_comm[boundary] if isinstance(self.t_comm, list) else self.t_comm
+
+    def mean_comm(self) -> float:
+        return sum(self.t_comm) / len(self.t_comm) if isinstance(self.t_comm, list) and self.t_comm else float(
+            self.t_comm if not isinstance(self.t_comm, list) else 0.0
+        )
+
+
+def load_profile(path: str | os.PathLike) -> Profile:
+    return read_model(Profile, path)
+
+
+def save_profile(profile: Profile, path: str | os.PathLike) -> None:
+    write_model(profile, path)
+
+
+BUNDLED_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
+
+
+def resolve_profile(name_or_path: str | os.PathLike) -> Profile:
+    """Load a profile from a path, or by name from the bundled ``profiles/`` folder."""
+    p = Path(name_or_path)
+    if p.exists() or p.suffix == ".json" or len(p.parts) > 1:
+        return load_profile(p)
+    matches = sorted(BUNDLED_PROFILES.rglob(f"{p.name}.json"))
+    if not matches:
+        known = ", ".join(sorted(x.stem for x in BUNDLED_PROFILES.rglob("*.json"))) or "none"
+        raise ZbError(f"no profile file {str(p)!r} and no bundled profile of that name (bundled: {known})")
+    return load_profile(matches[0])

@@ -1,0 +1,144 @@
+"""Schedule file format (``zbsearch.schedule`` v1): per-rank action lists plus what they predict.
+
+A schedule is data, not code: each rank's list says in which order that rank executes its
+passes. Everything else (timeline, bubble, memory) is derived from the list and a profile by
+the simulator, and stored under ``predicted`` for people and tools that do not simulate.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from .actions import Action, parse_action
+from .errors import ZbError
+from .fileio import read_model, write_model
+from .profile import Profile
+
+__all__ = ["Predicted", "Schedule", "load_schedule", "save_schedule", "v_placement", "looped_placement"]
+
+
+class Predicted(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    makespan: float
+    span: list[float]
+    bubble_rate: float
+    peak_memory: list[float]
+    lower_bound: float = Field(description="provable lower bound on max(span) for this profile")
+
+
+class Schedule(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    format: Literal["zbsearch.schedule"] = "zbsearch.schedule"
+    version: Literal[1] = 1
+    kind: str
+    num_ranks: int = Field(ge=1)
+    num_stages: int = Field(ge=1)
+    num_microbatches: int = Field(ge=1)
+    stage_to_rank: list[int]
+    actions: list[list[str]]
+    memory_limit: list[float] | None = None
+    profile: Profile
+    predicted: Predicted | None = None
+
+    # (id of the actions list it was parsed from, parsed lists); model_copy keeps private
+    # attributes, so the id guards against a stale cache after ``update={"actions": ...}``.
+    _parsed: tuple[int, list[list[Action]]] | None = PrivateAttr(default=None)
+
+    @field_validator("actions")
+    @classmethod
+    def _syntax(cls, v: list[list[str]]) -> list[list[str]]:
+        for rank, row in enumerate(v):
+            for pos, text in enumerate(row):
+                try:
+                    parse_action(text)
+                except ZbError as err:
+                    raise ValueError(f"rank {rank} position {pos}: {err}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> "Schedule":
+        R, S = self.num_ranks, self.num_stages
+        if len(self.stage_to_rank) != S:
+            raise ValueError(f"stage_to_rank has {len(self.stage_to_rank)} entries for {S} stages")
+        bad = [r for r in self.stage_to_rank if not 0 <= r < R]
+        if bad:
+            raise ValueError(f"stage_to_rank names rank {bad[0]} but there are only {R} ranks")
+        empty = sorted(set(range(R)) - set(self.stage_to_rank))
+        if empty:
+            raise ValueError(f"rank {empty[0]} holds no stage")
+        if len(self.actions) != R:
+            raise ValueError(f"actions has {len(self.actions)} rows for {R} ranks")
+        if self.memory_limit is not None and len(self.memory_limit) != R:
+            raise ValueError(f"memory_limit has {len(self.memory_limit)} values for {R} ranks")
+        if S % self.profile.num_stages:
+            raise ValueError(
+                f"profile has {self.profile.num_stages} stages, which cannot be split evenly into {S} stages"
+            )
+        for rank, row in enumerate(self.actions):
+            for pos, text in enumerate(row):
+                a = parse_action(text)
+                if a.stage >= S or a.mb >= self.num_microbatches:
+                    raise ValueError(
+                        f"rank {rank} position {pos}: {text} is out of range "
+                        f"({S} stages, {self.num_microbatches} microbatches)"
+                    )
+        return self
+
+    @property
+    def rank_actions(self) -> list[list[Action]]:
+        """The action lists, parsed (cached; schedules are not mutated after construction)."""
+        if self._parsed is None or self._parsed[0] != id(self.actions):
+            self._parsed = (id(self.actions), [[parse_action(t) for t in row] for row in self.actions])
+        return self._parsed[1]
+
+    @property
+    def chunks(self) -> int:
+        return self.num_stages // self.num_ranks
+
+    @classmethod
+    def build(
+        cls,
+        kind: str,
+        profile: Profile,
+        num_microbatches: int,
+        stage_to_rank: list[int],
+        actions: list[list[Action]],
+        memory_limit: list[float] | None = None,
+        **extra: Any,
+    ) -> "Schedule":
+        sched = cls(
+            kind=kind,
+            num_ranks=max(stage_to_rank) + 1,
+            num_stages=len(stage_to_rank),
+            num_microbatches=num_microbatches,
+            stage_to_rank=list(stage_to_rank),
+            actions=[[str(a) for a in row] for row in actions],
+            memory_limit=memory_limit,
+            profile=profile,
+            **extra,
+        )
+        sched._parsed = (id(sched.actions), [list(row) for row in actions])
+        return sched
+
+
+def looped_placement(num_ranks: int, chunks: int) -> list[int]:
+    """Interleaved (Megatron) placement: rank r holds stages r, r+p, r+2p, ..."""
+    return [s % num_ranks for s in range(num_ranks * chunks)]
+
+
+def v_placement(num_ranks: int) -> list[int]:
+    """V placement: rank r holds stages r and 2p-1-r, so the first and last stage share rank 0."""
+    return list(range(num_ranks)) + list(reversed(range(num_ranks)))
+
+
+def load_schedule(path: str | os.PathLike) -> Schedule:
+    return read_model(Schedule, path)
+
+
+def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
+    write_model(schedule, path)
