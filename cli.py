@@ -121,8 +121,7 @@ def validate(
         limit = zb.parse_memory_limit(mem_limit, sched.profile, zb.CostModel.from_profile(sched.profile, sched.stage_to_rank))
     problem = zb.find_problem(sched, memory_limit=limit)
     if problem:
-        err.print(f"invalid: {problem}", highlight=False)
-        raise typer.Exit(1)
+        _fail(f"invalid: {problem}")
     out.print(f"valid: {sched.kind}, {sched.num_ranks} ranks, {sched.num_stages} stages, {sched.num_microbatches} microbatches")
 
 
@@ -169,12 +168,17 @@ def compare(
         out.print(f"lower bound on span for any 1-chunk schedule: {_fmt(lb)} ms")
 
 
+def _fail(message: str, code: int = 1) -> None:
+    """One unwrapped line on stderr (rich would wrap it), then exit."""
+    sys.stderr.write(message.replace("\n", " ") + "\n")
+    raise SystemExit(code)
+
+
 def main() -> None:
     try:
         app()
     except ZbError as e:
-        err.print(f"error: {e}", highlight=False, markup=False)
-        sys.exit(1)
+        _fail(f"error: {e}")
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)

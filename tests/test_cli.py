@@ -1,0 +1,62 @@
+"""The command line: happy paths and one-line errors with non-zero exit (run as a user would)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def zbsearch(*args, cwd=None):
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+def test_schedule_simulate_validate_round_trip(tmp_path):
+    out = tmp_path / "h1.json"
+    r = zbsearch("schedule", "zb-h1", "--profile", "1.5b-m24", "-m", "24", "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "bubble rate 0.15" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "zbsearch.schedule" and doc["kind"] == "zb-h1" and len(doc["actions"]) == 8
+    r = zbsearch("simulate", out)
+    assert r.returncode == 0 and "peak memory" in r.stdout
+    r = zbsearch("validate", out)
+    assert r.returncode == 0 and r.stdout.startswith("valid")
+    r = zbsearch("validate", out, "--mem-limit", "0.5p")
+    assert r.returncode == 1 and "over its limit" in r.stderr
+
+
+def test_compare_json_lists_every_kind():
+    r = zbsearch("compare", "--profile", "1.5b-m24", "-m", "24", "--mem-limit", "1p", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {row["kind"]: row for row in json.loads(r.stdout)}
+    assert {"1f1b", "zb-h1", "zb-h2", "zb-v", "gpipe", "interleaved-1f1b"} <= set(rows)
+    assert rows["zb-h2"]["fits"] is False and rows["zb-h1"]["fits"] is True
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["schedule", "zb-h9", "-p", "1.5b-m24", "-m", "8"], "unknown schedule kind"),
+        (["schedule", "1f1b", "-p", "missing.json", "-m", "8"], "no such file"),
+        (["schedule", "interleaved-1f1b", "-p", "1.5b-m24", "-m", "9"], "multiple of p"),
+        (["simulate", "nothere.json"], "no such file"),
+        (["compare", "-p", "1.5b-m24", "-m", "8", "--mem-limit", "lots"], "cannot read memory limit"),
+        (["compare", "-p", "1.5b-m24", "-m", "8", "--mem-limit", "40GiB"], "byte budget"),
+    ],
+)
+def test_user_errors_are_one_line(args, words):
+    r = zbsearch(*args)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in r.stderr
+
+
+def test_malformed_schedule_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "zbsearch.schedule", "version": 1, ')
+    r = zbsearch("validate", bad)
+    assert r.returncode == 1 and "not valid JSON" in r.stderr and len(r.stderr.strip().splitlines()) == 1

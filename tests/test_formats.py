@@ -1,0 +1,115 @@
+import json
+
+import pytest
+
+from zbsearch import Profile, ZbError, build_classic, load_profile, load_schedule, resolve_profile, save_schedule
+from zbsearch.actions import Action, Op, parse_action
+from conftest import make_profile
+
+
+def test_action_notation_round_trips():
+    for text, want in [("2F0", Action(2, Op.F, 0)), ("0BW13", Action(0, Op.BW, 13)), ("11W7", Action(11, Op.W, 7))]:
+        assert parse_action(text) == want
+        assert str(want) == text
+
+
+@pytest.mark.parametrize("bad", ["F0", "2X0", "2F", "-1F0", "2 F 0", "", "2FF0"])
+def test_bad_actions_rejected(bad):
+    with pytest.raises(ZbError):
+        parse_action(bad)
+
+
+def _profile_doc(**over):
+    doc = {
+        "format": "zbsearch.profile", "version": 1, "name": "x", "time_unit": "ms", "memory_unit": "activations",
+        "stages": [{"t_f": 1, "t_b": 1, "t_w": 1, "m_f": 1, "m_b": -0.6, "m_w": -0.4}] * 2,
+        "t_comm": 0.1, "memory_capacity": None,
+    }
+    doc.update(over)
+    return doc
+
+
+def _write(tmp_path, doc, name="f.json"):
+    p = tmp_path / name
+    p.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return p
+
+
+def test_profile_loads_and_keeps_extra_fields(tmp_path):
+    prof = load_profile(_write(tmp_path, _profile_doc(device="cpu")))
+    assert prof.num_stages == 2 and prof.comm(0) == 0.1
+    assert prof.model_dump()["device"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    "over, words",
+    [
+        ({"format": "zbsearch.schedule"}, "format"),
+        ({"version": 2}, "version 2"),
+        ({"stages": [{"t_f": -1, "t_b": 1, "t_w": 1, "m_f": 1, "m_b": -0.6, "m_w": -0.4}]}, "t_f"),
+        ({"stages": [{"t_f": 1, "t_b": 1, "t_w": 1, "m_f": 1, "m_b": -0.1, "m_w": -0.1}]}, "balance"),
+        ({"t_comm": [0.1, 0.2, 0.3]}, "boundaries"),
+        ({"stages": []}, "stages"),
+        ({"memory_unit": "parsecs"}, "memory_unit"),
+    ],
+)
+def test_profile_errors_are_one_line(tmp_path, over, words):
+    with pytest.raises(ZbError) as e:
+        load_profile(_write(tmp_path, _profile_doc(**over)))
+    msg = str(e.value)
+    assert "\n" not in msg and words in msg
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ZbError, match="no such file"):
+        load_profile(tmp_path / "nope.json")
+    with pytest.raises(ZbError, match="not valid JSON"):
+        load_profile(_write(tmp_path, "{not json"))
+    with pytest.raises(ZbError, match="no bundled profile"):
+        resolve_profile("no-such-profile")
+
+
+def test_bundled_paper_profiles_load():
+    prof = resolve_profile("1.5b-m24")
+    assert prof.num_stages == 8
+    # M_W / M_B = 32h / (34h + 5as) with h=2304, a=24, s=1024 (REFERENCE section 5: 0.366)
+    assert -prof.stages[0].m_w == pytest.approx(0.366, abs=5e-4)
+
+
+def test_schedule_round_trip(tmp_path):
+    sched = build_classic("zb-h1", make_profile(3), 6)
+    path = tmp_path / "s.json"
+    save_schedule(sched, path)
+    back = load_schedule(path)
+    assert back.actions == sched.actions and back.predicted == sched.predicted
+    assert back.rank_actions[0][0] == Action(0, Op.F, 0)
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda d: d.update(stage_to_rank=[0, 1]), "stage_to_rank"),
+        (lambda d: d.update(num_ranks=4), "holds no stage"),
+        (lambda d: d["actions"][0].append("0Q1"), "bad action"),
+        (lambda d: d["actions"][0].append("0F99"), "out of range"),
+        (lambda d: d["actions"].pop(), "rows"),
+    ],
+)
+def test_schedule_shape_errors(tmp_path, edit, words):
+    doc = json.loads(build_classic("1f1b", make_profile(3), 4).model_dump_json())
+    edit(doc)
+    with pytest.raises(ZbError) as e:
+        load_schedule(_write(tmp_path, doc))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_profile_for_schedule_must_split_evenly():
+    with pytest.raises(ZbError, match="split evenly"):
+        from zbsearch import CostModel
+
+        CostModel.from_profile(make_profile(3), [0, 1, 0, 1])
+
+
+def test_profile_schema_is_available():
+    schema = Profile.model_json_schema()
+    assert "stages" in schema["properties"]

@@ -1,0 +1,117 @@
+"""The validator rejects each kind of broken schedule and names the offending action."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zbsearch import (
+    CLASSIC_KINDS, CostModel, InvalidSchedule, Schedule, build_classic, find_problem, makespan_lower_bound,
+    span_lower_bound, timeline, validate,
+)
+from conftest import make_profile
+
+
+def _edit(sched, rows):
+    return sched.model_copy(update={"actions": rows})
+
+
+@pytest.fixture
+def base():
+    return build_classic("zb-h1", make_profile(3), 6)
+
+
+def _rows(sched):
+    return [list(r) for r in sched.actions]
+
+
+def test_valid_schedule_passes(base):
+    assert find_problem(base) is None
+    validate(base)
+
+
+def test_missing_action(base):
+    rows = _rows(base)
+    rows[1].remove("1W4")
+    assert find_problem(_edit(base, rows)) == "1W4 is missing (rank 1 never runs it)"
+
+
+def test_duplicate_action(base):
+    rows = _rows(base)
+    rows[2].append("2F1")
+    msg = find_problem(_edit(base, rows))
+    assert msg.startswith("2F1 is done twice")
+
+
+def test_fused_and_split_backward_count_as_duplicate(base):
+    rows = _rows(base)
+    rows[0].append("0BW0")
+    assert "0B0 is done twice" in find_problem(_edit(base, rows))
+
+
+def test_wrong_rank(base):
+    rows = _rows(base)
+    rows[0].remove("0F2")
+    rows[1].insert(0, "0F2")
+    assert find_problem(_edit(base, rows)).startswith("0F2 is on rank 1 (position 0) but stage 0 lives on rank 0")
+
+
+def test_b_before_its_f(base):
+    rows = _rows(base)
+    i, j = rows[2].index("2F1"), rows[2].index("2B1")
+    rows[2][i], rows[2][j] = rows[2][j], rows[2][i]
+    assert "2B1 at position" in find_problem(_edit(base, rows)) and "which it depends on" in find_problem(_edit(base, rows))
+
+
+def test_cross_rank_deadlock():
+    sched = build_classic("1f1b", make_profile(2), 2)
+    # rank 0 waits for the gradient of mb 0 before sending mb 1's activation; rank 1 wants mb 1 first.
+    rows = [["0F0", "0BW0", "0F1", "0BW1"], ["1F1", "1BW1", "1F0", "1BW0"]]
+    msg = find_problem(_edit(sched, rows))
+    assert msg.startswith("deadlock:") and "(rank 0)" in msg and "(rank 1)" in msg
+    with pytest.raises(InvalidSchedule):
+        validate(_edit(sched, rows))
+
+
+def test_memory_overflow():
+    sched = build_classic("gpipe", make_profile(2), 4)
+    assert find_problem(sched, memory_limit=[4.0, 4.0]) is None
+    msg = find_problem(sched, memory_limit=[3.5, 4.0])
+    assert msg == "rank 0: memory reaches 4 after 0F3 (position 3), over its limit 3.5"
+
+
+costs = st.tuples(st.floats(0.2, 3.0), st.floats(0.2, 3.0), st.floats(0.0, 3.0))
+
+
+@st.composite
+def problems(draw):
+    p = draw(st.integers(1, 8))
+    m = draw(st.integers(1, 24))
+    stages = draw(st.lists(costs, min_size=p, max_size=p))
+    comm = draw(st.sampled_from([0.0, 0.05, 0.3]))
+    return make_profile(p, stages=stages, t_comm=comm), m
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.sampled_from(CLASSIC_KINDS))
+def test_property_classic_schedules_are_valid_and_above_bounds(problem, kind):
+    prof, m = problem
+    p = prof.num_stages
+    if kind == "interleaved-1f1b":
+        m = max(p, m - m % p)
+    sched = build_classic(kind, prof, m)
+    assert find_problem(sched) is None
+    tl = timeline(sched)
+    cost = CostModel.from_profile(prof, sched.stage_to_rank)
+    assert max(tl.span) >= span_lower_bound(cost, m) - 1e-9
+    assert tl.makespan >= makespan_lower_bound(cost, m) - 1e-9
+    assert max(tl.span) >= max(tl.busy) - 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems())
+def test_property_zb_h1_never_slower_than_1f1b(problem):
+    prof, m = problem
+    f1 = build_classic("1f1b", prof, m)
+    h1 = build_classic("zb-h1", prof, m)
+    assert max(h1.predicted.span) <= max(f1.predicted.span) + 1e-9
+    assert isinstance(h1, Schedule)
