@@ -174,6 +174,36 @@ def _fail(message: str, code: int = 1) -> None:
     raise SystemExit(code)
 
 
+@app.command()
+def show(
+    schedule_paths: list[Path] = typer.Argument(..., metavar="SCHEDULE...", help="schedule JSON; several are stacked on one time axis"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write a chart: .png, .svg or .html (self-contained; hover a box for its times)"),
+    text: bool = typer.Option(False, "--text", help="print the text chart even when -o is given"),
+    width: Optional[int] = typer.Option(None, "--width", min=20, help="text chart width in columns (default: the terminal's)"),
+    measured: Optional[Path] = typer.Option(None, "--measured", help="runtime trace JSON to draw under the prediction (one SCHEDULE)"),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="predict with this profile instead of the embedded one"),
+):
+    """Gantt chart of schedules (predicted, or against a measured trace): text, or PNG/SVG/HTML with -o."""
+    import os
+    import shutil
+
+    from zbsearch import render
+
+    panels = [render.schedule_panel(_load_schedule(p, profile)) for p in schedule_paths]
+    title = None
+    if measured is not None:
+        if len(panels) != 1:
+            raise ZbError("--measured compares one schedule with its trace; give exactly one SCHEDULE")
+        panels, title = render.with_measured(panels[0], measured)
+    if output is not None:
+        render.write_chart(panels, output, title)
+        err.print(f"wrote {output}")
+    if output is None or text:
+        cols = width or shutil.get_terminal_size((120, 24)).columns
+        colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+        sys.stdout.write(render.render_text(panels, cols, title, colour) + "\n")
+
+
 def main() -> None:
     try:
         app()

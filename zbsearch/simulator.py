@@ -22,7 +22,15 @@ from .costs import CostModel
 from .errors import ZbError
 from .graph import action_index, action_predecessors
 
-__all__ = ["Timeline", "simulate", "bubble_rate"]
+__all__ = ["Timeline", "Deadlock", "simulate", "bubble_rate"]
+
+
+class Deadlock(ZbError):
+    """No rank can proceed. ``waits``: (rank, its next action, the action it waits for, that rank)."""
+
+    def __init__(self, waits: list[tuple[int, Action, Action, int]]):
+        self.waits = waits
+        super().__init__("deadlock: " + "; ".join(f"rank {r} waits at {a} for {b} (rank {q})" for r, a, b, q in waits))
 
 
 @dataclass(frozen=True)
@@ -110,7 +118,7 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
                 remaining -= 1
                 progressed = True
         if not progressed:
-            raise ZbError(_deadlock_message(rank_actions, done, deps))
+            raise Deadlock(_waits(rank_actions, done, deps))
 
     memory = []
     for row in rank_actions:
@@ -123,12 +131,12 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
     return Timeline(rank_actions, start, end, memory, busy)
 
 
-def _deadlock_message(rank_actions, done, deps) -> str:
+def _waits(rank_actions, done, deps) -> list[tuple[int, Action, Action, int]]:
     waits = []
     for r, row in enumerate(rank_actions):
         if done[r] < len(row):
             blocker = next(((dr, di) for dr, di, _ in deps[r][done[r]] if di >= done[dr]), None)
             if blocker is not None:
                 dr, di = blocker
-                waits.append(f"rank {r} waits at {row[done[r]]} for {rank_actions[dr][di]} (rank {dr})")
-    return "deadlock: " + "; ".join(waits)
+                waits.append((r, row[done[r]], rank_actions[dr][di], dr))
+    return waits

@@ -6,6 +6,8 @@ each stage and microbatch exactly once, BW counting as B and W), same-rank order
 before a pass of its own rank it depends on), deadlock (a cycle through the ranks' orders and
 the cross-rank dependencies, found with networkx and printed as the chain of waits), and
 memory (the running activation total on each rank never exceeds the rank's limit).
+Deadlock is found by running the orders (the simulator stops when no rank can move) and then
+following "rank r waits for rank q" edges with networkx until they close a cycle.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .errors import ZbError
 from .graph import action_index, action_predecessors
 from .profile import Profile
 from .schedule import Schedule
+from .simulator import Deadlock, simulate
 
 __all__ = ["InvalidSchedule", "find_problem", "validate"]
 
@@ -71,15 +74,16 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
                         f"which it depends on"
                     )
 
-    cycle = _deadlock_cycle(rows, index, S)
-    if cycle:
-        return "deadlock: " + ", which waits for ".join(f"{a} (rank {r})" for r, a in cycle)
+    cost = CostModel.from_profile(profile or schedule.profile, schedule.stage_to_rank)
+    try:
+        simulate(rows, cost)
+    except Deadlock as dead:
+        return "deadlock: " + _wait_cycle(dead.waits)
 
     limit = memory_limit if memory_limit is not None else schedule.memory_limit
     if limit is not None:
         if len(limit) != schedule.num_ranks:
             return f"memory limit has {len(limit)} values for {schedule.num_ranks} ranks"
-        cost = CostModel.from_profile(profile or schedule.profile, schedule.stage_to_rank)
         for r, row in enumerate(rows):
             cur = 0.0
             for i, a in enumerate(row):
@@ -92,22 +96,12 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
     return None
 
 
-def _deadlock_cycle(rows: list[list[Action]], index, S: int) -> list[tuple[int, Action]] | None:
-    """A cycle of waits, each node waiting for the next, or None."""
-    g = nx.DiGraph()
-    for r, row in enumerate(rows):
-        for i, a in enumerate(row):
-            if i:
-                g.add_edge((r, i), (r, i - 1))  # waits for its predecessor on the rank
-            for dep in action_predecessors(a, S):
-                g.add_edge((r, i), index[dep])
+def _wait_cycle(waits: list[tuple[int, Action, Action, int]]) -> str:
+    """The ranks' waits that form a cycle, as 'rank r waits at X for Y (rank q)' steps."""
+    by_rank = {r: (a, b, q) for r, a, b, q in waits}
+    g = nx.DiGraph((r, q) for r, (_, _, q) in by_rank.items())
     try:
-        cyc = nx.find_cycle(g)
-    except nx.NetworkXNoCycle:
-        return None
-    # Report the cross-rank waits only: same-rank steps are implied by the order.
-    nodes = [u for u, _ in cyc]
-    keep = [n for k, n in enumerate(nodes) if nodes[(k + 1) % len(nodes)][0] != n[0]] or nodes
-    return [(r, rows[r][i]) for r, i in keep]
-
-
+        cycle = [u for u, _ in nx.find_cycle(g)]
+    except nx.NetworkXNoCycle:  # every stuck rank waits on a stuck rank, so this cannot happen
+        cycle = list(by_rank)
+    return "; ".join(f"rank {r} waits at {by_rank[r][0]} for {by_rank[r][1]} (rank {by_rank[r][2]})" for r in cycle)

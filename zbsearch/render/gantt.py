@@ -1,0 +1,152 @@
+"""Backend-neutral Gantt data: what every rendering (text, PNG/SVG, HTML) draws.
+
+A ``Panel`` is one timeline, predicted or measured, reduced to bars per rank with times in
+ms from the panel's first start. Colours, characters, tick positions and summary lines live
+here too, so the three backends cannot disagree about what a chart says; they only decide
+how to draw it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..actions import Action, Op, parse_action
+from ..predict import timeline
+from ..schedule import Schedule
+from ..simulator import bubble_rate
+
+__all__ = ["Bar", "Panel", "schedule_panel", "intervals_panel", "OP_NAMES", "nice_ticks", "tick_label", "colour", "text_colour", "op_char"]
+
+OP_NAMES = {Op.F: "forward", Op.B: "input grad", Op.W: "weight grad", Op.BW: "fused B+W"}
+# Hues in the spirit of the paper's figures; chunks of one op share a hue, later ones lighter.
+_BASE_COLOURS = {Op.F: (0x4E, 0x79, 0xA7), Op.B: (0xF2, 0x8E, 0x2B), Op.W: (0x59, 0xA1, 0x4F), Op.BW: (0xB0, 0x7A, 0xA1)}
+# Text rendering: BW gets its own letter because "BW" would not fit in one cell.
+_OP_CHARS = {Op.F: "F", Op.B: "B", Op.W: "W", Op.BW: "X"}
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    action: Action
+    chunk: int  # position of the action's stage among the stages its rank holds
+    start: float  # ms from the panel's origin
+    end: float
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One timeline: ``rows[r]`` are rank r's bars in time order."""
+
+    kind: str
+    source: str  # "predicted" or "measured"
+    num_microbatches: int
+    chunks: int
+    rows: list[list[Bar]]
+    peak_memory: str | None = None  # already formatted with its unit; a trace has none
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.rows)
+
+    @property
+    def span(self) -> float:
+        """Longest per-rank span (first start to last end): the iteration period (REFERENCE 4)."""
+        # max over the row, not the last bar: measured bars may overlap (async work on a rank).
+        return max((max(b.end for b in row) - row[0].start for row in self.rows if row), default=0.0)
+
+    @property
+    def end(self) -> float:
+        return max((b.end for row in self.rows for b in row), default=0.0)
+
+    @property
+    def bubble_rate(self) -> float:
+        busiest = max((sum(b.end - b.start for b in row) for row in self.rows), default=0.0)
+        return bubble_rate(self.span, busiest)
+
+    def title(self) -> str:
+        chunks = f" ({self.chunks} chunks/rank)" if self.chunks > 1 else ""
+        mem = f"   peak memory {self.peak_memory}" if self.peak_memory else ""
+        return (
+            f"{self.source}: {self.kind}  p={self.num_ranks} m={self.num_microbatches}{chunks}   "
+            f"span {self.span:.4g} ms   bubble rate {self.bubble_rate:.4f}{mem}"
+        )
+
+    def ops(self) -> list[tuple[Op, int]]:
+        """(op, chunk) pairs that occur, in legend order."""
+        seen = {(b.action.op, b.chunk) for row in self.rows for b in row}
+        return sorted(seen, key=lambda oc: (list(Op).index(oc[0]), oc[1]))
+
+
+def colour(op: Op, chunk: int) -> str:
+    """Hex colour of an (op, chunk) box: chunk 0 the full hue, each later chunk lighter.
+
+    Depends on the chunk alone so that stacked panels with different chunk counts agree."""
+    frac = 0.6 * (1 - 0.4**chunk)
+    r, g, b = (round(c + (255 - c) * frac) for c in _BASE_COLOURS[op])
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def text_colour(background: str) -> str:
+    """Black or white, whichever reads better on ``background``."""
+    r, g, b = (int(background[i : i + 2], 16) for i in (1, 3, 5))
+    return "#000000" if 0.299 * r + 0.587 * g + 0.114 * b > 150 else "#ffffff"
+
+
+def op_char(op: Op, chunk: int) -> str:
+    """Text-mode letter: upper case for even chunks, lower case for odd ones (neighbours differ)."""
+    c = _OP_CHARS[op]
+    return c.lower() if chunk % 2 else c
+
+
+def format_memory(value: float, unit: str) -> str:
+    if unit == "activations":
+        return f"{value:.3g} M_B"
+    return f"{value / 2**30:.3g} GiB"
+
+
+def nice_ticks(end: float, target: int) -> list[float]:
+    """About ``target`` round tick positions (1, 2 or 5 times a power of ten) from 0 to ``end``."""
+    if end <= 0 or target < 1:
+        return [0.0]
+    raw = end / target
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(k * mag for k in (1, 2, 5, 10) if k * mag >= raw)
+    return [i * step for i in range(int(end / step + 1e-9) + 1)]
+
+
+def tick_label(t: float) -> str:
+    return f"{round(t, 9):g}"  # round away float noise such as 0.6000000000000001
+
+
+def _chunk_of(rows: list[list[tuple[Action, float, float]]]) -> tuple[list[dict[int, int]], int]:
+    """Per rank, stage -> chunk index (order of the stage among those the rank runs)."""
+    maps = []
+    for row in rows:
+        stages = sorted({a.stage for a, _, _ in row})
+        maps.append({s: i for i, s in enumerate(stages)})
+    return maps, max((len(m) for m in maps), default=1) or 1
+
+
+def intervals_panel(
+    kind: str,
+    source: str,
+    num_microbatches: int,
+    rows: list[list[tuple[str | Action, float, float]]],
+    peak_memory: str | None = None,
+) -> Panel:
+    """A panel from per-rank ``(action, start_ms, end_ms)`` lists, shifted so the first start is 0."""
+    parsed = [sorted(((a if isinstance(a, Action) else parse_action(a), s, e) for a, s, e in row), key=lambda x: x[1]) for row in rows]
+    origin = min((row[0][1] for row in parsed if row), default=0.0)
+    chunk_maps, chunks = _chunk_of(parsed)
+    bars = [
+        [Bar(a, chunk_maps[r][a.stage], s - origin, e - origin) for a, s, e in row] for r, row in enumerate(parsed)
+    ]
+    return Panel(kind, source, num_microbatches, chunks, bars, peak_memory)
+
+
+def schedule_panel(schedule: Schedule) -> Panel:
+    """The simulator's predicted timeline of ``schedule``."""
+    tl = timeline(schedule)
+    rows = [list(zip(tl.actions[r], tl.start[r], tl.end[r])) for r in range(tl.num_ranks)]
+    peak = format_memory(max(tl.peak_memory, default=0.0), schedule.profile.memory_unit)
+    return intervals_panel(schedule.kind, "predicted", schedule.num_microbatches, rows, peak)
