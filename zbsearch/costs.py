@@ -69,22 +69,10 @@ class CostModel:
         return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
 
     def time(self, stage: int, op: Op) -> float:
-        if op is Op.F:
-            return self.t_f[stage]
-        if op is Op.B:
-            return self.t_b[stage]
-        if op is Op.W:
-            return self.t_w[stage]
-        return self.t_b[stage] + self.t_w[stage]
+        return _by_op(op, stage, self.t_f, self.t_b, self.t_w)
 
     def memory(self, stage: int, op: Op) -> float:
-        if op is Op.F:
-            return self.m_f[stage]
-        if op is Op.B:
-            return self.m_b[stage]
-        if op is Op.W:
-            return self.m_w[stage]
-        return self.m_b[stage] + self.m_w[stage]
+        return _by_op(op, stage, self.m_f, self.m_b, self.m_w)
 
     def comm(self, a: int, b: int) -> float:
         """Delay for a tensor passed between adjacent stages a and b (either direction)."""
@@ -97,3 +85,13 @@ class CostModel:
     def rank_busy(self, rank: int, num_microbatches: int) -> float:
         """Compute time one iteration needs on this rank, whatever the schedule."""
         return num_microbatches * sum(self.t_f[s] + self.t_b[s] + self.t_w[s] for s in self.rank_stages(rank))
+
+
+def _by_op(op: Op, stage: int, f: tuple[float, ...], b: tuple[float, ...], w: tuple[float, ...]) -> float:
+    if op is Op.F:
+        return f[stage]
+    if op is Op.B:
+        return b[stage]
+    if op is Op.W:
+        return w[stage]
+    return b[stage] + w[stage]  # BW
