@@ -88,7 +88,7 @@ def schedule(
     if output is not None:
         _write(sched, output)
     if output is None or str(output) != "-":
-        out.print(_summary(sched, sched.predicted))
+        out.print(_summary(sched, sched.predicted), soft_wrap=True)
 
 
 @app.command()
@@ -105,7 +105,7 @@ def simulate(
         out.print_json(pred.model_dump_json())
         return
     out.print(_rank_table(sched, tl))
-    out.print(_summary(sched, pred))
+    out.print(_summary(sched, pred), soft_wrap=True)
 
 
 @app.command()
