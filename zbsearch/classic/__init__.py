@@ -50,7 +50,7 @@ def build_classic(kind: str, profile: Profile, num_microbatches: int, chunks: in
     elif kind == "interleaved-1f1b":
         actions = interleaved_1f1b(p, m, len(placement) // p)
     elif kind == "zb-h1":
-        actions = zb_h1(p, m)
+        actions = zb_h1(cost, m)
     elif kind == "zb-h2":
         actions = zb_h2(p, m)
     else:
