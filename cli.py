@@ -136,9 +136,14 @@ def compare(
     """All schedule kinds side by side on one profile."""
     prof = zb.resolve_profile(profile)
     rows = []
-    for kind in zb.CLASSIC_KINDS:
+    for kind in (*zb.CLASSIC_KINDS, "zb-1p", "zb-2p"):
         try:
-            sched = zb.build_classic(kind, prof, m, chunks if kind == "interleaved-1f1b" else None)
+            if kind in zb.CLASSIC_KINDS:
+                sched = zb.build_classic(kind, prof, m, chunks if kind == "interleaved-1f1b" else None)
+            else:  # the solver's heuristics without MILP: a second or so even at p=32
+                from zbsearch.solver import solve as solve_schedule
+
+                sched = solve_schedule(prof, m, kind.removeprefix("zb-"), milp=False, time_limit=1.0).schedule
         except ZbError as e:
             rows.append({"kind": kind, "error": str(e)})
             continue
@@ -202,6 +207,186 @@ def show(
         cols = width or shutil.get_terminal_size((120, 24)).columns
         colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
         sys.stdout.write(render.render_text(panels, cols, title, colour) + "\n")
+
+
+@app.command()
+def export(
+    schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="schedule JSON"),
+    to: str = typer.Option(..., "--to", help="target format: torch-csv (torch.distributed.pipelining's action notation)"),
+    output: Path = typer.Option(..., "-o", "--output", help="file to write ('-' for stdout)"),
+):
+    """Write a schedule for another tool: torch-csv is read by torch's _PipelineScheduleRuntime._load_csv."""
+    from zbsearch.runtime.export import to_torch_csv  # pure Python: no torch import
+
+    if to != "torch-csv":
+        raise ZbError(f"unknown export format {to!r}; supported: torch-csv")
+    text = to_torch_csv(_load_schedule(schedule_path, None))
+    if str(output) == "-":
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+        err.print(f"wrote {output}")
+
+
+@app.command()
+def solve(
+    profile: str = ProfileOpt,
+    m: int = MicrobatchOpt,
+    mem_limit: str = typer.Option("2p", "--mem-limit", help="1p, 2p, <x>p (x*p*M_B per rank), a byte budget per rank (40GiB), or none"),
+    chunks: int = typer.Option(1, "--chunks", "-v", help="1, or 2 for the V placement (the ZB-V family)"),
+    time_limit: float = typer.Option(30.0, "--time-limit", "-t", min=0.1, help="seconds; the best schedule found by then is returned"),
+    objective: str = typer.Option("span", "--objective", help="span: longest per-rank span (iteration period); makespan: first start to last end"),
+    uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs as the paper's scheduler does (results on the true costs)"),
+    no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only (milliseconds to seconds)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+):
+    """Find the schedule with the least bubble under a memory limit, and how far from optimal it can be."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from zbsearch import solver
+
+    prof = zb.resolve_profile(profile)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def progress(phase: str, value: float, bound: float) -> None:
+            gap = f", gap {value / bound - 1:.2%}" if bound > 0 and value < float("inf") else ""
+            best = f": best {_fmt(value)} ms" if value < float("inf") else ""
+            bar.update(task, description=f"{phase}{best}, bound {_fmt(bound)} ms{gap}")
+
+        res = solver.solve(
+            prof, m, mem_limit, chunks=chunks, time_limit=time_limit, objective=objective,
+            uniform_costs=uniform_costs, milp=not no_milp, progress=progress,
+        )
+    if output is not None:
+        _write(res.schedule, output)
+    if output is None or str(output) != "-":
+        info = res.info
+        out.print(_rank_table(res.schedule, res.timeline))
+        bubble = res.schedule.predicted.bubble_rate if objective == "span" else res.schedule.predicted.bubble_rate_makespan
+        out.print(
+            f"bubble rate {bubble:.4f}   {objective} {_fmt(info.value)} ms   lower bound {_fmt(info.lower_bound)} ms   "
+            f"gap {info.gap:.2%}   status {info.status}   ({info.method}: {info.construction}; {info.time_s:.1f} s)"
+        )
+
+
+@app.command()
+def frontier(
+    profile: str = ProfileOpt,
+    m: int = MicrobatchOpt,
+    chunks: int = typer.Option(1, "--chunks", "-v", help="1, or 2 for the V placement"),
+    objective: str = typer.Option("span", "--objective", help="span or makespan"),
+    time_limit: float = typer.Option(2.0, "--time-limit", "-t", min=0.1, help="seconds per memory limit"),
+    milp: bool = typer.Option(False, "--milp", help="also improve each point with MILP windows (slower)"),
+    uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs (paper behaviour)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="frontier.json, or a plot: .png, .svg, .pdf"),
+):
+    """Bubble rate against memory limit, from the smallest feasible limit to where the bubble stops falling."""
+    from zbsearch.solver.frontier import frontier as sweep, save_frontier, save_frontier_plot
+
+    prof = zb.resolve_profile(profile)
+    fr = sweep(prof, m, chunks=chunks, objective=objective, time_limit=time_limit, milp=milp, uniform_costs=uniform_costs)
+    t = Table(title=f"{prof.name}: m={m}, {chunks} chunk(s), {objective}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
+    for col in ("limit (x p M_B)", "bubble rate", "bound allows", "gap", "status", "peak memory"):
+        t.add_column(col, justify="right")
+    for pt in fr.points:
+        t.add_row(f"{pt.limit:.4g}p", f"{pt.bubble_rate:.4f}", f"{pt.bound_bubble_rate:.4f}", f"{pt.gap:.2%}", pt.status, _fmt(max(pt.peak_memory)))
+    out.print(t)
+    if output is not None:
+        if output.suffix.lower() == ".json":
+            save_frontier(fr, output)
+        else:
+            save_frontier_plot(fr, output)
+        err.print(f"wrote {output}")
+
+
+@app.command()
+def profile(
+    model: Optional[str] = typer.Option(None, "--model", help="package.module:function returning (stages, microbatch[, loss_fn, target])"),
+    builtin: Optional[str] = typer.Option(None, "--builtin", help="a built-in model instead of --model: gpt"),
+    layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
+    hidden: int = typer.Option(128, "--hidden", help="gpt: hidden size"),
+    heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
+    seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
+    microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
+    stages: int = typer.Option(4, "--stages", help="gpt: pipeline stages"),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:<i> (under torchrun: cuda:LOCAL_RANK)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: the model's own)"),
+    warmup: int = typer.Option(3, "--warmup", help="untimed repetitions per stage"),
+    repeat: int = typer.Option(10, "--repeat", help="timed repetitions per stage (median and quartiles recorded)"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's; torchrun sets 1)"),
+    name: Optional[str] = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
+):
+    """Measure per-stage F, B, W times, activation memory and link times; write a profile (bytes).
+
+    One device: stage after stage, links estimated. Under torchrun (one rank per stage): each
+    rank measures its stage and its link to the next, rank 0 writes the file."""
+    from zbsearch import profiler
+    from zbsearch.models import GPTConfig
+
+    if (model is None) == (builtin is None):
+        raise ZbError("give either --model package.module:function or --builtin gpt")
+    if builtin is not None and builtin != "gpt":
+        raise ZbError(f"unknown built-in model {builtin!r}; available: gpt")
+    spec = profiler.load_model(model) if model else profiler.builtin_gpt(
+        GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
+    settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, threads=threads)
+    with profiler.progress_bar(err) as bar:
+        prof = profiler.profile_model(spec, settings, name=name, progress=bar)
+    if prof is None:  # a torchrun rank other than 0
+        return
+    path = output or Path("profiles") / f"{prof.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    zb.save_profile(prof, path)
+    out.print(profiler.summary_table(prof))
+    err.print(f"wrote {path}")
+
+
+@app.command()
+def demo(
+    stages: int = typer.Option(4, "-p", "--stages", help="pipeline ranks (local processes), one stage each"),
+    m: int = typer.Option(8, "-m", "--microbatches", help="microbatches per iteration"),
+    layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
+    hidden: int = typer.Option(128, "--hidden", help="gpt: hidden size"),
+    heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
+    seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
+    microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
+    emulate: bool = typer.Option(False, "--emulate", help="replay with stages that sleep the profiled times (fewer cores than ranks)"),
+    steps: int = typer.Option(3, "--steps", help="measured iterations per schedule"),
+    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.1, help="seconds for the ZB-2p solver"),
+    device: str = typer.Option("cpu", "--device", help="cpu (gloo), or cuda (NCCL, one GPU per rank)"),
+    output: Path = typer.Option(Path("zbsearch-demo"), "-o", "--output", help="folder for the profile, schedules, traces and gantt.png"),
+):
+    """Profile a small GPT on p local ranks, solve ZB-2p, replay it and 1F1B, compare with the prediction."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from zbsearch.demo import DemoConfig, contention_note, run_demo
+    from zbsearch.models import GPTConfig
+
+    cfg = DemoConfig(
+        gpt=GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages),
+        microbatches=m, emulate=emulate, steps=steps, time_limit=time_limit, device=device, out=output,
+    )
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("starting ranks", total=None)
+        run = run_demo(cfg, lambda what, done, total: bar.update(task, description=what, completed=done, total=total))
+    from zbsearch.profiler import summary_table
+
+    out.print(summary_table(run.profile))
+    t = Table(title=f"p={stages}, m={m}, {'emulated' if emulate else 'real'} passes; iteration = longest per-rank span")
+    for col in ("schedule", "predicted\nms", "measured\nms", "measured\n/ predicted", "predicted\nbubble", "peak activations\nMiB (predicted)"):
+        t.add_column(col, justify="right")
+    for sched, pred, meas in zip(run.schedules, run.predicted, run.measured):
+        t.add_row(sched.kind, f"{pred:.1f}", f"{meas:.1f}", f"{meas / pred:.2f}", f"{sched.predicted.bubble_rate:.3f}",
+                  f"{max(sched.predicted.peak_memory) / 2**20:.1f}")
+    out.print(t)
+    (p0, p1), (m0, m1) = run.predicted, run.measured
+    out.print(f"speed-up of {run.schedules[1].kind} over 1F1B: predicted {p0 / p1:.2f}x, measured {m0 / m1:.2f}x")
+    note = contention_note(cfg)
+    if note:
+        out.print(note, soft_wrap=True)
+    err.print(f"wrote {', '.join(str(f) for f in run.files)}")
 
 
 def main() -> None:

@@ -21,6 +21,8 @@ schedules with fused BW passes.
 
 from __future__ import annotations
 
+import math
+
 from .actions import Op
 from .costs import CostModel
 from .graph import pass_predecessors
@@ -104,4 +106,128 @@ def makespan_lower_bound(cost: CostModel, num_microbatches: int) -> float:
     for r in range(cost.num_ranks):
         mine = [(s, op) for s in cost.rank_stages(r) for op in (Op.F, Op.B, Op.W)]
         best = max(best, _carlier([(rel[n], cost.time(*n), tail[n]) for n in mine], num_microbatches))
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory-aware bounds. The bounds above ignore memory; under a tight limit (ZB-1p) a rank must
+# also wait for activations to be freed, which these bounds count.
+
+
+def _max_forward_work(cost: CostModel, stages: list[int], budget: float, m: int) -> float:
+    """Most F time a rank can run without freeing memory: a fractional knapsack over its
+    stages (at most m F passes each, m_f memory each), an upper bound on any integer choice."""
+    work = 0.0
+    for s in sorted(stages, key=lambda s: -cost.t_f[s] / cost.m_f[s] if cost.m_f[s] > 0 else float("-inf")):
+        n = m if cost.m_f[s] <= 0 else min(m, budget / cost.m_f[s])
+        work += n * cost.t_f[s]
+        budget -= n * max(cost.m_f[s], 0.0)
+    return work
+
+
+def _end_idle(cost: CostModel, s: int, lag: float, m: int, limit: float) -> float:
+    """Idle time a single-stage rank cannot avoid after its last F (see rank_memory_span_lower_bounds)."""
+    keep = cost.m_f[s] + cost.m_b[s]  # held by a microbatch between its B and its W
+    net = keep + cost.m_w[s]  # left behind by a finished microbatch (0 for a balanced profile)
+    gap = lag - cost.t_f[s]
+    best = float("inf")
+    for a in range(1, m + 1):  # microbatches holding activations after the last F
+        base = a * cost.m_f[s] + (m - a) * net
+        if base > limit:
+            continue
+        room = keep - net
+        b = m - a if room <= 0 else min(m - a, int((limit - base) // room))
+        best = min(best, max(0.0, gap - (a - 1) * (cost.t_b[s] + cost.t_w[s]) - b * cost.t_w[s]))
+    return 0.0 if best == float("inf") else best
+
+
+def _memory_path(cost: CostModel, s: int, lag: float, m: int, limit: float) -> float:
+    """Longest path through one single-stage rank's passes when memory orders them (see
+    rank_memory_span_lower_bounds); 0 when a pass allocates in B or W (no closed form)."""
+    mf, mb, mw = cost.m_f[s], cost.m_b[s], cost.m_w[s]
+    if mb > 0 or mw > 0:
+        return 0.0
+    tf, tb, tw = cost.t_f[s], cost.t_b[s], cost.t_w[s]
+    sf = sb = sw = float("-inf")
+    end_b, end_w = [], []
+    for j in range(m):
+        # F(j) needs n_b earlier B passes done (every W done too at best) and n_w earlier W
+        # passes done (every B done at best) for memory to stay within the limit.
+        need = (j + 1) * mf - limit
+        n_b = 0 if need <= 0 else (math.ceil(need / -(mb + mw) - 1e-9) if mb + mw < 0 else j + 1)
+        n_w = 0 if need + j * mb <= 0 else (math.ceil((need + j * mb) / -mw - 1e-9) if mw < 0 else j + 1)
+        if n_b > j or n_w > j:
+            return float("inf")  # memory cannot hold even this: no schedule exists
+        sf = max(0.0 if j == 0 else sf + tf, end_b[n_b - 1] if n_b else 0.0, end_w[n_w - 1] if n_w else 0.0)
+        sb = max(sf + lag, sb + tb)
+        sw = max(sb + tb, sw + tw)
+        end_b.append(sb + tb)
+        end_w.append(sw + tw)
+    return max(end_b[-1], end_w[-1])
+
+
+def rank_memory_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float]) -> list[float]:
+    """Per rank, a lower bound on its span for schedules whose memory stays within ``limit``.
+
+    Rank r with first stage s0 starts with some F(s0, j) at t0. Its first B, of any microbatch
+    and stage, cannot start before t0 + lag, lag = the shortest dependency path from an F on
+    s0 to a B on the rank (all of one microbatch's passes on later stages). Until then the rank
+    can run F passes only, and since nothing frees memory before a B, their activations add
+    up to at most the limit: a knapsack bounds their time by Fmax. So the rank idles at least
+    ``lag - Fmax`` at the start.
+
+    For a rank with one stage s, let F* be its last F, of microbatch j. B(s, j) cannot start
+    before lag after F* starts. In between, the rank can only run B of the a - 1 other
+    microbatches whose B is pending and W of those and of the b microbatches whose W is
+    pending; memory after F* is a*m_f + b*(m_f + m_b) + (m - a - b)*(net per finished
+    microbatch) <= limit. So the rank idles at least min over feasible (a, b) of
+    ``lag - T_F - (a-1)(T_B + T_W) - b*T_W`` at the end. If the memory cannot hold all m
+    microbatches' activations, some B runs before F*, the two idle periods are disjoint and
+    add up; otherwise the larger one counts. The span is at least busy time plus idle time.
+
+    Also, for a single-stage rank: passes of one kind run in microbatch order without loss
+    of generality (``zbsearch.solver.problem``), so memory after F(j) is (j+1)*m_f +
+    n_B*m_b + n_W*m_w with n_B, n_W the B and W passes before it. With m_b, m_w <= 0 this
+    forces B(n_B - 1) and W(n_W - 1) before F(j) for the least n_B, n_W that can satisfy the
+    limit. Those precedences, the lag from each F to its B and the order within each kind
+    form a graph whose longest path bounds the span; at the smallest limit it is exactly the
+    sequential schedule's span.
+    Communication delays enter through the dependency path, as in the bounds above.
+    """
+    m = num_microbatches
+    preds = _edges(cost)
+    out = []
+    for r in range(cost.num_ranks):
+        stages = cost.rank_stages(r)
+        lim = limit[r] * (1 + 1e-9) + 1e-12  # what the validator accepts
+        rel = _releases(cost, (min(stages), Op.F), preds)
+        lag = min(rel[(s, Op.B)] for s in stages)
+        start = max(0.0, lag - _max_forward_work(cost, stages, lim, m))
+        end = _end_idle(cost, stages[0], lag, m, lim) if len(stages) == 1 else 0.0
+        all_forwards = m * sum(max(cost.m_f[s], 0.0) for s in stages)
+        idle = start + end if all_forwards > lim else max(start, end)
+        path = _memory_path(cost, stages[0], lag, m, lim) if len(stages) == 1 else 0.0
+        out.append(max(cost.rank_busy(r, m) + idle, path))
+    return out
+
+
+def memory_span_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None) -> float:
+    """Lower bound on max over ranks of the span, for schedules within ``limit`` (None: no limit)."""
+    base = rank_span_lower_bounds(cost, num_microbatches)
+    if limit is None:
+        return max(base)
+    mem = rank_memory_span_lower_bounds(cost, num_microbatches, limit)
+    return max(max(a, b) for a, b in zip(base, mem))
+
+
+def memory_makespan_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None) -> float:
+    """Lower bound on the makespan within ``limit``: rank r cannot start before the forwards of
+    one microbatch reach it, and then needs at least its memory-aware span."""
+    best = makespan_lower_bound(cost, num_microbatches)
+    if limit is None:
+        return best
+    preds = _edges(cost)
+    rel = _releases(cost, (0, Op.F), preds)
+    for r, span in enumerate(rank_memory_span_lower_bounds(cost, num_microbatches, limit)):
+        best = max(best, rel[(min(cost.rank_stages(r)), Op.F)] + span)
     return best

@@ -1,0 +1,326 @@
+"""The runtime measured: our schedules against torch.distributed.pipelining's, and against the
+simulator's prediction.
+
+Emulated (default p=4, m=8 and 16): every stage is ``zbsearch.runtime.EmulatedStage``, whose
+F, B and W sleep for the profile's times (paper-like, tens of ms), so p ranks share a small
+machine without competing for cores. In one run, on the same model, after warm-up:
+  ours   1F1B, ZB-H1, ZB-2p (the solver, makespan objective, 2p memory; ZB-H2 if the solver is
+         not installed) and ZB-V
+  torch  Schedule1F1B, ScheduleInterleavedZeroBubble (one stage per rank: ZB-H1) and
+         ScheduleZBVZeroBubble
+Reported per schedule: iteration time (wall, barrier to barrier, median), throughput relative
+to our 1F1B, and for ours the measured makespan and per-rank spans (from the trace) against the
+prediction.
+Overhead: the same with zero-time passes; the runtime's own time per action.
+Real compute: p=2, a small GPT on CPU with one thread per rank, ZB-H1 / ZB-H2 vs 1F1B.
+
+Prints tables and saves bench/results/runtime.json.
+Run: python bench/runtime.py [--iters 5] [--ms 8 16] [--skip-real]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import socket
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+import zbsearch as zb  # noqa: E402
+from zbsearch.schedule import v_placement  # noqa: E402
+
+WIDTH = 16
+UNIT = 2**20  # bytes of emulated activations per M_B
+
+
+def paper_profile(model: str, p: int) -> zb.Profile:
+    """The paper's profiled per-stage costs of ``model`` (REFERENCE section 5), on p stages."""
+    base = zb.resolve_profile(f"{model}-m24")
+    return zb.Profile(
+        name=f"{model}-p{p}", memory_unit=base.memory_unit, stages=[base.stages[0]] * p, t_comm=base.t_comm,
+        source=f"{base.name}, first stage's costs on {p} stages",
+    )
+
+
+def our_schedules(prof: zb.Profile, m: int) -> list[tuple[str, zb.Schedule]]:
+    out = [(k, zb.build_classic(k, prof, m)) for k in ("1f1b", "zb-h1")]
+    try:
+        from zbsearch.solver import solve
+
+        out.append(("zb-2p", solve(prof, m, "2p", time_limit=20, objective="makespan").schedule))
+    except ImportError:
+        out.append(("zb-2p (zb-h2)", zb.build_classic("zb-h2", prof, m)))
+    out.append(("zb-v", zb.build_classic("zb-v", prof, m)))
+    return out
+
+
+# -- worker side ---------------------------------------------------------------------------------
+# Each configuration is a (step, trace) pair; the timing loop runs them round-robin, one step
+# each per round, so that load from elsewhere on the machine falls on all of them alike.
+def _ours(rank, sched, stages, inputs, targets, loss):
+    from zbsearch.runtime import PipelineRuntime
+
+    mine = {s: stages[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == rank}
+    last = sched.num_stages - 1
+    rt = PipelineRuntime(sched, mine, loss, timeout=120)
+
+    def step():
+        for st in mine.values():
+            st.zero_grad(set_to_none=True)
+        rt.step(inputs if 0 in mine else None, targets if last in mine else None)
+
+    return step, rt.trace
+
+
+def _torch(rank, world, kind, prof, m, time_scale):
+    import torch
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleInterleavedZeroBubble,
+        ScheduleZBVZeroBubble,
+    )
+
+    from zbsearch.runtime import emulated_loss, emulated_stages
+
+    placement = v_placement(world) if kind == "ScheduleZBVZeroBubble" else list(range(world))
+    stages = emulated_stages(prof, placement, bytes_per_unit=UNIT, time_scale=time_scale, width=WIDTH)
+    S = len(placement)
+    mine = [s for s in range(S) if placement[s] == rank]
+    pstages = [PipelineStage(stages[s], s, S, torch.device("cpu")) for s in mine]
+    if kind == "Schedule1F1B":
+        sched = Schedule1F1B(pstages[0], m, loss_fn=emulated_loss)
+    else:
+        cls = {"ScheduleInterleavedZeroBubble": ScheduleInterleavedZeroBubble, "ScheduleZBVZeroBubble": ScheduleZBVZeroBubble}[kind]
+        sched = cls(pstages, m, loss_fn=emulated_loss)
+    x, y = torch.zeros(m, WIDTH), torch.zeros(m, WIDTH)
+
+    def step():
+        for st in mine:
+            stages[st].zero_grad(set_to_none=True)
+        sched.step(*((x,) if 0 in mine else ()), target=y if S - 1 in mine else None)
+
+    return step, None
+
+
+def _measure(runners: dict, iters: int, warmup: int) -> dict[str, tuple[list[float], list]]:
+    """Wall time of each step (barrier to barrier), and the traces, after ``warmup`` rounds."""
+    import torch.distributed as dist
+
+    got: dict[str, tuple[list[float], list]] = {name: ([], []) for name in runners}
+    for i in range(warmup + iters):
+        for name, (step, trace) in runners.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            step()
+            dist.barrier()
+            wall = (time.perf_counter() - t0) * 1e3
+            tr = trace() if trace is not None else None
+            if i >= warmup:
+                got[name][0].append(wall)
+                got[name][1].append(tr)
+    return got
+
+
+def _row(walls: list[float], traces: list, sched: zb.Schedule | None = None, unit_bytes: float | None = None) -> dict:
+    row = {"iteration_ms": statistics.median(walls), "iterations_ms": walls}
+    if sched is None:
+        return row
+    pred = zb.timeline(sched)
+    spans = [t.span_ms() for t in traces]
+    row.update(
+        measured_makespan_ms=statistics.median(t.makespan_ms() for t in traces),
+        predicted_makespan_ms=pred.makespan,
+        measured_span_ms=[statistics.median(s[r] for s in spans) for r in range(sched.num_ranks)],
+        predicted_span_ms=pred.span,
+        mean_action_ms=_mean_ms(traces, lambda e: e.args.op.value),
+        mean_stage_action_ms=_mean_ms(traces, lambda e: f"{e.args.stage}{e.args.op.value}"),
+        actions_per_rank=max(len(r) for r in sched.actions),
+    )
+    if unit_bytes:  # emulated stages hold exactly the profile's activations: compare with the model
+        peak = [max(e.args.activations for e in r) for r in traces[-1].rank_events()]
+        row.update(
+            measured_peak_activations_MiB=[b / 2**20 for b in peak],
+            predicted_peak_activations_MiB=[u * unit_bytes / 2**20 for u in pred.peak_memory],
+        )
+    return row
+
+
+def _mean_ms(traces, key) -> dict[str, float]:
+    times: dict[str, list[float]] = {}
+    for t in traces:
+        for e in t.traceEvents:
+            times.setdefault(key(e), []).append(e.dur / 1e3)
+    return {k: statistics.mean(v) for k, v in sorted(times.items())}
+
+
+def emulated_worker(rank, world, model, ms, iters, warmup, time_scale, torch_kinds) -> dict | None:
+    import torch
+
+    from zbsearch.runtime import emulated_loss, emulated_stages
+
+    prof = paper_profile(model, world)
+    out = {}
+    for m in ms:
+        x = torch.zeros(m, WIDTH)
+        schedules = {f"ours {name}": sched for name, sched in our_schedules(prof, m)}
+        runners = {
+            name: _ours(rank, sched, emulated_stages(prof, sched.stage_to_rank, UNIT, WIDTH, time_scale), x, x, emulated_loss)
+            for name, sched in schedules.items()
+        }
+        runners.update({f"torch {kind}": _torch(rank, world, kind, prof, m, time_scale) for kind in torch_kinds})
+        got = _measure(runners, iters, warmup)
+        if rank == 0:
+            out[m] = {name: _row(w, t, schedules.get(name), UNIT) for name, (w, t) in got.items()}
+    return out if rank == 0 else None
+
+
+def real_worker(rank, world, m, iters, warmup, width, layers) -> dict | None:
+    from gpt import GPTConfig, gpt_stages, lm_loss, synthetic_batch
+
+    cfg = GPTConfig(width=width, layers=layers, seq=64)
+    placeholder = paper_profile("1.5b", world)  # 1F1B's and ZB-H's orders do not depend on costs
+    inputs, targets = synthetic_batch(cfg, 4 * m, 0)
+    schedules = {f"ours {kind}": zb.build_classic(kind, placeholder, m) for kind in ("1f1b", "zb-h1", "zb-h2")}
+    runners = {name: _ours(rank, sched, gpt_stages(cfg, world), inputs, targets, lm_loss) for name, sched in schedules.items()}
+    got = _measure(runners, iters, warmup)
+    if rank != 0:
+        return None
+    # Predict with the F, B and W times this run measured (ZB-H1 times each pass apart).
+    t = _mean_ms(got["ours zb-h1"][1], lambda e: f"{e.args.stage}{e.args.op.value}")
+    measured = zb.Profile(
+        name="gpt-measured", memory_unit="activations",
+        stages=[zb.StageCost(t_f=t[f"{s}F"], t_b=t[f"{s}B"], t_w=t[f"{s}W"], m_f=1, m_b=-0.5, m_w=-0.5) for s in range(world)],
+    )
+    return {name: _row(w, tr, schedules[name].model_copy(update={"profile": measured})) for name, (w, tr) in got.items()}
+
+
+# -- launching -----------------------------------------------------------------------------------
+def _entry(fn, rank, world, port, results, args):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        results.put((rank, fn(rank, world, *args), None))
+    except BaseException:
+        results.put((rank, None, traceback.format_exc()))
+    finally:
+        results.close()
+        results.join_thread()
+        os._exit(0)
+
+
+def launch(fn, world: int, *args):
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned ranks; rank 0's result."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, results, args)) for r in range(world)]
+    for pr in procs:
+        pr.start()
+    got = {}
+    try:
+        while len(got) < world:
+            try:
+                rank, value, err = results.get(timeout=30)
+            except queue.Empty:
+                if not all(pr.is_alive() for r, pr in enumerate(procs) if r not in got):
+                    raise SystemExit("a rank died without reporting") from None
+                continue
+            if err:
+                raise SystemExit(f"rank {rank} failed:\n{err}")
+            got[rank] = value
+    finally:
+        for pr in procs:
+            pr.join(timeout=10)
+            if pr.is_alive():
+                pr.kill()
+    return got[0]
+
+
+# -- report --------------------------------------------------------------------------------------
+def _table(title: str, rows: dict, base: str) -> list[str]:
+    head = f"{'schedule':34} {'iter ms':>9} {'best ms':>8} {'vs ' + base:>12} {'makespan meas/pred':>19} {'max span meas/pred':>19}"
+    lines = [title, head + f" {'peak act. MiB per rank, meas/pred':>34}"]
+    ref = rows[base]["iteration_ms"]
+    for name, r in rows.items():
+        mk = sp = mem = "-"
+        if "predicted_makespan_ms" in r:
+            mk = f"{r['measured_makespan_ms']:.1f}/{r['predicted_makespan_ms']:.1f}"
+            sp = f"{max(r['measured_span_ms']):.1f}/{max(r['predicted_span_ms']):.1f}"
+        if "measured_peak_activations_MiB" in r:
+            mem = " ".join(f"{a:.2g}/{b:.2g}" for a, b in zip(r["measured_peak_activations_MiB"], r["predicted_peak_activations_MiB"]))
+        lines.append(
+            f"{name:34} {r['iteration_ms']:9.1f} {min(r['iterations_ms']):8.1f} {ref / r['iteration_ms']:11.3f}x {mk:>19} {sp:>19} {mem:>34}"
+        )
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-p", type=int, default=4)
+    ap.add_argument("--ms", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--model", default="6.2b", help="paper model whose profiled costs the emulation uses")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--skip-real", action="store_true")
+    ap.add_argument("--real-iters", type=int, default=10, help="timed iterations of the real-compute run (noisier)")
+    ap.add_argument("--real-width", type=int, default=256)
+    ap.add_argument("-o", "--output", type=Path, default=ROOT / "bench" / "results" / "runtime.json")
+    args = ap.parse_args()
+    torch_kinds = ["Schedule1F1B", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"]
+    report: dict = {"p": args.p, "model": args.model, "iters": args.iters, "warmup": args.warmup, "cpus": os.cpu_count()}
+    lines: list[str] = []
+
+    t0 = time.time()
+    emulated = launch(emulated_worker, args.p, args.model, args.ms, args.iters, args.warmup, 1.0, torch_kinds)
+    report["emulated"] = emulated
+    for m, rows in emulated.items():
+        lines += _table(f"\nemulated {args.model} costs, p={args.p}, m={m}", rows, "ours 1f1b")
+        ours = {k.split(" ", 1)[1]: v for k, v in rows.items() if k.startswith("ours")}
+        zb2p = next(k for k in ours if k.startswith("zb-2p"))
+        report.setdefault("targets", {})[m] = {
+            "max |measured/predicted makespan - 1|": max(abs(r["measured_makespan_ms"] / r["predicted_makespan_ms"] - 1) for r in ours.values()),
+            "zb-2p vs 1f1b": ours["1f1b"]["iteration_ms"] / ours[zb2p]["iteration_ms"],
+            "ours vs torch, same kind (>= 1 is faster)": {
+                "1f1b": rows["torch Schedule1F1B"]["iteration_ms"] / ours["1f1b"]["iteration_ms"],
+                "zb-h1": rows["torch ScheduleInterleavedZeroBubble"]["iteration_ms"] / ours["zb-h1"]["iteration_ms"],
+                "zb-v": rows["torch ScheduleZBVZeroBubble"]["iteration_ms"] / ours["zb-v"]["iteration_ms"],
+            },
+        }
+    overhead = launch(emulated_worker, args.p, args.model, [16], args.iters, args.warmup, 0.0, torch_kinds)[16]
+    report["overhead"] = overhead
+    lines += _table(f"\nzero-time passes (runtime overhead), p={args.p}, m=16", overhead, "ours 1f1b")
+    lines.append("mean time inside one action (ms): " + "; ".join(
+        f"{k}: " + ", ".join(f"{op} {v:.3f}" for op, v in r["mean_action_ms"].items()) for k, r in overhead.items() if "mean_action_ms" in r
+    ))
+    if not args.skip_real:
+        real = launch(real_worker, 2, 8, args.real_iters, args.warmup, args.real_width, 4)
+        report["real"] = real
+        lines += _table(
+            f"\nreal compute: small GPT (width {args.real_width}, 4 layers, seq 64), CPU, 1 thread per rank, p=2, m=8 "
+            "(predicted from the F/B/W times measured in the ZB-H1 run)", real, "ours 1f1b",
+        )
+    lines.append("\ntargets: " + json.dumps(report["targets"], indent=1))
+    lines.append(f"\ntotal {time.time() - t0:.0f} s")
+    print("\n".join(lines))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"saved {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Train a small GPT with a zbsearch schedule, one process per pipeline rank.
+
+    zbsearch schedule zb-h1 -p unit2 -m 8 -o zbh1.json   # any schedule JSON for p ranks
+    torchrun --nproc-per-node 2 examples/train_gpt.py zbh1.json --steps 20 --trace trace.json
+    zbsearch show zbh1.json --measured trace.json
+
+gloo on CPU by default, NCCL when CUDA is present (one GPU per rank). Every rank builds the
+same model from one seed and keeps only the stages the schedule places on it. The rank
+holding the last stage prints the loss per step; rank 0 writes the last step's trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpt import GPTConfig, gpt_stages, lm_loss, synthetic_batch  # noqa: E402
+
+import zbsearch as zb  # noqa: E402
+from zbsearch.runtime import PipelineRuntime  # noqa: E402
+from zbsearch.trace_format import save_trace  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("schedule", type=Path, help="schedule JSON (its number of ranks = processes)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=None, help="sequences per step (default: 4 per microbatch)")
+    ap.add_argument("--layers", type=int, default=None, help="transformer blocks (default: 2 per stage)")
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for another rank before failing")
+    ap.add_argument("--trace", type=Path, default=None, help="write the last step's Chrome trace here (rank 0)")
+    args = ap.parse_args()
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        run(args, torch.device("cuda") if cuda else torch.device("cpu"))
+    except zb.ZbError as err:
+        print(f"rank {dist.get_rank()}: error: {err}", file=sys.stderr, flush=True)
+        os._exit(1)  # a peer may be gone: skip the collective teardown
+    dist.destroy_process_group()
+
+
+def run(args, device: torch.device) -> None:
+    rank = dist.get_rank()
+    sched = zb.load_schedule(args.schedule)
+    m, S = sched.num_microbatches, sched.num_stages
+    cfg = GPTConfig(width=args.width, layers=args.layers or 2 * S)
+    stages = {s: st.to(device) for s, st in enumerate(gpt_stages(cfg, S)) if sched.stage_to_rank[s] == rank}
+    runtime = PipelineRuntime(sched, stages, lm_loss, device=device, timeout=args.timeout)
+    params = [p for st in stages.values() for p in st.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=args.lr)
+    batch = args.batch or 4 * m
+    for step in range(args.steps):
+        inputs, targets = synthetic_batch(cfg, batch, step)
+        optimizer.zero_grad()
+        t0 = time.perf_counter()
+        losses = runtime.step(inputs if 0 in stages else None, targets if S - 1 in stages else None)
+        optimizer.step()
+        if losses is not None:
+            print(f"step {step:3d}  loss {losses.mean().item():.4f}  {1e3 * (time.perf_counter() - t0):7.1f} ms", flush=True)
+    trace = runtime.trace()
+    if trace is not None and args.trace is not None:
+        save_trace(trace, args.trace)
+        print(f"wrote {args.trace}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""The demo end to end on local processes, in a fast configuration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zbsearch.demo import DemoConfig, run_demo
+from zbsearch.models import GPTConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = GPTConfig(layers=2, hidden=32, heads=2, seq=16, vocab=64, microbatch_size=2, stages=2)
+
+
+@pytest.mark.slow
+def test_demo_profiles_solves_replays_and_compares(tmp_path):
+    seen = []
+    run = run_demo(DemoConfig(gpt=TINY, microbatches=4, steps=1, time_limit=1.0, warmup=1, repeat=3, out=tmp_path),
+                   lambda what, done, total: seen.append(what))
+    assert [s.kind for s in run.schedules] == ["1f1b", "zb-2p"]
+    assert run.profile.num_stages == 2 and run.profile.memory_unit == "bytes"
+    for sched, trace, measured in zip(run.schedules, run.traces, run.measured):
+        assert sorted(e.name for e in trace.traceEvents) == sorted(a for row in sched.actions for a in row)
+        assert measured > 0 and max(sched.predicted.span) > 0
+    assert {f.name for f in tmp_path.iterdir()} == {
+        "profile.json", "1f1b.json", "1f1b-trace.json", "zb-2p.json", "zb-2p-trace.json", "gantt.png"}
+    assert any(w.startswith("profiling") for w in seen) and any(w.startswith("replaying zb-2p") for w in seen)
+
+
+@pytest.mark.slow
+def test_demo_command_with_emulated_stages(tmp_path):
+    args = ["demo", "-p", "2", "-m", "4", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "-b", "2",
+            "--emulate", "--steps", "1", "-t", "1", "-o", tmp_path / "out"]
+    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "speed-up of zb-2p over 1F1B: predicted" in r.stdout and "emulated" in r.stdout
+    assert (tmp_path / "out" / "gantt.png").stat().st_size > 0

@@ -1,0 +1,72 @@
+"""Export to torch.distributed.pipelining's CSV, and torch's own runtime replaying it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import zbsearch as zb
+from zbsearch.runtime.export import to_torch_csv
+
+from runtime_support import copy_stages, expect_ok, run_ranks, toy_batch, toy_loss, toy_stages, uniform_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_torch_letters_for_our_ops():
+    h1 = zb.build_classic("zb-h1", uniform_profile(2), 3)
+    rows = [line.split(",") for line in to_torch_csv(h1).splitlines()]
+    ours = {"F": "F", "B": "I", "W": "W", "BW": "B"}
+    assert rows == [
+        [f"{a.stage}{ours[a.op.value]}{a.mb}" for a in row] for row in h1.rank_actions
+    ]
+    fused = to_torch_csv(zb.build_classic("1f1b", uniform_profile(2), 2))
+    assert "I" not in fused and "W" not in fused and "0B1" in fused
+
+
+def test_cli_export(tmp_path):
+    sched = tmp_path / "v.json"
+    zb.save_schedule(zb.build_classic("zb-v", uniform_profile(2), 4), sched)
+    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, a)], capture_output=True, text=True)  # noqa: E731
+    r = run("export", sched, "--to", "torch-csv", "-o", tmp_path / "v.csv")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "v.csv").read_text() == to_torch_csv(zb.load_schedule(sched))
+    r = run("export", sched, "--to", "json", "-o", "-")
+    assert r.returncode == 1 and r.stderr.strip() == "error: unknown export format 'json'; supported: torch-csv"
+
+
+def _ours_and_torch(rank: int, world: int, kind: str, m: int, csv_path: str) -> None:
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    from zbsearch.runtime import PipelineRuntime
+
+    sched = zb.build_classic(kind, uniform_profile(world), m)
+    full = toy_stages(sched.num_stages)
+    ours, theirs = copy_stages(full), copy_stages(full)
+    mine = [s for s in range(sched.num_stages) if sched.stage_to_rank[s] == rank]
+    first, last = 0 in mine, sched.num_stages - 1 in mine
+    ids, targets = toy_batch(2 * m)
+    PipelineRuntime(sched, {s: ours[s] for s in mine}, toy_loss, timeout=60).step(
+        ids if first else None, targets if last else None
+    )
+    stages = [PipelineStage(theirs[s], s, sched.num_stages, torch.device("cpu")) for s in mine]
+    runtime = _PipelineScheduleRuntime(stages, m, loss_fn=toy_loss)
+    runtime._load_csv(csv_path)
+    runtime.step(*((ids,) if first else ()), target=targets if last else None)
+    for s in mine:
+        for (name, a), b in zip(ours[s].named_parameters(), theirs[s].parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=lambda e: f"{kind} stage {s} {name}: {e}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["zb-h1", "zb-v"])
+def test_torch_pipeline_runtime_replays_the_csv_with_our_gradients(kind, tmp_path):
+    m = 4
+    path = tmp_path / f"{kind}.csv"
+    path.write_text(to_torch_csv(zb.build_classic(kind, uniform_profile(2), m)))
+    expect_ok(run_ranks(_ours_and_torch, 2, kind, m, str(path)), 2)

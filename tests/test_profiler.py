@@ -1,0 +1,249 @@
+"""Profiler: structure of a measured profile, B+W against F, runtime agreement, bad input, torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import zbsearch as zb
+from zbsearch.actions import Op
+from zbsearch.errors import ZbError
+from zbsearch.models import GPTConfig
+from zbsearch.models.gpt import gpt_batch
+from zbsearch.profiler import (
+    LinkModel,
+    Settings,
+    builtin_gpt,
+    load_model,
+    measure_stage,
+    profile_distributed,
+    profile_one_device,
+    runtime_vs_profile,
+)
+from zbsearch.profiler import measure
+from zbsearch.profiler.local import run_local
+from zbsearch.runtime import PipelineRuntime
+from zbsearch.runtime import trace as runtime_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = GPTConfig(layers=2, hidden=32, heads=2, seq=16, vocab=64, microbatch_size=2, stages=2)
+LINK = LinkModel(latency_ms=0.05, bandwidth_gb_s=1.0, how="fixed by the test")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def cpu_clock(monkeypatch):
+    """Passes timed by this thread's CPU time instead of the wall clock, in the profiler and in
+    the runtime's trace alike: then what a pass costs does not depend on what else the machine
+    runs, and the timing checks cannot be upset by a loaded machine."""
+    clock = types.SimpleNamespace(perf_counter=time.thread_time)
+    monkeypatch.setattr(measure, "time", clock)
+    monkeypatch.setattr(runtime_trace, "time", clock)
+
+
+def test_tiny_gpt_profile_has_the_expected_structure(tmp_path):
+    prof = profile_one_device(builtin_gpt(TINY), Settings(warmup=1, repeat=3), link=LINK)
+    assert prof.memory_unit == "bytes" and prof.num_stages == 2
+    extra = prof.model_dump()
+    assert extra["torch"] == torch.__version__ and extra["dtype"] == "float32" and extra["device"].startswith("cpu")
+    assert extra["settings"]["repeat"] == 3 and extra["model"]["layers"] == 2
+    assert extra["links"]["method"] == "estimated"
+    boundary = TINY.microbatch_size * TINY.seq * TINY.hidden * 4
+    assert extra["measured"]["boundary_bytes"] == [boundary]
+    assert prof.t_comm == [pytest.approx(LINK.time_ms(boundary))]
+    for s, st in enumerate(prof.stages):
+        assert st.t_f > 0 and st.t_b > 0 and st.t_w > 0
+        assert st.m_f > 0 and st.m_b <= 0 and st.m_w <= 0
+        assert st.m_f + st.m_b + st.m_w == pytest.approx(0, abs=1e-6 * st.m_f)
+        spread = extra["measured"]["stages"][s]["t_f"]
+        assert spread["q1"] <= spread["median"] <= spread["q3"]
+    assert 0 < -prof.stages[1].m_w < prof.stages[1].m_f  # B frees part, W the rest
+    zb.save_profile(prof, tmp_path / "p.json")
+    assert zb.load_profile(tmp_path / "p.json").model_dump() == prof.model_dump()
+
+
+def test_matmul_heavy_block_backward_is_about_twice_the_forward(cpu_clock):
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
+    x = torch.randn(256, 256, requires_grad=True)
+    m = measure_stage(block, (x,), None, torch.device("cpu"), warmup=2, repeat=5)
+    ratio = (m.b.median + m.w.median) / m.f.median
+    assert 1.0 < ratio < 4.0, ratio
+    assert m.m_f > 0 and m.m_b <= 0 and m.m_f + m.m_b > 0  # W still holds its layers' inputs after B
+
+
+def _runtime_traces(cfg: GPTConfig, spec, m: int, steps: int):
+    """All stages on this one rank, in a V (F, B and W apart): the runtime times each pass."""
+    one = zb.Profile(name="placeholder", memory_unit="activations",
+                     stages=[zb.StageCost(t_f=1, t_b=1, t_w=1, m_f=1, m_b=-0.5, m_w=-0.5)])
+    sched = zb.build_classic("zb-v", one, m)
+    runtime = PipelineRuntime(sched, dict(enumerate(spec.stages)), spec.loss_fn)
+    ids, targets = gpt_batch(cfg, m)
+    traces = []
+    for step in range(steps + 1):
+        runtime.step(ids, targets)
+        if step:
+            traces.append(runtime.trace())
+    return traces
+
+
+def test_runtime_per_pass_times_agree_with_the_profile(cpu_clock):
+    """The same passes timed by the runtime and by the profiler agree within 50%; the best of
+    three attempts counts, against the odd disturbance that CPU time still sees."""
+    cfg = GPTConfig(layers=2, hidden=128, heads=2, seq=128, vocab=256, microbatch_size=2, stages=2)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        worst = []
+        for _ in range(3):
+            spec = builtin_gpt(cfg)
+            prof = profile_one_device(spec, Settings(warmup=2, repeat=6), link=LINK)
+            rows = runtime_vs_profile(prof, _runtime_traces(cfg, spec, m=4, steps=2))
+            assert {(r.stage, r.op) for r in rows} == {(s, op) for s in range(2) for op in (Op.F, Op.B, Op.W)}
+            worst.append(max(abs(r.error) for r in rows))
+            if worst[-1] < 0.5:
+                break
+        assert min(worst) < 0.5, worst
+    finally:
+        dist.destroy_process_group()
+
+
+# -- bad input ------------------------------------------------------------------------------------
+USER_MODEL = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    def good():
+        return [nn.Linear(8, 16), nn.Linear(16, 4)], torch.randn(4, 8)
+
+    def with_loss():
+        return [nn.Linear(8, 16), nn.Linear(16, 4)], torch.randn(4, 8), nn.functional.mse_loss, torch.zeros(4, 4)
+
+    def mismatch():
+        return [nn.Linear(8, 16), nn.Linear(8, 4)], torch.randn(4, 8)
+
+    def one_thing():
+        return [nn.Linear(8, 16)]
+
+    def not_modules():
+        return ["linear"], torch.randn(4, 8)
+
+    def broken():
+        raise ValueError("no weights on disk")
+""")
+
+
+@pytest.fixture(scope="module")
+def user_models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models")
+    (folder / "zb_user_models.py").write_text(USER_MODEL)
+    sys.path.insert(0, str(folder))
+    yield folder
+    sys.path.remove(str(folder))
+
+
+@pytest.mark.parametrize("fn", ["good", "with_loss"])
+def test_user_model_is_profiled(user_models, fn):
+    spec = load_model(f"zb_user_models:{fn}")
+    prof = profile_one_device(spec, Settings(warmup=1, repeat=3), link=LINK, name=fn)
+    assert prof.name == fn and prof.model_dump()["model"] == {"model": f"zb_user_models:{fn}"}
+    assert prof.model_dump()["measured"]["boundary_bytes"] == [4 * 16 * 4]
+
+
+@pytest.mark.parametrize(
+    "path, words",
+    [
+        ("no_such_package.model:build", "cannot import 'no_such_package.model': ModuleNotFoundError"),
+        ("zb_user_models", "expected an import path like mypkg.model:build_stages"),
+        ("zb_user_models:missing", "has no function 'missing'"),
+        ("zb_user_models:broken", "broken() raised ValueError: no weights on disk"),
+        ("zb_user_models:one_thing", "returned a list of 1; expected (stages, microbatch)"),
+        ("zb_user_models:not_modules", "stages must be a non-empty list of torch.nn.Module"),
+    ],
+)
+def test_bad_model_functions_are_one_line_errors(user_models, path, words):
+    with pytest.raises(ZbError) as err:
+        load_model(path)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_stages_that_do_not_fit_together_are_named(user_models):
+    with pytest.raises(ZbError, match=r"stage 1 does not accept the outputs of stage 0 \(float32\(4, 16\)\): RuntimeError: mat1"):
+        profile_one_device(load_model("zb_user_models:mismatch"), Settings(), link=LINK)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message when CUDA is absent")
+def test_cuda_requested_but_absent():
+    with pytest.raises(ZbError, match="CUDA was requested but is not available"):
+        profile_one_device(builtin_gpt(TINY), Settings(device="cuda"), link=LINK)
+
+
+def _cli(*args, cwd, env=None):
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_cli_reports_a_bad_model_in_one_line(user_models, tmp_path):
+    r = _cli("profile", "--model", "zb_user_models:mismatch", cwd=tmp_path, env={"PYTHONPATH": str(user_models)})
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "stage 1 does not accept" in r.stderr
+
+
+# -- the command on one device, and under torchrun -----------------------------------------------------
+_GPT_ARGS = ["--builtin", "gpt", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "-b", "2",
+             "--stages", "2", "--warmup", "1", "--repeat", "3"]
+
+
+@pytest.mark.slow
+def test_cli_profile_on_one_device_writes_profiles_folder(tmp_path):
+    r = _cli("profile", *_GPT_ARGS, "--threads", "1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    files = list((tmp_path / "profiles").iterdir())
+    assert [f.name for f in files] == ["gpt-l2-h32-s16-b2-p2-cpu.json"]
+    doc = json.loads(files[0].read_text())
+    assert doc["mode"] == "one device, stage after stage" and doc["links"]["method"] == "estimated"
+    assert doc["links"]["latency_ms"] > 0 and doc["links"]["bandwidth_gb_s"] > 0 and doc["settings"]["threads"] == 1
+    assert "T_B+T_W" in r.stdout
+
+
+@pytest.mark.slow
+def test_torchrun_profiles_one_stage_per_rank_into_one_file(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(ROOT / "cli.py"),
+           "profile", *_GPT_ARGS, "--name", "tr", "-o", "tr.json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [f.name for f in tmp_path.iterdir()] == ["tr.json"]
+    prof = zb.load_profile(tmp_path / "tr.json")
+    doc = prof.model_dump()
+    assert prof.num_stages == 2 and doc["mode"].startswith("one rank per stage, 2 ranks")
+    assert doc["links"]["method"] == "measured" and len(doc["links"]["devices"]) == 2 and prof.t_comm[0] > 0
+
+
+def _mismatched_ranks(rank: int, world: int, send) -> None:
+    from zbsearch.profiler.stages import as_model
+
+    spec = as_model(([nn.Linear(8, 16), nn.Linear(8, 4)], torch.randn(4, 8)), "test")
+    profile_distributed(spec, Settings(warmup=1, repeat=3))
+
+
+@pytest.mark.slow
+def test_torchrun_mode_stops_every_rank_on_a_stage_mismatch():
+    with pytest.raises(ZbError, match="stage 1 does not accept the outputs of stage 0"):
+        run_local(_mismatched_ranks, 2, timeout=60)

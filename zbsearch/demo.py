@@ -1,0 +1,163 @@
+"""``zbsearch demo``: the whole loop on one machine, profile -> solve -> replay -> compare.
+
+p local processes (gloo on CPU, NCCL with one GPU each) form the pipeline. Together they
+profile the built-in GPT, one stage per rank (``profiler.profile_distributed``); rank 0 builds
+1F1B and solves ZB-2p on that profile; every rank then replays both schedules with the runtime
+and rank 0 gathers the traces. This process shows progress, writes the files and prints
+predicted against measured iteration time (the longest per-rank span) for both.
+
+On a machine with fewer cores than ranks the real passes wait for a core, and the measured
+times hold that contention. ``emulate`` replays with stages that sleep the profiled times
+(``runtime.emulation``) instead, so what is measured is the schedules themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import render
+from .classic import build_classic
+from .errors import ZbError
+from .models.gpt import GPTConfig, gpt_batch
+from .profile import Profile, save_profile
+from .profiler import Settings, builtin_gpt, profile_distributed
+from .profiler.local import run_local
+from .runtime import PipelineRuntime, emulated_loss, emulated_stages
+from .schedule import Schedule, save_schedule
+from .solver import solve
+from .trace_format import Trace, save_trace
+
+__all__ = ["DemoConfig", "DemoRun", "run_demo"]
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    gpt: GPTConfig = field(default_factory=GPTConfig)
+    microbatches: int = 8
+    emulate: bool = False
+    steps: int = 3  # measured steps per schedule, after one warm-up step
+    time_limit: float = 10.0  # seconds for the solver
+    device: str = "cpu"
+    warmup: int = 2  # profiler repetitions
+    repeat: int = 5
+    out: Path = Path("zbsearch-demo")
+
+    def check(self) -> None:
+        self.gpt.check()
+        if self.microbatches < 1 or self.steps < 1:
+            raise ZbError("the demo needs at least 1 microbatch and 1 step")
+        if self.device.startswith("cuda"):
+            if not torch.cuda.is_available():
+                raise ZbError(f"CUDA was requested but is not available (torch {torch.__version__} sees no GPU)")
+            if torch.cuda.device_count() < self.gpt.stages:
+                raise ZbError(f"the demo runs one rank per GPU: {self.gpt.stages} stages need {self.gpt.stages} GPUs, "
+                              f"{torch.cuda.device_count()} visible")
+        elif self.device != "cpu":
+            raise ZbError(f"device {self.device!r} is not supported; use cpu or cuda")
+
+
+@dataclass
+class DemoRun:
+    profile: Profile
+    schedules: list[Schedule]
+    traces: list[Trace]
+    measured: list[float]  # ms, median over steps of the longest per-rank span
+    files: list[Path]
+
+    @property
+    def predicted(self) -> list[float]:
+        return [max(s.predicted.span) for s in self.schedules]
+
+
+def _rank(rank: int, world: int, send, cfg: DemoConfig) -> dict | None:
+    """One pipeline rank: profile its stage, get the schedules from rank 0, replay them."""
+
+    def report(description: str, done: int, total: int) -> None:
+        send((f"profiling: {description}", done, total))
+
+    spec = builtin_gpt(cfg.gpt)
+    settings = Settings(device=cfg.device, warmup=cfg.warmup, repeat=cfg.repeat)
+    profile = profile_distributed(spec, settings, name=f"demo-{spec.name}", progress=report)
+    box = [None]
+    if rank == 0:
+        send(("solving ZB-2p", 0, None))
+        zb_2p = solve(profile, cfg.microbatches, "2p", time_limit=cfg.time_limit).schedule
+        box = [[s.model_dump_json() for s in (build_classic("1f1b", profile, cfg.microbatches), zb_2p)]]
+    dist.broadcast_object_list(box, src=0)
+    schedules = [Schedule.model_validate_json(text) for text in box[0]]
+    last = rank == world - 1
+    device = torch.device("cuda", torch.cuda.current_device()) if cfg.device.startswith("cuda") else torch.device("cpu")
+    ids, targets = gpt_batch(cfg.gpt, cfg.microbatches, seed=2)
+    spans, traces = [], []
+    for sched in schedules:
+        if cfg.emulate:
+            stage = emulated_stages(sched.profile, sched.stage_to_rank, bytes_per_unit=1.0)[rank].to(device)
+            loss, x, y = emulated_loss, torch.zeros(cfg.microbatches, 16), torch.zeros(cfg.microbatches, 16)
+        else:
+            stage, loss, x, y = spec.stages[rank], spec.loss_fn, ids, targets
+        runtime = PipelineRuntime(sched, {rank: stage}, loss if last else None, device=device)
+        step_spans, trace = [], None
+        for step in range(1 + cfg.steps):
+            if rank == 0:
+                send((f"replaying {sched.kind}" + (" (emulated)" if cfg.emulate else ""), step, 1 + cfg.steps))
+            stage.zero_grad()
+            runtime.step(x if rank == 0 else None, y if last else None)
+            trace = runtime.trace()
+            if rank == 0 and step > 0:
+                step_spans.append(max(trace.span_ms()))
+        if rank == 0:
+            spans.append(statistics.median(step_spans))
+            traces.append(trace.model_dump_json())
+    if rank != 0:
+        return None
+    return {"profile": profile.model_dump_json(), "schedules": box[0], "traces": traces, "measured": spans}
+
+
+def run_demo(cfg: DemoConfig, on_progress=None) -> DemoRun:
+    """Run the demo; ``on_progress(description, done, total)`` follows it. Writes into ``cfg.out``."""
+    cfg.check()
+    out = cfg.out
+    out.mkdir(parents=True, exist_ok=True)
+
+    def message(rank: int, msg: tuple) -> None:
+        if on_progress is not None:
+            on_progress(*msg)
+
+    backend = "nccl" if cfg.device.startswith("cuda") else "gloo"
+    result = run_local(_rank, cfg.gpt.stages, cfg, backend=backend, on_message=message)[0]
+    if on_progress is not None:
+        on_progress("writing files", 0, None)
+    run = DemoRun(
+        profile=Profile.model_validate_json(result["profile"]),
+        schedules=[Schedule.model_validate_json(s) for s in result["schedules"]],
+        traces=[Trace.model_validate_json(t) for t in result["traces"]],
+        measured=result["measured"],
+        files=[],
+    )
+    save_profile(run.profile, out / "profile.json")
+    run.files.append(out / "profile.json")
+    panels = []
+    for sched, trace in zip(run.schedules, run.traces):
+        save_schedule(sched, out / f"{sched.kind}.json")
+        save_trace(trace, out / f"{sched.kind}-trace.json")
+        run.files += [out / f"{sched.kind}.json", out / f"{sched.kind}-trace.json"]
+        panels += render.with_measured(render.schedule_panel(sched), out / f"{sched.kind}-trace.json")[0]
+    title = (f"predicted and measured, p={cfg.gpt.stages} m={cfg.microbatches}{' (emulated)' if cfg.emulate else ''}: "
+             f"{run.schedules[1].kind} is {run.measured[0] / run.measured[1]:.2f}x as fast as 1F1B")
+    run.files.append(render.write_chart(panels, out / "gantt.png", title))
+    return run
+
+
+def contention_note(cfg: DemoConfig) -> str | None:
+    """Why measured times may exceed predicted ones on this machine, if they will."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cfg.emulate or cfg.device != "cpu" or cores >= cfg.gpt.stages:
+        return None
+    return (f"note: {cfg.gpt.stages} ranks share {cores} CPU cores, so measured times include waiting for a core; "
+            f"--emulate replays the profiled times without that contention")

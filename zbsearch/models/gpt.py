@@ -1,0 +1,123 @@
+"""A GPT-style decoder cut into pipeline stages, in plain torch.
+
+The profiler, the demo and the benchmarks need a model whose passes have the shape of the
+paper's (matrix products in attention and MLP, LayerNorm, a token embedding on the first stage
+and an LM head on the last), small enough to run four ranks on a laptop CPU. Stage 0 holds the
+embedding, the last stage the final LayerNorm and the head, and the transformer layers are
+shared out as evenly as possible (earlier stages take the remainder). Every stage boundary is
+one tensor of shape (microbatch, seq, hidden).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..errors import ZbError
+
+__all__ = ["GPTConfig", "gpt_stages", "gpt_batch", "gpt_loss"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    layers: int = 8
+    hidden: int = 128
+    heads: int = 4
+    seq: int = 128
+    vocab: int = 512
+    microbatch_size: int = 4
+    stages: int = 4
+
+    def check(self) -> None:
+        for name, value in asdict(self).items():
+            if value < 1:
+                raise ZbError(f"gpt: {name} must be at least 1, not {value}")
+        if self.hidden % self.heads:
+            raise ZbError(f"gpt: hidden size {self.hidden} is not a multiple of the {self.heads} heads")
+        if self.layers < self.stages:
+            raise ZbError(f"gpt: {self.layers} layers cannot fill {self.stages} stages (at least one layer per stage)")
+
+    def layers_per_stage(self) -> list[int]:
+        q, r = divmod(self.layers, self.stages)
+        return [q + (s < r) for s in range(self.stages)]
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, s, h))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer layer: attention, then a 4x MLP, each with a residual."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden)
+        self.attn = Attention(hidden, heads)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab: int, hidden: int, seq: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Parameter(torch.randn(seq, hidden) * 0.02)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.tok(ids) + self.pos[: ids.shape[1]]
+
+
+class Head(nn.Module):
+    def __init__(self, vocab: int, hidden: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden)
+        self.out = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+def gpt_stages(cfg: GPTConfig, seed: int = 0) -> list[nn.Module]:
+    """The model's ``cfg.stages`` stages; the same seed gives the same weights in every process."""
+    cfg.check()
+    torch.manual_seed(seed)
+    stages = []
+    for s, n in enumerate(cfg.layers_per_stage()):
+        parts: list[nn.Module] = [Embedding(cfg.vocab, cfg.hidden, cfg.seq)] if s == 0 else []
+        parts += [Block(cfg.hidden, cfg.heads) for _ in range(n)]
+        if s == cfg.stages - 1:
+            parts.append(Head(cfg.vocab, cfg.hidden))
+        stages.append(nn.Sequential(*parts))
+    return stages
+
+
+def gpt_batch(cfg: GPTConfig, microbatches: int = 1, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and next-token targets for ``microbatches`` microbatches: sequences
+    x[t+1] = (5 x[t] + 3) mod vocab from random starts, so that training can be seen to learn."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = [torch.randint(0, cfg.vocab, (microbatches * cfg.microbatch_size, 1), generator=g)]
+    for _ in range(cfg.seq):
+        tokens.append((5 * tokens[-1] + 3) % cfg.vocab)
+    ids = torch.cat(tokens, dim=1)
+    return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+
+def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -1,0 +1,49 @@
+"""Measure the costs a schedule is built from, on the hardware it will run on (torch).
+
+Per stage: F, B and W times with the runtime's own split backward, the activation memory each
+pass leaves, and the time to pass the stage's outputs to the next rank. The result is a
+``zbsearch.profile`` file in bytes, ready for ``zbsearch solve`` and the runtime.
+
+=======================  ===============================================================
+``load_model``           a user's ``package.module:function`` (``stages``)
+``builtin_gpt``          the built-in GPT (``zbsearch.models``)
+``Settings``             device, dtype, repetitions, threads (``settings``)
+``profile_model``        one device, or one rank per stage under torchrun (``run``)
+``profile_one_device``
+``profile_distributed``
+``measure_stage``        F, B, W of one stage (``measure``)
+``estimate_link``        latency and bandwidth between two local processes (``links``)
+``summary_table``        the profile as a rich table (``report``)
+``runtime_vs_profile``   per-pass times of runtime traces against the profile (``accuracy``)
+=======================  ===============================================================
+"""
+
+from .links import LinkModel, estimate_link, pingpong
+from .accuracy import PassAgreement, runtime_vs_profile
+from .measure import StageMeasurement, Stats, measure_stage
+from .report import progress_bar, summary_table
+from .run import profile_distributed, profile_model, profile_one_device
+from .settings import Settings, resolve_device
+from .stages import ModelSpec, as_model, builtin_gpt, load_model
+
+__all__ = [
+    "ModelSpec",
+    "load_model",
+    "as_model",
+    "builtin_gpt",
+    "Settings",
+    "resolve_device",
+    "profile_model",
+    "profile_one_device",
+    "profile_distributed",
+    "measure_stage",
+    "Stats",
+    "StageMeasurement",
+    "LinkModel",
+    "estimate_link",
+    "pingpong",
+    "summary_table",
+    "progress_bar",
+    "runtime_vs_profile",
+    "PassAgreement",
+]

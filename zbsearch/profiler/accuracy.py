@@ -1,0 +1,44 @@
+"""Does the profile predict the runtime? Per-pass times of runtime traces against a profile.
+
+The runtime's trace times each action's compute alone (``runtime.trace``), so its F, B and W
+durations are directly comparable with the profile's T_F, T_B and T_W of the same stage. Used
+by the profiler's accuracy test and ``bench/profiler.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+from ..actions import Op
+from ..profile import Profile
+from ..trace_format import Trace
+
+__all__ = ["PassAgreement", "runtime_vs_profile"]
+
+
+@dataclass(frozen=True)
+class PassAgreement:
+    stage: int
+    op: Op
+    profiled: float  # ms
+    measured: float  # ms, median over every occurrence in the traces
+
+    @property
+    def error(self) -> float:
+        return self.measured / self.profiled - 1
+
+
+def runtime_vs_profile(profile: Profile, traces: list[Trace]) -> list[PassAgreement]:
+    """F, B and W of every profile stage; trace stage s is profile stage s."""
+    durations: dict[tuple[int, Op], list[float]] = defaultdict(list)
+    for trace in traces:
+        for ev in trace.traceEvents:
+            durations[(ev.args.stage, ev.args.op)].append(ev.dur / 1e3)
+    rows = []
+    for s, st in enumerate(profile.stages):
+        for op, profiled in ((Op.F, st.t_f), (Op.B, st.t_b), (Op.W, st.t_w)):
+            if durations[(s, op)]:
+                rows.append(PassAgreement(s, op, profiled, statistics.median(durations[(s, op)])))
+    return rows

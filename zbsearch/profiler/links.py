@@ -1,0 +1,77 @@
+"""Time to pass a stage's outputs to the next rank: measured on the real link, or estimated.
+
+Under torchrun each pair of neighbouring ranks ping-pongs the real boundary tensors and the
+one-way time is half the median round trip (activations go one way, their gradient of the same
+size comes back, so one number serves both directions). On one device there is no link to time:
+two local processes measure latency (a 4-byte message) and bandwidth (a 16 MiB one) on the
+transport the runtime would use on this machine, and each boundary is estimated as
+latency + bytes / bandwidth. There the fastest round trip counts: the aim is the transport's
+own cost, and on a busy machine the two processes often wait for a core, which only adds time.
+The profile's ``links`` block says which was done.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .local import run_local
+
+__all__ = ["LinkModel", "pingpong", "estimate_link"]
+
+_LARGE = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    latency_ms: float
+    bandwidth_gb_s: float  # 1e9 bytes per second
+    how: str
+
+    def time_ms(self, nbytes: float) -> float:
+        return self.latency_ms + nbytes / (self.bandwidth_gb_s * 1e6)
+
+    def record(self) -> dict:
+        return {"method": "estimated", "latency_ms": self.latency_ms, "bandwidth_gb_s": self.bandwidth_gb_s, "how": self.how}
+
+
+def pingpong(
+    tensors: list[torch.Tensor], peer: int, lead: bool, group=None, warmup: int = 3, repeat: int = 10,
+) -> list[float]:
+    """One-way times (ms, half of each round trip) to send ``tensors`` to ``peer``; both ranks
+    call it, one leading."""
+    cuda = any(t.is_cuda for t in tensors)
+    dst = dist.get_global_rank(group, peer) if group is not None else peer
+    samples = []
+    for rep in range(warmup + repeat):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for step in ("send", "recv") if lead else ("recv", "send"):
+            for t in tensors:
+                (dist.send if step == "send" else dist.recv)(t, dst, group=group)
+        if cuda:
+            torch.cuda.synchronize()
+        if rep >= warmup:
+            samples.append((time.perf_counter() - t0) * 1e3 / 2)
+    return samples
+
+
+def _measure(rank: int, world: int, send, device_type: str) -> tuple[float, float]:
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    small = [torch.zeros(1, dtype=torch.float32, device=device)]
+    large = [torch.zeros(_LARGE // 4, dtype=torch.float32, device=device)]
+    return min(pingpong(small, 1 - rank, rank == 0, repeat=30)), min(pingpong(large, 1 - rank, rank == 0))
+
+
+def estimate_link(device: torch.device) -> LinkModel:
+    """Latency and bandwidth between two local processes: NCCL between two GPUs when there are
+    two, else gloo through the host (then an upper bound on what a GPU interconnect takes)."""
+    nccl = device.type == "cuda" and torch.cuda.device_count() >= 2
+    (small, large), _ = run_local(_measure, 2, "cuda" if nccl else "cpu", backend="nccl" if nccl else "gloo", timeout=120)
+    bandwidth = _LARGE / max(large - small, 1e-6) / 1e6
+    how = "2 local processes, NCCL between 2 GPUs" if nccl else "2 local processes, gloo over loopback TCP"
+    return LinkModel(small, bandwidth, how)

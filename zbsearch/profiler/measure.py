@@ -1,0 +1,141 @@
+"""Time F, B and W of one stage and measure the activation memory each pass leaves.
+
+The passes are the runtime's own (``zbsearch.runtime.split_backward``), so the profile times
+exactly what a schedule will run, graph analysis of the B/W split included. Each repetition is
+one microbatch: F, then B from the gradient the next stage would send (1 for a loss), then W.
+
+Clocks: on CPU ``perf_counter`` around each pass; on CUDA events on the current stream, read
+after one synchronisation per repetition, so the passes are not separated by host stalls.
+
+Memory: on CPU the bytes of the tensors saved for backward (the runtime's activation meter,
+which counts each storage once); on CUDA the allocator's change over each pass, once the first
+repetitions have created the parameter gradients. B's input gradients are dropped before
+measuring, as the runtime sends them on. m_w is taken as -(m_f + m_b), since what F allocates
+B and W free; on CUDA what the allocator still holds after W is recorded as the residual.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..profile import StageCost
+from ..runtime.memory import ActivationMeter
+from ..runtime.split_backward import backward_input, backward_weight, forward_pass
+
+__all__ = ["Stats", "StageMeasurement", "measure_stage"]
+
+# Times are floored here: a B with nothing to do (a first stage) can read 0 on a coarse clock,
+# and a profile needs positive times.
+_MIN_MS = 1e-6
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Median and quartiles of repeated timings, in ms."""
+
+    median: float
+    q1: float
+    q3: float
+
+    @classmethod
+    def of(cls, samples: list[float]) -> "Stats":
+        q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+        return cls(max(statistics.median(samples), _MIN_MS), q1, q3)
+
+    def record(self) -> dict:
+        return {"median": self.median, "q1": self.q1, "q3": self.q3}
+
+
+@dataclass(frozen=True)
+class StageMeasurement:
+    f: Stats
+    b: Stats
+    w: Stats
+    m_f: float  # bytes
+    m_b: float
+    memory_residual: float
+    output_bytes: int  # what the stage sends to the next one per microbatch
+
+    def cost(self) -> StageCost:
+        return StageCost(
+            t_f=self.f.median, t_b=self.b.median, t_w=self.w.median,
+            m_f=self.m_f, m_b=self.m_b, m_w=-(self.m_f + self.m_b),
+        )
+
+    def record(self) -> dict:
+        return {
+            "t_f": self.f.record(), "t_b": self.b.record(), "t_w": self.w.record(),
+            "memory_residual": self.memory_residual, "output_bytes": self.output_bytes,
+        }
+
+
+class _Clock:
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+
+def measure_stage(
+    module: nn.Module,
+    inputs: tuple,
+    post: Callable | None,
+    device: torch.device,
+    warmup: int,
+    repeat: int,
+    tick: Callable[[], None] | None = None,
+) -> StageMeasurement:
+    """``warmup`` untimed then ``repeat`` timed repetitions of F, B, W on ``inputs``."""
+    clock = _Clock(device)
+    meter = ActivationMeter()
+
+    def live() -> float:
+        return float(torch.cuda.memory_allocated(device)) if clock.cuda else float(meter.bytes)
+
+    times: list[tuple[float, float, float]] = []
+    mem: list[tuple[float, float, float]] = []
+    grads = None
+    output_bytes = 0
+    for rep in range(warmup + repeat):
+        a0, e0 = live(), clock.mark()
+        fp = forward_pass(module, inputs, post=post, meter=meter)
+        e1, a1 = clock.mark(), live()
+        if grads is None:  # first (warm-up) repetition: what the next stage would send back
+            grads = [torch.ones_like(o) if o.requires_grad else None for o in fp.outputs]
+            output_bytes = sum(o.nbytes for o in fp.outputs)
+        input_grads = backward_input(fp, grads)
+        e2 = clock.mark()
+        del input_grads
+        a2 = live()
+        backward_weight(fp)
+        e3, a3 = clock.mark(), live()
+        del fp
+        clock.sync()
+        if rep >= warmup:
+            times.append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e2, e3)))
+            mem.append((a1 - a0, a2 - a1, a3 - a0))
+        if tick is not None:
+            tick()
+    f, b, w = (Stats.of(list(col)) for col in zip(*times))
+    m_f, m_b, residual = (statistics.median(col) for col in zip(*mem))
+    m_f = max(m_f, 0.0)
+    return StageMeasurement(f, b, w, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes)

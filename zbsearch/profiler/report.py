@@ -1,0 +1,65 @@
+"""What the user sees: a progress bar while measuring, a summary table of the profile."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from rich import box
+from rich.console import Console, Group
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from ..profile import Profile
+
+__all__ = ["progress_bar", "summary_table"]
+
+
+@contextlib.contextmanager
+def progress_bar(console: Console) -> Iterator:
+    """A callback ``(description, done, total)`` drawing a transient bar on ``console``; under
+    torchrun only rank 0 draws (None elsewhere), so that ranks do not overwrite each other."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def update(description: str, done: int, total: int) -> None:
+            bar.update(task, description=description, completed=done, total=total)
+
+        yield update
+
+
+def summary_table(profile: Profile) -> Group:
+    """Per stage: median times and their spread (the widest half interquartile range of F, B
+    and W, relative to the median), memory, boundary size and link time."""
+    measured = getattr(profile, "measured", None) or {}
+    spread = measured.get("stages") or [{}] * profile.num_stages
+    sizes = measured.get("boundary_bytes") or []
+    links = getattr(profile, "links", None) or {}
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0), title=profile.name)
+    for col in ("stage", "T_F\nms", "T_B\nms", "T_W\nms", "spread\n±", "T_B+T_W\n/ T_F", "M_B\nMiB", "M_W\n/ M_B",
+                "sends\nKiB", "t_comm\nms"):
+        t.add_column(col, justify="right")
+    for s, (st, sp) in enumerate(zip(profile.stages, spread)):
+        t.add_row(
+            str(s), f"{st.t_f:.3g}", f"{st.t_b:.3g}", f"{st.t_w:.3g}", _spread(sp),
+            f"{(st.t_b + st.t_w) / st.t_f:.2f}", f"{st.m_f / 2**20:.3g}", f"{-st.m_w / st.m_f:.2f}" if st.m_f else "-",
+            f"{sizes[s] / 2**10:.0f}" if s < len(sizes) else "-",
+            f"{profile.comm(s):.3g}" if s < profile.num_stages - 1 else "-",
+        )
+    # Below the table rather than as its caption: a long caption would squeeze the columns.
+    where = Text(f"{getattr(profile, 'device', '?')}, {getattr(profile, 'dtype', '?')}, "
+                 f"{getattr(profile, 'mode', '?')}; links {links.get('method', '?')}", style="dim")
+    return Group(t, where)
+
+
+def _spread(stats: dict) -> str:
+    parts = [stats.get(k) for k in ("t_f", "t_b", "t_w")]
+    if not all(parts):
+        return "-"
+    return f"{max((p['q3'] - p['q1']) / 2 / p['median'] for p in parts):.0%}"

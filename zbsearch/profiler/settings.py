@@ -1,0 +1,80 @@
+"""How to measure: device, dtype, repetitions, threads; and the checks on them.
+
+Kept apart so the one-device and torchrun paths read the same settings and record the same
+``settings`` block in the profile file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..errors import ZbError
+
+__all__ = ["Settings", "resolve_device", "resolve_dtype", "device_name"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:<i>"; under torchrun "cuda" means cuda:LOCAL_RANK
+    dtype: str | None = None  # None keeps the model's own dtype
+    warmup: int = 3
+    repeat: int = 10
+    threads: int | None = None  # CPU threads per process; None keeps torch's default
+
+    def check(self) -> None:
+        if self.warmup < 1:
+            raise ZbError("--warmup must be at least 1 (the first pass of a stage is always slow)")
+        if self.repeat < 3:
+            raise ZbError("--repeat must be at least 3 to give a median and a spread")
+        if self.threads is not None and self.threads < 1:
+            raise ZbError("--threads must be at least 1")
+        resolve_dtype(self.dtype)
+
+    def record(self) -> dict:
+        return {**asdict(self), "threads": torch.get_num_threads()}
+
+
+def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
+    """The torch device for a name, failing in one line when CUDA is asked for and absent."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ZbError(f"unknown device {name!r}; use cpu, cuda or cuda:<index>") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ZbError(f"device {name!r} is not supported; use cpu or cuda")
+    if not torch.cuda.is_available():
+        raise ZbError(f"CUDA was requested but is not available (torch {torch.__version__} sees no GPU)")
+    if device.index is not None:
+        index = device.index
+    else:  # torchrun's LOCAL_RANK, else the device a launcher made current
+        index = local_rank if local_rank is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise ZbError(f"device cuda:{index} requested but only {torch.cuda.device_count()} GPU(s) are visible")
+    return torch.device("cuda", index)
+
+
+def resolve_dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    if name not in _DTYPES:
+        raise ZbError(f"unknown dtype {name!r}; use one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"cpu: {model or os.uname().machine}, {os.cpu_count()} cores"

@@ -1,0 +1,158 @@
+"""The model to profile: a user's build function or the built-in GPT, checked before timing.
+
+A user's model is named by an import path, ``package.module:function``. The function takes no
+arguments and returns ``(stages, microbatch)`` or ``(stages, microbatch, loss_fn, target)``:
+``stages`` a list of ``nn.Module`` (stage s takes stage s-1's outputs as positional
+arguments), ``microbatch`` what stage 0 takes (a tensor or a tuple of tensors). With a loss,
+the last stage's F includes ``loss_fn(output, target)`` and its B starts from the loss, as in
+the runtime; without, its B starts from a gradient shaped like its output.
+
+Everything that can go wrong with such a function is reported in one line before anything is
+timed: the import, the call, what it returned, and stages whose outputs the next stage cannot
+take.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ZbError
+from ..models.gpt import GPTConfig, gpt_batch, gpt_loss, gpt_stages
+
+__all__ = ["ModelSpec", "load_model", "as_model", "builtin_gpt", "as_inputs", "run_stage", "describe", "leaves"]
+
+_CONTRACT = "(stages, microbatch) or (stages, microbatch, loss_fn, target)"
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    stages: list[nn.Module]
+    microbatch: tuple
+    loss_fn: Callable | None = None
+    target: Any = None
+    settings: dict = field(default_factory=dict)  # recorded in the profile (model size, source)
+
+    def post(self, stage: int) -> Callable | None:
+        """What the runtime applies after the stage's forward: the loss, on the last stage."""
+        if stage != len(self.stages) - 1 or self.loss_fn is None:
+            return None
+        return lambda out: self.loss_fn(out, self.target)
+
+    def to(self, device: torch.device, dtype: torch.dtype | None, only: int | None = None) -> None:
+        """Move the stages (or stage ``only``, under torchrun), the microbatch and the target."""
+        for s, st in enumerate(self.stages):
+            if only is None or s == only:
+                self.stages[s] = st.to(device=device, dtype=dtype) if dtype is not None else st.to(device)
+        self.microbatch = tuple(_move(t, device, dtype) for t in self.microbatch)
+        self.target = _move(self.target, device, dtype)
+
+
+def _move(t, device, dtype):
+    if not isinstance(t, torch.Tensor):
+        return t
+    return t.to(device=device, dtype=dtype) if dtype is not None and t.is_floating_point() else t.to(device)
+
+
+def load_model(path: str) -> ModelSpec:
+    """Import ``package.module:function``, call it, and check what it returned."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ZbError(f"--model {path!r}: expected an import path like mypkg.model:build_stages")
+    if os.getcwd() not in sys.path:  # as with ``python -m``: a module in the current folder imports
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # ImportError, or any error raised while the module runs
+        raise ZbError(f"--model {path!r}: cannot import {module_name!r}: {_first_line(err)}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ZbError(f"--model {path!r}: module {module_name!r} has no function {attr!r}")
+    try:
+        result = fn()
+    except Exception as err:
+        raise ZbError(f"--model {path!r}: {attr}() raised {_first_line(err)}") from None
+    spec = as_model(result, f"--model {path!r}: {attr}()")
+    spec.name, spec.settings = attr, {"model": path}
+    return spec
+
+
+def as_model(result: object, where: str) -> ModelSpec:
+    """Check a build function's result against the contract (``where`` names it in errors)."""
+    if not isinstance(result, (tuple, list)) or len(result) not in (2, 4):
+        raise ZbError(f"{where} returned {_kind(result)}; expected {_CONTRACT}")
+    stages, microbatch, *loss = result
+    if not isinstance(stages, Sequence) or not stages or not all(isinstance(s, nn.Module) for s in stages):
+        raise ZbError(f"{where}: stages must be a non-empty list of torch.nn.Module, got {_kind(stages)}")
+    inputs = as_inputs(microbatch)
+    if inputs is None:
+        raise ZbError(f"{where}: the microbatch must be a tensor or a tuple of tensors, got {_kind(microbatch)}")
+    loss_fn, target = loss if loss else (None, None)
+    if loss and not callable(loss_fn):
+        raise ZbError(f"{where}: loss_fn must be callable, got {_kind(loss_fn)}")
+    return ModelSpec("model", list(stages), inputs, loss_fn, target)
+
+
+def builtin_gpt(cfg: GPTConfig) -> ModelSpec:
+    ids, targets = gpt_batch(cfg)
+    name = f"gpt-l{cfg.layers}-h{cfg.hidden}-s{cfg.seq}-b{cfg.microbatch_size}-p{cfg.stages}"
+    return ModelSpec(name, gpt_stages(cfg), (ids,), gpt_loss, targets, {"model": "builtin gpt", **asdict(cfg)})
+
+
+def as_inputs(value: object) -> tuple | None:
+    """A stage's positional inputs as a tuple of tensors, or None if it is not one."""
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    return items if items and all(isinstance(t, torch.Tensor) for t in items) else None
+
+
+def leaves(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """A stage's inputs as the runtime hands them over: detached, needing a gradient where the
+    previous stage's output did."""
+    return tuple(t.detach().requires_grad_(t.requires_grad and t.is_floating_point()) for t in tensors)
+
+
+def describe(tensors: Sequence[torch.Tensor]) -> str:
+    return ", ".join(f"{str(t.dtype).removeprefix('torch.')}{tuple(t.shape)}" for t in tensors)
+
+
+def run_stage(spec: ModelSpec, stage: int, inputs: tuple) -> tuple[torch.Tensor, ...]:
+    """One forward of a stage, with autograd on (its outputs say which need a gradient); a stage
+    that cannot take its inputs, or returns something else than tensors, is a one-line error."""
+    source = "the example microbatch" if stage == 0 else f"the outputs of stage {stage - 1}"
+    try:
+        out = spec.stages[stage](*inputs)
+    except Exception as err:
+        raise ZbError(f"stage {stage} does not accept {source} ({describe(inputs)}): {_first_line(err)}") from None
+    outs = as_inputs(out)
+    if outs is None:
+        raise ZbError(f"stage {stage} returned {_kind(out)}; stages must return a tensor or a tuple of tensors")
+    post = spec.post(stage)
+    if post is not None:
+        try:
+            loss = post(out)
+        except Exception as err:
+            raise ZbError(f"loss_fn does not accept the outputs of the last stage ({describe(outs)}): {_first_line(err)}") from None
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ZbError(f"loss_fn must return a scalar tensor, got {_kind(loss)}")
+    return outs
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return "None" if value is None else f"a {type(value).__name__}"

@@ -1,0 +1,68 @@
+"""Replay zbsearch schedules in torch.distributed, with the backward split into B and W.
+
+The only part of zbsearch that imports torch. Names load on first use, so
+``zbsearch.runtime.export`` (pure Python) works without torch.
+
+=====================  ==============================================================
+``PipelineRuntime``    one rank's replay of a schedule (``runtime``)
+``PipelineError``      a step that cannot go on, naming rank and action (``errors``)
+``forward_pass``       the split backward, reusable on its own (``split_backward``):
+``backward_input``     F, then B (input gradient), then W (weight gradient),
+``backward_weight``    or BW (``backward_full``)
+``backward_full``
+``EmulatedStage``      a stage whose passes take set times (``emulation``)
+``emulated_stages``
+``emulated_loss``
+``to_torch_csv``       a schedule in torch.distributed.pipelining's action notation (``export``)
+=====================  ==============================================================
+
+``PostValidatedOptimizer``, ``Verdict``: gradient clipping and the NaN/Inf skip without a
+barrier before the optimizer step; ``SyncClippedOptimizer``: its synchronous baseline
+(``post_validation``).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = [
+    "PipelineRuntime",
+    "PipelineError",
+    "forward_pass",
+    "backward_input",
+    "backward_weight",
+    "backward_full",
+    "EmulatedStage",
+    "emulated_stages",
+    "emulated_loss",
+    "to_torch_csv",
+    "PostValidatedOptimizer",
+    "SyncClippedOptimizer",
+    "Verdict",
+]
+
+_WHERE = {
+    "PipelineRuntime": "runtime",
+    "PipelineError": "errors",
+    "forward_pass": "split_backward",
+    "backward_input": "split_backward",
+    "backward_weight": "split_backward",
+    "backward_full": "split_backward",
+    "EmulatedStage": "emulation",
+    "emulated_stages": "emulation",
+    "emulated_loss": "emulation",
+    "to_torch_csv": "export",
+    "PostValidatedOptimizer": "post_validation",
+    "SyncClippedOptimizer": "post_validation",
+    "Verdict": "post_validation",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,118 @@
+"""Stages whose F, B and W take set times while using almost no CPU (timed emulation).
+
+To benchmark p pipeline ranks on a machine with fewer cores, each pass sleeps for the time
+the profile gives it instead of computing. The block still has a real autograd graph with the
+two backward paths apart, so any B/W split (ours, or torch.distributed.pipelining's) runs the
+right sleeps in the right pass:
+
+    y = Act(x + Weight(w))
+
+``Act`` sleeps T_F in forward and T_B in backward: it is on the activation-gradient path, so
+B runs it (on a first stage too, where our B still does that path; torch's runtime leaves all
+of a first stage's backward to W). ``Weight`` sleeps T_W in backward and leads only to the
+parameter, so W runs it. Each pass also holds activation memory as the profile says: Act saves
+a buffer of M_B - M_W bytes, freed by B, Weight one of M_W bytes, freed by W.
+
+A sleep overshoots by the OS's wake-up latency; the overshoot is taken off the next pass's
+sleep, so each rank's total busy time is the profile's (see ``_sleep``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from ..costs import CostModel
+from ..profile import Profile
+
+__all__ = ["EmulatedStage", "emulated_stages", "emulated_loss"]
+
+
+_lag = 0.0  # how much this process's passes have overslept and not yet made up
+
+
+def _sleep(seconds: float) -> None:
+    """Sleep ``seconds``, less what earlier passes overslept (OS wake-up latency, which grows
+    when ranks outnumber cores), so that a rank's busy time adds up to what the profile says."""
+    global _lag
+    if seconds <= 0:
+        return
+    t0 = time.perf_counter()
+    if seconds > _lag:
+        time.sleep(seconds - _lag)
+    _lag = max(0.0, _lag + time.perf_counter() - t0 - seconds)
+
+
+class _Act(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, t_f, t_b, nbytes):
+        _sleep(t_f)
+        ctx.save_for_backward(torch.empty(nbytes, dtype=torch.uint8, device=x.device))
+        ctx.t_b = t_b
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _sleep(ctx.t_b)
+        return grad, None, None, None
+
+
+class _Weight(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, t_w, nbytes):
+        ctx.save_for_backward(torch.empty(nbytes, dtype=torch.uint8, device=w.device))
+        ctx.t_w = t_w
+        return w.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _sleep(ctx.t_w)
+        return grad, None, None
+
+
+class EmulatedStage(nn.Module):
+    """A stage of ``width`` features whose passes sleep ``t_f``, ``t_b``, ``t_w`` seconds.
+
+    ``b_bytes`` of activations live from F to B, ``w_bytes`` from F to W.
+    """
+
+    def __init__(self, t_f: float, t_b: float, t_w: float, b_bytes: int = 0, w_bytes: int = 0, width: int = 16) -> None:
+        super().__init__()
+        self.t_f, self.t_b, self.t_w = t_f, t_b, t_w
+        self.b_bytes, self.w_bytes = int(b_bytes), int(w_bytes)
+        self.weight = nn.Parameter(torch.zeros(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = _Weight.apply(self.weight, self.t_w, self.w_bytes)
+        return _Act.apply(x + w, self.t_f, self.t_b, self.b_bytes)
+
+
+def emulated_stages(
+    profile: Profile,
+    stage_to_rank: list[int],
+    bytes_per_unit: float = 2**20,
+    width: int = 16,
+    time_scale: float = 1.0,
+) -> list[EmulatedStage]:
+    """One emulated stage per virtual stage of a placement, timed as the cost model says.
+
+    Times are the profile's milliseconds times ``time_scale`` (0 gives zero-time passes, to
+    measure the runtime's own overhead); memory is the profile's units times ``bytes_per_unit``.
+    """
+    cost = CostModel.from_profile(profile, stage_to_rank)
+    ms = time_scale / 1e3
+    return [
+        EmulatedStage(
+            cost.t_f[s] * ms, cost.t_b[s] * ms, cost.t_w[s] * ms,
+            b_bytes=max(-cost.m_b[s], 0.0) * bytes_per_unit, w_bytes=max(-cost.m_w[s], 0.0) * bytes_per_unit,
+            width=width,
+        )
+        for s in range(cost.num_stages)
+    ]
+
+
+def emulated_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A cheap scalar loss for emulated pipelines."""
+    return ((output - target) ** 2).mean()

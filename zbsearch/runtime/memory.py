@@ -1,0 +1,130 @@
+"""Saved activations under our control, so B can free what W does not need.
+
+Autograd keeps every tensor a backward node saved until the node dies. After an input-gradient
+pass (B) run with ``retain_graph=True`` the nodes the weight-gradient pass (W) re-runs keep
+their children alive, and with them every activation below: without intervention nothing is
+freed until W, and the measured memory would not follow the schedule's model (B frees
+M_B - M_W, W frees M_W). So forward runs under ``saved_tensors_hooks`` that put each saved
+activation in a small holder. After B the split backward finds the holders W will read and
+empties all the others; after W it empties the rest.
+
+Parameters and buffers are not activations: they are saved as they are, outside any holder.
+The meter counts live activation bytes per rank (each storage once, however many nodes save
+it), which the runtime records after every action.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["ActivationMeter", "SavedActivations"]
+
+
+class ActivationMeter:
+    """Live bytes of saved activations on this rank, each storage counted once."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.peak = 0
+        self._refs: dict[int, list[int]] = {}  # storage pointer -> [holders, nbytes]
+
+    def add(self, ptr: int, nbytes: int) -> None:
+        entry = self._refs.get(ptr)
+        if entry is None:
+            self._refs[ptr] = [1, nbytes]
+            self.bytes += nbytes
+            self.peak = max(self.peak, self.bytes)
+        else:
+            entry[0] += 1
+
+    def remove(self, ptr: int) -> None:
+        entry = self._refs[ptr]
+        entry[0] -= 1
+        if entry[0] == 0:
+            del self._refs[ptr]
+            self.bytes -= entry[1]
+
+    def reset_peak(self) -> None:
+        self.peak = self.bytes
+
+
+class _Holder:
+    __slots__ = ("tensor", "ptr")
+
+    def __init__(self, tensor: torch.Tensor, ptr: int) -> None:
+        self.tensor: torch.Tensor | None = tensor
+        self.ptr = ptr
+
+
+class SavedActivations:
+    """The activations one forward pass saved for backward.
+
+    Use ``hooks()`` around the forward. ``keep_only(holders)`` frees every other activation,
+    ``free()`` frees all; ``record()`` collects the holders that backward nodes unpack while it
+    is active (reading a node's ``_saved_*`` attributes unpacks them).
+    """
+
+    def __init__(self, meter: ActivationMeter | None, not_activations: set[int]) -> None:
+        self._meter = meter
+        self._skip = not_activations  # ids of the parameters and buffers
+        self._holders: list[_Holder] = []
+        self._recording: set[int] | None = None
+
+    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, t: torch.Tensor):
+        if id(t) in self._skip or (t._base is not None and id(t._base) in self._skip):
+            return t  # a parameter or buffer, or a view of one
+        ptr = t.untyped_storage().data_ptr()
+        h = _Holder(t, ptr)
+        self._holders.append(h)
+        if self._meter is not None:
+            self._meter.add(ptr, t.untyped_storage().nbytes())
+        return h
+
+    def _unpack(self, h):
+        if not isinstance(h, _Holder):
+            return h
+        if self._recording is not None:
+            self._recording.add(id(h))
+            return h.tensor
+        if h.tensor is None:
+            raise RuntimeError("zbsearch: a saved activation was freed before the backward pass that needs it")
+        return h.tensor
+
+    def record(self) -> "_Recording":
+        return _Recording(self)
+
+    def keep_only(self, keep: set[int]) -> None:
+        kept = []
+        for h in self._holders:
+            if id(h) in keep:
+                kept.append(h)
+            else:
+                self._release(h)
+        self._holders = kept
+
+    def free(self) -> None:
+        for h in self._holders:
+            self._release(h)
+        self._holders = []
+
+    def _release(self, h: _Holder) -> None:
+        if h.tensor is not None:
+            h.tensor = None
+            if self._meter is not None:
+                self._meter.remove(h.ptr)
+
+
+class _Recording:
+    def __init__(self, saved: SavedActivations) -> None:
+        self._saved = saved
+        self.holders: set[int] = set()
+
+    def __enter__(self) -> set[int]:
+        self._saved._recording = self.holders
+        return self.holders
+
+    def __exit__(self, *exc) -> None:
+        self._saved._recording = None

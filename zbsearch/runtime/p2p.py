@@ -1,0 +1,280 @@
+"""Point-to-point transfers between pipeline ranks that cannot deadlock or mismatch.
+
+Every cross-rank message of a step is known from the schedule: the activations of stage s for
+microbatch j (sent after F) and their gradient (sent after B or BW of stage s+1). Per direction
+of each link (rank a to rank b) the messages go in the order a produces them, which is a's
+action order, and both ends derive that order from the same schedule file:
+
+* a send is issued as soon as its message is produced, so a sender never waits;
+* receives from a peer are issued in that peer's sending order, a few actions ahead of the
+  action that needs them, so transfers overlap compute. NCCL runs the ops of one communicator
+  in issue order on one stream: each direction gets its own communicator (a second process
+  group for messages from higher to lower ranks), so the k-th receive always meets the k-th
+  send, and activations and gradients crossing one link in opposite directions (V schedules)
+  never queue behind each other. A wait can then only be for a message its sender will produce
+  without help from the waiting rank, so a valid schedule cannot deadlock;
+* each message has a tag unique within the step, so gloo, which matches by tag, cannot hand
+  one message's bytes to another.
+
+Shapes and dtypes: the first activation message across each stage boundary is preceded by a
+small header describing its tensors; later ones must match it (checked before sending).
+Gradients have the shapes of the activations they belong to and need no header.
+
+Every wait has a timeout, and a failure names the rank, the action and the peer.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..actions import Op
+from ..schedule import Schedule
+from .errors import PipelineError
+
+__all__ = ["ACT", "GRAD", "Message", "TensorMeta", "comm_plan", "P2P"]
+
+ACT, GRAD = "activations", "gradient"
+_MAX_TENSORS, _MAX_DIMS = 32, 8
+_HEADER = 1 + (3 + _MAX_DIMS) * _MAX_TENSORS
+_TAGS_PER_MESSAGE = _MAX_TENSORS + 1  # one per tensor, then the header
+_DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+]
+
+
+@dataclass(frozen=True)
+class Message:
+    """Tensors crossing the boundary after ``stage``: activations (to stage+1) or their gradient."""
+
+    kind: str
+    stage: int
+    mb: int
+    src: int
+    dst: int
+    index: int  # position in the plan; the tag base
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.kind, self.stage, self.mb)
+
+    def describe(self) -> str:
+        return f"{self.kind} of stage {self.stage} microbatch {self.mb}"
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorMeta":
+        return cls(tuple(t.shape), t.dtype, t.requires_grad)
+
+
+def comm_plan(schedule: Schedule) -> list[Message]:
+    """All cross-rank messages of one step, each rank's in its action order."""
+    owner, last = schedule.stage_to_rank, schedule.num_stages - 1
+    plan: list[Message] = []
+    for r, row in enumerate(schedule.rank_actions):
+        for a in row:
+            if a.op is Op.F and a.stage < last and owner[a.stage + 1] != r:
+                plan.append(Message(ACT, a.stage, a.mb, r, owner[a.stage + 1], len(plan)))
+            elif a.op in (Op.B, Op.BW) and a.stage > 0 and owner[a.stage - 1] != r:
+                plan.append(Message(GRAD, a.stage - 1, a.mb, r, owner[a.stage - 1], len(plan)))
+    return plan
+
+
+def _encode(metas: list[TensorMeta], device: torch.device) -> torch.Tensor:
+    if len(metas) > _MAX_TENSORS or any(len(m.shape) > _MAX_DIMS for m in metas):
+        raise PipelineError(f"stage outputs are limited to {_MAX_TENSORS} tensors of at most {_MAX_DIMS} dimensions")
+    width = 3 + _MAX_DIMS
+    h = torch.zeros(_HEADER, dtype=torch.int64)
+    h[0] = len(metas)
+    for k, m in enumerate(metas):
+        if m.dtype not in _DTYPES:
+            raise PipelineError(f"cannot send tensors of dtype {m.dtype} between stages")
+        row = [_DTYPES.index(m.dtype), int(m.requires_grad), len(m.shape), *m.shape]
+        h[1 + k * width: 1 + k * width + len(row)] = torch.tensor(row)
+    return h.to(device)
+
+
+def _decode(h: torch.Tensor) -> list[TensorMeta]:
+    v = h.tolist()
+    width = 3 + _MAX_DIMS
+    out = []
+    for k in range(v[0]):
+        dt, rg, nd, *dims = v[1 + k * width: 1 + (k + 1) * width]
+        out.append(TensorMeta(tuple(dims[:nd]), _DTYPES[dt], bool(rg)))
+    return out
+
+
+class _Recv:
+    def __init__(self) -> None:
+        self.header: tuple[dist.Work, torch.Tensor] | None = None
+        self.works: list[dist.Work] = []
+        self.tensors: list[torch.Tensor] | None = None
+
+
+class P2P:
+    """This rank's side of the plan, one step at a time (``start_step``, sends and receives,
+    ``finish_step``)."""
+
+    def __init__(self, plan: list[Message], rank: int, group: dist.ProcessGroup | None, device: torch.device, timeout: float) -> None:
+        self.rank, self.device = rank, device
+        self.timeout = datetime.timedelta(seconds=timeout)
+        self._incoming: dict[int, list[Message]] = defaultdict(list)  # peer -> its messages to us, in order
+        self._where: dict[tuple[str, int, int], Message] = {}
+        for msg in plan:
+            if rank in (msg.src, msg.dst):
+                self._where[msg.key] = msg
+                if msg.dst == rank:
+                    self._incoming[msg.src].append(msg)
+        self._peers = sorted({m.src if m.dst == rank else m.dst for m in self._where.values()})
+        self._group = group
+        # NCCL: a second communicator per link, for messages from the higher rank to the lower
+        self._down = group
+        backend = dist.get_backend(group)
+        if self._peers and "nccl" in backend:
+            ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+            self._down = dist.new_group(ranks, backend=backend, use_local_synchronization=True)
+        self._global = {peer: dist.get_global_rank(group, peer) if group is not None else peer for peer in self._peers}
+        self.meta: dict[int, list[TensorMeta]] = {}  # boundary stage -> its activations' metadata
+        self._header_sent: set[int] = set()
+        self.action = "(none)"  # the action being run, for error messages
+        self.start_step()
+
+    @property
+    def peers(self) -> list[int]:
+        """Ranks this rank exchanges messages with."""
+        return self._peers
+
+    def group_to(self, peer: int) -> dist.ProcessGroup | None:
+        """The process group carrying messages from this rank to ``peer``."""
+        return self._group if self.rank < peer else self._down
+
+    def group_from(self, peer: int) -> dist.ProcessGroup | None:
+        return self._group if peer < self.rank else self._down
+
+    def start_step(self) -> None:
+        self._cursor = {peer: 0 for peer in self._incoming}  # next incoming message to post
+        self._recvs: dict[tuple[str, int, int], _Recv] = {}
+        self._sends: list[tuple[Message, dist.Work, torch.Tensor]] = []
+
+    # -- sending ------------------------------------------------------------------------------
+    def send(self, kind: str, stage: int, mb: int, tensors: list[torch.Tensor]) -> None:
+        msg = self._where[(kind, stage, mb)]
+        if kind == ACT:
+            metas = [TensorMeta.of(t) for t in tensors]
+            known = self.meta.get(stage)
+            if known is None:
+                self.meta[stage] = metas
+            elif [(m.shape, m.dtype) for m in metas] != [(m.shape, m.dtype) for m in known]:
+                raise PipelineError(
+                    f"rank {self.rank}: {self.action}: stage {stage} outputs {_fmt(metas)} but earlier microbatches "
+                    f"had {_fmt(known)}; every microbatch must have the same shapes"
+                )
+            if stage not in self._header_sent:
+                self._header_sent.add(stage)
+                self._isend(_encode(self.meta[stage], self.device), msg, _MAX_TENSORS)
+        for k, t in enumerate(tensors):
+            self._isend(t.detach().contiguous(), msg, k)
+
+    def _isend(self, t: torch.Tensor, msg: Message, k: int) -> None:
+        peer = msg.dst
+        work = dist.isend(t, dst=self._global[peer], group=self.group_to(peer), tag=msg.index * _TAGS_PER_MESSAGE + k)
+        self._sends.append((msg, work, t))
+
+    def reap(self) -> None:
+        """Drop finished sends (raising if one failed)."""
+        pending = []
+        for msg, work, t in self._sends:
+            if work.is_completed():
+                self._wait(work, msg, msg.dst)  # returns at once; raises if the send failed
+            else:
+                pending.append((msg, work, t))
+        self._sends = pending
+
+    # -- receiving ----------------------------------------------------------------------------
+    def prepost(self, kind: str, stage: int, mb: int) -> None:
+        """Post the receive of a message, and of those its sender sends before it, without
+        blocking (a first message's payload waits for its header to arrive)."""
+        msg = self._where[(kind, stage, mb)]
+        self._advance(msg, block=False)
+
+    def recv(self, kind: str, stage: int, mb: int) -> list[torch.Tensor]:
+        """The message's tensors, waiting for them (with the timeout)."""
+        msg = self._where[(kind, stage, mb)]
+        self._advance(msg, block=True)
+        rv = self._recvs.pop(msg.key)
+        for w in rv.works:
+            self._wait(w, msg, msg.src)
+        return rv.tensors
+
+    def _advance(self, until: Message, block: bool) -> None:
+        peer = until.src
+        seq = self._incoming[peer]
+        while self._cursor[peer] < len(seq):
+            msg = seq[self._cursor[peer]]
+            if msg.index > until.index:
+                return
+            rv = self._recvs.setdefault(msg.key, _Recv())
+            if not self._post(msg, rv, block):
+                return
+            self._cursor[peer] += 1
+
+    def _post(self, msg: Message, rv: _Recv, block: bool) -> bool:
+        """Post a message's receives; False if its header has not arrived yet (and ``block`` is off)."""
+        metas = self.meta.get(msg.stage)
+        if msg.kind == GRAD:
+            if metas is None:  # known once we send these activations, which comes first
+                if block:
+                    raise PipelineError(f"rank {self.rank}: internal error: {msg.describe()} awaited before its activations were sent")
+                return False
+            metas = [m for m in metas if m.requires_grad]  # gradients exist for these only
+        elif metas is None:
+            if rv.header is None:
+                h = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
+                rv.header = (self._irecv(h, msg, _MAX_TENSORS), h)
+            work, h = rv.header
+            if not block and not work.is_completed():
+                return False
+            self._wait(work, msg, msg.src)
+            self.meta[msg.stage] = metas = _decode(h)
+        rv.tensors = [torch.empty(m.shape, dtype=m.dtype, device=self.device) for m in metas]
+        rv.works = [self._irecv(t, msg, k) for k, t in enumerate(rv.tensors)]
+        return True
+
+    def _irecv(self, t: torch.Tensor, msg: Message, k: int) -> dist.Work:
+        peer = msg.src
+        return dist.irecv(t, src=self._global[peer], group=self.group_from(peer), tag=msg.index * _TAGS_PER_MESSAGE + k)
+
+    # -- waiting ------------------------------------------------------------------------------
+    def finish_step(self) -> None:
+        """Wait for this step's sends (their buffers must live until then)."""
+        for msg, work, _ in self._sends:
+            self._wait(work, msg, msg.dst)
+        self._sends = []
+
+    def _wait(self, work: dist.Work, msg: Message, peer: int) -> None:
+        incoming = msg.dst == self.rank
+        try:
+            work.wait(self.timeout)
+        except Exception as err:  # gloo and NCCL raise RuntimeError subclasses of several kinds
+            text = str(err).strip()
+            first = text.splitlines()[0] if text else type(err).__name__
+            raise PipelineError(
+                f"rank {self.rank}: {self.action}: {'receiving' if incoming else 'sending'} {msg.describe()} "
+                f"{'from' if incoming else 'to'} rank {peer} failed or timed out after {self.timeout.total_seconds():g}s "
+                f"(rank {peer} may have died or hung): {first}"
+            ) from err
+
+
+def _fmt(metas: list[TensorMeta]) -> str:
+    return "[" + ", ".join(f"{tuple(m.shape)} {str(m.dtype).removeprefix('torch.')}" for m in metas) + "]"

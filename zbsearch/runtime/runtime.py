@@ -1,0 +1,271 @@
+"""PipelineRuntime: one rank's replay of a schedule file in torch.distributed.
+
+Each rank runs its action list in order. F receives the previous stage's activations (from
+another rank, or handed over locally when the previous stage lives on this rank, as in V
+placement), runs the stage and passes its outputs on; the last stage applies the loss. B and
+BW receive the gradient of the stage outputs and pass back the gradient of the stage inputs;
+W finishes the weight gradients (``split_backward``). Transfers follow ``p2p``'s plan.
+
+Loss scaling: the last stage computes ``loss_fn(output, target)`` per microbatch and backward
+starts from ``1/m`` of it, so after ``step`` every ``param.grad`` holds the gradient of the
+mean of the m microbatch losses. With equal microbatches and a loss that averages over its
+batch that is exactly the gradient of the loss on the whole batch, as ``loss.backward()``
+would give. Like ``backward``, ``step`` adds to ``.grad``: zero it between steps.
+
+Everything that can be checked without talking to other ranks is checked in the constructor
+(schedule valid, world size, stages held, loss function); then each pair of neighbouring ranks
+exchanges a fingerprint of the schedule, so ranks that loaded different files stop at once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..actions import Action, Op
+from ..schedule import Schedule
+from ..trace_format import Trace
+from ..validator import find_problem
+from .errors import PipelineError
+from .memory import ActivationMeter
+from .p2p import ACT, GRAD, P2P, comm_plan
+from .split_backward import ForwardPass, backward_full, backward_input, backward_weight, forward_pass
+from .trace import StepTimer, gather_trace
+
+__all__ = ["PipelineRuntime"]
+
+# Receives are posted when the action needing them is at most this many actions ahead.
+_LOOKAHEAD = 3
+
+
+class PipelineRuntime:
+    """Replays ``schedule`` on this rank.
+
+    ``stages`` maps each stage index this rank holds (``schedule.stage_to_rank``) to its module.
+    A stage's forward takes the previous stage's outputs as positional arguments and returns a
+    tensor or a tuple of tensors; the first stage takes the microbatch of ``inputs``.
+    ``loss_fn(output, target)`` is required on the rank holding the last stage. ``timeout``
+    (seconds) bounds every wait for another rank.
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        stages: Mapping[int, nn.Module],
+        loss_fn: Callable | None = None,
+        *,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        timeout: float = 300.0,
+    ) -> None:
+        problem = find_problem(schedule)
+        if problem:
+            raise PipelineError(f"invalid schedule: {problem}")
+        self.schedule = schedule
+        self.group = group
+        self.rank = dist.get_rank(group)
+        world = dist.get_world_size(group)
+        if world != schedule.num_ranks:
+            raise PipelineError(
+                f"schedule {schedule.kind!r} is for {schedule.num_ranks} ranks but the process group has {world}"
+            )
+        mine = [s for s, r in enumerate(schedule.stage_to_rank) if r == self.rank]
+        if sorted(stages) != mine:
+            raise PipelineError(f"rank {self.rank} holds stages {mine} in the schedule but was given stages {sorted(stages)}")
+        if not all(isinstance(m, nn.Module) for m in stages.values()):
+            raise PipelineError("stages must be torch.nn.Module instances")
+        self.last = schedule.num_stages - 1
+        if self.last in stages and loss_fn is None:
+            raise PipelineError(f"rank {self.rank} holds the last stage ({self.last}) and needs a loss_fn")
+        if device is None:
+            nccl = "nccl" in dist.get_backend(group)
+            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        self.device = torch.device(device)
+        self.stages = dict(stages)
+        self.loss_fn = loss_fn
+        self.timeout = timeout
+        self.meter = ActivationMeter()
+        self._actions = schedule.rank_actions[self.rank]
+        self._fused = {(a.stage, a.mb) for a in self._actions if a.op is Op.BW}
+        self._owner = schedule.stage_to_rank
+        # each stage's last backward action, where its gradients are complete: position -> stage
+        last_backward = {a.stage: i for i, a in enumerate(self._actions) if a.op in (Op.W, Op.BW)}
+        self._done_at = {i: s for s, i in last_backward.items()}
+        self._hooks: list[Callable[[int], None]] = []
+        self._timer = StepTimer(self.device)
+        self._p2p = P2P(comm_plan(schedule), self.rank, group, self.device, timeout)
+        # the message each action waits for from another rank, if any
+        self._needs: list[tuple[str, int, int] | None] = [self._remote_input(a) for a in self._actions]
+        self._handshake()
+
+    # -- public --------------------------------------------------------------------------------
+    def on_stage_done(self, hook: Callable[[int], None]) -> None:
+        """Call ``hook(stage)`` during ``step`` as soon as that stage's gradients are complete
+        (right after its last W or BW), e.g. to step its optimizer early."""
+        self._hooks.append(hook)
+
+    def step(self, inputs=None, targets=None) -> torch.Tensor | None:
+        """One iteration: all m microbatches through the schedule.
+
+        ``inputs`` (rank of stage 0) and ``targets`` (rank of the last stage) are whole batches,
+        a tensor or a tuple of tensors, split into m equal microbatches along dim 0. Returns the
+        m microbatch losses on the rank holding the last stage, None elsewhere.
+        """
+        m = self.schedule.num_microbatches
+        mb_inputs = self._split(inputs, "inputs") if 0 in self.stages else None
+        mb_targets = self._split(targets, "targets") if self.last in self.stages else None
+        self._barrier()
+        self._p2p.start_step()
+        self._timer.start()
+        self.meter.reset_peak()
+        losses: list[torch.Tensor | None] = [None] * m
+        passes: dict[tuple[int, int], ForwardPass] = {}
+        local: dict[tuple[str, int, int], list] = {}
+        for pos, a in enumerate(self._actions):
+            self._p2p.action = self.schedule.actions[self.rank][pos]
+            self._p2p.reap()
+            for key in self._needs[pos : pos + _LOOKAHEAD]:
+                if key is not None:
+                    self._p2p.prepost(*key)
+            if a.op is Op.F:
+                self._forward(a, passes, local, mb_inputs, mb_targets, losses)
+            elif a.op is Op.W:
+                self._timer.begin()
+                backward_weight(passes.pop((a.stage, a.mb)))
+                self._timer.end(a, self.meter.bytes)
+            else:
+                self._backward(a, passes, local)
+            if pos in self._done_at:
+                for hook in self._hooks:
+                    hook(self._done_at[pos])
+        self._p2p.action = "end of step"
+        self._p2p.finish_step()
+        self._timer.finish()
+        return torch.stack(losses) if mb_targets is not None else None
+
+    def trace(self) -> Trace | None:
+        """Collective: the last step's per-action timeline of all ranks (on rank 0; None elsewhere)."""
+        return gather_trace(
+            self._timer.rows, self.rank, self.schedule.num_ranks, self.schedule.kind, self.group, self.device,
+            self.timeout, num_microbatches=self.schedule.num_microbatches, num_stages=self.schedule.num_stages,
+        )
+
+    @property
+    def peak_activation_bytes(self) -> int:
+        """Peak live activation bytes on this rank during the last step."""
+        return self.meter.peak
+
+    # -- actions -------------------------------------------------------------------------------
+    def _forward(self, a: Action, passes, local, mb_inputs, mb_targets, losses) -> None:
+        s, j = a.stage, a.mb
+        if s == 0:
+            args = mb_inputs[j] if isinstance(mb_inputs[j], tuple) else (mb_inputs[j],)
+        elif self._owner[s - 1] == self.rank:
+            args = [_leaf(t, t.requires_grad) for t in local.pop((ACT, s - 1, j))]
+        else:
+            got = self._p2p.recv(ACT, s - 1, j)
+            args = [_leaf(t, meta.requires_grad) for t, meta in zip(got, self._p2p.meta[s - 1])]
+        post = None
+        if s == self.last:
+            target = mb_targets[j]
+
+            def post(out):
+                loss = self.loss_fn(out, target)
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    raise PipelineError(f"loss_fn must return a scalar tensor, got {getattr(loss, 'shape', type(loss))}")
+                return loss
+
+        self._timer.begin()
+        fp = forward_pass(self.stages[s], args, split=(s, j) not in self._fused, post=post, meter=self.meter)
+        self._timer.end(a, self.meter.bytes)
+        passes[(s, j)] = fp
+        if s == self.last:
+            losses[j] = fp.outputs[0].detach()
+        elif self._owner[s + 1] == self.rank:
+            local[(ACT, s, j)] = list(fp.outputs)
+        else:
+            self._p2p.send(ACT, s, j, list(fp.outputs))
+
+    def _backward(self, a: Action, passes, local) -> None:
+        s, j = a.stage, a.mb
+        fp = passes[(s, j)]
+        if s == self.last:
+            grads = [torch.full_like(fp.outputs[0], 1.0 / self.schedule.num_microbatches)]
+        elif self._owner[s + 1] == self.rank:
+            grads = local.pop((GRAD, s, j))
+        else:
+            got = iter(self._p2p.recv(GRAD, s, j))
+            grads = [next(got) if meta.requires_grad else None for meta in self._p2p.meta[s]]
+        inputs = fp.inputs
+        self._timer.begin()
+        if a.op is Op.BW:
+            input_grads = backward_full(passes.pop((s, j)), grads)
+        else:
+            input_grads = backward_input(fp, grads)
+        self._timer.end(a, self.meter.bytes)
+        if s == 0:
+            return
+        if self._owner[s - 1] == self.rank:
+            local[(GRAD, s - 1, j)] = input_grads
+        else:
+            out = [g if g is not None else torch.zeros_like(x) for x, g in zip(inputs, input_grads) if x.requires_grad]
+            self._p2p.send(GRAD, s - 1, j, out)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _remote_input(self, a: Action) -> tuple[str, int, int] | None:
+        if a.op is Op.F and a.stage > 0 and self._owner[a.stage - 1] != self.rank:
+            return (ACT, a.stage - 1, a.mb)
+        if a.op in (Op.B, Op.BW) and a.stage < self.last and self._owner[a.stage + 1] != self.rank:
+            return (GRAD, a.stage, a.mb)
+        return None
+
+    def _split(self, batch, what: str) -> list:
+        """The m microbatches of a batch given as a tensor (a list of tensors) or a tuple (of tuples)."""
+        m = self.schedule.num_microbatches
+        if batch is None:
+            raise PipelineError(f"rank {self.rank} holds stage {0 if what == 'inputs' else self.last} and must pass {what} to step()")
+        tensors = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] % m:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise PipelineError(f"{what}: expected tensors whose first dimension splits into {m} equal microbatches, got {got}")
+        chunks = [t.to(self.device).chunk(m) for t in tensors]
+        return list(zip(*chunks)) if isinstance(batch, (tuple, list)) else list(chunks[0])
+
+    def _barrier(self) -> None:
+        work = dist.all_reduce(torch.zeros(1, device=self.device), group=self.group, async_op=True)
+        try:
+            work.wait(datetime.timedelta(seconds=self.timeout))
+        except Exception as err:
+            raise PipelineError(
+                f"rank {self.rank}: the barrier before the step failed or timed out after {self.timeout:g}s "
+                f"(a rank may have died or not called step): {err}"
+            ) from err
+
+    def _handshake(self) -> None:
+        """Neighbouring ranks check they run the same schedule (pairs in one global order)."""
+        digest = hashlib.sha256(
+            repr((self.schedule.stage_to_rank, self.schedule.num_microbatches, self.schedule.actions)).encode()
+        ).digest()
+        mine = torch.tensor([int.from_bytes(digest[:7], "little")], dtype=torch.int64, device=self.device)
+        for peer in self._p2p.peers:  # ascending: each pair meets when both reach it
+            theirs = torch.zeros_like(mine)
+            dst = dist.get_global_rank(self.group, peer) if self.group is not None else peer
+            ops = [(dist.isend, mine, self._p2p.group_to(peer)), (dist.irecv, theirs, self._p2p.group_from(peer))]
+            for op, t, g in ops if self.rank < peer else ops[::-1]:  # also sets up both directions
+                try:
+                    op(t, dst, group=g).wait(datetime.timedelta(seconds=self.timeout))
+                except Exception as err:
+                    raise PipelineError(f"rank {self.rank}: no answer from rank {peer} within {self.timeout:g}s: {err}") from err
+            if theirs.item() != mine.item():
+                raise PipelineError(f"rank {self.rank} and rank {peer} were given different schedules")
+
+
+def _leaf(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    x = t.detach()
+    return x.requires_grad_(requires_grad and (x.is_floating_point() or x.is_complex()))

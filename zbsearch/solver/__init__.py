@@ -1,0 +1,28 @@
+"""Automatic schedule solver: least bubble under a memory limit, with a certified gap.
+
+``solve`` builds schedules with memory-aware list-scheduling heuristics on the true per-stage
+costs, improves them with MILP windows (PuLP + HiGHS), and reports a provable lower bound.
+``frontier`` sweeps the memory limit. See each module for the method and its proofs.
+"""
+
+from .feasibility import check_limit, smallest_feasible_limit
+from .frontier import Frontier, FrontierPoint, frontier, save_frontier, save_frontier_plot
+from .problem import Objective, Problem
+from .solve import SolveResult, SolverInfo, placement, solve, uniform_profile
+
+__all__ = [
+    "solve",
+    "SolveResult",
+    "SolverInfo",
+    "Problem",
+    "Objective",
+    "smallest_feasible_limit",
+    "check_limit",
+    "placement",
+    "uniform_profile",
+    "frontier",
+    "Frontier",
+    "FrontierPoint",
+    "save_frontier",
+    "save_frontier_plot",
+]

@@ -1,0 +1,129 @@
+"""Bubble rate against memory limit (``zbsearch.frontier`` v1 file format, and a plot).
+
+The sweep runs from the smallest feasible limit up to the peak memory of the best schedule
+found without a limit: past that peak a larger limit cannot change anything, and the sweep
+stops earlier once a point's bubble is as low as the unlimited one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..costs import CostModel
+from ..fileio import write_model
+from ..profile import Profile
+from ..simulator import bubble_rate
+from .feasibility import smallest_feasible_limit
+from .problem import Objective
+from .solve import placement, solve
+
+__all__ = ["FrontierPoint", "Frontier", "frontier", "save_frontier", "save_frontier_plot"]
+
+
+class FrontierPoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: float = Field(description="memory limit as x in x * p * M_B per rank")
+    bubble_rate: float = Field(description="bubble rate of the objective (span or makespan)")
+    bound_bubble_rate: float = Field(description="the least bubble rate the lower bound allows")
+    span: float
+    makespan: float
+    peak_memory: list[float]
+    lower_bound: float
+    gap: float
+    status: str
+
+
+class Frontier(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["zbsearch.frontier"] = "zbsearch.frontier"
+    version: Literal[1] = 1
+    profile: str
+    num_microbatches: int
+    chunks: int
+    objective: Objective
+    uniform_costs: bool
+    unlimited_bubble_rate: float
+    points: list[FrontierPoint]
+
+
+def _grid(lo: float, hi: float, step: float = 0.25) -> list[float]:
+    xs = [lo] + [k * step for k in range(math.floor(lo / step) + 1, math.ceil(hi / step) + 1) if lo < k * step < hi]
+    return xs + ([hi] if hi > lo else [])
+
+
+def frontier(
+    profile: Profile,
+    num_microbatches: int,
+    *,
+    chunks: int = 1,
+    objective: Objective = "span",
+    time_limit: float = 2.0,
+    milp: bool = False,
+    uniform_costs: bool = False,
+    on_point: Callable[[FrontierPoint], None] | None = None,
+) -> Frontier:
+    """Solve at each limit of the sweep (``time_limit`` seconds per point)."""
+    m = num_microbatches
+    cost = CostModel.from_profile(profile, placement(profile.num_stages, chunks))
+    p = cost.num_ranks
+    units = [p * cost.activation_unit(r) for r in range(p)]
+    need = smallest_feasible_limit(cost, m)
+    lo = max(n / u for n, u in zip(need, units))
+    kw = dict(chunks=chunks, time_limit=time_limit, objective=objective, milp=milp, uniform_costs=uniform_costs)
+    free = solve(profile, m, None, **kw)
+    hi = max(pk / u for pk, u in zip(free.timeline.peak_memory, units))
+    unlimited = bubble_rate(free.info.value, max(free.timeline.busy))
+    points: list[FrontierPoint] = []
+    best = None  # a schedule within a smaller limit is within this one too: the curve never rises
+    for x in _grid(lo, max(lo, hi)):
+        res = solve(profile, m, [x * u for u in units], start=best, **kw)
+        best = res.schedule.rank_actions
+        pred, busy = res.schedule.predicted, max(res.timeline.busy)
+        pt = FrontierPoint(
+            limit=x, bubble_rate=bubble_rate(res.info.value, busy), bound_bubble_rate=max(0.0, bubble_rate(res.info.lower_bound, busy)),
+            span=max(pred.span), makespan=pred.makespan,
+            peak_memory=pred.peak_memory, lower_bound=res.info.lower_bound, gap=res.info.gap, status=res.info.status,
+        )
+        points.append(pt)
+        if on_point is not None:
+            on_point(pt)
+        if pt.bubble_rate <= unlimited + 1e-9:
+            break
+    return Frontier(
+        profile=profile.name, num_microbatches=m, chunks=chunks, objective=objective, uniform_costs=uniform_costs,
+        unlimited_bubble_rate=unlimited, points=points,
+    )
+
+
+def save_frontier_plot(fr: Frontier, path: str | os.PathLike) -> None:
+    """Bubble rate and its lower bound against the limit (PNG, SVG or PDF by suffix)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [pt.limit for pt in fr.points]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    ax.plot(xs, [pt.bubble_rate for pt in fr.points], "o-", label="best schedule found")
+    ax.plot(xs, [pt.bound_bubble_rate for pt in fr.points], "--", color="grey", label="lower bound")
+    ax.axhline(fr.unlimited_bubble_rate, color="green", lw=0.8, ls=":", label="no memory limit")
+    ax.set_xlabel("memory limit (x p M_B per rank)")
+    ax.set_ylabel("bubble rate")
+    ax.set_title(f"{fr.profile}, m={fr.num_microbatches}, {fr.chunks} chunk{'s' * (fr.chunks > 1)}, {fr.objective}")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def save_frontier(fr: Frontier, path: str | os.PathLike) -> None:
+    write_model(fr, path)

@@ -1,0 +1,213 @@
+"""``solve``: the least-bubble schedule under a memory limit, with an honest gap.
+
+1. Construct: every ``candidate_policies`` list schedule plus the sequential one, on the true
+   per-stage costs (or, with ``uniform_costs``, on their median across stages as the paper's
+   scheduler does, to show what per-stage costs buy). The best few by their own timing are
+   simulated and the best kept.
+2. Prove: the lower bound is the larger of the core bounds and the memory-aware bound
+   (``zbsearch.bounds``); on small problems the exact MILP may also raise it or close it.
+3. Improve: MILP windows (``milp.improve``) until the gap closes or the time limit.
+4. Check: the final schedule is validated by the core validator, memory limit included,
+   before anything is returned.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..actions import Action
+from ..classic.zb_h import zb_h1, zb_h2
+from ..classic.zb_v import zb_v
+from ..bounds import memory_makespan_lower_bound, memory_span_lower_bound
+from ..costs import CostModel
+from ..errors import ZbError
+from ..limits import parse_memory_limit
+from ..predict import with_prediction
+from ..profile import Profile
+from ..schedule import Schedule, v_placement
+from ..simulator import Timeline
+from ..validator import validate
+from .feasibility import check_limit
+from .heuristic import candidate_policies, list_schedule, sequential_schedule
+from .problem import Objective, Problem
+
+__all__ = ["SolverInfo", "SolveResult", "solve", "uniform_profile", "placement"]
+
+# Gap below which a schedule counts as optimal (float noise in sums of pass times).
+_CLOSED = 1e-6
+# Problems up to this many passes get the exact MILP first: it can prove optimality.
+_EXACT_PASSES = 120
+
+
+class SolverInfo(BaseModel):
+    """The ``solver`` section of a solved schedule file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["heuristic", "heuristic+milp"]
+    construction: str
+    objective: Objective
+    status: Literal["optimal", "feasible", "time_limit"]
+    value: float
+    lower_bound: float
+    gap: float
+    time_s: float
+    time_limit_s: float
+    memory_limit: str | None
+    uniform_costs: bool
+    milp_windows: int = 0
+    milp_improvements: int = 0
+
+
+@dataclass
+class SolveResult:
+    schedule: Schedule
+    info: SolverInfo
+    timeline: Timeline
+
+
+Progress = Callable[[str, float, float], None]  # (phase, best value, lower bound)
+
+
+def placement(num_ranks: int, chunks: int) -> list[int]:
+    if chunks == 1:
+        return list(range(num_ranks))
+    if chunks == 2:
+        return v_placement(num_ranks)
+    raise ZbError(f"--chunks must be 1 or 2 (V placement), not {chunks}")
+
+
+def uniform_profile(profile: Profile) -> Profile:
+    """Every stage with the median F, B and W time across stages (memory stays per stage)."""
+    med = {k: statistics.median(getattr(st, k) for st in profile.stages) for k in ("t_f", "t_b", "t_w")}
+    stages = [st.model_copy(update=med) for st in profile.stages]
+    return profile.model_copy(update={"stages": stages, "name": f"{profile.name}-uniform"})
+
+
+def _classic_orders(problem: Problem) -> list[tuple[str, list[list[Action]]]]:
+    """The handcrafted schedules that apply to the placement, as further candidates."""
+    c, m = problem.cost, problem.num_microbatches
+    if c.num_stages == c.num_ranks:
+        return [("zb-h1", zb_h1(c, m)), ("zb-h2", zb_h2(c.num_ranks, m))]
+    if list(c.stage_to_rank) == v_placement(c.num_ranks):
+        return [("zb-v", zb_v(c, m))]
+    return []
+
+
+def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> tuple[str, list[list[Action]]]:
+    """Best of the sequential schedule, the classic ones and the list-scheduling grid (as far
+    as the deadline allows; the grid is ordered most-promising first). List schedules are
+    ranked by their own timing and only the best few are simulated."""
+    cands = [("sequential", sequential_schedule(problem)), *_classic_orders(problem)]
+    if start is not None:
+        cands.append(("given", start))
+    found = []
+    for policy in candidate_policies():
+        if found and time.monotonic() > deadline:
+            break
+        out = list_schedule(problem, policy)
+        if out is not None:
+            found.append((out[1], policy.name, out[0]))
+    found.sort(key=lambda x: x[0])
+    cands += [(name, rows) for _, name, rows in found[:keep]]
+    best, best_value = cands[0], float("inf")
+    for name, rows in cands:
+        value, tl = problem.evaluate(rows)
+        if value < best_value and problem.fits(tl):
+            best, best_value = (name, rows), value
+    return best
+
+
+def solve(
+    profile: Profile,
+    num_microbatches: int,
+    mem_limit: str | list[float] | None = "2p",
+    *,
+    chunks: int = 1,
+    time_limit: float = 30.0,
+    objective: Objective = "span",
+    uniform_costs: bool = False,
+    milp: bool = True,
+    start: list[list[Action]] | None = None,
+    progress: Progress | None = None,
+) -> SolveResult:
+    """Best schedule found within ``time_limit`` seconds, validated, with its gap to a lower bound.
+
+    ``start``: a schedule (per-rank action lists of F, B and W) to consider as well, e.g. the
+    best one at a smaller memory limit."""
+    t0 = time.monotonic()
+    deadline = t0 + time_limit
+    m = num_microbatches
+    if m < 1:
+        raise ZbError("the number of microbatches must be at least 1")
+    if objective not in ("span", "makespan"):
+        raise ZbError(f"objective must be 'span' or 'makespan', not {objective!r}")
+    stage_to_rank = placement(profile.num_stages, chunks)
+    cost = CostModel.from_profile(profile, stage_to_rank)
+    spec = None if isinstance(mem_limit, list) else mem_limit
+    limit = list(mem_limit) if isinstance(mem_limit, list) else parse_memory_limit(mem_limit, profile, cost)
+    if limit is not None and len(limit) != cost.num_ranks:
+        raise ZbError(f"memory limit has {len(limit)} values for {cost.num_ranks} ranks")
+    check_limit(cost, m, limit, spec, "bytes" if profile.memory_unit == "bytes" else "M_B")
+
+    true = Problem(cost, m, tuple(limit) if limit is not None else None, objective)
+    build_cost = CostModel.from_profile(uniform_profile(profile), stage_to_rank) if uniform_costs else cost
+    search = Problem(build_cost, m, true.limit, objective)
+    bound_fn = memory_span_lower_bound if objective == "span" else memory_makespan_lower_bound
+    bound = bound_fn(cost, m, limit)
+
+    def report(phase: str, value: float) -> None:
+        if progress is not None:
+            progress(phase, value, bound)
+
+    report("constructing", float("inf"))
+    construction, rows = _construct(search, t0 + time_limit / 3, start)
+    tick = time.monotonic()
+    value = true.evaluate(rows)[0]
+    # Keep back time for the final simulation, validation and prediction (about 6 simulations).
+    deadline -= 6 * (time.monotonic() - tick)
+    report("constructed", value)
+    method = "heuristic"
+    windows = improvements = 0
+    hit_limit = False
+    if milp and value > bound * (1 + _CLOSED):
+        from .milp import exact, improve  # PuLP and HiGHS load only when needed
+
+        method = "heuristic+milp"
+        if 3 * cost.num_stages * m <= _EXACT_PASSES and not uniform_costs:
+            res = exact(true, rows, max(0.1, deadline - time.monotonic()))
+            if res is not None:
+                v2, tl2 = true.evaluate(res.rows)
+                if v2 < value and true.fits(tl2):
+                    rows, value = res.rows, v2
+                    improvements = 1
+                bound = max(bound, res.dual_bound)
+                hit_limit = not res.optimal
+                windows += 1
+            report("exact MILP", value)
+        elif time.monotonic() < deadline:
+            rows, stats = improve(search, rows, deadline, lambda v, st: report("MILP windows", v))
+            windows, improvements = stats.windows, stats.improved
+            hit_limit = not stats.converged
+        else:
+            hit_limit = True  # the heuristics used up the time
+    value, tl = true.evaluate(rows)
+    gap = max(0.0, value / bound - 1) if bound > 0 else 0.0
+    status = "optimal" if gap <= _CLOSED else ("time_limit" if hit_limit else "feasible")
+    info = SolverInfo(
+        method=method, construction=construction, objective=objective, status=status, value=value,
+        lower_bound=bound, gap=gap, time_s=round(time.monotonic() - t0, 3), time_limit_s=time_limit,
+        memory_limit=spec if spec is not None else (None if limit is None else "per rank"),
+        uniform_costs=uniform_costs, milp_windows=windows, milp_improvements=improvements,
+    )
+    kind = "zb-" + ("v-" if chunks == 2 else "") + (spec.strip().lower() if spec else "solver")
+    sched = Schedule.build(kind, profile, m, stage_to_rank, rows, memory_limit=limit, solver=info.model_dump())
+    validate(sched)
+    report("done", value)
+    return SolveResult(with_prediction(sched), info, tl)

@@ -1,0 +1,110 @@
+"""Measured timeline file format (``zbsearch.trace`` v1): a Chrome / Perfetto trace.
+
+The runtime writes one file per step for all ranks: one complete event ("ph": "X") per action,
+``pid`` = rank, times in microseconds from a common start (a barrier before the step). Chrome's
+``about:tracing`` and https://ui.perfetto.dev open it as it is; ``zbsearch`` reads it back with
+this model (no torch needed) to draw it beside the simulator's prediction. ``args.activations``
+(optional) is the rank's live activation bytes after the action.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .actions import Action, Op
+from .errors import ZbError
+from .fileio import validation_message, write_model
+
+__all__ = ["TraceArgs", "TraceEvent", "TraceInfo", "Trace", "load_trace", "save_trace"]
+
+
+class TraceArgs(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    stage: int = Field(ge=0)
+    op: Op
+    mb: int = Field(ge=0)
+    activations: float | None = Field(default=None, description="live activation bytes on the rank after the action")
+
+
+class TraceEvent(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    ph: Literal["X"] = "X"
+    pid: int = Field(ge=0, description="rank")
+    tid: int = 0
+    ts: float = Field(description="start, microseconds from the common start")
+    dur: float = Field(ge=0, description="duration, microseconds")
+    args: TraceArgs
+
+    @property
+    def action(self) -> Action:
+        return Action(self.args.stage, self.args.op, self.args.mb)
+
+
+class TraceInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    format: Literal["zbsearch.trace"] = "zbsearch.trace"
+    version: Literal[1] = 1
+    schedule_kind: str
+    num_ranks: int = Field(ge=1)
+
+
+class Trace(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    traceEvents: list[TraceEvent]
+    displayTimeUnit: Literal["ms"] = "ms"
+    zbsearch: TraceInfo
+
+    def rank_events(self) -> list[list[TraceEvent]]:
+        """Events per rank, in start order."""
+        rows: list[list[TraceEvent]] = [[] for _ in range(self.zbsearch.num_ranks)]
+        for ev in self.traceEvents:
+            rows[ev.pid].append(ev)
+        for row in rows:
+            row.sort(key=lambda e: e.ts)
+        return rows
+
+    def span_ms(self) -> list[float]:
+        """Per rank: end of its last action minus start of its first, in ms."""
+        return [((r[-1].ts + r[-1].dur) - r[0].ts) / 1e3 if r else 0.0 for r in self.rank_events()]
+
+    def makespan_ms(self) -> float:
+        if not self.traceEvents:
+            return 0.0
+        return (max(e.ts + e.dur for e in self.traceEvents) - min(e.ts for e in self.traceEvents)) / 1e3
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ZbError(f"{p}: no such file") from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise ZbError(f"{p}: cannot read a trace ({err})") from None
+    info = data.get("zbsearch") if isinstance(data, dict) else None
+    if not isinstance(info, dict) or info.get("format") != "zbsearch.trace":
+        raise ZbError(f"{p}: not a zbsearch trace (no \"zbsearch\": {{\"format\": \"zbsearch.trace\"}} block)")
+    if info.get("version") != 1:
+        raise ZbError(f"{p}: zbsearch.trace version {info.get('version')!r} is not supported (this zbsearch reads version 1)")
+    try:
+        trace = Trace.model_validate(data)
+    except ValidationError as err:
+        raise ZbError(f"{p}: {validation_message(err)}") from None
+    bad = next((e for e in trace.traceEvents if e.pid >= trace.zbsearch.num_ranks), None)
+    if bad is not None:
+        raise ZbError(f"{p}: event {bad.name} is on rank {bad.pid} but the trace has {trace.zbsearch.num_ranks} ranks")
+    return trace
+
+
+def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
+    return write_model(trace, path)
