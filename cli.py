@@ -352,34 +352,36 @@ def demo(
     heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
     seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
     microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
-    emulate: bool = typer.Option(False, "--emulate", help="replay with stages that sleep the profiled times (fewer cores than ranks)"),
+    emulate: Optional[bool] = typer.Option(
+        None, "--emulate/--real",
+        help="replay with stages that sleep the profiled times, or with the real passes; default: emulate when the CPU has fewer cores than ranks",
+    ),
     steps: int = typer.Option(3, "--steps", help="measured iterations per schedule"),
     time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.1, help="seconds for the ZB-2p solver"),
     device: str = typer.Option("cpu", "--device", help="cpu (gloo), or cuda (NCCL, one GPU per rank)"),
     output: Path = typer.Option(Path("zbsearch-demo"), "-o", "--output", help="folder for the profile, schedules, traces and gantt.png"),
 ):
     """Profile a small GPT on p local ranks, solve ZB-2p, replay it and 1F1B, compare with the prediction."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from zbsearch.demo import DemoConfig, contention_note, run_demo
+    from zbsearch.demo import DemoConfig, contention_note, run_demo, should_emulate
     from zbsearch.models import GPTConfig
+    from zbsearch.profiler import progress_bar, summary_table
 
+    if emulate is None:
+        emulate = should_emulate(stages, device)
     cfg = DemoConfig(
         gpt=GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages),
         microbatches=m, emulate=emulate, steps=steps, time_limit=time_limit, device=device, out=output,
     )
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err, transient=True) as bar:
-        task = bar.add_task("starting ranks", total=None)
-        run = run_demo(cfg, lambda what, done, total: bar.update(task, description=what, completed=done, total=total))
-    from zbsearch.profiler import summary_table
-
+    with progress_bar(err) as bar:
+        run = run_demo(cfg, bar)
     out.print(summary_table(run.profile))
     t = Table(title=f"p={stages}, m={m}, {'emulated' if emulate else 'real'} passes; iteration = longest per-rank span")
-    for col in ("schedule", "predicted\nms", "measured\nms", "measured\n/ predicted", "predicted\nbubble", "peak activations\nMiB (predicted)"):
+    for col in ("schedule", "predicted\nms", "measured\nms", "measured\n/ predicted", "predicted\nbubble",
+                "peak activations MiB\npredicted / measured"):
         t.add_column(col, justify="right")
-    for sched, pred, meas in zip(run.schedules, run.predicted, run.measured):
+    for sched, pred, meas, peak in zip(run.schedules, run.predicted, run.measured, run.measured_peak_memory):
         t.add_row(sched.kind, f"{pred:.1f}", f"{meas:.1f}", f"{meas / pred:.2f}", f"{sched.predicted.bubble_rate:.3f}",
-                  f"{max(sched.predicted.peak_memory) / 2**20:.1f}")
+                  f"{max(sched.predicted.peak_memory) / 2**20:.1f} / {peak / 2**20:.1f}")
     out.print(t)
     (p0, p1), (m0, m1) = run.predicted, run.measured
     out.print(f"speed-up of {run.schedules[1].kind} over 1F1B: predicted {p0 / p1:.2f}x, measured {m0 / m1:.2f}x")

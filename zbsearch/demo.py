@@ -74,6 +74,11 @@ class DemoRun:
     def predicted(self) -> list[float]:
         return [max(s.predicted.span) for s in self.schedules]
 
+    @property
+    def measured_peak_memory(self) -> list[float]:
+        """Bytes: the most activations any rank held in the last measured step."""
+        return [max(e.args.activations or 0.0 for e in t.traceEvents) for t in self.traces]
+
 
 def _rank(rank: int, world: int, send, cfg: DemoConfig) -> dict | None:
     """One pipeline rank: profile its stage, get the schedules from rank 0, replay them."""
@@ -154,10 +159,23 @@ def run_demo(cfg: DemoConfig, on_progress=None) -> DemoRun:
     return run
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def should_emulate(stages: int, device: str) -> bool:
+    """Default for ``--emulate``: on a CPU with fewer cores than ranks, real passes would mostly
+    measure waiting for a core, not the schedule."""
+    return device == "cpu" and _cores() < stages
+
+
 def contention_note(cfg: DemoConfig) -> str | None:
     """Why measured times may exceed predicted ones on this machine, if they will."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if cfg.emulate or cfg.device != "cpu" or cores >= cfg.gpt.stages:
+    cores = _cores()
+    if cfg.device != "cpu" or cores >= cfg.gpt.stages:
         return None
+    if cfg.emulate:
+        return (f"note: {cfg.gpt.stages} ranks share {cores} CPU cores, so the replay ran stages that sleep their "
+                f"profiled times (--real runs the real passes, which then also wait for a core)")
     return (f"note: {cfg.gpt.stages} ranks share {cores} CPU cores, so measured times include waiting for a core; "
             f"--emulate replays the profiled times without that contention")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from rich import box
 from rich.console import Console, Group
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -24,8 +24,8 @@ def progress_bar(console: Console) -> Iterator:
     if int(os.environ.get("RANK", "0")) != 0:
         yield None
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
         task = bar.add_task("starting", total=None)
 
         def update(description: str, done: int, total: int) -> None:
