@@ -22,14 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import queue
-import socket
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,8 +138,8 @@ def _row(walls: list[float], traces: list, sched: zb.Schedule | None = None, uni
         predicted_makespan_ms=pred.makespan,
         measured_span_ms=[statistics.median(s[r] for s in spans) for r in range(sched.num_ranks)],
         predicted_span_ms=pred.span,
-        mean_action_ms=_mean_ms(traces, lambda e: e.args.op.value),
-        mean_stage_action_ms=_mean_ms(traces, lambda e: f"{e.args.stage}{e.args.op.value}"),
+        median_action_ms=_median_ms(traces, lambda e: e.args.op.value),
+        median_stage_action_ms=_median_ms(traces, lambda e: f"{e.args.stage}{e.args.op.value}"),
         actions_per_rank=max(len(r) for r in sched.actions),
     )
     if unit_bytes:  # emulated stages hold exactly the profile's activations: compare with the model
@@ -155,15 +151,15 @@ def _row(walls: list[float], traces: list, sched: zb.Schedule | None = None, uni
     return row
 
 
-def _mean_ms(traces, key) -> dict[str, float]:
+def _median_ms(traces, key) -> dict[str, float]:
     times: dict[str, list[float]] = {}
     for t in traces:
         for e in t.traceEvents:
             times.setdefault(key(e), []).append(e.dur / 1e3)
-    return {k: statistics.mean(v) for k, v in sorted(times.items())}
+    return {k: statistics.median(v) for k, v in sorted(times.items())}
 
 
-def emulated_worker(rank, world, model, ms, iters, warmup, time_scale, torch_kinds) -> dict | None:
+def emulated_worker(rank, world, send, model, ms, iters, warmup, time_scale, torch_kinds) -> dict | None:
     import torch
 
     from zbsearch.runtime import emulated_loss, emulated_stages
@@ -184,7 +180,7 @@ def emulated_worker(rank, world, model, ms, iters, warmup, time_scale, torch_kin
     return out if rank == 0 else None
 
 
-def real_worker(rank, world, m, iters, warmup, width, layers) -> dict | None:
+def real_worker(rank, world, send, m, iters, warmup, width, layers) -> dict | None:
     from gpt import GPTConfig, gpt_stages, lm_loss, synthetic_batch
 
     cfg = GPTConfig(width=width, layers=layers, seq=64)
@@ -196,7 +192,7 @@ def real_worker(rank, world, m, iters, warmup, width, layers) -> dict | None:
     if rank != 0:
         return None
     # Predict with the F, B and W times this run measured (ZB-H1 times each pass apart).
-    t = _mean_ms(got["ours zb-h1"][1], lambda e: f"{e.args.stage}{e.args.op.value}")
+    t = _median_ms(got["ours zb-h1"][1], lambda e: f"{e.args.stage}{e.args.op.value}")
     measured = zb.Profile(
         name="gpt-measured", memory_unit="activations",
         stages=[zb.StageCost(t_f=t[f"{s}F"], t_b=t[f"{s}B"], t_w=t[f"{s}W"], m_f=1, m_b=-0.5, m_w=-0.5) for s in range(world)],
@@ -205,50 +201,11 @@ def real_worker(rank, world, m, iters, warmup, width, layers) -> dict | None:
 
 
 # -- launching -----------------------------------------------------------------------------------
-def _entry(fn, rank, world, port, results, args):
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        results.put((rank, fn(rank, world, *args), None))
-    except BaseException:
-        results.put((rank, None, traceback.format_exc()))
-    finally:
-        results.close()
-        results.join_thread()
-        os._exit(0)
-
-
 def launch(fn, world: int, *args):
-    """Run ``fn(rank, world, *args)`` on ``world`` spawned ranks; rank 0's result."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, results, args)) for r in range(world)]
-    for pr in procs:
-        pr.start()
-    got = {}
-    try:
-        while len(got) < world:
-            try:
-                rank, value, err = results.get(timeout=30)
-            except queue.Empty:
-                if not all(pr.is_alive() for r, pr in enumerate(procs) if r not in got):
-                    raise SystemExit("a rank died without reporting") from None
-                continue
-            if err:
-                raise SystemExit(f"rank {rank} failed:\n{err}")
-            got[rank] = value
-    finally:
-        for pr in procs:
-            pr.join(timeout=10)
-            if pr.is_alive():
-                pr.kill()
-    return got[0]
+    """Rank 0's result of ``fn(rank, world, send, *args)`` on ``world`` local ranks."""
+    from zbsearch.profiler.local import run_local
+
+    return run_local(fn, world, *args, timeout=3600)[0]
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -304,8 +261,8 @@ def main() -> None:
     overhead = launch(emulated_worker, args.p, args.model, [16], args.iters, args.warmup, 0.0, torch_kinds)[16]
     report["overhead"] = overhead
     lines += _table(f"\nzero-time passes (runtime overhead), p={args.p}, m=16", overhead, "ours 1f1b")
-    lines.append("mean time inside one action (ms): " + "; ".join(
-        f"{k}: " + ", ".join(f"{op} {v:.3f}" for op, v in r["mean_action_ms"].items()) for k, r in overhead.items() if "mean_action_ms" in r
+    lines.append("median time inside one action (ms): " + "; ".join(
+        f"{k}: " + ", ".join(f"{op} {v:.3f}" for op, v in r["median_action_ms"].items()) for k, r in overhead.items() if "median_action_ms" in r
     ))
     if not args.skip_real:
         real = launch(real_worker, 2, 8, args.real_iters, args.warmup, args.real_width, 4)

@@ -1,4 +1,4 @@
-"""Shared by the runtime and export tests: a tiny model cut into stages, and a way to run ranks.
+"""Shared by the runtime and export tests: a tiny model cut into stages, and helpers around it.
 
 The model has what the runtime must get right: an embedding, LayerNorm, attention, biases, a
 buffer, a Linear applied twice (one parameter used twice in a stage), and a stage boundary of
@@ -8,12 +8,6 @@ three tensors, one of them integer (the token ids, which need no gradient).
 from __future__ import annotations
 
 import copy
-import multiprocessing as mp
-import os
-import queue
-import socket
-import time
-import traceback
 
 import torch
 from torch import nn
@@ -111,67 +105,3 @@ def uniform_profile(p: int) -> zb.Profile:
 
 def copy_stages(stages):
     return [copy.deepcopy(s) for s in stages]
-
-
-# -- running ranks ------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(fn, rank, world, port, results, args):
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        out = fn(rank, world, *args)
-        results.put((rank, "ok", out))
-    except BaseException as err:  # report everything: the test decides what was expected
-        results.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
-    finally:
-        results.close()
-        results.join_thread()
-        os._exit(0)  # skip process-group teardown, which can hang once a peer is gone
-
-
-def run_ranks(fn, world: int, *args, timeout: float = 120.0, wait_for=None) -> dict[int, tuple[str, object]]:
-    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes joined by gloo on CPU.
-
-    Returns {rank: ("ok", result) or ("error", message)} once the ranks in ``wait_for`` (all by
-    default) have reported, every live one has, or ``timeout`` seconds passed; a rank that
-    reported nothing (dead or hung) is missing. Every process is gone when this returns.
-    """
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, results, args), daemon=True) for r in range(world)]
-    for pr in procs:
-        pr.start()
-    wanted = set(range(world) if wait_for is None else wait_for)
-    out: dict[int, tuple[str, object]] = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while not wanted <= out.keys() and time.monotonic() < deadline:
-            try:
-                rank, status, value = results.get(timeout=0.2)
-                out[rank] = (status, value)
-            except queue.Empty:
-                if not any(pr.is_alive() for r, pr in enumerate(procs) if r not in out):
-                    break
-    finally:
-        for r, pr in enumerate(procs):
-            if r in out:  # it reported and is exiting
-                pr.join(timeout=5)
-            if pr.is_alive():
-                pr.kill()
-            pr.join()
-    return out
-
-
-def expect_ok(results: dict, world: int) -> list:
-    problems = [f"rank {r}: {v}" for r, (s, v) in sorted(results.items()) if s != "ok"]
-    missing = [r for r in range(world) if r not in results]
-    assert not problems and not missing, "\n".join(problems) + (f"\nno result from ranks {missing}" if missing else "")
-    return [results[r][1] for r in range(world)]

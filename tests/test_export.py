@@ -11,8 +11,9 @@ import torch
 
 import zbsearch as zb
 from zbsearch.runtime.export import to_torch_csv
+from zbsearch.profiler.local import run_local
 
-from runtime_support import copy_stages, expect_ok, run_ranks, toy_batch, toy_loss, toy_stages, uniform_profile
+from runtime_support import copy_stages, toy_batch, toy_loss, toy_stages, uniform_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +40,7 @@ def test_cli_export(tmp_path):
     assert r.returncode == 1 and r.stderr.strip() == "error: unknown export format 'json'; supported: torch-csv"
 
 
-def _ours_and_torch(rank: int, world: int, kind: str, m: int, csv_path: str) -> None:
+def _ours_and_torch(rank: int, world: int, send, kind: str, m: int, csv_path: str) -> None:
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
@@ -69,4 +70,4 @@ def test_torch_pipeline_runtime_replays_the_csv_with_our_gradients(kind, tmp_pat
     m = 4
     path = tmp_path / f"{kind}.csv"
     path.write_text(to_torch_csv(zb.build_classic(kind, uniform_profile(2), m)))
-    expect_ok(run_ranks(_ours_and_torch, 2, kind, m, str(path)), 2)
+    run_local(_ours_and_torch, 2, kind, m, str(path))

@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import zbsearch as zb
 from zbsearch.actions import Op
+from zbsearch.profiler.local import run_local
 from zbsearch.runtime import (
     EmulatedStage,
     PipelineError,
@@ -34,9 +35,7 @@ from runtime_support import (
     Block,
     First,
     copy_stages,
-    expect_ok,
     reference_step,
-    run_ranks,
     toy_batch,
     toy_loss,
     toy_stages,
@@ -67,10 +66,12 @@ class Odd(nn.Module):
         self.w = nn.Parameter(torch.randn(8))
         self.b = nn.Parameter(torch.randn(8))
         self.lin = nn.Linear(8, 8)
+        self.m = nn.Parameter(torch.randn(8, 8) / 3)
 
     def forward(self, x, y):
         w2 = self.w * 2  # derived once, used twice
         h = torch.tanh(self.lin(x) * w2) * w2
+        h = torch.tanh(h @ self.m.T) @ self.m.T  # used twice through a property
         h = _Fn.apply(torch.tanh(_Fn.apply(h, self.w)) + self.b, self.w) + self.b
         return h, y  # y passes through unchanged
 
@@ -210,7 +211,7 @@ def _schedules(p: int, m: int) -> list[zb.Schedule]:
     return out + [solve(skew, m, "2p", chunks=c, time_limit=10).schedule for c in (1, 2)]
 
 
-def _check_schedules(rank: int, world: int, schedules: list[str], steps: int) -> list[str]:
+def _check_schedules(rank: int, world: int, send, schedules: list[str], steps: int) -> list[str]:
     """On every rank: each schedule, ``steps`` optimizer steps, equal to the one-process model."""
     done = []
     for text in schedules:
@@ -247,12 +248,12 @@ def _check_schedules(rank: int, world: int, schedules: list[str], steps: int) ->
 @pytest.mark.parametrize("world, m", [(2, 4), (4, 8)])
 def test_every_schedule_kind_matches_one_process(world, m):
     schedules = _schedules(world, m)
-    kinds = expect_ok(run_ranks(_check_schedules, world, [s.model_dump_json() for s in schedules], 3), world)
+    kinds = run_local(_check_schedules, world, [s.model_dump_json() for s in schedules], 3)
     assert kinds[0] == [s.kind for s in schedules]
     assert {"1f1b", "zb-h1", "zb-h2", "zb-v", "interleaved-1f1b"} <= set(kinds[0])
 
 
-def _die_or_hang(rank: int, world: int, how: str) -> str:
+def _die_or_hang(rank: int, world: int, send, how: str) -> str:
     sched = zb.build_classic("zb-h1", uniform_profile(world), 4)
     stages = toy_stages(world)
     if rank == 1:
@@ -275,11 +276,10 @@ def _die_or_hang(rank: int, world: int, how: str) -> str:
 @pytest.mark.parametrize("how", ["die", "hang"])
 def test_dead_or_hung_rank_fails_the_others_with_a_named_error(how):
     t0 = time.monotonic()
-    results = run_ranks(_die_or_hang, 2, how, timeout=60, wait_for=[0])
+    with pytest.raises(zb.ZbError) as err:  # rank 0's PipelineError, raised here
+        run_local(_die_or_hang, 2, how, timeout=60)
     assert time.monotonic() - t0 < 50  # the runtime's timeout is 4 s; process start-up is the rest
-    status, message = results[0]
-    assert status == "error" and message.startswith("PipelineError"), message
-    assert re.search(r"rank 0: 0(F|B|W)\d+: .* rank 1 ", message.splitlines()[0]), message
+    assert re.match(r"rank 0: 0(F|B|W)\d+: .* from rank 1 failed or timed out after 4s", str(err.value)), err.value
 
 
 # -- one process (world size 1): rejections, local hand-over, trace --------------------------------------

@@ -20,6 +20,7 @@ exchanges a fingerprint of the schedule, so ranks that loaded different files st
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 from collections.abc import Callable, Mapping
 
@@ -170,16 +171,7 @@ class PipelineRuntime:
         else:
             got = self._p2p.recv(ACT, s - 1, j)
             args = [_leaf(t, meta.requires_grad) for t, meta in zip(got, self._p2p.meta[s - 1])]
-        post = None
-        if s == self.last:
-            target = mb_targets[j]
-
-            def post(out):
-                loss = self.loss_fn(out, target)
-                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                    raise PipelineError(f"loss_fn must return a scalar tensor, got {getattr(loss, 'shape', type(loss))}")
-                return loss
-
+        post = functools.partial(self._loss, mb_targets[j]) if s == self.last else None
         self._timer.begin()
         fp = forward_pass(self.stages[s], args, split=(s, j) not in self._fused, post=post, meter=self.meter)
         self._timer.end(a, self.meter.bytes)
@@ -217,6 +209,12 @@ class PipelineRuntime:
             self._p2p.send(GRAD, s - 1, j, out)
 
     # -- helpers -------------------------------------------------------------------------------
+    def _loss(self, target, output) -> torch.Tensor:
+        loss = self.loss_fn(output, target)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise PipelineError(f"loss_fn must return a scalar tensor, got {getattr(loss, 'shape', type(loss))}")
+        return loss
+
     def _remote_input(self, a: Action) -> tuple[str, int, int] | None:
         if a.op is Op.F and a.stage > 0 and self._owner[a.stage - 1] != self.rank:
             return (ACT, a.stage - 1, a.mb)

@@ -75,15 +75,17 @@ class _DataFlow:
         return True
 
 
-def _tensors_in(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _tensors_in(y)
-    elif isinstance(x, dict):
-        for y in x.values():
-            yield from _tensors_in(y)
+def _tensors_in(x) -> list[torch.Tensor]:
+    found, stack = [], [x]
+    while stack:
+        y = stack.pop()
+        if isinstance(y, torch.Tensor):
+            found.append(y)
+        elif isinstance(y, (list, tuple)):
+            stack.extend(y)
+        elif isinstance(y, dict):
+            stack.extend(y.values())
+    return found
 
 
 class _ViewPerUse(TorchFunctionMode):
@@ -98,15 +100,20 @@ class _ViewPerUse(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        # Property reads (p.shape, p.dtype) are not uses; grad-free code needs no split.
-        if torch.is_grad_enabled() and getattr(func, "__name__", "") != "__get__":
+        if not torch.is_grad_enabled():  # grad-free code needs no split
+            return func(*args, **kwargs)
+        if getattr(func, "__name__", "") == "__get__":  # a property: p.shape is no use of p, p.T is
+            out = func(*args)
+            if isinstance(out, torch.Tensor) and id(args[0]) in self._params:
+                args = (self._swap(args[0]),)
+                out = func(*args)
+        else:
             args = tuple(self._swap(a) for a in args)
             kwargs = {k: self._swap(v) for k, v in kwargs.items()}
             out = func(*args, **kwargs)
-            if self._data is not None:
-                self._data.note(args, kwargs, out)
-            return out
-        return func(*args, **kwargs)
+        if self._data is not None:
+            self._data.note(args, kwargs, out)
+        return out
 
     def _swap(self, a):
         if isinstance(a, nn.Parameter):
