@@ -13,10 +13,10 @@ same processes, interleaved, on each schedule:
   validate  PostValidatedOptimizer, validate() before each iteration
   defer     PostValidatedOptimizer(defer=True), the next iteration runs before validation
 
-with PipelineRuntime as it is (each step starts with a barrier over all ranks) and with that
-barrier removed (a subclass here): a barrier at every step start is itself the global
-synchronisation post-validation removes. "clip" runs clip every step (max_norm tiny): every
-optimistic step rolls back, and with defer every iteration runs twice.
+with PipelineRuntime as it is (no barrier between steps) and with a barrier over all ranks
+before each step: such a barrier is itself the global synchronisation post-validation
+removes. "clip" runs clip every step (max_norm tiny): every optimistic step rolls back, and
+with defer every iteration runs twice.
 
 What to expect: with the synchronous exchange, a rank's next iteration cannot start before
 the last rank has finished (the period is the makespan); with deferred post-validation the
@@ -31,8 +31,6 @@ Run: python bench/post_validation.py
 from __future__ import annotations
 
 import json
-import os
-import socket
 import statistics
 import sys
 import time
@@ -40,17 +38,17 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from zbsearch import build_classic, resolve_profile, timeline
 from zbsearch.runtime import PipelineRuntime, emulated_loss, emulated_stages
 from zbsearch.runtime import post_validation as pv
+from zbsearch.runtime.local import run_local
 from zbsearch.solver.solve import solve
 
 P, M = 4, 8
 T_STEP, T_SNAP = 7.5e-3, 6.0e-3
 WARMUP, MEASURED, ROUNDS = 1, 6, 2
-MODES = [  # (name, optimizer mode, runtime barrier, max_norm)
+MODES = [  # (name, optimizer mode, barrier before each step, max_norm)
     ("sync", "sync", True, 1e9), ("defer", "defer", True, 1e9),
     ("sync", "sync", False, 1e9), ("validate", "validate", False, 1e9), ("defer", "defer", False, 1e9),
     ("validate clip", "validate", False, 1e-9), ("defer clip", "defer", False, 1e-9),
@@ -64,11 +62,6 @@ def profile_p4():
     st = prof.stages[0]
     stage = st.model_copy(update={"t_f": st.t_f * k, "t_b": st.t_b * k, "t_w": st.t_w * k})
     return prof.model_copy(update={"stages": [stage] * P, "name": "1.5b-m24-p4", "t_comm": prof.t_comm})
-
-
-class _NoBarrierRuntime(PipelineRuntime):
-    def _barrier(self) -> None:
-        pass
 
 
 class _TimedAdamW(torch.optim.AdamW):
@@ -93,8 +86,7 @@ def _measure(rank: int, schedule, mode: str, barrier: bool, max_norm: float) -> 
     all_stages = emulated_stages(schedule.profile, schedule.stage_to_rank)
     stages = {s: all_stages[s] for s, r in enumerate(schedule.stage_to_rank) if r == rank}
     last = schedule.num_stages - 1
-    Runtime = PipelineRuntime if barrier else _NoBarrierRuntime
-    runtime = Runtime(schedule, stages, emulated_loss if last in stages else None)
+    runtime = PipelineRuntime(schedule, stages, emulated_loss if last in stages else None)
     inner = _TimedAdamW([p for s in sorted(stages) for p in stages[s].parameters()], lr=1e-3)
     if mode == "sync":
         opt = pv.SyncClippedOptimizer(inner, max_norm, stages=stages)
@@ -103,16 +95,22 @@ def _measure(rank: int, schedule, mode: str, barrier: bool, max_norm: float) -> 
         opt.attach(runtime)
     width = all_stages[0].weight.numel()
     x, y = torch.randn(M, width), torch.randn(M, width)
+
+    def step() -> None:
+        if barrier:
+            dist.barrier()
+        runtime.step(x, y)
+
     ends = []
     for _ in range(WARMUP + MEASURED):
         if mode == "validate":
             opt.validate()
-        runtime.step(x, y)
+        step()
         if mode == "sync":
             opt.step()
             opt.zero_grad()
         while mode == "defer" and opt.replay:
-            runtime.step(x, y)
+            step()
         ends.append(time.perf_counter())
     if mode != "sync":
         opt.validate()
@@ -120,11 +118,8 @@ def _measure(rank: int, schedule, mode: str, barrier: bool, max_norm: float) -> 
     return period, dict(getattr(opt, "counts", {}))
 
 
-def _worker(rank: int, port: int, schedules: dict, out: str) -> None:
-    torch.set_num_threads(1)
+def _worker(rank: int, world: int, send, schedules: dict) -> list[dict] | None:
     pv._Snapshot = _TimedSnapshot
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=P)
     rows = []
     for rnd in range(ROUNDS):
         for name, schedule in schedules.items():
@@ -134,16 +129,7 @@ def _worker(rank: int, port: int, schedules: dict, out: str) -> None:
                 dist.all_gather_object(periods, (period, counts))
                 rows.append(dict(round=rnd, schedule=name, mode=label, barrier=barrier,
                                  period_ms=max(p for p, _ in periods) * 1e3, counts=[c for _, c in periods]))
-    if rank == 0:
-        Path(out).write_text(json.dumps(rows))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return rows if rank == 0 else None
 
 
 def main() -> None:
@@ -156,11 +142,7 @@ def main() -> None:
         for kind in ("zb-h1", "zb-h2", "zb-v"):
             predicted[f"{kind} {model} p=8"] = _spans(build_classic(kind, paper_prof, m))
         predicted[f"zb-2p {model} p=8"] = _spans(solve(paper_prof, m, "2p", time_limit=10).schedule)
-    tmp = Path(__file__).with_name("results") / ".post_validation_rows.json"
-    tmp.parent.mkdir(exist_ok=True)
-    mp.spawn(_worker, args=(_free_port(), schedules, str(tmp)), nprocs=P, join=True)
-    rows = json.loads(tmp.read_text())
-    tmp.unlink()
+    rows = run_local(_worker, P, schedules, timeout=3600)[0]
 
     table = []
     for name in schedules:
@@ -190,6 +172,7 @@ def main() -> None:
     elapsed = time.perf_counter() - t0
     print(f"median of {ROUNDS} interleaved rounds of {MEASURED} iterations each; {elapsed:.0f} s")
     out = Path(__file__).with_name("results") / "post_validation.json"
+    out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({
         "benchmark": "post_validation", "p": P, "m": M,
         "t_step_ms": T_STEP * 1e3, "t_snapshot_ms": T_SNAP * 1e3, "predicted": predicted,

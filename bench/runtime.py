@@ -24,16 +24,13 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import zbsearch as zb
+from zbsearch.schedule import v_placement
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-
-import zbsearch as zb  # noqa: E402
-from zbsearch.schedule import v_placement  # noqa: E402
-
 WIDTH = 16
 UNIT = 2**20  # bytes of emulated activations per M_B
 
@@ -180,14 +177,14 @@ def emulated_worker(rank, world, send, model, ms, iters, warmup, time_scale, tor
     return out if rank == 0 else None
 
 
-def real_worker(rank, world, send, m, iters, warmup, width, layers) -> dict | None:
-    from gpt import GPTConfig, gpt_stages, lm_loss, synthetic_batch
+def real_worker(rank, world, send, m, iters, warmup, hidden, layers) -> dict | None:
+    from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
 
-    cfg = GPTConfig(width=width, layers=layers, seq=64)
+    cfg = GPTConfig(layers=layers, hidden=hidden, seq=64, vocab=64, microbatch_size=4, stages=world)
     placeholder = paper_profile("1.5b", world)  # 1F1B's and ZB-H's orders do not depend on costs
-    inputs, targets = synthetic_batch(cfg, 4 * m, 0)
+    inputs, targets = gpt_batch(cfg, m, seed=0)
     schedules = {f"ours {kind}": zb.build_classic(kind, placeholder, m) for kind in ("1f1b", "zb-h1", "zb-h2")}
-    runners = {name: _ours(rank, sched, gpt_stages(cfg, world), inputs, targets, lm_loss) for name, sched in schedules.items()}
+    runners = {name: _ours(rank, sched, gpt_stages(cfg), inputs, targets, gpt_loss) for name, sched in schedules.items()}
     got = _measure(runners, iters, warmup)
     if rank != 0:
         return None
@@ -203,7 +200,7 @@ def real_worker(rank, world, send, m, iters, warmup, width, layers) -> dict | No
 # -- launching -----------------------------------------------------------------------------------
 def launch(fn, world: int, *args):
     """Rank 0's result of ``fn(rank, world, send, *args)`` on ``world`` local ranks."""
-    from zbsearch.profiler.local import run_local
+    from zbsearch.runtime.local import run_local
 
     return run_local(fn, world, *args, timeout=3600)[0]
 
@@ -235,7 +232,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--skip-real", action="store_true")
     ap.add_argument("--real-iters", type=int, default=10, help="timed iterations of the real-compute run (noisier)")
-    ap.add_argument("--real-width", type=int, default=256)
+    ap.add_argument("--real-hidden", type=int, default=256)
     ap.add_argument("-o", "--output", type=Path, default=ROOT / "bench" / "results" / "runtime.json")
     args = ap.parse_args()
     torch_kinds = ["Schedule1F1B", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"]
@@ -265,10 +262,10 @@ def main() -> None:
         f"{k}: " + ", ".join(f"{op} {v:.3f}" for op, v in r["median_action_ms"].items()) for k, r in overhead.items() if "median_action_ms" in r
     ))
     if not args.skip_real:
-        real = launch(real_worker, 2, 8, args.real_iters, args.warmup, args.real_width, 4)
+        real = launch(real_worker, 2, 8, args.real_iters, args.warmup, args.real_hidden, 4)
         report["real"] = real
         lines += _table(
-            f"\nreal compute: small GPT (width {args.real_width}, 4 layers, seq 64), CPU, 1 thread per rank, p=2, m=8 "
+            f"\nreal compute: small GPT (hidden {args.real_hidden}, 4 layers, seq 64), CPU, 1 thread per rank, p=2, m=8 "
             "(predicted from the F/B/W times measured in the ZB-H1 run)", real, "ours 1f1b",
         )
     lines.append("\ntargets: " + json.dumps(report["targets"], indent=1))

@@ -11,7 +11,9 @@ Every row has the bubble rate, the lower bound, the gap and the solve time. Time
 per setting (10 s at p=8, 30 s at p=16, 45 s at p=24, 60 s at p=32); --scale multiplies them.
 
 Prints a table and saves bench/results/solver.json.
-Run: python bench/solver.py [--scale 0.2] [--only table5,table8,hetero]
+Run: python bench/solver.py [--scale 0.2] [--only table5,table8,hetero] [--match 1.5b/24,6.2b] [--limits 2p]
+With --match or --limits only those runs are made and merged into the saved results (rows of
+the same setting, model, m, limit and variant are replaced; the rest are kept).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from classic import BASE_M, TABLE5, TABLE8, rescaled
@@ -88,13 +91,30 @@ def run(prof: Profile, m: int, limit: str, chunks: int, time_limit: float, unifo
     }
 
 
-def table5(scale: float) -> list[dict]:
+@dataclass
+class Pick:
+    match: list[str] = field(default_factory=list)
+    limits: list[str] = field(default_factory=list)
+
+
+def wanted(model: str, m: int, limit: str, pick: Pick | None) -> bool:
+    """Whether a run is in the subset given by --match / --limits (None: everything)."""
+    if pick is None:
+        return True
+    if pick.limits and limit not in pick.limits:
+        return False
+    return not pick.match or any(tok == model or tok == f"{model}/{m}" for tok in pick.match)
+
+
+def table5(scale: float, pick: Pick | None = None) -> list[dict]:
     rows = []
     for model, runs in TABLE5.items():
         for m, paper in runs.items():
             prof = resolve_profile(f"{model}-m{m}")
             p = prof.num_stages
             for limit, ref in (("1p", paper[2]), ("2p", ZB2P[model][m])):
+                if not wanted(model, m, limit, pick):
+                    continue
                 r = run(prof, m, limit, 1, LIMIT_S[p] * scale)
                 # ZB-1p: beat the paper, or be certified within 0.5% of the bound
                 ok = at_most(r["bubble"], ref) or (limit == "1p" and r["gap"] <= 0.005)
@@ -103,9 +123,11 @@ def table5(scale: float) -> list[dict]:
     return rows
 
 
-def table8(scale: float) -> list[dict]:
+def table8(scale: float, pick: Pick | None = None) -> list[dict]:
     rows = []
     for (model, p, m), ref in TABLE8.items():
+        if not wanted(model, m, "1p", pick):
+            continue
         base = resolve_profile(f"{model}-m{BASE_M[model]}")
         prof = base if base.num_stages == p else rescaled(base, p)
         r = run(prof, m, "1p", 2, LIMIT_S[p] * scale)
@@ -115,12 +137,14 @@ def table8(scale: float) -> list[dict]:
     return rows
 
 
-def hetero(scale: float) -> list[dict]:
+def hetero(scale: float, pick: Pick | None = None) -> list[dict]:
     rows = []
     base = resolve_profile("1.5b-m24")
     for name, (factors, memory) in HETERO.items():
         prof = scaled(base, factors, memory, name)
         for limit in ("1p", "2p"):
+            if not wanted("1.5b", 24, limit, pick):
+                continue
             true = run(prof, 24, limit, 1, LIMIT_S[8] * scale)
             uni = run(prof, 24, limit, 1, LIMIT_S[8] * scale, uniform=True)
             gain = 1 - true["span"] / uni["span"]
@@ -151,6 +175,17 @@ def speed(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _key(r: dict) -> tuple:
+    return (r["setting"], r["model"], r["m"], r["limit"], r.get("variant"))
+
+
+def merged(saved: list[dict], new: list[dict]) -> list[dict]:
+    """The saved rows with those re-run replaced, in the saved order (new ones at the end)."""
+    fresh = {_key(r): r for r in new}
+    out = [fresh.pop(_key(r), r) for r in saved]
+    return out + list(fresh.values())
+
+
 def print_row(r: dict) -> None:
     paper = f"{r['paper']:.4f}" if "paper" in r else f"uni {r['uniform_costs_bubble']:.4f}"
     extra = f"  span -{r['span_reduction']:.1%} vs uniform" if "span_reduction" in r else ""
@@ -167,16 +202,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every time limit (e.g. 0.2 for a quick run)")
     ap.add_argument("--only", default="table5,table8,hetero", help="comma-separated sections")
+    ap.add_argument("--match", default="", help="comma-separated models or model/m (e.g. 1.5b/24,6.2b): only these runs")
+    ap.add_argument("--limits", default="", help="comma-separated memory limits (1p, 2p): only these runs")
     args = ap.parse_args()
     sections = args.only.split(",")
+    pick = Pick(match=[t for t in args.match.split(",") if t], limits=[t for t in args.limits.split(",") if t])
     t0 = time.perf_counter()
     rows: list[dict] = []
     if "table5" in sections:
-        rows += table5(args.scale)
+        rows += table5(args.scale, pick)
     if "table8" in sections:
-        rows += table8(args.scale)
+        rows += table8(args.scale, pick)
     if "hetero" in sections:
-        rows += hetero(args.scale)
+        rows += hetero(args.scale, pick)
+    out = Path(__file__).with_name("results") / "solver.json"
+    doc = {"benchmark": "solver", "scale": args.scale}
+    if (pick.match or pick.limits) and out.exists():  # a subset: merge into the saved results
+        saved = json.loads(out.read_text())
+        rows = merged(saved["rows"], rows)
+        doc = {k: v for k, v in saved.items() if k != "rows"}
+        doc["rerun"] = {"match": pick.match, "limits": pick.limits, "only": sections, "scale": args.scale}
+    rows = [r for r in rows if r["setting"] != "speed"]
     rows += speed(rows)
     for r in rows:
         if r["setting"] == "speed":
@@ -188,9 +234,12 @@ def main() -> None:
     judged = [r for r in rows if r["target_met"] is not None]
     print(f"{sum(r['target_met'] for r in judged)}/{len(judged)} targets met "
           f"({len(rows) - len(judged)} not applicable) in {elapsed:.0f} s")
-    out = Path(__file__).with_name("results") / "solver.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "solver", "scale": args.scale, "elapsed_s": elapsed, "rows": rows}, indent=1) + "\n")
+    if "rerun" in doc:
+        doc["rerun"]["elapsed_s"] = elapsed
+    else:
+        doc["elapsed_s"] = elapsed
+    out.write_text(json.dumps({**doc, "rows": rows}, indent=1) + "\n")
     print(f"saved {out}")
 
 

@@ -1,6 +1,6 @@
-"""Train a small GPT with a zbsearch schedule, one process per pipeline rank.
+"""Train the built-in GPT (``zbsearch.models``) with a zbsearch schedule, one process per rank.
 
-    zbsearch schedule zb-h1 -p unit2 -m 8 -o zbh1.json   # any schedule JSON for p ranks
+    zbsearch schedule zb-h1 -p examples/uniform-p2.json -m 8 -o zbh1.json   # any schedule for p ranks
     torchrun --nproc-per-node 2 examples/train_gpt.py zbh1.json --steps 20 --trace trace.json
     zbsearch show zbh1.json --measured trace.json
 
@@ -20,21 +20,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpt import GPTConfig, gpt_stages, lm_loss, synthetic_batch  # noqa: E402
-
-import zbsearch as zb  # noqa: E402
-from zbsearch.runtime import PipelineRuntime  # noqa: E402
-from zbsearch.trace_format import save_trace  # noqa: E402
+import zbsearch as zb
+from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
+from zbsearch.runtime import PipelineRuntime
+from zbsearch.trace_format import save_trace
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("schedule", type=Path, help="schedule JSON (its number of ranks = processes)")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--batch", type=int, default=None, help="sequences per step (default: 4 per microbatch)")
+    ap.add_argument("--microbatch-size", "-b", type=int, default=4, help="sequences per microbatch")
     ap.add_argument("--layers", type=int, default=None, help="transformer blocks (default: 2 per stage)")
-    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for another rank before failing")
     ap.add_argument("--trace", type=Path, default=None, help="write the last step's Chrome trace here (rank 0)")
@@ -58,14 +56,14 @@ def run(args, device: torch.device) -> None:
     rank = dist.get_rank()
     sched = zb.load_schedule(args.schedule)
     m, S = sched.num_microbatches, sched.num_stages
-    cfg = GPTConfig(width=args.width, layers=args.layers or 2 * S)
-    stages = {s: st.to(device) for s, st in enumerate(gpt_stages(cfg, S)) if sched.stage_to_rank[s] == rank}
-    runtime = PipelineRuntime(sched, stages, lm_loss, device=device, timeout=args.timeout)
+    cfg = GPTConfig(layers=args.layers or 2 * S, hidden=args.hidden, heads=4, seq=32, vocab=64,
+                    microbatch_size=args.microbatch_size, stages=S)
+    stages = {s: st.to(device) for s, st in enumerate(gpt_stages(cfg)) if sched.stage_to_rank[s] == rank}
+    runtime = PipelineRuntime(sched, stages, gpt_loss, device=device, timeout=args.timeout)
     params = [p for st in stages.values() for p in st.parameters()]
     optimizer = torch.optim.AdamW(params, lr=args.lr)
-    batch = args.batch or 4 * m
     for step in range(args.steps):
-        inputs, targets = synthetic_batch(cfg, batch, step)
+        inputs, targets = gpt_batch(cfg, m, seed=step)  # a new batch every step
         optimizer.zero_grad()
         t0 = time.perf_counter()
         losses = runtime.step(inputs if 0 in stages else None, targets if S - 1 in stages else None)

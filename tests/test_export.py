@@ -11,7 +11,7 @@ import torch
 
 import zbsearch as zb
 from zbsearch.runtime.export import to_torch_csv
-from zbsearch.profiler.local import run_local
+from zbsearch.runtime.local import run_local
 
 from runtime_support import copy_stages, toy_batch, toy_loss, toy_stages, uniform_profile
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import socket
 import struct
 import time
 from collections import Counter
@@ -19,10 +18,10 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from zbsearch import Profile, StageCost, build_classic
+from zbsearch.runtime.local import run_local
 
 P, M, D, BATCH, STEPS = 4, 4, 6, 8, 6
 MAX_NORM = 2.0
@@ -110,13 +109,10 @@ def reference(kind: str, opt_kind: str, use_scaler: bool):
 # 4 ranks through PipelineRuntime
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, send, out: str) -> None:
     from zbsearch.runtime import PipelineRuntime
     from zbsearch.runtime.post_validation import PostValidatedOptimizer, SyncClippedOptimizer
 
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=P)
     profile = Profile(
         name="unit", memory_unit="activations", t_comm=0.0,
         stages=[StageCost(t_f=1.0, t_b=1.0, t_w=1.0, m_f=1.0, m_b=-0.5, m_w=-0.5)] * P,
@@ -185,20 +181,12 @@ def _worker(rank: int, port: int, out: str) -> None:
         snap = getattr(opt, "peak_snapshot_bytes", 0)
         torch.save(dict(seen=seen, verdicts=[dataclasses.astuple(v) for v in verdicts], counts=dict(counts),
                         scale=scale, snapshot_bytes=snap, replays=replays), os.path.join(out, f"{name}-{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("post_validation"))
-    mp.spawn(_worker, args=(_free_port(), out), nprocs=P, join=True)
+    run_local(_worker, P, out)
     return {name: [torch.load(os.path.join(out, f"{name}-{r}.pt")) for r in range(P)] for name, *_ in SCENARIOS}
 
 

@@ -16,7 +16,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import zbsearch as zb
 from zbsearch.actions import Op
-from zbsearch.profiler.local import run_local
 from zbsearch.runtime import (
     EmulatedStage,
     PipelineError,
@@ -26,6 +25,7 @@ from zbsearch.runtime import (
     backward_weight,
     forward_pass,
 )
+from zbsearch.runtime.local import run_local
 from zbsearch.runtime.memory import ActivationMeter
 from zbsearch.runtime.p2p import ACT, comm_plan
 from zbsearch.schedule import v_placement

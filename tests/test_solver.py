@@ -202,3 +202,19 @@ def test_greedy_schedule_is_the_plain_list_policy():
     limit = [cost.activation_unit(r) * 4 for r in range(4)]
     rows = greedy_schedule(cost, 8, limit)
     assert find_problem(Schedule.build("greedy-v", prof, 8, v_placement(4), rows, memory_limit=limit)) is None
+
+
+def test_window_search_stops_once_the_bound_is_reached():
+    import time
+
+    from zbsearch.solver.milp import improve
+
+    prof = resolve_profile("1.5b-m24")
+    cost = CostModel.from_profile(prof, list(range(8)))
+    problem = Problem(cost, 24, tuple(parse_memory_limit("2p", prof, cost)))
+    rows = list_schedule(problem, candidate_policies()[0])[0]
+    value = problem.evaluate(rows)[0]
+    t0 = time.monotonic()
+    out, stats = improve(problem, rows, t0 + 30, target=value)
+    assert stats.windows == 0 and stats.converged and out == rows
+    assert time.monotonic() - t0 < 5

@@ -13,6 +13,12 @@ types, the rank's span is then at least
 (Carlier's one-machine bound). We maximise over the sets cut out by a release threshold and a
 tail threshold, which contains the best set for this bound. J = all types gives the busy
 time; J = {B, W} on rank 0 gives the pipeline's fill time plus all backward work.
+J may also be pass types of *another* rank q, as long as each is reachable from the rank's
+first pass (finite release) and reaches one of the rank's passes (finite tail): rank q is a
+machine too, and rank r cannot end before q has done that work and the tail has run. With
+J = {F, B} of the last rank this bounds rank 0's span by the fill time to the last stage,
+m (T_F + T_B) there and the drain of the last backward down to rank 0 plus a W: when the
+W time is short (m T_W < fill + drain), no schedule has zero bubble at any memory limit.
 The makespan bound is the same with releases measured from the global start and tails up to
 the last pass anywhere. Communication is a latency on dependency edges between ranks, as in
 the simulator. Splitting or fusing B and W cannot beat these bounds, so they also hold for
@@ -21,13 +27,17 @@ schedules with fused BW passes.
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from .actions import Op
 from .costs import CostModel
 from .graph import pass_predecessors
 
-__all__ = ["span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds"]
+__all__ = [
+    "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
+    "memory_span_lower_bound", "memory_makespan_lower_bound", "rank_memory_span_lower_bounds",
+]
 
 _NEG = float("-inf")
 
@@ -81,6 +91,8 @@ def _carlier(jobs: list[tuple[float, float, float]], m: int) -> float:
 
 
 def rank_span_lower_bounds(cost: CostModel, num_microbatches: int) -> list[float]:
+    """Per rank, the best Carlier bound over sets of pass types of one rank q (q = the rank
+    itself or any other rank; see the module docstring)."""
     preds = _edges(cost)
     out = []
     for r in range(cost.num_ranks):
@@ -88,7 +100,13 @@ def rank_span_lower_bounds(cost: CostModel, num_microbatches: int) -> list[float
         mine = {(s, op) for s in stages for op in (Op.F, Op.B, Op.W)}
         rel = _releases(cost, (min(stages), Op.F), preds)
         tail = _tails(cost, mine, preds)
-        out.append(_carlier([(rel[n], cost.time(*n), tail[n]) for n in mine], num_microbatches))
+        best = 0.0
+        for q in range(cost.num_ranks):
+            jobs = [(rel[n], cost.time(*n), tail[n]) for n in preds
+                    if cost.stage_to_rank[n[0]] == q and rel[n] > _NEG and tail[n] > _NEG]
+            if jobs:
+                best = max(best, _carlier(jobs, num_microbatches))
+        out.append(best)
     return out
 
 
@@ -136,7 +154,8 @@ def _end_idle(cost: CostModel, s: int, lag: float, m: int, limit: float) -> floa
         if base > limit:
             continue
         room = keep - net
-        b = m - a if room <= 0 else min(m - a, int((limit - base) // room))
+        fit = m - a if room <= 0 else (limit - base) / room  # finite or not (tiny room)
+        b = m - a if fit >= m - a else int(fit)
         best = min(best, max(0.0, gap - (a - 1) * (cost.t_b[s] + cost.t_w[s]) - b * cost.t_w[s]))
     return 0.0 if best == float("inf") else best
 
@@ -211,23 +230,169 @@ def rank_memory_span_lower_bounds(cost: CostModel, num_microbatches: int, limit:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Per-microbatch bounds: every pass of every microbatch is a job with its own release and tail.
+
+
+def _memory_counts(cost: CostModel, r: int, s: int, j: int, allowed: float) -> tuple[int, int] | None:
+    """(n_b, n_w): B and W passes of stage s that must precede F(s, j) on rank r for memory
+    to stay within ``allowed`` (see rank_chain_span_lower_bounds); None when no F(s, j) fits."""
+    lower = [t for t in cost.rank_stages(r) if t <= s]
+    M = sum(cost.m_f[t] for t in lower)  # held by a microbatch whose B(s) has not run
+    b = cost.m_f[s] + cost.m_b[s]  # ... whose B(s) has run but not W(s)
+    c = b + cost.m_w[s]  # ... whose W(s) has run
+    n_b = 0 if (j + 1) * M <= allowed else (math.ceil(((j + 1) * M - allowed) / (M - c) - 1e-9) if M > c else j + 1)
+    need = M + j * b - allowed
+    n_w = 0 if need <= 0 else (math.ceil(need / (b - c) - 1e-9) if b > c else j + 1)
+    return None if n_b > j or n_w > j else (n_b, n_w)
+
+
+def _balanced_rank(cost: CostModel, r: int) -> bool:
+    """F allocates, B and W only free, and never more than F allocated (per stage)."""
+    return all(
+        cost.m_f[s] >= 0 and cost.m_b[s] <= 0 and cost.m_w[s] <= 0 and cost.m_f[s] + cost.m_b[s] + cost.m_w[s] >= -1e-12
+        for s in cost.rank_stages(r)
+    )
+
+
+def _jackson(jobs: list[tuple[float, float, float]]) -> float:
+    """Jackson's preemptive schedule of jobs (release, time, tail) on one machine: its value
+    max(end + tail) is the least any schedule of the jobs can have, preemptive or not, and equals
+    max over subsets J of min release + total time + min tail (Carlier 1982)."""
+    jobs = sorted(jobs)
+    n, i, t, best, heap = len(jobs), 0, _NEG, _NEG, []
+    while i < n or heap:
+        if not heap:
+            t = max(t, jobs[i][0])
+        while i < n and jobs[i][0] <= t:
+            heapq.heappush(heap, (-jobs[i][2], jobs[i][1]))
+            i += 1
+        neg_tail, left = heapq.heappop(heap)
+        nxt = jobs[i][0] if i < n else math.inf
+        if t + left > nxt:  # run until the next release, which may preempt
+            heapq.heappush(heap, (neg_tail, left - (nxt - t)))
+            t = nxt
+        else:
+            t += left
+            best = max(best, t - neg_tail)
+    return best
+
+
+def rank_chain_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float] | None = None) -> list[float]:
+    """Per rank, a lower bound on its span from one-machine bounds over single passes.
+
+    Passes of one kind run in microbatch order on each stage without loss of generality
+    (``zbsearch.solver.problem``: relabelling keeps every time slot and memory count), so take
+    such a schedule. Rank r's first pass is then F(s0, 0), s0 its lowest stage (every pass of
+    microbatch j on the rank depends on F(s0, j)), say at t0. These precedences hold:
+    dependencies (with their communication delay), X(s, j-1) before X(s, j) for each kind X
+    (one machine, microbatch order), and, under a memory limit, B and W passes that must come
+    before an F to make room for it (below). So every pass x starts at t0 + rel(x) or later,
+    rel(x) = the longest path from F(s0, 0) to x in that graph, and once x ends the rank still
+    runs at least tail(x) = the longest path from the end of x to the end of a pass of rank r.
+    Each rank q (r itself or any other) runs its passes one at a time; the passes with finite
+    rel and tail form a one-machine problem with release dates and delivery times whose
+    optimum, even preemptive, is a lower bound on rank r's span: Jackson's preemptive
+    schedule computes it exactly (O(n log n)). The bound is the largest over q.
+
+    Memory precedences (ranks whose stages have F allocating and B, W freeing, never below
+    zero per microbatch): just after F(s, j) on rank r, a microbatch i <= j whose B(s, i) has
+    not run holds the activations of every stage t <= s of the rank (its F(t, i) ran, its
+    B(t, i) needs B(s, i)): M = sum of m_f there; one whose B(s, i) ran but not W(s, i) holds
+    b = m_f + m_b of stage s at least, one whose W(s, i) ran c = b + m_w at least, and nothing
+    else is negative. With n_B, n_W the numbers of B(s, .) and W(s, .) passes run before (a
+    prefix each; n_W <= n_B <= j) memory is at least (j+1-n_B) M + (n_B-n_W) b + n_W c <= limit.
+    Taking n_W = n_B gives the least n_B, taking n_B = j the least n_W; B(s, n_B - 1) and
+    W(s, n_W - 1) then end before F(s, j) starts. For one stage per rank these are the
+    precedences of rank_memory_span_lower_bounds; for two (V) they count both stages.
+    """
+    m = num_microbatches
+    S, R = cost.num_stages, cost.num_ranks
+    types = _nodes(S)
+    K = len(types)
+    kid = {t: k for k, t in enumerate(types)}
+    dur = [cost.time(*t) for t in types]
+    rank_of = [cost.stage_to_rank[s] for s, _ in types]
+    # preds[x] = (y, weight): x starts at least weight after y starts; node x = j * K + k
+    preds: list[list[tuple[int, float]]] = [[] for _ in range(K * m)]
+    for j in range(m):
+        base = j * K
+        for k, (s, op) in enumerate(types):
+            row = preds[base + k]
+            for ds, dop, _ in pass_predecessors(s, op, 0, S):
+                k2 = kid[(ds, dop)]
+                row.append((base + k2, dur[k2] + (cost.comm(ds, s) if ds != s else 0.0)))
+            if j:
+                row.append((base - K + k, dur[k]))
+    if limit is not None:
+        for r in range(R):
+            allowed = limit[r] * (1 + 1e-9) + 1e-12  # what the validator accepts
+            if not math.isfinite(allowed) or not _balanced_rank(cost, r):
+                continue
+            for s in cost.rank_stages(r):
+                kf, kb, kw = kid[(s, Op.F)], kid[(s, Op.B)], kid[(s, Op.W)]
+                for j in range(m):
+                    counts = _memory_counts(cost, r, s, j, allowed)
+                    if counts is None:
+                        continue  # infeasible limit: reported elsewhere, no precedence here
+                    n_b, n_w = counts
+                    if n_b:
+                        preds[j * K + kf].append(((n_b - 1) * K + kb, dur[kb]))
+                    if n_w:
+                        preds[j * K + kf].append(((n_w - 1) * K + kw, dur[kw]))
+    succs: list[list[tuple[int, float]]] = [[] for _ in range(K * m)]
+    for x, row in enumerate(preds):
+        for y, w in row:
+            succs[y].append((x, w - dur[y % K] + dur[x % K]))  # end of y to end of x
+    N = K * m
+    # heads[x][r]: rel of node x for rank r's bound; tails[x][r] likewise (all ranks at once)
+    heads: list[list[float]] = [[_NEG] * R for _ in range(N)]
+    for r in range(R):
+        heads[kid[(min(cost.rank_stages(r)), Op.F)]][r] = 0.0
+    for x in range(N):
+        h = heads[x]
+        for y, w in preds[x]:
+            h = [a if a >= b + w else b + w for a, b in zip(h, heads[y])]
+        heads[x] = h
+    tails: list[list[float]] = [[]] * N
+    for x in range(N - 1, -1, -1):
+        q = [_NEG] * R
+        q[rank_of[x % K]] = 0.0
+        for y, w in succs[x]:  # w: from the end of x to the end of y
+            q = [a if a >= b + w else b + w for a, b in zip(q, tails[y])]
+        tails[x] = q
+    on_rank = [[(x, dur[x % K]) for x in range(N) if rank_of[x % K] == q] for q in range(R)]
+    out = []
+    for r, (head, tail) in enumerate(zip(zip(*heads), zip(*tails))):
+        best = 0.0
+        for nodes in on_rank:
+            jobs = [(head[x], d, tail[x]) for x, d in nodes if head[x] > _NEG and tail[x] > _NEG]
+            if jobs:
+                best = max(best, _jackson(jobs))
+        out.append(best)
+    return out
+
+
 def memory_span_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None) -> float:
     """Lower bound on max over ranks of the span, for schedules within ``limit`` (None: no limit)."""
-    base = rank_span_lower_bounds(cost, num_microbatches)
-    if limit is None:
-        return max(base)
-    mem = rank_memory_span_lower_bounds(cost, num_microbatches, limit)
-    return max(max(a, b) for a, b in zip(base, mem))
+    return max(_rank_bounds(cost, num_microbatches, limit))
+
+
+def _rank_bounds(cost: CostModel, num_microbatches: int, limit: list[float] | None) -> list[float]:
+    """Per rank, the best of the bounds in this module."""
+    out = [max(a, b) for a, b in zip(rank_span_lower_bounds(cost, num_microbatches),
+                                     rank_chain_span_lower_bounds(cost, num_microbatches, limit))]
+    if limit is not None:
+        out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, limit))]
+    return out
 
 
 def memory_makespan_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None) -> float:
-    """Lower bound on the makespan within ``limit``: rank r cannot start before the forwards of
-    one microbatch reach it, and then needs at least its memory-aware span."""
+    """Lower bound on the makespan within ``limit`` (None: no limit): rank r cannot start before
+    the forwards of one microbatch reach it, and then needs at least its span bound."""
     best = makespan_lower_bound(cost, num_microbatches)
-    if limit is None:
-        return best
     preds = _edges(cost)
     rel = _releases(cost, (0, Op.F), preds)
-    for r, span in enumerate(rank_memory_span_lower_bounds(cost, num_microbatches, limit)):
+    for r, span in enumerate(_rank_bounds(cost, num_microbatches, limit)):
         best = max(best, rel[(min(cost.rank_stages(r)), Op.F)] + span)
     return best

@@ -27,8 +27,8 @@ from .errors import ZbError
 from .models.gpt import GPTConfig, gpt_batch
 from .profile import Profile, save_profile
 from .profiler import Settings, builtin_gpt, profile_distributed
-from .profiler.local import run_local
 from .runtime import PipelineRuntime, emulated_loss, emulated_stages
+from .runtime.local import run_local
 from .schedule import Schedule, save_schedule
 from .solver import solve
 from .trace_format import Trace, save_trace

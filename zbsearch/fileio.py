@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from .errors import ZbError
 
-__all__ = ["parse_model", "read_model", "write_model", "validation_message"]
+__all__ = ["read_json", "parse_model", "read_model", "write_model", "validation_message"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -49,21 +49,27 @@ def parse_model(cls: type[M], data: object, where: str) -> M:
         raise ZbError(f"{where}: {validation_message(err)}") from None
 
 
-def read_model(cls: type[M], path: str | os.PathLike) -> M:
+def read_json(path: str | os.PathLike) -> object:
+    """The parsed contents of a JSON file; a missing, unreadable or malformed file is one ZbError line."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ZbError(f"{p}: no such file") from None
     except IsADirectoryError:
         raise ZbError(f"{p}: is a directory, expected a JSON file") from None
     except OSError as err:
         raise ZbError(f"{p}: cannot read ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise ZbError(f"{p}: not valid JSON (not UTF-8 text)") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise ZbError(f"{p}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
-    return parse_model(cls, data, str(p))
+
+
+def read_model(cls: type[M], path: str | os.PathLike) -> M:
+    return parse_model(cls, read_json(path), str(Path(path)))
 
 
 def write_model(model: BaseModel, path: str | os.PathLike) -> Path:

@@ -1,15 +1,14 @@
 """Measured timeline file format (``zbsearch.trace`` v1): a Chrome / Perfetto trace.
 
 The runtime writes one file per step for all ranks: one complete event ("ph": "X") per action,
-``pid`` = rank, times in microseconds from a common start (a barrier before the step). Chrome's
-``about:tracing`` and https://ui.perfetto.dev open it as it is; ``zbsearch`` reads it back with
-this model (no torch needed) to draw it beside the simulator's prediction. ``args.activations``
-(optional) is the rank's live activation bytes after the action.
+``pid`` = rank, times in microseconds on one clock for all ranks, from the step's first action.
+Chrome's ``about:tracing`` and https://ui.perfetto.dev open it as it is; ``zbsearch`` reads it
+back with this model (no torch needed) to draw it beside the simulator's prediction.
+``args.activations`` (optional) is the rank's live activation bytes after the action.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Literal
@@ -18,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .actions import Action, Op
 from .errors import ZbError
-from .fileio import validation_message, write_model
+from .fileio import read_json, validation_message, write_model
 
 __all__ = ["TraceArgs", "TraceEvent", "TraceInfo", "Trace", "load_trace", "save_trace"]
 
@@ -39,7 +38,7 @@ class TraceEvent(BaseModel):
     ph: Literal["X"] = "X"
     pid: int = Field(ge=0, description="rank")
     tid: int = 0
-    ts: float = Field(description="start, microseconds from the common start")
+    ts: float = Field(description="start, microseconds from the step's first action on any rank")
     dur: float = Field(ge=0, description="duration, microseconds")
     args: TraceArgs
 
@@ -84,25 +83,36 @@ class Trace(BaseModel):
 
 
 def load_trace(path: str | os.PathLike) -> Trace:
+    """The trace's actions; every problem is one ZbError line.
+
+    Only complete events (``"ph": "X"``, the default) are actions: metadata or counters that
+    other tools add are skipped, so an annotated file still loads. Problems name the event by
+    its index in the file.
+    """
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ZbError(f"{p}: no such file") from None
-    except (OSError, json.JSONDecodeError) as err:
-        raise ZbError(f"{p}: cannot read a trace ({err})") from None
+    data = read_json(p)
     info = data.get("zbsearch") if isinstance(data, dict) else None
     if not isinstance(info, dict) or info.get("format") != "zbsearch.trace":
         raise ZbError(f"{p}: not a zbsearch trace (no \"zbsearch\": {{\"format\": \"zbsearch.trace\"}} block)")
     if info.get("version") != 1:
         raise ZbError(f"{p}: zbsearch.trace version {info.get('version')!r} is not supported (this zbsearch reads version 1)")
+    raw = data.get("traceEvents")
+    if not isinstance(raw, list):
+        raise ZbError(f"{p}: expected a 'traceEvents' list")
+    events: list[tuple[int, TraceEvent]] = []
+    for i, ev in enumerate(raw):
+        if isinstance(ev, dict) and ev.get("ph", "X") == "X":
+            try:
+                events.append((i, TraceEvent.model_validate(ev)))
+            except ValidationError as err:
+                raise ZbError(f"{p}: traceEvents[{i}].{validation_message(err)}") from None
     try:
-        trace = Trace.model_validate(data)
+        trace = Trace.model_validate({**data, "traceEvents": [ev for _, ev in events]})
     except ValidationError as err:
         raise ZbError(f"{p}: {validation_message(err)}") from None
-    bad = next((e for e in trace.traceEvents if e.pid >= trace.zbsearch.num_ranks), None)
-    if bad is not None:
-        raise ZbError(f"{p}: event {bad.name} is on rank {bad.pid} but the trace has {trace.zbsearch.num_ranks} ranks")
+    for i, ev in events:
+        if ev.pid >= trace.zbsearch.num_ranks:
+            raise ZbError(f"{p}: traceEvents[{i}] is on rank {ev.pid} but the trace has {trace.zbsearch.num_ranks} ranks")
     return trace
 
 

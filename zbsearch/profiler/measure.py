@@ -17,7 +17,6 @@ B and W free; on CUDA what the allocator still holds after W is recorded as the 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from torch import nn
 from ..profile import StageCost
 from ..runtime.memory import ActivationMeter
 from ..runtime.split_backward import backward_input, backward_weight, forward_pass
+from ..runtime.trace import DeviceClock
 
 __all__ = ["Stats", "StageMeasurement", "measure_stage"]
 
@@ -75,26 +75,6 @@ class StageMeasurement:
         }
 
 
-class _Clock:
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.device = device
-
-    def mark(self):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def ms(self, a, b) -> float:
-        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-
-
 def measure_stage(
     module: nn.Module,
     inputs: tuple,
@@ -105,7 +85,7 @@ def measure_stage(
     tick: Callable[[], None] | None = None,
 ) -> StageMeasurement:
     """``warmup`` untimed then ``repeat`` timed repetitions of F, B, W on ``inputs``."""
-    clock = _Clock(device)
+    clock = DeviceClock(device)
     meter = ActivationMeter()
 
     def live() -> float:

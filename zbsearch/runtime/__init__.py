@@ -14,6 +14,7 @@ The only part of zbsearch that imports torch. Names load on first use, so
 ``emulated_stages``
 ``emulated_loss``
 ``to_torch_csv``       a schedule in torch.distributed.pipelining's action notation (``export``)
+``run_local``          a function on p local processes in one process group (``local``)
 =====================  ==============================================================
 
 ``PostValidatedOptimizer``, ``Verdict``: gradient clipping and the NaN/Inf skip without a
@@ -36,6 +37,7 @@ __all__ = [
     "emulated_stages",
     "emulated_loss",
     "to_torch_csv",
+    "run_local",
     "PostValidatedOptimizer",
     "SyncClippedOptimizer",
     "Verdict",
@@ -52,6 +54,7 @@ _WHERE = {
     "emulated_stages": "emulation",
     "emulated_loss": "emulation",
     "to_torch_csv": "export",
+    "run_local": "local",
     "PostValidatedOptimizer": "post_validation",
     "SyncClippedOptimizer": "post_validation",
     "Verdict": "post_validation",

@@ -11,7 +11,8 @@ right sleeps in the right pass:
 B runs it (on a first stage too, where our B still does that path; torch's runtime leaves all
 of a first stage's backward to W). ``Weight`` sleeps T_W in backward and leads only to the
 parameter, so W runs it. Each pass also holds activation memory as the profile says: Act saves
-a buffer of M_B - M_W bytes, freed by B, Weight one of M_W bytes, freed by W.
+a buffer of M_B - M_W bytes, freed by B, Weight one of M_W bytes, freed by W. Both are one timed
+identity (``_Timed``), Weight with no forward time.
 
 A sleep overshoots by the OS's wake-up latency; the overshoot is taken off the next pass's
 sleep, so each rank's total busy time is the profile's (see ``_sleep``).
@@ -45,31 +46,21 @@ def _sleep(seconds: float) -> None:
     _lag = max(0.0, _lag + time.perf_counter() - t0 - seconds)
 
 
-class _Act(torch.autograd.Function):
+class _Timed(torch.autograd.Function):
+    """The identity, sleeping ``t_fwd`` in forward and ``t_bwd`` in backward, with ``nbytes``
+    saved for backward in between."""
+
     @staticmethod
-    def forward(ctx, x, t_f, t_b, nbytes):
-        _sleep(t_f)
+    def forward(ctx, x, t_fwd, t_bwd, nbytes):
+        _sleep(t_fwd)
         ctx.save_for_backward(torch.empty(nbytes, dtype=torch.uint8, device=x.device))
-        ctx.t_b = t_b
+        ctx.t_bwd = t_bwd
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        _sleep(ctx.t_b)
+        _sleep(ctx.t_bwd)
         return grad, None, None, None
-
-
-class _Weight(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, w, t_w, nbytes):
-        ctx.save_for_backward(torch.empty(nbytes, dtype=torch.uint8, device=w.device))
-        ctx.t_w = t_w
-        return w.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        _sleep(ctx.t_w)
-        return grad, None, None
 
 
 class EmulatedStage(nn.Module):
@@ -85,8 +76,8 @@ class EmulatedStage(nn.Module):
         self.weight = nn.Parameter(torch.zeros(width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = _Weight.apply(self.weight, self.t_w, self.w_bytes)
-        return _Act.apply(x + w, self.t_f, self.t_b, self.b_bytes)
+        w = _Timed.apply(self.weight, 0.0, self.t_w, self.w_bytes)  # Weight
+        return _Timed.apply(x + w, self.t_f, self.t_b, self.b_bytes)  # Act
 
 
 def emulated_stages(

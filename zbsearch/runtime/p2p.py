@@ -14,7 +14,10 @@ action order, and both ends derive that order from the same schedule file:
   never queue behind each other. A wait can then only be for a message its sender will produce
   without help from the waiting rank, so a valid schedule cannot deadlock;
 * each message has a tag unique within the step, so gloo, which matches by tag, cannot hand
-  one message's bytes to another.
+  one message's bytes to another. No barrier separates steps, so a peer may already send
+  step n+1's messages while this rank still receives step n's: the step's parity is part of
+  the tag, so they cannot meet step n's receives. (A gloo send completes only once its
+  receive is posted, so no sender gets two steps ahead of its peer.)
 
 Shapes and dtypes: the first activation message across each stage boundary is preceded by a
 small header describing its tensors; later ones must match it (checked before sending).
@@ -147,8 +150,9 @@ class P2P:
         self._global = {peer: dist.get_global_rank(group, peer) if group is not None else peer for peer in self._peers}
         self.meta: dict[int, list[TensorMeta]] = {}  # boundary stage -> its activations' metadata
         self._header_sent: set[int] = set()
+        self._messages = len(plan)
+        self._step = -1  # steps started; its parity is part of every tag
         self.action = "(none)"  # the action being run, for error messages
-        self.start_step()
 
     @property
     def peers(self) -> list[int]:
@@ -163,6 +167,7 @@ class P2P:
         return self._group if peer < self.rank else self._down
 
     def start_step(self) -> None:
+        self._step += 1
         self._cursor = {peer: 0 for peer in self._incoming}  # next incoming message to post
         self._recvs: dict[tuple[str, int, int], _Recv] = {}
         self._sends: list[tuple[Message, dist.Work, torch.Tensor]] = []
@@ -188,8 +193,12 @@ class P2P:
 
     def _isend(self, t: torch.Tensor, msg: Message, k: int) -> None:
         peer = msg.dst
-        work = dist.isend(t, dst=self._global[peer], group=self.group_to(peer), tag=msg.index * _TAGS_PER_MESSAGE + k)
+        work = dist.isend(t, dst=self._global[peer], group=self.group_to(peer), tag=self._tag(msg, k))
         self._sends.append((msg, work, t))
+
+    def _tag(self, msg: Message, k: int) -> int:
+        """Tensor k of ``msg`` in this step (k = ``_MAX_TENSORS``: its header)."""
+        return ((self._step % 2) * self._messages + msg.index) * _TAGS_PER_MESSAGE + k
 
     def reap(self) -> None:
         """Drop finished sends (raising if one failed)."""
@@ -253,7 +262,7 @@ class P2P:
 
     def _irecv(self, t: torch.Tensor, msg: Message, k: int) -> dist.Work:
         peer = msg.src
-        return dist.irecv(t, src=self._global[peer], group=self.group_from(peer), tag=msg.index * _TAGS_PER_MESSAGE + k)
+        return dist.irecv(t, src=self._global[peer], group=self.group_from(peer), tag=self._tag(msg, k))
 
     # -- waiting ------------------------------------------------------------------------------
     def finish_step(self) -> None:

@@ -14,7 +14,12 @@ would give. Like ``backward``, ``step`` adds to ``.grad``: zero it between steps
 
 Everything that can be checked without talking to other ranks is checked in the constructor
 (schedule valid, world size, stages held, loss function); then each pair of neighbouring ranks
-exchanges a fingerprint of the schedule, so ranks that loaded different files stop at once.
+exchanges a fingerprint of the schedule, so ranks that loaded different files stop at once,
+and the ranks align their trace clocks (``trace.clock_offset``).
+
+No barrier starts a step: each rank starts the next step as soon as it has finished its own
+part of this one, and waits only for the messages its actions need (``p2p``), so no global
+synchronisation puts the makespan back between iterations.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from .errors import PipelineError
 from .memory import ActivationMeter
 from .p2p import ACT, GRAD, P2P, comm_plan
 from .split_backward import ForwardPass, backward_full, backward_input, backward_weight, forward_pass
-from .trace import StepTimer, gather_trace
+from .trace import StepTimer, clock_offset, gather_trace
 
 __all__ = ["PipelineRuntime"]
 
@@ -98,11 +103,11 @@ class PipelineRuntime:
         last_backward = {a.stage: i for i, a in enumerate(self._actions) if a.op in (Op.W, Op.BW)}
         self._done_at = {i: s for s, i in last_backward.items()}
         self._hooks: list[Callable[[int], None]] = []
-        self._timer = StepTimer(self.device)
         self._p2p = P2P(comm_plan(schedule), self.rank, group, self.device, timeout)
         # the message each action waits for from another rank, if any
         self._needs: list[tuple[str, int, int] | None] = [self._remote_input(a) for a in self._actions]
         self._handshake()
+        self._timer = StepTimer(self.device, clock_offset(self.rank, world, group, timeout))
 
     # -- public --------------------------------------------------------------------------------
     def on_stage_done(self, hook: Callable[[int], None]) -> None:
@@ -120,7 +125,6 @@ class PipelineRuntime:
         m = self.schedule.num_microbatches
         mb_inputs = self._split(inputs, "inputs") if 0 in self.stages else None
         mb_targets = self._split(targets, "targets") if self.last in self.stages else None
-        self._barrier()
         self._p2p.start_step()
         self._timer.start()
         self.meter.reset_peak()
@@ -234,16 +238,6 @@ class PipelineRuntime:
                 raise PipelineError(f"{what}: expected tensors whose first dimension splits into {m} equal microbatches, got {got}")
         chunks = [t.to(self.device).chunk(m) for t in tensors]
         return list(zip(*chunks)) if isinstance(batch, (tuple, list)) else list(chunks[0])
-
-    def _barrier(self) -> None:
-        work = dist.all_reduce(torch.zeros(1, device=self.device), group=self.group, async_op=True)
-        try:
-            work.wait(datetime.timedelta(seconds=self.timeout))
-        except Exception as err:
-            raise PipelineError(
-                f"rank {self.rank}: the barrier before the step failed or timed out after {self.timeout:g}s "
-                f"(a rank may have died or not called step): {err}"
-            ) from err
 
     def _handshake(self) -> None:
         """Neighbouring ranks check they run the same schedule (pairs in one global order)."""

@@ -2,14 +2,19 @@
 
 An action's span covers its compute only: it starts once its inputs have arrived and ends
 before its outputs are handed to the network, so gaps in the trace are the pipeline's bubbles
-and waits. On CPU the clock is ``perf_counter``; on CUDA, events on the current stream, read
-once at the end of the step, so timing never synchronises the device mid-step. Each rank's
-times count from the moment it left the barrier that starts the step.
+and waits. On CPU the clock is ``perf_counter``; on CUDA, events on the current stream
+(``DeviceClock``, the profiler's clock too), read once at the end of the step against an
+event taken at a known ``perf_counter`` time, so timing never synchronises the device mid-step.
+
+No barrier starts a step, so ranks share no start time: ``clock_offset`` measures each rank's
+clock against rank 0's once, and every rank's times are put on rank 0's clock. The gathered
+trace counts from the step's first action on any rank.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import time
 
 import torch
@@ -19,44 +24,101 @@ from ..actions import Action, Op
 from ..trace_format import Trace, TraceArgs, TraceEvent, TraceInfo
 from .errors import PipelineError
 
-__all__ = ["StepTimer", "gather_trace"]
+__all__ = ["DeviceClock", "StepTimer", "clock_offset", "gather_trace"]
 
 _OPS = list(Op)
 
 
-class StepTimer:
-    """Start/end of each action of one step on this rank."""
+class DeviceClock:
+    """Marks on the timeline the device's work runs on: ``perf_counter`` on CPU; on CUDA events
+    on the current stream, readable once the stream has reached them (``sync``)."""
 
     def __init__(self, device: torch.device) -> None:
-        self._cuda = device.type == "cuda"
-        self.rows: list[tuple[Action, float, float, float]] = []  # action, start us, end us, activation bytes
+        self.cuda = device.type == "cuda"
+        self.device = device
 
-    def start(self) -> None:
-        self.rows = []
-        self._marks: list = []
-        self._t0 = self._mark()
-
-    def _mark(self):
-        if self._cuda:
+    def mark(self):
+        if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
         return time.perf_counter()
 
+    def ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+
+class StepTimer:
+    """Start/end of each action of one step on this rank, in µs of rank 0's clock
+    (``offset``: this rank's ``perf_counter`` minus rank 0's, in seconds)."""
+
+    def __init__(self, device: torch.device, offset: float) -> None:
+        self._clock = DeviceClock(device)
+        self._offset = offset
+        self.rows: list[tuple[Action, float, float, float]] = []  # action, start us, end us, activation bytes
+
+    def start(self) -> None:
+        self.rows = []
+        self._marks: list = []
+
     def begin(self) -> None:
-        self._begin = self._mark()
+        self._begin = self._clock.mark()
 
     def end(self, action: Action, activation_bytes: float) -> None:
-        self._marks.append((action, self._begin, self._mark(), activation_bytes))
+        self._marks.append((action, self._begin, self._clock.mark(), activation_bytes))
 
     def finish(self) -> None:
-        if self._cuda:
-            torch.cuda.current_stream().synchronize()
-            us = lambda ev: self._t0.elapsed_time(ev) * 1e3  # noqa: E731 - ms to us
+        if self._clock.cuda:
+            ref = self._clock.mark()
+            ref.synchronize()  # the step's events have completed too: they precede it on the stream
+            now = time.perf_counter()
+            seconds = lambda ev: now - self._clock.ms(ev, ref) / 1e3  # noqa: E731
         else:
-            us = lambda t: (t - self._t0) * 1e6  # noqa: E731
+            seconds = lambda t: t  # noqa: E731
+        us = lambda t: (seconds(t) - self._offset) * 1e6  # noqa: E731
         self.rows = [(a, us(b), us(e), m) for a, b, e, m in self._marks]
         self._marks = []
+
+
+def clock_offset(rank: int, world: int, group: dist.ProcessGroup | None, timeout: float, rounds: int = 5) -> float:
+    """Collective: this rank's ``perf_counter`` minus rank 0's, in seconds.
+
+    NTP's estimate, over CPU messages: rank r pings rank 0 at t1, rank 0 answers with its clock,
+    rank r reads t4 when the answer arrives; of a few round trips the shortest is kept, whose
+    estimate is off by at most half of it. (The moments ranks leave a barrier are no common
+    time: gloo lets some ranks out hundreds of µs before others.) Measured once: clocks of
+    different machines drift apart by a few ppm, which over hours shifts ranks against each
+    other in the trace, never a rank's own span.
+    """
+    if world == 1:
+        return 0.0
+    if "gloo" not in dist.get_backend(group):  # NCCL: the host clocks are compared, so over gloo
+        ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        group = dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
+    rank0 = dist.get_global_rank(group, 0) if group is not None else 0
+    msg = torch.zeros(1, dtype=torch.float64)
+    what = "aligning the trace clocks"
+    if rank == 0:
+        for r in range(1, world):
+            peer = dist.get_global_rank(group, r) if group is not None else r
+            for _ in range(rounds):
+                _wait(dist.irecv(msg, peer, group=group), rank, timeout, what)
+                msg[0] = time.perf_counter()
+                _wait(dist.isend(msg, peer, group=group), rank, timeout, what)
+        return 0.0
+    best = (math.inf, 0.0)  # (round trip, offset)
+    for _ in range(rounds):
+        answer = dist.irecv(msg, rank0, group=group)  # posted first, so rank 0's answer leaves at once
+        t1 = time.perf_counter()
+        _wait(dist.isend(torch.zeros(1, dtype=torch.float64), rank0, group=group), rank, timeout, what)
+        _wait(answer, rank, timeout, what)
+        t4 = time.perf_counter()
+        best = min(best, (t4 - t1, (t1 + t4) / 2 - msg.item()))
+    return best[1]
 
 
 def gather_trace(
@@ -71,25 +133,29 @@ def gather_trace(
 ) -> Trace | None:
     """Collective: every rank's rows to rank 0 of the group, as one trace (None on other ranks)."""
     data = torch.tensor([[a.stage, _OPS.index(a.op), a.mb, b, e, m] for a, b, e, m in rows], dtype=torch.float64)
+    what = "gathering the trace"
     counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    _wait(dist.all_gather(counts, torch.tensor([len(rows)], device=device), group=group, async_op=True), rank, timeout)
+    _wait(dist.all_gather(counts, torch.tensor([len(rows)], device=device), group=group, async_op=True), rank, timeout, what)
     longest = max(int(c.item()) for c in counts)
     padded = torch.zeros(longest, 6, dtype=torch.float64, device=device)
     padded[: len(rows)] = data.reshape(-1, 6).to(device)
     parts = [torch.zeros_like(padded) for _ in range(world)]
-    _wait(dist.all_gather(parts, padded, group=group, async_op=True), rank, timeout)
+    _wait(dist.all_gather(parts, padded, group=group, async_op=True), rank, timeout, what)
     if rank != 0:
         return None
+    per_rank = [part[: int(n.item())].tolist() for part, n in zip(parts, counts)]
+    t0 = min((row[3] for rows_r in per_rank for row in rows_r), default=0.0)  # the step's first start
     events = []
-    for r, (part, n) in enumerate(zip(parts, counts)):
-        for stage, op, mb, b, e, m in part[: int(n.item())].tolist():
+    for r, rows_r in enumerate(per_rank):
+        for stage, op, mb, b, e, m in rows_r:
             a = Action(int(stage), _OPS[int(op)], int(mb))
-            events.append(TraceEvent(name=str(a), pid=r, ts=b, dur=max(e - b, 0.0), args=TraceArgs(stage=a.stage, op=a.op, mb=a.mb, activations=m)))
+            args = TraceArgs(stage=a.stage, op=a.op, mb=a.mb, activations=m)
+            events.append(TraceEvent(name=str(a), pid=r, ts=b - t0, dur=max(e - b, 0.0), args=args))
     return Trace(traceEvents=events, zbsearch=TraceInfo(schedule_kind=schedule_kind, num_ranks=world, **info))
 
 
-def _wait(work: dist.Work, rank: int, timeout: float) -> None:
+def _wait(work: dist.Work, rank: int, timeout: float, what: str) -> None:
     try:
         work.wait(datetime.timedelta(seconds=timeout))
     except Exception as err:
-        raise PipelineError(f"rank {rank}: gathering the trace failed or timed out after {timeout:g}s: {err}") from err
+        raise PipelineError(f"rank {rank}: {what} failed or timed out after {timeout:g}s: {err}") from err

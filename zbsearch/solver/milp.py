@@ -317,11 +317,13 @@ def improve(
     rows: list[list[Action]],
     deadline: float,
     on_step=None,
+    target: float = _NEG,
 ) -> tuple[list[list[Action]], ImproveStats]:
     """Large-neighbourhood search: sweep windows over the schedule until ``deadline``
     (time.monotonic()), keeping each re-optimised window that the simulator confirms is
     better. Windows grow after a sweep without improvement; a window that hits its time
-    limit makes the next ones smaller."""
+    limit makes the next ones smaller. Stops as soon as the objective reaches ``target``
+    (a lower bound: nothing better exists)."""
     c = problem.cost
     tick = time.monotonic()
     value, tl = problem.evaluate(rows)
@@ -332,8 +334,9 @@ def improve(
     unit = max(c.t_f[s] + c.t_b[s] + c.t_w[s] for s in range(c.num_stages)) * (c.num_stages // c.num_ranks)
     length = 2.0 * unit
     stats = ImproveStats()
+
     def time_left() -> bool:
-        return time.monotonic() < deadline - 2 * overhead
+        return time.monotonic() < deadline - 2 * overhead and score[0] > target
 
     while time_left():
         horizon = max(e[-1] for e in tl.end if e)
@@ -359,11 +362,13 @@ def improve(
             if on_step is not None:
                 on_step(score[0], stats)
             t1 += step
-        if t1 < horizon:
-            break  # out of time mid-sweep
+        if t1 < horizon or score[0] <= target:
+            break  # out of time mid-sweep, or optimal
         if not swept_better:
             if length >= horizon:
                 stats.converged = True
                 break
             length *= 1.5
+    if score[0] <= target:
+        stats.converged = True  # optimal: the target is a lower bound
     return rows, stats

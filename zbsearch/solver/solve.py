@@ -4,8 +4,10 @@
    per-stage costs (or, with ``uniform_costs``, on their median across stages as the paper's
    scheduler does, to show what per-stage costs buy). The best few by their own timing are
    simulated and the best kept.
-2. Prove: the lower bound is the larger of the core bounds and the memory-aware bound
-   (``zbsearch.bounds``); on small problems the exact MILP may also raise it or close it.
+2. Prove: the lower bound is the largest of the one-machine bounds over any rank's passes
+   (per pass type, and per pass with microbatch order and memory precedences) and the
+   memory-aware idle bound (``zbsearch.bounds``); on small problems the exact MILP may also
+   raise it or close it.
 3. Improve: MILP windows (``milp.improve``) until the gap closes or the time limit.
 4. Check: the final schedule is validated by the core validator, memory limit included,
    before anything is returned.
@@ -192,7 +194,9 @@ def solve(
                 windows += 1
             report("exact MILP", value)
         elif time.monotonic() < deadline:
-            rows, stats = improve(search, rows, deadline, lambda v, st: report("MILP windows", v))
+            # with uniform costs the search objective is not the true one: no early stop
+            target = float("-inf") if uniform_costs else bound * (1 + _CLOSED)
+            rows, stats = improve(search, rows, deadline, lambda v, st: report("MILP windows", v), target)
             windows, improvements = stats.windows, stats.improved
             hit_limit = not stats.converged
         else:

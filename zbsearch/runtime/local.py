@@ -1,9 +1,10 @@
 """Run a function on p local processes joined in one process group (gloo on 127.0.0.1).
 
-The demo replays schedules on p ranks of one machine, and the one-device profiler measures
-the link between two local processes; both need processes that start, report back and are
-gone afterwards even when one of them fails. Each worker runs with one CPU thread (ranks share
-the machine's cores) and may send progress messages to the parent while it works.
+The demo replays schedules on p ranks of one machine, the one-device profiler measures the
+link between two local processes, and the tests and benchmarks run the runtime on local ranks;
+all need processes that start, report back and are gone afterwards even when one of them
+fails. Each worker runs with one CPU thread (ranks share the machine's cores) and may send
+progress messages to the parent while it works.
 """
 
 from __future__ import annotations

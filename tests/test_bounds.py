@@ -1,0 +1,217 @@
+"""Lower bounds never exceed the true optimum: exhaustive search over every schedule of tiny
+instances and the exact MILP on small ones, random profiles, memory limits and placements;
+plus the cross-rank bound that proves the paper's 1.5B m=24 ZB-2p optimal."""
+
+import itertools
+
+import pytest
+from conftest import make_profile
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zbsearch import CostModel, ZbError, resolve_profile
+from zbsearch.actions import Action, Op
+from zbsearch.bounds import (
+    memory_makespan_lower_bound, memory_span_lower_bound, rank_chain_span_lower_bounds, rank_span_lower_bounds,
+    span_lower_bound,
+)
+from zbsearch.graph import pass_predecessors
+from zbsearch.limits import parse_memory_limit
+from zbsearch.schedule import v_placement
+from zbsearch.solver import Problem, smallest_feasible_limit, solve
+from zbsearch.solver.heuristic import candidate_policies, list_schedule, sequential_schedule
+from zbsearch.solver.milp import exact
+
+EPS = 1e-9
+
+
+def _rank_orders(cost: CostModel, r: int, m: int, fifo: bool) -> list[list[Action]]:
+    """Every order of rank r's passes that respects the dependencies among them (and, with
+    ``fifo``, microbatch order per stage and kind)."""
+    S = cost.num_stages
+    mine = [(s, op, j) for s in cost.rank_stages(r) for op in (Op.F, Op.B, Op.W) for j in range(m)]
+    need = {}
+    for x in mine:
+        deps, stack = set(), [x]
+        while stack:
+            for p in pass_predecessors(*stack.pop(), S):
+                if p not in deps:
+                    deps.add(p)
+                    stack.append(p)
+        need[x] = {p for p in deps if cost.stage_to_rank[p[0]] == r}
+        if fifo and x[2] > 0:
+            need[x].add((x[0], x[1], x[2] - 1))
+    out: list[list[Action]] = []
+
+    def rec(done: set, seq: list) -> None:
+        if len(seq) == len(mine):
+            out.append([Action(*x) for x in seq])
+            return
+        for x in mine:
+            if x not in done and need[x] <= done:
+                done.add(x)
+                seq.append(x)
+                rec(done, seq)
+                seq.pop()
+                done.remove(x)
+
+    rec(set(), [])
+    return out
+
+
+def _brute_force(problem: Problem, fifo: bool = True) -> float:
+    """The least objective over every combination of rank orders that runs and fits."""
+    c, m = problem.cost, problem.num_microbatches
+    best = float("inf")
+    for rows in itertools.product(*(_rank_orders(c, r, m, fifo) for r in range(c.num_ranks))):
+        try:
+            value, tl = problem.evaluate(list(rows))
+        except ZbError:  # the orders deadlock across ranks
+            continue
+        if problem.fits(tl):
+            best = min(best, value)
+    return best
+
+
+def _instance(draw, p: int, chunks: int = 1):
+    times = [(draw(st.floats(0.3, 2.0)), draw(st.floats(0.3, 2.0)), draw(st.floats(0.1, 1.5))) for _ in range(p)]
+    m_w = draw(st.floats(0.0, 1.0))
+    prof = make_profile(p, stages=times, m_w=m_w, t_comm=draw(st.sampled_from([0.0, 0.05, 0.4])))
+    cost = CostModel.from_profile(prof, v_placement(p) if chunks == 2 else list(range(p)))
+    return prof, cost
+
+
+@st.composite
+def tiny(draw):
+    p, m = draw(st.sampled_from([(2, 2), (2, 3), (3, 2)]))
+    prof, cost = _instance(draw, p)
+    least = smallest_feasible_limit(cost, m)
+    limit = None if draw(st.booleans()) else [x * draw(st.floats(1.0, 2.0 * m)) for x in least]
+    return cost, m, limit
+
+
+@given(tiny(), st.sampled_from(["span", "makespan"]))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_bounds_never_exceed_the_exhaustive_optimum(case, objective):
+    cost, m, limit = case
+    problem = Problem(cost, m, None if limit is None else tuple(limit), objective)
+    best = _brute_force(problem)
+    bound = (memory_span_lower_bound if objective == "span" else memory_makespan_lower_bound)(cost, m, limit)
+    assert bound <= best + EPS
+
+
+@given(tiny())
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_microbatch_order_loses_nothing_on_tiny_cases(case):
+    # the bounds lean on FIFO being without loss of generality: check it against every order
+    cost, m, limit = case
+    if cost.num_ranks * m > 4:
+        return  # all orders of larger cases take too long
+    problem = Problem(cost, m, None if limit is None else tuple(limit))
+    assert _brute_force(problem, fifo=False) == pytest.approx(_brute_force(problem, fifo=True), abs=EPS)
+
+
+@st.composite
+def small(draw):
+    chunks = draw(st.sampled_from([1, 1, 2]))
+    p, m = draw(st.sampled_from([(2, 2)] if chunks == 2 else [(2, 4), (3, 3), (3, 4)]))
+    prof, cost = _instance(draw, p, chunks)
+    least = smallest_feasible_limit(cost, m)
+    limit = None if draw(st.integers(0, 3)) == 0 else [x * draw(st.floats(1.0, 2.0 * m)) for x in least]
+    return cost, m, limit
+
+
+@given(small())
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_bounds_never_exceed_the_exact_milp_optimum(case):
+    cost, m, limit = case
+    problem = Problem(cost, m, None if limit is None else tuple(limit))
+    res = exact(problem, sequential_schedule(problem), 20)
+    assert res is not None
+    value, tl = problem.evaluate(res.rows)
+    assert problem.fits(tl)
+    bound = memory_span_lower_bound(cost, m, limit)
+    assert bound <= value + EPS
+    if res.optimal:  # HiGHS's dual bound of the exact model is a bound too: ours may not pass the optimum
+        assert bound <= res.dual_bound + 1e-5 * value
+
+
+@st.composite
+def medium(draw):
+    chunks = draw(st.sampled_from([1, 2]))
+    p = draw(st.integers(2, 5))
+    m = draw(st.integers(p, 3 * p))
+    prof, cost = _instance(draw, p, chunks)
+    least = smallest_feasible_limit(cost, m)
+    limit = None if draw(st.integers(0, 3)) == 0 else [x * draw(st.floats(1.0, 2.0 * p)) for x in least]
+    return cost, m, limit
+
+
+@given(medium())
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_bounds_hold_for_every_heuristic_schedule_and_are_at_least_the_old_ones(case):
+    cost, m, limit = case
+    problem = Problem(cost, m, None if limit is None else tuple(limit))
+    bound = memory_span_lower_bound(cost, m, limit)
+    chain = rank_chain_span_lower_bounds(cost, m, limit)
+    assert all(c >= cost.rank_busy(r, m) - EPS for r, c in enumerate(chain))
+    assert max(chain) <= bound + EPS and span_lower_bound(cost, m) <= bound + EPS
+    for policy in candidate_policies()[:10]:
+        out = list_schedule(problem, policy)
+        if out is not None:
+            value, tl = problem.evaluate(out[0])
+            if problem.fits(tl):
+                assert value >= bound - EPS
+                assert min(tl.span[r] for r in range(cost.num_ranks)) >= 0
+                # every rank's own span, not just the longest, is bounded
+                assert all(tl.span[r] >= x - EPS for r, x in enumerate(rank_span_lower_bounds(cost, m)))
+    value, tl = problem.evaluate(sequential_schedule(problem))
+    assert value >= bound - EPS
+
+
+def test_the_last_rank_bounds_rank_0_and_proves_zb_2p_optimal_at_m24():
+    # 1.5B p=8 m=24: rank 7 must run F and B of all 24 microbatches, which it can start only
+    # 7 (T_F + comm) after rank 0 starts; then the last B still has to come down to rank 0
+    # and be followed by a W. That is 1152.599 ms of rank 0's span, at any memory limit.
+    prof = resolve_profile("1.5b-m24")
+    cost = CostModel.from_profile(prof, list(range(8)))
+    t = prof.stages[0]
+    c = prof.t_comm
+    expected = 7 * (t.t_f + c) + 24 * (t.t_f + t.t_b) + 7 * (t.t_b + c) + t.t_w
+    assert span_lower_bound(cost, 24) == pytest.approx(expected, abs=1e-9)
+    assert expected == pytest.approx(1152.599, abs=1e-3)
+    busy = 24 * (t.t_f + t.t_b + t.t_w)
+    assert 1 - busy / expected == pytest.approx(0.0433, abs=1e-4)  # the paper's ZB-2p bubble
+    res = solve(prof, 24, "2p", time_limit=10)
+    assert res.info.status == "optimal" and res.info.value == pytest.approx(expected, abs=1e-6)
+    assert res.info.lower_bound == pytest.approx(expected, abs=1e-6)
+
+
+def test_memory_precedences_count_both_stages_of_a_v_rank():
+    # V at the smallest limit: the two-stage precedences (room for both stages' activations)
+    # raise the bound, which stays below the exact optimum
+    prof = make_profile(2, t_comm=0.1)
+    cost = CostModel.from_profile(prof, v_placement(2))
+    m = 3
+    least = smallest_feasible_limit(cost, m)
+    problem = Problem(cost, m, tuple(least))
+    res = exact(problem, sequential_schedule(problem), 30)
+    assert res is not None and res.optimal
+    optimum = problem.evaluate(res.rows)[0]
+    with_memory = max(rank_chain_span_lower_bounds(cost, m, least))
+    assert max(rank_chain_span_lower_bounds(cost, m, None)) + 1.0 < with_memory <= optimum + EPS
+    assert memory_span_lower_bound(cost, m, least) <= optimum + EPS
+
+
+def test_chain_bound_certifies_a_heterogeneous_1p_schedule():
+    prof = resolve_profile("1.5b-m24")
+    stages = [st_.model_copy(update={"t_f": st_.t_f * f, "t_b": st_.t_b * f, "t_w": st_.t_w * f})
+              for st_, f in zip(prof.stages, [1.2] + [1.0] * 6 + [1.5])]
+    prof = prof.model_copy(update={"stages": stages})
+    cost = CostModel.from_profile(prof, list(range(8)))
+    limit = parse_memory_limit("1p", prof, cost)
+    chain = max(rank_chain_span_lower_bounds(cost, 24, limit))
+    assert chain > max(rank_span_lower_bounds(cost, 24)) + 1.0
+    problem = Problem(cost, 24, tuple(limit))
+    values = [problem.evaluate(out[0])[0] for pol in candidate_policies() if (out := list_schedule(problem, pol))]
+    assert min(values) >= chain - EPS
