@@ -17,8 +17,9 @@ J may also be pass types of *another* rank q, as long as each is reachable from 
 first pass (finite release) and reaches one of the rank's passes (finite tail): rank q is a
 machine too, and rank r cannot end before q has done that work and the tail has run. With
 J = {F, B} of the last rank this bounds rank 0's span by the fill time to the last stage,
-m (T_F + T_B) there and the drain of the last backward down to rank 0 plus a W: when the
-W time is short (m T_W < fill + drain), no schedule has zero bubble at any memory limit.
+(p-1)(T_F + comm), then m (T_F + T_B) there, then the drain of the last backward down to
+rank 0 and its W, (p-1)(T_B + comm) + T_W. Whenever (p-1)(T_F + T_B + 2 comm) + T_W > m T_W
+no schedule has zero bubble, at any memory limit (1.5B, p=8, m=24: 4.33% at least).
 The makespan bound is the same with releases measured from the global start and tails up to
 the last pass anywhere. Communication is a latency on dependency edges between ranks, as in
 the simulator. Splitting or fusing B and W cannot beat these bounds, so they also hold for
