@@ -100,9 +100,9 @@ class Profile(BaseModel):
         return self.t_comm[boundary] if isinstance(self.t_comm, list) else self.t_comm
 
     def mean_comm(self) -> float:
-        return sum(self.t_comm) / len(self.t_comm) if isinstance(self.t_comm, list) and self.t_comm else float(
-            self.t_comm if not isinstance(self.t_comm, list) else 0.0
-        )
+        if not isinstance(self.t_comm, list):
+            return self.t_comm
+        return sum(self.t_comm) / len(self.t_comm) if self.t_comm else 0.0
 
 
 def load_profile(path: str | os.PathLike) -> Profile:

@@ -76,7 +76,7 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
 
     cost = CostModel.from_profile(profile or schedule.profile, schedule.stage_to_rank)
     try:
-        simulate(rows, cost)
+        tl = simulate(rows, cost)
     except Deadlock as dead:
         return "deadlock: " + _wait_cycle(dead.waits)
 
@@ -85,9 +85,7 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
         if len(limit) != schedule.num_ranks:
             return f"memory limit has {len(limit)} values for {schedule.num_ranks} ranks"
         for r, row in enumerate(rows):
-            cur = 0.0
-            for i, a in enumerate(row):
-                cur += cost.memory(a.stage, a.op)
+            for i, (a, cur) in enumerate(zip(row, tl.memory[r])):
                 if cur > limit[r] * (1 + _MEM_RTOL) + 1e-12:
                     return (
                         f"rank {r}: memory reaches {cur:.6g} after {a} (position {i}), "
