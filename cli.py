@@ -224,7 +224,7 @@ def export(
     if str(output) == "-":
         sys.stdout.write(text)
     else:
-        output.write_text(text)
+        zb.fileio.write_text(output, text)
         err.print(f"wrote {output}")
 
 

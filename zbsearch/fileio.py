@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from .errors import ZbError
 
-__all__ = ["read_json", "parse_model", "read_model", "write_model", "validation_message"]
+__all__ = ["read_json", "parse_model", "read_model", "write_model", "write_text", "validation_message"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -73,15 +73,24 @@ def read_model(cls: type[M], path: str | os.PathLike) -> M:
 
 
 def write_model(model: BaseModel, path: str | os.PathLike) -> Path:
+    return write_text(path, model.model_dump_json(indent=1, exclude_none=False) + "\n")
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write through a temporary file and rename, so a failed write leaves no partial file."""
     p = Path(path)
-    if p.parent and not p.parent.exists():
+    try:
         p.parent.mkdir(parents=True, exist_ok=True)
-    text = model.model_dump_json(indent=1, exclude_none=False)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    except OSError as err:
+        raise ZbError(f"{p}: cannot write ({err.strerror})") from None
     try:
         with os.fdopen(fd, "w") as fh:
-            fh.write(text + "\n")
+            fh.write(text)
         os.replace(tmp, p)
+    except IsADirectoryError:
+        Path(tmp).unlink(missing_ok=True)
+        raise ZbError(f"{p}: is a directory") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -11,7 +11,7 @@ from html import escape
 from pathlib import Path
 
 from ..actions import Op
-from ..errors import ZbError
+from ..fileio import write_text
 from .gantt import OP_NAMES, Panel, colour, nice_ticks, text_colour, tick_label
 
 __all__ = ["write_html"]
@@ -92,7 +92,4 @@ def write_html(panels: list[Panel], path: Path, title: str | None = None) -> Non
         + "\n".join(body)
         + "\n</body>\n</html>\n"
     )
-    try:
-        path.write_text(doc)
-    except OSError as err:
-        raise ZbError(f"{path}: cannot write ({err.strerror})") from None
+    write_text(path, doc)

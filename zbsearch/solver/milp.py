@@ -48,6 +48,9 @@ _NEG = float("-inf")
 _INF = float("inf")
 
 
+_FEASIBILITY_TOL = 1e-10
+
+
 class _HiGHS(pulp.HiGHS):
     """PuLP's HiGHS interface plus a full warm-start solution and the MIP dual bound."""
 
@@ -63,6 +66,10 @@ class _HiGHS(pulp.HiGHS):
         sol.col_value = [self.start.get(v.name, 0.0) for v in lp.variables()]
         sol.value_valid = True
         h.setSolution(sol)
+        # HiGHS accepts rows violated by up to 1e-7 by default; memory deltas can be that small,
+        # so a tolerated violation would be a real overflow the validator rejects.
+        for option in ("primal_feasibility_tolerance", "mip_feasibility_tolerance"):
+            h.setOptionValue(option, _FEASIBILITY_TOL)
         h.run()
         self.model_status = h.getModelStatus()
         info = h.getInfo()
