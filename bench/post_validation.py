@@ -42,7 +42,7 @@ import torch.distributed as dist
 from zbsearch import build_classic, resolve_profile, timeline
 from zbsearch.runtime import PipelineRuntime, emulated_loss, emulated_stages
 from zbsearch.runtime import post_validation as pv
-from zbsearch.runtime.local import run_local
+from zbsearch.distributed import run_local
 from zbsearch.solver.solve import solve
 
 P, M = 4, 8

@@ -32,8 +32,8 @@ import zbsearch as zb
 from zbsearch.models import GPTConfig, gpt_batch
 from zbsearch.profiler import PassAgreement, Settings, builtin_gpt, profile_one_device, runtime_vs_profile
 from zbsearch.runtime import PipelineRuntime
-from zbsearch.runtime.local import run_local
-from zbsearch.trace_format import Trace
+from zbsearch.distributed import run_local
+from zbsearch.formats.trace import Trace
 
 OUT = Path(__file__).resolve().parent / "results" / "profiler.json"
 

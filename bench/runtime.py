@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import zbsearch as zb
-from zbsearch.schedule import v_placement
+from zbsearch.formats.schedule import v_placement
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDTH = 16
@@ -200,7 +200,7 @@ def real_worker(rank, world, send, m, iters, warmup, hidden, layers) -> dict | N
 # -- launching -----------------------------------------------------------------------------------
 def launch(fn, world: int, *args):
     """Rank 0's result of ``fn(rank, world, send, *args)`` on ``world`` local ranks."""
-    from zbsearch.runtime.local import run_local
+    from zbsearch.distributed import run_local
 
     return run_local(fn, world, *args, timeout=3600)[0]
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import zbsearch as zb
 from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
 from zbsearch.runtime import PipelineRuntime
-from zbsearch.trace_format import save_trace
+from zbsearch.formats.trace import save_trace
 
 
 def main() -> None:

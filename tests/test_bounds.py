@@ -5,7 +5,7 @@ plus the cross-rank bound that proves the paper's 1.5B m=24 ZB-2p optimal."""
 import itertools
 
 import pytest
-from conftest import make_profile
+from tests.helpers import make_profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,9 +15,9 @@ from zbsearch.bounds import (
     memory_makespan_lower_bound, memory_span_lower_bound, rank_chain_span_lower_bounds, rank_memory_span_lower_bounds,
     rank_span_lower_bounds, span_lower_bound,
 )
-from zbsearch.graph import pass_predecessors
+from zbsearch.dependencies import pass_predecessors
 from zbsearch.limits import parse_memory_limit
-from zbsearch.schedule import v_placement
+from zbsearch.formats.schedule import v_placement
 from zbsearch.solver import Problem, smallest_feasible_limit, solve
 from zbsearch.solver.heuristic import candidate_policies, list_schedule, sequential_schedule
 from zbsearch.solver.milp import exact

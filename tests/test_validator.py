@@ -8,7 +8,7 @@ from zbsearch import (
     CLASSIC_KINDS, CostModel, InvalidSchedule, Schedule, build_classic, find_problem, makespan_lower_bound,
     span_lower_bound, timeline, validate,
 )
-from conftest import make_profile
+from tests.helpers import make_profile
 
 
 def _edit(sched, rows):

@@ -33,7 +33,7 @@ import math
 
 from .actions import Op
 from .costs import CostModel
-from .graph import pass_predecessors
+from .dependencies import pass_predecessors
 
 __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .actions import Op
 from .errors import ZbError
-from .profile import Profile
+from .formats.profile import Profile
 
 __all__ = ["CostModel"]
 

@@ -11,7 +11,7 @@ import re
 
 from .costs import CostModel
 from .errors import ZbError
-from .profile import Profile
+from .formats.profile import Profile
 
 __all__ = ["parse_memory_limit"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .bounds import makespan_lower_bound, span_lower_bound
 from .costs import CostModel
-from .schedule import Predicted, Schedule
+from .formats.schedule import Predicted, Schedule
 from .simulator import Timeline, simulate
 
 __all__ = ["cost_model", "timeline", "predict", "with_prediction"]

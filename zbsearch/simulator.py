@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .actions import Action
 from .costs import CostModel
 from .errors import ZbError
-from .graph import action_index, action_predecessors
+from .dependencies import action_index, action_predecessors
 
 __all__ = ["Timeline", "Deadlock", "simulate", "bubble_rate"]
 

@@ -17,9 +17,9 @@ import networkx as nx
 from .actions import Action, Op
 from .costs import CostModel
 from .errors import ZbError
-from .graph import action_index, action_predecessors
-from .profile import Profile
-from .schedule import Schedule
+from .dependencies import action_index, action_predecessors
+from .formats.profile import Profile
+from .formats.schedule import Schedule
 from .simulator import Deadlock, simulate
 
 __all__ = ["InvalidSchedule", "find_problem", "validate"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 from ..costs import CostModel
 from ..errors import ZbError
 from ..predict import with_prediction
-from ..profile import Profile
-from ..schedule import Schedule, looped_placement, v_placement
+from ..formats.profile import Profile
+from ..formats.schedule import Schedule, looped_placement, v_placement
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
 from .one_f_one_b import one_f_one_b

@@ -55,7 +55,7 @@ from itertools import product
 from ..actions import Action, Op
 from ..costs import CostModel
 from ..errors import ZbError
-from ..schedule import v_placement
+from ..formats.schedule import v_placement
 
 _EPS = 1e-9
 

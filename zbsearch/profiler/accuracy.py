@@ -12,8 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ..actions import Op
-from ..profile import Profile
-from ..trace_format import Trace
+from ..formats.profile import Profile
+from ..formats.trace import Trace
 
 __all__ = ["PassAgreement", "runtime_vs_profile"]
 

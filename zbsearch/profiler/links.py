@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..runtime.local import run_local
+from ..distributed import run_local
 
 __all__ = ["LinkModel", "pingpong", "estimate_link"]
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..profile import StageCost
+from ..formats.profile import StageCost
 from ..runtime.memory import ActivationMeter
 from ..runtime.split_backward import backward_input, backward_weight, forward_pass
-from ..runtime.trace import DeviceClock
+from ..distributed.clock import DeviceClock
 
 __all__ = ["Stats", "StageMeasurement", "measure_stage"]
 

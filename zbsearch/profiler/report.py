@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ..profile import Profile
+from ..formats.profile import Profile
 
 __all__ = ["progress_bar", "summary_table"]
 

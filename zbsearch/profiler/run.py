@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ZbError
-from ..profile import Profile
+from ..formats.profile import Profile
 from .links import LinkModel, estimate_link, pingpong
 from .measure import StageMeasurement, measure_stage
 from .settings import Settings, device_name, resolve_device, resolve_dtype

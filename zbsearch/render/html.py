@@ -11,7 +11,7 @@ from html import escape
 from pathlib import Path
 
 from ..actions import Op
-from ..fileio import write_text
+from ..formats.fileio import write_text
 from .gantt import OP_NAMES, Panel, colour, nice_ticks, text_colour, tick_label
 
 __all__ = ["write_html"]

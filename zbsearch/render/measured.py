@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ZbError
-from ..trace_format import load_trace
+from ..formats.trace import load_trace
 from .gantt import Panel, intervals_panel
 
 __all__ = ["load_measured", "with_measured"]

@@ -1,7 +1,6 @@
 """Replay zbsearch schedules in torch.distributed, with the backward split into B and W.
 
-The only part of zbsearch that imports torch. Names load on first use, so
-``zbsearch.runtime.export`` (pure Python) works without torch.
+Names load on first use, so importing the package costs nothing until a name is used.
 
 =====================  ==============================================================
 ``PipelineRuntime``    one rank's replay of a schedule (``runtime``)
@@ -13,8 +12,6 @@ The only part of zbsearch that imports torch. Names load on first use, so
 ``EmulatedStage``      a stage whose passes take set times (``emulation``)
 ``emulated_stages``
 ``emulated_loss``
-``to_torch_csv``       a schedule in torch.distributed.pipelining's action notation (``export``)
-``run_local``          a function on p local processes in one process group (``local``)
 =====================  ==============================================================
 
 ``PostValidatedOptimizer``, ``Verdict``: gradient clipping and the NaN/Inf skip without a
@@ -36,8 +33,6 @@ __all__ = [
     "EmulatedStage",
     "emulated_stages",
     "emulated_loss",
-    "to_torch_csv",
-    "run_local",
     "PostValidatedOptimizer",
     "SyncClippedOptimizer",
     "Verdict",
@@ -53,8 +48,6 @@ _WHERE = {
     "EmulatedStage": "emulation",
     "emulated_stages": "emulation",
     "emulated_loss": "emulation",
-    "to_torch_csv": "export",
-    "run_local": "local",
     "PostValidatedOptimizer": "post_validation",
     "SyncClippedOptimizer": "post_validation",
     "Verdict": "post_validation",

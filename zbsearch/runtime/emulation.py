@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..costs import CostModel
-from ..profile import Profile
+from ..formats.profile import Profile
 
 __all__ = ["EmulatedStage", "emulated_stages", "emulated_loss"]
 

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ..actions import Op
-from ..schedule import Schedule
+from ..formats.schedule import Schedule
 from .errors import PipelineError
 
 __all__ = ["ACT", "GRAD", "Message", "TensorMeta", "comm_plan", "P2P"]

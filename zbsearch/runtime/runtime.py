@@ -34,8 +34,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..actions import Action, Op
-from ..schedule import Schedule
-from ..trace_format import Trace
+from ..formats.schedule import Schedule
+from ..formats.trace import Trace
 from ..validator import find_problem
 from .errors import PipelineError
 from .memory import ActivationMeter

@@ -3,7 +3,7 @@
 An action's span covers its compute only: it starts once its inputs have arrived and ends
 before its outputs are handed to the network, so gaps in the trace are the pipeline's bubbles
 and waits. On CPU the clock is ``perf_counter``; on CUDA, events on the current stream
-(``DeviceClock``, the profiler's clock too), read once at the end of the step against an
+(``distributed.clock.DeviceClock``, the profiler's clock too), read once at the end of the step against an
 event taken at a known ``perf_counter`` time, so timing never synchronises the device mid-step.
 
 No barrier starts a step, so ranks share no start time: ``clock_offset`` measures each rank's
@@ -21,35 +21,13 @@ import torch
 import torch.distributed as dist
 
 from ..actions import Action, Op
-from ..trace_format import Trace, TraceArgs, TraceEvent, TraceInfo
+from ..distributed.clock import DeviceClock
+from ..formats.trace import Trace, TraceArgs, TraceEvent, TraceInfo
 from .errors import PipelineError
 
-__all__ = ["DeviceClock", "StepTimer", "clock_offset", "gather_trace"]
+__all__ = ["StepTimer", "clock_offset", "gather_trace"]
 
 _OPS = list(Op)
-
-
-class DeviceClock:
-    """Marks on the timeline the device's work runs on: ``perf_counter`` on CPU; on CUDA events
-    on the current stream, readable once the stream has reached them (``sync``)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.device = device
-
-    def mark(self):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def ms(self, a, b) -> float:
-        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
 
 
 class StepTimer:

@@ -6,7 +6,7 @@ costs, improves them with MILP windows (PuLP + HiGHS), and reports a provable lo
 """
 
 from .feasibility import check_limit, smallest_feasible_limit
-from .frontier import Frontier, FrontierPoint, frontier, save_frontier, save_frontier_plot
+from .frontier import frontier
 from .problem import Objective, Problem
 from .solve import SolveResult, SolverInfo, placement, solve, uniform_profile
 
@@ -21,8 +21,4 @@ __all__ = [
     "placement",
     "uniform_profile",
     "frontier",
-    "Frontier",
-    "FrontierPoint",
-    "save_frontier",
-    "save_frontier_plot",
 ]

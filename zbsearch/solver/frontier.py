@@ -1,4 +1,4 @@
-"""Bubble rate against memory limit (``zbsearch.frontier`` v1 file format, and a plot).
+"""Bubble rate against memory limit: the sweep (file format in ``formats.frontier``, plot in ``render``).
 
 The sweep runs from the smallest feasible limit up to the peak memory of the best schedule
 found without a limit: past that peak a larger limit cannot change anything, and the sweep
@@ -8,49 +8,17 @@ stops earlier once a point's bubble is as low as the unlimited one.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from ..costs import CostModel
-from ..fileio import write_model
-from ..profile import Profile
+from ..formats.frontier import Frontier, FrontierPoint
+from ..formats.profile import Profile
 from ..simulator import bubble_rate
 from .feasibility import smallest_feasible_limit
 from .problem import Objective
 from .solve import placement, solve
 
-__all__ = ["FrontierPoint", "Frontier", "frontier", "save_frontier", "save_frontier_plot"]
-
-
-class FrontierPoint(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    limit: float = Field(description="memory limit as x in x * p * M_B per rank")
-    bubble_rate: float = Field(description="bubble rate of the objective (span or makespan)")
-    bound_bubble_rate: float = Field(description="the least bubble rate the lower bound allows")
-    span: float
-    makespan: float
-    peak_memory: list[float]
-    lower_bound: float
-    gap: float
-    status: str
-
-
-class Frontier(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    format: Literal["zbsearch.frontier"] = "zbsearch.frontier"
-    version: Literal[1] = 1
-    profile: str
-    num_microbatches: int
-    chunks: int
-    objective: Objective
-    uniform_costs: bool
-    unlimited_bubble_rate: float
-    points: list[FrontierPoint]
+__all__ = ["frontier"]
 
 
 def _grid(lo: float, hi: float, step: float = 0.25) -> list[float]:
@@ -100,30 +68,3 @@ def frontier(
         profile=profile.name, num_microbatches=m, chunks=chunks, objective=objective, uniform_costs=uniform_costs,
         unlimited_bubble_rate=unlimited, points=points,
     )
-
-
-def save_frontier_plot(fr: Frontier, path: str | os.PathLike) -> None:
-    """Bubble rate and its lower bound against the limit (PNG, SVG or PDF by suffix)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    xs = [pt.limit for pt in fr.points]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-    ax.plot(xs, [pt.bubble_rate for pt in fr.points], "o-", label="best schedule found")
-    ax.plot(xs, [pt.bound_bubble_rate for pt in fr.points], "--", color="grey", label="lower bound")
-    ax.axhline(fr.unlimited_bubble_rate, color="green", lw=0.8, ls=":", label="no memory limit")
-    ax.set_xlabel("memory limit (x p M_B per rank)")
-    ax.set_ylabel("bubble rate")
-    ax.set_title(f"{fr.profile}, m={fr.num_microbatches}, {fr.chunks} chunk{'s' * (fr.chunks > 1)}, {fr.objective}")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def save_frontier(fr: Frontier, path: str | os.PathLike) -> None:
-    write_model(fr, path)

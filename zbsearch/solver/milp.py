@@ -38,7 +38,7 @@ import highspy
 import pulp
 
 from ..actions import Action, Op
-from ..graph import action_index, pass_predecessors
+from ..dependencies import action_index, pass_predecessors
 from ..simulator import Timeline
 from .problem import Problem
 

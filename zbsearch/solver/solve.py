@@ -31,8 +31,8 @@ from ..costs import CostModel
 from ..errors import ZbError
 from ..limits import parse_memory_limit
 from ..predict import with_prediction
-from ..profile import Profile
-from ..schedule import Schedule, v_placement
+from ..formats.profile import Profile
+from ..formats.schedule import Schedule, v_placement
 from ..simulator import Timeline
 from ..validator import validate
 from .feasibility import check_limit

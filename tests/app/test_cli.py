@@ -6,12 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.helpers import cli_command
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def zbsearch(*args, cwd=None):
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([*cli_command(), *map(str, args)], capture_output=True, text=True, cwd=cwd)
 
 
 def test_schedule_simulate_validate_round_trip(tmp_path):

@@ -15,8 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .actions import Action, Op
-from .errors import ZbError
+from ..actions import Action, Op
+from ..errors import ZbError
 from .fileio import read_json, validation_message, write_model
 
 __all__ = ["TraceArgs", "TraceEvent", "TraceInfo", "Trace", "load_trace", "save_trace"]

@@ -2,7 +2,7 @@
 
 One file per (model, m) because the paper profiled each setting separately. Memory is in units
 of M_B: F allocates 1, B frees 1 - M_W/M_B, W frees M_W/M_B = 32h / (34h + 5as), s = 1024.
-Run: python profiles/paper/generate.py
+Run: python zbsearch/profiles/paper/generate.py
 """
 
 import json

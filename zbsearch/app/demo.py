@@ -21,17 +21,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import render
-from .classic import build_classic
-from .errors import ZbError
-from .models.gpt import GPTConfig, gpt_batch
-from .profile import Profile, save_profile
-from .profiler import Settings, builtin_gpt, profile_distributed
-from .runtime import PipelineRuntime, emulated_loss, emulated_stages
-from .runtime.local import run_local
-from .schedule import Schedule, save_schedule
-from .solver import solve
-from .trace_format import Trace, save_trace
+from .. import render
+from ..classic import build_classic
+from ..errors import ZbError
+from ..models.gpt import GPTConfig, gpt_batch
+from ..formats.profile import Profile, save_profile
+from ..profiler import Settings, builtin_gpt, profile_distributed
+from ..runtime import PipelineRuntime, emulated_loss, emulated_stages
+from ..distributed import run_local
+from ..formats.schedule import Schedule, save_schedule
+from ..solver import solve
+from ..formats.trace import Trace, save_trace
 
 __all__ = ["DemoConfig", "DemoRun", "run_demo"]
 

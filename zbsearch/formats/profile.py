@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import ZbError
+from ..errors import ZbError
 from .fileio import read_model, write_model
 
 __all__ = ["StageCost", "Profile", "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES"]
@@ -113,16 +114,18 @@ def save_profile(profile: Profile, path: str | os.PathLike) -> None:
     write_model(profile, path)
 
 
-BUNDLED_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
+# Shipped inside the package (package data), so a wheel install has them too.
+BUNDLED_PROFILES = Path(str(resources.files("zbsearch") / "profiles"))
 
 
 def resolve_profile(name_or_path: str | os.PathLike) -> Profile:
-    """Load a profile from a path, or by name from the bundled ``profiles/`` folder."""
+    """Load a profile from a path, or by name from the bundled ``zbsearch/profiles/`` folder."""
     p = Path(name_or_path)
     if p.exists() or p.suffix == ".json" or len(p.parts) > 1:
         return load_profile(p)
-    matches = sorted(BUNDLED_PROFILES.rglob(f"{p.name}.json"))
+    bundled = sorted(BUNDLED_PROFILES.rglob("*.json"))
+    matches = [x for x in bundled if x.stem == p.name]  # an exact name, never a glob
     if not matches:
-        known = ", ".join(sorted(x.stem for x in BUNDLED_PROFILES.rglob("*.json"))) or "none"
+        known = ", ".join(sorted(x.stem for x in bundled)) or "none"
         raise ZbError(f"no profile file {str(p)!r} and no bundled profile of that name (bundled: {known})")
     return load_profile(matches[0])

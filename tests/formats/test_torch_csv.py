@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import zbsearch as zb
-from zbsearch.runtime.export import to_torch_csv
-from zbsearch.runtime.local import run_local
+from zbsearch.formats.torch_csv import to_torch_csv
+from zbsearch.distributed import run_local
 
-from runtime_support import copy_stages, toy_batch, toy_loss, toy_stages, uniform_profile
+from tests.helpers.toy import copy_stages, toy_batch, toy_loss, toy_stages, uniform_profile
+from tests.helpers import cli_command
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_torch_letters_for_our_ops():
@@ -32,7 +32,7 @@ def test_torch_letters_for_our_ops():
 def test_cli_export(tmp_path):
     sched = tmp_path / "v.json"
     zb.save_schedule(zb.build_classic("zb-v", uniform_profile(2), 4), sched)
-    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, a)], capture_output=True, text=True)  # noqa: E731
+    run = lambda *a: subprocess.run([*cli_command(), *map(str, a)], capture_output=True, text=True)  # noqa: E731
     r = run("export", sched, "--to", "torch-csv", "-o", tmp_path / "v.csv")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "v.csv").read_text() == to_torch_csv(zb.load_schedule(sched))

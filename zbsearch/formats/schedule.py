@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from .actions import Action, parse_action
-from .errors import ZbError
+from ..actions import Action, parse_action
+from ..errors import ZbError
 from .fileio import read_model, write_model
 from .profile import Profile
 

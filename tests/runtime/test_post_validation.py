@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from zbsearch import Profile, StageCost, build_classic
-from zbsearch.runtime.local import run_local
+from zbsearch.distributed import run_local
 
 P, M, D, BATCH, STEPS = 4, 4, 6, 8, 6
 MAX_NORM = 2.0

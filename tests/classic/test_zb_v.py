@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zbsearch import CostModel, Profile, StageCost, ZbError, build_classic, find_problem, resolve_profile
-from conftest import make_profile
+from tests.helpers import make_profile
 
 
 def _limit(sched):

@@ -25,13 +25,13 @@ from zbsearch.runtime import (
     backward_weight,
     forward_pass,
 )
-from zbsearch.runtime.local import run_local
+from zbsearch.distributed import run_local
 from zbsearch.runtime.memory import ActivationMeter
 from zbsearch.runtime.p2p import ACT, comm_plan
-from zbsearch.schedule import v_placement
-from zbsearch.trace_format import load_trace, save_trace
+from zbsearch.formats.schedule import v_placement
+from zbsearch.formats.trace import load_trace, save_trace
 
-from runtime_support import (
+from tests.helpers.toy import (
     Block,
     First,
     copy_stages,
@@ -202,7 +202,10 @@ def _schedules(p: int, m: int) -> list[zb.Schedule]:
         stages=[zb.StageCost(t_f=1 + r, t_b=2, t_w=0.5 + r / 2, m_f=1, m_b=-0.6, m_w=-0.4) for r in range(p)],
     )
     cost = zb.CostModel.from_profile(skew, v_placement(p))
-    actions = zb.greedy_schedule(cost, m, [1.5 * p * cost.activation_unit(r) for r in range(p)])
+    from zbsearch.solver.heuristic import Policy, list_schedule
+    from zbsearch.solver.problem import Problem
+
+    actions, _ = list_schedule(Problem(cost, m, tuple(1.5 * p * cost.activation_unit(r) for r in range(p))), Policy())
     out.append(zb.Schedule.build("greedy-v", skew, m, v_placement(p), actions))
     try:  # ... and the solver's, when it is installed
         from zbsearch.solver import solve

@@ -12,7 +12,7 @@ import csv
 import io
 
 from ..actions import Op
-from ..schedule import Schedule
+from .schedule import Schedule
 
 __all__ = ["TORCH_LETTERS", "to_torch_csv"]
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from zbsearch.demo import DemoConfig, run_demo
+from zbsearch.app.demo import DemoConfig, run_demo
 from zbsearch.models import GPTConfig
+from tests.helpers import cli_command
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = GPTConfig(layers=2, hidden=32, heads=2, seq=16, vocab=64, microbatch_size=2, stages=2)
 
 
@@ -34,7 +34,7 @@ def test_demo_profiles_solves_replays_and_compares(tmp_path):
 def test_demo_command_with_emulated_stages(tmp_path):
     args = ["demo", "-p", "2", "-m", "4", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "-b", "2",
             "--emulate", "--steps", "1", "-t", "1", "-o", tmp_path / "out"]
-    r = subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*cli_command(), *map(str, args)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "speed-up of zb-2p over 1F1B: predicted" in r.stdout and "emulated" in r.stdout
     assert (tmp_path / "out" / "gantt.png").stat().st_size > 0

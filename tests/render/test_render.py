@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-import cli
+from zbsearch.app import cli
 import zbsearch as zb
 from zbsearch.render import intervals_panel, load_measured, render_text, schedule_panel, with_measured, write_chart
 

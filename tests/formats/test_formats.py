@@ -4,7 +4,7 @@ import pytest
 
 from zbsearch import Profile, ZbError, build_classic, load_profile, load_schedule, resolve_profile, save_schedule
 from zbsearch.actions import Action, Op, parse_action
-from conftest import make_profile
+from tests.helpers import make_profile
 
 
 def test_action_notation_round_trips():

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .errors import ZbError
+from ..errors import ZbError
 
 __all__ = ["read_json", "parse_model", "read_model", "write_model", "write_text", "validation_message"]
 

@@ -32,9 +32,9 @@ from zbsearch.profiler import (
 )
 from zbsearch.runtime import PipelineRuntime
 from zbsearch.runtime import trace as runtime_trace
-from zbsearch.runtime.local import run_local
+from zbsearch.distributed import run_local
+from tests.helpers import cli_command
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = GPTConfig(layers=2, hidden=32, heads=2, seq=16, vocab=64, microbatch_size=2, stages=2)
 LINK = LinkModel(latency_ms=0.05, bandwidth_gb_s=1.0, how="fixed by the test")
 
@@ -193,7 +193,7 @@ def test_cuda_requested_but_absent():
 
 
 def _cli(*args, cwd, env=None):
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([*cli_command(), *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, env={**os.environ, **(env or {})}, timeout=120)
 
 
@@ -222,7 +222,7 @@ def test_cli_profile_on_one_device_writes_profiles_folder(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_profiles_one_stage_per_rank_into_one_file(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(ROOT / "cli.py"),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "zbsearch",
            "profile", *_GPT_ARGS, "--name", "tr", "-o", "tr.json"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_profile
+from tests.helpers import make_profile
 
 from zbsearch import CostModel, Schedule, find_problem, parse_memory_limit, resolve_profile, simulate
 from zbsearch.bounds import memory_span_lower_bound, rank_memory_span_lower_bounds
@@ -16,8 +16,8 @@ from zbsearch.solver import Problem, smallest_feasible_limit, solve
 from zbsearch.solver.frontier import frontier
 from zbsearch.solver.heuristic import candidate_policies, list_schedule, sequential_schedule
 from zbsearch.solver.milp import exact, solve_window
+from tests.helpers import cli_command
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _check(res, limit_spec):
@@ -166,7 +166,7 @@ def test_frontier_falls_from_the_smallest_limit():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([*cli_command(), *map(str, args)], capture_output=True, text=True)
 
 
 def test_cli_solve_writes_a_validated_schedule_with_a_solver_section(tmp_path):
@@ -193,14 +193,14 @@ def test_cli_frontier_json(tmp_path):
     assert doc["format"] == "zbsearch.frontier" and doc["points"][0]["limit"] == pytest.approx(0.25)
 
 
-def test_greedy_schedule_is_the_plain_list_policy():
-    from zbsearch import greedy_schedule
-    from zbsearch.schedule import v_placement
+def test_plain_list_policy_gives_a_valid_v_schedule_under_a_limit():
+    from zbsearch.formats.schedule import v_placement
+    from zbsearch.solver.heuristic import Policy, list_schedule
 
     prof = make_profile(4, stages=[(1.0, 1.2, 0.6), (1.5, 1.6, 0.8), (1.0, 1.0, 0.5), (2.0, 2.0, 1.0)])
     cost = CostModel.from_profile(prof, v_placement(4))
     limit = [cost.activation_unit(r) * 4 for r in range(4)]
-    rows = greedy_schedule(cost, 8, limit)
+    rows, _ = list_schedule(Problem(cost, 8, tuple(limit)), Policy())
     assert find_problem(Schedule.build("greedy-v", prof, 8, v_placement(4), rows, memory_limit=limit)) is None
 
 

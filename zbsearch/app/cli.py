@@ -1,0 +1,408 @@
+"""zbsearch command line: parse arguments, call the library, print.
+
+Every user error surfaces as a ZbError and is printed as one line with exit status 1 (2 for
+usage errors, from typer); anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+import zbsearch as zb
+from zbsearch.errors import ZbError
+from zbsearch.formats.fileio import write_model, write_text
+
+app = typer.Typer(
+    help="Zero Bubble pipeline-parallel schedules: build, simulate, validate, compare, solve, replay.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+ProfileOpt = typer.Option(..., "--profile", "-p", help="profile JSON path, or a bundled profile name (e.g. 1.5b-m24)")
+MicrobatchOpt = typer.Option(..., "-m", "--microbatches", help="microbatches per iteration")
+
+
+def _load_schedule(path: Path, profile: Optional[str]) -> zb.Schedule:
+    sched = zb.load_schedule(path)
+    if profile is not None:
+        prof = zb.resolve_profile(profile)
+        sched = sched.model_copy(update={"profile": prof})
+        sched = zb.Schedule.model_validate(sched.model_dump())  # re-check stage counts against the new profile
+    return sched
+
+
+def _write(model, path: Path) -> None:
+    if str(path) == "-":
+        sys.stdout.write(model.model_dump_json(indent=1) + "\n")
+    else:
+        write_model(model, path)
+        err.print(f"wrote {path}")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _rank_table(sched: zb.Schedule, tl: zb.Timeline) -> Table:
+    unit = "M_B" if sched.profile.memory_unit == "activations" else "bytes"
+    t = Table(title=f"{sched.kind}: p={sched.num_ranks}, stages={sched.num_stages}, m={sched.num_microbatches}")
+    for col in ("rank", "span (ms)", "busy (ms)", "bubble (ms)", f"peak memory ({unit})", "limit"):
+        t.add_column(col, justify="right")
+    for r in range(tl.num_ranks):
+        lim = sched.memory_limit[r] if sched.memory_limit else None
+        t.add_row(
+            str(r), _fmt(tl.span[r]), _fmt(tl.busy[r]), _fmt(tl.span[r] - tl.busy[r]),
+            _fmt(tl.peak_memory[r]), "-" if lim is None else _fmt(lim),
+        )
+    return t
+
+
+def _summary(sched: zb.Schedule, pred: zb.Predicted) -> str:
+    gap = max(pred.span) / pred.lower_bound - 1 if pred.lower_bound > 0 else 0.0
+    return (
+        f"bubble rate {pred.bubble_rate:.4f}   span {_fmt(max(pred.span))} ms   makespan {_fmt(pred.makespan)} ms   "
+        f"lower bound {_fmt(pred.lower_bound)} ms (gap {gap:.2%})   peak memory {_fmt(max(pred.peak_memory))}"
+    )
+
+
+@app.command()
+def schedule(
+    kind: str = typer.Argument(..., help=f"one of: {', '.join(zb.CLASSIC_KINDS)}"),
+    profile: str = ProfileOpt,
+    m: int = MicrobatchOpt,
+    chunks: Optional[int] = typer.Option(None, "--chunks", "-v", help="chunks per rank (interleaved-1f1b; zb-v is 2)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+):
+    """Build a classic schedule (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V) for a profile."""
+    sched = zb.build_classic(kind, zb.resolve_profile(profile), m, chunks)
+    zb.validate(sched)
+    if output is not None:
+        _write(sched, output)
+    if output is None or str(output) != "-":
+        out.print(_summary(sched, sched.predicted), soft_wrap=True)
+
+
+@app.command()
+def simulate(
+    schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="schedule JSON"),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="simulate with this profile instead of the embedded one"),
+    as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
+):
+    """Simulate a schedule: per-rank span, busy time, bubble and peak memory."""
+    sched = _load_schedule(schedule_path, profile)
+    tl = zb.timeline(sched)
+    pred = zb.predict(sched, tl)
+    if as_json:
+        out.print_json(pred.model_dump_json())
+        return
+    out.print(_rank_table(sched, tl))
+    out.print(_summary(sched, pred), soft_wrap=True)
+
+
+@app.command()
+def validate(
+    schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="schedule JSON"),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="check memory with this profile"),
+    mem_limit: Optional[str] = typer.Option(None, "--mem-limit", help="override the schedule's memory limit (1p, 2p, 40GiB, none)"),
+):
+    """Exit 0 if the schedule is valid, else print the first problem and exit 1."""
+    sched = _load_schedule(schedule_path, profile)
+    limit = sched.memory_limit
+    if mem_limit is not None:
+        limit = zb.parse_memory_limit(mem_limit, sched.profile, zb.CostModel.from_profile(sched.profile, sched.stage_to_rank))
+    problem = zb.find_problem(sched, memory_limit=limit)
+    if problem:
+        _fail(f"invalid: {problem}")
+    out.print(f"valid: {sched.kind}, {sched.num_ranks} ranks, {sched.num_stages} stages, {sched.num_microbatches} microbatches")
+
+
+@app.command()
+def compare(
+    profile: str = ProfileOpt,
+    m: int = MicrobatchOpt,
+    mem_limit: Optional[str] = typer.Option(None, "--mem-limit", help="mark schedules over this limit (1p, 2p, 40GiB)"),
+    chunks: int = typer.Option(2, "--chunks", "-v", help="chunks for interleaved-1f1b"),
+    as_json: bool = typer.Option(False, "--json", help="print the rows as JSON"),
+):
+    """All schedule kinds side by side on one profile."""
+    prof = zb.resolve_profile(profile)
+    rows = []
+    for kind in (*zb.CLASSIC_KINDS, "zb-1p", "zb-2p"):
+        try:
+            if kind in zb.CLASSIC_KINDS:
+                sched = zb.build_classic(kind, prof, m, chunks if kind == "interleaved-1f1b" else None)
+            else:  # the solver's heuristics without MILP: a second or so even at p=32
+                from zbsearch.solver import solve as solve_schedule
+
+                sched = solve_schedule(prof, m, kind.removeprefix("zb-"), milp=False, time_limit=1.0).schedule
+        except ZbError as e:
+            rows.append({"kind": kind, "error": str(e)})
+            continue
+        pred = sched.predicted
+        cost = zb.CostModel.from_profile(prof, sched.stage_to_rank)
+        limit = zb.parse_memory_limit(mem_limit, prof, cost)
+        fits = limit is None or all(pk <= lim * (1 + 1e-9) for pk, lim in zip(pred.peak_memory, limit))
+        rows.append({
+            "kind": kind, "bubble_rate": pred.bubble_rate, "span": max(pred.span), "makespan": pred.makespan,
+            "peak_memory": max(pred.peak_memory), "lower_bound": pred.lower_bound, "fits": fits,
+        })
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    t = Table(title=f"{prof.name}: p={prof.num_stages}, m={m}" + (f", memory limit {mem_limit}" if mem_limit else ""))
+    for col in ("schedule", "bubble rate", "span (ms)", "makespan (ms)", "peak memory", "fits limit"):
+        t.add_column(col, justify="right")
+    for row in rows:
+        if "error" in row:
+            t.add_row(row["kind"], f"[dim]{row['error']}[/dim]", "", "", "", "")
+        else:
+            t.add_row(row["kind"], f"{row['bubble_rate']:.4f}", _fmt(row["span"]), _fmt(row["makespan"]),
+                      _fmt(row["peak_memory"]), "yes" if row["fits"] else "[red]no[/red]")
+    out.print(t)
+    lb = next((r["lower_bound"] for r in rows if "lower_bound" in r), None)
+    if lb is not None:
+        out.print(f"lower bound on span for any 1-chunk schedule: {_fmt(lb)} ms")
+
+
+def _fail(message: str, code: int = 1) -> None:
+    """One unwrapped line on stderr (rich would wrap it), then exit."""
+    sys.stderr.write(message.replace("\n", " ") + "\n")
+    raise SystemExit(code)
+
+
+@app.command()
+def show(
+    schedule_paths: list[Path] = typer.Argument(..., metavar="SCHEDULE...", help="schedule JSON; several are stacked on one time axis"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write a chart: .png, .svg or .html (self-contained; hover a box for its times)"),
+    text: bool = typer.Option(False, "--text", help="print the text chart even when -o is given"),
+    width: Optional[int] = typer.Option(None, "--width", min=20, help="text chart width in columns (default: the terminal's)"),
+    measured: Optional[Path] = typer.Option(None, "--measured", help="runtime trace JSON to draw under the prediction (one SCHEDULE)"),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="predict with this profile instead of the embedded one"),
+):
+    """Gantt chart of schedules (predicted, or against a measured trace): text, or PNG/SVG/HTML with -o."""
+    import os
+    import shutil
+
+    from zbsearch import render
+
+    panels = [render.schedule_panel(_load_schedule(p, profile)) for p in schedule_paths]
+    title = None
+    if measured is not None:
+        if len(panels) != 1:
+            raise ZbError("--measured compares one schedule with its trace; give exactly one SCHEDULE")
+        panels, title = render.with_measured(panels[0], measured)
+    if output is not None:
+        render.write_chart(panels, output, title)
+        err.print(f"wrote {output}")
+    if output is None or text:
+        cols = width or shutil.get_terminal_size((120, 24)).columns
+        colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+        sys.stdout.write(render.render_text(panels, cols, title, colour) + "\n")
+
+
+@app.command()
+def export(
+    schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="schedule JSON"),
+    to: str = typer.Option(..., "--to", help="target format: torch-csv (torch.distributed.pipelining's action notation)"),
+    output: Path = typer.Option(..., "-o", "--output", help="file to write ('-' for stdout)"),
+):
+    """Write a schedule for another tool: torch-csv is read by torch's _PipelineScheduleRuntime._load_csv."""
+    from zbsearch.formats.torch_csv import to_torch_csv  # pure Python: no torch import
+
+    if to != "torch-csv":
+        raise ZbError(f"unknown export format {to!r}; supported: torch-csv")
+    text = to_torch_csv(_load_schedule(schedule_path, None))
+    if str(output) == "-":
+        sys.stdout.write(text)
+    else:
+        write_text(output, text)
+        err.print(f"wrote {output}")
+
+
+@app.command()
+def solve(
+    profile: str = ProfileOpt,
+    m: int = MicrobatchOpt,
+    mem_limit: str = typer.Option("2p", "--mem-limit", help="1p, 2p, <x>p (x*p*M_B per rank), a byte budget per rank (40GiB), or none"),
+    chunks: int = typer.Option(1, "--chunks", "-v", help="1, or 2 for the V placement (the ZB-V family)"),
+    time_limit: float = typer.Option(30.0, "--time-limit", "-t", min=0.1, help="seconds; the best schedule found by then is returned"),
+    objective: str = typer.Option("span", "--objective", help="span: longest per-rank span (iteration period); makespan: first start to last end"),
+    uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs as the paper's scheduler does (results on the true costs)"),
+    no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only (milliseconds to seconds)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+):
+    """Find the schedule with the least bubble under a memory limit, and how far from optimal it can be."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from zbsearch import solver
+
+    prof = zb.resolve_profile(profile)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def progress(phase: str, value: float, bound: float) -> None:
+            gap = f", gap {value / bound - 1:.2%}" if bound > 0 and value < float("inf") else ""
+            best = f": best {_fmt(value)} ms" if value < float("inf") else ""
+            bar.update(task, description=f"{phase}{best}, bound {_fmt(bound)} ms{gap}")
+
+        res = solver.solve(
+            prof, m, mem_limit, chunks=chunks, time_limit=time_limit, objective=objective,
+            uniform_costs=uniform_costs, milp=not no_milp, progress=progress,
+        )
+    if output is not None:
+        _write(res.schedule, output)
+    if output is None or str(output) != "-":
+        info = res.info
+        out.print(_rank_table(res.schedule, res.timeline))
+        bubble = res.schedule.predicted.bubble_rate if objective == "span" else res.schedule.predicted.bubble_rate_makespan
+        out.print(
+            f"bubble rate {bubble:.4f}   {objective} {_fmt(info.value)} ms   lower bound {_fmt(info.lower_bound)} ms   "
+            f"gap {info.gap:.2%}   status {info.status}   ({info.method}: {info.construction}; {info.time_s:.1f} s)"
+        )
+
+
+@app.command()
+def frontier(
+    profile: str = ProfileOpt,
+    m: int = MicrobatchOpt,
+    chunks: int = typer.Option(1, "--chunks", "-v", help="1, or 2 for the V placement"),
+    objective: str = typer.Option("span", "--objective", help="span or makespan"),
+    time_limit: float = typer.Option(2.0, "--time-limit", "-t", min=0.1, help="seconds per memory limit"),
+    milp: bool = typer.Option(False, "--milp", help="also improve each point with MILP windows (slower)"),
+    uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs (paper behaviour)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="frontier.json, or a plot: .png, .svg, .pdf"),
+):
+    """Bubble rate against memory limit, from the smallest feasible limit to where the bubble stops falling."""
+    from zbsearch.formats.frontier import save_frontier
+    from zbsearch.render.frontier import save_frontier_plot
+    from zbsearch.solver import frontier as sweep
+
+    prof = zb.resolve_profile(profile)
+    fr = sweep(prof, m, chunks=chunks, objective=objective, time_limit=time_limit, milp=milp, uniform_costs=uniform_costs)
+    t = Table(title=f"{prof.name}: m={m}, {chunks} chunk(s), {objective}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
+    for col in ("limit (x p M_B)", "bubble rate", "bound allows", "gap", "status", "peak memory"):
+        t.add_column(col, justify="right")
+    for pt in fr.points:
+        t.add_row(f"{pt.limit:.4g}p", f"{pt.bubble_rate:.4f}", f"{pt.bound_bubble_rate:.4f}", f"{pt.gap:.2%}", pt.status, _fmt(max(pt.peak_memory)))
+    out.print(t)
+    if output is not None:
+        if output.suffix.lower() == ".json":
+            save_frontier(fr, output)
+        else:
+            save_frontier_plot(fr, output)
+        err.print(f"wrote {output}")
+
+
+@app.command()
+def profile(
+    model: Optional[str] = typer.Option(None, "--model", help="package.module:function returning (stages, microbatch[, loss_fn, target])"),
+    builtin: Optional[str] = typer.Option(None, "--builtin", help="a built-in model instead of --model: gpt"),
+    layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
+    hidden: int = typer.Option(128, "--hidden", help="gpt: hidden size"),
+    heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
+    seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
+    microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
+    stages: int = typer.Option(4, "--stages", help="gpt: pipeline stages"),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:<i> (under torchrun: cuda:LOCAL_RANK)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: the model's own)"),
+    warmup: int = typer.Option(3, "--warmup", help="untimed repetitions per stage"),
+    repeat: int = typer.Option(10, "--repeat", help="timed repetitions per stage (median and quartiles recorded)"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's; torchrun sets 1)"),
+    name: Optional[str] = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
+):
+    """Measure per-stage F, B, W times, activation memory and link times; write a profile (bytes).
+
+    One device: stage after stage, links estimated. Under torchrun (one rank per stage): each
+    rank measures its stage and its link to the next, rank 0 writes the file."""
+    from zbsearch import profiler
+    from zbsearch.models import GPTConfig
+
+    if (model is None) == (builtin is None):
+        raise ZbError("give either --model package.module:function or --builtin gpt")
+    if builtin is not None and builtin != "gpt":
+        raise ZbError(f"unknown built-in model {builtin!r}; available: gpt")
+    spec = profiler.load_model(model) if model else profiler.builtin_gpt(
+        GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
+    settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, threads=threads)
+    with profiler.progress_bar(err) as bar:
+        prof = profiler.profile_model(spec, settings, name=name, progress=bar)
+    if prof is None:  # a torchrun rank other than 0
+        return
+    path = output or Path("profiles") / f"{prof.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    zb.save_profile(prof, path)
+    out.print(profiler.summary_table(prof))
+    err.print(f"wrote {path}")
+
+
+@app.command()
+def demo(
+    stages: int = typer.Option(4, "-p", "--stages", help="pipeline ranks (local processes), one stage each"),
+    m: int = typer.Option(8, "-m", "--microbatches", help="microbatches per iteration"),
+    layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
+    hidden: int = typer.Option(128, "--hidden", help="gpt: hidden size"),
+    heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
+    seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
+    microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
+    emulate: Optional[bool] = typer.Option(
+        None, "--emulate/--real",
+        help="replay with stages that sleep the profiled times, or with the real passes; default: emulate when the CPU has fewer cores than ranks",
+    ),
+    steps: int = typer.Option(3, "--steps", help="measured iterations per schedule"),
+    time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.1, help="seconds for the ZB-2p solver"),
+    device: str = typer.Option("cpu", "--device", help="cpu (gloo), or cuda (NCCL, one GPU per rank)"),
+    output: Path = typer.Option(Path("zbsearch-demo"), "-o", "--output", help="folder for the profile, schedules, traces and gantt.png"),
+):
+    """Profile a small GPT on p local ranks, solve ZB-2p, replay it and 1F1B, compare with the prediction."""
+    from zbsearch.app.demo import DemoConfig, contention_note, run_demo, should_emulate
+    from zbsearch.models import GPTConfig
+    from zbsearch.profiler import progress_bar, summary_table
+
+    if emulate is None:
+        emulate = should_emulate(stages, device)
+    cfg = DemoConfig(
+        gpt=GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages),
+        microbatches=m, emulate=emulate, steps=steps, time_limit=time_limit, device=device, out=output,
+    )
+    with progress_bar(err) as bar:
+        run = run_demo(cfg, bar)
+    out.print(summary_table(run.profile))
+    t = Table(title=f"p={stages}, m={m}, {'emulated' if emulate else 'real'} passes; iteration = longest per-rank span")
+    for col in ("schedule", "predicted\nms", "measured\nms", "measured\n/ predicted", "predicted\nbubble",
+                "peak activations MiB\npredicted / measured"):
+        t.add_column(col, justify="right")
+    for sched, pred, meas, peak in zip(run.schedules, run.predicted, run.measured, run.measured_peak_memory):
+        t.add_row(sched.kind, f"{pred:.1f}", f"{meas:.1f}", f"{meas / pred:.2f}", f"{sched.predicted.bubble_rate:.3f}",
+                  f"{max(sched.predicted.peak_memory) / 2**20:.1f} / {peak / 2**20:.1f}")
+    out.print(t)
+    (p0, p1), (m0, m1) = run.predicted, run.measured
+    out.print(f"speed-up of {run.schedules[1].kind} over 1F1B: predicted {p0 / p1:.2f}x, measured {m0 / m1:.2f}x")
+    note = contention_note(cfg)
+    if note:
+        out.print(note, soft_wrap=True)
+    err.print(f"wrote {', '.join(str(f) for f in run.files)}")
+
+
+def main() -> None:
+    try:
+        app()
+    except ZbError as e:
+        _fail(f"error: {e}")
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
