@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import zbsearch as zb
-from zbsearch.formats.schedule import v_placement
+from zbsearch.placement import placement
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDTH = 16
@@ -85,10 +85,10 @@ def _torch(rank, world, kind, prof, m, time_scale):
 
     from zbsearch.runtime import emulated_loss, emulated_stages
 
-    placement = v_placement(world) if kind == "ScheduleZBVZeroBubble" else list(range(world))
-    stages = emulated_stages(prof, placement, bytes_per_unit=UNIT, time_scale=time_scale, width=WIDTH)
-    S = len(placement)
-    mine = [s for s in range(S) if placement[s] == rank]
+    stage_to_rank = placement(world, 2 if kind == "ScheduleZBVZeroBubble" else 1, "v")
+    stages = emulated_stages(prof, stage_to_rank, bytes_per_unit=UNIT, time_scale=time_scale, width=WIDTH)
+    S = len(stage_to_rank)
+    mine = [s for s in range(S) if stage_to_rank[s] == rank]
     pstages = [PipelineStage(stages[s], s, S, torch.device("cpu")) for s in mine]
     if kind == "Schedule1F1B":
         sched = Schedule1F1B(pstages[0], m, loss_fn=emulated_loss)

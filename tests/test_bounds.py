@@ -15,9 +15,9 @@ from zbsearch.bounds import (
     memory_makespan_lower_bound, memory_span_lower_bound, rank_chain_span_lower_bounds, rank_memory_span_lower_bounds,
     rank_span_lower_bounds, span_lower_bound,
 )
-from zbsearch.dependencies import pass_predecessors
+from zbsearch.dependencies import predecessors
 from zbsearch.limits import parse_memory_limit
-from zbsearch.formats.schedule import v_placement
+from zbsearch.placement import placement
 from zbsearch.solver import Problem, smallest_feasible_limit, solve
 from zbsearch.solver.heuristic import candidate_policies, list_schedule, sequential_schedule
 from zbsearch.solver.milp import exact
@@ -34,7 +34,7 @@ def _rank_orders(cost: CostModel, r: int, m: int, fifo: bool) -> list[list[Actio
     for x in mine:
         deps, stack = set(), [x]
         while stack:
-            for p in pass_predecessors(*stack.pop(), S):
+            for p in predecessors(*stack.pop(), S):
                 if p not in deps:
                     deps.add(p)
                     stack.append(p)
@@ -77,7 +77,7 @@ def _instance(draw, p: int, chunks: int = 1):
     times = [(draw(st.floats(0.3, 2.0)), draw(st.floats(0.3, 2.0)), draw(st.floats(0.1, 1.5))) for _ in range(p)]
     m_w = draw(st.floats(0.0, 1.0))
     prof = make_profile(p, stages=times, m_w=m_w, t_comm=draw(st.sampled_from([0.0, 0.05, 0.4])))
-    cost = CostModel.from_profile(prof, v_placement(p) if chunks == 2 else list(range(p)))
+    cost = CostModel.from_profile(prof, placement(p, 2, "v") if chunks == 2 else list(range(p)))
     return prof, cost
 
 
@@ -190,7 +190,7 @@ def test_memory_precedences_count_both_stages_of_a_v_rank():
     # V at the smallest limit: the two-stage precedences (room for both stages' activations)
     # raise the bound, which stays below the exact optimum
     prof = make_profile(2, t_comm=0.1)
-    cost = CostModel.from_profile(prof, v_placement(2))
+    cost = CostModel.from_profile(prof, placement(2, 2, "v"))
     m = 3
     least = smallest_feasible_limit(cost, m)
     problem = Problem(cost, m, tuple(least))

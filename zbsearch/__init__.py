@@ -11,7 +11,7 @@ from .bounds import makespan_lower_bound, span_lower_bound
 from .classic import CLASSIC_KINDS, build_classic
 from .costs import CostModel
 from .errors import ZbError
-from .limits import parse_memory_limit
+from .limits import fits, parse_memory_limit
 from .predict import predict, timeline, with_prediction
 from .formats.profile import Profile, StageCost, load_profile, resolve_profile, save_profile
 from .formats.schedule import Predicted, Schedule, load_schedule, save_schedule
@@ -43,6 +43,7 @@ __all__ = [
     "span_lower_bound",
     "makespan_lower_bound",
     "parse_memory_limit",
+    "fits",
     "CLASSIC_KINDS",
     "build_classic",
     "ZbError",

@@ -33,7 +33,8 @@ import math
 
 from .actions import Op
 from .costs import CostModel
-from .dependencies import pass_predecessors
+from .dependencies import earliest_starts, pass_types, type_graph
+from .limits import allowance
 
 __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
@@ -43,36 +44,10 @@ __all__ = [
 _NEG = float("-inf")
 
 
-def _nodes(S: int) -> list[tuple[int, Op]]:
-    """One microbatch's passes in a topological order."""
-    return [(s, Op.F) for s in range(S)] + [(s, Op.B) for s in reversed(range(S))] + [(s, Op.W) for s in range(S)]
-
-
-def _edges(cost: CostModel):
-    S = cost.num_stages
-    preds = {}
-    for s, op in _nodes(S):
-        preds[(s, op)] = [
-            ((ds, dop), cost.comm(ds, s) if ds != s else 0.0) for ds, dop, _ in pass_predecessors(s, op, 0, S)
-        ]
-    return preds
-
-
-def _releases(cost: CostModel, source: tuple[int, Op], preds) -> dict:
-    """Longest start-to-start path from ``source`` to every pass reachable from it."""
-    rel = {n: _NEG for n in preds}
-    rel[source] = 0.0
-    for n in _nodes(cost.num_stages):
-        for d, delay in preds[n]:
-            if rel[d] > _NEG:
-                rel[n] = max(rel[n], rel[d] + cost.time(d[0], d[1]) + delay)
-    return rel
-
-
 def _tails(cost: CostModel, targets: set, preds) -> dict:
     """Longest end-to-end path from each pass to the end of some pass in ``targets``."""
     tail = {n: (0.0 if n in targets else _NEG) for n in preds}
-    for n in reversed(_nodes(cost.num_stages)):
+    for n in reversed(pass_types(cost.num_stages)):
         if tail[n] == _NEG:
             continue
         for d, delay in preds[n]:
@@ -94,12 +69,12 @@ def _carlier(jobs: list[tuple[float, float, float]], m: int) -> float:
 def rank_span_lower_bounds(cost: CostModel, num_microbatches: int) -> list[float]:
     """Per rank, the best Carlier bound over sets of pass types of one rank q (q = the rank
     itself or any other rank; see the module docstring)."""
-    preds = _edges(cost)
+    preds = type_graph(cost)
     out = []
     for r in range(cost.num_ranks):
         stages = cost.rank_stages(r)
         mine = {(s, op) for s in stages for op in (Op.F, Op.B, Op.W)}
-        rel = _releases(cost, (min(stages), Op.F), preds)
+        rel = earliest_starts(cost, (min(stages), Op.F), preds)
         tail = _tails(cost, mine, preds)
         best = 0.0
         for q in range(cost.num_ranks):
@@ -118,8 +93,8 @@ def span_lower_bound(cost: CostModel, num_microbatches: int) -> float:
 
 def makespan_lower_bound(cost: CostModel, num_microbatches: int) -> float:
     """Lower bound on (last end anywhere - first start anywhere)."""
-    preds = _edges(cost)
-    rel = _releases(cost, (0, Op.F), preds)
+    preds = type_graph(cost)
+    rel = earliest_starts(cost, (0, Op.F), preds)
     tail = _tails(cost, set(preds), preds)
     best = 0.0
     for r in range(cost.num_ranks):
@@ -215,12 +190,12 @@ def rank_memory_span_lower_bounds(cost: CostModel, num_microbatches: int, limit:
     Communication delays enter through the dependency path, as in the bounds above.
     """
     m = num_microbatches
-    preds = _edges(cost)
+    preds = type_graph(cost)
     out = []
     for r in range(cost.num_ranks):
         stages = cost.rank_stages(r)
-        lim = limit[r] * (1 + 1e-9) + 1e-12  # what the validator accepts
-        rel = _releases(cost, (min(stages), Op.F), preds)
+        lim = allowance(limit[r])  # what the validator accepts
+        rel = earliest_starts(cost, (min(stages), Op.F), preds)
         lag = min(rel[(s, Op.B)] for s in stages)
         start = max(0.0, lag - _max_forward_work(cost, stages, lim, m))
         end = _end_idle(cost, stages[0], lag, m, lim) if len(stages) == 1 else 0.0
@@ -309,25 +284,26 @@ def rank_chain_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: 
     """
     m = num_microbatches
     S, R = cost.num_stages, cost.num_ranks
-    types = _nodes(S)
+    types = pass_types(S)
     K = len(types)
     kid = {t: k for k, t in enumerate(types)}
     dur = [cost.time(*t) for t in types]
     rank_of = [cost.stage_to_rank[s] for s, _ in types]
     # preds[x] = (y, weight): x starts at least weight after y starts; node x = j * K + k
     preds: list[list[tuple[int, float]]] = [[] for _ in range(K * m)]
+    graph = type_graph(cost)
     for j in range(m):
         base = j * K
-        for k, (s, op) in enumerate(types):
+        for k, t in enumerate(types):
             row = preds[base + k]
-            for ds, dop, _ in pass_predecessors(s, op, 0, S):
-                k2 = kid[(ds, dop)]
-                row.append((base + k2, dur[k2] + (cost.comm(ds, s) if ds != s else 0.0)))
+            for dep, delay in graph[t]:
+                k2 = kid[dep]
+                row.append((base + k2, dur[k2] + delay))
             if j:
                 row.append((base - K + k, dur[k]))
     if limit is not None:
         for r in range(R):
-            allowed = limit[r] * (1 + 1e-9) + 1e-12  # what the validator accepts
+            allowed = allowance(limit[r])  # what the validator accepts
             if not math.isfinite(allowed) or not _balanced_rank(cost, r):
                 continue
             for s in cost.rank_stages(r):
@@ -392,8 +368,8 @@ def memory_makespan_lower_bound(cost: CostModel, num_microbatches: int, limit: l
     """Lower bound on the makespan within ``limit`` (None: no limit): rank r cannot start before
     the forwards of one microbatch reach it, and then needs at least its span bound."""
     best = makespan_lower_bound(cost, num_microbatches)
-    preds = _edges(cost)
-    rel = _releases(cost, (0, Op.F), preds)
+    preds = type_graph(cost)
+    rel = earliest_starts(cost, (0, Op.F), preds)
     for r, span in enumerate(_rank_bounds(cost, num_microbatches, limit)):
         best = max(best, rel[(min(cost.rank_stages(r)), Op.F)] + span)
     return best

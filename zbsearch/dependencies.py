@@ -1,20 +1,39 @@
-"""Pass dependencies (REFERENCE section 1), on virtual stages.
+"""Pass dependencies (REFERENCE section 1), on virtual stages: the one place that knows them.
 
 One microbatch flows F(0) -> ... -> F(S-1) -> B(S-1) -> ... -> B(0); W(s) needs only B(s).
 B(s) also needs F(s) of its own stage (its saved activations), which matters for the
 per-rank order even though the chain implies it in time.
+
+Everything else derives from ``predecessors``: successors, the delay on an edge (a
+communication latency between different stages, none within a stage), the per-microbatch
+graph of pass types that the bounds and the MILP walk, which pass type must precede which,
+and the tensors an action receives from and sends to other stages, which the runtime's
+receives (``runtime``) and its message plan (``runtime.p2p``) both read, so they cannot
+disagree and deadlock.
 """
 
 from __future__ import annotations
 
-from .actions import Action, Op
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal
 
-__all__ = ["pass_predecessors", "action_index", "action_predecessors"]
+from .actions import Action, Op
+from .costs import CostModel
+
+__all__ = [
+    "Pass", "PassType", "predecessors", "successors", "edge_delay", "pass_types", "type_graph", "earliest_starts",
+    "must_precede", "action_index", "action_predecessors",
+    "ACT", "GRAD", "Transfer", "inputs_from_other_stages", "outputs_to_other_stages", "remote_input", "remote_outputs",
+]
 
 Pass = tuple[int, Op, int]  # (stage, basic op, microbatch)
+PassType = tuple[int, Op]  # (stage, basic op): one microbatch's pass
+
+_NEG = float("-inf")
 
 
-def pass_predecessors(stage: int, op: Op, mb: int, num_stages: int) -> list[Pass]:
+def predecessors(stage: int, op: Op, mb: int, num_stages: int) -> list[Pass]:
     """Basic passes that must finish before the basic pass (stage, op, mb) may start."""
     if op is Op.F:
         return [(stage - 1, Op.F, mb)] if stage > 0 else []
@@ -26,6 +45,72 @@ def pass_predecessors(stage: int, op: Op, mb: int, num_stages: int) -> list[Pass
     if op is Op.W:
         return [(stage, Op.B, mb)]
     raise ValueError(f"{op} is not a basic pass")
+
+
+def successors(stage: int, op: Op, mb: int, num_stages: int) -> list[Pass]:
+    """Basic passes that wait for the basic pass (stage, op, mb)."""
+    return [(s, o, mb) for s, o in _successor_types(num_stages)[(stage, op)]]
+
+
+def edge_delay(cost: CostModel, from_stage: int, to_stage: int) -> float:
+    """Delay between the end of a pass and the start of a pass that depends on it: the
+    communication time between two stages (zero between stages on one rank), none within one."""
+    return cost.comm(from_stage, to_stage) if from_stage != to_stage else 0.0
+
+
+def pass_types(num_stages: int) -> list[PassType]:
+    """One microbatch's passes in a topological order of ``predecessors``."""
+    return [(s, Op.F) for s in range(num_stages)] + [(s, Op.B) for s in reversed(range(num_stages))] + [
+        (s, Op.W) for s in range(num_stages)
+    ]
+
+
+def type_graph(cost: CostModel) -> dict[PassType, list[tuple[PassType, float]]]:
+    """One microbatch's dependency graph: pass type -> its predecessors with edge delays."""
+    S = cost.num_stages
+    return {
+        (s, op): [((ds, dop), edge_delay(cost, ds, s)) for ds, dop, _ in predecessors(s, op, 0, S)]
+        for s, op in pass_types(S)
+    }
+
+
+def earliest_starts(
+    cost: CostModel, source: PassType, graph: dict[PassType, list[tuple[PassType, float]]] | None = None
+) -> dict[PassType, float]:
+    """Longest start-to-start path from ``source`` to every pass type of the same microbatch
+    (-inf where none leads): how long after ``source`` starts each pass can start at the earliest."""
+    graph = graph if graph is not None else type_graph(cost)
+    rel = {n: _NEG for n in graph}
+    rel[source] = 0.0
+    for n in pass_types(cost.num_stages):
+        for d, delay in graph[n]:
+            if rel[d] > _NEG:
+                rel[n] = max(rel[n], rel[d] + cost.time(d[0], d[1]) + delay)
+    return rel
+
+
+def must_precede(a: PassType, b: PassType, num_stages: int) -> bool:
+    """Whether pass type a of a microbatch must precede pass type b of the same microbatch
+    (a path of dependencies leads from a to b)."""
+    return b in _descendants(num_stages)[a]
+
+
+@cache
+def _successor_types(num_stages: int) -> dict[PassType, tuple[PassType, ...]]:
+    out: dict[PassType, list[PassType]] = {t: [] for t in pass_types(num_stages)}
+    for s, op in pass_types(num_stages):
+        for ds, dop, _ in predecessors(s, op, 0, num_stages):
+            out[(ds, dop)].append((s, op))
+    return {t: tuple(v) for t, v in out.items()}
+
+
+@cache
+def _descendants(num_stages: int) -> dict[PassType, frozenset[PassType]]:
+    succ = _successor_types(num_stages)
+    out: dict[PassType, frozenset[PassType]] = {}
+    for t in reversed(pass_types(num_stages)):  # successors first
+        out[t] = frozenset(succ[t]).union(*(out[u] for u in succ[t]))
+    return out
 
 
 def action_index(rank_actions: list[list[Action]]) -> dict[Pass, tuple[int, int]]:
@@ -43,7 +128,63 @@ def action_predecessors(a: Action, num_stages: int) -> list[Pass]:
     own = {(a.stage, op, a.mb) for op in a.parts()}
     out: list[Pass] = []
     for op in a.parts():
-        for dep in pass_predecessors(a.stage, op, a.mb, num_stages):
+        for dep in predecessors(a.stage, op, a.mb, num_stages):
             if dep not in own and dep not in out:
                 out.append(dep)
     return out
+
+
+# ---- tensors between stages ---------------------------------------------------------------
+# A dependency between passes of two stages is a tensor sent from one to the other: the
+# activations of stage s (F(s) -> F(s+1)) or their gradient (B(s+1) -> B(s)).
+
+ACT, GRAD = "activations", "gradient"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Tensors crossing the boundary after stage ``boundary`` for microbatch ``mb``."""
+
+    kind: Literal["activations", "gradient"]
+    boundary: int
+    mb: int
+    src_stage: int
+    dst_stage: int
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.kind, self.boundary, self.mb)
+
+
+def _transfer(src: Pass, dst: Pass) -> Transfer:
+    (s1, op, mb), (s2, _, _) = src, dst
+    return Transfer(ACT if op is Op.F else GRAD, min(s1, s2), mb, s1, s2)
+
+
+def inputs_from_other_stages(a: Action, num_stages: int) -> list[Transfer]:
+    """Tensors the action needs from passes of other stages."""
+    return [_transfer(dep, (a.stage, a.op, a.mb)) for dep in action_predecessors(a, num_stages) if dep[0] != a.stage]
+
+
+def outputs_to_other_stages(a: Action, num_stages: int) -> list[Transfer]:
+    """Tensors the action produces for passes of other stages."""
+    return [
+        _transfer((a.stage, op, a.mb), nxt)
+        for op in a.parts()
+        for nxt in successors(a.stage, op, a.mb, num_stages)
+        if nxt[0] != a.stage
+    ]
+
+
+def remote_input(a: Action, stage_to_rank: list[int]) -> Transfer | None:
+    """The tensor the action receives from another rank (at most one), or None."""
+    here = stage_to_rank[a.stage]
+    remote = [t for t in inputs_from_other_stages(a, len(stage_to_rank)) if stage_to_rank[t.src_stage] != here]
+    assert len(remote) <= 1, f"{a} receives {len(remote)} tensors"
+    return remote[0] if remote else None
+
+
+def remote_outputs(a: Action, stage_to_rank: list[int]) -> list[Transfer]:
+    """The tensors the action sends to other ranks, in the order they are produced."""
+    here = stage_to_rank[a.stage]
+    return [t for t in outputs_to_other_stages(a, len(stage_to_rank)) if stage_to_rank[t.dst_stage] != here]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .actions import Action
 from .costs import CostModel
 from .errors import ZbError
-from .dependencies import action_index, action_predecessors
+from .dependencies import action_index, action_predecessors, edge_delay
 
 __all__ = ["Timeline", "Deadlock", "simulate", "bubble_rate"]
 
@@ -86,8 +86,7 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
                 where = index.get((st, op, mb))
                 if where is None:
                     raise ZbError(f"{a} on rank {r} depends on {st}{op.value}{mb}, which no rank executes")
-                delay = cost.comm(st, a.stage) if st != a.stage else 0.0
-                resolved.append((where[0], where[1], delay))
+                resolved.append((where[0], where[1], edge_delay(cost, st, a.stage)))
             row_deps.append(resolved)
         deps.append(row_deps)
 

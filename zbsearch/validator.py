@@ -20,11 +20,10 @@ from .errors import ZbError
 from .dependencies import action_index, action_predecessors
 from .formats.profile import Profile
 from .formats.schedule import Schedule
+from .limits import fits
 from .simulator import Deadlock, simulate
 
 __all__ = ["InvalidSchedule", "find_problem", "validate"]
-
-_MEM_RTOL = 1e-9
 
 
 class InvalidSchedule(ZbError):
@@ -86,7 +85,7 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
             return f"memory limit has {len(limit)} values for {schedule.num_ranks} ranks"
         for r, row in enumerate(rows):
             for i, (a, cur) in enumerate(zip(row, tl.memory[r])):
-                if cur > limit[r] * (1 + _MEM_RTOL) + 1e-12:
+                if not fits(cur, limit[r]):
                     return (
                         f"rank {r}: memory reaches {cur:.6g} after {a} (position {i}), "
                         f"over its limit {limit[r]:.6g}"

@@ -60,3 +60,22 @@ def test_malformed_schedule_file(tmp_path):
     bad.write_text('{"format": "zbsearch.schedule", "version": 1, ')
     r = zbsearch("validate", bad)
     assert r.returncode == 1 and "not valid JSON" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("over", [5e-13, 5e-12])  # inside, then outside the float-noise tolerance
+def test_compare_and_validate_agree_at_the_tolerance_edge(tmp_path, over):
+    """``compare``'s "fits" and ``validate`` judge a peak just over the limit the same way."""
+    import zbsearch as zb
+
+    prof = zb.Profile(name="tiny-mem", memory_unit="activations", stages=[
+        zb.StageCost(t_f=1, t_b=1, t_w=1, m_f=1e-4, m_b=-6e-5, m_w=-4e-5) for _ in range(2)])
+    zb.save_profile(prof, tmp_path / "p.json")
+    sched = zb.build_classic("1f1b", prof, 4)
+    zb.save_schedule(sched, tmp_path / "s.json")
+    peak, unit = max(sched.predicted.peak_memory), 2 * 1e-4  # 1p on rank 0 is p * M_B
+    limit = f"{(peak - over) / unit!r}p"
+    r = zbsearch("compare", "--profile", tmp_path / "p.json", "-m", "4", "--mem-limit", limit, "--json")
+    assert r.returncode == 0, r.stderr
+    fits = {row["kind"]: row for row in json.loads(r.stdout)}["1f1b"]["fits"]
+    valid = zbsearch("validate", tmp_path / "s.json", "--mem-limit", limit)
+    assert fits == (valid.returncode == 0) == (over < 1e-12), valid.stderr

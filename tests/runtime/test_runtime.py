@@ -27,8 +27,8 @@ from zbsearch.runtime import (
 )
 from zbsearch.distributed import run_local
 from zbsearch.runtime.memory import ActivationMeter
-from zbsearch.runtime.p2p import ACT, comm_plan
-from zbsearch.formats.schedule import v_placement
+from zbsearch.runtime.p2p import ACT, GRAD, comm_plan
+from zbsearch.placement import placement
 from zbsearch.formats.trace import load_trace, save_trace
 
 from tests.helpers.toy import (
@@ -192,6 +192,36 @@ def test_plan_lists_each_senders_messages_in_its_action_order():
         assert [(a.mb, a.stage if a.op is Op.F else a.stage - 1) for a in producers] == [(m.mb, m.stage) for m in sent]
 
 
+@pytest.mark.parametrize("p", [2, 3])
+def test_what_each_action_receives_is_what_the_plan_sends(p):
+    """The runtime's receives (``remote_input``) and the senders' plan (``comm_plan``) are the
+    cross-rank dependency edges of the schedule, for every classic kind and solver output."""
+    from zbsearch.dependencies import action_index, action_predecessors, remote_input
+    from zbsearch.solver import solve
+
+    m = 2 * p
+    skew = zb.Profile(
+        name="skew", memory_unit="activations",
+        stages=[zb.StageCost(t_f=1 + r, t_b=2, t_w=0.5 + r / 2, m_f=1, m_b=-0.6, m_w=-0.4) for r in range(p)],
+        t_comm=0.1,
+    )
+    schedules = [zb.build_classic(k, skew, m) for k in zb.CLASSIC_KINDS]
+    schedules += [solve(skew, m, lim, chunks=c, time_limit=1, milp=False).schedule for lim in ("1p", "2p") for c in (1, 2)]
+    for sched in schedules:
+        rows, owner = sched.rank_actions, sched.stage_to_rank
+        index = action_index(rows)
+        plan = comm_plan(sched)
+        for r, row in enumerate(rows):
+            edges = [  # independent of the runtime: every dependency on a pass of another rank
+                (ACT if op is Op.F else GRAD, min(s, a.stage), j, index[(s, op, j)][0])
+                for a in row for s, op, j in action_predecessors(a, sched.num_stages) if index[(s, op, j)][0] != r
+            ]
+            received = [(t.kind, t.boundary, t.mb, owner[t.src_stage]) for a in row if (t := remote_input(a, owner))]
+            planned = sorted((msg.kind, msg.stage, msg.mb, msg.src) for msg in plan if msg.dst == r)
+            assert received == edges, sched.kind
+            assert sorted(received) == planned, sched.kind
+
+
 # -- whole steps ------------------------------------------------------------------------------------
 def _schedules(p: int, m: int) -> list[zb.Schedule]:
     prof = uniform_profile(p)
@@ -201,12 +231,12 @@ def _schedules(p: int, m: int) -> list[zb.Schedule]:
         name="skew", memory_unit="activations",
         stages=[zb.StageCost(t_f=1 + r, t_b=2, t_w=0.5 + r / 2, m_f=1, m_b=-0.6, m_w=-0.4) for r in range(p)],
     )
-    cost = zb.CostModel.from_profile(skew, v_placement(p))
+    cost = zb.CostModel.from_profile(skew, placement(p, 2, "v"))
     from zbsearch.solver.heuristic import Policy, list_schedule
     from zbsearch.solver.problem import Problem
 
     actions, _ = list_schedule(Problem(cost, m, tuple(1.5 * p * cost.activation_unit(r) for r in range(p))), Policy())
-    out.append(zb.Schedule.build("greedy-v", skew, m, v_placement(p), actions))
+    out.append(zb.Schedule.build("greedy-v", skew, m, placement(p, 2, "v"), actions))
     try:  # ... and the solver's, when it is installed
         from zbsearch.solver import solve
     except ImportError:

@@ -194,14 +194,14 @@ def test_cli_frontier_json(tmp_path):
 
 
 def test_plain_list_policy_gives_a_valid_v_schedule_under_a_limit():
-    from zbsearch.formats.schedule import v_placement
+    from zbsearch.placement import placement
     from zbsearch.solver.heuristic import Policy, list_schedule
 
     prof = make_profile(4, stages=[(1.0, 1.2, 0.6), (1.5, 1.6, 0.8), (1.0, 1.0, 0.5), (2.0, 2.0, 1.0)])
-    cost = CostModel.from_profile(prof, v_placement(4))
+    cost = CostModel.from_profile(prof, placement(4, 2, "v"))
     limit = [cost.activation_unit(r) * 4 for r in range(4)]
     rows, _ = list_schedule(Problem(cost, 8, tuple(limit)), Policy())
-    assert find_problem(Schedule.build("greedy-v", prof, 8, v_placement(4), rows, memory_limit=limit)) is None
+    assert find_problem(Schedule.build("greedy-v", prof, 8, placement(4, 2, "v"), rows, memory_limit=limit)) is None
 
 
 def test_window_search_stops_once_the_bound_is_reached():

@@ -151,7 +151,7 @@ def compare(
         pred = sched.predicted
         cost = zb.CostModel.from_profile(prof, sched.stage_to_rank)
         limit = zb.parse_memory_limit(mem_limit, prof, cost)
-        fits = limit is None or all(pk <= lim * (1 + 1e-9) for pk, lim in zip(pred.peak_memory, limit))
+        fits = limit is None or all(zb.fits(pk, lim) for pk, lim in zip(pred.peak_memory, limit))
         rows.append({
             "kind": kind, "bubble_rate": pred.bubble_rate, "span": max(pred.span), "makespan": pred.makespan,
             "peak_memory": max(pred.peak_memory), "lower_bound": pred.lower_bound, "fits": fits,

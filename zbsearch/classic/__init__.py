@@ -1,58 +1,66 @@
 """The classic, closed-form pipeline schedules, for comparison with solver output.
 
-Each lives in its own small file and is readable top to bottom. ``build_classic`` turns a
-kind name, a profile and m into a schedule with its prediction attached.
+Each lives in its own small file and is readable top to bottom. ``KINDS`` names every kind
+with its placement and its builder, all called the same way, ``build(cost, m)``; a kind names
+one order. ``build_classic`` turns a kind name, a profile and m into a schedule with its
+prediction attached.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..actions import Action
 from ..costs import CostModel
 from ..errors import ZbError
-from ..predict import with_prediction
 from ..formats.profile import Profile
-from ..formats.schedule import Schedule, looped_placement, v_placement
+from ..formats.schedule import Schedule
+from ..placement import Layout, placement
+from ..predict import with_prediction
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
-from .one_f_one_b import one_f_one_b
+from .one_f_one_b import one_f_one_b, one_f_one_b_split
 from .zb_h import zb_h1, zb_h2
 from .zb_v import zb_v
 
-__all__ = ["CLASSIC_KINDS", "build_classic"]
+__all__ = ["ClassicKind", "KINDS", "CLASSIC_KINDS", "build_classic"]
 
-CLASSIC_KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v")
+Builder = Callable[[CostModel, int], list[list[Action]]]
+
+
+@dataclass(frozen=True)
+class ClassicKind:
+    build: Builder
+    layout: Layout = "looped"
+    chunks: int = 1
+    any_chunks: bool = False  # whether ``--chunks`` may change ``chunks``
+
+
+KINDS: dict[str, ClassicKind] = {
+    "gpipe": ClassicKind(gpipe),
+    "1f1b": ClassicKind(one_f_one_b),
+    "1f1b-split": ClassicKind(one_f_one_b_split),
+    "interleaved-1f1b": ClassicKind(interleaved_1f1b, chunks=2, any_chunks=True),
+    "zb-h1": ClassicKind(zb_h1),
+    "zb-h2": ClassicKind(zb_h2),
+    "zb-v": ClassicKind(zb_v, layout="v", chunks=2),
+}
+CLASSIC_KINDS = tuple(KINDS)
 _ALIASES = {"1f1b-i": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "zbv": "zb-v", "zbh1": "zb-h1", "zbh2": "zb-h2"}
 
 
 def build_classic(kind: str, profile: Profile, num_microbatches: int, chunks: int | None = None) -> Schedule:
     """Build a classic schedule on p = len(profile.stages) ranks."""
-    kind = _ALIASES.get(kind.lower(), kind.lower())
-    p, m = profile.num_stages, num_microbatches
-    if kind not in CLASSIC_KINDS:
-        raise ZbError(f"unknown schedule kind {kind!r}; choose one of: {', '.join(CLASSIC_KINDS)}")
-    if m < 1:
+    name = _ALIASES.get(kind.lower(), kind.lower())
+    if name not in KINDS:
+        raise ZbError(f"unknown schedule kind {name!r}; choose one of: {', '.join(CLASSIC_KINDS)}")
+    if num_microbatches < 1:
         raise ZbError("the number of microbatches must be at least 1")
-    if kind == "interleaved-1f1b":
-        v = 2 if chunks is None else chunks
-        placement = looped_placement(p, v)
-    elif kind == "zb-v":
-        if chunks not in (None, 2):
-            raise ZbError("zb-v always uses 2 chunks per rank")
-        placement = v_placement(p)
-    else:
-        if chunks not in (None, 1):
-            raise ZbError(f"{kind} uses 1 chunk per rank; --chunks applies to interleaved-1f1b")
-        placement = list(range(p))
-    cost = CostModel.from_profile(profile, placement)
-    if kind == "gpipe":
-        actions = gpipe(p, m)
-    elif kind == "1f1b":
-        actions = one_f_one_b(p, m)
-    elif kind == "interleaved-1f1b":
-        actions = interleaved_1f1b(p, m, len(placement) // p)
-    elif kind == "zb-h1":
-        actions = zb_h1(cost, m)
-    elif kind == "zb-h2":
-        actions = zb_h2(p, m)
-    else:
-        actions = zb_v(cost, m)
-    return with_prediction(Schedule.build(kind, profile, m, placement, actions))
+    spec = KINDS[name]
+    if chunks is not None and chunks != spec.chunks and not spec.any_chunks:
+        raise ZbError(f"{name} uses {spec.chunks} chunk(s) per rank; --chunks applies to interleaved-1f1b")
+    stage_to_rank = placement(profile.num_stages, spec.chunks if chunks is None else chunks, spec.layout)
+    cost = CostModel.from_profile(profile, stage_to_rank)
+    actions = spec.build(cost, num_microbatches)
+    return with_prediction(Schedule.build(name, profile, num_microbatches, stage_to_rank, actions))

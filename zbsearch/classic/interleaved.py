@@ -8,6 +8,7 @@ times; peak activations rise to about (1 + (p-1)/(p*v)) * p * M_B on rank 0.
 """
 
 from ..actions import Action, Op
+from ..costs import CostModel
 from ..errors import ZbError
 
 
@@ -20,7 +21,9 @@ def _virtual(k: int, p: int, v: int, backward: bool) -> tuple[int, int]:
     return chunk, group * p + pos % p
 
 
-def interleaved_1f1b(p: int, m: int, v: int) -> list[list[Action]]:
+def interleaved_1f1b(cost: CostModel, m: int) -> list[list[Action]]:
+    p = cost.num_ranks
+    v = cost.num_stages // p
     if v < 2:
         raise ZbError("interleaved 1F1B needs --chunks >= 2 (with 1 chunk it is 1F1B)")
     if m % p:

@@ -15,16 +15,12 @@ The order is valid for any m >= 1 and any costs; the bubble formulas need m >= p
 m >= 2p - 1 (ZB-H2), enough microbatches to fill the warm-up.
 
 The fixed lag assumes comparable stages. With very unequal ones (a heavy W on a middle stage,
-few microbatches) holding W back can leave a rank idle that 1F1B would have kept busy, so
-``zb_h1`` also tries 1F1B with the backward split (W right after B, which is never slower than
-1F1B because B's gradient leaves before W runs) and keeps whichever the simulator finds faster.
-Both orders hold at most p * M_B, so the choice never costs memory.
+few microbatches) holding W back can leave a rank idle that 1F1B would have kept busy; the
+``1f1b-split`` kind (``one_f_one_b_split``) is the order that avoids it, under its own name.
 """
 
 from ..actions import Action, Op
 from ..costs import CostModel
-from ..simulator import simulate
-from .one_f_one_b import one_f_one_b
 
 
 def zb_h(p: int, m: int, level: int) -> list[list[Action]]:
@@ -45,14 +41,8 @@ def zb_h(p: int, m: int, level: int) -> list[list[Action]]:
 
 
 def zb_h1(cost: CostModel, m: int) -> list[list[Action]]:
-    p = cost.num_ranks
-    split_1f1b = [[x for a in row for x in _split(a)] for row in one_f_one_b(p, m)]
-    return min((zb_h(p, m, 1), split_1f1b), key=lambda rows: max(simulate(rows, cost).span))
+    return zb_h(cost.num_ranks, m, 1)
 
 
-def _split(a: Action) -> list[Action]:
-    return [Action(a.stage, Op.B, a.mb), Action(a.stage, Op.W, a.mb)] if a.op is Op.BW else [a]
-
-
-def zb_h2(p: int, m: int) -> list[list[Action]]:
-    return zb_h(p, m, 2)
+def zb_h2(cost: CostModel, m: int) -> list[list[Action]]:
+    return zb_h(cost.num_ranks, m, 2)

@@ -54,15 +54,16 @@ from itertools import product
 
 from ..actions import Action, Op
 from ..costs import CostModel
+from ..dependencies import edge_delay, predecessors
 from ..errors import ZbError
-from ..formats.schedule import v_placement
+from ..placement import placement
 
 _EPS = 1e-9
 
 
 def zb_v(cost: CostModel, m: int) -> list[list[Action]]:
     p = cost.num_ranks
-    if list(cost.stage_to_rank) != v_placement(p):
+    if list(cost.stage_to_rank) != placement(p, 2, "v"):
         raise ZbError("zb-v needs the V placement: rank r holds stages r and 2p-1-r")
     limit = [p * cost.activation_unit(r) for r in range(p)]
     best_rows, best = None, float("inf")
@@ -90,7 +91,7 @@ class _Builder:
         self.lo = list(range(p))
         self.hi = [S - 1 - r for r in range(p)]
         self.t = {Op.F: cost.t_f, Op.B: cost.t_b, Op.W: cost.t_w}
-        self.comm = cost.comm_next  # delay between stage s and s+1 (0 on the same rank)
+        self.cost = cost
         # The most a microbatch will still hold on stage s once its F, its B, its W has run.
         m_f, m_b, m_w = cost.m_f, cost.m_b, cost.m_w
         self.hold_f = [max(m_f[s], m_f[s] + m_b[s], m_f[s] + m_b[s] + m_w[s]) for s in range(S)]
@@ -212,20 +213,15 @@ class _Builder:
 
     def input_time(self, op: Op, s: int) -> float | None:
         """When the inputs of the next (op, s) pass are there, None while one is unplaced."""
-        count, end, j = self.count, self.end, self.count[op][s]
+        j = self.count[op][s]
         if j >= self.m:
             return None
-        if op is Op.F:
-            if s == 0:
-                return 0.0
-            return end[Op.F][s - 1][j] + self.comm[s - 1] if count[Op.F][s - 1] > j else None
-        if count[Op.F][s] <= j:
-            return None
-        if s == self.S - 1:
-            return end[Op.F][s][j]
-        if count[Op.B][s + 1] <= j:
-            return None
-        return max(end[Op.F][s][j], end[Op.B][s + 1][j] + self.comm[s])
+        t = 0.0
+        for ds, dop, _ in predecessors(s, op, j, self.S):
+            if self.count[dop][ds] <= j:
+                return None
+            t = max(t, self.end[dop][ds][j] + edge_delay(self.cost, ds, s))
+        return t
 
     def can_f(self, r: int, s: int, keep: float = 0.0) -> bool:
         """Whether an F on stage s fits on rank r with ``keep`` to spare; on chunk 0 it must also

@@ -17,7 +17,7 @@ from ..errors import ZbError
 from .fileio import read_model, write_model
 from .profile import Profile
 
-__all__ = ["Predicted", "Schedule", "load_schedule", "save_schedule", "v_placement", "looped_placement"]
+__all__ = ["Predicted", "Schedule", "load_schedule", "save_schedule"]
 
 
 class Predicted(BaseModel):
@@ -124,16 +124,6 @@ class Schedule(BaseModel):
         )
         sched._parsed = (id(sched.actions), [list(row) for row in actions])
         return sched
-
-
-def looped_placement(num_ranks: int, chunks: int) -> list[int]:
-    """Interleaved (Megatron) placement: rank r holds stages r, r+p, r+2p, ..."""
-    return [s % num_ranks for s in range(num_ranks * chunks)]
-
-
-def v_placement(num_ranks: int) -> list[int]:
-    """V placement: rank r holds stages r and 2p-1-r, so the first and last stage share rank 0."""
-    return list(range(num_ranks)) + list(reversed(range(num_ranks)))
 
 
 def load_schedule(path: str | os.PathLike) -> Schedule:

@@ -35,13 +35,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..actions import Op
+from ..dependencies import ACT, GRAD, remote_outputs
 from ..formats.schedule import Schedule
 from .errors import PipelineError
 
 __all__ = ["ACT", "GRAD", "Message", "TensorMeta", "comm_plan", "P2P"]
 
-ACT, GRAD = "activations", "gradient"
 _MAX_TENSORS, _MAX_DIMS = 32, 8
 _HEADER = 1 + (3 + _MAX_DIMS) * _MAX_TENSORS
 _TAGS_PER_MESSAGE = _MAX_TENSORS + 1  # one per tensor, then the header
@@ -82,15 +81,14 @@ class TensorMeta:
 
 
 def comm_plan(schedule: Schedule) -> list[Message]:
-    """All cross-rank messages of one step, each rank's in its action order."""
-    owner, last = schedule.stage_to_rank, schedule.num_stages - 1
+    """All cross-rank messages of one step, each rank's in its action order
+    (``dependencies.remote_outputs``, the counterpart of what each action receives)."""
+    owner = schedule.stage_to_rank
     plan: list[Message] = []
     for r, row in enumerate(schedule.rank_actions):
         for a in row:
-            if a.op is Op.F and a.stage < last and owner[a.stage + 1] != r:
-                plan.append(Message(ACT, a.stage, a.mb, r, owner[a.stage + 1], len(plan)))
-            elif a.op in (Op.B, Op.BW) and a.stage > 0 and owner[a.stage - 1] != r:
-                plan.append(Message(GRAD, a.stage - 1, a.mb, r, owner[a.stage - 1], len(plan)))
+            for t in remote_outputs(a, owner):
+                plan.append(Message(t.kind, t.boundary, t.mb, r, owner[t.dst_stage], len(plan)))
     return plan
 
 

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..actions import Action, Op
+from ..dependencies import remote_input
 from ..formats.schedule import Schedule
 from ..formats.trace import Trace
 from ..validator import find_problem
@@ -105,7 +106,9 @@ class PipelineRuntime:
         self._hooks: list[Callable[[int], None]] = []
         self._p2p = P2P(comm_plan(schedule), self.rank, group, self.device, timeout)
         # the message each action waits for from another rank, if any
-        self._needs: list[tuple[str, int, int] | None] = [self._remote_input(a) for a in self._actions]
+        self._needs: list[tuple[str, int, int] | None] = [
+            t.key if (t := remote_input(a, self._owner)) else None for a in self._actions
+        ]
         self._handshake()
         self._timer = StepTimer(self.device, clock_offset(self.rank, world, group, timeout))
 
@@ -218,13 +221,6 @@ class PipelineRuntime:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise PipelineError(f"loss_fn must return a scalar tensor, got {getattr(loss, 'shape', type(loss))}")
         return loss
-
-    def _remote_input(self, a: Action) -> tuple[str, int, int] | None:
-        if a.op is Op.F and a.stage > 0 and self._owner[a.stage - 1] != self.rank:
-            return (ACT, a.stage - 1, a.mb)
-        if a.op in (Op.B, Op.BW) and a.stage < self.last and self._owner[a.stage + 1] != self.rank:
-            return (GRAD, a.stage, a.mb)
-        return None
 
     def _split(self, batch, what: str) -> list:
         """The m microbatches of a batch given as a tensor (a list of tensors) or a tuple (of tuples)."""

@@ -8,7 +8,7 @@ costs, improves them with MILP windows (PuLP + HiGHS), and reports a provable lo
 from .feasibility import check_limit, smallest_feasible_limit
 from .frontier import frontier
 from .problem import Objective, Problem
-from .solve import SolveResult, SolverInfo, placement, solve, uniform_profile
+from .solve import SolveResult, SolverInfo, solve, solver_placement, uniform_profile
 
 __all__ = [
     "solve",
@@ -18,7 +18,7 @@ __all__ = [
     "Objective",
     "smallest_feasible_limit",
     "check_limit",
-    "placement",
+    "solver_placement",
     "uniform_profile",
     "frontier",
 ]

@@ -16,7 +16,7 @@ from ..formats.profile import Profile
 from ..simulator import bubble_rate
 from .feasibility import smallest_feasible_limit
 from .problem import Objective
-from .solve import placement, solve
+from .solve import solve, solver_placement
 
 __all__ = ["frontier"]
 
@@ -39,7 +39,7 @@ def frontier(
 ) -> Frontier:
     """Solve at each limit of the sweep (``time_limit`` seconds per point)."""
     m = num_microbatches
-    cost = CostModel.from_profile(profile, placement(profile.num_stages, chunks))
+    cost = CostModel.from_profile(profile, solver_placement(profile.num_stages, chunks))
     p = cost.num_ranks
     units = [p * cost.activation_unit(r) for r in range(p)]
     need = smallest_feasible_limit(cost, m)

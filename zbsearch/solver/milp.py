@@ -38,7 +38,7 @@ import highspy
 import pulp
 
 from ..actions import Action, Op
-from ..dependencies import action_index, pass_predecessors
+from ..dependencies import action_index, edge_delay, must_precede, predecessors
 from ..simulator import Timeline
 from .problem import Problem
 
@@ -76,16 +76,6 @@ class _HiGHS(pulp.HiGHS):
         self.dual_bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else _NEG
 
 
-def _reach(a: tuple[int, Op], b: tuple[int, Op]) -> bool:
-    """Whether pass type a of a microbatch must precede pass type b of the same microbatch."""
-    (s1, o1), (s2, o2) = a, b
-    if o1 is Op.F:
-        return o2 is not Op.F or s2 > s1
-    if o1 is Op.B:
-        return (o2 is Op.B and s2 < s1) or (o2 is Op.W and s2 <= s1)
-    return False
-
-
 @dataclass
 class WindowResult:
     rows: list[list[Action]]
@@ -104,9 +94,9 @@ def _tails(problem: Problem, rows, tl: Timeline, a: list[int], b: list[int], ind
 
     def preds(r, i):
         x = rows[r][i]
-        for st, op, j in pass_predecessors(x.stage, x.op, x.mb, S):
+        for st, op, j in predecessors(x.stage, x.op, x.mb, S):
             pr, pi = index[(st, op, j)]
-            yield pr, pi, (c.comm(st, x.stage) if st != x.stage else 0.0)
+            yield pr, pi, edge_delay(c, st, x.stage)
 
     # Backward: val[(r, i)] = longest path from the end of pass (r, i) to the objective.
     T = {(r, i): (-off[r] if b[r] == len(rows[r]) else _NEG) for r in range(len(rows)) for i in range(a[r], b[r])}
@@ -185,9 +175,9 @@ def solve_window(
     for r, i in order:
         x = rows[r][i]
         t = tl.end[r][a[r] - 1] if a[r] > 0 else 0.0
-        for st, op, j in pass_predecessors(x.stage, x.op, x.mb, S):
+        for st, op, j in predecessors(x.stage, x.op, x.mb, S):
             pr, pi = index[(st, op, j)]
-            delay = c.comm(st, x.stage) if st != x.stage else 0.0
+            delay = edge_delay(c, st, x.stage)
             t = max(t, (tl.end[pr][pi] if pi < a[pr] else lb[(pr, pi)] + dur(pr, pi)) + delay)
         lb[(r, i)] = t
     slack = 1e-7 * max(1.0, value)  # float noise between the simulator's sums and ours
@@ -196,10 +186,10 @@ def solve_window(
     succ_in_win: dict = {}
     for r, i in win:
         x = rows[r][i]
-        for st, op, j in pass_predecessors(x.stage, x.op, x.mb, S):
+        for st, op, j in predecessors(x.stage, x.op, x.mb, S):
             pk = index[(st, op, j)]
             if pk in ub:
-                delay = c.comm(st, x.stage) if st != x.stage else 0.0
+                delay = edge_delay(c, st, x.stage)
                 succ_in_win.setdefault(pk, []).append(((r, i), delay))
     for k in reversed(order):
         for sk, delay in succ_in_win.get(k, ()):
@@ -219,10 +209,10 @@ def solve_window(
     for k in win:
         r, i = k
         x = rows[r][i]
-        for st, op, j in pass_predecessors(x.stage, x.op, x.mb, S):
+        for st, op, j in predecessors(x.stage, x.op, x.mb, S):
             pk = index[(st, op, j)]
             if pk in S_:
-                delay = c.comm(st, x.stage) if st != x.stage else 0.0
+                delay = edge_delay(c, st, x.stage)
                 lp += S_[k] >= S_[pk] + dur(*pk) + delay
         if T[k] > _NEG:
             lp += z >= S_[k] + dur(*k) + T[k]
@@ -249,10 +239,10 @@ def solve_window(
                     last_before = first_after = None
                     for k in chains[Y]:
                         yk = rows[r][k]
-                        if (xi.mb <= yk.mb and _reach(X, Y)) or tl.start[r][k] - tl.start[r][i] > band:
+                        if (xi.mb <= yk.mb and must_precede(X, Y, S)) or tl.start[r][k] - tl.start[r][i] > band:
                             first_after = k if first_after is None else first_after
                             mem_terms[k].append((i, 1))
-                        elif (yk.mb <= xi.mb and _reach(Y, X)) or tl.start[r][i] - tl.start[r][k] > band:
+                        elif (yk.mb <= xi.mb and must_precede(Y, X, S)) or tl.start[r][i] - tl.start[r][k] > band:
                             last_before = k
                             mem_terms[i].append((k, 1))
                         elif lb[(r, k)] + dur(r, k) > ub[(r, i)] - dur(r, i) + 1e-9:

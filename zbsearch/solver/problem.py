@@ -22,15 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..actions import Action
+from ..actions import Action, Op
 from ..costs import CostModel
+from ..dependencies import earliest_starts
+from ..limits import allowance, fits
 from ..simulator import Timeline, simulate
 
-__all__ = ["Objective", "Problem", "MEMORY_RTOL"]
+__all__ = ["Objective", "Problem"]
 
 Objective = Literal["span", "makespan"]
-# The validator's tolerance: memory may pass a limit by this relative amount (float noise).
-MEMORY_RTOL = 1e-9
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,8 @@ class Problem:
 
     def __post_init__(self) -> None:
         c = self.cost
-        first = [0.0] * c.num_stages  # earliest start of F(s, 0)
-        for s in range(1, c.num_stages):
-            first[s] = first[s - 1] + c.t_f[s - 1] + c.comm(s - 1, s)
-        object.__setattr__(self, "rank_start", tuple(first[min(c.rank_stages(r))] for r in range(c.num_ranks)))
+        first = earliest_starts(c, (0, Op.F))  # earliest start of F(s, 0)
+        object.__setattr__(self, "rank_start", tuple(first[(min(c.rank_stages(r)), Op.F)] for r in range(c.num_ranks)))
 
     @property
     def num_ranks(self) -> int:
@@ -57,7 +55,7 @@ class Problem:
 
     def allowed(self) -> list[float]:
         """Per rank, the most memory the validator accepts under the limit."""
-        return [x * (1 + MEMORY_RTOL) + 1e-12 for x in self.limits()]
+        return [allowance(x) for x in self.limits()]
 
     def value(self, tl: Timeline) -> float:
         """The objective of a simulated schedule (smaller is better)."""
@@ -69,4 +67,4 @@ class Problem:
 
     def fits(self, tl: Timeline) -> bool:
         """Whether every rank's memory stays within its limit."""
-        return all(pk <= a for pk, a in zip(tl.peak_memory, self.allowed()))
+        return all(fits(pk, x) for pk, x in zip(tl.peak_memory, self.limits()))

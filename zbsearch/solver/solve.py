@@ -24,22 +24,22 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..actions import Action
-from ..classic.zb_h import zb_h1, zb_h2
-from ..classic.zb_v import zb_v
+from ..classic import KINDS
 from ..bounds import memory_makespan_lower_bound, memory_span_lower_bound
 from ..costs import CostModel
 from ..errors import ZbError
 from ..limits import parse_memory_limit
+from ..placement import placement
 from ..predict import with_prediction
 from ..formats.profile import Profile
-from ..formats.schedule import Schedule, v_placement
+from ..formats.schedule import Schedule
 from ..simulator import Timeline
 from ..validator import validate
 from .feasibility import check_limit
 from .heuristic import candidate_policies, list_schedule, sequential_schedule
 from .problem import Objective, Problem
 
-__all__ = ["SolverInfo", "SolveResult", "solve", "uniform_profile", "placement"]
+__all__ = ["SolverInfo", "SolveResult", "solve", "uniform_profile", "solver_placement"]
 
 # Gap below which a schedule counts as optimal (float noise in sums of pass times).
 _CLOSED = 1e-6
@@ -77,12 +77,11 @@ class SolveResult:
 Progress = Callable[[str, float, float], None]  # (phase, best value, lower bound)
 
 
-def placement(num_ranks: int, chunks: int) -> list[int]:
-    if chunks == 1:
-        return list(range(num_ranks))
-    if chunks == 2:
-        return v_placement(num_ranks)
-    raise ZbError(f"--chunks must be 1 or 2 (V placement), not {chunks}")
+def solver_placement(num_ranks: int, chunks: int) -> list[int]:
+    """The placements the solver supports: one stage per rank, or the V (two chunks)."""
+    if chunks not in (1, 2):
+        raise ZbError(f"--chunks must be 1 or 2 (V placement), not {chunks}")
+    return placement(num_ranks, chunks, "v")
 
 
 def uniform_profile(profile: Profile) -> Profile:
@@ -92,14 +91,17 @@ def uniform_profile(profile: Profile) -> Profile:
     return profile.model_copy(update={"stages": stages, "name": f"{profile.name}-uniform"})
 
 
+# Handcrafted orders tried as further candidates, by placement.
+_CLASSIC_CANDIDATES = {1: ("zb-h1", "1f1b-split", "zb-h2"), 2: ("zb-v",)}
+
+
 def _classic_orders(problem: Problem) -> list[tuple[str, list[list[Action]]]]:
     """The handcrafted schedules that apply to the placement, as further candidates."""
     c, m = problem.cost, problem.num_microbatches
-    if c.num_stages == c.num_ranks:
-        return [("zb-h1", zb_h1(c, m)), ("zb-h2", zb_h2(c.num_ranks, m))]
-    if list(c.stage_to_rank) == v_placement(c.num_ranks):
-        return [("zb-v", zb_v(c, m))]
-    return []
+    chunks = c.num_stages // c.num_ranks
+    if chunks not in _CLASSIC_CANDIDATES or list(c.stage_to_rank) != placement(c.num_ranks, chunks, "v"):
+        return []
+    return [(kind, KINDS[kind].build(c, m)) for kind in _CLASSIC_CANDIDATES[chunks]]
 
 
 def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> tuple[str, list[list[Action]]]:
@@ -150,7 +152,7 @@ def solve(
         raise ZbError("the number of microbatches must be at least 1")
     if objective not in ("span", "makespan"):
         raise ZbError(f"objective must be 'span' or 'makespan', not {objective!r}")
-    stage_to_rank = placement(profile.num_stages, chunks)
+    stage_to_rank = solver_placement(profile.num_stages, chunks)
     cost = CostModel.from_profile(profile, stage_to_rank)
     spec = None if isinstance(mem_limit, list) else mem_limit
     limit = list(mem_limit) if isinstance(mem_limit, list) else parse_memory_limit(mem_limit, profile, cost)
