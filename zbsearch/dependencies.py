@@ -14,6 +14,7 @@ disagree and deadlock.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Literal
@@ -22,13 +23,14 @@ from .actions import Action, Op
 from .costs import CostModel
 
 __all__ = [
-    "Pass", "PassType", "predecessors", "successors", "edge_delay", "pass_types", "type_graph", "earliest_starts",
+    "Pass", "PassType", "Graph", "predecessors", "successors", "edge_delay", "pass_types", "type_graph", "earliest_starts", "input_arrival",
     "must_precede", "action_index", "action_predecessors",
     "ACT", "GRAD", "Transfer", "inputs_from_other_stages", "outputs_to_other_stages", "remote_input", "remote_outputs",
 ]
 
 Pass = tuple[int, Op, int]  # (stage, basic op, microbatch)
 PassType = tuple[int, Op]  # (stage, basic op): one microbatch's pass
+Graph = dict[PassType, list[tuple[PassType, float]]]  # pass type -> (predecessor, edge delay)
 
 _NEG = float("-inf")
 
@@ -65,7 +67,7 @@ def pass_types(num_stages: int) -> list[PassType]:
     ]
 
 
-def type_graph(cost: CostModel) -> dict[PassType, list[tuple[PassType, float]]]:
+def type_graph(cost: CostModel) -> Graph:
     """One microbatch's dependency graph: pass type -> its predecessors with edge delays."""
     S = cost.num_stages
     return {
@@ -75,7 +77,7 @@ def type_graph(cost: CostModel) -> dict[PassType, list[tuple[PassType, float]]]:
 
 
 def earliest_starts(
-    cost: CostModel, source: PassType, graph: dict[PassType, list[tuple[PassType, float]]] | None = None
+    cost: CostModel, source: PassType, graph: Graph | None = None
 ) -> dict[PassType, float]:
     """Longest start-to-start path from ``source`` to every pass type of the same microbatch
     (-inf where none leads): how long after ``source`` starts each pass can start at the earliest."""
@@ -87,6 +89,21 @@ def earliest_starts(
             if rel[d] > _NEG:
                 rel[n] = max(rel[n], rel[d] + cost.time(d[0], d[1]) + delay)
     return rel
+
+
+def input_arrival(
+    graph: Graph, stage: int, op: Op, mb: int, count: Mapping[Op, Sequence[int]], end: Mapping[Op, Sequence[Sequence[float]]]
+) -> float | None:
+    """When every input of the basic pass (stage, op, mb) is there (``graph``: ``type_graph``),
+    for a builder that runs the passes of one kind on each stage in microbatch order:
+    ``count[o][s]`` passes of kind o have run on stage s and ``end[o][s][j]`` is when microbatch
+    j's ended. 0.0 for a pass without inputs, None while one of its inputs has not run."""
+    t = 0.0
+    for (s, o), delay in graph[(stage, op)]:
+        if count[o][s] <= mb:
+            return None
+        t = max(t, end[o][s][mb] + delay)
+    return t
 
 
 def must_precede(a: PassType, b: PassType, num_stages: int) -> bool:

@@ -54,7 +54,7 @@ from itertools import product
 
 from ..actions import Action, Op
 from ..costs import CostModel
-from ..dependencies import edge_delay, predecessors
+from ..dependencies import input_arrival, type_graph
 from ..errors import ZbError
 from ..placement import placement
 
@@ -91,7 +91,7 @@ class _Builder:
         self.lo = list(range(p))
         self.hi = [S - 1 - r for r in range(p)]
         self.t = {Op.F: cost.t_f, Op.B: cost.t_b, Op.W: cost.t_w}
-        self.cost = cost
+        self.graph = type_graph(cost)
         # The most a microbatch will still hold on stage s once its F, its B, its W has run.
         m_f, m_b, m_w = cost.m_f, cost.m_b, cost.m_w
         self.hold_f = [max(m_f[s], m_f[s] + m_b[s], m_f[s] + m_b[s] + m_w[s]) for s in range(S)]
@@ -214,14 +214,7 @@ class _Builder:
     def input_time(self, op: Op, s: int) -> float | None:
         """When the inputs of the next (op, s) pass are there, None while one is unplaced."""
         j = self.count[op][s]
-        if j >= self.m:
-            return None
-        t = 0.0
-        for ds, dop, _ in predecessors(s, op, j, self.S):
-            if self.count[dop][ds] <= j:
-                return None
-            t = max(t, self.end[dop][ds][j] + edge_delay(self.cost, ds, s))
-        return t
+        return input_arrival(self.graph, s, op, j, self.count, self.end) if j < self.m else None
 
     def can_f(self, r: int, s: int, keep: float = 0.0) -> bool:
         """Whether an F on stage s fits on rank r with ``keep`` to spare; on chunk 0 it must also

@@ -27,13 +27,16 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..actions import Action, Op
+from ..dependencies import earliest_starts, edge_delay, successors, type_graph
 from .problem import Problem
 
 __all__ = ["Policy", "list_schedule", "sequential_schedule", "candidate_policies"]
 
 _INF = float("inf")
+_F, _B, _W = Op.F, Op.B, Op.W  # bound once: the list scheduler's loop reads them a lot
 
 
 @dataclass(frozen=True)
@@ -91,158 +94,226 @@ def list_schedule(problem: Problem, policy: Policy) -> tuple[list[list[Action]],
     """Per-rank action lists built by ``policy`` and the objective of the times it assigned
     (never below the simulated one: the simulator starts each pass as early as the order
     allows), or None when the policy gets stuck on memory."""
-    c, m = problem.cost, problem.num_microbatches
-    S, R = c.num_stages, c.num_ranks
-    tf, tb, tw, mf, mb, mw, cn = c.t_f, c.t_b, c.t_w, c.m_f, c.m_b, c.m_w, c.comm_next
-    limit = problem.allowed()
-    stages = [sorted(c.rank_stages(r)) for r in range(R)]
-    rank_of = c.stage_to_rank
-    room = [sum(mf[t] for t in stages[rank_of[s]] if t >= s) for s in range(S)]
-    trip = _round_trip(problem)
-    cap, lag = [], []
-    for r in range(R):
-        per_mb = sum(tf[s] + tb[s] for s in stages[r])
-        cap.append(math.inf if policy.depth == _INF else max(1, round(policy.depth * trip[r] / per_mb)))
-        lag.append(math.inf if policy.lag == _INF else round(policy.lag * r))
+    return _ListScheduler(problem, policy).run()
 
-    endF = [[0.0] * m for _ in range(S)]
-    endB = [[0.0] * m for _ in range(S)]
-    nF, nB, nW = [0] * S, [0] * S, [0] * S
-    fd = [-1] * m  # per microbatch: deepest stage whose F has run
-    bd = [S] * m  # per microbatch: lowest stage whose B has run
-    # Offsets along one microbatch's chain with no waiting: F(s) starts A[s] after F(0),
-    # B(s) starts G[s] after B(S-1).
-    A = [0.0] * S
-    for s in range(1, S):
-        A[s] = A[s - 1] + tf[s - 1] + cn[s - 1]
-    G = [0.0] * S
-    for s in range(S - 2, -1, -1):
-        G[s] = G[s + 1] + tb[s + 1] + cn[s]
-    free = [0.0] * R
-    first = [_INF] * R
-    mem = [0.0] * R
-    rows: list[list[Action]] = [[] for _ in range(R)]
-    remaining = 3 * S * m
-    heap = [(0.0, r) for r in range(R)]
 
-    def ready_f(s: int) -> float:
-        """Start time of F(s, next): exact once its input has arrived, else a lower bound."""
-        j = nF[s]
-        if s == 0:
-            return 0.0
-        d = fd[j]
+class _Start(NamedTuple):
+    """Start the next pass of (stage, op) now."""
+
+    stage: int
+    op: Op
+
+
+class _Wait(NamedTuple):
+    """Start nothing; look again at ``until`` (inf: when another rank's pass wakes this one)."""
+
+    until: float
+
+
+class _ListScheduler:
+    """One run of the list scheduler: a clock per rank, passes started in time order.
+
+    ``run`` pops the rank that is free earliest, asks ``choose`` what it does next and
+    ``apply``s it. Each stage runs its passes of one kind in microbatch order, so its next
+    F, B or W is ``n_f[s]``, ``n_b[s]``, ``n_w[s]``; ``forward_start`` and ``backward_start``
+    say when it can start."""
+
+    def __init__(self, problem: Problem, policy: Policy) -> None:
+        c, m = problem.cost, problem.num_microbatches
+        S, R = c.num_stages, c.num_ranks
+        self.cost, self.m, self.S, self.policy, self.objective = c, m, S, policy, problem.objective
+        self.limit = problem.allowed()
+        self.stages = [sorted(c.rank_stages(r)) for r in range(R)]
+        self.rank_of = c.stage_to_rank
+        # memory an F on stage s must leave room for: one F on it and each later stage of its rank
+        self.room = [sum(c.m_f[t] for t in self.stages[self.rank_of[s]] if t >= s) for s in range(S)]
+        trip = _round_trip(problem)
+        self.cap: list[float] = []  # warm-up depth per rank (microbatches in flight)
+        self.lag: list[float] = []  # pending-W allowance per rank
+        for r in range(R):
+            per_mb = sum(c.t_f[s] + c.t_b[s] for s in self.stages[r])
+            self.cap.append(math.inf if policy.depth == _INF else max(1, round(policy.depth * trip[r] / per_mb)))
+            self.lag.append(math.inf if policy.lag == _INF else round(policy.lag * r))
+        # ranks other than the pass's own that wait for it, with the edge delay: (rank, delay)
+        self.wakes = {
+            _Start(s, op): [(self.rank_of[t], edge_delay(c, s, t)) for t, _, _ in successors(s, op, 0, S) if self.rank_of[t] != self.rank_of[s]]
+            for s in range(S) for op in (Op.F, Op.B, Op.W)
+        }
+        self.b_feeds_other_rank = [bool(self.wakes[_Start(s, Op.B)]) for s in range(S)]
+        # Offsets along one microbatch's chain with no waiting: F(s) starts f_offset[s] after
+        # F(0), B(s) starts b_offset[s] after B(S-1).
+        graph = type_graph(c)
+        from_f0, from_last_b = earliest_starts(c, (0, Op.F), graph), earliest_starts(c, (S - 1, Op.B), graph)
+        self.f_offset = [from_f0[(s, Op.F)] for s in range(S)]
+        self.b_offset = [from_last_b[(s, Op.B)] for s in range(S)]
+
+        self.n_f, self.n_b, self.n_w = [0] * S, [0] * S, [0] * S  # passes run per stage
+        self.end_f = [[0.0] * m for _ in range(S)]
+        self.end_b = [[0.0] * m for _ in range(S)]
+        # the inputs of each stage's F and B: (runs of that kind, their ends, stage, edge delay)
+        runs = {Op.F: (self.n_f, self.end_f), Op.B: (self.n_b, self.end_b)}
+        self.inputs = {
+            op: [[(*runs[dop], ds, delay) for (ds, dop), delay in graph[(s, op)]] for s in range(S)] for op in (Op.F, Op.B)
+        }
+        self.deepest_f = [-1] * m  # per microbatch: deepest stage whose F has run
+        self.lowest_b = [S] * m  # per microbatch: lowest stage whose B has run
+        self.free = [0.0] * R  # when each rank's last pass ends
+        self.first = [_INF] * R  # when each rank's first pass starts
+        self.memory = [0.0] * R
+        self.rows: list[list[Action]] = [[] for _ in range(R)]
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    def run(self) -> tuple[list[list[Action]], float] | None:
+        remaining = 3 * self.S * self.m
+        heap = [(0.0, r) for r in range(len(self.rows))]
+        free, wakes, choose, apply = self.free, self.wakes, self.choose, self.apply  # hot loop
+        while remaining:
+            if not heap:
+                return None  # every rank waits for memory that only a blocked rank could free
+            t, r = heapq.heappop(heap)
+            if t < free[r]:
+                continue
+            decision = choose(r, t)
+            if type(decision) is _Wait:
+                if decision.until < _INF:
+                    heapq.heappush(heap, (decision.until, r))
+                continue
+            end = apply(r, t, decision)
+            for r2, delay in wakes[decision]:
+                heapq.heappush(heap, (max(free[r2], end + delay), r2))
+            remaining -= 1
+            heapq.heappush(heap, (end, r))
+        if self.objective == "span":
+            return self.rows, max(f - s for f, s in zip(self.free, self.first))
+        return self.rows, max(self.free)
+
+    def choose(self, r: int, t: float) -> _Start | _Wait:
+        """What rank r does at time t: a ready B first, then W if the policy or memory says so,
+        then F (unless a B is about to arrive), then W, else wait."""
+        best_b, next_b = self.ready_backward(r, t)
+        if best_b is not None:
+            return _Start(best_b, _B)
+        best_f, f_blocked, next_f = self.ready_forward(r, t)
+        best_w, pending_w = self.oldest_weight(r)
+        if best_w is not None and (f_blocked or pending_w > self.lag[r]):
+            return _Start(best_w, _W)
+        if best_f is not None:
+            stages, n_b, policy = self.stages[r], self.n_b, self.policy
+            wait = policy.wait_first if n_b[stages[0]] == 0 and n_b[stages[-1]] == 0 else policy.wait_b
+            if wait and t < next_b <= t + wait * self.cost.t_f[best_f]:
+                return _Wait(next_b)
+            return _Start(best_f, _F)
+        nxt = min(next_b, next_f)
+        if best_w is not None:
+            if self.policy.fit and t < nxt < t + self.cost.t_w[best_w]:
+                return _Wait(nxt)
+            return _Start(best_w, _W)
+        return _Wait(nxt if nxt > t else _INF)
+
+    def apply(self, r: int, t: float, start: _Start) -> float:
+        """Run the pass from t on rank r; its end time."""
+        s, op, c = start.stage, start.op, self.cost
+        if op is _F:
+            j = self.n_f[s]
+            end = self.end_f[s][j] = t + c.t_f[s]
+            self.n_f[s] += 1
+            self.deepest_f[j] = s
+            self.memory[r] += c.m_f[s]
+        elif op is _B:
+            j = self.n_b[s]
+            end = self.end_b[s][j] = t + c.t_b[s]
+            self.n_b[s] += 1
+            self.lowest_b[j] = s
+            self.memory[r] += c.m_b[s]
+        else:
+            j = self.n_w[s]
+            end = t + c.t_w[s]
+            self.n_w[s] += 1
+            self.memory[r] += c.m_w[s]
+        self.rows[r].append(Action(s, op, j))
+        self.first[r] = min(self.first[r], t)
+        self.free[r] = end
+        return end
+
+    # ---- the candidates ----------------------------------------------------------------
+
+    def ready_backward(self, r: int, t: float) -> tuple[int | None, float]:
+        """(stage of the B to start at t, oldest microbatch first, or None; the earliest
+        start of a B that another rank waits for, inf if none)."""
+        best, next_b = None, _INF
+        n_b, n_f, inputs = self.n_b, self.n_f, self.inputs[_B]
+        for s in self.stages[r]:
+            j = n_b[s]
+            if j >= self.m or n_f[s] <= j:
+                continue
+            arrival = self.arrival(inputs[s], j)
+            if arrival is not None and arrival <= t:
+                if best is None or (j, -s) < (n_b[best], -best):
+                    best = s
+            elif self.b_feeds_other_rank[s]:
+                next_b = min(next_b, max(self.backward_start(s, j, arrival), t))
+        return best, next_b
+
+    def ready_forward(self, r: int, t: float) -> tuple[int | None, bool, float]:
+        """(stage of the F to start at t, oldest microbatch first, or None; whether memory
+        blocks an F; the earliest start of an F not ready yet, inf if none)."""
+        best, blocked, next_f = None, False, _INF
+        s0, n_f, inputs = self.stages[r][0], self.n_f, self.inputs[_F]
+        for s in self.stages[r]:
+            j = n_f[s]
+            if j >= self.m or (s == s0 and j - self.n_b[s0] >= self.cap[r]):
+                continue
+            if self.memory[r] + self.room[s] > self.limit[r]:
+                blocked = True
+                continue
+            arrival = self.arrival(inputs[s], j)
+            if arrival is None or arrival > t:
+                next_f = min(next_f, max(self.forward_start(s, j, arrival), t))
+            elif best is None or (j, -s) < (n_f[best], -best):
+                best = s
+        return best, blocked, next_f
+
+    def oldest_weight(self, r: int) -> tuple[int | None, int]:
+        """(stage of the pending W of the oldest microbatch, or None; how many W are pending)."""
+        best, pending = None, 0
+        n_b, n_w = self.n_b, self.n_w
+        for s in self.stages[r]:
+            pending += n_b[s] - n_w[s]
+            if n_w[s] < n_b[s] and (best is None or n_w[s] < n_w[best]):
+                best = s
+        return best, pending
+
+    def arrival(self, inputs: list, j: int) -> float | None:
+        """When every input of a stage's next pass is there (``dependencies.input_arrival`` on
+        this scheduler's tables; ``inputs``: ``self.inputs[op][s]``); None while one has not run."""
+        t = 0.0
+        for runs, ends, ds, delay in inputs:
+            if runs[ds] <= j:
+                return None
+            t = max(t, ends[ds][j] + delay)
+        return t
+
+    def forward_start(self, s: int, j: int, arrival: float | None) -> float:
+        """Start time of F(s, j): ``arrival`` once its input has run, else a lower bound from
+        the deepest F of microbatch j so far."""
+        if arrival is not None:
+            return arrival
+        d = self.deepest_f[j]
         if d < 0:
             return _INF
-        return endF[d][j] - tf[d] + A[s] - A[d] if d < s - 1 else endF[d][j] + cn[d]
+        return self.end_f[d][j] - self.cost.t_f[d] + self.f_offset[s] - self.f_offset[d]
 
-    def ready_b(s: int) -> float:
-        """Start time of B(s, next) (its F has run): exact once known, else a lower bound."""
-        j = nB[s]
-        if s == S - 1:
-            return endF[s][j]
-        b = bd[j]
-        if b == s + 1:
-            return max(endF[s][j], endB[b][j] + cn[s])
+    def backward_start(self, s: int, j: int, arrival: float | None) -> float:
+        """Start time of B(s, j) (its F has run): ``arrival`` once its inputs have run, else a
+        lower bound from the lowest B, or the deepest F, of microbatch j so far."""
+        if arrival is not None:
+            return arrival
+        b, S = self.lowest_b[j], self.S
         if b < S:
-            return endB[b][j] - tb[b] + G[s] - G[b]
-        d = fd[j]
-        return endF[d][j] - tf[d] + A[S - 1] - A[d] + tf[S - 1] + G[s]
-
-    def pick(r: int, t: float):
-        """(stage, op) to start at t, or (None, wake time) to wait (inf: wait for an event)."""
-        best_b = None
-        next_b = _INF  # earliest possible start of a B that other ranks wait for
-        for s in stages[r]:
-            j = nB[s]
-            if j >= m or nF[s] <= j:
-                continue
-            rb = ready_b(s)
-            if rb <= t and (bd[j] == s + 1 or s == S - 1):
-                if best_b is None or (j, -s) < (nB[best_b], -best_b):
-                    best_b = s
-            elif s > 0 and rank_of[s - 1] != r:
-                next_b = min(next_b, max(rb, t))
-        if best_b is not None:
-            return best_b, Op.B
-        s0 = stages[r][0]
-        best_f = None
-        f_blocked = False
-        next_f = _INF
-        for s in stages[r]:
-            j = nF[s]
-            if j >= m or (s == s0 and j - nB[s0] >= cap[r]):
-                continue
-            if mem[r] + room[s] > limit[r]:
-                f_blocked = True
-                continue
-            rf = ready_f(s)
-            if rf > t or (s > 0 and fd[j] < s - 1):
-                next_f = min(next_f, max(rf, t))
-            elif best_f is None or (j, -s) < (nF[best_f], -best_f):
-                best_f = s
-        best_w = None
-        pending_w = 0
-        for s in stages[r]:
-            pending_w += nB[s] - nW[s]
-            if nW[s] < nB[s] and (best_w is None or nW[s] < nW[best_w]):
-                best_w = s
-        if best_w is not None and (f_blocked or pending_w > lag[r]):
-            return best_w, Op.W
-        if best_f is not None:
-            wait = policy.wait_first if nB[s0] == 0 and nB[stages[r][-1]] == 0 else policy.wait_b
-            if wait and t < next_b <= t + wait * tf[best_f]:
-                return None, next_b
-            return best_f, Op.F
-        if best_w is not None:
-            nxt = min(next_b, next_f)
-            if policy.fit and t < nxt < t + tw[best_w]:
-                return None, nxt
-            return best_w, Op.W
-        nxt = min(next_b, next_f)
-        return None, nxt if nxt > t else _INF
-
-    while remaining:
-        if not heap:
-            return None  # every rank waits for memory that only a blocked rank could free
-        t, r = heapq.heappop(heap)
-        if t < free[r]:
-            continue
-        s, op = pick(r, t)
-        if s is None:
-            if op < _INF:
-                heapq.heappush(heap, (op, r))
-            continue
-        if op is Op.F:
-            j = nF[s]
-            end = endF[s][j] = t + tf[s]
-            nF[s] += 1
-            fd[j] = s
-            mem[r] += mf[s]
-            if s + 1 < S and rank_of[s + 1] != r:
-                r2 = rank_of[s + 1]
-                heapq.heappush(heap, (max(free[r2], end + cn[s]), r2))
-        elif op is Op.B:
-            j = nB[s]
-            end = endB[s][j] = t + tb[s]
-            nB[s] += 1
-            bd[j] = s
-            mem[r] += mb[s]
-            if s > 0 and rank_of[s - 1] != r:
-                r2 = rank_of[s - 1]
-                heapq.heappush(heap, (max(free[r2], end + cn[s - 1]), r2))
-        else:
-            j = nW[s]
-            end = t + tw[s]
-            nW[s] += 1
-            mem[r] += mw[s]
-        rows[r].append(Action(s, op, j))
-        first[r] = min(first[r], t)
-        free[r] = end
-        remaining -= 1
-        heapq.heappush(heap, (end, r))
-    if problem.objective == "span":
-        return rows, max(f - s for f, s in zip(free, first))
-    return rows, max(free)
+            return self.end_b[b][j] - self.cost.t_b[b] + self.b_offset[s] - self.b_offset[b]
+        d, f_off = self.deepest_f[j], self.f_offset
+        return self.end_f[d][j] - self.cost.t_f[d] + f_off[S - 1] - f_off[d] + self.cost.t_f[S - 1] + self.b_offset[s]
 
 
 def sequential_schedule(problem: Problem) -> list[list[Action]]:
