@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import highspy
 import pulp
 
-from ..actions import Action, Op
-from ..dependencies import action_index, edge_delay, must_precede, predecessors
+from ..actions import Action
+from ..dependencies import PassType, action_index, edge_delay, must_precede, predecessors
 from ..simulator import Timeline
 from .problem import Problem
 
@@ -85,21 +85,27 @@ class WindowResult:
     binaries: int
 
 
-def _tails(problem: Problem, rows, tl: Timeline, a: list[int], b: list[int], index):
-    """(T, C): T[(r, i)] = longest path from the end of window pass (r, i) to the objective
-    through the passes after the window, C = the part of the objective no window pass reaches."""
-    c, S = problem.cost, problem.cost.num_stages
-    off = problem.rank_start if problem.objective == "span" else [0.0] * len(rows)
-    suffix = sorted((tl.start[r][i], r, i) for r in range(len(rows)) for i in range(b[r], len(rows[r])))
+Key = tuple[int, int]  # a pass by (rank, position in the rank's list)
 
-    def preds(r, i):
-        x = rows[r][i]
-        for st, op, j in predecessors(x.stage, x.op, x.mb, S):
-            pr, pi = index[(st, op, j)]
-            yield pr, pi, edge_delay(c, st, x.stage)
+
+def _inputs(problem: Problem, rows: list[list[Action]], index, r: int, i: int):
+    """(rank, position, edge delay) of each pass that pass (r, i) depends on."""
+    x, c = rows[r][i], problem.cost
+    for st, op, j in predecessors(x.stage, x.op, x.mb, c.num_stages):
+        pr, pi = index[(st, op, j)]
+        yield pr, pi, edge_delay(c, st, x.stage)
+
+
+def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], index):
+    """(tail, rest): tail[(r, i)] = longest path from the end of window pass (r, i) to the
+    objective through the passes after the window, rest = the part of the objective no window
+    pass reaches."""
+    c = problem.cost
+    off = problem.rank_start if problem.objective == "span" else [0.0] * len(rows)
+    suffix = sorted((tl.start[r][i], r, i) for r in range(len(rows)) for i in range(stop[r], len(rows[r])))
 
     # Backward: val[(r, i)] = longest path from the end of pass (r, i) to the objective.
-    T = {(r, i): (-off[r] if b[r] == len(rows[r]) else _NEG) for r in range(len(rows)) for i in range(a[r], b[r])}
+    tail = {(r, i): (-off[r] if stop[r] == len(rows[r]) else _NEG) for r in range(len(rows)) for i in range(begin[r], stop[r])}
     val: dict = {}
     for _, r, i in reversed(suffix):
         v = val.get((r, i), _NEG)
@@ -109,36 +115,228 @@ def _tails(problem: Problem, rows, tl: Timeline, a: list[int], b: list[int], ind
             continue
         x = rows[r][i]
         w = v + c.time(x.stage, x.op)  # from the end of a predecessor, before delays
-        if i > b[r]:
+        if i > stop[r]:
             val[(r, i - 1)] = max(val.get((r, i - 1), _NEG), w)
         else:  # the first pass after the window follows every window pass of its rank
-            for k in range(a[r], b[r]):
-                T[(r, k)] = max(T[(r, k)], w)
-        for pr, pi, delay in preds(r, i):
-            if pi >= b[pr]:
+            for k in range(begin[r], stop[r]):
+                tail[(r, k)] = max(tail[(r, k)], w)
+        for pr, pi, delay in _inputs(problem, rows, index, r, i):
+            if pi >= stop[pr]:
                 val[(pr, pi)] = max(val.get((pr, pi), _NEG), w + delay)
-            elif pi >= a[pr]:
-                T[(pr, pi)] = max(T[(pr, pi)], w + delay)
+            elif pi >= begin[pr]:
+                tail[(pr, pi)] = max(tail[(pr, pi)], w + delay)
     # Forward: end times of passes after the window as far as earlier passes alone drive them.
-    C = max((tl.end[r][-1] - off[r] for r, row in enumerate(rows) if row and a[r] == len(row)), default=_NEG)
+    rest = max((tl.end[r][-1] - off[r] for r, row in enumerate(rows) if row and begin[r] == len(row)), default=_NEG)
     base: dict = {}
     for _, r, i in suffix:
         x = rows[r][i]
-        if i > b[r]:
+        if i > stop[r]:
             t = base[(r, i - 1)]
-        elif a[r] == b[r]:
+        elif begin[r] == stop[r]:
             t = tl.end[r][i - 1] if i > 0 else 0.0
         else:
             t = _NEG
-        for pr, pi, delay in preds(r, i):
-            if pi < a[pr]:
+        for pr, pi, delay in _inputs(problem, rows, index, r, i):
+            if pi < begin[pr]:
                 t = max(t, tl.end[pr][pi] + delay)
-            elif pi >= b[pr]:
+            elif pi >= stop[pr]:
                 t = max(t, base[(pr, pi)] + delay)
         base[(r, i)] = t + c.time(x.stage, x.op) if t > _NEG else _NEG
         if i == len(rows[r]) - 1:
-            C = max(C, base[(r, i)] - off[r])
-    return T, C
+            rest = max(rest, base[(r, i)] - off[r])
+    return tail, rest
+
+
+def _window_positions(rows: list[list[Action]], tl: Timeline, t1: float, t2: float) -> tuple[list[int], list[int]]:
+    """Per rank, the positions [begin, stop) of the passes that start in [t1, t2)."""
+    R = len(rows)
+    begin = [next((i for i, s in enumerate(tl.start[r]) if s >= t1), len(rows[r])) for r in range(R)]
+    stop = [next((i for i, s in enumerate(tl.start[r]) if s >= t2), len(rows[r])) for r in range(R)]
+    return begin, [max(x, y) for x, y in zip(begin, stop)]
+
+
+class _WindowModel:
+    """The MILP of one window, built in parts: time bounds, variables, precedence, then per
+    rank the order (chains and order binaries) and memory rows; solved and decoded.
+
+    Passes are keyed (rank, position). ``earliest[k]`` / ``latest_end[k]``: the earliest start
+    and the latest end of pass k that can still beat the current objective (big-M constants).
+    ``before[r][i]``: (k, weight) for each pass k of another chain on rank r that may run before
+    pass i, weight 1 when it surely does, else the order binary (or 1 - it)."""
+
+    def __init__(self, problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], band: float, secondary: bool):
+        self.problem, self.rows, self.tl, self.begin, self.stop = problem, rows, tl, begin, stop
+        self.band, self.secondary = band, secondary
+        self.passes: list[Key] = [(r, i) for r in range(len(rows)) for i in range(begin[r], stop[r])]
+        index = action_index(rows)
+        self.inputs = {k: list(_inputs(problem, rows, index, *k)) for k in self.passes}
+        self.tail, self.rest = _tails(problem, rows, tl, begin, stop, index)
+        self.value = problem.value(tl)
+        self.slack = 1e-7 * max(1.0, self.value)  # float noise between the simulator's sums and ours
+        self.binaries = 0
+
+    def duration(self, k: Key) -> float:
+        x = self.rows[k[0]][k[1]]
+        return self.problem.cost.time(x.stage, x.op)
+
+    def memory_delta(self, r: int, i: int) -> float:
+        x = self.rows[r][i]
+        return self.problem.cost.memory(x.stage, x.op)
+
+    # ---- time bounds -----------------------------------------------------------------------
+
+    def time_bounds(self) -> bool:
+        """Earliest starts (prefix constants + precedence inside the window) and latest ends;
+        False if they contradict each other (cannot happen for a consistent timeline)."""
+        tl, begin = self.tl, self.begin
+        order = sorted(self.passes, key=lambda k: (tl.start[k[0]][k[1]], k))
+        self.earliest: dict[Key, float] = {}
+        for r, i in order:
+            t = tl.end[r][begin[r] - 1] if begin[r] > 0 else 0.0
+            for pr, pi, delay in self.inputs[(r, i)]:
+                t = max(t, (tl.end[pr][pi] if pi < begin[pr] else self.earliest[(pr, pi)] + self.duration((pr, pi))) + delay)
+            self.earliest[(r, i)] = t
+        latest = self.latest_end = {}
+        for k in self.passes:
+            latest[k] = self.value + self.slack - self.tail[k] if self.tail[k] > _NEG else self.value + max(self.problem.rank_start) + 1.0
+        successors: dict[Key, list[tuple[Key, float]]] = {}
+        for k in self.passes:
+            for pr, pi, delay in self.inputs[k]:
+                if (pr, pi) in latest:
+                    successors.setdefault((pr, pi), []).append((k, delay))
+        for k in reversed(order):
+            for sk, delay in successors.get(k, ()):
+                latest[k] = min(latest[k], latest[sk] - self.duration(sk) - delay)
+        return all(self.earliest[k] + self.duration(k) <= latest[k] + 1e-6 for k in self.passes)
+
+    # ---- the model -------------------------------------------------------------------------
+
+    def add_variables(self) -> None:
+        """A start time per pass and the objective ``z``; the current schedule as warm start."""
+        tl, lp = self.tl, pulp.LpProblem("window", pulp.LpMinimize)
+        self.lp = lp
+        name = {k: f"s{k[0]}_{k[1]}" for k in self.passes}
+        self.start = {k: lp.add_variable(name[k], self.earliest[k], self.latest_end[k] - self.duration(k)) for k in self.passes}
+        self.z = lp.add_variable("z", self.rest if self.rest > _NEG else None, self.value + self.slack)
+        self.warm_start = {name[k]: tl.start[k[0]][k[1]] for k in self.passes}
+        self.warm_start["z"] = self.value
+
+    def add_objective(self) -> None:
+        """z, plus (``secondary``) a tiny weight on the start times so passes start early."""
+        self.eps = 1e-6 / len(self.passes) if self.secondary else 0.0
+        self.lp += self.z + self.eps * pulp.lpSum(self.start.values())
+
+    def add_precedence(self) -> None:
+        """Dependencies inside the window, and z above each pass's end plus its tail."""
+        lp, start = self.lp, self.start
+        for k in self.passes:
+            for pr, pi, delay in self.inputs[k]:
+                if (pr, pi) in start:
+                    lp += start[k] >= start[(pr, pi)] + self.duration((pr, pi)) + delay
+            if self.tail[k] > _NEG:
+                lp += self.z >= start[k] + self.duration(k) + self.tail[k]
+
+    def add_order_and_memory(self) -> None:
+        """Per rank: its chains in microbatch order, the order between chains, its memory rows."""
+        self.chain_position: dict[Key, int] = {}
+        self.before: list[dict[int, list]] = []
+        limits = self.problem.allowed()
+        for r in range(len(self.rows)):
+            chains = self.add_chains(r)
+            self.before.append({i: [] for i in range(self.begin[r], self.stop[r])})
+            keys = list(chains)
+            for ci, X in enumerate(keys):
+                for Y in keys[ci + 1:]:
+                    for i in chains[X]:
+                        self.add_order(r, X, Y, i, chains[Y])
+            if math.isfinite(limits[r]):
+                self.add_memory(r, chains, limits[r])
+
+    def add_chains(self, r: int) -> dict[PassType, list[int]]:
+        """Rank r's window passes by (stage, op), each chain in microbatch order (FIFO)."""
+        chains: dict[PassType, list[int]] = {}
+        for i in range(self.begin[r], self.stop[r]):
+            x = self.rows[r][i]
+            chains.setdefault((x.stage, x.op), []).append(i)
+        for ids in chains.values():
+            self.chain_position.update(((r, i), pos) for pos, i in enumerate(ids))
+            for i0, i1 in zip(ids, ids[1:]):
+                self.lp += self.start[(r, i1)] >= self.start[(r, i0)] + self.duration((r, i0))
+        return chains
+
+    def add_order(self, r: int, X: PassType, Y: PassType, i: int, others: list[int]) -> None:
+        """Order pass i (chain X) against the passes of chain Y: fixed by a dependency, by the
+        band or by the time bounds, else by a binary; linked to the nearest fixed pass on each
+        side (the chain order implies the rest)."""
+        lp, start, rows, tl, S = self.lp, self.start, self.rows, self.tl, self.problem.cost.num_stages
+        earliest, latest, dur, before = self.earliest, self.latest_end, self.duration, self.before[r]
+        xi = rows[r][i]
+        last_before = first_after = None
+        for k in others:
+            yk = rows[r][k]
+            if (xi.mb <= yk.mb and must_precede(X, Y, S)) or tl.start[r][k] - tl.start[r][i] > self.band:
+                first_after = k if first_after is None else first_after
+                before[k].append((i, 1))
+            elif (yk.mb <= xi.mb and must_precede(Y, X, S)) or tl.start[r][i] - tl.start[r][k] > self.band:
+                last_before = k
+                before[i].append((k, 1))
+            elif earliest[(r, k)] + dur((r, k)) > latest[(r, i)] - dur((r, i)) + 1e-9:
+                # y cannot end before x must start: y's order is forced after x
+                lp += start[(r, k)] >= start[(r, i)] + dur((r, i))
+                before[k].append((i, 1))
+            elif earliest[(r, i)] + dur((r, i)) > latest[(r, k)] - dur((r, k)) + 1e-9:
+                lp += start[(r, i)] >= start[(r, k)] + dur((r, k))
+                before[i].append((k, 1))
+            else:
+                v = lp.add_variable(f"o{r}_{i}_{k}", 0, 1, pulp.LpBinary)  # 1: i before k
+                self.warm_start[v.name] = 1.0 if (tl.start[r][i], i) < (tl.start[r][k], k) else 0.0
+                self.binaries += 1
+                m1 = latest[(r, i)] - earliest[(r, k)]
+                m2 = latest[(r, k)] - earliest[(r, i)]
+                lp += start[(r, k)] >= start[(r, i)] + dur((r, i)) - m1 * (1 - v)
+                lp += start[(r, i)] >= start[(r, k)] + dur((r, k)) - m2 * v
+                before[k].append((i, v))
+                before[i].append((k, 1 - v))
+        if last_before is not None:
+            lp += start[(r, i)] >= start[(r, last_before)] + dur((r, last_before))
+        if first_after is not None:
+            lp += start[(r, first_after)] >= start[(r, i)] + dur((r, i))
+
+    def add_memory(self, r: int, chains: dict[PassType, list[int]], allowed: float) -> None:
+        """Memory after each allocating pass: memory before the window + deltas of what precedes."""
+        mem_at_begin = self.tl.memory[r][self.begin[r] - 1] if self.begin[r] > 0 else 0.0
+        delta = self.memory_delta
+        for ids in chains.values():
+            for pos, i in enumerate(ids):
+                d = delta(r, i)
+                if d <= 0:
+                    continue
+                own = sum(delta(r, k) for k in ids[:pos])
+                expr = pulp.lpSum(delta(r, k) * w for k, w in self.before[r][i])
+                self.lp += expr + (mem_at_begin + own + d) <= allowed
+
+    # ---- solve and decode ------------------------------------------------------------------
+
+    def solve(self, time_limit: float) -> WindowResult | None:
+        solver = _HiGHS(self.warm_start, msg=False, timeLimit=max(0.1, time_limit), threads=os.cpu_count() or 1,
+                        gapRel=1e-6 if not self.secondary else 1e-5)
+        self.lp.solve(solver)
+        if self.lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+            return None
+        optimal = solver.model_status == highspy.HighsModelStatus.kOptimal
+        bound = solver.dual_bound - (self.eps * sum(self.latest_end[k] for k in self.passes) if self.eps else 0.0)
+        return WindowResult(self.decode(), pulp.value(self.z), bound, optimal, self.binaries)
+
+    def decode(self) -> list[list[Action]]:
+        """New order per rank: a pass's position is the number of window passes before it, read
+        from the order terms (exact even for passes of zero length, unlike start times)."""
+        rows = self.rows
+        new_rows = [list(row) for row in rows]
+        for r in range(len(rows)):
+            pos = {i: self.chain_position[(r, i)] + sum(round(pulp.value(w)) if not isinstance(w, int) else w for _, w in self.before[r][i])
+                   for i in range(self.begin[r], self.stop[r])}
+            new_rows[r][self.begin[r]:self.stop[r]] = [rows[r][i] for i in sorted(pos, key=pos.get)]
+        return new_rows
 
 
 def solve_window(
@@ -152,147 +350,17 @@ def solve_window(
     secondary: bool = True,
 ) -> WindowResult | None:
     """Re-optimise the passes that start in [t1, t2); None if the window is empty."""
-    c, S = problem.cost, problem.cost.num_stages
-    R = len(rows)
-    limits = problem.allowed()
-    a = [next((i for i, s in enumerate(tl.start[r]) if s >= t1), len(rows[r])) for r in range(R)]
-    b = [next((i for i, s in enumerate(tl.start[r]) if s >= t2), len(rows[r])) for r in range(R)]
-    b = [max(x, y) for x, y in zip(a, b)]
-    win = [(r, i) for r in range(R) for i in range(a[r], b[r])]
-    if not win:
+    begin, stop = _window_positions(rows, tl, t1, t2)
+    if begin == stop:
         return None
-    index = action_index(rows)
-    T, C = _tails(problem, rows, tl, a, b, index)
-    value = problem.value(tl)
-
-    def dur(r, i):
-        x = rows[r][i]
-        return c.time(x.stage, x.op)
-
-    # Earliest starts (prefix constants + precedence inside the window) and latest ends.
-    order = sorted(win, key=lambda k: (tl.start[k[0]][k[1]], k))
-    lb, ub = {}, {}
-    for r, i in order:
-        x = rows[r][i]
-        t = tl.end[r][a[r] - 1] if a[r] > 0 else 0.0
-        for st, op, j in predecessors(x.stage, x.op, x.mb, S):
-            pr, pi = index[(st, op, j)]
-            delay = edge_delay(c, st, x.stage)
-            t = max(t, (tl.end[pr][pi] if pi < a[pr] else lb[(pr, pi)] + dur(pr, pi)) + delay)
-        lb[(r, i)] = t
-    slack = 1e-7 * max(1.0, value)  # float noise between the simulator's sums and ours
-    for k in win:
-        ub[k] = value + slack - T[k] if T[k] > _NEG else value + max(problem.rank_start) + 1.0
-    succ_in_win: dict = {}
-    for r, i in win:
-        x = rows[r][i]
-        for st, op, j in predecessors(x.stage, x.op, x.mb, S):
-            pk = index[(st, op, j)]
-            if pk in ub:
-                delay = edge_delay(c, st, x.stage)
-                succ_in_win.setdefault(pk, []).append(((r, i), delay))
-    for k in reversed(order):
-        for sk, delay in succ_in_win.get(k, ()):
-            ub[k] = min(ub[k], ub[sk] - dur(*sk) - delay)
-    if any(lb[k] + dur(*k) > ub[k] + 1e-6 for k in win):
+    model = _WindowModel(problem, rows, tl, begin, stop, band, secondary)
+    if not model.time_bounds():
         return None  # cannot happen for a consistent timeline; be safe rather than wrong
-
-    lp = pulp.LpProblem("window", pulp.LpMinimize)
-    name = {k: f"s{k[0]}_{k[1]}" for k in win}
-    S_ = {k: lp.add_variable(name[k], lb[k], ub[k] - dur(*k)) for k in win}
-    z = lp.add_variable("z", C if C > _NEG else None, value + slack)
-    start = {name[k]: tl.start[k[0]][k[1]] for k in win}
-    start["z"] = value
-    eps = 1e-6 / len(win) if secondary else 0.0
-    lp += z + eps * pulp.lpSum(S_.values())
-
-    for k in win:
-        r, i = k
-        x = rows[r][i]
-        for st, op, j in predecessors(x.stage, x.op, x.mb, S):
-            pk = index[(st, op, j)]
-            if pk in S_:
-                delay = edge_delay(c, st, x.stage)
-                lp += S_[k] >= S_[pk] + dur(*pk) + delay
-        if T[k] > _NEG:
-            lp += z >= S_[k] + dur(*k) + T[k]
-
-    nbin = 0
-    mem_terms_of, preceding = [], {}
-    for r in range(R):
-        chains: dict[tuple[int, Op], list[int]] = {}
-        for i in range(a[r], b[r]):
-            x = rows[r][i]
-            chains.setdefault((x.stage, x.op), []).append(i)
-        for ids in chains.values():
-            preceding.update(((r, i), pos) for pos, i in enumerate(ids))
-            for i0, i1 in zip(ids, ids[1:]):
-                lp += S_[(r, i1)] >= S_[(r, i0)] + dur(r, i0)
-        # mem_terms[i]: (k, 1 or binary) for each pass k of another chain that may precede i
-        mem_terms: dict[int, list] = {i: [] for i in range(a[r], b[r])}
-        mem_terms_of.append(mem_terms)
-        keys = list(chains)
-        for ci, X in enumerate(keys):
-            for Y in keys[ci + 1:]:
-                for i in chains[X]:
-                    xi = rows[r][i]
-                    last_before = first_after = None
-                    for k in chains[Y]:
-                        yk = rows[r][k]
-                        if (xi.mb <= yk.mb and must_precede(X, Y, S)) or tl.start[r][k] - tl.start[r][i] > band:
-                            first_after = k if first_after is None else first_after
-                            mem_terms[k].append((i, 1))
-                        elif (yk.mb <= xi.mb and must_precede(Y, X, S)) or tl.start[r][i] - tl.start[r][k] > band:
-                            last_before = k
-                            mem_terms[i].append((k, 1))
-                        elif lb[(r, k)] + dur(r, k) > ub[(r, i)] - dur(r, i) + 1e-9:
-                            # y cannot end before x must start: y's order is forced after x
-                            lp += S_[(r, k)] >= S_[(r, i)] + dur(r, i)
-                            mem_terms[k].append((i, 1))
-                        elif lb[(r, i)] + dur(r, i) > ub[(r, k)] - dur(r, k) + 1e-9:
-                            lp += S_[(r, i)] >= S_[(r, k)] + dur(r, k)
-                            mem_terms[i].append((k, 1))
-                        else:
-                            v = lp.add_variable(f"o{r}_{i}_{k}", 0, 1, pulp.LpBinary)  # 1: i before k
-                            start[v.name] = 1.0 if (tl.start[r][i], i) < (tl.start[r][k], k) else 0.0
-                            nbin += 1
-                            m1 = ub[(r, i)] - lb[(r, k)]
-                            m2 = ub[(r, k)] - lb[(r, i)]
-                            lp += S_[(r, k)] >= S_[(r, i)] + dur(r, i) - m1 * (1 - v)
-                            lp += S_[(r, i)] >= S_[(r, k)] + dur(r, k) - m2 * v
-                            mem_terms[k].append((i, v))
-                            mem_terms[i].append((k, 1 - v))
-                    if last_before is not None:
-                        lp += S_[(r, i)] >= S_[(r, last_before)] + dur(r, last_before)
-                    if first_after is not None:
-                        lp += S_[(r, first_after)] >= S_[(r, i)] + dur(r, i)
-        # Memory after each allocating pass: memory before the window + deltas of what precedes.
-        m0 = tl.memory[r][a[r] - 1] if a[r] > 0 else 0.0
-        for ids in chains.values() if math.isfinite(limits[r]) else ():
-            for pos, i in enumerate(ids):
-                x = rows[r][i]
-                d = c.memory(x.stage, x.op)
-                if d <= 0:
-                    continue
-                own = sum(c.memory(rows[r][k].stage, rows[r][k].op) for k in ids[:pos])
-                expr = pulp.lpSum(c.memory(rows[r][k].stage, rows[r][k].op) * w for k, w in mem_terms[i])
-                lp += expr + (m0 + own + d) <= limits[r]
-
-    solver = _HiGHS(start, msg=False, timeLimit=max(0.1, time_limit), threads=os.cpu_count() or 1,
-                    gapRel=1e-6 if not secondary else 1e-5)
-    lp.solve(solver)
-    if lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        return None
-    # New order per rank: a pass's position is the number of window passes before it, read
-    # from the order terms (exact even for passes of zero length, unlike start times).
-    new_rows = [list(row) for row in rows]
-    for r in range(R):
-        pos = {i: preceding[(r, i)] + sum(round(pulp.value(w)) if not isinstance(w, int) else w for _, w in mem_terms_of[r][i])
-               for i in range(a[r], b[r])}
-        new_rows[r][a[r]:b[r]] = [rows[r][i] for i in sorted(pos, key=pos.get)]
-    optimal = solver.model_status == highspy.HighsModelStatus.kOptimal
-    bound = solver.dual_bound - (eps * sum(ub[k] for k in win) if eps else 0.0)
-    return WindowResult(new_rows, pulp.value(z), bound, optimal, nbin)
+    model.add_variables()
+    model.add_objective()
+    model.add_precedence()
+    model.add_order_and_memory()
+    return model.solve(time_limit)
 
 
 def exact(problem: Problem, rows: list[list[Action]], time_limit: float) -> WindowResult | None:
