@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from zbsearch import Profile, build_classic, resolve_profile
+from zbsearch.formats.edit import updated
 
 # REFERENCE.md section 5, Table 5 (bubble rate): model -> m -> kind -> paper value
 TABLE5 = {
@@ -40,8 +41,8 @@ def rescaled(prof: Profile, p: int) -> Profile:
     """The same model on p stages: per-stage times scale with layers per stage, comm stays."""
     k = prof.num_stages / p
     st = prof.stages[0]
-    stage = st.model_copy(update={"t_f": st.t_f * k, "t_b": st.t_b * k, "t_w": st.t_w * k})
-    return prof.model_copy(update={"stages": [stage] * p, "name": f"{prof.name}-rescaled-p{p}"})
+    stage = updated(st, t_f=st.t_f * k, t_b=st.t_b * k, t_w=st.t_w * k)
+    return updated(prof, stages=[stage] * p, name=f"{prof.name}-rescaled-p{p}")
 
 
 def main() -> None:

@@ -44,6 +44,7 @@ from zbsearch.runtime import PipelineRuntime, emulated_loss, emulated_stages
 from zbsearch.runtime import post_validation as pv
 from zbsearch.distributed import run_local
 from zbsearch.solver.solve import solve
+from zbsearch.formats.edit import updated
 
 P, M = 4, 8
 T_STEP, T_SNAP = 7.5e-3, 6.0e-3
@@ -60,8 +61,8 @@ def profile_p4():
     prof = resolve_profile("1.5b-m24")
     k = prof.num_stages / P
     st = prof.stages[0]
-    stage = st.model_copy(update={"t_f": st.t_f * k, "t_b": st.t_b * k, "t_w": st.t_w * k})
-    return prof.model_copy(update={"stages": [stage] * P, "name": "1.5b-m24-p4", "t_comm": prof.t_comm})
+    stage = updated(st, t_f=st.t_f * k, t_b=st.t_b * k, t_w=st.t_w * k)
+    return updated(prof, stages=[stage] * P, name="1.5b-m24-p4", t_comm=prof.t_comm)
 
 
 class _TimedAdamW(torch.optim.AdamW):

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import zbsearch as zb
 from zbsearch.placement import placement
+from zbsearch.formats.edit import updated
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDTH = 16
@@ -194,7 +195,7 @@ def real_worker(rank, world, send, m, iters, warmup, hidden, layers) -> dict | N
         name="gpt-measured", memory_unit="activations",
         stages=[zb.StageCost(t_f=t[f"{s}F"], t_b=t[f"{s}B"], t_w=t[f"{s}W"], m_f=1, m_b=-0.5, m_w=-0.5) for s in range(world)],
     )
-    return {name: _row(w, tr, schedules[name].model_copy(update={"profile": measured})) for name, (w, tr) in got.items()}
+    return {name: _row(w, tr, updated(schedules[name], profile=measured)) for name, (w, tr) in got.items()}
 
 
 # -- launching -----------------------------------------------------------------------------------

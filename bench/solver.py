@@ -28,6 +28,7 @@ from classic import BASE_M, TABLE5, TABLE8, rescaled
 
 from zbsearch import Profile, resolve_profile
 from zbsearch.solver import solve
+from zbsearch.formats.edit import updated
 
 # REFERENCE.md section 5, Table 5: ZB-2p bubble rate (ZB-1p is the ZB-H1 column of TABLE5)
 ZB2P = {
@@ -54,8 +55,8 @@ def scaled(prof: Profile, factors: list[float], memory: bool, name: str) -> Prof
         upd = {"t_f": st.t_f * f, "t_b": st.t_b * f, "t_w": st.t_w * f}
         if memory:
             upd |= {"m_f": st.m_f * f, "m_b": st.m_b * f, "m_w": st.m_w * f}
-        stages.append(st.model_copy(update=upd))
-    return prof.model_copy(update={"stages": stages, "name": f"{prof.name} ({name})"})
+        stages.append(updated(st, **upd))
+    return updated(prof, stages=stages, name=f"{prof.name} ({name})")
 
 
 def at_most(ours: float, paper: float) -> bool:

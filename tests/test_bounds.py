@@ -17,6 +17,7 @@ from zbsearch.bounds import (
 )
 from zbsearch.dependencies import predecessors
 from zbsearch.limits import parse_memory_limit
+from zbsearch.formats.edit import updated
 from zbsearch.placement import placement
 from zbsearch.solver import Problem, smallest_feasible_limit, solve
 from zbsearch.solver.heuristic import candidate_policies, list_schedule, sequential_schedule
@@ -204,9 +205,9 @@ def test_memory_precedences_count_both_stages_of_a_v_rank():
 
 def test_chain_bound_certifies_a_heterogeneous_1p_schedule():
     prof = resolve_profile("1.5b-m24")
-    stages = [st_.model_copy(update={"t_f": st_.t_f * f, "t_b": st_.t_b * f, "t_w": st_.t_w * f})
+    stages = [updated(st_, t_f=st_.t_f * f, t_b=st_.t_b * f, t_w=st_.t_w * f)
               for st_, f in zip(prof.stages, [1.2] + [1.0] * 6 + [1.5])]
-    prof = prof.model_copy(update={"stages": stages})
+    prof = updated(prof, stages=stages)
     cost = CostModel.from_profile(prof, list(range(8)))
     limit = parse_memory_limit("1p", prof, cost)
     chain = max(rank_chain_span_lower_bounds(cost, 24, limit))

@@ -8,11 +8,12 @@ from zbsearch import (
     CLASSIC_KINDS, CostModel, InvalidSchedule, build_classic, find_problem, makespan_lower_bound,
     span_lower_bound, timeline, validate,
 )
+from zbsearch.formats.edit import updated
 from tests.helpers import make_profile
 
 
 def _edit(sched, rows):
-    return sched.model_copy(update={"actions": rows})
+    return updated(sched, actions=rows)
 
 
 @pytest.fixture

@@ -1,9 +1,12 @@
 import json
+from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from zbsearch import Profile, ZbError, build_classic, load_profile, load_schedule, resolve_profile, save_schedule
 from zbsearch.actions import Action, Op, parse_action
+from zbsearch.formats.edit import updated
 from tests.helpers import make_profile
 
 
@@ -113,3 +116,42 @@ def test_profile_for_schedule_must_split_evenly():
 def test_profile_schema_is_available():
     schema = Profile.model_json_schema()
     assert "stages" in schema["properties"]
+
+
+def test_files_written_before_the_typed_fields_still_load():
+    # committed before the solver section, the predicted bounds and the profiler's fields were typed
+    root = Path(__file__).resolve().parents[2]
+    solved = load_schedule(root / "schedules" / "zb-2p-1.5b-m24.json")
+    assert solved.solver is not None and solved.solver.status == "optimal" and solved.solver.lower_bound > 0
+    assert solved.predicted.lower_bound_makespan is not None and solved.predicted.bubble_rate_makespan is not None
+    measured = resolve_profile("cpu-gpt-tiny")
+    assert measured.links is not None and measured.measured is not None and measured.device
+    assert len(measured.measured.stages) == measured.num_stages and measured.measured.stages[0].t_f.median > 0
+    assert resolve_profile("1.5b-m24").measured is None  # a paper profile has none
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda d: d.update(solver={**d["solver"], "status": "great"}), "status"),
+        (lambda d: d["predicted"].update(surprise=1), "surprise"),
+        (lambda d: d.update(notes="x"), "notes"),
+    ],
+)
+def test_schedule_sections_are_typed(tmp_path, edit, words):
+    doc = json.loads((Path(__file__).resolve().parents[2] / "schedules" / "zb-2p-1.5b-m24.json").read_text())
+    edit(doc)
+    with pytest.raises(ZbError, match=words):
+        load_schedule(_write(tmp_path, doc))
+
+
+def test_edits_are_validated():
+    prof = make_profile(3)
+    assert updated(prof, name="y").name == "y" and updated(prof, name="y").stages == prof.stages
+    with pytest.raises(ValidationError):
+        updated(prof, stages=[])
+    with pytest.raises(ValidationError, match="do not balance"):
+        updated(prof.stages[0], m_w=5.0)
+    sched = build_classic("1f1b", prof, 4)
+    with pytest.raises(ValidationError, match="split evenly"):
+        updated(sched, profile=make_profile(2))  # 3 stages cannot run on a 2-stage profile

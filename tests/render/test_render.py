@@ -12,6 +12,7 @@ import pytest
 
 from zbsearch.app import cli
 import zbsearch as zb
+from zbsearch.formats.edit import updated
 from zbsearch.render import intervals_panel, load_measured, render_text, schedule_panel, with_measured, write_chart
 
 WIDTH = 100
@@ -29,8 +30,8 @@ def zb_h1(unit):
 
 def _trace(schedule: zb.Schedule, t_b: float = 1.1, t_w: float = 1.4) -> dict:
     """A runtime-like trace of ``schedule``: slower B and W, a comm delay, epoch timestamps."""
-    stages = [s.model_copy(update={"t_b": t_b, "t_w": t_w}) for s in schedule.profile.stages]
-    prof = schedule.profile.model_copy(update={"stages": stages, "t_comm": 0.08})
+    stages = [updated(s, t_b=t_b, t_w=t_w) for s in schedule.profile.stages]
+    prof = updated(schedule.profile, stages=stages, t_comm=0.08)
     tl = zb.simulate(schedule.rank_actions, zb.CostModel.from_profile(prof, schedule.stage_to_rank))
     t0 = 1.7e12  # µs since the epoch, as a real trace has
     events = [

@@ -29,6 +29,7 @@ from zbsearch.distributed import run_local
 from zbsearch.runtime.memory import ActivationMeter
 from zbsearch.runtime.p2p import ACT, GRAD, comm_plan
 from zbsearch.placement import placement
+from zbsearch.formats.edit import updated
 from zbsearch.formats.trace import load_trace, save_trace
 
 from tests.helpers.toy import (
@@ -337,7 +338,7 @@ def test_wrong_stages_and_missing_loss_are_rejected(single_rank):
         PipelineRuntime(sched, {0: nn.Linear(2, 2)}, toy_loss)
     with pytest.raises(PipelineError, match="needs a loss_fn"):
         PipelineRuntime(sched, {0: nn.Linear(2, 2), 1: nn.Linear(2, 2)})
-    bad = sched.model_copy(update={"actions": [sched.actions[0][1:]]})
+    bad = updated(sched, actions=[sched.actions[0][1:]])
     with pytest.raises(PipelineError, match="invalid schedule: .*missing"):
         PipelineRuntime(bad, {0: nn.Linear(2, 2), 1: nn.Linear(2, 2)}, toy_loss)
 

@@ -12,6 +12,7 @@ from tests.helpers import make_profile
 from zbsearch import CostModel, Schedule, find_problem, parse_memory_limit, resolve_profile, simulate
 from zbsearch.bounds import memory_span_lower_bound, rank_memory_span_lower_bounds
 from zbsearch.errors import ZbError
+from zbsearch.formats.edit import updated
 from zbsearch.solver import Problem, smallest_feasible_limit, solve
 from zbsearch.solver.frontier import frontier
 from zbsearch.solver.heuristic import candidate_policies, list_schedule, sequential_schedule
@@ -29,7 +30,7 @@ def _check(res, limit_spec):
     tl = simulate(sched.rank_actions, cost)
     assert res.info.value == pytest.approx(max(tl.span) if res.info.objective == "span" else tl.makespan)
     assert res.info.value >= res.info.lower_bound * (1 - 1e-9)
-    assert sched.solver["status"] == res.info.status
+    assert sched.solver.status == res.info.status
 
 
 def test_unit_costs_2p_large_m_is_zero_bubble_and_proven():
@@ -89,7 +90,7 @@ def test_time_limit_returns_the_best_so_far_with_its_gap():
     res = solve(prof, 48, "2p", time_limit=1.0)
     _check(res, "2p")
     assert res.info.status in ("time_limit", "optimal") and res.info.gap >= 0
-    assert res.info.time_limit_s == 1.0 and res.schedule.solver["gap"] == res.info.gap
+    assert res.info.time_limit_s == 1.0 and res.schedule.solver.gap == res.info.gap
 
 
 @pytest.mark.parametrize("chunks,limit", [(1, "1.5p"), (2, "1p"), (2, "0.5p"), (1, None)])
@@ -101,8 +102,8 @@ def test_every_output_validates_and_respects_the_limit(chunks, limit):
 
 
 def test_makespan_objective_and_byte_budget():
-    prof = make_profile(4, t_comm=0.1).model_copy(update={"memory_unit": "bytes"})
-    prof = prof.model_copy(update={"stages": [s.model_copy(update={"m_f": 2**30, "m_b": -(2**29), "m_w": -(2**29)}) for s in prof.stages]})
+    prof = make_profile(4, t_comm=0.1)
+    prof = updated(prof, memory_unit="bytes", stages=[updated(s, m_f=2**30, m_b=-(2**29), m_w=-(2**29)) for s in prof.stages])
     res = solve(prof, 8, "4GiB", objective="makespan", time_limit=3)
     _check(res, "4GiB")
     assert res.info.objective == "makespan" and res.schedule.predicted.makespan == pytest.approx(res.info.value)

@@ -17,6 +17,7 @@ from rich.table import Table
 
 import zbsearch as zb
 from zbsearch.errors import ZbError
+from zbsearch.formats.edit import updated
 from zbsearch.formats.fileio import write_model, write_text
 
 app = typer.Typer(
@@ -35,9 +36,8 @@ MicrobatchOpt = typer.Option(..., "-m", "--microbatches", help="microbatches per
 def _load_schedule(path: Path, profile: Optional[str]) -> zb.Schedule:
     sched = zb.load_schedule(path)
     if profile is not None:
-        prof = zb.resolve_profile(profile)
-        sched = sched.model_copy(update={"profile": prof})
-        sched = zb.Schedule.model_validate(sched.model_dump())  # re-check stage counts against the new profile
+        # validated again: the stage counts must fit the new profile
+        sched = updated(sched, profile=zb.resolve_profile(profile))
     return sched
 
 

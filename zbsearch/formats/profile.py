@@ -13,14 +13,17 @@ import math
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import ZbError
 from .fileio import read_model, write_model
 
-__all__ = ["StageCost", "Profile", "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES"]
+__all__ = [
+    "StageCost", "Quartiles", "StageSpread", "Measurement", "Links", "Profile",
+    "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES",
+]
 
 # Relative tolerance for "m_f + m_b + m_w ~ 0" (measured allocator deltas are noisy).
 _MEMORY_BALANCE_RTOL = 0.02
@@ -54,8 +57,50 @@ class StageCost(BaseModel):
         return self
 
 
+class Quartiles(BaseModel):
+    median: float
+    q1: float
+    q3: float
+
+
+class StageSpread(BaseModel):
+    """How one stage's passes were measured: the spread of the repeats, what it sends on."""
+
+    model_config = ConfigDict(extra="allow")
+
+    t_f: Quartiles
+    t_b: Quartiles
+    t_w: Quartiles
+    memory_residual: float | None = None
+    output_bytes: int | None = None
+
+
+class Measurement(BaseModel):
+    """What the profiler measured with, and the raw figures behind the stage costs."""
+
+    model_config = ConfigDict(extra="allow")
+
+    timing: str | None = None
+    memory: str | None = None
+    boundary_bytes: list[int] = Field(default_factory=list, description="bytes each stage sends to the next")
+    stages: list[StageSpread] = Field(default_factory=list)
+
+
+class Links(BaseModel):
+    """How ``t_comm`` was obtained: measured between ranks or estimated from a link model."""
+
+    model_config = ConfigDict(extra="allow")
+
+    method: str
+    how: str | None = None
+    latency_ms: float | None = None
+    bandwidth_gb_s: float | None = None
+    devices: list[str] | None = None
+
+
 class Profile(BaseModel):
-    """Per-stage costs. Extra top-level fields (device, settings...) are kept as they are."""
+    """Per-stage costs, and (from the profiler) where and how they were measured. Other
+    top-level fields are kept as they are."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -67,6 +112,15 @@ class Profile(BaseModel):
     stages: list[StageCost] = Field(min_length=1)
     t_comm: float | list[float] = 0.0
     memory_capacity: list[float] | None = None
+    # written by the profiler; absent from hand-written and paper profiles
+    device: str | None = None
+    torch: str | None = None
+    dtype: str | None = None
+    mode: str | None = None
+    model: dict[str, Any] | None = Field(None, description="the model's settings (layers, hidden, ...)")
+    settings: dict[str, Any] | None = Field(None, description="the profiler's settings")
+    links: Links | None = None
+    measured: Measurement | None = None
 
     @field_validator("t_comm")
     @classmethod

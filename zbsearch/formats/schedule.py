@@ -8,7 +8,7 @@ the simulator, and stored under ``predicted`` for people and tools that do not s
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -17,21 +17,47 @@ from ..errors import ZbError
 from .fileio import read_model, write_model
 from .profile import Profile
 
-__all__ = ["Predicted", "Schedule", "load_schedule", "save_schedule"]
+__all__ = ["Objective", "Predicted", "SolverInfo", "Schedule", "load_schedule", "save_schedule"]
+
+Objective = Literal["span", "makespan"]
 
 
 class Predicted(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """What the simulator predicts for the schedule on its profile."""
+
+    model_config = ConfigDict(extra="forbid")
 
     makespan: float
     span: list[float]
     bubble_rate: float
     peak_memory: list[float]
     lower_bound: float = Field(description="provable lower bound on max(span) for this profile")
+    lower_bound_makespan: float | None = Field(None, description="provable lower bound on the makespan")
+    bubble_rate_makespan: float | None = Field(None, description="bubble rate with the makespan as the period")
+
+
+class SolverInfo(BaseModel):
+    """How the solver found the schedule (the ``solver`` section of a solved schedule)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["heuristic", "heuristic+milp"]
+    construction: str
+    objective: Objective
+    status: Literal["optimal", "feasible", "time_limit"]
+    value: float
+    lower_bound: float
+    gap: float
+    time_s: float
+    time_limit_s: float
+    memory_limit: str | None
+    uniform_costs: bool
+    milp_windows: int = 0
+    milp_improvements: int = 0
 
 
 class Schedule(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     format: Literal["zbsearch.schedule"] = "zbsearch.schedule"
     version: Literal[1] = 1
@@ -44,6 +70,7 @@ class Schedule(BaseModel):
     memory_limit: list[float] | None = None
     profile: Profile
     predicted: Predicted | None = None
+    solver: SolverInfo | None = None
 
     # (id of the actions list it was parsed from, parsed lists); model_copy keeps private
     # attributes, so the id guards against a stale cache after ``update={"actions": ...}``.
@@ -109,7 +136,7 @@ class Schedule(BaseModel):
         stage_to_rank: list[int],
         actions: list[list[Action]],
         memory_limit: list[float] | None = None,
-        **extra: Any,
+        solver: SolverInfo | None = None,
     ) -> "Schedule":
         sched = cls(
             kind=kind,
@@ -120,7 +147,7 @@ class Schedule(BaseModel):
             actions=[[str(a) for a in row] for row in actions],
             memory_limit=memory_limit,
             profile=profile,
-            **extra,
+            solver=solver,
         )
         sched._parsed = (id(sched.actions), [list(row) for row in actions])
         return sched

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ..formats.profile import Profile
+from ..formats.profile import Profile, StageSpread
 
 __all__ = ["progress_bar", "summary_table"]
 
@@ -37,10 +37,9 @@ def progress_bar(console: Console) -> Iterator:
 def summary_table(profile: Profile) -> Group:
     """Per stage: median times and their spread (the widest half interquartile range of F, B
     and W, relative to the median), memory, boundary size and link time."""
-    measured = getattr(profile, "measured", None) or {}
-    spread = measured.get("stages") or [{}] * profile.num_stages
-    sizes = measured.get("boundary_bytes") or []
-    links = getattr(profile, "links", None) or {}
+    measured = profile.measured
+    spread: list[StageSpread | None] = list(measured.stages) if measured and measured.stages else [None] * profile.num_stages
+    sizes = measured.boundary_bytes if measured else []
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0), title=profile.name)
     for col in ("stage", "T_F\nms", "T_B\nms", "T_W\nms", "spread\n±", "T_B+T_W\n/ T_F", "M_B\nMiB", "M_W\n/ M_B",
                 "sends\nKiB", "t_comm\nms"):
@@ -53,13 +52,12 @@ def summary_table(profile: Profile) -> Group:
             f"{profile.comm(s):.3g}" if s < profile.num_stages - 1 else "-",
         )
     # Below the table rather than as its caption: a long caption would squeeze the columns.
-    where = Text(f"{getattr(profile, 'device', '?')}, {getattr(profile, 'dtype', '?')}, "
-                 f"{getattr(profile, 'mode', '?')}; links {links.get('method', '?')}", style="dim")
+    where = Text(f"{profile.device or '?'}, {profile.dtype or '?'}, {profile.mode or '?'}; "
+                 f"links {profile.links.method if profile.links else '?'}", style="dim")
     return Group(t, where)
 
 
-def _spread(stats: dict) -> str:
-    parts = [stats.get(k) for k in ("t_f", "t_b", "t_w")]
-    if not all(parts):
+def _spread(stats: StageSpread | None) -> str:
+    if stats is None:
         return "-"
-    return f"{max((p['q3'] - p['q1']) / 2 / p['median'] for p in parts):.0%}"
+    return f"{max((q.q3 - q.q1) / 2 / q.median for q in (stats.t_f, stats.t_b, stats.t_w)):.0%}"

@@ -20,17 +20,16 @@ profile, ``rank_start``. That lets the MILP measure spans from a constant.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ..actions import Action, Op
 from ..costs import CostModel
 from ..dependencies import earliest_starts
+from ..formats.schedule import Objective
 from ..limits import allowance, fits
 from ..simulator import Timeline, simulate
 
 __all__ = ["Objective", "Problem"]
 
-Objective = Literal["span", "makespan"]
 
 
 @dataclass(frozen=True)

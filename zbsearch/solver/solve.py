@@ -19,9 +19,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict
 
 from ..actions import Action
 from ..classic import KINDS
@@ -32,7 +29,8 @@ from ..limits import parse_memory_limit
 from ..placement import placement
 from ..predict import with_prediction
 from ..formats.profile import Profile
-from ..formats.schedule import Schedule
+from ..formats.edit import updated
+from ..formats.schedule import Schedule, SolverInfo
 from ..simulator import Timeline
 from ..validator import validate
 from .feasibility import check_limit
@@ -45,26 +43,6 @@ __all__ = ["SolverInfo", "SolveResult", "solve", "uniform_profile", "solver_plac
 _CLOSED = 1e-6
 # Problems up to this many passes get the exact MILP first: it can prove optimality.
 _EXACT_PASSES = 120
-
-
-class SolverInfo(BaseModel):
-    """The ``solver`` section of a solved schedule file."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    method: Literal["heuristic", "heuristic+milp"]
-    construction: str
-    objective: Objective
-    status: Literal["optimal", "feasible", "time_limit"]
-    value: float
-    lower_bound: float
-    gap: float
-    time_s: float
-    time_limit_s: float
-    memory_limit: str | None
-    uniform_costs: bool
-    milp_windows: int = 0
-    milp_improvements: int = 0
 
 
 @dataclass
@@ -87,8 +65,8 @@ def solver_placement(num_ranks: int, chunks: int) -> list[int]:
 def uniform_profile(profile: Profile) -> Profile:
     """Every stage with the median F, B and W time across stages (memory stays per stage)."""
     med = {k: statistics.median(getattr(st, k) for st in profile.stages) for k in ("t_f", "t_b", "t_w")}
-    stages = [st.model_copy(update=med) for st in profile.stages]
-    return profile.model_copy(update={"stages": stages, "name": f"{profile.name}-uniform"})
+    stages = [updated(st, **med) for st in profile.stages]
+    return updated(profile, stages=stages, name=f"{profile.name}-uniform")
 
 
 # Handcrafted orders tried as further candidates, by placement.
@@ -213,7 +191,7 @@ def solve(
         uniform_costs=uniform_costs, milp_windows=windows, milp_improvements=improvements,
     )
     kind = "zb-" + ("v-" if chunks == 2 else "") + (spec.strip().lower() if spec else "solver")
-    sched = Schedule.build(kind, profile, m, stage_to_rank, rows, memory_limit=limit, solver=info.model_dump())
+    sched = Schedule.build(kind, profile, m, stage_to_rank, rows, memory_limit=limit, solver=info)
     validate(sched)
     report("done", value)
     return SolveResult(with_prediction(sched), info, tl)
