@@ -2,19 +2,21 @@
 
 Data flows one way: ``formats.profile`` -> ``costs`` -> ``solver`` (or ``classic``) ->
 ``formats.schedule`` -> ``runtime``. The core never imports torch: the formats, cost model,
-``dependencies``, ``simulator``, ``validator``, ``bounds``, ``classic`` schedules, ``solver`` and
-``render``. torch lives in ``profiler``, ``runtime``, ``models``, ``distributed`` and ``app``.
+``dependencies`` (the one place that knows which pass needs which), ``placement``,
+``simulator``, ``validator``, ``bounds``, ``classic`` schedules, ``solver`` and ``render``.
+torch lives in ``profiler``, ``runtime``, ``models``, ``distributed`` and ``app``.
 """
 
 from .actions import Action, Op, parse_action
 from .bounds import makespan_lower_bound, span_lower_bound
-from .classic import CLASSIC_KINDS, build_classic
+from .classic import CLASSIC_KINDS, KINDS, build_classic
 from .costs import CostModel
 from .errors import ZbError
 from .limits import fits, parse_memory_limit
+from .placement import placement
 from .predict import predict, timeline, with_prediction
 from .formats.profile import Profile, StageCost, load_profile, resolve_profile, save_profile
-from .formats.schedule import Predicted, Schedule, load_schedule, save_schedule
+from .formats.schedule import Predicted, Schedule, SolverInfo, load_schedule, save_schedule
 from .simulator import Timeline, simulate
 from .validator import InvalidSchedule, find_problem, validate
 
@@ -29,6 +31,7 @@ __all__ = [
     "save_profile",
     "Schedule",
     "Predicted",
+    "SolverInfo",
     "load_schedule",
     "save_schedule",
     "CostModel",
@@ -45,6 +48,8 @@ __all__ = [
     "parse_memory_limit",
     "fits",
     "CLASSIC_KINDS",
+    "KINDS",
+    "placement",
     "build_classic",
     "ZbError",
 ]

@@ -139,8 +139,8 @@ def _end_idle(cost: CostModel, s: int, lag: float, m: int, limit: float) -> floa
 def _memory_path(cost: CostModel, s: int, lag: float, m: int, limit: float) -> float:
     """Longest path through one single-stage rank's passes when memory orders them (see
     rank_memory_span_lower_bounds); 0 when a pass allocates in B or W (no closed form)."""
-    mf, mb, mw = cost.m_f[s], cost.m_b[s], cost.m_w[s]
-    if mb > 0 or mw > 0:
+    mem_f, mem_b, mem_w = cost.m_f[s], cost.m_b[s], cost.m_w[s]
+    if mem_b > 0 or mem_w > 0:
         return 0.0
     tf, tb, tw = cost.t_f[s], cost.t_b[s], cost.t_w[s]
     sf = sb = sw = float("-inf")
@@ -148,9 +148,9 @@ def _memory_path(cost: CostModel, s: int, lag: float, m: int, limit: float) -> f
     for j in range(m):
         # F(j) needs n_b earlier B passes done (every W done too at best) and n_w earlier W
         # passes done (every B done at best) for memory to stay within the limit.
-        need = (j + 1) * mf - limit
-        n_b = 0 if need <= 0 else (math.ceil(need / -(mb + mw) - 1e-9) if mb + mw < 0 else j + 1)
-        n_w = 0 if need + j * mb <= 0 else (math.ceil((need + j * mb) / -mw - 1e-9) if mw < 0 else j + 1)
+        need = (j + 1) * mem_f - limit
+        n_b = 0 if need <= 0 else (math.ceil(need / -(mem_b + mem_w) - 1e-9) if mem_b + mem_w < 0 else j + 1)
+        n_w = 0 if need + j * mem_b <= 0 else (math.ceil((need + j * mem_b) / -mem_w - 1e-9) if mem_w < 0 else j + 1)
         if n_b > j or n_w > j:
             return float("inf")  # memory cannot hold even this: no schedule exists
         sf = max(0.0 if j == 0 else sf + tf, end_b[n_b - 1] if n_b else 0.0, end_w[n_w - 1] if n_w else 0.0)

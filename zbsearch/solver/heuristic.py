@@ -82,10 +82,13 @@ def _round_trip(problem: Problem) -> list[float]:
     c = problem.cost
     S = c.num_stages
     out = []
+    # Summed as below, not as a path in dependencies.type_graph: float rounding decides ties in
+    # the warm-up depths (round(depth * trip / per_mb)), so the order of the sums is part of the
+    # heuristic's results.
     for r in range(c.num_ranks):
         s0 = min(c.rank_stages(r))
         t = sum(c.t_f[s] for s in range(s0, S)) + sum(c.t_b[s] for s in range(s0, S))
-        t += 2 * sum(c.comm(s, s + 1) for s in range(s0, S - 1))
+        t += 2 * sum(edge_delay(c, s, s + 1) for s in range(s0, S - 1))
         out.append(t)
     return out
 
