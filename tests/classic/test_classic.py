@@ -83,3 +83,18 @@ def test_limits_stated():
         build_classic("zb-h3", make_profile(4), 6)
     with pytest.raises(ZbError, match="chunks"):
         build_classic("zb-h1", make_profile(4), 8, chunks=2)
+
+
+# the second profile: a heavy W on the middle stage, where split 1F1B is faster than ZB-H1
+@pytest.mark.parametrize("times, m", [([(1.0, 1.0, 1.0)] * 4, 6), ([(1.8, 0.8, 0.5), (1.8, 2.6, 5.6), (0.4, 2.8, 0.4)], 2)])
+def test_a_kind_names_one_order(times, m):
+    # Both run min(m, p - r) forwards on rank r before its first B; ZB-H1 lags W by r microbatches,
+    # split 1F1B runs each W right after its B, whichever is faster on the profile.
+    p = len(times)
+    prof = make_profile(p, stages=times)
+    for kind in ("zb-h1", "1f1b-split"):
+        rows = build_classic(kind, prof, m).rank_actions
+        for r, row in enumerate(rows):
+            assert next(i for i, a in enumerate(row) if a.op.value == "B") == min(m, p - r), kind
+            w_after_b = [row[i + 1].op.value == "W" for i, a in enumerate(row) if a.op.value == "B"]
+            assert all(w_after_b) == (kind == "1f1b-split" or r == 0), kind

@@ -140,7 +140,7 @@ def compare(
     for kind in (*zb.CLASSIC_KINDS, "zb-1p", "zb-2p"):
         try:
             if kind in zb.CLASSIC_KINDS:
-                sched = zb.build_classic(kind, prof, m, chunks if kind == "interleaved-1f1b" else None)
+                sched = zb.build_classic(kind, prof, m, chunks if zb.KINDS[kind].any_chunks else None)
             else:  # the solver's heuristics without MILP: a second or so even at p=32
                 from zbsearch.solver import solve as solve_schedule
 
