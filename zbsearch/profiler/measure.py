@@ -1,8 +1,10 @@
-"""Time F, B and W of one stage and measure the activation memory each pass leaves.
+"""Time F, B, W and the fused backward BW of one stage and measure the activation memory.
 
 The passes are the runtime's own (``zbsearch.runtime.split_backward``), so the profile times
 exactly what a schedule will run, graph analysis of the B/W split included. Each repetition is
-one microbatch: F, then B from the gradient the next stage would send (1 for a loss), then W.
+one microbatch: F, then B from the gradient the next stage would send (1 for a loss), then W;
+then F again and one fused BW, which is what GPipe / 1F1B run and costs less than B + W (no
+split analysis, one autograd call), so a schedule that fuses is predicted at what it runs.
 
 Clocks: on CPU ``perf_counter`` around each pass; on CUDA events on the current stream, read
 after one synchronisation per repetition, so the passes are not separated by host stalls.
@@ -25,7 +27,7 @@ from torch import nn
 
 from ..formats.profile import StageCost
 from ..runtime.memory import ActivationMeter
-from ..runtime.split_backward import backward_input, backward_weight, forward_pass
+from ..runtime.split_backward import backward_full, backward_input, backward_weight, forward_pass
 from ..distributed.clock import DeviceClock
 
 __all__ = ["Stats", "StageMeasurement", "measure_stage"]
@@ -57,6 +59,7 @@ class StageMeasurement:
     f: Stats
     b: Stats
     w: Stats
+    bw: Stats
     m_f: float  # bytes
     m_b: float
     memory_residual: float
@@ -64,13 +67,13 @@ class StageMeasurement:
 
     def cost(self) -> StageCost:
         return StageCost(
-            t_f=self.f.median, t_b=self.b.median, t_w=self.w.median,
+            t_f=self.f.median, t_b=self.b.median, t_w=self.w.median, t_bw=self.bw.median,
             m_f=self.m_f, m_b=self.m_b, m_w=-(self.m_f + self.m_b),
         )
 
     def record(self) -> dict:
         return {
-            "t_f": self.f.record(), "t_b": self.b.record(), "t_w": self.w.record(),
+            "t_f": self.f.record(), "t_b": self.b.record(), "t_w": self.w.record(), "t_bw": self.bw.record(),
             "memory_residual": self.memory_residual, "output_bytes": self.output_bytes,
         }
 
@@ -84,14 +87,14 @@ def measure_stage(
     repeat: int,
     tick: Callable[[], None] | None = None,
 ) -> StageMeasurement:
-    """``warmup`` untimed then ``repeat`` timed repetitions of F, B, W on ``inputs``."""
+    """``warmup`` untimed then ``repeat`` timed repetitions of F, B, W, and F, BW on ``inputs``."""
     clock = DeviceClock(device)
     meter = ActivationMeter()
 
     def live() -> float:
         return float(torch.cuda.memory_allocated(device)) if clock.cuda else float(meter.bytes)
 
-    times: list[tuple[float, float, float]] = []
+    times: list[tuple[float, float, float, float]] = []
     mem: list[tuple[float, float, float]] = []
     grads = None
     output_bytes = 0
@@ -109,13 +112,18 @@ def measure_stage(
         backward_weight(fp)
         e3, a3 = clock.mark(), live()
         del fp
+        fused = forward_pass(module, inputs, split=False, post=post)
+        e4 = clock.mark()
+        backward_full(fused, grads)
+        e5 = clock.mark()
+        del fused
         clock.sync()
         if rep >= warmup:
-            times.append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e2, e3)))
+            times.append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e2, e3), clock.ms(e4, e5)))
             mem.append((a1 - a0, a2 - a1, a3 - a0))
         if tick is not None:
             tick()
-    f, b, w = (Stats.of(list(col)) for col in zip(*times))
+    f, b, w, bw = (Stats.of(list(col)) for col in zip(*times))
     m_f, m_b, residual = (statistics.median(col) for col in zip(*mem))
     m_f = max(m_f, 0.0)
-    return StageMeasurement(f, b, w, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes)
+    return StageMeasurement(f, b, w, bw, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes)

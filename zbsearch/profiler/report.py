@@ -42,12 +42,12 @@ def summary_table(profile: Profile) -> Group:
     sizes = measured.get("boundary_bytes") or []
     links = getattr(profile, "links", None) or {}
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0), title=profile.name)
-    for col in ("stage", "T_F\nms", "T_B\nms", "T_W\nms", "spread\n±", "T_B+T_W\n/ T_F", "M_B\nMiB", "M_W\n/ M_B",
+    for col in ("stage", "T_F\nms", "T_B\nms", "T_W\nms", "T_BW\nms", "spread\n±", "T_B+T_W\n/ T_F", "M_B\nMiB", "M_W\n/ M_B",
                 "sends\nKiB", "t_comm\nms"):
         t.add_column(col, justify="right")
     for s, (st, sp) in enumerate(zip(profile.stages, spread)):
         t.add_row(
-            str(s), f"{st.t_f:.3g}", f"{st.t_b:.3g}", f"{st.t_w:.3g}", _spread(sp),
+            str(s), f"{st.t_f:.3g}", f"{st.t_b:.3g}", f"{st.t_w:.3g}", f"{st.fused_backward:.3g}", _spread(sp),
             f"{(st.t_b + st.t_w) / st.t_f:.2f}", f"{st.m_f / 2**20:.3g}", f"{-st.m_w / st.m_f:.2f}" if st.m_f else "-",
             f"{sizes[s] / 2**10:.0f}" if s < len(sizes) else "-",
             f"{profile.comm(s):.3g}" if s < profile.num_stages - 1 else "-",

@@ -83,6 +83,17 @@ class SavedActivations:
             self._meter.add(ptr, t.untyped_storage().nbytes())
         return h
 
+    def hold(self, t: torch.Tensor):
+        """Keep ``t`` for a later pass as a saved activation (counted, freed like the others);
+        ``read`` gives it back."""
+        return self._pack(t)
+
+    def read(self, h) -> torch.Tensor:
+        return self._unpack(h)
+
+    def holds(self, h) -> bool:
+        return isinstance(h, _Holder)
+
     def _unpack(self, h):
         if not isinstance(h, _Holder):
             return h
