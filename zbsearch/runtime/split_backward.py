@@ -407,13 +407,16 @@ def backward_full(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None]) 
     outs, grads = _roots(fp, output_grads)
     idx = _grad_inputs(fp)
     result: list[torch.Tensor | None] = [None] * len(fp.inputs)
-    if outs:
-        wanted = [fp.inputs[i] for i in idx] + fp.params
-        got = torch.autograd.grad(outs, wanted, grads, allow_unused=True)
-        for i, g in zip(idx, got):
-            result[i] = g
-        for p, g in zip(fp.params, got[len(idx):]):
-            _accumulate(p, g)
+    xs = [fp.inputs[i] for i in idx]
+    if outs and (xs or fp.params):
+        # As loss.backward() does: parameter gradients accumulate in place, without copies.
+        # The inputs' own .grad is borrowed to receive theirs.
+        before = [x.grad for x in xs]
+        for x in xs:
+            x.grad = None
+        torch.autograd.backward(outs, grads, inputs=xs + fp.params)
+        for i, x, b in zip(idx, xs, before):
+            result[i], x.grad = x.grad, b
     _release(fp)
     return result
 
