@@ -164,3 +164,37 @@ def test_fast_path_b_frees_all_but_what_w_reads(first):
         assert 0 < after_b < after_f and meter.bytes == 0
         if fp.fast:  # the generic split (first microbatch) also keeps what LayerNorm's W re-run reads
             assert after_b == 4 * 6 * (8 + 16) * 4
+
+
+class Switch(nn.Module):
+    """Uses a Linear's weight in a plain product only when told to: a use the first
+    microbatch did not show."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.ln = nn.LayerNorm(6)
+        self.extra = False
+
+    def forward(self, x):
+        h = self.lin(self.ln(x))
+        return h @ self.lin.weight if self.extra else h
+
+
+def test_fast_path_stays_exact_when_a_later_microbatch_uses_a_parameter_differently():
+    torch.manual_seed(0)
+    ref = Switch()
+    ours = copy.deepcopy(ref)
+    for mb, extra in enumerate([False, False, True, False]):
+        ref.extra = ours.extra = extra
+        x = torch.randn(3, 6)
+        xr, xo = _leaf(x), _leaf(x)
+        g = torch.randn(3, 6)
+        ref(xr).backward(g)
+        fp = forward_pass(ours, [xo])
+        assert fp.fast is (mb > 0)
+        got = backward_input(fp, [g])
+        backward_weight(fp)
+        torch.testing.assert_close(got[0], xr.grad)
+        for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=f"microbatch {mb} {name}")

@@ -45,12 +45,16 @@ path with no graph analysis at all (measured in ``bench/split.py``):
 * So B is one ``autograd.grad`` without ``retain_graph`` (the graph, and every activation W does
   not read, is freed at once), and W is a few matrix products in Python.
 
-It applies when no parameter is used in any other way. That is decided per module and input
-signature on its first split microbatch, which runs the generic split and checks its graph for
-parameters used directly (a custom autograd Function, say) or through other ops; later
-microbatches with the same signature and the same sequence of parameter uses take the fast
-path. A stage that does anything else keeps the generic split, which also handles the deferred
-layers (their weight gradients are W's either way).
+Whether a stage takes it is decided per module and input signature on its first split
+microbatch, which runs the generic split and checks the graph: every parameter use not deferred
+must be cheap, and no parameter used directly (inside a custom autograd Function, say). Later
+microbatches of that signature then run their forward under a lean mode that only intercepts
+``F.linear`` / ``F.embedding`` (every torch call through a Python handler costs a few µs, and
+the generic split's per-use views and data-flow tracking cost far more). Correctness does not
+rest on the check: the fast B asks autograd for the gradient of every parameter, so a use the
+first microbatch did not show still gets its gradient (in B, where it costs time, not
+accuracy). A stage that does anything else keeps the generic split, which also handles the
+deferred layers (their weight gradients are W's either way).
 
 ``backward_full`` is the fused BW: one ordinary backward, no analysis. Gradients accumulate
 into ``param.grad`` like ``loss.backward()``. These functions are the ones the profiler times.
@@ -256,7 +260,7 @@ class _ViewPerUse(TorchFunctionMode):
         self._views = views
         self._data = data
         self._deferral = deferral
-        self.uses: list[tuple[str, int]] = []  # (function, parameter) of each use by a view, in order
+        self.heavy = False  # a parameter used by an op outside _CHEAP (and not deferred)
         self._func = ""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -265,7 +269,6 @@ class _ViewPerUse(TorchFunctionMode):
             return func(*args, **kwargs)
         out = self._deferral.call(func, args, kwargs)
         if out is not None:
-            self.uses.append((func.__name__, id(self._deferral.records[-1].weight)))
             if self._data is not None:
                 self._data.note(args, kwargs, out)
             return out
@@ -289,12 +292,28 @@ class _ViewPerUse(TorchFunctionMode):
             if p is not None:
                 v = p.view_as(p)
                 self._views[v.grad_fn] = p
-                self.uses.append((self._func, id(p)))
+                self.heavy = self.heavy or self._func not in _CHEAP
                 return v
             return a
         if isinstance(a, (list, tuple)) and any(isinstance(x, nn.Parameter) for x in a):
             return type(a)(self._swap(x) for x in a)
         return a
+
+
+class _DeferOnly(TorchFunctionMode):
+    """The fast path's forward: deferred Linear / Embedding calls, every other call as it is."""
+
+    def __init__(self, deferral: _Deferral) -> None:
+        super().__init__()
+        self._deferral = deferral
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is F.linear or func is F.embedding) and torch.is_grad_enabled():
+            out = self._deferral.call(func, args, kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
 
 
 @dataclass(eq=False)
@@ -336,8 +355,9 @@ def forward_pass(
     ``split=False`` is for a fused backward (BW): no per-use views, nothing to split.
     Outputs are returned as a tuple of tensors (``ForwardPass.outputs``).
     """
-    params = [p for p in module.parameters() if p.requires_grad]
-    saved = SavedActivations(meter, {id(t) for t in (*module.parameters(), *module.buffers())})
+    every = list(module.parameters())
+    params = [p for p in every if p.requires_grad]
+    saved = SavedActivations(meter, {id(t) for t in (*every, *module.buffers())})
     views: dict[Node, nn.Parameter] = {}
     first = not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
     data = _DataFlow(inputs) if split and first else None
@@ -348,6 +368,14 @@ def forward_pass(
                 out = post(out)
         return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None)
     deferral = _Deferral({id(p): p for p in params}, saved)
+    known = _CHECKED.setdefault(module, {})
+    sig = _signature(inputs, post)
+    if known.get(sig):  # checked: the fast path, with a lean forward
+        with saved.hooks(), _DeferOnly(deferral):
+            out = module(*inputs)
+            if post is not None:
+                out = post(out)
+        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None, deferral, fast=True)
     mode = _ViewPerUse({id(p): p for p in params}, views, data, deferral)
     with saved.hooks(), mode:
         out = module(*inputs)
@@ -358,29 +386,21 @@ def forward_pass(
         for t in outs:
             data.seen(t)  # an output's own place, in case no later call used it
     fp = ForwardPass(tuple(inputs), outs, params, saved, views, data, deferral)
-    if all(name in _CHEAP for name, _ in mode.uses if name not in ("linear", "embedding")):
-        fp.fast, fp.verdict = _fast_path_checked(module, inputs, post, tuple(mode.uses))
+    if mode.heavy:
+        known[sig] = False
+    elif sig not in known:
+        fp.verdict = lambda ok: known.__setitem__(sig, ok)
     return fp
 
 
-# module -> {input signature: (parameter uses, whether the fast path is exact for them)}
+# module -> {input signature: whether its parameters are used only in ways the fast path takes}
 _CHECKED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def _fast_path_checked(module: nn.Module, inputs: Sequence, post: Callable | None, uses: tuple) -> tuple[bool, Callable | None]:
-    """Whether an earlier microbatch with the same signature and the same parameter uses found
-    no parameter used outside the views and deferred calls; if none did, a callback that
-    records what this one finds."""
-    sig = (post is None, tuple((tuple(t.shape), t.dtype, t.requires_grad, t.device) if isinstance(t, torch.Tensor) else type(t) for t in inputs))
-    known = _CHECKED.setdefault(module, {})
-    hit = known.get(sig)
-    if hit is not None and hit[0] == uses:
-        return hit[1], None
-
-    def record(ok: bool) -> None:
-        known[sig] = (uses, ok)
-
-    return False, record
+def _signature(inputs: Sequence, post: Callable | None) -> tuple:
+    return (post is None, tuple(
+        (tuple(t.shape), t.dtype, t.requires_grad, t.device) if isinstance(t, torch.Tensor) else type(t) for t in inputs
+    ))
 
 
 def _as_tensors(out) -> tuple[torch.Tensor, ...]:
@@ -481,15 +501,15 @@ def _fast_backward_input(fp: ForwardPass, outs: list, grads: list, idx: list[int
     """B on the fast path: one autograd call for the input gradients, the cheap parameter uses'
     gradients and every deferred layer's input gradient; the graph is freed as it goes."""
     assert fp.deferral is not None
-    cheap = list(fp.views.items())
-    targets = [fp.inputs[i] for i in idx] + [fp.deferral.anchor] + [GradientEdge(n, 0) for n, _ in cheap]
+    # Every parameter is asked for: those only deferred are not reached (their weight comes in
+    # detached) and cost nothing; any other use gets its gradient here, whatever it is.
+    targets = [fp.inputs[i] for i in idx] + [fp.deferral.anchor] + fp.params
     if outs:
         got = torch.autograd.grad(outs, targets, grads, allow_unused=True)
         for i, g in zip(idx, got):
             result[i] = g
-        fp.early = [(p, g) for (_, p), g in zip(cheap, got[len(idx) + 1:]) if g is not None]
+        fp.early = [(p, g) for p, g in zip(fp.params, got[len(idx) + 1:]) if g is not None]
     fp.saved.keep_only(fp.deferral.holders())
-    fp.views = {}
     fp.outputs = ()
     fp.inputs = ()
     return result
