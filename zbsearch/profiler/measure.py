@@ -30,7 +30,11 @@ from ..runtime.memory import ActivationMeter
 from ..runtime.split_backward import backward_full, backward_input, backward_weight, forward_pass
 from ..distributed.clock import DeviceClock
 
-__all__ = ["Stats", "StageMeasurement", "measure_stage"]
+__all__ = ["Stats", "StageMeasurement", "measure_stage", "disturbances", "SPREAD_LIMIT"]
+
+# A pass whose half interquartile range exceeds this share of its median was disturbed while
+# being timed (other processes, frequency changes): its median is not to be trusted to 5%.
+SPREAD_LIMIT = 0.10
 
 # Times are floored here: a B with nothing to do (a first stage) can read 0 on a coarse clock,
 # and a profile needs positive times.
@@ -127,3 +131,28 @@ def measure_stage(
     m_f, m_b, residual = (statistics.median(col) for col in zip(*mem))
     m_f = max(m_f, 0.0)
     return StageMeasurement(f, b, w, bw, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes)
+
+
+def disturbances(results: list[StageMeasurement], device: torch.device, threads: int, ranks: int) -> list[str]:
+    """Why the measured times may not be what the runtime will see, one sentence each: CPU
+    threads beyond the cores (in the measurement, or once ``ranks`` processes run at once),
+    a busy machine (load average above the cores), passes whose spread is above SPREAD_LIMIT."""
+    import os
+
+    found = []
+    if device.type == "cpu":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if threads > cores:
+            found.append(f"{threads} torch threads on {cores} cores: the passes were timed while waiting for a core")
+        elif threads * ranks > cores:
+            found.append(f"{ranks} ranks x {threads} torch threads exceed the {cores} cores: the runtime's passes will "
+                         f"wait for a core and run slower than profiled (use --threads {max(1, cores // ranks)})")
+        load = os.getloadavg()[0]
+        if load > cores:
+            found.append(f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): times include waiting for a core")
+    for s, r in enumerate(results):
+        for name, st in (("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw)):
+            spread = (st.q3 - st.q1) / 2 / st.median
+            if spread > SPREAD_LIMIT:
+                found.append(f"stage {s} {name}: spread ±{spread:.0%} of the median (above {SPREAD_LIMIT:.0%}): the timing was disturbed")
+    return found

@@ -36,7 +36,8 @@ def progress_bar(console: Console) -> Iterator:
 
 def summary_table(profile: Profile) -> Group:
     """Per stage: median times and their spread (the widest half interquartile range of F, B
-    and W, relative to the median), memory, boundary size and link time."""
+    and W, relative to the median), memory, boundary size and link time; then the profiler's
+    warnings about disturbed measurements."""
     measured = getattr(profile, "measured", None) or {}
     spread = measured.get("stages") or [{}] * profile.num_stages
     sizes = measured.get("boundary_bytes") or []
@@ -55,7 +56,8 @@ def summary_table(profile: Profile) -> Group:
     # Below the table rather than as its caption: a long caption would squeeze the columns.
     where = Text(f"{getattr(profile, 'device', '?')}, {getattr(profile, 'dtype', '?')}, "
                  f"{getattr(profile, 'mode', '?')}; links {links.get('method', '?')}", style="dim")
-    return Group(t, where)
+    warnings = [Text(f"warning: {w}", style="yellow") for w in measured.get("warnings", [])]
+    return Group(t, where, *warnings)
 
 
 def _spread(stats: dict) -> str:

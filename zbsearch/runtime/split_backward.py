@@ -429,12 +429,18 @@ def backward_full(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None]) 
     result: list[torch.Tensor | None] = [None] * len(fp.inputs)
     xs = [fp.inputs[i] for i in idx]
     if outs and (xs or fp.params):
-        # As loss.backward() does: parameter gradients accumulate in place, without copies.
-        # The inputs' own .grad is borrowed to receive theirs.
+        # As loss.backward() does: parameter gradients accumulate in place, without copies, and
+        # the inputs' own .grad is borrowed to receive theirs. Naming the leaves (``inputs=``)
+        # measured 5-8% slower, so only inputs that are not leaves (whose graph goes on into
+        # another stage's) make us name them.
         before = [x.grad for x in xs]
         for x in xs:
             x.grad = None
-        torch.autograd.backward(outs, grads, inputs=xs + fp.params)
+        with fp.saved.consuming():
+            if all(x.is_leaf for x in xs):
+                torch.autograd.backward(outs, grads)
+            else:
+                torch.autograd.backward(outs, grads, inputs=xs + fp.params)
         for i, x, b in zip(idx, xs, before):
             result[i], x.grad = x.grad, b
     _release(fp)
@@ -505,7 +511,8 @@ def _fast_backward_input(fp: ForwardPass, outs: list, grads: list, idx: list[int
     # detached) and cost nothing; any other use gets its gradient here, whatever it is.
     targets = [fp.inputs[i] for i in idx] + [fp.deferral.anchor] + fp.params
     if outs:
-        got = torch.autograd.grad(outs, targets, grads, allow_unused=True)
+        with fp.saved.consuming():
+            got = torch.autograd.grad(outs, targets, grads, allow_unused=True)
         for i, g in zip(idx, got):
             result[i] = g
         fp.early = [(p, g) for p, g in zip(fp.params, got[len(idx) + 1:]) if g is not None]
