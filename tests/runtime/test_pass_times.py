@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import zbsearch as zb
 from tests.helpers import make_profile, run_cli
@@ -17,6 +16,8 @@ from zbsearch.pass_times import compare_pass_times
 from zbsearch.runtime import PipelineRuntime, backward_full, backward_input, backward_weight, forward_pass
 from zbsearch.runtime import emulation
 from zbsearch.runtime.emulation import EmulatedStage, emulated_loss, emulated_stages
+
+from tests.runtime.test_runtime import single_rank  # noqa: F401  (the fixture: a one-rank process group)
 
 
 @pytest.fixture
@@ -42,15 +43,6 @@ def test_emulated_fused_backward_sleeps_t_bw_and_split_sleeps_t_b_then_t_w(slept
     slept.clear()
     backward_full(forward_pass(EmulatedStage(1.0, 2.0, 3.0), (x,), split=False), grad)
     assert slept == [0.0, 1.0, 2.0, 3.0]  # no t_bw: the split's cost
-
-
-@pytest.fixture
-def single_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _profile() -> zb.Profile:
