@@ -202,7 +202,10 @@ class _Deferral:
         self.records: list[_Record] = []
 
     def call(self, func, args: tuple, kwargs: dict):
-        """The output of ``func`` run deferred, or None when it is not a use this path takes."""
+        """The output of ``func`` run deferred, or None when it is not a use this path takes
+        (under autocast too: its casts would have to be replayed in W)."""
+        if args and isinstance(args[0], torch.Tensor) and torch.is_autocast_enabled(args[0].device.type):
+            return None
         if func is F.linear:
             a = _bind(args, kwargs, *_LINEAR_ARGS)
             if a is None or not self._mine(a[1]) or not (a[2] is None or self._mine(a[2])) or not isinstance(a[0], torch.Tensor):
