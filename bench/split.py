@@ -92,12 +92,12 @@ def measure(model: str, hidden: int, seq: int, batch: int, warmup: int, repeat: 
         cpu = {v: [] for v in VARIANTS}
         for rep in range(warmup + repeat):
             for v in VARIANTS:
+                for p in stages[s].parameters():  # each variant starts from no .grad: none pays an add
+                    p.grad = None
                 w, c = _time_backward(v, stages[s], x, post)
                 if rep >= warmup:
                     wall[v].append(w * 1e3)
                     cpu[v].append(c * 1e3)
-            for p in stages[s].parameters():
-                p.grad = None
         out[where] = {"wall": _summary(wall), "cpu": _summary(cpu)}
     return out
 
