@@ -182,4 +182,6 @@ def contention_note(cfg: DemoConfig) -> str:
         return (f"replay: real passes, as asked (--real); {p} ranks share {cores} CPU cores, so measured times "
                 f"include waiting for a core; --emulate replays the profiled times without that contention")
     where = f"{cores} CPU cores for {p} ranks" if cfg.device == "cpu" else f"device {cfg.device}"
-    return f"replay: real passes ({where})"
+    load = os.getloadavg()[0] if cfg.device == "cpu" else 0.0
+    busy = f"; the machine is busy (load average {load:.1f}), so measured times include waiting for a core" if load > cores else ""
+    return f"replay: real passes ({where}){busy}"
