@@ -19,7 +19,7 @@ whenever a schedule is predicted > 3% faster than 1F1B it is measured faster; ou
 least as fast as torch's zero-bubble schedule.
 
 Run: python bench/real.py [--hidden 256 --layers 4 --seq 64 -b 4] [-m 8] [--steps 15] [--warmup 3]
-Saves bench/results/real.json. About 2 minutes on 2 cores.
+Saves bench/results/real.json. About 3.5 minutes on 2 busy cores (207 s at load 11-13), less on a quiet machine.
 """
 
 from __future__ import annotations
