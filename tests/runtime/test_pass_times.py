@@ -62,8 +62,9 @@ def _traces(sched: zb.Schedule, steps: int) -> list[zb.formats.trace.Trace]:
     return out
 
 
+@pytest.mark.usefixtures("single_rank")
 @pytest.mark.parametrize("kind", ["1f1b", "zb-h1", "zb-v"])
-def test_pass_report_on_an_emulated_trace(single_rank, kind):
+def test_pass_report_on_an_emulated_trace(kind):
     sched = zb.build_classic(kind, _profile(), 4)
     traces = _traces(sched, 2)
     cost = zb.CostModel.from_profile(sched.profile, sched.stage_to_rank)
@@ -79,7 +80,8 @@ def test_pass_report_on_an_emulated_trace(single_rank, kind):
         assert rows[-1].op is Op.BW and rows[-1].predicted_ms == pytest.approx(2.0)
 
 
-def test_pass_report_rejects_a_trace_of_another_schedule(single_rank):
+@pytest.mark.usefixtures("single_rank")
+def test_pass_report_rejects_a_trace_of_another_schedule():
     ours = zb.build_classic("1f1b", _profile(), 4)
     other = zb.build_classic("zb-h1", _profile(), 4)
     with pytest.raises(zb.ZbError, match="not of this schedule: rank 0 ran"):
@@ -88,7 +90,8 @@ def test_pass_report_rejects_a_trace_of_another_schedule(single_rank):
         compare_pass_times(ours, [])
 
 
-def test_simulate_measured_prints_the_pass_table(single_rank, tmp_path):
+@pytest.mark.usefixtures("single_rank")
+def test_simulate_measured_prints_the_pass_table(tmp_path):
     sched = zb.build_classic("1f1b", _profile(), 4)
     zb.save_schedule(sched, tmp_path / "s.json")
     paths = [save_trace(t, tmp_path / f"t{i}.json") for i, t in enumerate(_traces(sched, 2))]

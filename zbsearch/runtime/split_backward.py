@@ -62,7 +62,6 @@ into ``param.grad`` like ``loss.backward()``. These functions are the ones the p
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
