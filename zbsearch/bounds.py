@@ -22,8 +22,8 @@ rank 0 and its W, (p-1)(T_B + comm) + T_W. Whenever (p-1)(T_F + T_B + 2 comm) + 
 no schedule has zero bubble, at any memory limit (1.5B, p=8, m=24: 4.33% at least).
 The makespan bound is the same with releases measured from the global start and tails up to
 the last pass anywhere. Communication is a latency on dependency edges between ranks, as in
-the simulator. Splitting or fusing B and W cannot beat these bounds, so they also hold for
-schedules with fused BW passes.
+the simulator. Every bound is computed on ``CostModel.for_bounds``, where B and W cost no more
+than a fused BW pass does, so the bounds hold for schedules that fuse, split or mix.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def _carlier(jobs: list[tuple[float, float, float]], m: int) -> float:
 def rank_span_lower_bounds(cost: CostModel, num_microbatches: int) -> list[float]:
     """Per rank, the best Carlier bound over sets of pass types of one rank q (q = the rank
     itself or any other rank; see the module docstring)."""
+    cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
     preds = type_graph(cost)
     out = []
     for r in range(cost.num_ranks):
@@ -93,6 +94,7 @@ def span_lower_bound(cost: CostModel, num_microbatches: int) -> float:
 
 def makespan_lower_bound(cost: CostModel, num_microbatches: int) -> float:
     """Lower bound on (last end anywhere - first start anywhere)."""
+    cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
     preds = type_graph(cost)
     rel = earliest_starts(cost, (0, Op.F), preds)
     tail = _tails(cost, set(preds), preds)
@@ -189,6 +191,7 @@ def rank_memory_span_lower_bounds(cost: CostModel, num_microbatches: int, limit:
     sequential schedule's span.
     Communication delays enter through the dependency path, as in the bounds above.
     """
+    cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
     m = num_microbatches
     preds = type_graph(cost)
     out = []
@@ -282,6 +285,7 @@ def rank_chain_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: 
     W(s, n_W - 1) then end before F(s, j) starts. For one stage per rank these are the
     precedences of rank_memory_span_lower_bounds; for two (V) they count both stages.
     """
+    cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
     m = num_microbatches
     S, R = cost.num_stages, cost.num_ranks
     types = pass_types(S)
@@ -367,6 +371,7 @@ def _rank_bounds(cost: CostModel, num_microbatches: int, limit: list[float] | No
 def memory_makespan_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None) -> float:
     """Lower bound on the makespan within ``limit`` (None: no limit): rank r cannot start before
     the forwards of one microbatch reach it, and then needs at least its span bound."""
+    cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
     best = makespan_lower_bound(cost, num_microbatches)
     preds = type_graph(cost)
     rel = earliest_starts(cost, (0, Op.F), preds)

@@ -7,11 +7,15 @@ profile's boundary time between virtual stages on different ranks, zero between 
 stages on the same rank (a local hand-over); boundaries created by the split (inside one
 profile stage) cost the profile's mean boundary time, because activations between layers of
 one model have the same size wherever the cut is.
+
+A fused backward (BW) costs the profile's ``t_bw`` (one autograd call, no split analysis), not
+t_b + t_w. A schedule may run a microbatch's backward either way, so anything that must hold
+for every schedule (busy time, lower bounds) takes the cheaper of the two (``for_bounds``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .actions import Op
 from .errors import ZbError
@@ -26,6 +30,7 @@ class CostModel:
     t_f: tuple[float, ...]
     t_b: tuple[float, ...]
     t_w: tuple[float, ...]
+    t_bw: tuple[float, ...]
     m_f: tuple[float, ...]
     m_b: tuple[float, ...]
     m_w: tuple[float, ...]
@@ -51,6 +56,7 @@ class CostModel:
             t_f=tuple(c.t_f / k for c in st),
             t_b=tuple(c.t_b / k for c in st),
             t_w=tuple(c.t_w / k for c in st),
+            t_bw=tuple(c.fused_backward / k for c in st),
             m_f=tuple(c.m_f / k for c in st),
             m_b=tuple(c.m_b / k for c in st),
             m_w=tuple(c.m_w / k for c in st),
@@ -69,10 +75,29 @@ class CostModel:
         return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
 
     def time(self, stage: int, op: Op) -> float:
-        return _by_op(op, stage, self.t_f, self.t_b, self.t_w)
+        return self.t_bw[stage] if op is Op.BW else _by_op(op, stage, self.t_f, self.t_b, self.t_w)
 
     def memory(self, stage: int, op: Op) -> float:
         return _by_op(op, stage, self.m_f, self.m_b, self.m_w)
+
+    def backward(self, stage: int) -> float:
+        """Least time one microbatch's backward can take on ``stage``: fused or split."""
+        return min(self.t_bw[stage], self.t_b[stage] + self.t_w[stage])
+
+    def for_bounds(self) -> "CostModel":
+        """A split-only cost model that no schedule beats, fused BW passes included.
+
+        B costs min(t_b, t_bw) and W min(t_w, backward - B): a BW pass maps onto such a B then W
+        that end no later than it (B's output was only ready at BW's end anyway), and a split
+        pass onto shorter ones, so every schedule maps onto a schedule of this model with the
+        same starts, no later ends and no more memory at any time. Bounds computed on it hold
+        for schedules that fuse, split or mix.
+        """
+        if all(bw >= b + w for b, w, bw in zip(self.t_b, self.t_w, self.t_bw)):
+            return self
+        t_b = tuple(min(b, bw) for b, bw in zip(self.t_b, self.t_bw))
+        t_w = tuple(min(w, self.backward(s) - b) for s, (b, w) in enumerate(zip(t_b, self.t_w)))
+        return replace(self, t_b=t_b, t_w=t_w, t_bw=tuple(b + w for b, w in zip(t_b, t_w)))
 
     def comm(self, a: int, b: int) -> float:
         """Delay for a tensor passed between adjacent stages a and b (either direction)."""
@@ -84,7 +109,7 @@ class CostModel:
 
     def rank_busy(self, rank: int, num_microbatches: int) -> float:
         """Compute time one iteration needs on this rank, whatever the schedule."""
-        return num_microbatches * sum(self.t_f[s] + self.t_b[s] + self.t_w[s] for s in self.rank_stages(rank))
+        return num_microbatches * sum(self.t_f[s] + self.backward(s) for s in self.rank_stages(rank))
 
 
 def _by_op(op: Op, stage: int, f: tuple[float, ...], b: tuple[float, ...], w: tuple[float, ...]) -> float:
@@ -94,4 +119,4 @@ def _by_op(op: Op, stage: int, f: tuple[float, ...], b: tuple[float, ...], w: tu
         return b[stage]
     if op is Op.W:
         return w[stage]
-    return b[stage] + w[stage]  # BW
+    return b[stage] + w[stage]  # BW memory: B's change then W's

@@ -31,7 +31,7 @@ from zbsearch.profiler import (
     runtime_vs_profile,
 )
 from zbsearch.runtime import PipelineRuntime
-from zbsearch.runtime import trace as runtime_trace
+from zbsearch.distributed import clock as device_clock
 from zbsearch.distributed import run_local
 from tests.helpers import cli_command
 
@@ -53,7 +53,7 @@ def cpu_clock(monkeypatch):
     the runtime's trace alike: then what a pass costs does not depend on what else the machine
     runs, and the timing checks cannot be upset by a loaded machine. (Both read the runtime's
     ``DeviceClock``.)"""
-    monkeypatch.setattr(runtime_trace, "time", types.SimpleNamespace(perf_counter=time.thread_time))
+    monkeypatch.setattr(device_clock, "time", types.SimpleNamespace(perf_counter=time.thread_time))
 
 
 def test_tiny_gpt_profile_has_the_expected_structure(tmp_path):

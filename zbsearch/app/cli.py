@@ -19,6 +19,8 @@ import zbsearch as zb
 from zbsearch.errors import ZbError
 from zbsearch.formats.edit import updated
 from zbsearch.formats.fileio import write_model, write_text
+from zbsearch.formats.trace import load_trace
+from zbsearch.pass_times import PassTimes, compare_pass_times
 
 app = typer.Typer(
     help="Zero Bubble pipeline-parallel schedules: build, simulate, validate, compare, solve, replay.",
@@ -97,16 +99,35 @@ def simulate(
     schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="schedule JSON"),
     profile: Optional[str] = typer.Option(None, "--profile", "-p", help="simulate with this profile instead of the embedded one"),
     as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
+    measured: Optional[list[Path]] = typer.Option(
+        None, "--measured", help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted"),
 ):
     """Simulate a schedule: per-rank span, busy time, bubble and peak memory."""
     sched = _load_schedule(schedule_path, profile)
     tl = zb.timeline(sched)
     pred = zb.predict(sched, tl)
+    passes = compare_pass_times(sched, [load_trace(t) for t in measured]) if measured else None
     if as_json:
-        out.print_json(pred.model_dump_json())
+        if passes is None:
+            out.print_json(pred.model_dump_json())
+        else:
+            rows = [{"rank": x.rank, "op": x.op.value, "count": x.count, "measured_ms": x.measured_ms,
+                     "predicted_ms": x.predicted_ms, "ratio": x.ratio} for x in passes]
+            out.print_json(json.dumps({"predicted": pred.model_dump(), "passes": rows}))
         return
     out.print(_rank_table(sched, tl))
     out.print(_summary(sched, pred), soft_wrap=True)
+    if passes is not None:
+        out.print(_pass_table(passes, len(measured)))
+
+
+def _pass_table(passes: list[PassTimes], steps: int) -> Table:
+    t = Table(title=f"pass times, mean over {steps} measured step(s)")
+    for col in ("rank", "pass", "count", "measured (ms)", "predicted (ms)", "measured / predicted"):
+        t.add_column(col, justify="right")
+    for x in passes:
+        t.add_row(str(x.rank), x.op.value, str(x.count), _fmt(x.measured_ms), _fmt(x.predicted_ms), f"{x.ratio:.3f}")
+    return t
 
 
 @app.command()

@@ -169,13 +169,19 @@ def should_emulate(stages: int, device: str) -> bool:
     return device == "cpu" and _cores() < stages
 
 
-def contention_note(cfg: DemoConfig) -> str | None:
-    """Why measured times may exceed predicted ones on this machine, if they will."""
-    cores = _cores()
-    if cfg.device != "cpu" or cores >= cfg.gpt.stages:
-        return None
+def contention_note(cfg: DemoConfig) -> str:
+    """One line: whether the replay ran real or emulated passes, and why; and when measured times
+    will include waiting for a core."""
+    cores, p = _cores(), cfg.gpt.stages
+    crowded = cfg.device == "cpu" and cores < p
     if cfg.emulate:
-        return (f"note: {cfg.gpt.stages} ranks share {cores} CPU cores, so the replay ran stages that sleep their "
-                f"profiled times (--real runs the real passes, which then also wait for a core)")
-    return (f"note: {cfg.gpt.stages} ranks share {cores} CPU cores, so measured times include waiting for a core; "
-            f"--emulate replays the profiled times without that contention")
+        why = (f"{p} ranks share {cores} CPU cores (--real runs the real passes, which then also wait for a core)"
+               if crowded else "as asked (--emulate)")
+        return f"replay: emulated passes (each stage sleeps its profiled F, B, W and BW times): {why}"
+    if crowded:
+        return (f"replay: real passes, as asked (--real); {p} ranks share {cores} CPU cores, so measured times "
+                f"include waiting for a core; --emulate replays the profiled times without that contention")
+    where = f"{cores} CPU cores for {p} ranks" if cfg.device == "cpu" else f"device {cfg.device}"
+    load = os.getloadavg()[0] if cfg.device == "cpu" else 0.0
+    busy = f"; the machine is busy (load average {load:.1f}), so measured times include waiting for a core" if load > cores else ""
+    return f"replay: real passes ({where}){busy}"

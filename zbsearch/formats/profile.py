@@ -1,7 +1,9 @@
 """Profile file format (``zbsearch.profile`` v1): measured per-stage costs.
 
 A profile describes a model cut into pipeline stages: per stage, the time of F, B (input
-gradient) and W (weight gradient), and the activation memory each pass allocates (m_f > 0)
+gradient) and W (weight gradient), optionally of the fused backward BW (``t_bw``: one autograd
+call for both, what GPipe/1F1B run; older files lack it and BW then costs t_b + t_w), and the
+activation memory each pass allocates (m_f > 0)
 or frees (m_b, m_w, normally negative). What F allocates must be freed by B and W, so the
 three memory deltas sum to zero per stage; a profile that breaks this is rejected because it
 would make every memory prediction drift with the number of microbatches.
@@ -38,13 +40,19 @@ class StageCost(BaseModel):
     m_f: float = Field(ge=0, description="activation memory allocated by F (M_B)")
     m_b: float = Field(description="memory change of B (normally negative)")
     m_w: float = Field(description="memory change of W (normally negative)")
+    t_bw: float | None = Field(default=None, gt=0, description="fused backward (BW) time; absent: t_b + t_w")
 
-    @field_validator("t_f", "t_b", "t_w", "m_f", "m_b", "m_w")
+    @field_validator("t_f", "t_b", "t_w", "m_f", "m_b", "m_w", "t_bw")
     @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
             raise ValueError("must be a finite number")
         return v
+
+    @property
+    def fused_backward(self) -> float:
+        """What a BW pass costs: measured, or the split's cost where the profile predates t_bw."""
+        return self.t_b + self.t_w if self.t_bw is None else self.t_bw
 
     @model_validator(mode="after")
     def _balanced(self) -> "StageCost":
@@ -71,6 +79,7 @@ class StageSpread(BaseModel):
     t_f: Quartiles
     t_b: Quartiles
     t_w: Quartiles
+    t_bw: Quartiles | None = None
     memory_residual: float | None = None
     output_bytes: int | None = None
 
@@ -84,6 +93,7 @@ class Measurement(BaseModel):
     memory: str | None = None
     boundary_bytes: list[int] = Field(default_factory=list, description="bytes each stage sends to the next")
     stages: list[StageSpread] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list, description="why the measurement may be disturbed")
 
 
 class Links(BaseModel):
@@ -96,6 +106,7 @@ class Links(BaseModel):
     latency_ms: float | None = None
     bandwidth_gb_s: float | None = None
     devices: list[str] | None = None
+    one_way_ms: list[Quartiles] | None = Field(default=None, description="measured link times per boundary")
 
 
 class Profile(BaseModel):

@@ -1,8 +1,10 @@
-"""Time F, B and W of one stage and measure the activation memory each pass leaves.
+"""Time F, B, W and the fused backward BW of one stage and measure the activation memory.
 
 The passes are the runtime's own (``zbsearch.runtime.split_backward``), so the profile times
 exactly what a schedule will run, graph analysis of the B/W split included. Each repetition is
-one microbatch: F, then B from the gradient the next stage would send (1 for a loss), then W.
+one microbatch: F, then B from the gradient the next stage would send (1 for a loss), then W;
+then F again and one fused BW, which is what GPipe / 1F1B run and costs less than B + W (no
+split analysis, one autograd call), so a schedule that fuses is predicted at what it runs.
 
 Clocks: on CPU ``perf_counter`` around each pass; on CUDA events on the current stream, read
 after one synchronisation per repetition, so the passes are not separated by host stalls.
@@ -25,10 +27,14 @@ from torch import nn
 
 from ..formats.profile import StageCost
 from ..runtime.memory import ActivationMeter
-from ..runtime.split_backward import backward_input, backward_weight, forward_pass
+from ..runtime.split_backward import backward_full, backward_input, backward_weight, forward_pass
 from ..distributed.clock import DeviceClock
 
-__all__ = ["Stats", "StageMeasurement", "measure_stage"]
+__all__ = ["Stats", "StageMeasurement", "measure_stage", "disturbances", "SPREAD_LIMIT"]
+
+# A pass whose half interquartile range exceeds this share of its median was disturbed while
+# being timed (other processes, frequency changes): its median is not to be trusted to 5%.
+SPREAD_LIMIT = 0.10
 
 # Times are floored here: a B with nothing to do (a first stage) can read 0 on a coarse clock,
 # and a profile needs positive times.
@@ -57,6 +63,7 @@ class StageMeasurement:
     f: Stats
     b: Stats
     w: Stats
+    bw: Stats
     m_f: float  # bytes
     m_b: float
     memory_residual: float
@@ -64,13 +71,13 @@ class StageMeasurement:
 
     def cost(self) -> StageCost:
         return StageCost(
-            t_f=self.f.median, t_b=self.b.median, t_w=self.w.median,
+            t_f=self.f.median, t_b=self.b.median, t_w=self.w.median, t_bw=self.bw.median,
             m_f=self.m_f, m_b=self.m_b, m_w=-(self.m_f + self.m_b),
         )
 
     def record(self) -> dict:
         return {
-            "t_f": self.f.record(), "t_b": self.b.record(), "t_w": self.w.record(),
+            "t_f": self.f.record(), "t_b": self.b.record(), "t_w": self.w.record(), "t_bw": self.bw.record(),
             "memory_residual": self.memory_residual, "output_bytes": self.output_bytes,
         }
 
@@ -84,14 +91,14 @@ def measure_stage(
     repeat: int,
     tick: Callable[[], None] | None = None,
 ) -> StageMeasurement:
-    """``warmup`` untimed then ``repeat`` timed repetitions of F, B, W on ``inputs``."""
+    """``warmup`` untimed then ``repeat`` timed repetitions of F, B, W, and F, BW on ``inputs``."""
     clock = DeviceClock(device)
     meter = ActivationMeter()
 
     def live() -> float:
         return float(torch.cuda.memory_allocated(device)) if clock.cuda else float(meter.bytes)
 
-    times: list[tuple[float, float, float]] = []
+    times: list[tuple[float, float, float, float]] = []
     mem: list[tuple[float, float, float]] = []
     grads = None
     output_bytes = 0
@@ -109,13 +116,43 @@ def measure_stage(
         backward_weight(fp)
         e3, a3 = clock.mark(), live()
         del fp
+        fused = forward_pass(module, inputs, split=False, post=post)
+        e4 = clock.mark()
+        backward_full(fused, grads)
+        e5 = clock.mark()
+        del fused
         clock.sync()
         if rep >= warmup:
-            times.append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e2, e3)))
+            times.append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e2, e3), clock.ms(e4, e5)))
             mem.append((a1 - a0, a2 - a1, a3 - a0))
         if tick is not None:
             tick()
-    f, b, w = (Stats.of(list(col)) for col in zip(*times))
+    f, b, w, bw = (Stats.of(list(col)) for col in zip(*times))
     m_f, m_b, residual = (statistics.median(col) for col in zip(*mem))
     m_f = max(m_f, 0.0)
-    return StageMeasurement(f, b, w, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes)
+    return StageMeasurement(f, b, w, bw, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes)
+
+
+def disturbances(results: list[StageMeasurement], device: torch.device, threads: int, ranks: int) -> list[str]:
+    """Why the measured times may not be what the runtime will see, one sentence each: CPU
+    threads beyond the cores (in the measurement, or once ``ranks`` processes run at once),
+    a busy machine (load average above the cores), passes whose spread is above SPREAD_LIMIT."""
+    import os
+
+    found = []
+    if device.type == "cpu":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if threads > cores:
+            found.append(f"{threads} torch threads on {cores} cores: the passes were timed while waiting for a core")
+        elif threads * ranks > cores:
+            found.append(f"{ranks} ranks x {threads} torch threads exceed the {cores} cores: the runtime's passes will "
+                         f"wait for a core and run slower than profiled (use --threads {max(1, cores // ranks)})")
+        load = os.getloadavg()[0]
+        if load > cores:
+            found.append(f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): times include waiting for a core")
+    for s, r in enumerate(results):
+        for name, st in (("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw)):
+            spread = (st.q3 - st.q1) / 2 / st.median
+            if spread > SPREAD_LIMIT:
+                found.append(f"stage {s} {name}: spread ±{spread:.0%} of the median (above {SPREAD_LIMIT:.0%}): the timing was disturbed")
+    return found

@@ -36,17 +36,18 @@ def progress_bar(console: Console) -> Iterator:
 
 def summary_table(profile: Profile) -> Group:
     """Per stage: median times and their spread (the widest half interquartile range of F, B
-    and W, relative to the median), memory, boundary size and link time."""
+    and W, relative to the median), memory, boundary size and link time; then the profiler's
+    warnings about disturbed measurements."""
     measured = profile.measured
     spread: list[StageSpread | None] = list(measured.stages) if measured and measured.stages else [None] * profile.num_stages
     sizes = measured.boundary_bytes if measured else []
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0), title=profile.name)
-    for col in ("stage", "T_F\nms", "T_B\nms", "T_W\nms", "spread\n±", "T_B+T_W\n/ T_F", "M_B\nMiB", "M_W\n/ M_B",
+    for col in ("stage", "T_F\nms", "T_B\nms", "T_W\nms", "T_BW\nms", "spread\n±", "T_B+T_W\n/ T_F", "M_B\nMiB", "M_W\n/ M_B",
                 "sends\nKiB", "t_comm\nms"):
         t.add_column(col, justify="right")
     for s, (st, sp) in enumerate(zip(profile.stages, spread)):
         t.add_row(
-            str(s), f"{st.t_f:.3g}", f"{st.t_b:.3g}", f"{st.t_w:.3g}", _spread(sp),
+            str(s), f"{st.t_f:.3g}", f"{st.t_b:.3g}", f"{st.t_w:.3g}", f"{st.fused_backward:.3g}", _spread(sp),
             f"{(st.t_b + st.t_w) / st.t_f:.2f}", f"{st.m_f / 2**20:.3g}", f"{-st.m_w / st.m_f:.2f}" if st.m_f else "-",
             f"{sizes[s] / 2**10:.0f}" if s < len(sizes) else "-",
             f"{profile.comm(s):.3g}" if s < profile.num_stages - 1 else "-",
@@ -54,7 +55,8 @@ def summary_table(profile: Profile) -> Group:
     # Below the table rather than as its caption: a long caption would squeeze the columns.
     where = Text(f"{profile.device or '?'}, {profile.dtype or '?'}, {profile.mode or '?'}; "
                  f"links {profile.links.method if profile.links else '?'}", style="dim")
-    return Group(t, where)
+    warnings = [Text(f"warning: {w}", style="yellow") for w in (measured.warnings if measured else [])]
+    return Group(t, where, *warnings)
 
 
 def _spread(stats: StageSpread | None) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 from collections.abc import Callable, Iterator
 
 import torch
@@ -25,7 +24,7 @@ import torch.distributed as dist
 from ..errors import ZbError
 from ..formats.profile import Profile
 from .links import LinkModel, estimate_link, pingpong
-from .measure import StageMeasurement, measure_stage
+from .measure import StageMeasurement, Stats, disturbances, measure_stage
 from .settings import Settings, device_name, resolve_device, resolve_dtype
 from .stages import ModelSpec, leaves, run_stage
 
@@ -148,7 +147,7 @@ def profile_distributed(
             if progress is not None:
                 progress(f"link {b} -> {b + 1}", world + b, steps)
             if rank == b:
-                t_link = statistics.median(pingpong([o.contiguous() for o in outs], b + 1, True, group))
+                t_link = Stats.of(pingpong([o.contiguous() for o in outs], b + 1, True, group))
             elif rank == b + 1:
                 pingpong([t.detach().clone() for t in inputs], b, False, group)
             dist.barrier(group=group)
@@ -166,7 +165,8 @@ def profile_distributed(
     if progress is not None:
         progress("done", steps, steps)
     mode = f"one rank per stage, {world} ranks" + (", in turns" if device.type == "cpu" else "")
-    return _assemble(spec, recorded, device, results, [t for _, t, _ in parts[:-1]], links, mode, name)
+    links["one_way_ms"] = [t.record() for _, t, _ in parts[:-1]]  # median and quartiles per boundary
+    return _assemble(spec, recorded, device, results, [t.median for _, t, _ in parts[:-1]], links, mode, name)
 
 
 def _assemble(
@@ -191,6 +191,7 @@ def _assemble(
             "memory": "CUDA allocator" if device.type == "cuda" else "bytes of tensors saved for backward",
             "boundary_bytes": [r.output_bytes for r in results[:-1]],
             "stages": [r.record() for r in results],
+            "warnings": disturbances(results, device, settings["threads"], len(results)),
         },
     )
 

@@ -14,6 +14,10 @@ parameter, so W runs it. Each pass also holds activation memory as the profile s
 a buffer of M_B - M_W bytes, freed by B, Weight one of M_W bytes, freed by W. Both are one timed
 identity (``_Timed``), Weight with no forward time.
 
+A fused backward (BW: one autograd call for both paths) costs the profile's ``t_bw``, not
+t_b + t_w: Weight sees that Act ran in the same autograd call (same graph task) and then sleeps
+t_bw - t_b instead of t_w.
+
 A sleep overshoots by the OS's wake-up latency; the overshoot is taken off the next pass's
 sleep, so each rank's total busy time is the profile's (see ``_sleep``).
 """
@@ -46,38 +50,56 @@ def _sleep(seconds: float) -> None:
     _lag = max(0.0, _lag + time.perf_counter() - t0 - seconds)
 
 
+class _Fusion:
+    """Which autograd call (graph task) ran one microbatch's Act backward."""
+
+    task: int | None = None
+
+
 class _Timed(torch.autograd.Function):
     """The identity, sleeping ``t_fwd`` in forward and ``t_bwd`` in backward, with ``nbytes``
-    saved for backward in between."""
+    saved for backward in between. Act (``fused`` None) notes its autograd call in ``fusion``;
+    Weight sleeps ``fused`` instead of ``t_bwd`` when it runs in that same call."""
 
     @staticmethod
-    def forward(ctx, x, t_fwd, t_bwd, nbytes):
+    def forward(ctx, x, t_fwd, t_bwd, nbytes, fusion, fused):
         _sleep(t_fwd)
         ctx.save_for_backward(torch.empty(nbytes, dtype=torch.uint8, device=x.device))
-        ctx.t_bwd = t_bwd
+        ctx.t_bwd, ctx.fusion, ctx.fused = t_bwd, fusion, fused
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        _sleep(ctx.t_bwd)
-        return grad, None, None, None
+        task = torch._C._current_graph_task_id()
+        if ctx.fused is None:
+            ctx.fusion.task = task
+            _sleep(ctx.t_bwd)
+        else:
+            _sleep(ctx.fused if ctx.fusion.task == task else ctx.t_bwd)
+        return grad, None, None, None, None, None
 
 
 class EmulatedStage(nn.Module):
-    """A stage of ``width`` features whose passes sleep ``t_f``, ``t_b``, ``t_w`` seconds.
+    """A stage of ``width`` features whose passes sleep ``t_f``, ``t_b``, ``t_w`` seconds
+    (``t_bw`` for a fused backward; None: t_b + t_w).
 
     ``b_bytes`` of activations live from F to B, ``w_bytes`` from F to W.
     """
 
-    def __init__(self, t_f: float, t_b: float, t_w: float, b_bytes: int = 0, w_bytes: int = 0, width: int = 16) -> None:
+    def __init__(
+        self, t_f: float, t_b: float, t_w: float, b_bytes: int = 0, w_bytes: int = 0, width: int = 16,
+        t_bw: float | None = None,
+    ) -> None:
         super().__init__()
         self.t_f, self.t_b, self.t_w = t_f, t_b, t_w
+        self.t_bw = t_b + t_w if t_bw is None else t_bw
         self.b_bytes, self.w_bytes = int(b_bytes), int(w_bytes)
         self.weight = nn.Parameter(torch.zeros(width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = _Timed.apply(self.weight, 0.0, self.t_w, self.w_bytes)  # Weight
-        return _Timed.apply(x + w, self.t_f, self.t_b, self.b_bytes)  # Act
+        fusion = _Fusion()
+        w = _Timed.apply(self.weight, 0.0, self.t_w, self.w_bytes, fusion, max(self.t_bw - self.t_b, 0.0))  # Weight
+        return _Timed.apply(x + w, self.t_f, self.t_b, self.b_bytes, fusion, None)  # Act
 
 
 def emulated_stages(
@@ -98,7 +120,7 @@ def emulated_stages(
         EmulatedStage(
             cost.t_f[s] * ms, cost.t_b[s] * ms, cost.t_w[s] * ms,
             b_bytes=max(-cost.m_b[s], 0.0) * bytes_per_unit, w_bytes=max(-cost.m_w[s], 0.0) * bytes_per_unit,
-            width=width,
+            width=width, t_bw=cost.t_bw[s] * ms,
         )
         for s in range(cost.num_stages)
     ]

@@ -15,6 +15,9 @@ it), which the runtime records after every action.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 __all__ = ["ActivationMeter", "SavedActivations"]
@@ -69,6 +72,7 @@ class SavedActivations:
         self._skip = not_activations  # ids of the parameters and buffers
         self._holders: list[_Holder] = []
         self._recording: set[int] | None = None
+        self._consume = False
 
     def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -83,15 +87,39 @@ class SavedActivations:
             self._meter.add(ptr, t.untyped_storage().nbytes())
         return h
 
+    def hold(self, t: torch.Tensor):
+        """Keep ``t`` for a later pass as a saved activation (counted, freed like the others);
+        ``read`` gives it back."""
+        return self._pack(t)
+
+    def read(self, h) -> torch.Tensor:
+        return self._unpack(h)
+
+    def holds(self, h) -> bool:
+        return isinstance(h, _Holder)
+
     def _unpack(self, h):
         if not isinstance(h, _Holder):
             return h
         if self._recording is not None:
             self._recording.add(id(h))
             return h.tensor
-        if h.tensor is None:
+        t = h.tensor
+        if t is None:
             raise RuntimeError("zbsearch: a saved activation was freed before the backward pass that needs it")
-        return h.tensor
+        if self._consume:
+            self._release(h)
+        return t
+
+    @contextlib.contextmanager
+    def consuming(self) -> Iterator[None]:
+        """For a backward that runs each node once (no ``retain_graph``): an activation is freed
+        as soon as its node has read it, as plain autograd does, instead of at the end."""
+        self._consume = True
+        try:
+            yield
+        finally:
+            self._consume = False
 
     def record(self) -> "_Recording":
         return _Recording(self)

@@ -31,20 +31,47 @@ parameters. How it does that without redoing B's work:
 * B frees the activations W does not read (see ``memory``), so memory follows the model:
   F allocates M_B, B frees M_B - M_W, W frees M_W.
 
+Most of that machinery is for parameters used in arbitrary ways. The common layers get a fast
+path with no graph analysis at all (measured in ``bench/split.py``):
+
+* ``F.linear`` and ``F.embedding`` on a stage parameter (nn.Linear, the projections of
+  attention and MLP, nn.Embedding, tied heads) run as custom autograd Functions whose backward
+  computes the input gradient only and keeps (input, output gradient); W computes the weight
+  gradient from those later (one matrix product, or an index-add for an embedding).
+* Every other use of a parameter by an elementwise op or a norm layer (LayerNorm / RMSNorm
+  weights, biases, a position table) costs O(activations), not a matrix product: B asks
+  autograd for the gradient of those uses together with the input gradient, in one call, and
+  W only adds them to ``param.grad``.
+* So B is one ``autograd.grad`` without ``retain_graph`` (the graph, and every activation W does
+  not read, is freed at once), and W is a few matrix products in Python.
+
+Whether a stage takes it is decided per module and input signature on its first split
+microbatch, which runs the generic split and checks the graph: every parameter use not deferred
+must be cheap, and no parameter used directly (inside a custom autograd Function, say). Later
+microbatches of that signature then run their forward under a lean mode that only intercepts
+``F.linear`` / ``F.embedding`` (every torch call through a Python handler costs a few µs, and
+the generic split's per-use views and data-flow tracking cost far more). Correctness does not
+rest on the check: the fast B asks autograd for the gradient of every parameter, so a use the
+first microbatch did not show still gets its gradient (in B, where it costs time, not
+accuracy). A stage that does anything else keeps the generic split, which also handles the
+deferred layers (their weight gradients are W's either way).
+
 ``backward_full`` is the fused BW: one ordinary backward, no analysis. Gradients accumulate
 into ``param.grad`` like ``loss.backward()``. These functions are the ones the profiler times.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
+from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
+import weakref
+
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .memory import ActivationMeter, SavedActivations
@@ -88,21 +115,167 @@ def _tensors_in(x) -> list[torch.Tensor]:
     return found
 
 
+# Parameter uses whose gradient is O(activations) (no matrix product): computed in B (fast path).
+_CHEAP = frozenset({
+    "layer_norm", "rms_norm", "group_norm", "add", "__add__", "__radd__", "sub", "__sub__", "__rsub__",
+    "mul", "__mul__", "__rmul__", "div", "__truediv__", "__getitem__",
+})
+
+
+class _Record:
+    """One deferred use of a weight: what W needs to compute its gradient."""
+
+    __slots__ = ("kind", "weight", "bias", "x", "grad", "padding_idx", "scale")
+
+    def __init__(self, kind: str, weight: nn.Parameter, bias: nn.Parameter | None, x) -> None:
+        self.kind, self.weight, self.bias, self.x = kind, weight, bias, x
+        self.grad: torch.Tensor | None = None
+        self.padding_idx, self.scale = -1, False
+
+
+class _LinearInputGrad(torch.autograd.Function):
+    """``F.linear`` whose backward gives the input gradient only and leaves the output gradient
+    in ``rec`` for W. The weight comes in detached and ``anchor`` (a leaf) keeps the output in the
+    graph on a first stage, where nothing else may need a gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, anchor, rec):
+        ctx.weight, ctx.rec = weight, rec
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.rec.grad = grad
+        return (grad.matmul(ctx.weight) if ctx.needs_input_grad[0] else None), None, None, None, None
+
+
+class _EmbeddingDeferred(torch.autograd.Function):
+    """``F.embedding`` whose backward only leaves the output gradient in ``rec`` for W."""
+
+    @staticmethod
+    def forward(ctx, ids, weight, anchor, rec):
+        ctx.rec = rec
+        return F.embedding(ids, weight, None if rec.padding_idx < 0 else rec.padding_idx, scale_grad_by_freq=rec.scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.rec.grad = grad
+        return None, None, None, None
+
+
+def _bind(args: tuple, kwargs: dict, names: tuple[str, ...], defaults: tuple) -> list | None:
+    """The arguments in ``names`` order (defaults for the trailing ones); None for a call
+    this path does not know."""
+    if len(args) > len(names) or any(k not in names for k in kwargs):
+        return None
+    required = len(names) - len(defaults)
+    out = []
+    for i, n in enumerate(names):
+        if i < len(args):
+            if n in kwargs:
+                return None
+            out.append(args[i])
+        elif n in kwargs:
+            out.append(kwargs[n])
+        elif i >= required:
+            out.append(defaults[i - required])
+        else:
+            return None
+    return out
+
+
+_LINEAR_ARGS = (("input", "weight", "bias"), (None,))
+_EMBEDDING_ARGS = (
+    ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse"),
+    (None, None, 2.0, False, False),
+)
+
+
+class _Deferral:
+    """The deferred weight uses of one forward (``F.linear`` / ``F.embedding`` on a stage parameter)."""
+
+    def __init__(self, params: dict[int, nn.Parameter], saved: SavedActivations) -> None:
+        self._params = params
+        self._saved = saved
+        self.anchor = torch.empty(0, requires_grad=True)
+        self.records: list[_Record] = []
+
+    def call(self, func, args: tuple, kwargs: dict):
+        """The output of ``func`` run deferred, or None when it is not a use this path takes
+        (under autocast too: its casts would have to be replayed in W)."""
+        if args and isinstance(args[0], torch.Tensor) and torch.is_autocast_enabled(args[0].device.type):
+            return None
+        if func is F.linear:
+            a = _bind(args, kwargs, *_LINEAR_ARGS)
+            if a is None or not self._mine(a[1]) or not (a[2] is None or self._mine(a[2])) or not isinstance(a[0], torch.Tensor):
+                return None
+            x, w, b = a
+            rec = _Record("linear", w, b, self._saved.hold(x))
+            out = _LinearInputGrad.apply(x, w.detach(), None if b is None else b.detach(), self.anchor, rec)
+        elif func is F.embedding:
+            a = _bind(args, kwargs, *_EMBEDDING_ARGS)
+            if a is None or not self._mine(a[1]) or a[3] is not None or a[6] or not isinstance(a[0], torch.Tensor):
+                return None
+            ids, w = a[0], a[1]
+            rec = _Record("embedding", w, None, ids)
+            rec.padding_idx = -1 if a[2] is None else (a[2] if a[2] >= 0 else a[2] + w.shape[0])
+            rec.scale = bool(a[5])
+            out = _EmbeddingDeferred.apply(ids, w.detach(), self.anchor, rec)
+        else:
+            return None
+        self.records.append(rec)
+        return out
+
+    def _mine(self, t) -> bool:
+        return isinstance(t, nn.Parameter) and self._params.get(id(t)) is t
+
+    def holders(self) -> set[int]:
+        return {id(r.x) for r in self.records if self._saved.holds(r.x)}
+
+    def weight_grads(self) -> None:
+        """W of the deferred uses: each weight's gradient from its input and output gradient."""
+        for r in self.records:
+            g = r.grad
+            if g is None:  # no gradient reached this use
+                continue
+            if r.kind == "linear":
+                x = self._saved.read(r.x)
+                g2 = g.reshape(-1, g.shape[-1])
+                _accumulate(r.weight, g2.t().mm(x.reshape(-1, x.shape[-1])), fresh=True)
+                if r.bias is not None:
+                    _accumulate(r.bias, g2.sum(0), fresh=True)
+            else:
+                grad = torch.ops.aten.embedding_dense_backward(g, r.x, r.weight.shape[0], r.padding_idx, r.scale)
+                _accumulate(r.weight, grad, fresh=True)
+        self.records = []
+
+
 class _ViewPerUse(TorchFunctionMode):
     """Replace each stage parameter by a fresh identity view in every torch call that uses it,
     and follow the inputs' data flow when ``data`` is given."""
 
-    def __init__(self, params: dict[int, nn.Parameter], views: dict[Node, nn.Parameter], data: _DataFlow | None) -> None:
+    def __init__(
+        self, params: dict[int, nn.Parameter], views: dict[Node, nn.Parameter], data: _DataFlow | None, deferral: _Deferral,
+    ) -> None:
         super().__init__()
         self._params = params
         self._views = views
         self._data = data
+        self._deferral = deferral
+        self.heavy = False  # a parameter used by an op outside _CHEAP (and not deferred)
+        self._func = ""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not torch.is_grad_enabled():  # grad-free code needs no split
             return func(*args, **kwargs)
-        if getattr(func, "__name__", "") == "__get__":  # a property: p.shape is no use of p, p.T is
+        out = self._deferral.call(func, args, kwargs)
+        if out is not None:
+            if self._data is not None:
+                self._data.note(args, kwargs, out)
+            return out
+        self._func = getattr(func, "__name__", "")
+        if self._func == "__get__":  # a property: p.shape is no use of p, p.T is
             out = func(*args)
             if isinstance(out, torch.Tensor) and id(args[0]) in self._params:
                 args = (self._swap(args[0]),)
@@ -121,11 +294,28 @@ class _ViewPerUse(TorchFunctionMode):
             if p is not None:
                 v = p.view_as(p)
                 self._views[v.grad_fn] = p
+                self.heavy = self.heavy or self._func not in _CHEAP
                 return v
             return a
         if isinstance(a, (list, tuple)) and any(isinstance(x, nn.Parameter) for x in a):
             return type(a)(self._swap(x) for x in a)
         return a
+
+
+class _DeferOnly(TorchFunctionMode):
+    """The fast path's forward: deferred Linear / Embedding calls, every other call as it is."""
+
+    def __init__(self, deferral: _Deferral) -> None:
+        super().__init__()
+        self._deferral = deferral
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is F.linear or func is F.embedding) and torch.is_grad_enabled():
+            out = self._deferral.call(func, args, kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
 
 
 @dataclass(eq=False)
@@ -138,8 +328,12 @@ class ForwardPass:
     saved: SavedActivations
     views: dict[Node, nn.Parameter]
     data: _DataFlow | None  # a first stage's data flow (its inputs need no gradient)
+    deferral: _Deferral | None = None  # the deferred Linear / Embedding uses (split only)
+    fast: bool = False  # every parameter use is deferred or cheap, as checked on this signature
+    verdict: Callable[[bool], None] | None = None  # records the check when this pass is the first
     # set by backward_input, consumed by backward_weight:
     groups: list["_WeightGroup"] = field(default_factory=list)
+    early: list[tuple[nn.Parameter, torch.Tensor]] = field(default_factory=list)  # cheap uses' gradients from B
 
 
 @dataclass(eq=False)
@@ -163,12 +357,29 @@ def forward_pass(
     ``split=False`` is for a fused backward (BW): no per-use views, nothing to split.
     Outputs are returned as a tuple of tensors (``ForwardPass.outputs``).
     """
-    params = [p for p in module.parameters() if p.requires_grad]
-    saved = SavedActivations(meter, {id(t) for t in (*module.parameters(), *module.buffers())})
+    every = list(module.parameters())
+    params = [p for p in every if p.requires_grad]
+    saved = SavedActivations(meter, {id(t) for t in (*every, *module.buffers())})
     views: dict[Node, nn.Parameter] = {}
     first = not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
     data = _DataFlow(inputs) if split and first else None
-    with saved.hooks(), _ViewPerUse({id(p): p for p in params}, views, data) if split else contextlib.nullcontext():
+    if not split:
+        with saved.hooks():
+            out = module(*inputs)
+            if post is not None:
+                out = post(out)
+        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None)
+    deferral = _Deferral({id(p): p for p in params}, saved)
+    known = _CHECKED.setdefault(module, {})
+    sig = _signature(inputs, post)
+    if known.get(sig):  # checked: the fast path, with a lean forward
+        with saved.hooks(), _DeferOnly(deferral):
+            out = module(*inputs)
+            if post is not None:
+                out = post(out)
+        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None, deferral, fast=True)
+    mode = _ViewPerUse({id(p): p for p in params}, views, data, deferral)
+    with saved.hooks(), mode:
         out = module(*inputs)
         if post is not None:
             out = post(out)
@@ -176,7 +387,22 @@ def forward_pass(
     if data is not None:
         for t in outs:
             data.seen(t)  # an output's own place, in case no later call used it
-    return ForwardPass(tuple(inputs), outs, params, saved, views, data)
+    fp = ForwardPass(tuple(inputs), outs, params, saved, views, data, deferral)
+    if mode.heavy:
+        known[sig] = False
+    elif sig not in known:
+        fp.verdict = lambda ok: known.__setitem__(sig, ok)
+    return fp
+
+
+# module -> {input signature: whether its parameters are used only in ways the fast path takes}
+_CHECKED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def _signature(inputs: Sequence, post: Callable | None) -> tuple:
+    return (post is None, tuple(
+        (tuple(t.shape), t.dtype, t.requires_grad, t.device) if isinstance(t, torch.Tensor) else type(t) for t in inputs
+    ))
 
 
 def _as_tensors(out) -> tuple[torch.Tensor, ...]:
@@ -203,13 +429,22 @@ def backward_full(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None]) 
     outs, grads = _roots(fp, output_grads)
     idx = _grad_inputs(fp)
     result: list[torch.Tensor | None] = [None] * len(fp.inputs)
-    if outs:
-        wanted = [fp.inputs[i] for i in idx] + fp.params
-        got = torch.autograd.grad(outs, wanted, grads, allow_unused=True)
-        for i, g in zip(idx, got):
-            result[i] = g
-        for p, g in zip(fp.params, got[len(idx):]):
-            _accumulate(p, g)
+    xs = [fp.inputs[i] for i in idx]
+    if outs and (xs or fp.params):
+        # As loss.backward() does: parameter gradients accumulate in place, without copies, and
+        # the inputs' own .grad is borrowed to receive theirs. Naming the leaves (``inputs=``)
+        # measured 5-8% slower, so only inputs that are not leaves (whose graph goes on into
+        # another stage's) make us name them.
+        before = [x.grad for x in xs]
+        for x in xs:
+            x.grad = None
+        with fp.saved.consuming():
+            if all(x.is_leaf for x in xs):
+                torch.autograd.backward(outs, grads)
+            else:
+                torch.autograd.backward(outs, grads, inputs=xs + fp.params)
+        for i, x, b in zip(idx, xs, before):
+            result[i], x.grad = x.grad, b
     _release(fp)
     return result
 
@@ -219,12 +454,18 @@ def backward_input(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None])
     outs, grads = _roots(fp, output_grads)
     idx = _grad_inputs(fp)
     result: list[torch.Tensor | None] = [None] * len(fp.inputs)
+    if fp.fast:
+        return _fast_backward_input(fp, outs, grads, idx, result)
     if fp.data is None:  # I: what reaches the inputs
         input_nodes = {get_gradient_edge(fp.inputs[i]).node for i in idx}
     else:  # I: what depends on the inputs
         input_nodes = {n for n, _ in fp.data.edges}
     root_edges = [get_gradient_edge(o) for o in outs]
     graph = _Graph([e.node for e in root_edges], input_nodes, fp)
+    if fp.verdict is not None:  # the first microbatch of its kind: may the next take the fast path?
+        fp.verdict(not graph.direct)
+    # B also runs every deferred Linear / Embedding (they lead to the anchor), leaving W their weights
+    anchor = [fp.deferral.anchor] if fp.deferral is not None and fp.deferral.records else []
     # B stops at the inputs, or for a first stage at the lowest nodes of I, whose work is all W's
     if fp.data is None:
         targets = [fp.inputs[i] for i in idx]
@@ -234,11 +475,11 @@ def backward_input(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None])
     saved_grads: dict[Node, tuple] = {}
     handles = [n.register_prehook(_saver(saved_grads, n)) for n in graph.frontier]
     try:
-        b_roots = [(o, g) for o, e, g in zip(outs, root_edges, grads) if graph.in_i(e.node)]
-        if b_roots and targets:
+        b_roots = [(o, g) for o, e, g in zip(outs, root_edges, grads) if anchor or graph.in_i(e.node)]
+        if b_roots and (targets or anchor):
             got = torch.autograd.grad(
-                [o for o, _ in b_roots], targets, [g for _, g in b_roots], retain_graph=True, allow_unused=True
-            )
+                [o for o, _ in b_roots], targets + anchor, [g for _, g in b_roots], retain_graph=True, allow_unused=True
+            )[: len(targets)]
             if fp.data is None:
                 for i, g in zip(idx, got):
                     result[i] = g
@@ -256,7 +497,28 @@ def backward_input(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None])
     with fp.saved.record() as keep:
         for node in graph.weight_nodes(fp.groups):
             _touch_saved(node)
+    if fp.deferral is not None:
+        keep |= fp.deferral.holders()
     fp.saved.keep_only(keep)
+    fp.outputs = ()
+    fp.inputs = ()
+    return result
+
+
+def _fast_backward_input(fp: ForwardPass, outs: list, grads: list, idx: list[int], result: list) -> list[torch.Tensor | None]:
+    """B on the fast path: one autograd call for the input gradients, the cheap parameter uses'
+    gradients and every deferred layer's input gradient; the graph is freed as it goes."""
+    assert fp.deferral is not None
+    # Every parameter is asked for: those only deferred are not reached (their weight comes in
+    # detached) and cost nothing; any other use gets its gradient here, whatever it is.
+    targets = [fp.inputs[i] for i in idx] + [fp.deferral.anchor] + fp.params
+    if outs:
+        with fp.saved.consuming():
+            got = torch.autograd.grad(outs, targets, grads, allow_unused=True)
+        for i, g in zip(idx, got):
+            result[i] = g
+        fp.early = [(p, g) for p, g in zip(fp.params, got[len(idx) + 1:]) if g is not None]
+    fp.saved.keep_only(fp.deferral.holders())
     fp.outputs = ()
     fp.inputs = ()
     return result
@@ -264,6 +526,10 @@ def backward_input(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None])
 
 def backward_weight(fp: ForwardPass) -> None:
     """W: accumulate the parameter gradients left by ``backward_input``."""
+    if fp.deferral is not None:
+        fp.deferral.weight_grads()
+    for p, g in fp.early:
+        _accumulate(p, g)
     for group in fp.groups:
         handles = [n.register_prehook(_pin(g)) for n, g in group.pinned] if len(group.pinned) > 1 else []
         try:
@@ -281,18 +547,21 @@ def backward_weight(fp: ForwardPass) -> None:
 def _release(fp: ForwardPass) -> None:
     fp.saved.free()
     fp.groups = []
+    fp.early = []
+    fp.deferral = None
     fp.views = {}
     fp.data = None
     fp.outputs = ()
     fp.inputs = ()
 
 
-def _accumulate(p: nn.Parameter, g: torch.Tensor | None) -> None:
+def _accumulate(p: nn.Parameter, g: torch.Tensor | None, fresh: bool = False) -> None:
+    """Add ``g`` to ``p.grad``; ``fresh``: g is a new tensor nothing else holds."""
     if g is None:
         return
     if p.grad is None:
-        # a fresh tensor: g may alias a gradient still in use elsewhere
-        p.grad = g.detach().clone(memory_format=torch.contiguous_format)
+        # else a copy: g may alias a gradient still in use elsewhere
+        p.grad = g if fresh and g.is_contiguous() else g.detach().clone(memory_format=torch.contiguous_format)
     else:
         p.grad.add_(g)
 
@@ -365,6 +634,7 @@ class _Graph:
             reach_i[node] = node in input_nodes or any(reach_i[c] for c in kids)
             reach_q[node] = node in capture or any(reach_q[c] for c in kids)
         self.children, self.order, self.capture, self.reach_i = children, order, capture, reach_i
+        self.direct = direct
         self.q = {n for n in order if reach_q[n] and not reach_i[n]}
         self.frontier = [n for n in order if reach_i[n] and any(c in self.q for c in children[n])]
 

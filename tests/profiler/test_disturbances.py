@@ -1,0 +1,46 @@
+"""The profiler times the fused backward too, and says when a measurement was disturbed."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from zbsearch.profiler.measure import SPREAD_LIMIT, StageMeasurement, Stats, disturbances, measure_stage
+
+
+def test_measure_stage_times_the_fused_backward_and_the_profile_carries_it():
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+    m = measure_stage(block, (torch.randn(8, 16, requires_grad=True),), None, torch.device("cpu"), warmup=1, repeat=3)
+    cost = m.cost()
+    assert cost.t_bw == m.bw.median > 0
+    assert m.record()["t_bw"]["q1"] <= m.record()["t_bw"]["median"] <= m.record()["t_bw"]["q3"]
+
+
+def _stage(spread: float) -> StageMeasurement:
+    calm = Stats(10.0, 9.9, 10.1)
+    wide = Stats(10.0, 10.0 - 10.0 * spread, 10.0 + 10.0 * spread)
+    return StageMeasurement(calm, wide, calm, calm, 1.0, -0.5, 0.0, 4)
+
+
+def test_spread_above_the_limit_is_named_by_stage_and_pass(monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    cpu = torch.device("cpu")
+    assert disturbances([_stage(SPREAD_LIMIT / 2)], cpu, threads=1, ranks=1) == []
+    found = disturbances([_stage(SPREAD_LIMIT / 2), _stage(2 * SPREAD_LIMIT)], cpu, threads=1, ranks=2)
+    assert len(found) == 1 and found[0].startswith("stage 1 B: spread ±20%")
+
+
+def test_threads_beyond_cores_and_a_busy_machine_are_warned(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    cpu, calm = torch.device("cpu"), [_stage(0.0)]
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.0, 0.0))
+    assert "3 torch threads on 2 cores" in disturbances(calm, cpu, threads=3, ranks=1)[0]
+    assert "4 ranks x 1 torch threads exceed the 2 cores" in disturbances(calm, cpu, threads=1, ranks=4)[0]
+    assert disturbances(calm, cpu, threads=1, ranks=2) == []
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.5, 0.0, 0.0))
+    assert disturbances(calm, cpu, threads=1, ranks=2) == [
+        "the machine is busy (1-minute load average 7.5 on 2 cores): times include waiting for a core"]

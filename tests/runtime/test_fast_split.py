@@ -1,0 +1,200 @@
+"""The split backward's fast path (deferred Linear / Embedding weight gradients, cheap parameter
+uses in B): gradients equal to one plain ``loss.backward()`` microbatch after microbatch, on the
+layers it takes and on a generic fallback for everything else."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from zbsearch.models import GPTConfig, gpt_loss, gpt_stages, llama_stages
+from zbsearch.models.gpt import Attention
+from zbsearch.models.llama import LlamaBlock
+from zbsearch.runtime import EmulatedStage, backward_input, backward_weight, forward_pass
+from zbsearch.runtime.memory import ActivationMeter
+
+
+class Tied(nn.Module):
+    """An embedding whose table is also the output head, and a Linear applied twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 8, padding_idx=0)
+        self.lin = nn.Linear(8, 8)
+        self.ln = nn.LayerNorm(8)
+
+    def forward(self, ids):
+        h = self.lin(torch.tanh(self.lin(self.ln(self.emb(ids)))))
+        return F.linear(h, self.emb.weight)
+
+
+class Functional(nn.Module):
+    """F.linear by keyword, a parameter used elementwise twice, a bias-free Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 5))
+        self.b = nn.Parameter(torch.randn(6))
+        self.scale = nn.Parameter(torch.rand(6) + 0.5)
+        self.out = nn.Linear(6, 4, bias=False)
+
+    def forward(self, x):
+        h = F.linear(input=x, weight=self.w, bias=self.b) * self.scale
+        return self.out(torch.relu(h) + self.scale)
+
+
+class Heavy(nn.Module):
+    """A parameter in a plain matrix product: not a use the fast path takes (generic split)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.m = nn.Parameter(torch.randn(8, 8) / 3)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x)) @ self.m
+
+
+def _gpt(stage):
+    cfg = GPTConfig(layers=3, hidden=16, heads=2, seq=8, vocab=32, microbatch_size=2, stages=3)
+    return gpt_stages(cfg)[stage]
+
+
+def _llama(stage):
+    cfg = GPTConfig(layers=3, hidden=16, heads=2, seq=8, vocab=32, microbatch_size=2, stages=3)
+    return llama_stages(cfg)[stage]
+
+
+CASES = {
+    "linear": (lambda: nn.Linear(8, 5), lambda: torch.randn(3, 4, 8), True),
+    "attention": (lambda: Attention(16, 2), lambda: torch.randn(2, 8, 16), True),
+    "layernorm": (lambda: nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8)), lambda: torch.randn(3, 8), True),
+    "embedding": (lambda: nn.Sequential(nn.Embedding(13, 8), nn.Linear(8, 3)), lambda: torch.randint(0, 13, (3, 5)), True),
+    "tied-twice": (Tied, lambda: torch.randint(0, 11, (2, 6)), True),
+    "functional": (Functional, lambda: torch.randn(3, 5), True),
+    "llama-block": (lambda: LlamaBlock(16, 2, 8), lambda: torch.randn(2, 8, 16), True),
+    "gpt-first": (lambda: _gpt(0), lambda: torch.randint(0, 32, (2, 8)), True),
+    "gpt-middle": (lambda: _gpt(1), lambda: torch.randn(2, 8, 16), True),
+    "llama-first": (lambda: _llama(0), lambda: torch.randint(0, 32, (2, 8)), True),
+    "llama-last": (lambda: _llama(2), lambda: torch.randn(2, 8, 16), True),
+    "heavy": (Heavy, lambda: torch.randn(3, 8), False),
+    "emulated": (lambda: EmulatedStage(0, 0, 0, b_bytes=64, w_bytes=32), lambda: torch.randn(2, 16), False),
+}
+
+
+def _leaf(x):
+    return x.detach().clone().requires_grad_(x.is_floating_point())
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_split_gradients_equal_autograd_microbatch_after_microbatch(name):
+    make, sample, fast = CASES[name]
+    torch.manual_seed(0)
+    ref = make()
+    ours = copy.deepcopy(ref)
+    taken = []
+    for mb in range(3):
+        x = sample()
+        xr, xo = _leaf(x), _leaf(x)
+        out = ref(xr)
+        g = torch.randn_like(out)
+        out.backward(g)  # accumulates over microbatches, as the runtime's W passes do
+        fp = forward_pass(ours, [xo])
+        taken.append(fp.fast)
+        got = backward_input(fp, [g])
+        backward_weight(fp)
+        if xr.requires_grad:
+            torch.testing.assert_close(got[0], xr.grad, msg=f"{name} microbatch {mb}: input gradient")
+        else:
+            assert got[0] is None
+        for (pname, p), q in zip(ref.named_parameters(), ours.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=lambda e: f"{name} microbatch {mb} {pname}: {e}")
+    # the first microbatch of a signature checks the graph; later ones take the fast path if they may
+    assert taken == [False, fast, fast]
+
+
+def test_fast_path_is_rechecked_when_the_inputs_change():
+    torch.manual_seed(0)
+    mod = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    for shape, want in [((2, 8), False), ((2, 8), True), ((3, 8), False), ((3, 8), True)]:
+        fp = forward_pass(mod, [torch.randn(shape, requires_grad=True)])
+        assert fp.fast is want, shape
+        backward_input(fp, [torch.randn(shape)])
+        backward_weight(fp)
+
+
+def test_loss_in_the_stage_and_first_stage_without_input_gradient():
+    """The last stage's loss runs inside the forward (``post``); the first stage's token ids
+    need no gradient and B returns none for them."""
+    cfg = GPTConfig(layers=2, hidden=16, heads=2, seq=8, vocab=32, microbatch_size=2, stages=1)
+    torch.manual_seed(0)
+    ref = gpt_stages(cfg)[0]
+    ours = copy.deepcopy(ref)
+    for mb in range(3):
+        ids = torch.randint(0, 32, (2, 8))
+        targets = torch.randint(0, 32, (2, 8))
+        gpt_loss(ref(ids), targets).backward()
+        fp = forward_pass(ours, [ids], post=lambda o: gpt_loss(o, targets))
+        assert backward_input(fp, [torch.ones(())]) == [None]
+        backward_weight(fp)
+        for (pname, p), q in zip(ref.named_parameters(), ours.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=pname)
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_fast_path_b_frees_all_but_what_w_reads(first):
+    """After B only the deferred layers' inputs stay (what W reads: the first Linear's input
+    and the LayerNorm's output, float32); W frees them."""
+    torch.manual_seed(0)
+    body = [nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 8)]
+    mod = nn.Sequential(nn.Embedding(13, 8), *body) if first else nn.Sequential(*body)
+    for mb in range(2):
+        meter = ActivationMeter()
+        x = torch.randint(0, 13, (4, 6)) if first else torch.randn(4, 6, 8, requires_grad=True)
+        fp = forward_pass(mod, [x], meter=meter)
+        assert fp.fast is (mb == 1)
+        after_f = meter.bytes
+        backward_input(fp, [torch.randn(4, 6, 8)])
+        after_b = meter.bytes
+        backward_weight(fp)
+        assert 0 < after_b < after_f and meter.bytes == 0
+        if fp.fast:  # the generic split (first microbatch) also keeps what LayerNorm's W re-run reads
+            assert after_b == 4 * 6 * (8 + 16) * 4
+
+
+class Switch(nn.Module):
+    """Uses a Linear's weight in a plain product only when told to: a use the first
+    microbatch did not show."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.ln = nn.LayerNorm(6)
+        self.extra = False
+
+    def forward(self, x):
+        h = self.lin(self.ln(x))
+        return h @ self.lin.weight if self.extra else h
+
+
+def test_fast_path_stays_exact_when_a_later_microbatch_uses_a_parameter_differently():
+    torch.manual_seed(0)
+    ref = Switch()
+    ours = copy.deepcopy(ref)
+    for mb, extra in enumerate([False, False, True, False]):
+        ref.extra = ours.extra = extra
+        x = torch.randn(3, 6)
+        xr, xo = _leaf(x), _leaf(x)
+        g = torch.randn(3, 6)
+        ref(xr).backward(g)
+        fp = forward_pass(ours, [xo])
+        assert fp.fast is (mb > 0)
+        got = backward_input(fp, [g])
+        backward_weight(fp)
+        torch.testing.assert_close(got[0], xr.grad)
+        for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=f"microbatch {mb} {name}")
