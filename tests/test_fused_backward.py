@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import make_profile
-from zbsearch import CostModel, Profile, StageCost, build_classic, load_profile, timeline
+from zbsearch import CostModel, Profile, build_classic, load_profile, timeline
 from zbsearch.actions import Action, Op
 from zbsearch.bounds import memory_makespan_lower_bound, memory_span_lower_bound, span_lower_bound
 from zbsearch.formats.schedule import Schedule
