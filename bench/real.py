@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import zbsearch as zb
-from zbsearch.formats.schedule import v_placement
+from zbsearch.placement import placement
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runtime import _measure, _ours, launch  # noqa: E402  (bench/runtime.py: round-robin timing)
@@ -92,7 +92,7 @@ def worker(rank, world, send, args) -> dict | None:
     v_cfg = GPTConfig(**{**cfg.__dict__, "stages": 2 * world})
     runners = {}
     for name, sched in schedules.items():
-        stages = gpt_stages(v_cfg) if sched.stage_to_rank == v_placement(world) else gpt_stages(cfg)
+        stages = gpt_stages(v_cfg) if sched.stage_to_rank == placement(world, 2, "v") else gpt_stages(cfg)
         runners[f"ours {name}"] = _ours(rank, sched, stages, inputs, targets, gpt_loss)
     for kind in ("Schedule1F1B", "ScheduleInterleavedZeroBubble"):
         runners[f"torch {kind}"] = _torch_runner(rank, world, kind, gpt_stages(cfg), m, inputs, targets, gpt_loss)
