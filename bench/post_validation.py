@@ -30,21 +30,20 @@ Run: python bench/post_validation.py
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from common import save
 
 from zbsearch import build_classic, resolve_profile, timeline
+from zbsearch.distributed import run_local
+from zbsearch.formats.edit import updated
 from zbsearch.runtime import PipelineRuntime, emulated_loss, emulated_stages
 from zbsearch.runtime import post_validation as pv
-from zbsearch.distributed import run_local
 from zbsearch.solver.solve import solve
-from zbsearch.formats.edit import updated
 
 P, M = 4, 8
 T_STEP, T_SNAP = 7.5e-3, 6.0e-3
@@ -172,14 +171,11 @@ def main() -> None:
               f"{t['period_ms']:>13.1f} {t['vs_sync']:>+8.1%}  {t['rounds_ms']}{how}")
     elapsed = time.perf_counter() - t0
     print(f"median of {ROUNDS} interleaved rounds of {MEASURED} iterations each; {elapsed:.0f} s")
-    out = Path(__file__).with_name("results") / "post_validation.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({
+    save({
         "benchmark": "post_validation", "p": P, "m": M,
         "t_step_ms": T_STEP * 1e3, "t_snapshot_ms": T_SNAP * 1e3, "predicted": predicted,
         "elapsed_s": elapsed, "python": sys.version.split()[0], "torch": torch.__version__, "rows": table,
-    }, indent=1) + "\n")
-    print(f"saved {out}")
+    }, "post_validation")
 
 
 def _spans(schedule) -> dict:

@@ -20,22 +20,25 @@ Run: python bench/profiler.py [--stages 2] [--layers 8 --hidden 128 --seq 128 -b
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from common import save
 
 import zbsearch as zb
-from zbsearch.models import GPTConfig, gpt_batch
-from zbsearch.profiler import PassAgreement, Settings, builtin_gpt, profile_one_device, runtime_vs_profile
-from zbsearch.runtime import PipelineRuntime
 from zbsearch.distributed import run_local
 from zbsearch.formats.trace import Trace
-
-OUT = Path(__file__).resolve().parent / "results" / "profiler.json"
+from zbsearch.models import GPTConfig, gpt_batch
+from zbsearch.profiler import (
+    PassAgreement,
+    Settings,
+    builtin_gpt,
+    profile_one_device,
+    runtime_vs_profile,
+)
+from zbsearch.runtime import PipelineRuntime
 
 
 def _replay(runtime: PipelineRuntime, rank: int, last: bool, ids, targets, steps: int) -> list[Trace]:
@@ -115,15 +118,13 @@ def main() -> None:
     summary = {"one process": _errors(local), f"{cfg.stages} processes": _errors(spread)}
     for name, s in summary.items():
         print(f"{name}: mean |error| {s['mean_abs_error']:.1%}, max {s['max_abs_error']:.1%}")
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps({
+    save({
         "model": vars(args), "device": prof.model_dump()["device"], "torch": torch.__version__,
         "load_average": load, "summary": summary,
         "passes": [{"stage": a.stage, "op": a.op.value, "profiled_ms": a.profiled, "one_process_ms": a.measured,
                     "processes_ms": b.measured} for a, b in zip(local, spread)],
         "last_profile": prof.model_dump(),
-    }, indent=1) + "\n")
-    print(f"saved {OUT}")
+    }, "profiler")
 
 
 if __name__ == "__main__":

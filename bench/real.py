@@ -28,17 +28,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
+from common import RESULTS, save
+from pipeline import launch, ours, round_robin
+
 import zbsearch as zb
 from zbsearch.placement import placement
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runtime import _measure, _ours, launch  # noqa: E402  (bench/runtime.py: round-robin timing)
-
-OUT = Path(__file__).resolve().parent / "results" / "real.json"
 
 
 def _quartiles(xs: list[float]) -> dict:
@@ -48,7 +45,11 @@ def _quartiles(xs: list[float]) -> dict:
 
 def _torch_runner(rank, world, kind, stages, m, inputs, targets, loss):
     import torch
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleavedZeroBubble
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleInterleavedZeroBubble,
+    )
 
     stage = PipelineStage(stages[rank], rank, world, torch.device("cpu"))
     cls = {"Schedule1F1B": Schedule1F1B, "ScheduleInterleavedZeroBubble": ScheduleInterleavedZeroBubble}[kind]
@@ -93,13 +94,13 @@ def worker(rank, world, send, args) -> dict | None:
     runners = {}
     for name, sched in schedules.items():
         stages = gpt_stages(v_cfg) if sched.stage_to_rank == placement(world, 2, "v") else gpt_stages(cfg)
-        runners[f"ours {name}"] = _ours(rank, sched, stages, inputs, targets, gpt_loss)
+        runners[f"ours {name}"] = ours(rank, sched, stages, inputs, targets, gpt_loss)
     for kind in ("Schedule1F1B", "ScheduleInterleavedZeroBubble"):
         runners[f"torch {kind}"] = _torch_runner(rank, world, kind, gpt_stages(cfg), m, inputs, targets, gpt_loss)
     loads = []
     got = {name: ([], []) for name in runners}
     for _ in range(args.rounds):  # each round: warm-up is paid once; load read per round
-        part = _measure(runners, args.steps // args.rounds, args.warmup if not loads else 0)
+        part = round_robin(runners, args.steps // args.rounds, args.warmup if not loads else 0)
         loads.append(os.getloadavg()[0])
         for name, (walls, traces) in part.items():
             got[name][0].extend(walls)
@@ -139,7 +140,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=10, help="profiler repetitions per pass")
     ap.add_argument("--solve-time", type=float, default=15.0)
-    ap.add_argument("-o", "--output", type=Path, default=OUT)
+    ap.add_argument("-o", "--output", type=Path, default=RESULTS / "real.json")
     args = ap.parse_args()
     t0 = time.time()
     load_before = os.getloadavg()
@@ -186,9 +187,8 @@ def main() -> None:
         "speedups_vs_1f1b": speedups, "zb2p_vs_torch_zb": vs_torch, "targets": targets, "rows": rows,
         "profile": res["profile"],
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"total {time.time() - t0:.0f} s; wrote {args.output}")
+    print(f"total {time.time() - t0:.0f} s")
+    save(report, path=args.output)
 
 
 if __name__ == "__main__":

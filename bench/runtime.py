@@ -27,11 +27,13 @@ import statistics
 import time
 from pathlib import Path
 
-import zbsearch as zb
-from zbsearch.placement import placement
-from zbsearch.formats.edit import updated
+from common import RESULTS, save
+from pipeline import launch, ours, round_robin
 
-ROOT = Path(__file__).resolve().parent.parent
+import zbsearch as zb
+from zbsearch.formats.edit import updated
+from zbsearch.placement import placement
+
 WIDTH = 16
 UNIT = 2**20  # bytes of emulated activations per M_B
 
@@ -57,24 +59,7 @@ def our_schedules(prof: zb.Profile, m: int) -> list[tuple[str, zb.Schedule]]:
     return out
 
 
-# -- worker side ---------------------------------------------------------------------------------
-# Each configuration is a (step, trace) pair; the timing loop runs them round-robin, one step
-# each per round, so that load from elsewhere on the machine falls on all of them alike.
-def _ours(rank, sched, stages, inputs, targets, loss):
-    from zbsearch.runtime import PipelineRuntime
-
-    mine = {s: stages[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == rank}
-    last = sched.num_stages - 1
-    rt = PipelineRuntime(sched, mine, loss, timeout=120)
-
-    def step():
-        for st in mine.values():
-            st.zero_grad(set_to_none=True)
-        rt.step(inputs if 0 in mine else None, targets if last in mine else None)
-
-    return step, rt.trace
-
-
+# -- worker side (the timing loop is pipeline.round_robin) ----------------------------------------
 def _torch(rank, world, kind, prof, m, time_scale):
     import torch
     from torch.distributed.pipelining import (
@@ -104,25 +89,6 @@ def _torch(rank, world, kind, prof, m, time_scale):
         sched.step(*((x,) if 0 in mine else ()), target=y if S - 1 in mine else None)
 
     return step, None
-
-
-def _measure(runners: dict, iters: int, warmup: int) -> dict[str, tuple[list[float], list]]:
-    """Wall time of each step (barrier to barrier), and the traces, after ``warmup`` rounds."""
-    import torch.distributed as dist
-
-    got: dict[str, tuple[list[float], list]] = {name: ([], []) for name in runners}
-    for i in range(warmup + iters):
-        for name, (step, trace) in runners.items():
-            dist.barrier()
-            t0 = time.perf_counter()
-            step()
-            dist.barrier()
-            wall = (time.perf_counter() - t0) * 1e3
-            tr = trace() if trace is not None else None
-            if i >= warmup:
-                got[name][0].append(wall)
-                got[name][1].append(tr)
-    return got
 
 
 def _row(walls: list[float], traces: list, sched: zb.Schedule | None = None, unit_bytes: float | None = None) -> dict:
@@ -168,11 +134,11 @@ def emulated_worker(rank, world, send, model, ms, iters, warmup, time_scale, tor
         x = torch.zeros(m, WIDTH)
         schedules = {f"ours {name}": sched for name, sched in our_schedules(prof, m)}
         runners = {
-            name: _ours(rank, sched, emulated_stages(prof, sched.stage_to_rank, UNIT, WIDTH, time_scale), x, x, emulated_loss)
+            name: ours(rank, sched, emulated_stages(prof, sched.stage_to_rank, UNIT, WIDTH, time_scale), x, x, emulated_loss)
             for name, sched in schedules.items()
         }
         runners.update({f"torch {kind}": _torch(rank, world, kind, prof, m, time_scale) for kind in torch_kinds})
-        got = _measure(runners, iters, warmup)
+        got = round_robin(runners, iters, warmup)
         if rank == 0:
             out[m] = {name: _row(w, t, schedules.get(name), UNIT) for name, (w, t) in got.items()}
     return out if rank == 0 else None
@@ -185,8 +151,8 @@ def real_worker(rank, world, send, m, iters, warmup, hidden, layers) -> dict | N
     placeholder = paper_profile("1.5b", world)  # 1F1B's and ZB-H's orders do not depend on costs
     inputs, targets = gpt_batch(cfg, m, seed=0)
     schedules = {f"ours {kind}": zb.build_classic(kind, placeholder, m) for kind in ("1f1b", "zb-h1", "zb-h2")}
-    runners = {name: _ours(rank, sched, gpt_stages(cfg), inputs, targets, gpt_loss) for name, sched in schedules.items()}
-    got = _measure(runners, iters, warmup)
+    runners = {name: ours(rank, sched, gpt_stages(cfg), inputs, targets, gpt_loss) for name, sched in schedules.items()}
+    got = round_robin(runners, iters, warmup)
     if rank != 0:
         return None
     # Predict with the F, B and W times this run measured (ZB-H1 times each pass apart).
@@ -196,14 +162,6 @@ def real_worker(rank, world, send, m, iters, warmup, hidden, layers) -> dict | N
         stages=[zb.StageCost(t_f=t[f"{s}F"], t_b=t[f"{s}B"], t_w=t[f"{s}W"], m_f=1, m_b=-0.5, m_w=-0.5) for s in range(world)],
     )
     return {name: _row(w, tr, updated(schedules[name], profile=measured)) for name, (w, tr) in got.items()}
-
-
-# -- launching -----------------------------------------------------------------------------------
-def launch(fn, world: int, *args):
-    """Rank 0's result of ``fn(rank, world, send, *args)`` on ``world`` local ranks."""
-    from zbsearch.distributed import run_local
-
-    return run_local(fn, world, *args, timeout=3600)[0]
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -234,7 +192,7 @@ def main() -> None:
     ap.add_argument("--skip-real", action="store_true")
     ap.add_argument("--real-iters", type=int, default=10, help="timed iterations of the real-compute run (noisier)")
     ap.add_argument("--real-hidden", type=int, default=256)
-    ap.add_argument("-o", "--output", type=Path, default=ROOT / "bench" / "results" / "runtime.json")
+    ap.add_argument("-o", "--output", type=Path, default=RESULTS / "runtime.json")
     args = ap.parse_args()
     torch_kinds = ["Schedule1F1B", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble"]
     report: dict = {"p": args.p, "model": args.model, "iters": args.iters, "warmup": args.warmup, "cpus": os.cpu_count()}
@@ -272,9 +230,7 @@ def main() -> None:
     lines.append("\ntargets: " + json.dumps(report["targets"], indent=1))
     lines.append(f"\ntotal {time.time() - t0:.0f} s")
     print("\n".join(lines))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"saved {args.output}")
+    save(report, path=args.output)
 
 
 if __name__ == "__main__":

@@ -22,13 +22,13 @@ import argparse
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from classic import BASE_M, TABLE5, TABLE8, rescaled
+from common import RESULTS, save
+from paper import BASE_M, TABLE5, TABLE8, rescaled
 
 from zbsearch import Profile, resolve_profile
-from zbsearch.solver import solve
 from zbsearch.formats.edit import updated
+from zbsearch.solver import solve
 
 # REFERENCE.md section 5, Table 5: ZB-2p bubble rate (ZB-1p is the ZB-H1 column of TABLE5)
 ZB2P = {
@@ -216,7 +216,7 @@ def main() -> None:
         rows += table8(args.scale, pick)
     if "hetero" in sections:
         rows += hetero(args.scale, pick)
-    out = Path(__file__).with_name("results") / "solver.json"
+    out = RESULTS / "solver.json"
     doc = {"benchmark": "solver", "scale": args.scale}
     if (pick.match or pick.limits) and out.exists():  # a subset: merge into the saved results
         saved = json.loads(out.read_text())
@@ -235,13 +235,11 @@ def main() -> None:
     judged = [r for r in rows if r["target_met"] is not None]
     print(f"{sum(r['target_met'] for r in judged)}/{len(judged)} targets met "
           f"({len(rows) - len(judged)} not applicable) in {elapsed:.0f} s")
-    out.parent.mkdir(exist_ok=True)
     if "rerun" in doc:
         doc["rerun"]["elapsed_s"] = elapsed
     else:
         doc["elapsed_s"] = elapsed
-    out.write_text(json.dumps({**doc, "rows": rows}, indent=1) + "\n")
-    print(f"saved {out}")
+    save({**doc, "rows": rows}, path=out)
 
 
 if __name__ == "__main__":

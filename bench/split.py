@@ -26,7 +26,6 @@ Run: python bench/split.py [--hidden 64 128 256 512 1024] [--seq 128] [-b 1] [--
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -34,12 +33,20 @@ import time
 from pathlib import Path
 
 import torch
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+from common import RESULTS, save
+from torch.distributed.pipelining._backward import (
+    stage_backward_input,
+    stage_backward_weight,
+)
 
 from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages, llama_stages
-from zbsearch.runtime import backward_full, backward_input, backward_weight, forward_pass
+from zbsearch.runtime import (
+    backward_full,
+    backward_input,
+    backward_weight,
+    forward_pass,
+)
 
-OUT = Path(__file__).resolve().parent / "results" / "split.json"
 VARIANTS = ("plain", "torch", "zb", "fused")
 
 
@@ -136,7 +143,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("-o", "--output", type=Path, default=OUT)
+    ap.add_argument("-o", "--output", type=Path, default=RESULTS / "split.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
@@ -161,9 +168,7 @@ def main() -> None:
         "torch": torch.__version__, "seq": args.seq, "batch": args.batch, "repeat": args.repeat,
         "load_before": load_before, "load_after": os.getloadavg(), "targets": meets, "rows": rows,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.output}")
+    save(result, path=args.output)
 
 
 if __name__ == "__main__":
