@@ -13,6 +13,8 @@ import datetime
 import multiprocessing as mp
 import os
 import queue
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -64,8 +66,16 @@ def run_local(
     # merely found free could be taken by another program before rank 0 listens on it.
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     procs = [ctx.Process(target=_worker, args=(fn, r, world, store.port, backend, results, args), daemon=True) for r in range(world)]
-    for pr in procs:
-        pr.start()
+    # Ctrl-C is for this process, which stops the workers: they start with SIGINT ignored (an
+    # ignored signal stays ignored across exec, and Python then installs no KeyboardInterrupt
+    # handler), so an interrupt never prints a traceback per worker or half-stops one.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() else None
+    try:
+        for pr in procs:
+            pr.start()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     out: dict[int, object] = {}
     deadline = time.monotonic() + timeout
     try:

@@ -17,7 +17,9 @@ from ..errors import ZbError
 from .fileio import read_model, write_model
 from .profile import Profile
 
-__all__ = ["Predicted", "Schedule", "load_schedule", "save_schedule", "v_placement", "looped_placement"]
+__all__ = [
+    "Predicted", "Schedule", "load_schedule", "save_schedule", "v_placement", "looped_placement", "profile_misfit",
+]
 
 
 class Predicted(BaseModel):
@@ -42,6 +44,8 @@ class Schedule(BaseModel):
     stage_to_rank: list[int]
     actions: list[list[str]]
     memory_limit: list[float] | None = None
+    # how the limit was asked for ("2p", "40GiB", "capacity"), to recompute it for another profile
+    memory_limit_spec: str | None = None
     profile: Profile
     predicted: Predicted | None = None
 
@@ -75,10 +79,9 @@ class Schedule(BaseModel):
             raise ValueError(f"actions has {len(self.actions)} rows for {R} ranks")
         if self.memory_limit is not None and len(self.memory_limit) != R:
             raise ValueError(f"memory_limit has {len(self.memory_limit)} values for {R} ranks")
-        if S % self.profile.num_stages:
-            raise ValueError(
-                f"profile has {self.profile.num_stages} stages, which cannot be split evenly into {S} stages"
-            )
+        misfit = profile_misfit(self.profile.num_stages, S, R)
+        if misfit:
+            raise ValueError(misfit)
         for rank, row in enumerate(self.actions):
             for pos, text in enumerate(row):
                 a = parse_action(text)
@@ -124,6 +127,23 @@ class Schedule(BaseModel):
         )
         sched._parsed = (id(sched.actions), [list(row) for row in actions])
         return sched
+
+
+def profile_misfit(profile_stages: int, num_stages: int, num_ranks: int) -> str | None:
+    """Why a profile of ``profile_stages`` stages cannot cost a schedule, or None if it can.
+
+    Costs come from splitting each profile stage into equal consecutive virtual stages
+    (``CostModel``). Two splits mean what the schedule was built for: one profile stage per
+    virtual stage, or one per rank (how every builder and the solver place a P-stage profile
+    on P ranks, each rank's stage cut into its chunks). Any other divisor would also split
+    evenly, but it would put one profile stage's costs on several ranks, a placement the
+    schedule was never built for, and silently report another model's times.
+    """
+    if profile_stages in (num_stages, num_ranks):
+        return None
+    ranks = f" or {num_ranks} (one per rank)" if num_ranks != num_stages else ""
+    return (f"profile has {profile_stages} stages but this schedule of {num_stages} stages on {num_ranks} ranks "
+            f"needs {num_stages} (one per stage){ranks}")
 
 
 def looped_placement(num_ranks: int, chunks: int) -> list[int]:
