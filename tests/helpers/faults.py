@@ -113,10 +113,12 @@ def _worker(rank: int, case: Case, port: int, timeout: float, hold: float, stamp
         sched = zb.build_classic(case.kind, profile, _M)
         stage = _Stage(rank)
         last = rank == case.world - 1
-        runtime = PipelineRuntime(sched, {rank: stage}, _loss if last else None, timeout=timeout)
+        # set-up and the first step on a busy machine may take long: the short timeout is for the fault
+        runtime = PipelineRuntime(sched, {rank: stage}, _loss if last else None, timeout=60)
         x, y = torch.randn(2 * _M, _WIDTH), torch.randn(2 * _M, _WIDTH)
         args = (x if rank == 0 else None, y if last else None)
         runtime.step(*args)
+        runtime.timeout = timeout
         if rank == case.rank:
             stage.fault = (case, _injector(case, stamp, hold))
         # A rank may finish the faulty step when it needs nothing more from the faulty rank;

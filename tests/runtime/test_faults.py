@@ -110,6 +110,10 @@ def test_timeout_must_be_positive_and_finite(single_rank, timeout):
     sched = zb.build_classic("1f1b", _uniform(1), 2)
     with pytest.raises(PipelineError, match="timeout must be a positive finite number of seconds"):
         PipelineRuntime(sched, {0: toy_stages(1)[0]}, toy_loss, timeout=timeout)
+    runtime = PipelineRuntime(sched, {0: toy_stages(1)[0]}, toy_loss, timeout=5)
+    with pytest.raises(PipelineError, match="timeout must be a positive finite number of seconds"):
+        runtime.timeout = timeout
+    assert runtime.timeout == 5.0
 
 
 class _Boom(nn.Module):

@@ -298,7 +298,10 @@ def solve(
 
     output = _output(output)
     prof = zb.resolve_profile(profile)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True) as bar:
+    cost = zb.CostModel.from_profile(prof, solver.placement(prof.num_stages, chunks))
+    zb.parse_memory_limit(mem_limit, prof, cost)  # a bad limit fails now, not under the progress display
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True,
+                  disable=not err.is_terminal) as bar:
         task = bar.add_task("starting", total=None)
 
         def progress(phase: str, value: float, bound: float) -> None:
@@ -437,6 +440,7 @@ def demo(
         gpt=GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages),
         microbatches=m, emulate=emulate, steps=steps, time_limit=time_limit, device=device, out=output,
     )
+    cfg.check()
     with progress_bar(err) as bar:
         run = run_demo(cfg, bar)
     out.print(summary_table(run.profile))
@@ -470,6 +474,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     except ZbError as e:
         _fail(f"error: {e}")
     except (KeyboardInterrupt, click.exceptions.Abort):
+        _fail("interrupted", 130)
+    if code == 130:  # typer turns Ctrl-C inside a command into Exit(130), returned here
         _fail("interrupted", 130)
     raise SystemExit(code if isinstance(code, int) else 0)
 

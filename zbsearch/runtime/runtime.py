@@ -77,8 +77,8 @@ class PipelineRuntime:
         device: torch.device | str | None = None,
         timeout: float = 300.0,
     ) -> None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
-            raise PipelineError(f"timeout must be a positive finite number of seconds, not {timeout!r}")
+        self._p2p: P2P | None = None
+        self.timeout = timeout  # checked by the setter
         problem = find_problem(schedule)
         if problem:
             raise PipelineError(f"invalid schedule: {problem}")
@@ -105,7 +105,6 @@ class PipelineRuntime:
         self.device = torch.device(device)
         self.stages = dict(stages)
         self.loss_fn = loss_fn
-        self.timeout = float(timeout)
         self.meter = ActivationMeter()
         self._actions = schedule.rank_actions[self.rank]
         self._fused = {(a.stage, a.mb) for a in self._actions if a.op is Op.BW}
@@ -114,13 +113,26 @@ class PipelineRuntime:
         last_backward = {a.stage: i for i, a in enumerate(self._actions) if a.op in (Op.W, Op.BW)}
         self._done_at = {i: s for s, i in last_backward.items()}
         self._hooks: list[Callable[[int], None]] = []
-        self._p2p = P2P(comm_plan(schedule), self.rank, group, self.device, timeout)
+        self._p2p = P2P(comm_plan(schedule), self.rank, group, self.device, self.timeout)
         # the message each action waits for from another rank, if any
         self._needs: list[tuple[str, int, int] | None] = [self._remote_input(a) for a in self._actions]
         self._handshake()
         self._timer = StepTimer(self.device, clock_offset(self.rank, world, group, timeout))
 
     # -- public --------------------------------------------------------------------------------
+    @property
+    def timeout(self) -> float:
+        """Seconds any wait for another rank may take; may be changed between steps."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
+            raise PipelineError(f"timeout must be a positive finite number of seconds, not {seconds!r}")
+        self._timeout = float(seconds)
+        if self._p2p is not None:
+            self._p2p.timeout = self._timeout
+
     def on_stage_done(self, hook: Callable[[int], None]) -> None:
         """Call ``hook(stage)`` during ``step`` as soon as that stage's gradients are complete
         (right after its last W or BW), e.g. to step its optimizer early."""
