@@ -281,3 +281,17 @@ def test_ctrl_c_exits_130_with_one_line_and_no_file(tmp_path):
     lines = [line for line in err.splitlines() if line.strip()]
     assert proc.returncode == 130 and lines[-1] == "interrupted" and "Traceback" not in err, err
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_demo_start_up_is_quiet_and_leaves_no_folder(tmp_path):
+    # a terminal's Ctrl-C reaches the whole process group: the demo and its worker ranks
+    proc = subprocess.Popen([*cli_command(), "demo", "-o", "out"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, start_new_session=True)
+    time.sleep(8)
+    assert proc.poll() is None
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.splitlines()[-1] == "interrupted", err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert not (tmp_path / "out").exists()

@@ -96,13 +96,6 @@ def test_runtime_is_rebuilt_after_a_failed_step():
 
 
 # -- one process ----------------------------------------------------------------------------------
-@pytest.fixture
-def single_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("timeout", [0, -1, math.nan, math.inf, "5", True])

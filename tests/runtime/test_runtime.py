@@ -286,13 +286,6 @@ def test_dead_or_hung_rank_fails_the_others_with_a_named_error(how):
 
 
 # -- one process (world size 1): rejections, local hand-over, trace --------------------------------------
-@pytest.fixture
-def single_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_schedule_for_another_world_size_is_rejected(single_rank):

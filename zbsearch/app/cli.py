@@ -63,8 +63,9 @@ def _load_schedule(path: Path, profile: Optional[str], mem_limit: Optional[str] 
         update["memory_limit"] = zb.parse_memory_limit(mem_limit, prof, zb.CostModel.from_profile(prof, sched.stage_to_rank))
         update["memory_limit_spec"] = mem_limit.strip()
     if update:  # through validation again: model_copy would not check the new fields
-        sched = parse_model(zb.Schedule, {**sched.model_dump(), **{k: v for k, v in update.items() if k != "profile"},
-                                          "profile": update.get("profile", sched.profile).model_dump()}, str(path))
+        data = sched.model_dump()
+        data.update({k: v.model_dump() if k == "profile" else v for k, v in update.items()})
+        sched = parse_model(zb.Schedule, data, str(path))
     if not force:
         problem = zb.find_problem(sched)
         if problem:

@@ -57,8 +57,9 @@ def run_local(
     """``fn(rank, world, send, *args)`` on ``world`` spawned processes; their results by rank.
 
     ``send(msg)`` hands ``msg`` to ``on_message(rank, msg)`` in this process. A ZbError in any
-    rank is raised here as it is; any other failure, a rank that dies or a run past ``timeout``
-    seconds raises RuntimeError naming the rank.
+    rank is raised here as it is, and so is a rank that dies or a run past ``timeout`` seconds
+    (a ZbError naming the rank: what the machine did, not a bug); any other failure in a rank
+    is a bug and raises RuntimeError with that rank's traceback.
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -87,9 +88,9 @@ def run_local(
                 if dead:
                     time.sleep(0.5)  # a last message may still be in the pipe
                     if results.empty():
-                        raise RuntimeError(f"rank {dead[0]} exited with status {procs[dead[0]].exitcode} without a result") from None
+                        raise ZbError(f"rank {dead[0]} exited with status {procs[dead[0]].exitcode} without a result") from None
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"local ranks did not finish within {timeout:g}s") from None
+                    raise ZbError(f"local ranks did not finish within {timeout:g}s") from None
                 continue
             if kind == "msg":
                 if on_message is not None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .errors import PipelineError
+
 __all__ = ["ActivationMeter", "SavedActivations"]
 
 
@@ -90,7 +92,7 @@ class SavedActivations:
             self._recording.add(id(h))
             return h.tensor
         if h.tensor is None:
-            raise RuntimeError("zbsearch: a saved activation was freed before the backward pass that needs it")
+            raise PipelineError("a saved activation was freed before the backward pass that needs it (run B before W, each once)")
         return h.tensor
 
     def record(self) -> "_Recording":
