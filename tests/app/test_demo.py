@@ -32,7 +32,7 @@ def test_demo_profiles_solves_replays_and_compares(tmp_path):
 
 @pytest.mark.slow
 def test_demo_command_with_emulated_stages(tmp_path):
-    args = ["demo", "-p", "2", "-m", "4", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "-b", "2",
+    args = ["demo", "--stages", "2", "-m", "4", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "-b", "2",
             "--emulate", "--steps", "1", "-t", "1", "-o", tmp_path / "out"]
     r = subprocess.run([*cli_command(), *map(str, args)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -153,5 +153,5 @@ def test_edits_are_validated():
     with pytest.raises(ValidationError, match="do not balance"):
         updated(prof.stages[0], m_w=5.0)
     sched = build_classic("1f1b", prof, 4)
-    with pytest.raises(ValidationError, match="split evenly"):
+    with pytest.raises(ValidationError, match="profile has 2 stages"):
         updated(sched, profile=make_profile(2))  # 3 stages cannot run on a 2-stage profile

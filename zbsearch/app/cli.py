@@ -1,7 +1,14 @@
 """zbsearch command line: parse arguments, call the library, print.
 
-Every user error surfaces as a ZbError and is printed as one line with exit status 1 (2 for
-usage errors, from typer); anything else is a bug and keeps its traceback.
+Every user error surfaces as a ZbError and is printed as one line with exit status 1, and so
+are usage errors (click's multi-line box is replaced in ``main``); Ctrl-C prints "interrupted"
+and exits 130. Anything else is a bug and keeps its traceback.
+
+One rule for inputs, in ``_load_schedule``: a schedule that does not validate is refused unless
+``--force``; a profile given with ``--profile`` must fit the schedule's stages
+(``formats.schedule.profile_misfit``) and its memory limit is recomputed in that profile's
+units (``limits.limit_for_profile``). Outputs are checked before the work (``_output``), so a
+bad ``-o`` never throws a finished result away, and the path printed is the one written.
 """
 
 from __future__ import annotations
@@ -11,14 +18,16 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
 
 import zbsearch as zb
 from zbsearch.errors import ZbError
-from zbsearch.formats.edit import updated
-from zbsearch.formats.fileio import write_model, write_text
+from zbsearch.formats.fileio import check_writable, parse_model, write_model, write_text
+from zbsearch.formats.schedule import profile_misfit
+from zbsearch.limits import limit_for_profile
 from zbsearch.formats.trace import load_trace
 from zbsearch.pass_times import PassTimes, compare_pass_times
 
@@ -33,22 +42,60 @@ err = Console(stderr=True)
 
 ProfileOpt = typer.Option(..., "--profile", "-p", help="profile JSON path, or a bundled profile name (e.g. 1.5b-m24)")
 MicrobatchOpt = typer.Option(..., "-m", "--microbatches", help="microbatches per iteration")
+OtherProfileOpt = typer.Option(None, "--profile", "-p", help="use this profile instead of the embedded one (same stages)")
+ForceOpt = typer.Option(False, "--force", help="go on with a schedule that does not validate")
+LimitOpt = typer.Option(None, "--mem-limit", help="memory limit instead of the schedule's (1p, 2p, 40GiB, capacity, none)")
 
 
-def _load_schedule(path: Path, profile: Optional[str]) -> zb.Schedule:
+def _load_schedule(path: Path, profile: Optional[str], mem_limit: Optional[str] = None, force: bool = False) -> zb.Schedule:
+    """The schedule, with another profile and limit if given; refused unless valid or ``force``."""
     sched = zb.load_schedule(path)
+    update: dict = {}
     if profile is not None:
-        # validated again: the stage counts must fit the new profile
-        sched = updated(sched, profile=zb.resolve_profile(profile))
+        prof = zb.resolve_profile(profile)
+        misfit = profile_misfit(prof.num_stages, sched.num_stages, sched.num_ranks)
+        if misfit:
+            raise ZbError(f"--profile {profile}: {misfit}")
+        update["profile"] = prof
+        if mem_limit is None:
+            update["memory_limit"] = limit_for_profile(
+                sched.memory_limit, sched.memory_limit_spec, sched.profile, prof, sched.stage_to_rank)
+    if mem_limit is not None:
+        prof = update.get("profile", sched.profile)
+        update["memory_limit"] = zb.parse_memory_limit(mem_limit, prof, zb.CostModel.from_profile(prof, sched.stage_to_rank))
+        update["memory_limit_spec"] = mem_limit.strip()
+    if update:  # through validation again: model_copy would not check the new fields
+        data = sched.model_dump()
+        data.update({k: v.model_dump() if k == "profile" else v for k, v in update.items()})
+        sched = parse_model(zb.Schedule, data, str(path))
+    if not force:
+        problem = zb.find_problem(sched)
+        if problem:
+            raise ZbError(f"{path}: invalid schedule: {problem} (--force to use it anyway)")
     return sched
+
+
+def _output(text: Optional[str], suffixes: tuple[str, ...] = (), what: str = "output") -> Optional[Path]:
+    """An output path, checked before the work: '-' (stdout) as it is, else it must be writable
+    (and, given ``suffixes``, name one of those formats). Taken as text: typer would read '' as '.'."""
+    if text is None:
+        return None
+    if text == "":
+        raise ZbError("-o: the output path is empty ('-' writes to stdout)")
+    path = Path(text)
+    if text == "-":
+        return path
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise ZbError(f"{path}: cannot tell the {what} format from {path.suffix or 'no suffix'!r}; use one of {', '.join(suffixes)}")
+    check_writable(path)
+    return path
 
 
 def _write(model, path: Path) -> None:
     if str(path) == "-":
         sys.stdout.write(model.model_dump_json(indent=1) + "\n")
     else:
-        write_model(model, path)
-        err.print(f"wrote {path}")
+        err.print(f"wrote {write_model(model, path)}", highlight=False, soft_wrap=True)
 
 
 def _fmt(x: float) -> str:
@@ -83,9 +130,10 @@ def schedule(
     profile: str = ProfileOpt,
     m: int = MicrobatchOpt,
     chunks: Optional[int] = typer.Option(None, "--chunks", "-v", help="chunks per rank (interleaved-1f1b; zb-v is 2)"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
 ):
     """Build a classic schedule (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V) for a profile."""
+    output = _output(output)
     sched = zb.build_classic(kind, zb.resolve_profile(profile), m, chunks)
     zb.validate(sched)
     if output is not None:
@@ -97,13 +145,15 @@ def schedule(
 @app.command()
 def simulate(
     schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="schedule JSON"),
-    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="simulate with this profile instead of the embedded one"),
+    profile: Optional[str] = OtherProfileOpt,
+    mem_limit: Optional[str] = LimitOpt,
     as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
     measured: Optional[list[Path]] = typer.Option(
         None, "--measured", help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted"),
+    force: bool = ForceOpt,
 ):
     """Simulate a schedule: per-rank span, busy time, bubble and peak memory."""
-    sched = _load_schedule(schedule_path, profile)
+    sched = _load_schedule(schedule_path, profile, mem_limit, force)
     tl = zb.timeline(sched)
     pred = zb.predict(sched, tl)
     passes = compare_pass_times(sched, [load_trace(t) for t in measured]) if measured else None
@@ -133,15 +183,12 @@ def _pass_table(passes: list[PassTimes], steps: int) -> Table:
 @app.command()
 def validate(
     schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="schedule JSON"),
-    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="check memory with this profile"),
-    mem_limit: Optional[str] = typer.Option(None, "--mem-limit", help="override the schedule's memory limit (1p, 2p, 40GiB, none)"),
+    profile: Optional[str] = OtherProfileOpt,
+    mem_limit: Optional[str] = LimitOpt,
 ):
     """Exit 0 if the schedule is valid, else print the first problem and exit 1."""
-    sched = _load_schedule(schedule_path, profile)
-    limit = sched.memory_limit
-    if mem_limit is not None:
-        limit = zb.parse_memory_limit(mem_limit, sched.profile, zb.CostModel.from_profile(sched.profile, sched.stage_to_rank))
-    problem = zb.find_problem(sched, memory_limit=limit)
+    sched = _load_schedule(schedule_path, profile, mem_limit, force=True)
+    problem = zb.find_problem(sched)
     if problem:
         _fail(f"invalid: {problem}")
     out.print(f"valid: {sched.kind}, {sched.num_ranks} ranks, {sched.num_stages} stages, {sched.num_microbatches} microbatches")
@@ -157,6 +204,7 @@ def compare(
 ):
     """All schedule kinds side by side on one profile."""
     prof = zb.resolve_profile(profile)
+    zb.parse_memory_limit(mem_limit, prof, zb.CostModel.from_profile(prof, list(range(prof.num_stages))))  # bad text: fail now
     rows = []
     for kind in (*zb.CLASSIC_KINDS, "zb-1p", "zb-2p"):
         try:
@@ -204,11 +252,13 @@ def _fail(message: str, code: int = 1) -> None:
 @app.command()
 def show(
     schedule_paths: list[Path] = typer.Argument(..., metavar="SCHEDULE...", help="schedule JSON; several are stacked on one time axis"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write a chart: .png, .svg or .html (self-contained; hover a box for its times)"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="write a chart: .png, .svg or .html (self-contained; hover a box for its times)"),
     text: bool = typer.Option(False, "--text", help="print the text chart even when -o is given"),
     width: Optional[int] = typer.Option(None, "--width", min=20, help="text chart width in columns (default: the terminal's)"),
     measured: Optional[Path] = typer.Option(None, "--measured", help="runtime trace JSON to draw under the prediction (one SCHEDULE)"),
-    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="predict with this profile instead of the embedded one"),
+    profile: Optional[str] = OtherProfileOpt,
+    mem_limit: Optional[str] = LimitOpt,
+    force: bool = ForceOpt,
 ):
     """Gantt chart of schedules (predicted, or against a measured trace): text, or PNG/SVG/HTML with -o."""
     import os
@@ -216,15 +266,15 @@ def show(
 
     from zbsearch import render
 
-    panels = [render.schedule_panel(_load_schedule(p, profile)) for p in schedule_paths]
+    output = _output(output, render.CHART_SUFFIXES, "chart")
+    panels = [render.schedule_panel(_load_schedule(p, profile, mem_limit, force)) for p in schedule_paths]
     title = None
     if measured is not None:
         if len(panels) != 1:
             raise ZbError("--measured compares one schedule with its trace; give exactly one SCHEDULE")
         panels, title = render.with_measured(panels[0], measured)
     if output is not None:
-        render.write_chart(panels, output, title)
-        err.print(f"wrote {output}")
+        err.print(f"wrote {render.write_chart(panels, output, title)}", highlight=False, soft_wrap=True)
     if output is None or text:
         cols = width or shutil.get_terminal_size((120, 24)).columns
         colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
@@ -235,19 +285,20 @@ def show(
 def export(
     schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="schedule JSON"),
     to: str = typer.Option(..., "--to", help="target format: torch-csv (torch.distributed.pipelining's action notation)"),
-    output: Path = typer.Option(..., "-o", "--output", help="file to write ('-' for stdout)"),
+    output: str = typer.Option(..., "-o", "--output", help="file to write ('-' for stdout)"),
+    force: bool = ForceOpt,
 ):
     """Write a schedule for another tool: torch-csv is read by torch's _PipelineScheduleRuntime._load_csv."""
     from zbsearch.formats.torch_csv import to_torch_csv  # pure Python: no torch import
 
     if to != "torch-csv":
         raise ZbError(f"unknown export format {to!r}; supported: torch-csv")
-    text = to_torch_csv(_load_schedule(schedule_path, None))
+    output = _output(output)
+    text = to_torch_csv(_load_schedule(schedule_path, None, force=force))
     if str(output) == "-":
         sys.stdout.write(text)
     else:
-        write_text(output, text)
-        err.print(f"wrote {output}")
+        err.print(f"wrote {write_text(output, text)}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -260,15 +311,19 @@ def solve(
     objective: str = typer.Option("span", "--objective", help="span: longest per-rank span (iteration period); makespan: first start to last end"),
     uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs as the paper's scheduler does (results on the true costs)"),
     no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only (milliseconds to seconds)"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
 ):
     """Find the schedule with the least bubble under a memory limit, and how far from optimal it can be."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from zbsearch import solver
 
+    output = _output(output)
     prof = zb.resolve_profile(profile)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True) as bar:
+    cost = zb.CostModel.from_profile(prof, solver.solver_placement(prof.num_stages, chunks))
+    zb.parse_memory_limit(mem_limit, prof, cost)  # a bad limit fails now, not under the progress display
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True,
+                  disable=not err.is_terminal) as bar:
         task = bar.add_task("starting", total=None)
 
         def progress(phase: str, value: float, bound: float) -> None:
@@ -301,13 +356,14 @@ def frontier(
     time_limit: float = typer.Option(2.0, "--time-limit", "-t", min=0.1, help="seconds per memory limit"),
     milp: bool = typer.Option(False, "--milp", help="also improve each point with MILP windows (slower)"),
     uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs (paper behaviour)"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="frontier.json, or a plot: .png, .svg, .pdf"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="frontier.json ('-': JSON on stdout), or a plot: .png, .svg, .pdf"),
 ):
     """Bubble rate against memory limit, from the smallest feasible limit to where the bubble stops falling."""
     from zbsearch.formats.frontier import save_frontier
     from zbsearch.render.frontier import save_frontier_plot
     from zbsearch.solver import frontier as sweep
 
+    output = _output(output, (".json", ".png", ".svg", ".pdf"))
     prof = zb.resolve_profile(profile)
     fr = sweep(prof, m, chunks=chunks, objective=objective, time_limit=time_limit, milp=milp, uniform_costs=uniform_costs)
     t = Table(title=f"{prof.name}: m={m}, {chunks} chunk(s), {objective}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
@@ -315,13 +371,16 @@ def frontier(
         t.add_column(col, justify="right")
     for pt in fr.points:
         t.add_row(f"{pt.limit:.4g}p", f"{pt.bubble_rate:.4f}", f"{pt.bound_bubble_rate:.4f}", f"{pt.gap:.2%}", pt.status, _fmt(max(pt.peak_memory)))
+    if output is not None and str(output) == "-":
+        sys.stdout.write(fr.model_dump_json(indent=1) + "\n")
+        return
     out.print(t)
     if output is not None:
         if output.suffix.lower() == ".json":
             save_frontier(fr, output)
         else:
             save_frontier_plot(fr, output)
-        err.print(f"wrote {output}")
+        err.print(f"wrote {output}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -340,7 +399,7 @@ def profile(
     repeat: int = typer.Option(10, "--repeat", help="timed repetitions per stage (median and quartiles recorded)"),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's; torchrun sets 1)"),
     name: Optional[str] = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
 ):
     """Measure per-stage F, B, W times, activation memory and link times; write a profile (bytes).
 
@@ -353,6 +412,9 @@ def profile(
         raise ZbError("give either --model package.module:function or --builtin gpt")
     if builtin is not None and builtin != "gpt":
         raise ZbError(f"unknown built-in model {builtin!r}; available: gpt")
+    target = _output(output)  # None: profiles/NAME.json, once the name is known
+    if target is None:
+        check_writable(Path("profiles") / "profile.json")  # that folder must be writable too
     spec = profiler.load_model(model) if model else profiler.builtin_gpt(
         GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, threads=threads)
@@ -360,16 +422,14 @@ def profile(
         prof = profiler.profile_model(spec, settings, name=name, progress=bar)
     if prof is None:  # a torchrun rank other than 0
         return
-    path = output or Path("profiles") / f"{prof.name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    zb.save_profile(prof, path)
-    out.print(profiler.summary_table(prof))
-    err.print(f"wrote {path}")
+    if target is None or str(target) != "-":
+        out.print(profiler.summary_table(prof))
+    _write(prof, target or Path("profiles") / f"{prof.name}.json")
 
 
 @app.command()
 def demo(
-    stages: int = typer.Option(4, "-p", "--stages", help="pipeline ranks (local processes), one stage each"),
+    stages: int = typer.Option(4, "--stages", help="pipeline ranks (local processes), one stage each"),
     m: int = typer.Option(8, "-m", "--microbatches", help="microbatches per iteration"),
     layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
     hidden: int = typer.Option(128, "--hidden", help="gpt: hidden size"),
@@ -383,19 +443,26 @@ def demo(
     steps: int = typer.Option(3, "--steps", help="measured iterations per schedule"),
     time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.1, help="seconds for the ZB-2p solver"),
     device: str = typer.Option("cpu", "--device", help="cpu (gloo), or cuda (NCCL, one GPU per rank)"),
-    output: Path = typer.Option(Path("zbsearch-demo"), "-o", "--output", help="folder for the profile, schedules, traces and gantt.png"),
+    output: str = typer.Option("zbsearch-demo", "-o", "--output", help="folder for the profile, schedules, traces and gantt.png"),
 ):
     """Profile a small GPT on p local ranks, solve ZB-2p, replay it and 1F1B, compare with the prediction."""
     from zbsearch.app.demo import DemoConfig, contention_note, run_demo, should_emulate
     from zbsearch.models import GPTConfig
     from zbsearch.profiler import progress_bar, summary_table
 
+    if output == "":
+        raise ZbError("-o: the output folder is empty")
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise ZbError(f"{output}: exists and is not a folder; -o names the folder for the demo's files")
+    check_writable(output / "profile.json")
     if emulate is None:
         emulate = should_emulate(stages, device)
     cfg = DemoConfig(
         gpt=GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages),
         microbatches=m, emulate=emulate, steps=steps, time_limit=time_limit, device=device, out=output,
     )
+    cfg.check()
     with progress_bar(err) as bar:
         run = run_demo(cfg, bar)
     out.print(summary_table(run.profile))
@@ -412,17 +479,27 @@ def demo(
     note = contention_note(cfg)
     if note:
         out.print(note, soft_wrap=True)
-    err.print(f"wrote {', '.join(str(f) for f in run.files)}")
+    err.print(f"wrote {', '.join(str(f) for f in run.files)}", highlight=False, soft_wrap=True)
 
 
-def main() -> None:
+def main(argv: Optional[list[str]] = None) -> None:
     try:
-        app()
+        code = app(args=argv, prog_name="zbsearch", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:  # bare ``zbsearch`` (or a group): the help
+        sys.stdout.write(e.ctx.get_help() + "\n")
+        raise SystemExit(0) from None
+    except click.UsageError as e:
+        hint = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+        _fail(f"error: {e.format_message()}{hint}")
+    except click.ClickException as e:  # e.g. an unreadable file argument
+        _fail(f"error: {e.format_message()}")
     except ZbError as e:
         _fail(f"error: {e}")
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        _fail("interrupted", 130)
+    if code == 130:  # typer turns Ctrl-C inside a command into Exit(130), returned here
+        _fail("interrupted", 130)
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -127,8 +127,7 @@ def _rank(rank: int, world: int, send, cfg: DemoConfig) -> dict | None:
 def run_demo(cfg: DemoConfig, on_progress=None) -> DemoRun:
     """Run the demo; ``on_progress(description, done, total)`` follows it. Writes into ``cfg.out``."""
     cfg.check()
-    out = cfg.out
-    out.mkdir(parents=True, exist_ok=True)
+    out = cfg.out  # created only once there is something to write: an interrupted demo leaves nothing
 
     def message(rank: int, msg: tuple) -> None:
         if on_progress is not None:
@@ -138,6 +137,7 @@ def run_demo(cfg: DemoConfig, on_progress=None) -> DemoRun:
     result = run_local(_rank, cfg.gpt.stages, cfg, backend=backend, on_message=message)[0]
     if on_progress is not None:
         on_progress("writing files", 0, None)
+    out.mkdir(parents=True, exist_ok=True)
     run = DemoRun(
         profile=Profile.model_validate_json(result["profile"]),
         schedules=[Schedule.model_validate_json(s) for s in result["schedules"]],

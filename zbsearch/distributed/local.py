@@ -13,6 +13,8 @@ import datetime
 import multiprocessing as mp
 import os
 import queue
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -55,8 +57,9 @@ def run_local(
     """``fn(rank, world, send, *args)`` on ``world`` spawned processes; their results by rank.
 
     ``send(msg)`` hands ``msg`` to ``on_message(rank, msg)`` in this process. A ZbError in any
-    rank is raised here as it is; any other failure, a rank that dies or a run past ``timeout``
-    seconds raises RuntimeError naming the rank.
+    rank is raised here as it is, and so is a rank that dies or a run past ``timeout`` seconds
+    (a ZbError naming the rank: what the machine did, not a bug); any other failure in a rank
+    is a bug and raises RuntimeError with that rank's traceback.
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -64,8 +67,16 @@ def run_local(
     # merely found free could be taken by another program before rank 0 listens on it.
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     procs = [ctx.Process(target=_worker, args=(fn, r, world, store.port, backend, results, args), daemon=True) for r in range(world)]
-    for pr in procs:
-        pr.start()
+    # Ctrl-C is for this process, which stops the workers: they start with SIGINT ignored (an
+    # ignored signal stays ignored across exec, and Python then installs no KeyboardInterrupt
+    # handler), so an interrupt never prints a traceback per worker or half-stops one.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() else None
+    try:
+        for pr in procs:
+            pr.start()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     out: dict[int, object] = {}
     deadline = time.monotonic() + timeout
     try:
@@ -77,9 +88,9 @@ def run_local(
                 if dead:
                     time.sleep(0.5)  # a last message may still be in the pipe
                     if results.empty():
-                        raise RuntimeError(f"rank {dead[0]} exited with status {procs[dead[0]].exitcode} without a result") from None
+                        raise ZbError(f"rank {dead[0]} exited with status {procs[dead[0]].exitcode} without a result") from None
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"local ranks did not finish within {timeout:g}s") from None
+                    raise ZbError(f"local ranks did not finish within {timeout:g}s") from None
                 continue
             if kind == "msg":
                 if on_message is not None:

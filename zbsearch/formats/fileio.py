@@ -2,13 +2,16 @@
 
 Every file format is a pydantic model with ``format`` and ``version`` fields. Reading checks
 those first so a wrong file type is reported as such rather than as a pile of field errors.
-Writing goes through a temporary file so an interrupted write never leaves a corrupt file.
+Writing goes through a temporary file so an interrupted write never leaves a corrupt file, but
+only over regular files: what a user points ``-o`` at (a symlink, a FIFO, a device) stays what
+it is, and files get the modes any other program would give them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import TypeVar
@@ -17,7 +20,10 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import ZbError
 
-__all__ = ["read_json", "parse_model", "read_model", "write_model", "write_text", "validation_message"]
+__all__ = [
+    "read_json", "parse_model", "read_model", "write_model", "write_text", "write_bytes", "check_writable",
+    "validation_message",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -77,20 +83,96 @@ def write_model(model: BaseModel, path: str | os.PathLike) -> Path:
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write through a temporary file and rename, so a failed write leaves no partial file."""
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def _target(path: str | os.PathLike) -> Path:
+    """Where writing ``path`` lands: symlinks followed (so the link stays a link), '' refused."""
+    if str(path) == "":
+        raise ZbError("the output path is empty")
     p = Path(path)
+    return Path(os.path.realpath(p)) if p.is_symlink() else p
+
+
+def _existing(p: Path, path: str | os.PathLike) -> os.stat_result | None:
+    """What is at the target now (None: nothing); a folder there is an error."""
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise ZbError(f"{path}: cannot write ({err.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ZbError(f"{path}: is a directory")
+    return st
+
+
+def check_writable(path: str | os.PathLike) -> Path:
+    """Fail now, with one line, if ``write_bytes(path, ...)`` would fail later; the target path.
+
+    Run before long work so its result is not lost to a bad ``-o``. Probes by creating (and
+    removing) a temporary file where the atomic write will create one; nothing else is left.
+    """
+    p = _target(path)
+    st = _existing(p, path)
+    if st is not None and not stat.S_ISREG(st.st_mode):  # a device or FIFO is written in place
+        if not os.access(p, os.W_OK):
+            raise ZbError(f"{path}: cannot write (permission denied)")
+        return p
+    folder = p.parent
+    while not folder.exists():  # write_bytes creates missing folders: probe the first that exists
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ZbError(f"{path}: cannot write ({folder} is not a directory)")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".zbsearch-probe.", suffix=".tmp")
+    except OSError as err:
+        raise ZbError(f"{path}: cannot write ({err.strerror})") from None
+    os.close(fd)
+    os.unlink(tmp)
+    return p
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path``; the path written (a symlink's target). Errors are one ZbError line.
+
+    A regular file (or a new one) is written to a temporary file beside it and renamed over it,
+    so a failed or interrupted write leaves the old file or none, never a partial one; the
+    result has the old file's mode, or 0666 less the umask like any new file. A symlink is
+    followed and its target written that way. Devices and FIFOs are written in place: renaming
+    over them would replace the node itself.
+    """
+    p = _target(path)
+    st = _existing(p, path)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        try:
+            with open(p, "wb") as fh:
+                fh.write(data)
+        except OSError as err:
+            raise ZbError(f"{path}: cannot write ({err.strerror})") from None
+        return p
+    mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     except OSError as err:
-        raise ZbError(f"{p}: cannot write ({err.strerror})") from None
+        raise ZbError(f"{path}: cannot write ({err.strerror})") from None
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
         os.replace(tmp, p)
-    except IsADirectoryError:
+    except OSError as err:
         Path(tmp).unlink(missing_ok=True)
-        raise ZbError(f"{p}: is a directory") from None
+        raise ZbError(f"{path}: cannot write ({err.strerror})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -29,10 +29,24 @@ __all__ = [
 
 # Relative tolerance for "m_f + m_b + m_w ~ 0" (measured allocator deltas are noisy).
 _MEMORY_BALANCE_RTOL = 0.02
+# Largest magnitudes accepted: a pass of 11 days, a petabyte per microbatch. Far beyond any real
+# model, and small enough that sums over millions of passes stay finite and exact enough.
+MAX_TIME_MS = 1e9
+MAX_MEMORY = 1e15
+
+
+def _finite_in(v: float, limit: float) -> float:
+    if not math.isfinite(v):
+        raise ValueError("must be a finite number")
+    if abs(v) > limit:
+        raise ValueError(f"{v:g} is out of range (magnitude at most {limit:g})")
+    return v
 
 
 class StageCost(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """One stage's pass times and memory deltas; extra fields (measurement details) are kept."""
+
+    model_config = ConfigDict(extra="allow")
 
     t_f: float = Field(gt=0, description="forward time")
     t_b: float = Field(gt=0, description="input-gradient (B) time")
@@ -42,12 +56,15 @@ class StageCost(BaseModel):
     m_w: float = Field(description="memory change of W (normally negative)")
     t_bw: float | None = Field(default=None, gt=0, description="fused backward (BW) time; absent: t_b + t_w")
 
-    @field_validator("t_f", "t_b", "t_w", "m_f", "m_b", "m_w", "t_bw")
+    @field_validator("t_f", "t_b", "t_w", "t_bw")
     @classmethod
-    def _finite(cls, v: float | None) -> float | None:
-        if v is not None and not math.isfinite(v):
-            raise ValueError("must be a finite number")
-        return v
+    def _time_range(cls, v: float | None) -> float | None:
+        return None if v is None else _finite_in(v, MAX_TIME_MS)
+
+    @field_validator("m_f", "m_b", "m_w")
+    @classmethod
+    def _memory_range(cls, v: float) -> float:
+        return _finite_in(v, MAX_MEMORY)
 
     @property
     def fused_backward(self) -> float:
@@ -137,15 +154,15 @@ class Profile(BaseModel):
     @classmethod
     def _comm_nonneg(cls, v: float | list[float]) -> float | list[float]:
         values = v if isinstance(v, list) else [v]
-        if any(not math.isfinite(x) or x < 0 for x in values):
-            raise ValueError("communication times must be finite and >= 0")
+        if any(_finite_in(x, MAX_TIME_MS) < 0 for x in values):
+            raise ValueError("communication times must be >= 0")
         return v
 
     @field_validator("memory_capacity")
     @classmethod
     def _capacity_pos(cls, v: list[float] | None) -> list[float] | None:
-        if v is not None and any(not math.isfinite(x) or x <= 0 for x in v):
-            raise ValueError("memory capacities must be finite and > 0")
+        if v is not None and any(_finite_in(x, MAX_MEMORY) <= 0 for x in v):
+            raise ValueError("memory capacities must be > 0")
         return v
 
     @model_validator(mode="after")
@@ -154,6 +171,11 @@ class Profile(BaseModel):
             raise ValueError(
                 f"t_comm has {len(self.t_comm)} values but {len(self.stages)} stages have "
                 f"{len(self.stages) - 1} boundaries"
+            )
+        if self.memory_capacity is not None and len(self.memory_capacity) != len(self.stages):
+            raise ValueError(
+                f"memory_capacity has {len(self.memory_capacity)} values for {len(self.stages)} stages "
+                f"(one per rank, each rank holding one stage)"
             )
         return self
 

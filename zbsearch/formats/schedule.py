@@ -17,7 +17,7 @@ from ..errors import ZbError
 from .fileio import read_model, write_model
 from .profile import Profile
 
-__all__ = ["Objective", "Predicted", "SolverInfo", "Schedule", "load_schedule", "save_schedule"]
+__all__ = ["Objective", "Predicted", "SolverInfo", "Schedule", "load_schedule", "save_schedule", "profile_misfit"]
 
 Objective = Literal["span", "makespan"]
 
@@ -68,6 +68,8 @@ class Schedule(BaseModel):
     stage_to_rank: list[int]
     actions: list[list[str]]
     memory_limit: list[float] | None = None
+    # how the limit was asked for ("2p", "40GiB", "capacity"), to recompute it for another profile
+    memory_limit_spec: str | None = None
     profile: Profile
     predicted: Predicted | None = None
     solver: SolverInfo | None = None
@@ -102,10 +104,9 @@ class Schedule(BaseModel):
             raise ValueError(f"actions has {len(self.actions)} rows for {R} ranks")
         if self.memory_limit is not None and len(self.memory_limit) != R:
             raise ValueError(f"memory_limit has {len(self.memory_limit)} values for {R} ranks")
-        if S % self.profile.num_stages:
-            raise ValueError(
-                f"profile has {self.profile.num_stages} stages, which cannot be split evenly into {S} stages"
-            )
+        misfit = profile_misfit(self.profile.num_stages, S, R)
+        if misfit:
+            raise ValueError(misfit)
         for rank, row in enumerate(self.actions):
             for pos, text in enumerate(row):
                 a = parse_action(text)
@@ -137,6 +138,7 @@ class Schedule(BaseModel):
         actions: list[list[Action]],
         memory_limit: list[float] | None = None,
         solver: SolverInfo | None = None,
+        memory_limit_spec: str | None = None,
     ) -> "Schedule":
         sched = cls(
             kind=kind,
@@ -146,11 +148,29 @@ class Schedule(BaseModel):
             stage_to_rank=list(stage_to_rank),
             actions=[[str(a) for a in row] for row in actions],
             memory_limit=memory_limit,
+            memory_limit_spec=memory_limit_spec,
             profile=profile,
             solver=solver,
         )
         sched._parsed = (id(sched.actions), [list(row) for row in actions])
         return sched
+
+
+def profile_misfit(profile_stages: int, num_stages: int, num_ranks: int) -> str | None:
+    """Why a profile of ``profile_stages`` stages cannot cost a schedule, or None if it can.
+
+    Costs come from splitting each profile stage into equal consecutive virtual stages
+    (``CostModel``). Two splits mean what the schedule was built for: one profile stage per
+    virtual stage, or one per rank (how every builder and the solver place a P-stage profile
+    on P ranks, each rank's stage cut into its chunks). Any other divisor would also split
+    evenly, but it would put one profile stage's costs on several ranks, a placement the
+    schedule was never built for, and silently report another model's times.
+    """
+    if profile_stages in (num_stages, num_ranks):
+        return None
+    ranks = f" or {num_ranks} (one per rank)" if num_ranks != num_stages else ""
+    return (f"profile has {profile_stages} stages but this schedule of {num_stages} stages on {num_ranks} ranks "
+            f"needs {num_stages} (one per stage){ranks}")
 
 
 def load_schedule(path: str | os.PathLike) -> Schedule:

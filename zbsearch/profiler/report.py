@@ -24,8 +24,9 @@ def progress_bar(console: Console) -> Iterator:
     if int(os.environ.get("RANK", "0")) != 0:
         yield None
         return
+    # drawn on a terminal only: elsewhere (logs, pipes) rich would leave an empty line behind
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
+                  console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task("starting", total=None)
 
         def update(description: str, done: int, total: int) -> None:

@@ -7,9 +7,10 @@ collection per rank keeps p=32, m=256 (~25k boxes) to about a second.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
-from ..errors import ZbError
+from ..formats.fileio import write_bytes
 from .gantt import OP_NAMES, Panel, colour, text_colour
 
 __all__ = ["write_figure"]
@@ -72,7 +73,6 @@ def write_figure(panels: list[Panel], path: Path, title: str | None = None) -> N
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 8), frameon=False, fontsize=9)
     if title:
         fig.suptitle(title, fontsize=12)
-    try:
-        fig.savefig(path, dpi=_DPI)
-    except OSError as err:
-        raise ZbError(f"{path}: cannot write ({err.strerror})") from None
+    buf = io.BytesIO()  # drawn in memory, then written atomically (see fileio.write_bytes)
+    fig.savefig(buf, dpi=_DPI, format=Path(path).suffix.lower().lstrip("."))
+    write_bytes(path, buf.getvalue())

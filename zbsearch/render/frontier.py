@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
+from pathlib import Path
 
+from ..formats.fileio import write_bytes
 from ..formats.frontier import Frontier
 
 __all__ = ["save_frontier_plot"]
@@ -28,5 +31,7 @@ def save_frontier_plot(fr: Frontier, path: str | os.PathLike) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
+    buf = io.BytesIO()  # drawn in memory, then written atomically (see fileio.write_bytes)
+    fig.savefig(buf, format=Path(path).suffix.lower().lstrip("."))
     plt.close(fig)
+    write_bytes(path, buf.getvalue())

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 
 import torch
 
+from .errors import PipelineError
+
 __all__ = ["ActivationMeter", "SavedActivations"]
 
 
@@ -106,7 +108,7 @@ class SavedActivations:
             return h.tensor
         t = h.tensor
         if t is None:
-            raise RuntimeError("zbsearch: a saved activation was freed before the backward pass that needs it")
+            raise PipelineError("a saved activation was freed before the backward pass that needs it (run B before W, each once)")
         if self._consume:
             self._release(h)
         return t

@@ -23,12 +23,13 @@ Shapes and dtypes: the first activation message across each stage boundary is pr
 small header describing its tensors; later ones must match it (checked before sending).
 Gradients have the shapes of the activations they belong to and need no header.
 
-Every wait has a timeout, and a failure names the rank, the action and the peer.
+Every send, receive and wait goes through ``errors.post``/``errors.wait``: a wait has a
+timeout, and any failure (a peer gone, a hang) is a PipelineError naming the rank, the action,
+the message, the peer and the time waited.
 """
 
 from __future__ import annotations
 
-import datetime
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ import torch.distributed as dist
 
 from ..dependencies import ACT, GRAD, remote_outputs
 from ..formats.schedule import Schedule
-from .errors import PipelineError
+from .errors import PipelineError, post, wait
 
 __all__ = ["ACT", "GRAD", "Message", "TensorMeta", "comm_plan", "P2P"]
 
@@ -129,7 +130,7 @@ class P2P:
 
     def __init__(self, plan: list[Message], rank: int, group: dist.ProcessGroup | None, device: torch.device, timeout: float) -> None:
         self.rank, self.device = rank, device
-        self.timeout = datetime.timedelta(seconds=timeout)
+        self.timeout = timeout
         self._incoming: dict[int, list[Message]] = defaultdict(list)  # peer -> its messages to us, in order
         self._where: dict[tuple[str, int, int], Message] = {}
         for msg in plan:
@@ -151,6 +152,12 @@ class P2P:
         self._messages = len(plan)
         self._step = -1  # steps started; its parity is part of every tag
         self.action = "(none)"  # the action being run, for error messages
+
+    def close(self) -> None:
+        """Destroy the second communicator (NCCL), if this rank made one."""
+        if self._down is not self._group:
+            dist.destroy_process_group(self._down)
+            self._down = self._group
 
     @property
     def peers(self) -> list[int]:
@@ -190,8 +197,8 @@ class P2P:
             self._isend(t.detach().contiguous(), msg, k)
 
     def _isend(self, t: torch.Tensor, msg: Message, k: int) -> None:
-        peer = msg.dst
-        work = dist.isend(t, dst=self._global[peer], group=self.group_to(peer), tag=self._tag(msg, k))
+        peer, tag = msg.dst, self._tag(msg, k)
+        work = post(lambda: dist.isend(t, dst=self._global[peer], group=self.group_to(peer), tag=tag), self._what(msg, peer))
         self._sends.append((msg, work, t))
 
     def _tag(self, msg: Message, k: int) -> int:
@@ -259,8 +266,8 @@ class P2P:
         return True
 
     def _irecv(self, t: torch.Tensor, msg: Message, k: int) -> dist.Work:
-        peer = msg.src
-        return dist.irecv(t, src=self._global[peer], group=self.group_from(peer), tag=self._tag(msg, k))
+        peer, tag = msg.src, self._tag(msg, k)
+        return post(lambda: dist.irecv(t, src=self._global[peer], group=self.group_from(peer), tag=tag), self._what(msg, peer))
 
     # -- waiting ------------------------------------------------------------------------------
     def finish_step(self) -> None:
@@ -270,17 +277,12 @@ class P2P:
         self._sends = []
 
     def _wait(self, work: dist.Work, msg: Message, peer: int) -> None:
+        wait(work, self.timeout, self._what(msg, peer))
+
+    def _what(self, msg: Message, peer: int) -> str:
         incoming = msg.dst == self.rank
-        try:
-            work.wait(self.timeout)
-        except Exception as err:  # gloo and NCCL raise RuntimeError subclasses of several kinds
-            text = str(err).strip()
-            first = text.splitlines()[0] if text else type(err).__name__
-            raise PipelineError(
-                f"rank {self.rank}: {self.action}: {'receiving' if incoming else 'sending'} {msg.describe()} "
-                f"{'from' if incoming else 'to'} rank {peer} failed or timed out after {self.timeout.total_seconds():g}s "
-                f"(rank {peer} may have died or hung): {first}"
-            ) from err
+        return (f"rank {self.rank}: {self.action}: {'receiving' if incoming else 'sending'} {msg.describe()} "
+                f"{'from' if incoming else 'to'} rank {peer}")
 
 
 def _fmt(metas: list[TensorMeta]) -> str:

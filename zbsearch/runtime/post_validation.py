@@ -68,6 +68,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype, _has_foreach_support
 
+from .errors import PipelineError
+
 __all__ = ["PostValidatedOptimizer", "SyncClippedOptimizer", "Verdict"]
 
 
@@ -116,7 +118,7 @@ class _GlobalGradState:
         dist.all_gather_object(self._meta, mine, group=self._group)
         seen = [pos for meta in self._meta for pos, _ in meta]
         if len(set(seen)) != len(seen):
-            raise ValueError("two ranks claim the same parameter position: pass stages={stage index: module}")
+            raise PipelineError("two ranks claim the same parameter position: pass stages={stage index: module}")
         self._width = max(len(meta) for meta in self._meta)
         self._groups_cache: dict[tuple[torch.dtype, ...], list[tuple[torch.dtype, list[int]]]] = {}
 
@@ -352,7 +354,7 @@ class PostValidatedOptimizer(_GlobalGradState):
         self.replay = False
         if self._pending is not None:
             if not self.defer:
-                raise RuntimeError("validate() the previous step before stepping again (or use defer=True)")
+                raise PipelineError("validate() the previous step before stepping again (or use defer=True)")
             fresh = [(p, p.grad) for p in self._params]
             for p in self._params:
                 p.grad = None
@@ -493,7 +495,7 @@ def _positions(params: list[nn.Parameter], stages: Mapping[int, nn.Module] | Non
             where.setdefault(id(p), (s, i))
     missing = [i for i, p in enumerate(params) if id(p) not in where]
     if missing:
-        raise ValueError(f"optimizer parameter {missing[0]} belongs to none of the stages {sorted(stages)}")
+        raise PipelineError(f"optimizer parameter {missing[0]} belongs to none of the stages {sorted(stages)}")
     return [where[id(p)] for p in params]
 
 

@@ -20,13 +20,20 @@ and the ranks align their trace clocks (``trace.clock_offset``).
 No barrier starts a step: each rank starts the next step as soon as it has finished its own
 part of this one, and waits only for the messages its actions need (``p2p``), so no global
 synchronisation puts the makespan back between iterations.
+
+Faults: every failure inside ``step`` is a PipelineError naming the rank and action: a
+communication failure also names the peer and the time waited (``errors``), an exception in a
+stage's forward or backward, or in ``loss_fn``, names the stage and microbatch and keeps the
+original as ``__cause__``. A step that failed leaves this rank's messages out of step with its
+peers (and gloo closes the pairs of a timed-out wait), so the runtime refuses further steps:
+``close()`` it and build a new one, on a new process group when communication failed.
 """
 
 from __future__ import annotations
 
-import datetime
 import functools
 import hashlib
+import math
 from collections.abc import Callable, Mapping
 
 import torch
@@ -38,7 +45,7 @@ from ..dependencies import remote_input
 from ..formats.schedule import Schedule
 from ..formats.trace import Trace
 from ..validator import find_problem
-from .errors import PipelineError
+from .errors import PipelineError, first_line, post, wait
 from .memory import ActivationMeter
 from .p2p import ACT, GRAD, P2P, comm_plan
 from .split_backward import ForwardPass, backward_full, backward_input, backward_weight, forward_pass
@@ -57,7 +64,8 @@ class PipelineRuntime:
     A stage's forward takes the previous stage's outputs as positional arguments and returns a
     tensor or a tuple of tensors; the first stage takes the microbatch of ``inputs``.
     ``loss_fn(output, target)`` is required on the rank holding the last stage. ``timeout``
-    (seconds) bounds every wait for another rank.
+    (seconds, positive and finite) bounds every wait for another rank. A context manager:
+    ``with PipelineRuntime(...) as rt:`` closes it on the way out.
     """
 
     def __init__(
@@ -70,9 +78,12 @@ class PipelineRuntime:
         device: torch.device | str | None = None,
         timeout: float = 300.0,
     ) -> None:
+        self._p2p: P2P | None = None
+        self.timeout = timeout  # checked by the setter
         problem = find_problem(schedule)
         if problem:
             raise PipelineError(f"invalid schedule: {problem}")
+        self._failure: str | None = None  # why the runtime cannot step any more (set by a failed step or close)
         self.schedule = schedule
         self.group = group
         self.rank = dist.get_rank(group)
@@ -95,7 +106,6 @@ class PipelineRuntime:
         self.device = torch.device(device)
         self.stages = dict(stages)
         self.loss_fn = loss_fn
-        self.timeout = timeout
         self.meter = ActivationMeter()
         self._actions = schedule.rank_actions[self.rank]
         self._fused = {(a.stage, a.mb) for a in self._actions if a.op is Op.BW}
@@ -104,7 +114,7 @@ class PipelineRuntime:
         last_backward = {a.stage: i for i, a in enumerate(self._actions) if a.op in (Op.W, Op.BW)}
         self._done_at = {i: s for s, i in last_backward.items()}
         self._hooks: list[Callable[[int], None]] = []
-        self._p2p = P2P(comm_plan(schedule), self.rank, group, self.device, timeout)
+        self._p2p = P2P(comm_plan(schedule), self.rank, group, self.device, self.timeout)
         # the message each action waits for from another rank, if any
         self._needs: list[tuple[str, int, int] | None] = [
             t.key if (t := remote_input(a, self._owner)) else None for a in self._actions
@@ -113,10 +123,38 @@ class PipelineRuntime:
         self._timer = StepTimer(self.device, clock_offset(self.rank, world, group, timeout))
 
     # -- public --------------------------------------------------------------------------------
+    @property
+    def timeout(self) -> float:
+        """Seconds any wait for another rank may take; may be changed between steps."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
+            raise PipelineError(f"timeout must be a positive finite number of seconds, not {seconds!r}")
+        self._timeout = float(seconds)
+        if self._p2p is not None:
+            self._p2p.timeout = self._timeout
+
     def on_stage_done(self, hook: Callable[[int], None]) -> None:
         """Call ``hook(stage)`` during ``step`` as soon as that stage's gradients are complete
         (right after its last W or BW), e.g. to step its optimizer early."""
         self._hooks.append(hook)
+
+    def close(self) -> None:
+        """Release what this runtime holds (its extra process group on NCCL); it cannot step
+        after. Call it after a failed step, then build a new runtime (on a new process group
+        if communication failed). Idempotent."""
+        if self._failure == "closed":
+            return
+        self._failure = "closed"
+        self._p2p.close()
+
+    def __enter__(self) -> "PipelineRuntime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def step(self, inputs=None, targets=None) -> torch.Tensor | None:
         """One iteration: all m microbatches through the schedule.
@@ -125,9 +163,21 @@ class PipelineRuntime:
         a tensor or a tuple of tensors, split into m equal microbatches along dim 0. Returns the
         m microbatch losses on the rank holding the last stage, None elsewhere.
         """
-        m = self.schedule.num_microbatches
+        if self._failure is not None:
+            raise PipelineError(
+                f"rank {self.rank}: this runtime is {self._failure}; build a new PipelineRuntime "
+                f"(on a new process group if communication failed)"
+            )
         mb_inputs = self._split(inputs, "inputs") if 0 in self.stages else None
         mb_targets = self._split(targets, "targets") if self.last in self.stages else None
+        try:
+            return self._step(mb_inputs, mb_targets)
+        except BaseException as err:  # incl. KeyboardInterrupt: the peers are out of step either way
+            self._failure = f"unusable after a failed step ({first_line(err)})"
+            raise
+
+    def _step(self, mb_inputs, mb_targets) -> torch.Tensor | None:
+        m = self.schedule.num_microbatches
         self._p2p.start_step()
         self._timer.start()
         self.meter.reset_peak()
@@ -144,7 +194,7 @@ class PipelineRuntime:
                 self._forward(a, passes, local, mb_inputs, mb_targets, losses)
             elif a.op is Op.W:
                 self._timer.begin()
-                backward_weight(passes.pop((a.stage, a.mb)))
+                self._run_stage(a, backward_weight, passes.pop((a.stage, a.mb)))
                 self._timer.end(a, self.meter.bytes)
             else:
                 self._backward(a, passes, local)
@@ -180,7 +230,7 @@ class PipelineRuntime:
             args = [_leaf(t, meta.requires_grad) for t, meta in zip(got, self._p2p.meta[s - 1])]
         post = functools.partial(self._loss, mb_targets[j]) if s == self.last else None
         self._timer.begin()
-        fp = forward_pass(self.stages[s], args, split=(s, j) not in self._fused, post=post, meter=self.meter)
+        fp = self._run_stage(a, forward_pass, self.stages[s], args, split=(s, j) not in self._fused, post=post, meter=self.meter)
         self._timer.end(a, self.meter.bytes)
         passes[(s, j)] = fp
         if s == self.last:
@@ -203,9 +253,9 @@ class PipelineRuntime:
         inputs = fp.inputs
         self._timer.begin()
         if a.op is Op.BW:
-            input_grads = backward_full(passes.pop((s, j)), grads)
+            input_grads = self._run_stage(a, backward_full, passes.pop((s, j)), grads)
         else:
-            input_grads = backward_input(fp, grads)
+            input_grads = self._run_stage(a, backward_input, fp, grads)
         self._timer.end(a, self.meter.bytes)
         if s == 0:
             return
@@ -216,6 +266,17 @@ class PipelineRuntime:
             self._p2p.send(GRAD, s - 1, j, out)
 
     # -- helpers -------------------------------------------------------------------------------
+    def _run_stage(self, a: Action, fn: Callable, *args, **kw):
+        """``fn(*args)``: a pass through user code (stage, loss); what it raises is wrapped."""
+        try:
+            return fn(*args, **kw)
+        except PipelineError:
+            raise
+        except Exception as err:
+            raise PipelineError(
+                f"rank {self.rank}: {a}: stage {a.stage} microbatch {a.mb} raised {type(err).__name__}: {first_line(err)}"
+            ) from err
+
     def _loss(self, target, output) -> torch.Tensor:
         loss = self.loss_fn(output, target)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -245,11 +306,9 @@ class PipelineRuntime:
             theirs = torch.zeros_like(mine)
             dst = dist.get_global_rank(self.group, peer) if self.group is not None else peer
             ops = [(dist.isend, mine, self._p2p.group_to(peer)), (dist.irecv, theirs, self._p2p.group_from(peer))]
+            what = f"rank {self.rank}: checking the schedule with rank {peer}"
             for op, t, g in ops if self.rank < peer else ops[::-1]:  # also sets up both directions
-                try:
-                    op(t, dst, group=g).wait(datetime.timedelta(seconds=self.timeout))
-                except Exception as err:
-                    raise PipelineError(f"rank {self.rank}: no answer from rank {peer} within {self.timeout:g}s: {err}") from err
+                wait(post(functools.partial(op, t, dst, group=g), what), self.timeout, what)
             if theirs.item() != mine.item():
                 raise PipelineError(f"rank {self.rank} and rank {peer} were given different schedules")
 

@@ -74,6 +74,7 @@ import weakref
 
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .errors import PipelineError
 from .memory import ActivationMeter, SavedActivations
 
 __all__ = ["ForwardPass", "forward_pass", "backward_input", "backward_weight", "backward_full"]
@@ -409,13 +410,13 @@ def _as_tensors(out) -> tuple[torch.Tensor, ...]:
     outs = out if isinstance(out, (tuple, list)) else (out,)
     for i, t in enumerate(outs):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"stage output {i} is a {type(t).__name__}; stages must return a tensor or a tuple of tensors")
+            raise PipelineError(f"stage output {i} is a {type(t).__name__}; stages must return a tensor or a tuple of tensors")
     return tuple(outs)
 
 
 def _roots(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None]) -> tuple[list, list]:
     if len(output_grads) != len(fp.outputs):
-        raise ValueError(f"{len(output_grads)} output gradients for {len(fp.outputs)} outputs")
+        raise PipelineError(f"{len(output_grads)} output gradients for {len(fp.outputs)} outputs")
     pairs = [(o, g) for o, g in zip(fp.outputs, output_grads) if g is not None and o.requires_grad]
     return [o for o, _ in pairs], [g for _, g in pairs]
 

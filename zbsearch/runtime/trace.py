@@ -13,7 +13,6 @@ trace counts from the step's first action on any rank.
 
 from __future__ import annotations
 
-import datetime
 import math
 import time
 
@@ -23,7 +22,7 @@ import torch.distributed as dist
 from ..actions import Action, Op
 from ..distributed.clock import DeviceClock
 from ..formats.trace import Trace, TraceArgs, TraceEvent, TraceInfo
-from .errors import PipelineError
+from .errors import post, wait
 
 __all__ = ["StepTimer", "clock_offset", "gather_trace"]
 
@@ -84,16 +83,16 @@ def clock_offset(rank: int, world: int, group: dist.ProcessGroup | None, timeout
         for r in range(1, world):
             peer = dist.get_global_rank(group, r) if group is not None else r
             for _ in range(rounds):
-                _wait(dist.irecv(msg, peer, group=group), rank, timeout, what)
+                _wait(lambda: dist.irecv(msg, peer, group=group), rank, timeout, what)
                 msg[0] = time.perf_counter()
-                _wait(dist.isend(msg, peer, group=group), rank, timeout, what)
+                _wait(lambda: dist.isend(msg, peer, group=group), rank, timeout, what)
         return 0.0
     best = (math.inf, 0.0)  # (round trip, offset)
     for _ in range(rounds):
-        answer = dist.irecv(msg, rank0, group=group)  # posted first, so rank 0's answer leaves at once
+        answer = post(lambda: dist.irecv(msg, rank0, group=group), f"rank {rank}: {what}")  # posted first, so rank 0's answer leaves at once
         t1 = time.perf_counter()
-        _wait(dist.isend(torch.zeros(1, dtype=torch.float64), rank0, group=group), rank, timeout, what)
-        _wait(answer, rank, timeout, what)
+        _wait(lambda: dist.isend(torch.zeros(1, dtype=torch.float64), rank0, group=group), rank, timeout, what)
+        wait(answer, timeout, f"rank {rank}: {what}")
         t4 = time.perf_counter()
         best = min(best, (t4 - t1, (t1 + t4) / 2 - msg.item()))
     return best[1]
@@ -113,12 +112,12 @@ def gather_trace(
     data = torch.tensor([[a.stage, _OPS.index(a.op), a.mb, b, e, m] for a, b, e, m in rows], dtype=torch.float64)
     what = "gathering the trace"
     counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    _wait(dist.all_gather(counts, torch.tensor([len(rows)], device=device), group=group, async_op=True), rank, timeout, what)
+    _wait(lambda: dist.all_gather(counts, torch.tensor([len(rows)], device=device), group=group, async_op=True), rank, timeout, what)
     longest = max(int(c.item()) for c in counts)
     padded = torch.zeros(longest, 6, dtype=torch.float64, device=device)
     padded[: len(rows)] = data.reshape(-1, 6).to(device)
     parts = [torch.zeros_like(padded) for _ in range(world)]
-    _wait(dist.all_gather(parts, padded, group=group, async_op=True), rank, timeout, what)
+    _wait(lambda: dist.all_gather(parts, padded, group=group, async_op=True), rank, timeout, what)
     if rank != 0:
         return None
     per_rank = [part[: int(n.item())].tolist() for part, n in zip(parts, counts)]
@@ -132,8 +131,7 @@ def gather_trace(
     return Trace(traceEvents=events, zbsearch=TraceInfo(schedule_kind=schedule_kind, num_ranks=world, **info))
 
 
-def _wait(work: dist.Work, rank: int, timeout: float, what: str) -> None:
-    try:
-        work.wait(datetime.timedelta(seconds=timeout))
-    except Exception as err:
-        raise PipelineError(f"rank {rank}: {what} failed or timed out after {timeout:g}s: {err}") from err
+def _wait(issue, rank: int, timeout: float, what: str) -> None:
+    """Issue a collective or point-to-point op and wait for it (errors: ``errors.post``/``wait``)."""
+    where = f"rank {rank}: {what}"
+    wait(post(issue, where), timeout, where)

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 
 from ..costs import CostModel
+from ..errors import ZbError
 from ..formats.frontier import Frontier, FrontierPoint
 from ..formats.profile import Profile
 from ..simulator import bubble_rate
@@ -24,6 +25,20 @@ __all__ = ["frontier"]
 def _grid(lo: float, hi: float, step: float = 0.25) -> list[float]:
     xs = [lo] + [k * step for k in range(math.floor(lo / step) + 1, math.ceil(hi / step) + 1) if lo < k * step < hi]
     return xs + ([hi] if hi > lo else [])
+
+
+def _scale(memory: list[float], units: list[float], verb: str) -> float:
+    """The smallest x with memory <= x * unit on every rank. A rank that keeps no activations
+    (unit 0, e.g. a parameter-free first stage) gets a limit of 0 at every x, which fits
+    only if it never holds memory."""
+    for r, (mem, unit) in enumerate(zip(memory, units)):
+        if unit <= 0 and mem > 0:
+            raise ZbError(f"rank {r} keeps no activations after its forwards (M_B = 0) but {verb} {mem:g} "
+                          f"of memory at some point, so no limit of the form x * p * M_B fits it")
+    ratios = [mem / unit for mem, unit in zip(memory, units) if unit > 0]
+    if not ratios:
+        raise ZbError("no rank keeps activations (M_B = 0 everywhere): memory does not limit the schedule")
+    return max(ratios)
 
 
 def frontier(
@@ -43,10 +58,10 @@ def frontier(
     p = cost.num_ranks
     units = [p * cost.activation_unit(r) for r in range(p)]
     need = smallest_feasible_limit(cost, m)
-    lo = max(n / u for n, u in zip(need, units))
+    lo = _scale(need, units, "needs")
     kw = dict(chunks=chunks, time_limit=time_limit, objective=objective, milp=milp, uniform_costs=uniform_costs)
     free = solve(profile, m, None, **kw)
-    hi = max(pk / u for pk, u in zip(free.timeline.peak_memory, units))
+    hi = _scale(free.timeline.peak_memory, units, "holds")
     unlimited = bubble_rate(free.info.value, max(free.timeline.busy))
     points: list[FrontierPoint] = []
     best = None  # a schedule within a smaller limit is within this one too: the curve never rises

@@ -191,7 +191,7 @@ def solve(
         uniform_costs=uniform_costs, milp_windows=windows, milp_improvements=improvements,
     )
     kind = "zb-" + ("v-" if chunks == 2 else "") + (spec.strip().lower() if spec else "solver")
-    sched = Schedule.build(kind, profile, m, stage_to_rank, rows, memory_limit=limit, solver=info)
+    sched = Schedule.build(kind, profile, m, stage_to_rank, rows, memory_limit=limit, memory_limit_spec=spec, solver=info)
     validate(sched)
     report("done", value)
     return SolveResult(with_prediction(sched), info, tl)
