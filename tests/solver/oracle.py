@@ -26,13 +26,19 @@ Two exact methods:
   that pass.
 
   Why equality and not the usual scheduling model with free idle: with free idle a rank may
-  start late, and for ``span`` that can be strictly better than any ASAP timeline (a rank's
-  first forward that must wait for a round trip can be delayed to close the gap; see
-  ``tests/solver/test_oracle.py``). The runtime does not insert idle, so that optimum is not
-  achievable; it is still a valid *lower* bound on the ASAP optimum, offered as
-  ``semantics="idle"`` for diagnosis. For ``makespan`` the two coincide: the ASAP timeline of
-  a timed schedule's orders is pointwise no later and still starts at 0, so the idle model
-  (smaller, faster) is used.
+  start late, and its span (last end - first start) can shrink when its first forward is
+  delayed into a gap. The simulator, and the runtime, never delay a pass, so such a timed
+  schedule is not what its orders produce. The idle model's optimum is therefore only a lower
+  bound on the ASAP optimum (offered as ``semantics="idle"``). Over all orders the two
+  coincided on every instance where both were proven (a non-FIFO order lets a rank start with
+  a later microbatch, which has the effect of a delay), but that is an observation, not a
+  theorem, so the oracle models ASAP exactly. For ``makespan`` they provably coincide: the
+  ASAP timeline of a timed schedule's orders is pointwise no later and still starts at 0, so
+  the idle model (smaller, faster) is used.
+
+  ``fifo=True`` restricts each stage's F, B and W passes to microbatch order, which is what
+  zbsearch's MILP assumes; with ASAP semantics the FIFO optimum can be strictly worse than
+  the optimum for ``span`` (``issue_counterexample``: 13.56 vs 12.56).
 
 * ``brute_force``: enumerate every per-rank order consistent with the rank's own
   dependencies, keep those within the memory limit, and simulate every combination with
@@ -170,6 +176,8 @@ def cp_optimum(
     ``rank``: minimise that rank's span instead (a per-rank bound must not exceed it).
     ``semantics``: "asap" (the simulator's timeline, the truth) or "idle" (passes may wait
     longer than needed: a lower bound on the ASAP optimum, equal to it for makespan).
+    ``time_limit``: CP-SAT's deterministic time limit, so that whether an instance is proven
+    does not depend on how busy the machine is.
     ``fifo``: only schedules running each stage's F, B and W passes in microbatch order (what
     zbsearch's MILP assumes), to tell a wrong assumption from a wrong solve.
 
@@ -301,7 +309,8 @@ def _cp_solve(cost: CostModel, m: int, limit: list[float] | None, objective: str
         model.add(obj == hi - lo)
     model.minimize(obj)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit
+    # deterministic time (about seconds of one idle core): results do not depend on the load
+    solver.parameters.max_deterministic_time = time_limit
     solver.parameters.num_workers = 1  # deterministic; parallelism comes from several processes
     solver.parameters.random_seed = 0
     status = solver.solve(model)
