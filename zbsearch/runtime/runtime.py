@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -40,6 +40,7 @@ from ..validator import find_problem
 from .errors import PipelineError
 from .memory import ActivationMeter
 from .p2p import ACT, GRAD, P2P, comm_plan
+from .tied import TiedParameters
 from .split_backward import ForwardPass, backward_full, backward_input, backward_weight, forward_pass
 from .trace import StepTimer, clock_offset, gather_trace
 
@@ -56,7 +57,9 @@ class PipelineRuntime:
     A stage's forward takes the previous stage's outputs as positional arguments and returns a
     tensor or a tuple of tensors; the first stage takes the microbatch of ``inputs``.
     ``loss_fn(output, target)`` is required on the rank holding the last stage. ``timeout``
-    (seconds) bounds every wait for another rank.
+    (seconds) bounds every wait for another rank. ``tied``: groups of stage-qualified names of
+    one weight used by several stages, e.g. ``[("0.wte.weight", "3.lm_head.weight")]``; their
+    gradients are summed across stages and ranks in every step (``tied``).
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class PipelineRuntime:
         group: dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         timeout: float = 300.0,
+        tied: Sequence[Sequence[str]] = (),
     ) -> None:
         problem = find_problem(schedule)
         if problem:
@@ -107,6 +111,8 @@ class PipelineRuntime:
         # the message each action waits for from another rank, if any
         self._needs: list[tuple[str, int, int] | None] = [self._remote_input(a) for a in self._actions]
         self._handshake()
+        self.tied = [tuple(g) for g in tied]
+        self._tied = TiedParameters(self.tied, self.stages, self._owner, timeout) if self.tied else None
         self._timer = StepTimer(self.device, clock_offset(self.rank, world, group, timeout))
 
     # -- public --------------------------------------------------------------------------------
@@ -145,11 +151,16 @@ class PipelineRuntime:
                 self._timer.end(a, self.meter.bytes)
             else:
                 self._backward(a, passes, local)
-            if pos in self._done_at:
+            if pos in self._done_at and not (self._tied and self._done_at[pos] in self._tied.stages):
                 for hook in self._hooks:
                     hook(self._done_at[pos])
         self._p2p.action = "end of step"
         self._p2p.finish_step()
+        if self._tied:  # after every transfer of this rank was posted: it cannot block a peer
+            self._tied.reduce()
+            for s in sorted(self._tied.stages):
+                for hook in self._hooks:
+                    hook(s)
         self._timer.finish()
         return torch.stack(losses) if mb_targets is not None else None
 
