@@ -69,8 +69,8 @@ def test_stages_equal_unsplit_model(preset, attn, side):
 
 def test_errors_are_one_line():
     cfg = hf_config("gpt2-tiny")
-    with pytest.raises(ZbError, match="4 layers cannot fill 5 stages"):
-        hf_stages(hf_model(cfg), 5)
+    with pytest.raises(ZbError, match="8 layers cannot fill 9 stages"):
+        hf_stages(hf_model(cfg), 9)
     with pytest.raises(ZbError, match="neither a config JSON file nor a preset"):
         hf_config("no-such-model")
     with pytest.raises(ZbError, match="not supported"):
@@ -161,3 +161,17 @@ def test_runtime_equals_unsplit_model(runs, preset, kind, p):
             torch.testing.assert_close(g, ref_grads[name], rtol=1e-4, atol=1e-6, msg=f"{preset} {kind} p={p} {name}")
             seen.add(name)
     assert seen == set(ref_grads)
+
+
+@pytest.mark.slow
+def test_cli_profile_hf(tmp_path):
+    from tests.helpers import run_cli
+    from zbsearch import load_profile
+
+    out = tmp_path / "p.json"
+    r = run_cli("profile", "--hf", "llama-tiny", "--stages", "2", "--seq", "8", "-b", "1", "--warmup", "1", "--repeat", "1", "-o", out)
+    assert r.returncode == 0, r.stderr
+    prof = load_profile(out)
+    assert prof.num_stages == 2 and prof.model["model"] == "hf llama-tiny"
+    bad = run_cli("profile", "--hf", "no-such", "-o", tmp_path / "q.json")
+    assert bad.returncode == 1 and "neither a config JSON file nor a preset" in bad.stderr

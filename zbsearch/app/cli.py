@@ -307,6 +307,7 @@ def frontier(
 def profile(
     model: Optional[str] = typer.Option(None, "--model", help="package.module:function returning (stages, microbatch[, loss_fn, target])"),
     builtin: Optional[str] = typer.Option(None, "--builtin", help="a built-in model instead of --model: gpt"),
+    hf: Optional[str] = typer.Option(None, "--hf", help="a Hugging Face causal LM, random init: config JSON or preset (gpt2-tiny, llama-tiny, ...); uses --stages, --seq, -b"),
     layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
     hidden: int = typer.Option(128, "--hidden", help="gpt: hidden size"),
     heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
@@ -328,12 +329,19 @@ def profile(
     from zbsearch import profiler
     from zbsearch.models import GPTConfig
 
-    if (model is None) == (builtin is None):
-        raise ZbError("give either --model package.module:function or --builtin gpt")
+    if sum(x is not None for x in (model, builtin, hf)) != 1:
+        raise ZbError("give one of --model package.module:function, --builtin gpt or --hf CONFIG")
     if builtin is not None and builtin != "gpt":
         raise ZbError(f"unknown built-in model {builtin!r}; available: gpt")
-    spec = profiler.load_model(model) if model else profiler.builtin_gpt(
-        GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
+    if hf is not None:
+        from zbsearch.models import hf as hf_models
+
+        spec = profiler.as_model(hf_models.build(hf, stages=stages, microbatch_size=microbatch_size, seq=seq), f"--hf {hf!r}")
+        spec.name = f"hf-{Path(hf).stem}-s{seq}-b{microbatch_size}-p{stages}"
+        spec.settings = {"model": f"hf {hf}", "stages": stages, "seq": seq, "microbatch_size": microbatch_size}
+    else:
+        spec = profiler.load_model(model) if model else profiler.builtin_gpt(
+            GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, threads=threads)
     with profiler.progress_bar(err) as bar:
         prof = profiler.profile_model(spec, settings, name=name, progress=bar)

@@ -23,6 +23,7 @@ zbsearch imports this module.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from dataclasses import dataclass, field
@@ -40,13 +41,13 @@ _FAMILIES = {"gpt2": "gpt2", "llama": "rotary", "mistral": "rotary", "qwen2": "r
 
 # Tiny random configurations for trying the path without weights (no download).
 PRESETS: dict[str, dict] = {
-    "gpt2-tiny": dict(model_type="gpt2", n_layer=4, n_embd=32, n_head=4, n_positions=64, vocab_size=96, bos_token_id=0, eos_token_id=0,
+    "gpt2-tiny": dict(model_type="gpt2", n_layer=8, n_embd=32, n_head=4, n_positions=64, vocab_size=96, bos_token_id=0, eos_token_id=0,
                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
-    "llama-tiny": dict(model_type="llama", num_hidden_layers=4, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+    "llama-tiny": dict(model_type="llama", num_hidden_layers=8, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=96, max_position_embeddings=64),
-    "qwen2-tiny": dict(model_type="qwen2", num_hidden_layers=4, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+    "qwen2-tiny": dict(model_type="qwen2", num_hidden_layers=8, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                        num_key_value_heads=2, vocab_size=96, max_position_embeddings=64, tie_word_embeddings=True),
-    "mistral-tiny": dict(model_type="mistral", num_hidden_layers=4, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+    "mistral-tiny": dict(model_type="mistral", num_hidden_layers=8, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=96, max_position_embeddings=64, sliding_window=8),
 }
 
@@ -112,21 +113,39 @@ class _Stage(nn.Module):
 
     def _layers(self, h, mask, pos):
         masking = _transformers().masking_utils
-        kw = dict(config=self.config, inputs_embeds=h, attention_mask=mask, past_key_values=None, position_ids=pos)
-        masks: dict[str, torch.Tensor | None] = {}
+        kw = _mask_kwargs(masking.create_causal_mask, self.config, h, mask, pos)
+        extra = {"cache_position": kw["cache_position"]} if "cache_position" in kw else {}
         if self.family == "gpt2":
             full = masking.create_causal_mask(**kw)
             for block in self.layers:
-                h = block(h, past_key_values=None, attention_mask=full, use_cache=False, position_ids=pos)
+                h = _hidden(block(h, past_key_values=None, attention_mask=full, use_cache=False, position_ids=pos, **extra))
             return h
         rope = self.rotary_emb(h, position_ids=pos)
+        masks: dict[str, torch.Tensor | None] = {}
         for layer in self.layers:
             kind = _attention_type(layer, self.config)
             if kind not in masks:
                 make = masking.create_sliding_window_causal_mask if kind == "sliding_attention" else masking.create_causal_mask
                 masks[kind] = make(**kw)
-            h = layer(h, attention_mask=masks[kind], position_ids=pos, past_key_values=None, use_cache=False, position_embeddings=rope)
+            h = _hidden(layer(h, attention_mask=masks[kind], position_ids=pos, past_key_values=None, use_cache=False,
+                              position_embeddings=rope, **extra))
         return h
+
+
+def _hidden(out):
+    """A layer's hidden state (some 5.x releases return a tuple whose first item it is)."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _mask_kwargs(fn, config, h, mask, pos) -> dict:
+    """Arguments of transformers' mask builders, whose names changed within 5.x (``input_embeds``
+    became ``inputs_embeds``, ``cache_position`` went away)."""
+    names = inspect.signature(fn).parameters
+    kw = dict(config=config, attention_mask=mask, past_key_values=None, position_ids=pos)
+    kw["inputs_embeds" if "inputs_embeds" in names else "input_embeds"] = h
+    if "cache_position" in names:
+        kw["cache_position"] = torch.arange(h.shape[1], device=h.device)
+    return kw
 
 
 def _attention_type(layer: nn.Module, config) -> str:
