@@ -169,7 +169,7 @@ def test_cli_profile_hf(tmp_path):
     from zbsearch import load_profile
 
     out = tmp_path / "p.json"
-    r = run_cli("profile", "--hf", "llama-tiny", "--stages", "2", "--seq", "8", "-b", "1", "--warmup", "1", "--repeat", "1", "-o", out)
+    r = run_cli("profile", "--hf", "llama-tiny", "--stages", "2", "--seq", "8", "-b", "1", "--warmup", "1", "--repeat", "3", "-o", out)
     assert r.returncode == 0, r.stderr
     prof = load_profile(out)
     assert prof.num_stages == 2 and prof.model["model"] == "hf llama-tiny"
