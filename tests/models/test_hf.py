@@ -169,9 +169,13 @@ def test_cli_profile_hf(tmp_path):
     from zbsearch import load_profile
 
     out = tmp_path / "p.json"
-    r = run_cli("profile", "--hf", "llama-tiny", "--stages", "2", "--seq", "8", "-b", "1", "--warmup", "1", "--repeat", "3", "-o", out)
+    r = run_cli("profile", "--hf", "llama-tiny", "--stages", "4", "--placement", "v", "--seq", "8", "-b", "1",
+                "--warmup", "1", "--repeat", "3", "-o", out)
     assert r.returncode == 0, r.stderr
     prof = load_profile(out)
-    assert prof.num_stages == 2 and prof.model["model"] == "hf llama-tiny"
+    assert prof.num_stages == 4 and prof.model["model"] == "hf llama-tiny"
+    assert prof.placement == [0, 1, 1, 0] and prof.num_ranks == 2  # 4 pieces of a V on 2 ranks
+    sched = run_cli("schedule", "zb-v", "-p", out, "-m", "4", "-o", tmp_path / "v.json")
+    assert sched.returncode == 0, sched.stderr
     bad = run_cli("profile", "--hf", "no-such", "-o", tmp_path / "q.json")
     assert bad.returncode == 1 and "neither a config JSON file nor a preset" in bad.stderr

@@ -314,6 +314,7 @@ def profile(
     seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
     microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
     stages: int = typer.Option(4, "--stages", help="gpt: pipeline stages"),
+    placement: Optional[str] = typer.Option(None, "--placement", help="the stages are 2 pieces per rank for this placement: v (ZB-V) or interleaved; recorded, so schedules use each piece's costs"),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:<i> (under torchrun: cuda:LOCAL_RANK)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: the model's own)"),
     warmup: int = typer.Option(3, "--warmup", help="untimed repetitions per stage"),
@@ -347,11 +348,25 @@ def profile(
         prof = profiler.profile_model(spec, settings, name=name, progress=bar)
     if prof is None:  # a torchrun rank other than 0
         return
+    if placement is not None:
+        prof = zb.Profile.model_validate({**prof.model_dump(), "placement": _pieces(placement, prof.num_stages),
+                                          "name": name or f"{prof.name}-{placement}"})
     path = output or Path("profiles") / f"{prof.name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     zb.save_profile(prof, path)
     out.print(profiler.summary_table(prof))
     err.print(f"wrote {path}")
+
+
+def _pieces(placement: str, pieces: int) -> list[int]:
+    """piece -> rank for 2 pieces per rank in a V or looped (interleaved) placement."""
+    from zbsearch.formats.schedule import looped_placement, v_placement
+
+    if placement not in ("v", "interleaved"):
+        raise ZbError(f"--placement {placement!r}: use v or interleaved")
+    if pieces % 2:
+        raise ZbError(f"--placement {placement}: {pieces} stages cannot be 2 pieces per rank")
+    return v_placement(pieces // 2) if placement == "v" else looped_placement(pieces // 2, 2)
 
 
 @app.command()

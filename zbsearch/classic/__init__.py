@@ -24,15 +24,15 @@ _ALIASES = {"1f1b-i": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "zb
 
 
 def build_classic(kind: str, profile: Profile, num_microbatches: int, chunks: int | None = None) -> Schedule:
-    """Build a classic schedule on p = len(profile.stages) ranks."""
+    """Build a classic schedule on the profile's ranks (one per stage, or its placement's)."""
     kind = _ALIASES.get(kind.lower(), kind.lower())
-    p, m = profile.num_stages, num_microbatches
+    p, m = profile.num_ranks, num_microbatches
     if kind not in CLASSIC_KINDS:
         raise ZbError(f"unknown schedule kind {kind!r}; choose one of: {', '.join(CLASSIC_KINDS)}")
     if m < 1:
         raise ZbError("the number of microbatches must be at least 1")
     if kind == "interleaved-1f1b":
-        v = 2 if chunks is None else chunks
+        v = (profile.chunks if profile.placement is not None else 2) if chunks is None else chunks
         placement = looped_placement(p, v)
     elif kind == "zb-v":
         if chunks not in (None, 2):
