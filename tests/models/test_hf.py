@@ -20,7 +20,17 @@ transformers = pytest.importorskip("transformers")
 from zbsearch import build_classic  # noqa: E402
 from zbsearch.distributed import run_local  # noqa: E402
 from zbsearch.errors import ZbError  # noqa: E402
-from zbsearch.models.hf import PRESETS, build, hf_batch, hf_config, hf_loss, hf_model, hf_stages  # noqa: E402
+from zbsearch.models.hf import (  # noqa: E402
+    PRESETS,
+    build,
+    hf_batch,
+    hf_config,
+    hf_loss,
+    hf_loss_sum,
+    hf_model,
+    hf_stages,
+    hf_token_count,
+)
 
 from tests.helpers.toy import uniform_profile  # noqa: E402
 
@@ -121,6 +131,15 @@ def _worker(rank, world, send, out):
             losses = runtime.step((ids, mask) if 0 in stages else None, labels if n - 1 in stages else None)
             grads = {f"{s}.{q}": t.grad for s, st in stages.items() for q, t in st.named_parameters(remove_duplicate=False)}
             torch.save(dict(losses=losses, grads=grads, tied=cut.tied), os.path.join(out, f"{preset}-{kind}-{world}-{rank}.pt"))
+    # the token mean over the whole batch (HF's loss on the batch), not the mean of microbatch means
+    schedule = _schedule("zb-h1", world)
+    cut = hf_stages(_model("gpt2-tiny", 2 * world), world)
+    stages = {rank: cut.stages[rank]}
+    runtime = PipelineRuntime(schedule, stages, hf_loss_sum if rank == world - 1 else None, tied=cut.tied, timeout=60,
+                              loss_normalization="tokens", count_tokens=hf_token_count)
+    runtime.step((ids, mask) if rank == 0 else None, labels if rank == world - 1 else None)
+    grads = {f"{rank}.{q}": t.grad for q, t in stages[rank].named_parameters(remove_duplicate=False)}
+    torch.save(dict(grads=grads), os.path.join(out, f"tokens-{world}-{rank}.pt"))
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +180,21 @@ def test_runtime_equals_unsplit_model(runs, preset, kind, p):
             torch.testing.assert_close(g, ref_grads[name], rtol=1e-4, atol=1e-6, msg=f"{preset} {kind} p={p} {name}")
             seen.add(name)
     assert seen == set(ref_grads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("p", [2, 4])
+def test_token_normalisation_equals_the_loss_on_the_whole_batch(runs, p):
+    model = _model("gpt2-tiny", 2 * p)
+    (ids, mask), labels = hf_batch(hf_config("gpt2-tiny"), M * MB, SEQ, seed=5)
+    model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()  # HF: token mean over the batch
+    cut = hf_stages(model, p)
+    ref = {f"{s}.{q}": t.grad for s, st in enumerate(cut.stages) for q, t in st.named_parameters(remove_duplicate=False)}
+    _, mean_of_means = _reference("gpt2-tiny", p, p)
+    assert max((ref[k] - mean_of_means[k]).abs().max().item() for k in ref) > 1e-4  # padding makes them differ
+    for r in range(p):
+        for name, g in torch.load(os.path.join(runs, f"tokens-{p}-{r}.pt"))["grads"].items():
+            torch.testing.assert_close(g, ref[name], rtol=1e-4, atol=1e-6, msg=f"p={p} {name}")
 
 
 @pytest.mark.slow

@@ -306,6 +306,7 @@ def frontier(
 @app.command()
 def profile(
     model: Optional[str] = typer.Option(None, "--model", help="package.module:function returning (stages, microbatch[, loss_fn, target])"),
+    model_arg: list[str] = typer.Option([], "--model-arg", help="key=value passed to the --model function (repeatable; ints, floats, true/false converted)"),
     builtin: Optional[str] = typer.Option(None, "--builtin", help="a built-in model instead of --model: gpt"),
     hf: Optional[str] = typer.Option(None, "--hf", help="a Hugging Face causal LM, random init: config JSON or preset (gpt2-tiny, llama-tiny, ...); uses --stages, --seq, -b"),
     layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
@@ -341,7 +342,9 @@ def profile(
         spec.name = f"hf-{Path(hf).stem}-s{seq}-b{microbatch_size}-p{stages}"
         spec.settings = {"model": f"hf {hf}", "stages": stages, "seq": seq, "microbatch_size": microbatch_size}
     else:
-        spec = profiler.load_model(model) if model else profiler.builtin_gpt(
+        if model_arg and not model:
+            raise ZbError("--model-arg applies to --model")
+        spec = profiler.load_model(model, profiler.parse_model_args(model_arg)) if model else profiler.builtin_gpt(
             GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, threads=threads)
     with profiler.progress_bar(err) as bar:

@@ -71,6 +71,9 @@ class Profile(BaseModel):
     # placement on P ranks: schedules with as many stages use their costs as they are. Without
     # it each stage is one rank's, and finer schedules split every stage evenly (costs).
     placement: list[int] | None = None
+    # Sequences per microbatch the times were measured with (dim 0 of the microbatch); the
+    # runtime refuses microbatches of another size, whose times the schedule did not plan for.
+    microbatch_size: int | None = Field(default=None, ge=1)
 
     @field_validator("t_comm")
     @classmethod

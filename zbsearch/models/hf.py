@@ -34,7 +34,7 @@ from torch.nn import functional as F
 
 from ..errors import ZbError
 
-__all__ = ["HFStages", "hf_stages", "hf_loss", "hf_config", "hf_model", "hf_batch", "build", "PRESETS"]
+__all__ = ["HFStages", "hf_stages", "hf_loss", "hf_loss_sum", "hf_token_count", "hf_config", "hf_model", "hf_batch", "build", "PRESETS"]
 
 # model_type -> family: how the embedding, layers, final norm and head are called
 _FAMILIES = {"gpt2": "gpt2", "llama": "rotary", "mistral": "rotary", "qwen2": "rotary", "qwen3": "rotary"}
@@ -187,11 +187,22 @@ def hf_stages(model: nn.Module, num_stages: int, layers_per_stage: list[int] | N
     return HFStages(stages, tied, list(layers_per_stage))
 
 
-def hf_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def hf_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """The causal LM loss of HF's ``*ForCausalLM(labels=...)``: predict token t+1 from t, skip
-    labels of -100 (padding), mean over the remaining tokens of the microbatch."""
+    labels of -100 (padding), mean over the remaining tokens of the microbatch (``"sum"``: their
+    sum, for ``PipelineRuntime(loss_normalization="tokens", count_tokens=hf_token_count)``)."""
     vocab = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].float().reshape(-1, vocab), labels[:, 1:].reshape(-1), ignore_index=-100)
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, vocab), labels[:, 1:].reshape(-1), ignore_index=-100,
+                           reduction=reduction)
+
+
+def hf_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return hf_loss(logits, labels, "sum")
+
+
+def hf_token_count(labels: torch.Tensor) -> torch.Tensor:
+    """Tokens ``hf_loss`` counts in a microbatch: shifted labels other than -100."""
+    return (labels[:, 1:] != -100).sum()
 
 
 def hf_config(config: str, **overrides):

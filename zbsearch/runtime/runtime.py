@@ -11,6 +11,10 @@ starts from ``1/m`` of it, so after ``step`` every ``param.grad`` holds the grad
 mean of the m microbatch losses. With equal microbatches and a loss that averages over its
 batch that is exactly the gradient of the loss on the whole batch, as ``loss.backward()``
 would give. Like ``backward``, ``step`` adds to ``.grad``: zero it between steps.
+With padding, microbatches hold different numbers of tokens and the usual loss is the mean
+over all tokens of the batch instead: ``loss_normalization="tokens"`` takes ``loss_fn`` to
+return a microbatch's token SUM and starts backward from ``1/N``, N the batch's token count
+(``count_tokens(target)`` summed over microbatches; default: labels other than -100).
 
 Everything that can be checked without talking to other ranks is checked in the constructor
 (schedule valid, world size, stages held, loss function); then each pair of neighbouring ranks
@@ -60,6 +64,7 @@ class PipelineRuntime:
     (seconds) bounds every wait for another rank. ``tied``: groups of stage-qualified names of
     one weight used by several stages, e.g. ``[("0.wte.weight", "3.lm_head.weight")]``; their
     gradients are summed across stages and ranks in every step (``tied``).
+    ``loss_normalization``: ``"mean"`` of the microbatch losses, or ``"tokens"`` (module docstring).
     """
 
     def __init__(
@@ -72,7 +77,11 @@ class PipelineRuntime:
         device: torch.device | str | None = None,
         timeout: float = 300.0,
         tied: Sequence[Sequence[str]] = (),
+        loss_normalization: str = "mean",
+        count_tokens: Callable[[torch.Tensor], int | torch.Tensor] | None = None,
     ) -> None:
+        if loss_normalization not in ("mean", "tokens"):
+            raise PipelineError(f"loss_normalization must be 'mean' (of microbatch losses) or 'tokens' (sum / token count), not {loss_normalization!r}")
         problem = find_problem(schedule)
         if problem:
             raise PipelineError(f"invalid schedule: {problem}")
@@ -111,6 +120,9 @@ class PipelineRuntime:
         # the message each action waits for from another rank, if any
         self._needs: list[tuple[str, int, int] | None] = [self._remote_input(a) for a in self._actions]
         self._handshake()
+        self.loss_normalization = loss_normalization
+        self._count_tokens = count_tokens or _labelled_tokens
+        self._seed = 1.0 / schedule.num_microbatches  # d(step loss)/d(microbatch loss)
         self.tied = [tuple(g) for g in tied]
         self._tied = TiedParameters(self.tied, self.stages, self._owner, timeout) if self.tied else None
         self._timer = StepTimer(self.device, clock_offset(self.rank, world, group, timeout))
@@ -131,6 +143,11 @@ class PipelineRuntime:
         m = self.schedule.num_microbatches
         mb_inputs = self._split(inputs, "inputs") if 0 in self.stages else None
         mb_targets = self._split(targets, "targets") if self.last in self.stages else None
+        if mb_targets is not None and self.loss_normalization == "tokens":
+            total = sum(float(self._count_tokens(t)) for t in mb_targets)
+            if total <= 0:
+                raise PipelineError("loss_normalization='tokens': the batch has no token to count (all labels ignored?)")
+            self._seed = 1.0 / total
         self._p2p.start_step()
         self._timer.start()
         self.meter.reset_peak()
@@ -202,7 +219,7 @@ class PipelineRuntime:
         s, j = a.stage, a.mb
         fp = passes[(s, j)]
         if s == self.last:
-            grads = [torch.full_like(fp.outputs[0], 1.0 / self.schedule.num_microbatches)]
+            grads = [torch.full_like(fp.outputs[0], self._seed)]
         elif self._owner[s + 1] == self.rank:
             grads = local.pop((GRAD, s, j))
         else:
@@ -242,11 +259,21 @@ class PipelineRuntime:
         m = self.schedule.num_microbatches
         if batch is None:
             raise PipelineError(f"rank {self.rank} holds stage {0 if what == 'inputs' else self.last} and must pass {what} to step()")
+        if isinstance(batch, Mapping):
+            raise PipelineError(f"{what}: a dict ({', '.join(map(str, batch))}) is not taken; pass a tuple in the order the stage's forward takes them")
         tensors = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-        for t in tensors:
+        for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] % m:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise PipelineError(f"{what}: expected tensors whose first dimension splits into {m} equal microbatches, got {got}")
+                raise PipelineError(f"{what}[{i}]: expected a tensor whose first dimension splits into {m} equal microbatches, got {got}")
+            if what == "inputs" and t.requires_grad:
+                raise PipelineError(f"inputs[{i}] requires grad, but the pipeline gives stage 0's inputs no gradient; detach it, or make it a parameter of stage 0")
+        planned = self.schedule.profile.microbatch_size
+        if planned is not None and tensors[0].shape[0] != m * planned:
+            raise PipelineError(
+                f"{what}: microbatches of {tensors[0].shape[0] / m:g} (batch {tensors[0].shape[0]} / {m}) but the "
+                f"schedule's profile was measured with microbatches of {planned}"
+            )
         chunks = [t.to(self.device).chunk(m) for t in tensors]
         return list(zip(*chunks)) if isinstance(batch, (tuple, list)) else list(chunks[0])
 
@@ -267,6 +294,11 @@ class PipelineRuntime:
                     raise PipelineError(f"rank {self.rank}: no answer from rank {peer} within {self.timeout:g}s: {err}") from err
             if theirs.item() != mine.item():
                 raise PipelineError(f"rank {self.rank} and rank {peer} were given different schedules")
+
+
+def _labelled_tokens(target) -> torch.Tensor:
+    """Tokens a causal LM loss counts: labels other than -100 (the ignore index)."""
+    return (target != -100).sum()
 
 
 def _leaf(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
