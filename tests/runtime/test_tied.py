@@ -11,7 +11,6 @@ model counts the shared weight once).
 
 from __future__ import annotations
 
-import copy
 import os
 
 import pytest
@@ -235,3 +234,30 @@ def test_post_validation_after_a_local_subgroup():
 def test_post_validation_missing_rank_is_a_clear_error():
     with pytest.raises(ZbError, match=r"ranks \[3\] did not set up the post-validation group within 3s"):
         run_local(_subgroup_first, 4, "missing", timeout=120)
+
+
+@pytest.fixture
+def one_rank():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_two_copies_on_one_rank_are_summed_locally(one_rank):
+    """V placement on one rank with the head holding its own copy of the embedding weight."""
+    from zbsearch.runtime import PipelineRuntime
+
+    schedule = build_classic("zb-v", uniform_profile(1), M)
+    assert schedule.stage_to_rank == [0, 0]
+    stages = model(2)
+    stages[1].lm_head.weight = nn.Parameter(stages[0].wte.weight.detach().clone())  # untied copy
+    runtime = PipelineRuntime(schedule, dict(enumerate(stages)), loss_fn, tied=tie(2))
+    x, y = batch(0)
+    runtime.step(x, y)
+    (ref_grads, _, _), = reference(2, 1, None)
+    torch.testing.assert_close(stages[0].wte.weight.grad, ref_grads[0]["wte.weight"])
+    torch.testing.assert_close(stages[1].lm_head.weight.grad, ref_grads[0]["wte.weight"])
+    with pytest.raises(ZbError, match="has no parameter 'nope'"):
+        PipelineRuntime(schedule, dict(enumerate(stages)), loss_fn, tied=[("0.wte.weight", "1.nope")])
+    with pytest.raises(ZbError, match="not a stage-qualified parameter name"):
+        PipelineRuntime(schedule, dict(enumerate(stages)), loss_fn, tied=[("wte.weight", "1.lm_head.weight")])

@@ -28,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from .errors import PipelineError
@@ -95,7 +94,6 @@ class TiedParameters:
     def __init__(
         self, tied: Sequence[Sequence[str]], stages: Mapping[int, nn.Module], stage_to_rank: Sequence[int], timeout: float
     ) -> None:
-        me = dist.get_rank()
         self.groups: list[tuple[list[nn.Parameter], PrivateGloo | None]] = []
         self.stages: set[int] = set()
         for i, group in enumerate(parse_tied(tied, len(stage_to_rank))):
