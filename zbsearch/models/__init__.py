@@ -1,4 +1,8 @@
-"""Built-in models for profiling and demos (torch): a small GPT cut into pipeline stages."""
+"""Built-in models for profiling and demos (torch): a small GPT cut into pipeline stages.
+
+``zbsearch.models.hf`` cuts Hugging Face causal LMs; it needs the optional ``transformers``
+(``pip install 'zbsearch[hf]'``), so it is not imported here: import it by name.
+"""
 
 from .gpt import GPTConfig, gpt_batch, gpt_loss, gpt_stages
 

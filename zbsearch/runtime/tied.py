@@ -123,14 +123,15 @@ class TiedParameters:
                 local = g.clone() if local is None else local.add_(g)
             if gloo is not None:
                 ref = copies[0]
-                flag = torch.tensor([float(local is not None)], dtype=torch.float64)
-                payload = torch.cat([flag, (local if local is not None else torch.zeros_like(ref)).detach().reshape(-1).cpu().double()])
-                work, got = gloo.all_gather(payload)
+                # [has a gradient (0/1, exact in any float dtype), gradient...] in the gradient's dtype
+                grad = local if local is not None else torch.zeros_like(ref)
+                flag = torch.tensor([float(local is not None)], dtype=grad.dtype)
+                work, got = gloo.all_gather(torch.cat([flag, grad.detach().reshape(-1).cpu()]))
                 gloo.wait(work, "the tied-gradient sum")
                 local = None
                 for g in got:  # rank order: every rank adds the same numbers in the same order
                     if g[0].item():
-                        part = g[1:].to(ref.dtype).reshape(ref.shape)
+                        part = g[1:].reshape(ref.shape)
                         local = part if local is None else local.add_(part)
                 local = None if local is None else local.to(ref.device)
             if local is None:
