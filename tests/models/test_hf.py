@@ -91,8 +91,8 @@ def test_layers_per_stage_and_empty_stages():
     cfg = hf_config("llama-tiny")
     model = hf_model(cfg)
     (ids, mask), labels = hf_batch(cfg, 2, 6)
-    cut = hf_stages(model, 4, layers_per_stage=[0, 2, 2, 0])  # embedding alone, head alone
-    assert cut.layers == [0, 2, 2, 0]
+    cut = hf_stages(model, 4, layers_per_stage=[0, 4, 4, 0])  # embedding alone, head alone
+    assert cut.layers == [0, 4, 4, 0]
     assert torch.equal(_run_stages(cut.stages, (ids, mask)), model(input_ids=ids, attention_mask=mask).logits)
 
 
