@@ -107,7 +107,7 @@ def v_costs(tmp: Path) -> list[dict]:
         for what, args in (("stages", ["--stages", str(p)]), ("pieces", ["--stages", str(2 * p), "--placement", "v"])):
             out = tmp / f"{what}-{p}.json"
             cmd = ["python", "-m", "zbsearch", "profile", "--hf", str(cfg), *args, "--seq", "128", "-b", "2",
-                   "--warmup", "2", "--repeat", "5", "-o", str(out)]
+                   "--warmup", "3", "--repeat", "10", "--threads", "1", "-o", str(out)]
             subprocess.run(cmd, check=True, capture_output=True, text=True)
             files[what] = zb.load_profile(out)
         pieces = files["pieces"]
