@@ -6,19 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from zbsearch import build_classic
 from zbsearch.runtime import PipelineError, PipelineRuntime
 from tests.helpers import make_profile
-
-
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _runtime(microbatch_size=None, **kw):

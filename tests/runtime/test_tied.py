@@ -236,13 +236,6 @@ def test_post_validation_missing_rank_is_a_clear_error():
         run_local(_subgroup_first, 4, "missing", timeout=120)
 
 
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_two_copies_on_one_rank_are_summed_locally(one_rank):
     """V placement on one rank with the head holding its own copy of the embedding weight."""
     from zbsearch.runtime import PipelineRuntime
