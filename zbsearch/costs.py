@@ -1,6 +1,9 @@
 """Cost model: what each pass costs on each virtual stage, under a given placement.
 
-A profile describes the model cut into P stages. A schedule may cut it finer into S = k*P
+A profile describes the model cut into P stages. A profile that records a ``placement`` was
+measured as pieces for that placement (e.g. 2P pieces of a V on P ranks): a schedule with as
+many stages takes each piece's costs as they are (piece costs do not depend on the rank), and
+no other schedule can use it. Otherwise a schedule may cut the model finer into S = k*P
 virtual stages (interleaved or V placement): each profile stage is then split into k equal
 consecutive virtual stages, each taking 1/k of its time and memory. Communication costs the
 profile's boundary time between virtual stages on different ranks, zero between virtual
@@ -39,6 +42,14 @@ class CostModel:
     @classmethod
     def from_profile(cls, profile: Profile, stage_to_rank: list[int] | tuple[int, ...]) -> "CostModel":
         S, P = len(stage_to_rank), profile.num_stages
+        if profile.placement is not None and S != P:
+            raise ZbError(
+                f"profile {profile.name!r} holds {P} pieces measured for {profile.num_ranks} ranks "
+                f"({profile.chunks} per rank): it serves schedules of {P} stages ({profile.chunks} chunks per rank), "
+                f"not of {S}; for those, profile {S} stages"
+            )
+        if profile.placement is not None and max(stage_to_rank) + 1 != profile.num_ranks:
+            raise ZbError(f"profile {profile.name!r} was measured for {profile.num_ranks} ranks, not {max(stage_to_rank) + 1}")
         if S % P:
             raise ZbError(f"profile has {P} stages, which cannot be split evenly into {S} stages")
         k = S // P

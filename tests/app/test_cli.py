@@ -2,8 +2,6 @@
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from tests.helpers import cli_command

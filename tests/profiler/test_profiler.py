@@ -9,7 +9,6 @@ import sys
 import textwrap
 import time
 import types
-from pathlib import Path
 
 import pytest
 import torch

@@ -69,7 +69,8 @@ from fractions import Fraction
 from zbsearch import CostModel, Profile, StageCost
 from zbsearch.actions import Action, Op
 from zbsearch.dependencies import pass_predecessors
-from zbsearch.formats.schedule import Schedule, v_placement
+from zbsearch.formats.schedule import Schedule
+from zbsearch.placement import placement
 from zbsearch.simulator import Deadlock, simulate
 from zbsearch.validator import find_problem
 
@@ -104,7 +105,7 @@ class Instance:
 
     @property
     def stage_to_rank(self) -> list[int]:
-        return list(range(self.profile.num_stages)) if self.chunks == 1 else v_placement(self.profile.num_stages)
+        return list(range(self.profile.num_stages)) if self.chunks == 1 else placement(self.profile.num_stages, 2, "v")
 
     @property
     def cost(self) -> CostModel:

@@ -3,8 +3,6 @@ paths (heuristic only, MILP), infeasible limits, time limits, and bounds that ho
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from tests.helpers import make_profile

@@ -25,6 +25,7 @@ from rich.table import Table
 
 import zbsearch as zb
 from zbsearch.errors import ZbError
+from zbsearch.formats.edit import updated
 from zbsearch.formats.fileio import check_writable, parse_model, write_model, write_text
 from zbsearch.formats.schedule import profile_misfit
 from zbsearch.limits import limit_for_profile
@@ -320,7 +321,7 @@ def solve(
 
     output = _output(output)
     prof = zb.resolve_profile(profile)
-    cost = zb.CostModel.from_profile(prof, solver.solver_placement(prof.num_stages, chunks))
+    cost = zb.CostModel.from_profile(prof, solver.solver_placement(prof.num_ranks, chunks))
     zb.parse_memory_limit(mem_limit, prof, cost)  # a bad limit fails now, not under the progress display
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True,
                   disable=not err.is_terminal) as bar:
@@ -386,13 +387,16 @@ def frontier(
 @app.command()
 def profile(
     model: Optional[str] = typer.Option(None, "--model", help="package.module:function returning (stages, microbatch[, loss_fn, target])"),
+    model_arg: list[str] = typer.Option([], "--model-arg", help="key=value passed to the --model function (repeatable; ints, floats, true/false converted)"),
     builtin: Optional[str] = typer.Option(None, "--builtin", help="a built-in model instead of --model: gpt"),
+    hf: Optional[str] = typer.Option(None, "--hf", help="a Hugging Face causal LM, random init: config JSON or preset (gpt2-tiny, llama-tiny, ...); uses --stages, --seq, -b"),
     layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
     hidden: int = typer.Option(128, "--hidden", help="gpt: hidden size"),
     heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
     seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
     microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
     stages: int = typer.Option(4, "--stages", help="gpt: pipeline stages"),
+    placement: Optional[str] = typer.Option(None, "--placement", help="the stages are 2 pieces per rank for this placement: v (ZB-V) or interleaved; recorded, so schedules use each piece's costs"),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:<i> (under torchrun: cuda:LOCAL_RANK)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: the model's own)"),
     warmup: int = typer.Option(3, "--warmup", help="untimed repetitions per stage"),
@@ -408,23 +412,45 @@ def profile(
     from zbsearch import profiler
     from zbsearch.models import GPTConfig
 
-    if (model is None) == (builtin is None):
-        raise ZbError("give either --model package.module:function or --builtin gpt")
+    if sum(x is not None for x in (model, builtin, hf)) != 1:
+        raise ZbError("give one of --model package.module:function, --builtin gpt or --hf CONFIG")
     if builtin is not None and builtin != "gpt":
         raise ZbError(f"unknown built-in model {builtin!r}; available: gpt")
     target = _output(output)  # None: profiles/NAME.json, once the name is known
     if target is None:
         check_writable(Path("profiles") / "profile.json")  # that folder must be writable too
-    spec = profiler.load_model(model) if model else profiler.builtin_gpt(
-        GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
+    if hf is not None:
+        from zbsearch.models import hf as hf_models
+
+        spec = profiler.as_model(hf_models.build(hf, stages=stages, microbatch_size=microbatch_size, seq=seq), f"--hf {hf!r}")
+        spec.name = f"hf-{Path(hf).stem}-s{seq}-b{microbatch_size}-p{stages}"
+        spec.settings = {"model": f"hf {hf}", "stages": stages, "seq": seq, "microbatch_size": microbatch_size}
+    else:
+        if model_arg and not model:
+            raise ZbError("--model-arg applies to --model")
+        spec = profiler.load_model(model, profiler.parse_model_args(model_arg)) if model else profiler.builtin_gpt(
+            GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, threads=threads)
     with profiler.progress_bar(err) as bar:
         prof = profiler.profile_model(spec, settings, name=name, progress=bar)
     if prof is None:  # a torchrun rank other than 0
         return
+    if placement is not None:
+        prof = updated(prof, placement=_pieces(placement, prof.num_stages), name=name or f"{prof.name}-{placement}")
     if target is None or str(target) != "-":
         out.print(profiler.summary_table(prof))
     _write(prof, target or Path("profiles") / f"{prof.name}.json")
+
+
+def _pieces(placement: str, pieces: int) -> list[int]:
+    """piece -> rank for 2 pieces per rank in a V or looped (interleaved) placement."""
+    from zbsearch.placement import placement as layout
+
+    if placement not in ("v", "interleaved"):
+        raise ZbError(f"--placement {placement!r}: use v or interleaved")
+    if pieces % 2:
+        raise ZbError(f"--placement {placement}: {pieces} stages cannot be 2 pieces per rank")
+    return layout(pieces // 2, 2, "v" if placement == "v" else "looped")
 
 
 @app.command()

@@ -103,7 +103,8 @@ def _rank(rank: int, world: int, send, cfg: DemoConfig) -> dict | None:
     for sched in schedules:
         if cfg.emulate:
             stage = emulated_stages(sched.profile, sched.stage_to_rank, bytes_per_unit=1.0)[rank].to(device)
-            loss, x, y = emulated_loss, torch.zeros(cfg.microbatches, 16), torch.zeros(cfg.microbatches, 16)
+            rows = cfg.microbatches * cfg.gpt.microbatch_size  # the profiled microbatch size, which the runtime checks
+            loss, x, y = emulated_loss, torch.zeros(rows, 16), torch.zeros(rows, 16)
         else:
             stage, loss, x, y = spec.stages[rank], spec.loss_fn, ids, targets
         runtime = PipelineRuntime(sched, {rank: stage}, loss if last else None, device=device)

@@ -51,7 +51,7 @@ _ALIASES = {"1f1b-i": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "zb
 
 
 def build_classic(kind: str, profile: Profile, num_microbatches: int, chunks: int | None = None) -> Schedule:
-    """Build a classic schedule on p = len(profile.stages) ranks."""
+    """Build a classic schedule on the profile's ranks (one per stage, or its placement's)."""
     name = _ALIASES.get(kind.lower(), kind.lower())
     if name not in KINDS:
         raise ZbError(f"unknown schedule kind {name!r}; choose one of: {', '.join(CLASSIC_KINDS)}")
@@ -60,7 +60,9 @@ def build_classic(kind: str, profile: Profile, num_microbatches: int, chunks: in
     spec = KINDS[name]
     if chunks is not None and chunks != spec.chunks and not spec.any_chunks:
         raise ZbError(f"{name} uses {spec.chunks} chunk(s) per rank; --chunks applies to interleaved-1f1b")
-    stage_to_rank = placement(profile.num_stages, spec.chunks if chunks is None else chunks, spec.layout)
+    if chunks is None:  # a profile of pieces measured for interleaving says how many per rank
+        chunks = profile.chunks if spec.any_chunks and profile.placement is not None else spec.chunks
+    stage_to_rank = placement(profile.num_ranks, chunks, spec.layout)
     cost = CostModel.from_profile(profile, stage_to_rank)
     actions = spec.build(cost, num_microbatches)
     return with_prediction(Schedule.build(name, profile, num_microbatches, stage_to_rank, actions))

@@ -149,6 +149,13 @@ class Profile(BaseModel):
     settings: dict[str, Any] | None = Field(None, description="the profiler's settings")
     links: Links | None = None
     measured: Measurement | None = None
+    # The stages are pieces measured for this placement (piece -> rank), e.g. 2P pieces of a V
+    # placement on P ranks: schedules with as many stages use their costs as they are. Without
+    # it each stage is one rank's, and finer schedules split every stage evenly (costs).
+    placement: list[int] | None = None
+    # Sequences per microbatch the times were measured with (dim 0 of the microbatch); the
+    # runtime refuses microbatches of another size, whose times the schedule did not plan for.
+    microbatch_size: int | None = Field(default=None, ge=1)
 
     @field_validator("t_comm")
     @classmethod
@@ -179,9 +186,31 @@ class Profile(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _placement(self) -> "Profile":
+        pl = self.placement
+        if pl is None:
+            return self
+        if len(pl) != len(self.stages):
+            raise ValueError(f"placement has {len(pl)} entries for {len(self.stages)} stages")
+        ranks = max(pl) + 1
+        if min(pl) < 0 or sorted(set(pl)) != list(range(ranks)) or any(pl.count(r) != len(pl) // ranks for r in range(ranks)):
+            raise ValueError(f"placement {pl} must give ranks 0..R-1 the same number of stages each")
+        return self
+
     @property
     def num_stages(self) -> int:
         return len(self.stages)
+
+    @property
+    def num_ranks(self) -> int:
+        """Ranks the profile describes: the placement's, else one per stage."""
+        return self.num_stages if self.placement is None else max(self.placement) + 1
+
+    @property
+    def chunks(self) -> int:
+        """Stages per rank in the measured placement (1 without one)."""
+        return self.num_stages // self.num_ranks
 
     def comm(self, boundary: int) -> float:
         """Time to pass a tensor across the boundary between stage ``boundary`` and the next."""

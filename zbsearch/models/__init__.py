@@ -1,5 +1,9 @@
 """Built-in models for profiling, demos and benchmarks (torch): a small GPT and a small
-Llama-style decoder, each cut into pipeline stages."""
+Llama-style decoder, each cut into pipeline stages.
+
+``zbsearch.models.hf`` cuts Hugging Face causal LMs; it needs the optional ``transformers``
+(``pip install 'zbsearch[hf]'``), so it is not imported here: import it by name.
+"""
 
 from .gpt import GPTConfig, gpt_batch, gpt_loss, gpt_stages
 from .llama import llama_stages

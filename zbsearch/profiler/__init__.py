@@ -24,11 +24,12 @@ from .measure import StageMeasurement, Stats, measure_stage
 from .report import progress_bar, summary_table
 from .run import profile_distributed, profile_model, profile_one_device
 from .settings import Settings, resolve_device
-from .stages import ModelSpec, as_model, builtin_gpt, load_model
+from .stages import ModelSpec, as_model, builtin_gpt, load_model, parse_model_args
 
 __all__ = [
     "ModelSpec",
     "load_model",
+    "parse_model_args",
     "as_model",
     "builtin_gpt",
     "Settings",

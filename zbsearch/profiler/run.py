@@ -179,6 +179,7 @@ def _assemble(
         memory_unit="bytes",
         stages=[r.cost() for r in results],
         t_comm=t_comm,
+        microbatch_size=spec.microbatch[0].shape[0] if spec.microbatch[0].dim() else None,
         device=device_name(device),
         torch=torch.__version__,
         dtype=str(dtype).removeprefix("torch."),

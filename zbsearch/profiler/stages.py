@@ -1,7 +1,8 @@
 """The model to profile: a user's build function or the built-in GPT, checked before timing.
 
-A user's model is named by an import path, ``package.module:function``. The function takes no
-arguments and returns ``(stages, microbatch)`` or ``(stages, microbatch, loss_fn, target)``:
+A user's model is named by an import path, ``package.module:function``. The function takes
+keyword arguments given on the command line (``--model-arg layers=8``, ``parse_model_args``:
+ints, floats and true/false are converted, anything else stays a string) and returns ``(stages, microbatch)`` or ``(stages, microbatch, loss_fn, target)``:
 ``stages`` a list of ``nn.Module`` (stage s takes stage s-1's outputs as positional
 arguments), ``microbatch`` what stage 0 takes (a tensor or a tuple of tensors). With a loss,
 the last stage's F includes ``loss_fn(output, target)`` and its B starts from the loss, as in
@@ -27,7 +28,7 @@ from torch import nn
 from ..errors import ZbError
 from ..models.gpt import GPTConfig, gpt_batch, gpt_loss, gpt_stages
 
-__all__ = ["ModelSpec", "load_model", "as_model", "builtin_gpt", "as_inputs", "run_stage", "describe", "leaves"]
+__all__ = ["ModelSpec", "load_model", "parse_model_args", "as_model", "builtin_gpt", "as_inputs", "run_stage", "describe", "leaves"]
 
 _CONTRACT = "(stages, microbatch) or (stages, microbatch, loss_fn, target)"
 
@@ -62,8 +63,32 @@ def _move(t, device, dtype):
     return t.to(device=device, dtype=dtype) if dtype is not None and t.is_floating_point() else t.to(device)
 
 
-def load_model(path: str) -> ModelSpec:
-    """Import ``package.module:function``, call it, and check what it returned."""
+def parse_model_args(items: Sequence[str]) -> dict[str, Any]:
+    """``["layers=8", "lr=0.1", "tie=true", "name=x"]`` -> keyword arguments, values typed."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ZbError(f"--model-arg {item!r}: expected key=value with a Python name as key")
+        if key in out:
+            raise ZbError(f"--model-arg {key!r} given twice")
+        out[key] = _typed(text)
+    return out
+
+
+def _typed(text: str) -> Any:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def load_model(path: str, kwargs: dict[str, Any] | None = None) -> ModelSpec:
+    """Import ``package.module:function``, call it with ``kwargs``, and check what it returned."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise ZbError(f"--model {path!r}: expected an import path like mypkg.model:build_stages")
@@ -76,12 +101,14 @@ def load_model(path: str) -> ModelSpec:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ZbError(f"--model {path!r}: module {module_name!r} has no function {attr!r}")
+    kwargs = dict(kwargs or {})
+    call = f"{attr}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
     try:
-        result = fn()
+        result = fn(**kwargs)
     except Exception as err:
-        raise ZbError(f"--model {path!r}: {attr}() raised {_first_line(err)}") from None
-    spec = as_model(result, f"--model {path!r}: {attr}()")
-    spec.name, spec.settings = attr, {"model": path}
+        raise ZbError(f"--model {path!r}: {call} raised {_first_line(err)}") from None
+    spec = as_model(result, f"--model {path!r}: {call}")
+    spec.name, spec.settings = attr, {"model": path, **({"args": kwargs} if kwargs else {})}
     return spec
 
 

@@ -14,6 +14,9 @@ Names load on first use, so importing the package costs nothing until a name is 
 ``emulated_loss``
 =====================  ==============================================================
 
+Tied weights: ``PipelineRuntime(tied=...)`` sums them (``tied``), on private gloo groups
+(``groups``) that other process groups cannot confuse.
+
 ``PostValidatedOptimizer``, ``Verdict``: gradient clipping and the NaN/Inf skip without a
 barrier before the optimizer step; ``SyncClippedOptimizer``: its synchronous baseline
 (``post_validation``).

@@ -43,8 +43,14 @@ right is the synchronous step, since the synchronous loop multiplies the gradien
 point. With bf16/fp16 gradients and loss scaling the same kernels run on the same values, so
 the decisions (skip, clip coefficient, loss-scale backoff and growth) are the synchronous
 loop's; a finite gradient whose norm overflows is clipped to zero, not skipped, as there.
-Not handled: parameters shared between stages (tied embeddings), whose gradients the caller
-must first sum across ranks.
+Tied parameters (``tied=``, as given to ``PipelineRuntime``, which sums their gradients):
+every copy steps, but only the copy at the lowest whole-model position counts in the norm, as
+``model.parameters()`` yields a shared parameter once.
+
+The exchange runs on a private gloo group (``groups.PrivateGloo``) that no other process group
+can confuse, created by the ranks of ``group`` in the order they construct optimizers; a rank
+that does not come, or an exchange that does not finish, is a ``PipelineError`` after
+``timeout`` seconds.
 
 Memory: an optimistic step keeps one copy of the parameters that step and of their optimizer
 state (SGD with momentum: 8 bytes per fp32 parameter, Adam/AdamW: 12, plus a 4-byte step
@@ -69,6 +75,8 @@ from torch import nn
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype, _has_foreach_support
 
 from .errors import PipelineError
+from .groups import PrivateGloo
+from .tied import secondary_copies
 
 __all__ = ["PostValidatedOptimizer", "SyncClippedOptimizer", "Verdict"]
 
@@ -100,6 +108,8 @@ class _GlobalGradState:
         group: dist.ProcessGroup | None,
         stages: Mapping[int, nn.Module] | None,
         scaler: torch.amp.GradScaler | None,
+        tied: Sequence[Sequence[str]] | None = None,
+        timeout: float = 300.0,
     ) -> None:
         self.optimizer = optimizer
         self.max_norm = None if max_norm is None else float(max_norm)
@@ -108,15 +118,17 @@ class _GlobalGradState:
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
         self._device = self._params[0].device if self._params else torch.device("cpu")
         ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
-        self._me = ranks.index(dist.get_rank())
-        self._ranks = ranks
         # A private gloo group: our collectives never queue behind the runtime's transfers, and a
         # few CPU numbers never wait behind NCCL kernels. Only its members need to create it.
-        self._group = dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
-        mine = [(pos, p.dtype) for pos, p in zip(_positions(self._params, stages, self._me), self._params)]
-        self._meta: list[list[tuple[tuple[int, int], torch.dtype]]] = [None] * len(ranks)  # type: ignore[list-item]
-        dist.all_gather_object(self._meta, mine, group=self._group)
-        seen = [pos for meta in self._meta for pos, _ in meta]
+        self._group = PrivateGloo("post-validation", ranks, timeout)
+        self._me = self._group.index
+        self._ranks = self._group.ranks
+        if tied and stages is None:
+            raise ValueError("tied parameters need stages={stage index: module} to be found")
+        skip = secondary_copies(tied, stages) if tied else set()
+        mine = [(pos, p.dtype, id(p) not in skip) for pos, p in zip(_positions(self._params, stages, self._me), self._params)]
+        self._meta: list[list[tuple[tuple[int, int], torch.dtype, bool]]] = self._group.exchange("meta", mine)
+        seen = [pos for meta in self._meta for pos, _, _ in meta]
         if len(set(seen)) != len(seen):
             raise PipelineError("two ranks claim the same parameter position: pass stages={stage index: module}")
         self._width = max(len(meta) for meta in self._meta)
@@ -164,7 +176,7 @@ class _GlobalGradState:
         entries = []
         for r, pl in payloads.items():
             has, norms = pl[1:1 + w].tolist(), pl[1 + w:].tolist()
-            entries += [(pos, dt, norms[i]) for i, (pos, dt) in enumerate(self._meta[r]) if has[i]]
+            entries += [(pos, dt, norms[i]) for i, (pos, dt, counted) in enumerate(self._meta[r]) if has[i] and counted]
         if not entries:
             return found, torch.tensor(0.0, device=self._device)
         entries.sort(key=lambda e: e[0])
@@ -236,15 +248,17 @@ class SyncClippedOptimizer(_GlobalGradState):
         group: dist.ProcessGroup | None = None,
         stages: Mapping[int, nn.Module] | None = None,
         scaler: torch.amp.GradScaler | None = None,
+        tied: Sequence[Sequence[str]] | None = None,
+        timeout: float = 300.0,
     ) -> None:
-        super().__init__(optimizer, max_norm, norm_type, group, stages, scaler)
+        super().__init__(optimizer, max_norm, norm_type, group, stages, scaler, tied, timeout)
         self.last: Verdict | None = None
 
     @torch.no_grad()
     def step(self) -> Verdict:
         grads, payload = self._local()
-        gathered = [torch.empty_like(payload) for _ in self._ranks]
-        dist.all_gather(gathered, payload, group=self._group)
+        work, gathered = self._group.all_gather(payload)
+        self._group.wait(work, "the post-validation exchange")
         found, total = self._combine(dict(enumerate(gathered)))
         self._update_scale(found)
         if not found:
@@ -278,6 +292,8 @@ class PostValidatedOptimizer(_GlobalGradState):
     taken to hold stage r and the optimizer to list its parameters in module order.
     ``scaler``: a ``torch.amp.GradScaler`` whose ``scale()`` the loss uses, one per rank,
     constructed alike; this class unscales, skips and updates it with the global NaN/Inf flag.
+    ``tied``: the runtime's tie declaration (needs ``stages``): tied copies count once in the
+    norm. ``timeout``: seconds any wait for another rank may take (set-up included).
 
     ``step()`` runs when this rank's gradients are complete (``attach`` calls it from the
     runtime's hook). Where the step becomes final is the choice of ``defer``:
@@ -324,12 +340,14 @@ class PostValidatedOptimizer(_GlobalGradState):
         stages: Mapping[int, nn.Module] | None = None,
         scaler: torch.amp.GradScaler | None = None,
         defer: bool = False,
+        tied: Sequence[Sequence[str]] | None = None,
+        timeout: float = 300.0,
     ) -> None:
-        super().__init__(optimizer, max_norm, norm_type, group, stages, scaler)
+        super().__init__(optimizer, max_norm, norm_type, group, stages, scaler, tied, timeout)
         self.defer = defer
         self.replay = False  # defer=True: the iteration that just ran must run again
         # Arrival counters, one key per step, deleted by the last rank to arrive.
-        self._store = dist.PrefixStore(f"zbsearch-post-validation/{self._group.group_name}/", _default_store())
+        self._store = dist.PrefixStore("arrivals/", self._group.store)
         self._round = 0
         self._pending: _Pending | None = None
         self.last: Verdict | None = None
@@ -365,14 +383,13 @@ class PostValidatedOptimizer(_GlobalGradState):
             for p, g in fresh:
                 p.grad = g
         grads, payload = self._local()
-        gathered = [torch.empty_like(payload) for _ in self._ranks]
-        work = dist.all_gather(gathered, payload, group=self._group, async_op=True)
+        work, gathered = self._group.all_gather(payload)
         pending = _Pending("exact", grads, payload[0].item() > 0, work, gathered, _hyperparameters(self.optimizer))
         key = str(self._round)
         self._round += 1
         if self._store.add(key, 1) == len(self._ranks):
             self._store.delete_key(key)
-            work.wait()
+            self._group.wait(work, "the post-validation exchange")
             found, total = self._combine(dict(enumerate(gathered)))
             self._update_scale(found)
             if not found:
@@ -402,7 +419,7 @@ class PostValidatedOptimizer(_GlobalGradState):
         pending = self._pending
         if pending is None:
             return None
-        pending.work.wait()
+        self._group.wait(pending.work, "the post-validation exchange")
         if pending.verdict is None:
             found, total = self._combine(dict(enumerate(pending.gathered)))
             clipped = self._clip_applies(total)
@@ -490,19 +507,13 @@ def _positions(params: list[nn.Parameter], stages: Mapping[int, nn.Module] | Non
     if stages is None:
         return [(me, i) for i in range(len(params))]
     where: dict[int, tuple[int, int]] = {}
-    for s, module in stages.items():
+    for s, module in sorted(stages.items()):
         for i, p in enumerate(module.parameters()):
             where.setdefault(id(p), (s, i))
     missing = [i for i, p in enumerate(params) if id(p) not in where]
     if missing:
         raise PipelineError(f"optimizer parameter {missing[0]} belongs to none of the stages {sorted(stages)}")
     return [where[id(p)] for p in params]
-
-
-def _default_store() -> dist.Store:
-    # Private in torch, but the store every process group is built on; a fresh one would
-    # need an address and a port the caller would have to provide.
-    return dist.distributed_c10d._get_default_store()
 
 
 def _item(t: torch.Tensor | None) -> float | None:

@@ -11,6 +11,10 @@ starts from ``1/m`` of it, so after ``step`` every ``param.grad`` holds the grad
 mean of the m microbatch losses. With equal microbatches and a loss that averages over its
 batch that is exactly the gradient of the loss on the whole batch, as ``loss.backward()``
 would give. Like ``backward``, ``step`` adds to ``.grad``: zero it between steps.
+With padding, microbatches hold different numbers of tokens and the usual loss is the mean
+over all tokens of the batch instead: ``loss_normalization="tokens"`` takes ``loss_fn`` to
+return a microbatch's token SUM and starts backward from ``1/N``, N the batch's token count
+(``count_tokens(target)`` summed over microbatches; default: labels other than -100).
 
 Everything that can be checked without talking to other ranks is checked in the constructor
 (schedule valid, world size, stages held, loss function); then each pair of neighbouring ranks
@@ -34,7 +38,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -48,6 +52,7 @@ from ..validator import find_problem
 from .errors import PipelineError, first_line, post, wait
 from .memory import ActivationMeter
 from .p2p import ACT, GRAD, P2P, comm_plan
+from .tied import TiedParameters
 from .split_backward import ForwardPass, backward_full, backward_input, backward_weight, forward_pass
 from .trace import StepTimer, clock_offset, gather_trace
 
@@ -65,7 +70,11 @@ class PipelineRuntime:
     tensor or a tuple of tensors; the first stage takes the microbatch of ``inputs``.
     ``loss_fn(output, target)`` is required on the rank holding the last stage. ``timeout``
     (seconds, positive and finite) bounds every wait for another rank. A context manager:
-    ``with PipelineRuntime(...) as rt:`` closes it on the way out.
+    ``with PipelineRuntime(...) as rt:`` closes it on the way out. ``tied``: groups of
+    stage-qualified names of one weight used by several stages, e.g.
+    ``[("0.wte.weight", "3.lm_head.weight")]``; their gradients are summed across stages and
+    ranks in every step (``tied``).
+    ``loss_normalization``: ``"mean"`` of the microbatch losses, or ``"tokens"`` (module docstring).
     """
 
     def __init__(
@@ -77,7 +86,12 @@ class PipelineRuntime:
         group: dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         timeout: float = 300.0,
+        tied: Sequence[Sequence[str]] = (),
+        loss_normalization: str = "mean",
+        count_tokens: Callable[[torch.Tensor], int | torch.Tensor] | None = None,
     ) -> None:
+        if loss_normalization not in ("mean", "tokens"):
+            raise PipelineError(f"loss_normalization must be 'mean' (of microbatch losses) or 'tokens' (sum / token count), not {loss_normalization!r}")
         self._p2p: P2P | None = None
         self.timeout = timeout  # checked by the setter
         problem = find_problem(schedule)
@@ -120,6 +134,11 @@ class PipelineRuntime:
             t.key if (t := remote_input(a, self._owner)) else None for a in self._actions
         ]
         self._handshake()
+        self.loss_normalization = loss_normalization
+        self._count_tokens = count_tokens or _labelled_tokens
+        self._seed = 1.0 / schedule.num_microbatches  # d(step loss)/d(microbatch loss)
+        self.tied = [tuple(g) for g in tied]
+        self._tied = TiedParameters(self.tied, self.stages, self._owner, timeout) if self.tied else None
         self._timer = StepTimer(self.device, clock_offset(self.rank, world, group, timeout))
 
     # -- public --------------------------------------------------------------------------------
@@ -170,6 +189,11 @@ class PipelineRuntime:
             )
         mb_inputs = self._split(inputs, "inputs") if 0 in self.stages else None
         mb_targets = self._split(targets, "targets") if self.last in self.stages else None
+        if mb_targets is not None and self.loss_normalization == "tokens":
+            total = sum(float(self._count_tokens(t)) for t in mb_targets)
+            if total <= 0:
+                raise PipelineError("loss_normalization='tokens': the batch has no token to count (all labels ignored?)")
+            self._seed = 1.0 / total
         try:
             return self._step(mb_inputs, mb_targets)
         except BaseException as err:  # incl. KeyboardInterrupt: the peers are out of step either way
@@ -198,11 +222,16 @@ class PipelineRuntime:
                 self._timer.end(a, self.meter.bytes)
             else:
                 self._backward(a, passes, local)
-            if pos in self._done_at:
+            if pos in self._done_at and not (self._tied and self._done_at[pos] in self._tied.stages):
                 for hook in self._hooks:
                     hook(self._done_at[pos])
         self._p2p.action = "end of step"
         self._p2p.finish_step()
+        if self._tied:  # after every transfer of this rank was posted: it cannot block a peer
+            self._tied.reduce()
+            for s in sorted(self._tied.stages):
+                for hook in self._hooks:
+                    hook(s)
         self._timer.finish()
         return torch.stack(losses) if mb_targets is not None else None
 
@@ -244,7 +273,7 @@ class PipelineRuntime:
         s, j = a.stage, a.mb
         fp = passes[(s, j)]
         if s == self.last:
-            grads = [torch.full_like(fp.outputs[0], 1.0 / self.schedule.num_microbatches)]
+            grads = [torch.full_like(fp.outputs[0], self._seed)]
         elif self._owner[s + 1] == self.rank:
             grads = local.pop((GRAD, s, j))
         else:
@@ -288,11 +317,21 @@ class PipelineRuntime:
         m = self.schedule.num_microbatches
         if batch is None:
             raise PipelineError(f"rank {self.rank} holds stage {0 if what == 'inputs' else self.last} and must pass {what} to step()")
+        if isinstance(batch, Mapping):
+            raise PipelineError(f"{what}: a dict ({', '.join(map(str, batch))}) is not taken; pass a tuple in the order the stage's forward takes them")
         tensors = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
-        for t in tensors:
+        for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] % m:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise PipelineError(f"{what}: expected tensors whose first dimension splits into {m} equal microbatches, got {got}")
+                raise PipelineError(f"{what}[{i}]: expected a tensor whose first dimension splits into {m} equal microbatches, got {got}")
+            if what == "inputs" and t.requires_grad:
+                raise PipelineError(f"inputs[{i}] requires grad, but the pipeline gives stage 0's inputs no gradient; detach it, or make it a parameter of stage 0")
+        planned = self.schedule.profile.microbatch_size
+        if planned is not None and tensors[0].shape[0] != m * planned:
+            raise PipelineError(
+                f"{what}: microbatches of {tensors[0].shape[0] / m:g} (batch {tensors[0].shape[0]} / {m}) but the "
+                f"schedule's profile was measured with microbatches of {planned}"
+            )
         chunks = [t.to(self.device).chunk(m) for t in tensors]
         return list(zip(*chunks)) if isinstance(batch, (tuple, list)) else list(chunks[0])
 
@@ -311,6 +350,11 @@ class PipelineRuntime:
                 wait(post(functools.partial(op, t, dst, group=g), what), self.timeout, what)
             if theirs.item() != mine.item():
                 raise PipelineError(f"rank {self.rank} and rank {peer} were given different schedules")
+
+
+def _labelled_tokens(target) -> torch.Tensor:
+    """Tokens a causal LM loss counts: labels other than -100 (the ignore index)."""
+    return (target != -100).sum()
 
 
 def _leaf(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:

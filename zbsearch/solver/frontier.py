@@ -54,7 +54,7 @@ def frontier(
 ) -> Frontier:
     """Solve at each limit of the sweep (``time_limit`` seconds per point)."""
     m = num_microbatches
-    cost = CostModel.from_profile(profile, solver_placement(profile.num_stages, chunks))
+    cost = CostModel.from_profile(profile, solver_placement(profile.num_ranks, chunks))
     p = cost.num_ranks
     units = [p * cost.activation_unit(r) for r in range(p)]
     need = smallest_feasible_limit(cost, m)

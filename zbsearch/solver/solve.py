@@ -130,7 +130,7 @@ def solve(
         raise ZbError("the number of microbatches must be at least 1")
     if objective not in ("span", "makespan"):
         raise ZbError(f"objective must be 'span' or 'makespan', not {objective!r}")
-    stage_to_rank = solver_placement(profile.num_stages, chunks)
+    stage_to_rank = solver_placement(profile.num_ranks, chunks)
     cost = CostModel.from_profile(profile, stage_to_rank)
     spec = None if isinstance(mem_limit, list) else mem_limit
     limit = list(mem_limit) if isinstance(mem_limit, list) else parse_memory_limit(mem_limit, profile, cost)

@@ -1,0 +1,115 @@
+"""Train a Hugging Face causal LM with a zbsearch schedule, one process per rank.
+
+    zbsearch profile --hf gpt2-tiny --stages 4 -o gpt2.json            # or a config JSON
+    zbsearch schedule zb-v -p gpt2.json -m 8 -o zbv.json                 # 2 pieces per rank
+    torchrun --nproc-per-node 2 examples/train_hf.py zbv.json --hf gpt2-tiny --steps 20 --check
+
+Every rank builds the same randomly initialised model from one seed (``--hf``: a preset such
+as gpt2-tiny / llama-tiny, or a config JSON; to train real weights, load them instead in
+``build``), cuts it into the schedule's stages (``zbsearch.models.hf``) and keeps its own. A
+tied embedding/LM head is summed across ranks by the runtime and counted once by the
+optimizer, which clips by the global gradient norm with post-validation (no barrier before
+the step). ``--check``: before training, every rank compares its gradients of one step with
+the unsplit model's in one process and prints the largest difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import zbsearch as zb
+from zbsearch.models.hf import hf_batch, hf_config, hf_loss, hf_model, hf_stages
+from zbsearch.runtime import PipelineRuntime, PostValidatedOptimizer
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("schedule", type=Path, help="schedule JSON (its number of ranks = processes)")
+    ap.add_argument("--hf", default="gpt2-tiny", help="preset (gpt2-tiny, llama-tiny, qwen2-tiny, mistral-tiny) or config JSON")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--microbatch-size", "-b", type=int, default=2, help="sequences per microbatch")
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--max-norm", type=float, default=1.0, help="clip the global gradient norm to this")
+    ap.add_argument("--check", action="store_true", help="compare one step's gradients with the unsplit model first")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for another rank before failing")
+    args = ap.parse_args()
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        run(args, torch.device("cuda") if cuda else torch.device("cpu"))
+    except zb.ZbError as err:
+        print(f"rank {dist.get_rank()}: error: {err}", file=sys.stderr, flush=True)
+        os._exit(1)  # a peer may be gone: skip the collective teardown
+    dist.destroy_process_group()
+
+
+def build(args, num_stages: int):
+    config = hf_config(args.hf)
+    return config, hf_stages(hf_model(config, seed=0).train(), num_stages)
+
+
+def run(args, device: torch.device) -> None:
+    rank = dist.get_rank()
+    sched = zb.load_schedule(args.schedule)
+    m, S = sched.num_microbatches, sched.num_stages
+    config, cut = build(args, S)
+    stages = {s: st.to(device) for s, st in enumerate(cut.stages) if sched.stage_to_rank[s] == rank}
+    runtime = PipelineRuntime(sched, stages, hf_loss, device=device, timeout=args.timeout, tied=cut.tied)
+
+    def batch(step: int):
+        return hf_batch(config, m * args.microbatch_size, args.seq, seed=1000 + step)
+
+    if args.check:
+        check(args, runtime, stages, batch(0), m)
+    params = list({id(p): p for s in sorted(stages) for p in stages[s].parameters()}.values())
+    opt = PostValidatedOptimizer(torch.optim.AdamW(params, lr=args.lr), args.max_norm, stages=stages, tied=cut.tied,
+                                 timeout=args.timeout)
+    opt.attach(runtime)
+    for step in range(args.steps):
+        inputs, labels = batch(step)
+        opt.validate()
+        t0 = time.perf_counter()
+        losses = runtime.step(inputs if 0 in stages else None, labels if S - 1 in stages else None)
+        if losses is not None:
+            print(f"step {step:3d}  loss {losses.mean().item():.4f}  {1e3 * (time.perf_counter() - t0):7.1f} ms", flush=True)
+    verdict = opt.validate()
+    if rank == 0:
+        print(f"last step: global grad norm {verdict.total_norm:.4f}, clipped {verdict.clipped}; steps by kind {dict(opt.counts)}")
+
+
+def check(args, runtime, stages, batch, m: int) -> None:
+    """One step's gradients on this rank against the unsplit model's in this process."""
+    (ids, mask), labels = batch
+    runtime.step((ids, mask) if 0 in stages else None, labels if runtime.last in stages else None)
+    _, whole = build(args, runtime.schedule.num_stages)
+    for i, l, y in zip(ids.chunk(m), mask.chunk(m), labels.chunk(m)):
+        x = (i, l)
+        for st in whole.stages:
+            x = st(*x)
+            x = x if isinstance(x, tuple) else (x,)
+        (hf_loss(x[0], y) / m).backward()
+    worst = 0.0
+    for s, st in stages.items():
+        ref = dict(whole.stages[s].named_parameters(remove_duplicate=False))
+        for name, p in st.named_parameters(remove_duplicate=False):
+            worst = max(worst, (p.grad.cpu() - ref[name].grad).abs().max().item())
+    for st in stages.values():
+        st.zero_grad(set_to_none=True)
+    print(f"rank {dist.get_rank()}: max |grad - one process| = {worst:.3g} over stages {sorted(stages)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""A private gloo group among some ranks that cannot hang on how other groups were created.
+
+Why not ``dist.new_group(ranks, use_local_synchronization=True)``: that call names the new
+group after its ranks and the number of groups *this process* knows, and ranks outside a
+group created with local synchronisation never learn of it. After any such subgroup (the
+user's, or another library's) the members of the next group compute different names,
+rendezvous under different store keys and wait for each other forever. Without local
+synchronisation every rank of the world would have to call, in the same order.
+
+``PrivateGloo`` needs neither: its members agree on a store prefix from what they all know
+(a tag, the member ranks, how many such groups with this tag and these ranks this process has
+made before), check in on the default store, and wait for each other with a timeout; a member
+that does not come is named in a one-line ``PipelineError``. The gloo backend is built directly
+on that prefix and used through its own collectives, so it is never registered with (nor
+counted by) ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import pickle
+
+import torch
+import torch.distributed as dist
+
+from .errors import PipelineError
+
+__all__ = ["PrivateGloo", "default_store"]
+
+_made: collections.Counter[tuple[str, tuple[int, ...]]] = collections.Counter()
+
+
+def default_store() -> dist.Store:
+    # Private in torch, but the store every process group is built on; a fresh one would
+    # need an address and a port the caller would have to provide.
+    return dist.distributed_c10d._get_default_store()
+
+
+class PrivateGloo:
+    """A gloo backend over ``ranks`` (global ranks, this one included), made by each of them.
+
+    Members must create their ``PrivateGloo`` objects with the same ``tag`` and ranks in the
+    same order (they count them); other groups, made before or after, do not matter.
+    ``timeout`` (seconds) bounds the set-up and every ``wait``.
+    """
+
+    def __init__(self, tag: str, ranks: list[int], timeout: float) -> None:
+        self.ranks = sorted(ranks)
+        me = dist.get_rank()
+        if me not in self.ranks:
+            raise PipelineError(f"rank {me} is not one of the ranks {self.ranks} of its {tag} group")
+        self.index = self.ranks.index(me)
+        self.timeout = datetime.timedelta(seconds=timeout)
+        self.tag = tag
+        key = (tag, tuple(self.ranks))
+        self.prefix = f"zbsearch/{tag}/{'-'.join(map(str, self.ranks))}/{_made[key]}/"
+        _made[key] += 1
+        self.store = dist.PrefixStore(self.prefix, default_store())
+        self.store.set(f"here/{me}", "1")
+        try:
+            self.store.wait([f"here/{r}" for r in self.ranks], self.timeout)
+        except Exception:
+            missing = [r for r in self.ranks if not self.store.check([f"here/{r}"])]
+            raise PipelineError(
+                f"rank {me}: ranks {missing} did not set up the {tag} group within {timeout:g}s "
+                f"(each of ranks {self.ranks} must create it, in the same order as the others)"
+            ) from None
+        self.backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", self.store), self.index, len(self.ranks), self.timeout)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def exchange(self, name: str, obj: object) -> list:
+        """Every member's ``obj`` (picklable), in member order, through the store."""
+        self.store.set(f"{name}/{self.index}", pickle.dumps(obj))
+        keys = [f"{name}/{i}" for i in range(self.size)]
+        try:
+            self.store.wait(keys, self.timeout)
+        except Exception:
+            raise PipelineError(f"rank {dist.get_rank()}: {name} of the {self.tag} group not received from all of ranks {self.ranks} within {self.timeout.total_seconds():g}s") from None
+        return [pickle.loads(self.store.get(k)) for k in keys]
+
+    def all_gather(self, tensor: torch.Tensor) -> tuple[dist.Work, list[torch.Tensor]]:
+        """Start gathering a CPU tensor from every member: (work, outputs in member order)."""
+        out = [torch.empty_like(tensor) for _ in self.ranks]
+        return self.backend.allgather([out], [tensor]), out
+
+    def wait(self, work: dist.Work, what: str) -> None:
+        """Wait for ``work`` with the timeout; a failure is a one-line ``PipelineError``."""
+        try:
+            ok = work.wait(self.timeout)
+        except Exception as err:
+            raise PipelineError(
+                f"rank {dist.get_rank()}: {what} with ranks {self.ranks} failed or timed out after "
+                f"{self.timeout.total_seconds():g}s: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}"
+            ) from None
+        if ok is False:
+            raise PipelineError(f"rank {dist.get_rank()}: {what} with ranks {self.ranks} timed out after {self.timeout.total_seconds():g}s")
