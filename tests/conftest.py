@@ -14,5 +14,7 @@ def one_rank():
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

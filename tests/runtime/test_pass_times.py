@@ -18,7 +18,6 @@ from zbsearch.runtime import PipelineRuntime, backward_full, backward_input, bac
 from zbsearch.runtime import emulation
 from zbsearch.runtime.emulation import EmulatedStage, emulated_loss, emulated_stages
 
-from tests.runtime.test_runtime import single_rank  # noqa: F401  (the fixture: a one-rank process group)
 
 
 @pytest.fixture
@@ -62,7 +61,7 @@ def _traces(sched: zb.Schedule, steps: int) -> list[zb.formats.trace.Trace]:
     return out
 
 
-@pytest.mark.usefixtures("single_rank")
+@pytest.mark.usefixtures("one_rank")
 @pytest.mark.parametrize("kind", ["1f1b", "zb-h1", "zb-v"])
 def test_pass_report_on_an_emulated_trace(kind):
     sched = zb.build_classic(kind, _profile(), 4)
@@ -80,7 +79,7 @@ def test_pass_report_on_an_emulated_trace(kind):
         assert rows[-1].op is Op.BW and rows[-1].predicted_ms == pytest.approx(2.0)
 
 
-@pytest.mark.usefixtures("single_rank")
+@pytest.mark.usefixtures("one_rank")
 def test_pass_report_rejects_a_trace_of_another_schedule():
     ours = zb.build_classic("1f1b", _profile(), 4)
     other = zb.build_classic("zb-h1", _profile(), 4)
@@ -90,7 +89,7 @@ def test_pass_report_rejects_a_trace_of_another_schedule():
         compare_pass_times(ours, [])
 
 
-@pytest.mark.usefixtures("single_rank")
+@pytest.mark.usefixtures("one_rank")
 def test_simulate_measured_prints_the_pass_table(tmp_path):
     sched = zb.build_classic("1f1b", _profile(), 4)
     zb.save_schedule(sched, tmp_path / "s.json")

@@ -17,7 +17,6 @@ from collections import Counter
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from zbsearch import Profile, StageCost, build_classic
@@ -283,14 +282,7 @@ def test_rollback_restores_parameters_and_state_exactly(opt_kind, warm):
     assert snap.nbytes == (per_param * n if warm else 4 * n) + steps
 
 
-@pytest.fixture
-def single_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def test_global_norm_mixed_dtypes_and_stage_order_match_clip_grad_norm(single_rank_group):
+def test_global_norm_mixed_dtypes_and_stage_order_match_clip_grad_norm(one_rank):
     """Stages out of order in the optimizer, bf16 and fp32 parameters, norms over six orders of
     magnitude: the norm and the step equal clip_grad_norm_ + step on the whole model, bit for
     bit (several of these seeds give other bits if the norms are summed in another order)."""

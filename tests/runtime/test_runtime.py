@@ -318,13 +318,13 @@ def test_dead_or_hung_rank_fails_the_others_with_a_named_error(how):
 # -- one process (world size 1): rejections, local hand-over, trace --------------------------------------
 
 
-def test_schedule_for_another_world_size_is_rejected(single_rank):
+def test_schedule_for_another_world_size_is_rejected(one_rank):
     sched = zb.build_classic("1f1b", uniform_profile(2), 4)
     with pytest.raises(PipelineError, match="2 ranks but the process group has 1"):
         PipelineRuntime(sched, {0: nn.Linear(2, 2)}, toy_loss)
 
 
-def test_wrong_stages_and_missing_loss_are_rejected(single_rank):
+def test_wrong_stages_and_missing_loss_are_rejected(one_rank):
     sched = zb.build_classic("interleaved-1f1b", uniform_profile(1), 2)
     with pytest.raises(PipelineError, match=r"holds stages \[0, 1\] in the schedule but was given stages \[0\]"):
         PipelineRuntime(sched, {0: nn.Linear(2, 2)}, toy_loss)
@@ -336,7 +336,7 @@ def test_wrong_stages_and_missing_loss_are_rejected(single_rank):
 
 
 @pytest.mark.parametrize("kind", ["1f1b", "zb-h1", "zb-v", "interleaved-1f1b"])
-def test_one_rank_with_local_hand_over_matches_one_process(single_rank, kind, tmp_path):
+def test_one_rank_with_local_hand_over_matches_one_process(one_rank, kind, tmp_path):
     sched = zb.build_classic(kind, uniform_profile(1), 4)
     full = toy_stages(sched.num_stages)
     ref, ours = copy_stages(full), copy_stages(full)
@@ -360,7 +360,7 @@ def test_one_rank_with_local_hand_over_matches_one_process(single_rank, kind, tm
     assert back.zbsearch.schedule_kind == kind and back.makespan_ms() > 0
 
 
-def test_batch_that_does_not_split_is_rejected(single_rank):
+def test_batch_that_does_not_split_is_rejected(one_rank):
     sched = zb.build_classic("1f1b", uniform_profile(1), 3)
     runtime = PipelineRuntime(sched, {0: toy_stages(1)[0]}, toy_loss)
     ids, targets = toy_batch(4)
