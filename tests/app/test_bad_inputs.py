@@ -138,7 +138,7 @@ CASES = [
     (["demo", "-p", "4"], None, "No such option"),
     (["nosuchcommand"], None, "No such command"),
     (["schedule", "zb-h9", *P], None, "unknown schedule kind"),
-    (["profile"], None, "give either --model"),
+    (["profile"], None, "give one of --model"),
     (["profile", "--builtin", "llama"], None, "unknown built-in model"),
     (["demo", "--device", "tpu", "-o", "demo-out"], None, "not supported"),
 ]
