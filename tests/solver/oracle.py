@@ -68,8 +68,9 @@ from fractions import Fraction
 
 from zbsearch import CostModel, Profile, StageCost
 from zbsearch.actions import Action, Op
-from zbsearch.dependencies import pass_predecessors
-from zbsearch.formats.schedule import Schedule, v_placement
+from zbsearch.dependencies import predecessors
+from zbsearch.formats.schedule import Schedule
+from zbsearch.placement import placement
 from zbsearch.simulator import Deadlock, simulate
 from zbsearch.validator import find_problem
 
@@ -104,7 +105,7 @@ class Instance:
 
     @property
     def stage_to_rank(self) -> list[int]:
-        return list(range(self.profile.num_stages)) if self.chunks == 1 else v_placement(self.profile.num_stages)
+        return list(range(self.profile.num_stages)) if self.chunks == 1 else placement(self.profile.num_stages, 2, "v")
 
     @property
     def cost(self) -> CostModel:
@@ -151,7 +152,7 @@ def _deps(cost: CostModel, p: Pass) -> list[tuple[Pass, float]]:
     """(dependency, delay): the simulator's rule, comm only between different stages."""
     s, op, j = p
     return [((ds, dop, dj), cost.comm(ds, s) if ds != s else 0.0)
-            for ds, dop, dj in pass_predecessors(s, op, j, cost.num_stages)]
+            for ds, dop, dj in predecessors(s, op, j, cost.num_stages)]
 
 
 def _ancestors(cost: CostModel, m: int) -> dict[Pass, set[Pass]]:

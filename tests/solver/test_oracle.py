@@ -71,7 +71,6 @@ def test_issue_schedule_is_valid_and_the_oracle_finds_its_span():
     assert cp_optimum(inst.cost, 2, None, fifo=True).value == pytest.approx(13.56)  # FIFO loses 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: MILP assumes FIFO microbatch order and a fixed rank start (span)")
 def test_issue_example_is_not_claimed_optimal_above_the_optimum():
     inst = issue_counterexample()
     res = solve(inst.profile, 2, None, time_limit=10)
@@ -99,7 +98,6 @@ def test_heavy_rank_optimum_needs_a_non_fifo_order():
     assert find_problem(sched) is None and max(simulate(best.rows, cost).span) == pytest.approx(best.value)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: MILP assumes FIFO microbatch order and a fixed rank start (span)")
 def test_heavy_rank_is_not_claimed_optimal_above_the_optimum():
     prof, limit = _heavy_rank_instance()
     best = cp_optimum(CostModel.from_profile(prof, [0, 1, 2]), 2, limit).value
