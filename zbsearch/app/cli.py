@@ -71,7 +71,7 @@ def _summary(sched: zb.Schedule, pred: zb.Predicted) -> str:
     gap = max(pred.span) / pred.lower_bound - 1 if pred.lower_bound > 0 else 0.0
     return (
         f"bubble rate {pred.bubble_rate:.4f}   span {_fmt(max(pred.span))} ms   makespan {_fmt(pred.makespan)} ms   "
-        f"lower bound {_fmt(pred.lower_bound)} ms (gap {gap:.2%})   peak memory {_fmt(max(pred.peak_memory))}"
+        f"bound (any memory) {_fmt(pred.lower_bound)} ms (gap {gap:.2%})   peak memory {_fmt(max(pred.peak_memory))}"
     )
 
 
@@ -137,7 +137,7 @@ def compare(
     """All schedule kinds side by side on one profile."""
     prof = zb.resolve_profile(profile)
     rows = []
-    for kind in (*zb.CLASSIC_KINDS, "zb-1p", "zb-2p"):
+    for kind in (*zb.CLASSIC_KINDS, "zb-1p", "zb-2p"):  # zb-*: heuristics only (see the note printed below)
         try:
             if kind in zb.CLASSIC_KINDS:
                 sched = zb.build_classic(kind, prof, m, chunks if zb.KINDS[kind].any_chunks else None)
@@ -171,7 +171,8 @@ def compare(
     out.print(t)
     lb = next((r["lower_bound"] for r in rows if "lower_bound" in r), None)
     if lb is not None:
-        out.print(f"lower bound on span for any 1-chunk schedule: {_fmt(lb)} ms")
+        out.print(f"bound (any memory) on span for any 1-chunk schedule: {_fmt(lb)} ms")
+    out.print("zb-1p, zb-2p: the solver's heuristics only (no MILP, 1 s); `zbsearch solve` may find better")
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -266,7 +267,7 @@ def solve(
         out.print(_rank_table(res.schedule, res.timeline))
         bubble = res.schedule.predicted.bubble_rate if objective == "span" else res.schedule.predicted.bubble_rate_makespan
         out.print(
-            f"bubble rate {bubble:.4f}   {objective} {_fmt(info.value)} ms   lower bound {_fmt(info.lower_bound)} ms   "
+            f"bubble rate {bubble:.4f}   {objective} {_fmt(info.value)} ms   bound (under limit) {_fmt(info.lower_bound)} ms   "
             f"gap {info.gap:.2%}   status {info.status}   ({info.method}: {info.construction}; {info.time_s:.1f} s)"
         )
 
