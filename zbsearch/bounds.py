@@ -358,26 +358,28 @@ def rank_chain_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: 
     return out
 
 
-def memory_span_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None) -> float:
-    """Lower bound on max over ranks of the span, for schedules within ``limit`` (None: no limit)."""
-    return max(_rank_bounds(cost, num_microbatches, limit))
+def memory_span_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False) -> float:
+    """Lower bound on max over ranks of the span, for schedules within ``limit`` (None: no limit).
+    ``quick``: without the chain bound (the slow one: seconds at p=32, m=256)."""
+    return max(_rank_bounds(cost, num_microbatches, limit, quick))
 
 
-def _rank_bounds(cost: CostModel, num_microbatches: int, limit: list[float] | None) -> list[float]:
-    """Per rank, the best of the bounds in this module."""
-    out = [max(a, b) for a, b in zip(rank_span_lower_bounds(cost, num_microbatches),
-                                     rank_chain_span_lower_bounds(cost, num_microbatches, limit))]
+def _rank_bounds(cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False) -> list[float]:
+    """Per rank, the best of the bounds in this module (``quick``: all but the chain bound)."""
+    out = rank_span_lower_bounds(cost, num_microbatches)
+    if not quick:
+        out = [max(a, b) for a, b in zip(out, rank_chain_span_lower_bounds(cost, num_microbatches, limit))]
     if limit is not None:
         out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, limit))]
     return out
 
 
-def memory_makespan_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None) -> float:
+def memory_makespan_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False) -> float:
     """Lower bound on the makespan within ``limit`` (None: no limit): rank r cannot start before
     the forwards of one microbatch reach it, and then needs at least its span bound."""
     best = makespan_lower_bound(cost, num_microbatches)
     preds = type_graph(cost)
     rel = earliest_starts(cost, (0, Op.F), preds)
-    for r, span in enumerate(_rank_bounds(cost, num_microbatches, limit)):
+    for r, span in enumerate(_rank_bounds(cost, num_microbatches, limit, quick)):
         best = max(best, rel[(min(cost.rank_stages(r)), Op.F)] + span)
     return best

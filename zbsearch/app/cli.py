@@ -267,9 +267,9 @@ def solve(
         out.print(_rank_table(res.schedule, res.timeline))
         bubble = res.schedule.predicted.bubble_rate if objective == "span" else res.schedule.predicted.bubble_rate_makespan
         out.print(
-            f"bubble rate {bubble:.4f}   {objective} {_fmt(info.value)} ms   bound (under limit) {_fmt(info.lower_bound)} ms   "
-            f"gap {info.gap:.2%}   status {info.status}   ({info.method}: {info.construction}; {info.time_s:.1f} s)"
+            f"bubble rate {bubble:.4f}   {objective} {_fmt(info.value)} ms   bound (under limit) {_fmt(info.lower_bound)} ms"
         )
+        out.print(f"gap {info.gap:.2%}   status {info.status}   ({info.method}: {info.construction}; {info.time_s:.1f} s)")
 
 
 @app.command()
@@ -278,7 +278,7 @@ def frontier(
     m: int = MicrobatchOpt,
     chunks: int = typer.Option(1, "--chunks", "-v", help="1, or 2 for the V placement"),
     objective: str = typer.Option("span", "--objective", help="span or makespan"),
-    time_limit: float = typer.Option(2.0, "--time-limit", "-t", min=0.1, help="seconds per memory limit"),
+    time_limit: float = typer.Option(20.0, "--time-limit", "-t", min=0.1, help="seconds for the whole sweep (shared by its points)"),
     milp: bool = typer.Option(False, "--milp", help="also improve each point with MILP windows (slower)"),
     uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs (paper behaviour)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="frontier.json, or a plot: .png, .svg, .pdf"),
@@ -288,8 +288,17 @@ def frontier(
     from zbsearch.render.frontier import save_frontier_plot
     from zbsearch.solver import frontier as sweep
 
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     prof = zb.resolve_profile(profile)
-    fr = sweep(prof, m, chunks=chunks, objective=objective, time_limit=time_limit, milp=milp, uniform_costs=uniform_costs)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("solving without a limit", total=None)
+
+        def on_point(pt) -> None:
+            bar.update(task, description=f"{pt.limit:.4g}p: bubble {pt.bubble_rate:.4f} ({pt.status}); next limit")
+
+        fr = sweep(prof, m, chunks=chunks, objective=objective, time_limit=time_limit, milp=milp,
+                   uniform_costs=uniform_costs, on_point=on_point)
     t = Table(title=f"{prof.name}: m={m}, {chunks} chunk(s), {objective}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
     for col in ("limit (x p M_B)", "bubble rate", "bound allows", "gap", "status", "peak memory"):
         t.add_column(col, justify="right")
