@@ -82,9 +82,9 @@ def _classic_kinds(problem: Problem) -> tuple[str, ...]:
     return _CLASSIC_CANDIDATES[chunks]
 
 
-def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> tuple[str, list[list[Action]]]:
-    """Best of the list-scheduling grid (ordered most-promising first; ranked by their own
-    timing, only the best few simulated), the given start, the classic schedules and the
+def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> tuple[str, list[list[Action]], Timeline, float]:
+    """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
+    by their own timing, only the best few simulated), the classic schedules and the
     sequential one, as far as the deadline allows: once it has passed, the first candidate
     within the limit is kept (the sequential schedule, last, always is: it needs the least
     memory of any schedule)."""
@@ -96,21 +96,23 @@ def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> 
         if out is not None:
             found.append((out[1], policy.name, out[0]))
     found.sort(key=lambda x: x[0])
-    cands = [(name, lambda rows=rows: rows) for _, name, rows in found[:keep]]
-    if start is not None:
-        cands.append(("given", lambda: start))
+    # the given start first: within a smaller limit, it is what makes results monotone in memory
+    cands = [("given", lambda: start)] if start is not None else []
+    cands += [(name, lambda rows=rows: rows) for _, name, rows in found[:keep]]
     cands += [(kind, lambda kind=kind: KINDS[kind].build(problem.cost, problem.num_microbatches)) for kind in _classic_kinds(problem)]
     cands.append(("sequential", lambda: sequential_schedule(problem)))
-    best, best_value = None, float("inf")
+    best, best_value, sim_s = None, float("inf"), 0.0
     for name, build in cands:
         if best is not None and time.monotonic() > deadline:
             break
         rows = build()
+        tick = time.monotonic()
         value, tl = problem.evaluate(rows)
+        sim_s = max(sim_s, time.monotonic() - tick)
         if value < best_value and problem.fits(tl):
-            best, best_value = (name, rows), value
+            best, best_value = (name, rows, tl), value
     assert best is not None  # the sequential schedule fits every limit check_limit accepts
-    return best
+    return (*best, sim_s)
 
 
 def solve(
@@ -156,11 +158,10 @@ def solve(
             progress(phase, value, bound)
 
     report("constructing", float("inf"))
-    construction, rows = _construct(search, t0 + time_limit / 3, start)
-    tick = time.monotonic()
-    value, tl = true.evaluate(rows)
-    # Keep back time for the final validation and prediction (about 4 simulations).
-    deadline -= 4 * (time.monotonic() - tick)
+    construction, rows, tl, sim_s = _construct(search, t0 + time_limit / 3, start)
+    value, tl = (true.value(tl), tl) if not uniform_costs else true.evaluate(rows)
+    # Keep back time for the final validation and prediction (about 3 simulations).
+    deadline -= 3 * sim_s
     if time.monotonic() < deadline:
         bound = max(bound, bound_fn(cost, m, limit))
     report("constructed", value)
