@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=300, help="instances (each solved for span and makespan)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-limit", type=float, default=2.0, help="zbsearch solve time limit, s")
-    ap.add_argument("--oracle-time", type=float, default=60.0)
+    ap.add_argument("--oracle-time", type=float, default=60.0, help="CP-SAT deterministic time limit per solve")
     ap.add_argument("--processes", type=int, default=2, help="oracle processes")
     args = ap.parse_args()
 
