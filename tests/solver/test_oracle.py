@@ -5,9 +5,8 @@ tiny instances. Then a seeded sample of instances (families uniform / hetero / h
 and V placement, per-link comm, limits from the smallest feasible to none, span and makespan)
 is solved by ``zbsearch.solver.solve`` and every claim is compared with the true optimum:
 schedules valid and never better than the optimum (else the oracle is wrong), bounds never
-above it, 'optimal' only when true. This sample holds today; the issue's counterexample does
-not and is a strict xfail (it turns into a failure once fixed, and the mark goes). The larger
-sweep, which finds more, is bench/solver_gap.py.
+above it, 'optimal' only when true; the same for the issue's counterexample and a heavy-rank
+one, whose optima need a non-FIFO order. The larger sweep is bench/solver_gap.py.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import highspy
 import pulp
 
-from ..actions import Action
-from ..dependencies import PassType, action_index, edge_delay, must_precede, predecessors
+from ..actions import Action, Op
+from ..dependencies import PassType, action_index, earliest_starts, edge_delay, must_precede, predecessors
 from ..simulator import Deadlock, Timeline
 from .heuristic import sequential_schedule
 from .problem import Problem
@@ -187,20 +187,26 @@ class _WindowModel:
     ``before[r][i]``: (k, weight) for each pass k of another chain on rank r that may run before
     pass i, weight 1 when it surely does, else the order binary (or 1 - it)."""
 
-    def __init__(self, problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], band: float, secondary: bool):
+    def __init__(self, problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], band: float, secondary: bool,
+                 relaxed: bool = False):
         self.problem, self.rows, self.tl, self.begin, self.stop = problem, rows, tl, begin, stop
         self.band, self.secondary = band, secondary
         self.passes: list[Key] = [(r, i) for r in range(len(rows)) for i in range(begin[r], stop[r])]
         index = action_index(rows)
         self.inputs = {k: list(_inputs(problem, rows, index, *k)) for k in self.passes}
         # Each rank's span runs from its first pass. When that pass is in the window its start
-        # is a variable: the model is then the idle relaxation (a rank may start late), valid
-        # over every order, FIFO or not (see ``problem``).
+        # is, with ``relaxed``, a variable: the model is then the idle relaxation (a rank may
+        # start late), valid over every order, FIFO or not (see ``problem``). Otherwise it is
+        # the rank's ASAP start under FIFO orders (F(s0, 0) as soon as microbatch 0 arrives),
+        # so that the model's value is the simulator's for the FIFO orders it ranges over.
         R = len(rows)
         if problem.objective == "makespan":
             self.off: list[float | None] = [0.0] * R
         else:
-            self.off = [None if begin[r] == 0 < stop[r] else (tl.start[r][0] if rows[r] else 0.0) for r in range(R)]
+            first = earliest_starts(problem.cost, (0, Op.F))
+            fifo_start = [first[(min(problem.cost.rank_stages(r)), Op.F)] for r in range(R)]
+            self.off = [(None if relaxed else fifo_start[r]) if begin[r] == 0 < stop[r]
+                        else (tl.start[r][0] if begin[r] > 0 else fifo_start[r]) for r in range(R)]
         self.tail, self.rest = _tails(problem, rows, tl, begin, stop, index, self.off)
         self.value = problem.value(tl)
         self.slack = 1e-7 * max(1.0, self.value)  # float noise between the simulator's sums and ours
@@ -395,12 +401,14 @@ def solve_window(
     band: float,
     time_limit: float,
     secondary: bool = True,
+    relaxed: bool = False,
 ) -> WindowResult | None:
-    """Re-optimise the passes that start in [t1, t2); None if the window is empty."""
+    """Re-optimise the passes that start in [t1, t2); None if the window is empty.
+    ``relaxed``: each rank's start is free (the idle relaxation; see ``_WindowModel``)."""
     begin, stop = _window_positions(rows, tl, t1, t2)
     if begin == stop:
         return None
-    model = _WindowModel(problem, rows, tl, begin, stop, band, secondary)
+    model = _WindowModel(problem, rows, tl, begin, stop, band, secondary, relaxed)
     if not model.time_bounds():
         return None  # cannot happen for a consistent timeline; be safe rather than wrong
     model.add_variables()
@@ -430,14 +438,15 @@ def _fifo(problem: Problem, rows: list[list[Action]]) -> list[list[Action]]:
     return sequential_schedule(problem)
 
 
-def exact(problem: Problem, rows: list[list[Action]], time_limit: float) -> WindowResult | None:
-    """The whole schedule as one window, with no band and every rank's start free: an exact
-    model of the idle relaxation (see ``problem``), whose dual bound is a lower bound for every
-    schedule. Its solution, re-simulated, may be worse than its objective (a rank the model
-    starts late starts as early as it can)."""
+def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed: bool = True) -> WindowResult | None:
+    """The whole schedule as one window, with no band. ``relaxed``: every rank's start free, an
+    exact model of the idle relaxation (see ``problem``), whose dual bound is a lower bound for
+    every schedule; its solution, re-simulated, may be worse than its objective (a rank the
+    model starts late starts as early as it can). Otherwise: the best FIFO order under ASAP
+    execution exactly (its bound holds for FIFO orders only)."""
     rows = _fifo(problem, rows)
     _, tl = problem.evaluate(rows)
-    return solve_window(problem, rows, tl, 0.0, _INF, _INF, time_limit, secondary=False)
+    return solve_window(problem, rows, tl, 0.0, _INF, _INF, time_limit, secondary=False, relaxed=relaxed)
 
 
 @dataclass

@@ -173,16 +173,21 @@ def solve(
 
         method = "heuristic+milp"
         if 3 * cost.num_stages * m <= _EXACT_PASSES and not uniform_costs:
-            res = exact(true, rows, deadline - time.monotonic())
-            if res is not None:
-                v2, tl2 = true.evaluate(res.rows)
-                if v2 < value and true.fits(tl2):
-                    rows, value = res.rows, v2
-                    improvements = 1
-                bound = max(bound, res.dual_bound)
-                hit_limit = not res.optimal
-                windows += 1
-            report("exact MILP", value)
+            # the idle relaxation for the bound, then (span) the best FIFO order under ASAP
+            for relaxed in (True, False) if objective == "span" else (True,):
+                if value <= bound * (1 + _CLOSED) or time.monotonic() >= deadline:
+                    break
+                res = exact(true, rows, (deadline - time.monotonic()) / (2 if relaxed and objective == "span" else 1), relaxed)
+                if res is not None:
+                    v2, tl2 = true.evaluate(res.rows)
+                    if v2 < value and true.fits(tl2):
+                        rows, value = res.rows, v2
+                        improvements += 1
+                    if relaxed:
+                        bound = max(bound, res.dual_bound)
+                    hit_limit = not res.optimal
+                    windows += 1
+                report("exact MILP", value)
         if value > bound * (1 + _CLOSED) and time.monotonic() < deadline:
             # windows: the exact model is the idle relaxation, whose solution ASAP may run worse
             # with uniform costs the search objective is not the true one: no early stop
