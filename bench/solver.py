@@ -6,7 +6,10 @@ Settings (issue 3's targets):
   hetero  heterogeneous stages (first stage x1.2 with last x1.5 or x2, uneven layer splits):
           per-stage costs vs --uniform-costs (the paper's median), both judged on true costs;
   speed   time until the best schedule is within 1% of the lower bound, and solve time,
-          at p=8 m=24, p=16 m=64 and p=32 m=256 (taken from the table5 runs).
+          at p=8 m=24, p=16 m=64 and p=32 m=256 (taken from the table5 runs);
+  limits  wall time against --time-limit (target: within 10% + 1 s) for solve at p=32 m=256
+          (-t 0.1, 1, 5), p=8 m=10000 (-t 5) and frontier on 64 stages (-t 1, 5; -t is the
+          sweep's total).
 Every row has the bubble rate, the lower bound, the gap and the solve time. Time limits are
 per setting (10 s at p=8, 30 s at p=16, 45 s at p=24, 60 s at p=32); --scale multiplies them.
 
@@ -159,6 +162,33 @@ def hetero(scale: float, pick: Pick | None = None) -> list[dict]:
     return rows
 
 
+def limits() -> list[dict]:
+    """Elapsed wall time against the time limit (not scaled: the limit is what is measured)."""
+    from zbsearch.solver import frontier
+
+    big = resolve_profile("28.3b-m256")
+    cases = [("solve", big, 256, 0.1), ("solve", big, 256, 1.0), ("solve", big, 256, 5.0),
+             ("solve", resolve_profile("1.5b-m24"), 10000, 5.0),
+             ("frontier", rescaled(resolve_profile("1.5b-m24"), 64), 128, 1.0),
+             ("frontier", rescaled(resolve_profile("1.5b-m24"), 64), 128, 5.0)]
+    rows = []
+    for what, prof, m, limit in cases:
+        t0 = time.perf_counter()
+        if what == "solve":
+            res = solve(prof, m, "2p", time_limit=limit)
+            status = res.info.status
+        else:
+            status = f"{len(frontier(prof, m, time_limit=limit).points)} points"
+        elapsed = time.perf_counter() - t0
+        r = {"setting": "limits", "variant": f"{what} -t {limit}", "what": what, "model": prof.name, "p": prof.num_stages, "m": m, "limit": "2p",
+             "time_limit_s": limit, "elapsed_s": round(elapsed, 3), "status": status,
+             "target_met": elapsed <= 1.1 * limit + 1.0}
+        print(f"  limits {what} {prof.name} p={prof.num_stages} m={m} -t {limit}: {elapsed:.2f} s ({status}) {_verdict(r)}",
+              flush=True)
+        rows.append(r)
+    return rows
+
+
 def speed(rows: list[dict]) -> list[dict]:
     out = []
     for model, m, limit, target in (("1.5b", 24, "2p", 10), ("6.2b", 24, "2p", 10), ("14.6b", 64, "2p", 30), ("28.3b", 256, "2p", 60)):
@@ -202,7 +232,7 @@ def _verdict(r: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every time limit (e.g. 0.2 for a quick run)")
-    ap.add_argument("--only", default="table5,table8,hetero", help="comma-separated sections")
+    ap.add_argument("--only", default="table5,table8,hetero,limits", help="comma-separated sections")
     ap.add_argument("--match", default="", help="comma-separated models or model/m (e.g. 1.5b/24,6.2b): only these runs")
     ap.add_argument("--limits", default="", help="comma-separated memory limits (1p, 2p): only these runs")
     args = ap.parse_args()
@@ -216,6 +246,8 @@ def main() -> None:
         rows += table8(args.scale, pick)
     if "hetero" in sections:
         rows += hetero(args.scale, pick)
+    if "limits" in sections:
+        rows += limits()
     out = RESULTS / "solver.json"
     doc = {"benchmark": "solver", "scale": args.scale}
     if (pick.match or pick.limits) and out.exists():  # a subset: merge into the saved results

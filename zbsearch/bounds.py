@@ -1,5 +1,12 @@
 """Lower bounds on span and makespan, valid for every schedule of a profile.
 
+Each bound holds for the idle relaxation (passes may wait longer than their inputs and rank
+need, so a rank may start late) and therefore for every ASAP schedule, FIFO or not. Where an
+argument takes passes of one kind in microbatch order, that is the relabelling of
+``zbsearch.solver.problem``, which is valid in the idle relaxation (not under ASAP, where it
+can move a rank's start: which is why the bounds measure spans from the rank's first start,
+whatever it is, never from a fixed time).
+
 Each rank is a single machine that must process m copies of each of its pass types. A pass
 of microbatch j cannot start before the rank's first pass of j has started plus the longest
 dependency path between the two (its *release*), and once it ends, the dependency chain
@@ -183,7 +190,7 @@ def rank_memory_span_lower_bounds(cost: CostModel, num_microbatches: int, limit:
     add up; otherwise the larger one counts. The span is at least busy time plus idle time.
 
     Also, for a single-stage rank: passes of one kind run in microbatch order without loss
-    of generality (``zbsearch.solver.problem``), so memory after F(j) is (j+1)*m_f +
+    of generality in the idle relaxation (``zbsearch.solver.problem``), so memory after F(j) is (j+1)*m_f +
     n_B*m_b + n_W*m_w with n_B, n_W the B and W passes before it. With m_b, m_w <= 0 this
     forces B(n_B - 1) and W(n_W - 1) before F(j) for the least n_B, n_W that can satisfy the
     limit. Those precedences, the lag from each F to its B and the order within each kind
@@ -260,8 +267,9 @@ def _jackson(jobs: list[tuple[float, float, float]]) -> float:
 def rank_chain_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float] | None = None) -> list[float]:
     """Per rank, a lower bound on its span from one-machine bounds over single passes.
 
-    Passes of one kind run in microbatch order on each stage without loss of generality
-    (``zbsearch.solver.problem``: relabelling keeps every time slot and memory count), so take
+    Passes of one kind run in microbatch order on each stage without loss of generality in the
+    idle relaxation, which every ASAP schedule is a point of (``zbsearch.solver.problem``:
+    relabelling keeps every time slot and memory count), so take
     such a schedule. Rank r's first pass is then F(s0, 0), s0 its lowest stage (every pass of
     microbatch j on the rank depends on F(s0, j)), say at t0. These precedences hold:
     dependencies (with their communication delay), X(s, j-1) before X(s, j) for each kind X
@@ -354,27 +362,29 @@ def rank_chain_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: 
     return out
 
 
-def memory_span_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None) -> float:
-    """Lower bound on max over ranks of the span, for schedules within ``limit`` (None: no limit)."""
-    return max(_rank_bounds(cost, num_microbatches, limit))
+def memory_span_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False) -> float:
+    """Lower bound on max over ranks of the span, for schedules within ``limit`` (None: no limit).
+    ``quick``: without the chain bound (the slow one: seconds at p=32, m=256)."""
+    return max(_rank_bounds(cost, num_microbatches, limit, quick))
 
 
-def _rank_bounds(cost: CostModel, num_microbatches: int, limit: list[float] | None) -> list[float]:
-    """Per rank, the best of the bounds in this module."""
-    out = [max(a, b) for a, b in zip(rank_span_lower_bounds(cost, num_microbatches),
-                                     rank_chain_span_lower_bounds(cost, num_microbatches, limit))]
+def _rank_bounds(cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False) -> list[float]:
+    """Per rank, the best of the bounds in this module (``quick``: all but the chain bound)."""
+    out = rank_span_lower_bounds(cost, num_microbatches)
+    if not quick:
+        out = [max(a, b) for a, b in zip(out, rank_chain_span_lower_bounds(cost, num_microbatches, limit))]
     if limit is not None:
         out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, limit))]
     return out
 
 
-def memory_makespan_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None) -> float:
+def memory_makespan_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False) -> float:
     """Lower bound on the makespan within ``limit`` (None: no limit): rank r cannot start before
     the forwards of one microbatch reach it, and then needs at least its span bound."""
     cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
     best = makespan_lower_bound(cost, num_microbatches)
     preds = type_graph(cost)
     rel = earliest_starts(cost, (0, Op.F), preds)
-    for r, span in enumerate(_rank_bounds(cost, num_microbatches, limit)):
+    for r, span in enumerate(_rank_bounds(cost, num_microbatches, limit, quick)):
         best = max(best, rel[(min(cost.rank_stages(r)), Op.F)] + span)
     return best

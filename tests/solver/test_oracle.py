@@ -5,9 +5,8 @@ tiny instances. Then a seeded sample of instances (families uniform / hetero / h
 and V placement, per-link comm, limits from the smallest feasible to none, span and makespan)
 is solved by ``zbsearch.solver.solve`` and every claim is compared with the true optimum:
 schedules valid and never better than the optimum (else the oracle is wrong), bounds never
-above it, 'optimal' only when true. This sample holds today; the issue's counterexample does
-not and is a strict xfail (it turns into a failure once fixed, and the mark goes). The larger
-sweep, which finds more, is bench/solver_gap.py.
+above it, 'optimal' only when true; the same for the issue's counterexample and a heavy-rank
+one, whose optima need a non-FIFO order. The larger sweep is bench/solver_gap.py.
 """
 
 from __future__ import annotations
@@ -71,7 +70,6 @@ def test_issue_schedule_is_valid_and_the_oracle_finds_its_span():
     assert cp_optimum(inst.cost, 2, None, fifo=True).value == pytest.approx(13.56)  # FIFO loses 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: MILP assumes FIFO microbatch order and a fixed rank start (span)")
 def test_issue_example_is_not_claimed_optimal_above_the_optimum():
     inst = issue_counterexample()
     res = solve(inst.profile, 2, None, time_limit=10)
@@ -99,7 +97,6 @@ def test_heavy_rank_optimum_needs_a_non_fifo_order():
     assert find_problem(sched) is None and max(simulate(best.rows, cost).span) == pytest.approx(best.value)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: MILP assumes FIFO microbatch order and a fixed rank start (span)")
 def test_heavy_rank_is_not_claimed_optimal_above_the_optimum():
     prof, limit = _heavy_rank_instance()
     best = cp_optimum(CostModel.from_profile(prof, [0, 1, 2]), 2, limit).value

@@ -217,3 +217,42 @@ def test_window_search_stops_once_the_bound_is_reached():
     out, stats = improve(problem, rows, t0 + 30, target=value)
     assert stats.windows == 0 and stats.converged and out == rows
     assert time.monotonic() - t0 < 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Limits that are limits (the mechanism; elapsed against the limit is measured in bench/solver.py)
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_a_spent_time_limit_still_returns_a_valid_schedule(chunks):
+    prof = make_profile(4, stages=[(1.0, 2.0, 1.5), (1.5, 1.0, 0.5), (1.0, 1.0, 1.0), (2.0, 1.5, 1.0)], t_comm=0.1)
+    res = solve(prof, 16, "1.5p", chunks=chunks, time_limit=0.0)
+    _check(res, "1.5p")
+    assert res.info.milp_windows == 0  # nothing searched past the deadline
+    assert res.info.status == "time_limit" or res.info.gap <= 1e-6
+
+
+def _rising(values):
+    return [(a, b) for a, b in zip(values, values[1:]) if b > a * (1 + 1e-12)]
+
+
+@pytest.mark.parametrize("name, m, chunks, milp", [("cpu-gpt-tiny", 8, 2, True), ("1.5b-m24", 24, 1, False)])
+def test_frontier_never_rises_on_the_issues_cases(name, m, chunks, milp):
+    fr = frontier(resolve_profile(name), m, chunks=chunks, time_limit=4, milp=milp)
+    rates = [pt.bubble_rate for pt in fr.points]
+    assert not _rising(rates)
+    assert fr.unlimited_bubble_rate <= rates[-1] + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_more_memory_is_never_worse_given_the_smaller_limits_schedule(seed):
+    import random
+
+    rng = random.Random(seed)
+    prof = make_profile(4, stages=[tuple(rng.uniform(0.5, 2.5) for _ in range(3)) for _ in range(4)], t_comm=rng.uniform(0, 0.3))
+    best, values = None, []
+    for limit in ("1p", "1.25p", "1.5p", "2p", "none"):
+        res = solve(prof, 12, limit, chunks=1 + seed % 2, milp=False, start=best, time_limit=2)
+        best = res.schedule.rank_actions
+        values.append(res.info.value)
+    assert not _rising(values)

@@ -31,8 +31,9 @@ class Predicted(BaseModel):
     span: list[float]
     bubble_rate: float
     peak_memory: list[float]
-    lower_bound: float = Field(description="provable lower bound on max(span) for this profile")
-    lower_bound_makespan: float | None = Field(None, description="provable lower bound on the makespan")
+    lower_bound: float = Field(description="bound_any_memory: lower bound on max(span) over every schedule of this "
+                               "profile and placement at any memory (memory-blind; printed by schedule, simulate, compare)")
+    lower_bound_makespan: float | None = Field(None, description="bound_any_memory on the makespan")
     bubble_rate_makespan: float | None = Field(None, description="bubble rate with the makespan as the period")
 
 
@@ -46,8 +47,9 @@ class SolverInfo(BaseModel):
     objective: Objective
     status: Literal["optimal", "feasible", "time_limit"]
     value: float
-    lower_bound: float
-    gap: float
+    lower_bound: float = Field(description="bound_under_limit: lower bound on the objective over every schedule "
+                               "within the memory limit (printed by solve, frontier); at least bound_any_memory")
+    gap: float = Field(description="value / bound_under_limit - 1; 'optimal' when it is below 1e-6")
     time_s: float
     time_limit_s: float
     memory_limit: str | None

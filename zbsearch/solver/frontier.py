@@ -3,11 +3,17 @@
 The sweep runs from the smallest feasible limit up to the peak memory of the best schedule
 found without a limit: past that peak a larger limit cannot change anything, and the sweep
 stops earlier once a point's bubble is as low as the unlimited one.
+
+``time_limit`` is the total for the sweep: the unlimited solve gets a share, then each point
+the time left divided by the points left; once it is spent the sweep stops with the points so
+far. Each point starts from the previous point's schedule (within a smaller limit, so within
+this one too), so the curve never rises, and the unlimited value is the best of all.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 from ..costs import CostModel
@@ -52,21 +58,26 @@ def frontier(
     uniform_costs: bool = False,
     on_point: Callable[[FrontierPoint], None] | None = None,
 ) -> Frontier:
-    """Solve at each limit of the sweep (``time_limit`` seconds per point)."""
+    """Solve at each limit of the sweep within ``time_limit`` seconds in all."""
+    deadline = time.monotonic() + time_limit
     m = num_microbatches
     cost = CostModel.from_profile(profile, solver_placement(profile.num_ranks, chunks))
     p = cost.num_ranks
     units = [p * cost.activation_unit(r) for r in range(p)]
     need = smallest_feasible_limit(cost, m)
     lo = _scale(need, units, "needs")
-    kw = dict(chunks=chunks, time_limit=time_limit, objective=objective, milp=milp, uniform_costs=uniform_costs)
-    free = solve(profile, m, None, **kw)
+    kw = dict(chunks=chunks, objective=objective, milp=milp, uniform_costs=uniform_costs)
+    free = solve(profile, m, None, time_limit=time_limit / 8, **kw)
     hi = _scale(free.timeline.peak_memory, units, "holds")
     unlimited = bubble_rate(free.info.value, max(free.timeline.busy))
     points: list[FrontierPoint] = []
     best = None  # a schedule within a smaller limit is within this one too: the curve never rises
-    for x in _grid(lo, max(lo, hi)):
-        res = solve(profile, m, [x * u for u in units], start=best, **kw)
+    grid = _grid(lo, max(lo, hi))
+    for i, x in enumerate(grid):
+        left = deadline - time.monotonic()
+        if points and left <= 0:
+            break
+        res = solve(profile, m, [x * u for u in units], start=best, time_limit=max(0.0, left) / (len(grid) - i), **kw)
         best = res.schedule.rank_actions
         pred, busy = res.schedule.predicted, max(res.timeline.busy)
         pt = FrontierPoint(
@@ -79,6 +90,7 @@ def frontier(
             on_point(pt)
         if pt.bubble_rate <= unlimited + 1e-9:
             break
+    unlimited = min([unlimited] + [pt.bubble_rate for pt in points])  # the unlimited solve may have found worse
     return Frontier(
         profile=profile.name, num_microbatches=m, chunks=chunks, objective=objective, uniform_costs=uniform_costs,
         unlimited_bubble_rate=unlimited, points=points,

@@ -10,8 +10,8 @@ passes that start in [t1, t2) in the current schedule, a contiguous part of the 
   are max-plus linear in the window's end times, so the objective is exactly
   ``max(C, max_x E_x + tail(x))`` over window passes x, with tails and C from one pass over the
   rest of the schedule (``_tails``). No variable is spent on them.
-* Inside the window, passes of one (stage, op) keep microbatch order (FIFO loses nothing,
-  see ``problem``). Two passes of different chains get an order binary only when neither a
+* Inside the window, passes of one (stage, op) keep their order (FIFO in the exact model, which
+  loses nothing in the idle relaxation, see ``problem``). Two passes of different chains get an order binary only when neither a
   dependency nor their distance in the current schedule (more than ``band``) fixes their
   order, and a pass is linked only to the nearest fixed pass of each other chain: the chain
   order implies the rest.
@@ -23,8 +23,9 @@ passes that start in [t1, t2) in the current schedule, a contiguous part of the 
 
 The current schedule is the warm start (HiGHS gets it as a full solution), so a window never
 returns anything worse, and the result is re-simulated before it is accepted. With the
-window covering the whole schedule and no band, the model is exact and HiGHS's dual bound is
-a lower bound for every schedule (``exact``).
+window covering the whole schedule and no band, each rank's span measured from its first pass
+(a variable), the model is the exact idle relaxation and HiGHS's dual bound, less a margin for
+its tolerances, is a lower bound for every schedule (``exact``).
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from dataclasses import dataclass
 import highspy
 import pulp
 
-from ..actions import Action
-from ..dependencies import PassType, action_index, edge_delay, must_precede, predecessors
-from ..simulator import Timeline
+from ..actions import Action, Op
+from ..dependencies import PassType, action_index, earliest_starts, edge_delay, must_precede, predecessors
+from ..simulator import Deadlock, Timeline
+from .heuristic import sequential_schedule
 from .problem import Problem
 
 __all__ = ["WindowResult", "ImproveStats", "solve_window", "improve", "exact"]
@@ -48,7 +50,9 @@ _NEG = float("-inf")
 _INF = float("inf")
 
 
-_FEASIBILITY_TOL = 1e-10
+# Margin taken off HiGHS's dual bound before it is trusted: HiGHS works to tolerances (1e-7
+# on rows, 1e-6 relative gap), not exactly.
+_DUAL_MARGIN = 1e-6
 
 
 class _HiGHS(pulp.HiGHS):
@@ -66,14 +70,14 @@ class _HiGHS(pulp.HiGHS):
         sol.col_value = [self.start.get(v.name, 0.0) for v in lp.variables()]
         sol.value_valid = True
         h.setSolution(sol)
-        # HiGHS accepts rows violated by up to 1e-7 by default; memory deltas can be that small,
-        # so a tolerated violation would be a real overflow the validator rejects.
-        for option in ("primal_feasibility_tolerance", "mip_feasibility_tolerance"):
-            h.setOptionValue(option, _FEASIBILITY_TOL)
+        # HiGHS's default tolerances: tighter ones (1e-10) cut off feasible points on big-M rows
+        # and gave false optima. A tolerated memory overflow is caught where every result is
+        # re-simulated and checked against the limit.
         h.run()
         self.model_status = h.getModelStatus()
         info = h.getInfo()
-        self.dual_bound = info.mip_dual_bound if math.isfinite(info.mip_dual_bound) else _NEG
+        bound = info.mip_dual_bound
+        self.dual_bound = bound - _DUAL_MARGIN * max(1.0, abs(bound)) if math.isfinite(bound) else _NEG
 
 
 @dataclass
@@ -96,37 +100,55 @@ def _inputs(problem: Problem, rows: list[list[Action]], index, r: int, i: int):
         yield pr, pi, edge_delay(c, st, x.stage)
 
 
-def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], index):
-    """(tail, rest): tail[(r, i)] = longest path from the end of window pass (r, i) to the
-    objective through the passes after the window, rest = the part of the objective no window
-    pass reaches."""
-    c = problem.cost
-    off = problem.rank_start if problem.objective == "span" else [0.0] * len(rows)
-    suffix = sorted((tl.start[r][i], r, i) for r in range(len(rows)) for i in range(stop[r], len(rows[r])))
+def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], index, off: list[float | None]):
+    """(tail, rest) of the objective through the passes after the window.
 
-    # Backward: val[(r, i)] = longest path from the end of pass (r, i) to the objective.
-    tail = {(r, i): (-off[r] if stop[r] == len(rows[r]) else _NEG) for r in range(len(rows)) for i in range(begin[r], stop[r])}
-    val: dict = {}
-    for _, r, i in reversed(suffix):
-        v = val.get((r, i), _NEG)
-        if i == len(rows[r]) - 1:
-            v = max(v, -off[r])
-        if v == _NEG:
-            continue
-        x = rows[r][i]
-        w = v + c.time(x.stage, x.op)  # from the end of a predecessor, before delays
-        if i > stop[r]:
-            val[(r, i - 1)] = max(val.get((r, i - 1), _NEG), w)
-        else:  # the first pass after the window follows every window pass of its rank
-            for k in range(begin[r], stop[r]):
-                tail[(r, k)] = max(tail[(r, k)], w)
-        for pr, pi, delay in _inputs(problem, rows, index, r, i):
-            if pi >= stop[pr]:
-                val[(pr, pi)] = max(val.get((pr, pi), _NEG), w + delay)
-            elif pi >= begin[pr]:
-                tail[(pr, pi)] = max(tail[(pr, pi)], w + delay)
+    The objective is the largest (end of a rank's last pass - that rank's start ``off[r]``);
+    ``off[r]`` is a constant (0 for makespan, the fixed start of a rank whose first pass is not
+    in the window) or None when it is a variable of the window (the start of the rank's first
+    pass). Paths are grouped by label: None for ranks with a constant start (already
+    subtracted), r for the rank r with a variable start. tail[(r, i)][label] = longest path
+    from the end of window pass (r, i) to that label's objective; rest[label] = the part no
+    window pass reaches."""
+    c = problem.cost
+    R = len(rows)
+    suffix = sorted((tl.start[r][i], r, i) for r in range(R) for i in range(stop[r], len(rows[r])))
+    labels = [None] + [r for r in range(R) if off[r] is None]
+
+    def sink(label, r: int) -> float:
+        if label is None:
+            return -off[r] if off[r] is not None else _NEG
+        return 0.0 if r == label else _NEG
+
+    tail: dict = {(r, i): {} for r in range(R) for i in range(begin[r], stop[r])}
+    for label in labels:
+        # Backward: val[(r, i)] = longest path from the end of pass (r, i) to the objective.
+        lt = {(r, i): (sink(label, r) if stop[r] == len(rows[r]) else _NEG) for r in range(R) for i in range(begin[r], stop[r])}
+        val: dict = {}
+        for _, r, i in reversed(suffix):
+            v = val.get((r, i), _NEG)
+            if i == len(rows[r]) - 1:
+                v = max(v, sink(label, r))
+            if v == _NEG:
+                continue
+            x = rows[r][i]
+            w = v + c.time(x.stage, x.op)  # from the end of a predecessor, before delays
+            if i > stop[r]:
+                val[(r, i - 1)] = max(val.get((r, i - 1), _NEG), w)
+            else:  # the first pass after the window follows every window pass of its rank
+                for k in range(begin[r], stop[r]):
+                    lt[(r, k)] = max(lt[(r, k)], w)
+            for pr, pi, delay in _inputs(problem, rows, index, r, i):
+                if pi >= stop[pr]:
+                    val[(pr, pi)] = max(val.get((pr, pi), _NEG), w + delay)
+                elif pi >= begin[pr]:
+                    lt[(pr, pi)] = max(lt[(pr, pi)], w + delay)
+        for k, v in lt.items():
+            if v > _NEG:
+                tail[k][label] = v
     # Forward: end times of passes after the window as far as earlier passes alone drive them.
-    rest = max((tl.end[r][-1] - off[r] for r, row in enumerate(rows) if row and begin[r] == len(row)), default=_NEG)
+    rest = {label: max((tl.end[r][-1] + sink(label, r) for r, row in enumerate(rows) if row and begin[r] == len(row)), default=_NEG)
+            for label in labels}
     base: dict = {}
     for _, r, i in suffix:
         x = rows[r][i]
@@ -143,7 +165,8 @@ def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[in
                 t = max(t, base[(pr, pi)] + delay)
         base[(r, i)] = t + c.time(x.stage, x.op) if t > _NEG else _NEG
         if i == len(rows[r]) - 1:
-            rest = max(rest, base[(r, i)] - off[r])
+            for label in labels:
+                rest[label] = max(rest[label], base[(r, i)] + sink(label, r))
     return tail, rest
 
 
@@ -164,13 +187,27 @@ class _WindowModel:
     ``before[r][i]``: (k, weight) for each pass k of another chain on rank r that may run before
     pass i, weight 1 when it surely does, else the order binary (or 1 - it)."""
 
-    def __init__(self, problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], band: float, secondary: bool):
+    def __init__(self, problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], band: float, secondary: bool,
+                 relaxed: bool = False):
         self.problem, self.rows, self.tl, self.begin, self.stop = problem, rows, tl, begin, stop
         self.band, self.secondary = band, secondary
         self.passes: list[Key] = [(r, i) for r in range(len(rows)) for i in range(begin[r], stop[r])]
         index = action_index(rows)
         self.inputs = {k: list(_inputs(problem, rows, index, *k)) for k in self.passes}
-        self.tail, self.rest = _tails(problem, rows, tl, begin, stop, index)
+        # Each rank's span runs from its first pass. When that pass is in the window its start
+        # is, with ``relaxed``, a variable: the model is then the idle relaxation (a rank may
+        # start late), valid over every order, FIFO or not (see ``problem``). Otherwise it is
+        # the rank's ASAP start under FIFO orders (F(s0, 0) as soon as microbatch 0 arrives),
+        # so that the model's value is the simulator's for the FIFO orders it ranges over.
+        R = len(rows)
+        if problem.objective == "makespan":
+            self.off: list[float | None] = [0.0] * R
+        else:
+            first = earliest_starts(problem.cost, (0, Op.F))
+            fifo_start = [first[(min(problem.cost.rank_stages(r)), Op.F)] for r in range(R)]
+            self.off = [(None if relaxed else fifo_start[r]) if begin[r] == 0 < stop[r]
+                        else (tl.start[r][0] if begin[r] > 0 else fifo_start[r]) for r in range(R)]
+        self.tail, self.rest = _tails(problem, rows, tl, begin, stop, index, self.off)
         self.value = problem.value(tl)
         self.slack = 1e-7 * max(1.0, self.value)  # float noise between the simulator's sums and ours
         self.binaries = 0
@@ -196,9 +233,16 @@ class _WindowModel:
             for pr, pi, delay in self.inputs[(r, i)]:
                 t = max(t, (tl.end[pr][pi] if pi < begin[pr] else self.earliest[(pr, pi)] + self.duration((pr, pi))) + delay)
             self.earliest[(r, i)] = t
+        # A horizon every pass can be assumed to end by: left-shift any schedule until its
+        # ranks' busy intervals (each at most the objective long) and the messages between
+        # them leave no idle gap.
+        delay = max((d for k in self.passes for _, _, d in self.inputs[k]), default=0.0)
+        R = len(self.rows)
+        self.horizon = max(self.earliest.values()) + R * (self.value + self.slack) + (R - 1) * delay + 1.0
         latest = self.latest_end = {}
         for k in self.passes:
-            latest[k] = self.value + self.slack - self.tail[k] if self.tail[k] > _NEG else self.value + max(self.problem.rank_start) + 1.0
+            own = self.tail[k].get(None)
+            latest[k] = min(self.horizon, self.value + self.slack - own) if own is not None else self.horizon
         successors: dict[Key, list[tuple[Key, float]]] = {}
         for k in self.passes:
             for pr, pi, delay in self.inputs[k]:
@@ -217,9 +261,13 @@ class _WindowModel:
         self.lp = lp
         name = {k: f"s{k[0]}_{k[1]}" for k in self.passes}
         self.start = {k: lp.add_variable(name[k], self.earliest[k], self.latest_end[k] - self.duration(k)) for k in self.passes}
-        self.z = lp.add_variable("z", self.rest if self.rest > _NEG else None, self.value + self.slack)
+        rest = self.rest[None]
+        self.z = lp.add_variable("z", rest if rest > _NEG else None, self.value + self.slack)
         self.warm_start = {name[k]: tl.start[k[0]][k[1]] for k in self.passes}
         self.warm_start["z"] = self.value
+        # the start of each rank whose first pass is in the window
+        self.rank_start = {r: lp.add_variable(f"t{r}", 0.0, self.horizon) for r, o in enumerate(self.off) if o is None}
+        self.warm_start.update({f"t{r}": tl.start[r][0] for r in self.rank_start})
 
     def add_objective(self) -> None:
         """z, plus (``secondary``) a tiny weight on the start times so passes start early."""
@@ -233,8 +281,13 @@ class _WindowModel:
             for pr, pi, delay in self.inputs[k]:
                 if (pr, pi) in start:
                     lp += start[k] >= start[(pr, pi)] + self.duration((pr, pi)) + delay
-            if self.tail[k] > _NEG:
-                lp += self.z >= start[k] + self.duration(k) + self.tail[k]
+            for label, t in self.tail[k].items():
+                lp += self.z >= start[k] + self.duration(k) + t - (self.rank_start[label] if label is not None else 0.0)
+            if k[0] in self.rank_start:
+                lp += self.rank_start[k[0]] <= start[k]
+        for r, t0 in self.rank_start.items():
+            if self.rest[r] > _NEG:
+                lp += self.z >= self.rest[r] - t0
 
     def add_order_and_memory(self) -> None:
         """Per rank: its chains in microbatch order, the order between chains, its memory rows."""
@@ -348,12 +401,14 @@ def solve_window(
     band: float,
     time_limit: float,
     secondary: bool = True,
+    relaxed: bool = False,
 ) -> WindowResult | None:
-    """Re-optimise the passes that start in [t1, t2); None if the window is empty."""
+    """Re-optimise the passes that start in [t1, t2); None if the window is empty.
+    ``relaxed``: each rank's start is free (the idle relaxation; see ``_WindowModel``)."""
     begin, stop = _window_positions(rows, tl, t1, t2)
     if begin == stop:
         return None
-    model = _WindowModel(problem, rows, tl, begin, stop, band, secondary)
+    model = _WindowModel(problem, rows, tl, begin, stop, band, secondary, relaxed)
     if not model.time_bounds():
         return None  # cannot happen for a consistent timeline; be safe rather than wrong
     model.add_variables()
@@ -363,10 +418,35 @@ def solve_window(
     return model.solve(time_limit)
 
 
-def exact(problem: Problem, rows: list[list[Action]], time_limit: float) -> WindowResult | None:
-    """The whole schedule as one window, with no band: an exact model of the problem."""
+def _fifo(problem: Problem, rows: list[list[Action]]) -> list[list[Action]]:
+    """``rows`` with each (stage, op) chain in microbatch order (the orders the exact model
+    ranges over); the sequential schedule if that order deadlocks or overflows memory."""
+    out = []
+    for row in rows:
+        mbs: dict[PassType, list[int]] = {}
+        for x in row:
+            mbs.setdefault((x.stage, x.op), []).append(x.mb)
+        nxt = {key: iter(sorted(v)) for key, v in mbs.items()}
+        out.append([Action(x.stage, x.op, next(nxt[(x.stage, x.op)])) for x in row])
+    if out == rows:
+        return rows
+    try:
+        if problem.fits(problem.evaluate(out)[1]):
+            return out
+    except Deadlock:
+        pass
+    return sequential_schedule(problem)
+
+
+def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed: bool = True) -> WindowResult | None:
+    """The whole schedule as one window, with no band. ``relaxed``: every rank's start free, an
+    exact model of the idle relaxation (see ``problem``), whose dual bound is a lower bound for
+    every schedule; its solution, re-simulated, may be worse than its objective (a rank the
+    model starts late starts as early as it can). Otherwise: the best FIFO order under ASAP
+    execution exactly (its bound holds for FIFO orders only)."""
+    rows = _fifo(problem, rows)
     _, tl = problem.evaluate(rows)
-    return solve_window(problem, rows, tl, 0.0, _INF, _INF, time_limit, secondary=False)
+    return solve_window(problem, rows, tl, 0.0, _INF, _INF, time_limit, secondary=False, relaxed=relaxed)
 
 
 @dataclass

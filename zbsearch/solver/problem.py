@@ -3,27 +3,30 @@
 Schedules are per-rank action lists of basic passes (F, B, W; never fused BW), always judged
 by the core simulator, so every number the solver reports is the number ``simulate`` gives.
 
-Symmetry: microbatches are interchangeable, so the solver only builds schedules that run the
-F passes of a stage in microbatch order, and likewise the B and the W passes (FIFO). This
-loses nothing: take any schedule and, on each stage in pipeline order, swap the labels of two
-microbatches whose F passes run out of order on every later pass of theirs (and on their B
-and W passes). The swapped schedule keeps every time slot, every dependency (a pass inherits
-a slot that was later than the one its own predecessor now has) and every memory count, so
-its spans and peaks are unchanged. Repeating sorts F, then B (from the last stage down), then
-W. The solver's MILP bound is therefore a bound over all schedules.
+Semantics and the relaxation every bound holds for. A schedule's value is that of its ASAP
+timeline (each pass as early as its rank and inputs allow). Its *idle relaxation* lets passes
+wait longer, so a rank may start late: the idle optimum is a lower bound on the ASAP optimum
+over every order. In the idle model microbatches are interchangeable: take any timed
+schedule and, on each stage in pipeline order, swap the labels of two microbatches whose F
+passes run out of order on every later pass of theirs (and on their B and W passes). Every
+time slot, dependency and memory count is kept, so the spans and peaks are too. Repeating
+sorts F, then B (from the last stage down), then W: FIFO orders (each (stage, op) in
+microbatch order) lose nothing *in the idle model*, and every bound of ``zbsearch.bounds`` and
+the exact MILP's dual bound (which measures each rank's span from the start of its first pass,
+a variable) bound the idle optimum, hence every ASAP schedule.
 
-With FIFO passes each rank starts with F(first stage of the rank, microbatch 0), which waits
-only for microbatch 0's forwards on earlier ranks; its start time is a constant of the
-profile, ``rank_start``. That lets the MILP measure spans from a constant.
+Under ASAP FIFO can lose for span (not for makespan): the relabelled schedule's first pass on a
+rank may have its input earlier, so ASAP starts the rank earlier and its span grows. A
+non-FIFO order (a rank starting with a later microbatch) can then be strictly better than every
+FIFO one; the solver's schedules are judged by the simulator, never by the model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ..actions import Action, Op
+from ..actions import Action
 from ..costs import CostModel
-from ..dependencies import earliest_starts
 from ..formats.schedule import Objective
 from ..limits import allowance, fits
 from ..simulator import Timeline, simulate
@@ -38,12 +41,6 @@ class Problem:
     num_microbatches: int
     limit: tuple[float, ...] | None = None  # per rank, in the profile's memory unit
     objective: Objective = "span"
-    rank_start: tuple[float, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        c = self.cost
-        first = earliest_starts(c, (0, Op.F))  # earliest start of F(s, 0)
-        object.__setattr__(self, "rank_start", tuple(first[(min(c.rank_stages(r)), Op.F)] for r in range(c.num_ranks)))
 
     @property
     def num_ranks(self) -> int:

@@ -73,22 +73,21 @@ def uniform_profile(profile: Profile) -> Profile:
 _CLASSIC_CANDIDATES = {1: ("zb-h1", "1f1b-split", "zb-h2"), 2: ("zb-v",)}
 
 
-def _classic_orders(problem: Problem) -> list[tuple[str, list[list[Action]]]]:
+def _classic_kinds(problem: Problem) -> tuple[str, ...]:
     """The handcrafted schedules that apply to the placement, as further candidates."""
-    c, m = problem.cost, problem.num_microbatches
+    c = problem.cost
     chunks = c.num_stages // c.num_ranks
     if chunks not in _CLASSIC_CANDIDATES or list(c.stage_to_rank) != placement(c.num_ranks, chunks, "v"):
-        return []
-    return [(kind, KINDS[kind].build(c, m)) for kind in _CLASSIC_CANDIDATES[chunks]]
+        return ()
+    return _CLASSIC_CANDIDATES[chunks]
 
 
-def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> tuple[str, list[list[Action]]]:
-    """Best of the sequential schedule, the classic ones and the list-scheduling grid (as far
-    as the deadline allows; the grid is ordered most-promising first). List schedules are
-    ranked by their own timing and only the best few are simulated."""
-    cands = [("sequential", sequential_schedule(problem)), *_classic_orders(problem)]
-    if start is not None:
-        cands.append(("given", start))
+def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> tuple[str, list[list[Action]], Timeline, float]:
+    """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
+    by their own timing, only the best few simulated), the classic schedules and the
+    sequential one, as far as the deadline allows: once it has passed, the first candidate
+    within the limit is kept (the sequential schedule, last, always is: it needs the least
+    memory of any schedule)."""
     found = []
     for policy in candidate_policies():
         if found and time.monotonic() > deadline:
@@ -97,13 +96,23 @@ def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> 
         if out is not None:
             found.append((out[1], policy.name, out[0]))
     found.sort(key=lambda x: x[0])
-    cands += [(name, rows) for _, name, rows in found[:keep]]
-    best, best_value = cands[0], float("inf")
-    for name, rows in cands:
+    # the given start first: within a smaller limit, it is what makes results monotone in memory
+    cands = [("given", lambda: start)] if start is not None else []
+    cands += [(name, lambda rows=rows: rows) for _, name, rows in found[:keep]]
+    cands += [(kind, lambda kind=kind: KINDS[kind].build(problem.cost, problem.num_microbatches)) for kind in _classic_kinds(problem)]
+    cands.append(("sequential", lambda: sequential_schedule(problem)))
+    best, best_value, sim_s = None, float("inf"), 0.0
+    for name, build in cands:
+        if best is not None and time.monotonic() > deadline:
+            break
+        rows = build()
+        tick = time.monotonic()
         value, tl = problem.evaluate(rows)
+        sim_s = max(sim_s, time.monotonic() - tick)
         if value < best_value and problem.fits(tl):
-            best, best_value = (name, rows), value
-    return best
+            best, best_value = (name, rows, tl), value
+    assert best is not None  # the sequential schedule fits every limit check_limit accepts
+    return (*best, sim_s)
 
 
 def solve(
@@ -142,47 +151,54 @@ def solve(
     build_cost = CostModel.from_profile(uniform_profile(profile), stage_to_rank) if uniform_costs else cost
     search = Problem(build_cost, m, true.limit, objective)
     bound_fn = memory_span_lower_bound if objective == "span" else memory_makespan_lower_bound
-    bound = bound_fn(cost, m, limit)
+    bound = bound_fn(cost, m, limit, quick=True)  # the full bound once a schedule is in hand
 
     def report(phase: str, value: float) -> None:
         if progress is not None:
             progress(phase, value, bound)
 
     report("constructing", float("inf"))
-    construction, rows = _construct(search, t0 + time_limit / 3, start)
-    tick = time.monotonic()
-    value = true.evaluate(rows)[0]
-    # Keep back time for the final simulation, validation and prediction (about 6 simulations).
-    deadline -= 6 * (time.monotonic() - tick)
+    construction, rows, tl, sim_s = _construct(search, t0 + time_limit / 3, start)
+    value, tl = (true.value(tl), tl) if not uniform_costs else true.evaluate(rows)
+    # Keep back time for the final validation and prediction (about 3 simulations).
+    deadline -= 3 * sim_s
+    if time.monotonic() < deadline:
+        bound = max(bound, bound_fn(cost, m, limit))
     report("constructed", value)
     method = "heuristic"
     windows = improvements = 0
     hit_limit = False
-    if milp and value > bound * (1 + _CLOSED):
+    if milp and value > bound * (1 + _CLOSED) and time.monotonic() < deadline:
         from .milp import exact, improve  # PuLP and HiGHS load only when needed
 
         method = "heuristic+milp"
         if 3 * cost.num_stages * m <= _EXACT_PASSES and not uniform_costs:
-            res = exact(true, rows, max(0.1, deadline - time.monotonic()))
-            if res is not None:
-                v2, tl2 = true.evaluate(res.rows)
-                if v2 < value and true.fits(tl2):
-                    rows, value = res.rows, v2
-                    improvements = 1
-                bound = max(bound, res.dual_bound)
-                hit_limit = not res.optimal
-                windows += 1
-            report("exact MILP", value)
-        elif time.monotonic() < deadline:
+            # the idle relaxation for the bound, then (span) the best FIFO order under ASAP
+            for relaxed in (True, False) if objective == "span" else (True,):
+                if value <= bound * (1 + _CLOSED) or time.monotonic() >= deadline:
+                    break
+                res = exact(true, rows, (deadline - time.monotonic()) / (2 if relaxed and objective == "span" else 1), relaxed)
+                if res is not None:
+                    v2, tl2 = true.evaluate(res.rows)
+                    if v2 < value and true.fits(tl2):
+                        rows, value = res.rows, v2
+                        improvements += 1
+                    if relaxed:
+                        bound = max(bound, res.dual_bound)
+                    hit_limit = not res.optimal
+                    windows += 1
+                report("exact MILP", value)
+        if value > bound * (1 + _CLOSED) and time.monotonic() < deadline:
+            # windows: the exact model is the idle relaxation, whose solution ASAP may run worse
             # with uniform costs the search objective is not the true one: no early stop
             target = float("-inf") if uniform_costs else bound * (1 + _CLOSED)
             rows, stats = improve(search, rows, deadline, lambda v, st: report("MILP windows", v), target)
-            windows, improvements = stats.windows, stats.improved
+            windows, improvements = windows + stats.windows, improvements + stats.improved
             hit_limit = not stats.converged
-        else:
-            hit_limit = True  # the heuristics used up the time
-    value, tl = true.evaluate(rows)
+    if method != "heuristic":
+        value, tl = true.evaluate(rows)
     gap = max(0.0, value / bound - 1) if bound > 0 else 0.0
+    hit_limit = hit_limit or time.monotonic() >= deadline  # a search was cut short
     status = "optimal" if gap <= _CLOSED else ("time_limit" if hit_limit else "feasible")
     info = SolverInfo(
         method=method, construction=construction, objective=objective, status=status, value=value,
