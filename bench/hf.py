@@ -78,8 +78,8 @@ def exactness(tmp: Path) -> list[dict]:
                 n = _schedule(kind, p).num_stages
                 model = hf_model(hf_config(preset), seed=0)
                 ref_losses = []
-                for i, l, y in zip(ids.chunk(M), mask.chunk(M), labels.chunk(M)):
-                    loss = model(input_ids=i, attention_mask=l, labels=y).loss
+                for i, am, y in zip(ids.chunk(M), mask.chunk(M), labels.chunk(M)):
+                    loss = model(input_ids=i, attention_mask=am, labels=y).loss
                     (loss / M).backward()
                     ref_losses.append(loss.detach())
                 cut = hf_stages(model, n)

@@ -95,8 +95,8 @@ def check(args, runtime, stages, batch, m: int) -> None:
     (ids, mask), labels = batch
     runtime.step((ids, mask) if 0 in stages else None, labels if runtime.last in stages else None)
     _, whole = build(args, runtime.schedule.num_stages)
-    for i, l, y in zip(ids.chunk(m), mask.chunk(m), labels.chunk(m)):
-        x = (i, l)
+    for i, am, y in zip(ids.chunk(m), mask.chunk(m), labels.chunk(m)):
+        x = (i, am)
         for st in whole.stages:
             x = st(*x)
             x = x if isinstance(x, tuple) else (x,)

@@ -12,8 +12,8 @@ from tests.helpers import make_profile
 from zbsearch import CostModel, Profile, build_classic, load_profile, timeline
 from zbsearch.actions import Action, Op
 from zbsearch.bounds import memory_makespan_lower_bound, memory_span_lower_bound, span_lower_bound
-from zbsearch.formats.schedule import Schedule
 from zbsearch.formats.edit import updated
+from zbsearch.formats.schedule import Schedule
 
 EPS = 1e-9
 

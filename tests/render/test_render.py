@@ -10,8 +10,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from zbsearch.app import cli
 import zbsearch as zb
+from zbsearch.app import cli
 from zbsearch.formats.edit import updated
 from zbsearch.render import intervals_panel, load_measured, render_text, schedule_panel, with_measured, write_chart
 
@@ -93,7 +93,7 @@ def test_text_big_schedule_stays_within_width():
 
 
 def test_text_elides_middle_ranks():
-    rows = [[("%dF0" % r, float(r), r + 1.0)] for r in range(100)]
+    rows = [[(f"{r}F0", float(r), r + 1.0)] for r in range(100)]
     lines = render_text([intervals_panel("fake", "predicted", 1, rows)], width=60).splitlines()
     assert any("37 ranks not shown" in line for line in lines)
     assert lines[1].startswith("r0 ") and any(line.startswith("r99 ") for line in lines)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import click
 import typer
@@ -28,8 +27,8 @@ from zbsearch.errors import ZbError
 from zbsearch.formats.edit import updated
 from zbsearch.formats.fileio import check_writable, parse_model, write_model, write_text
 from zbsearch.formats.schedule import profile_misfit
-from zbsearch.limits import limit_for_profile
 from zbsearch.formats.trace import load_trace
+from zbsearch.limits import limit_for_profile
 from zbsearch.pass_times import PassTimes, compare_pass_times
 
 app = typer.Typer(
@@ -48,7 +47,7 @@ ForceOpt = typer.Option(False, "--force", help="go on with a schedule that does 
 LimitOpt = typer.Option(None, "--mem-limit", help="memory limit instead of the schedule's (1p, 2p, 40GiB, capacity, none)")
 
 
-def _load_schedule(path: Path, profile: Optional[str], mem_limit: Optional[str] = None, force: bool = False) -> zb.Schedule:
+def _load_schedule(path: Path, profile: str | None, mem_limit: str | None = None, force: bool = False) -> zb.Schedule:
     """The schedule, with another profile and limit if given; refused unless valid or ``force``."""
     sched = zb.load_schedule(path)
     update: dict = {}
@@ -76,7 +75,7 @@ def _load_schedule(path: Path, profile: Optional[str], mem_limit: Optional[str] 
     return sched
 
 
-def _output(text: Optional[str], suffixes: tuple[str, ...] = (), what: str = "output") -> Optional[Path]:
+def _output(text: str | None, suffixes: tuple[str, ...] = (), what: str = "output") -> Path | None:
     """An output path, checked before the work: '-' (stdout) as it is, else it must be writable
     (and, given ``suffixes``, name one of those formats). Taken as text: typer would read '' as '.'."""
     if text is None:
@@ -130,8 +129,8 @@ def schedule(
     kind: str = typer.Argument(..., help=f"one of: {', '.join(zb.CLASSIC_KINDS)}"),
     profile: str = ProfileOpt,
     m: int = MicrobatchOpt,
-    chunks: Optional[int] = typer.Option(None, "--chunks", "-v", help="chunks per rank (interleaved-1f1b; zb-v is 2)"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+    chunks: int | None = typer.Option(None, "--chunks", "-v", help="chunks per rank (interleaved-1f1b; zb-v is 2)"),
+    output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
 ):
     """Build a classic schedule (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V) for a profile."""
     output = _output(output)
@@ -146,10 +145,10 @@ def schedule(
 @app.command()
 def simulate(
     schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="schedule JSON"),
-    profile: Optional[str] = OtherProfileOpt,
-    mem_limit: Optional[str] = LimitOpt,
+    profile: str | None = OtherProfileOpt,
+    mem_limit: str | None = LimitOpt,
     as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
-    measured: Optional[list[Path]] = typer.Option(
+    measured: list[Path] | None = typer.Option(
         None, "--measured", help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted"),
     force: bool = ForceOpt,
 ):
@@ -184,8 +183,8 @@ def _pass_table(passes: list[PassTimes], steps: int) -> Table:
 @app.command()
 def validate(
     schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="schedule JSON"),
-    profile: Optional[str] = OtherProfileOpt,
-    mem_limit: Optional[str] = LimitOpt,
+    profile: str | None = OtherProfileOpt,
+    mem_limit: str | None = LimitOpt,
 ):
     """Exit 0 if the schedule is valid, else print the first problem and exit 1."""
     sched = _load_schedule(schedule_path, profile, mem_limit, force=True)
@@ -199,7 +198,7 @@ def validate(
 def compare(
     profile: str = ProfileOpt,
     m: int = MicrobatchOpt,
-    mem_limit: Optional[str] = typer.Option(None, "--mem-limit", help="mark schedules over this limit (1p, 2p, 40GiB)"),
+    mem_limit: str | None = typer.Option(None, "--mem-limit", help="mark schedules over this limit (1p, 2p, 40GiB)"),
     chunks: int = typer.Option(2, "--chunks", "-v", help="chunks for interleaved-1f1b"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON"),
 ):
@@ -253,12 +252,12 @@ def _fail(message: str, code: int = 1) -> None:
 @app.command()
 def show(
     schedule_paths: list[Path] = typer.Argument(..., metavar="SCHEDULE...", help="schedule JSON; several are stacked on one time axis"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="write a chart: .png, .svg or .html (self-contained; hover a box for its times)"),
+    output: str | None = typer.Option(None, "-o", "--output", help="write a chart: .png, .svg or .html (self-contained; hover a box for its times)"),
     text: bool = typer.Option(False, "--text", help="print the text chart even when -o is given"),
-    width: Optional[int] = typer.Option(None, "--width", min=20, help="text chart width in columns (default: the terminal's)"),
-    measured: Optional[Path] = typer.Option(None, "--measured", help="runtime trace JSON to draw under the prediction (one SCHEDULE)"),
-    profile: Optional[str] = OtherProfileOpt,
-    mem_limit: Optional[str] = LimitOpt,
+    width: int | None = typer.Option(None, "--width", min=20, help="text chart width in columns (default: the terminal's)"),
+    measured: Path | None = typer.Option(None, "--measured", help="runtime trace JSON to draw under the prediction (one SCHEDULE)"),
+    profile: str | None = OtherProfileOpt,
+    mem_limit: str | None = LimitOpt,
     force: bool = ForceOpt,
 ):
     """Gantt chart of schedules (predicted, or against a measured trace): text, or PNG/SVG/HTML with -o."""
@@ -312,7 +311,7 @@ def solve(
     objective: str = typer.Option("span", "--objective", help="span: longest per-rank span (iteration period); makespan: first start to last end"),
     uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs as the paper's scheduler does (results on the true costs)"),
     no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only (milliseconds to seconds)"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+    output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
 ):
     """Find the schedule with the least bubble under a memory limit, and how far from optimal it can be."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -357,7 +356,7 @@ def frontier(
     time_limit: float = typer.Option(2.0, "--time-limit", "-t", min=0.1, help="seconds per memory limit"),
     milp: bool = typer.Option(False, "--milp", help="also improve each point with MILP windows (slower)"),
     uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs (paper behaviour)"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="frontier.json ('-': JSON on stdout), or a plot: .png, .svg, .pdf"),
+    output: str | None = typer.Option(None, "-o", "--output", help="frontier.json ('-': JSON on stdout), or a plot: .png, .svg, .pdf"),
 ):
     """Bubble rate against memory limit, from the smallest feasible limit to where the bubble stops falling."""
     from zbsearch.formats.frontier import save_frontier
@@ -386,24 +385,24 @@ def frontier(
 
 @app.command()
 def profile(
-    model: Optional[str] = typer.Option(None, "--model", help="package.module:function returning (stages, microbatch[, loss_fn, target])"),
+    model: str | None = typer.Option(None, "--model", help="package.module:function returning (stages, microbatch[, loss_fn, target])"),
     model_arg: list[str] = typer.Option([], "--model-arg", help="key=value passed to the --model function (repeatable; ints, floats, true/false converted)"),
-    builtin: Optional[str] = typer.Option(None, "--builtin", help="a built-in model instead of --model: gpt"),
-    hf: Optional[str] = typer.Option(None, "--hf", help="a Hugging Face causal LM, random init: config JSON or preset (gpt2-tiny, llama-tiny, ...); uses --stages, --seq, -b"),
+    builtin: str | None = typer.Option(None, "--builtin", help="a built-in model instead of --model: gpt"),
+    hf: str | None = typer.Option(None, "--hf", help="a Hugging Face causal LM, random init: config JSON or preset (gpt2-tiny, llama-tiny, ...); uses --stages, --seq, -b"),
     layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
     hidden: int = typer.Option(128, "--hidden", help="gpt: hidden size"),
     heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
     seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
     microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
     stages: int = typer.Option(4, "--stages", help="gpt: pipeline stages"),
-    placement: Optional[str] = typer.Option(None, "--placement", help="the stages are 2 pieces per rank for this placement: v (ZB-V) or interleaved; recorded, so schedules use each piece's costs"),
+    placement: str | None = typer.Option(None, "--placement", help="the stages are 2 pieces per rank for this placement: v (ZB-V) or interleaved; recorded, so schedules use each piece's costs"),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:<i> (under torchrun: cuda:LOCAL_RANK)"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: the model's own)"),
+    dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: the model's own)"),
     warmup: int = typer.Option(3, "--warmup", help="untimed repetitions per stage"),
     repeat: int = typer.Option(10, "--repeat", help="timed repetitions per stage (median and quartiles recorded)"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's; torchrun sets 1)"),
-    name: Optional[str] = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: torch's; torchrun sets 1)"),
+    name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
+    output: str | None = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
 ):
     """Measure per-stage F, B, W times, activation memory and link times; write a profile (bytes).
 
@@ -462,7 +461,7 @@ def demo(
     heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
     seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
     microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
-    emulate: Optional[bool] = typer.Option(
+    emulate: bool | None = typer.Option(
         None, "--emulate/--real",
         help="replay with stages that sleep the profiled times, or with the real passes; default: emulate when the CPU has fewer cores than ranks",
     ),
@@ -508,7 +507,7 @@ def demo(
     err.print(f"wrote {', '.join(str(f) for f in run.files)}", highlight=False, soft_wrap=True)
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     try:
         code = app(args=argv, prog_name="zbsearch", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as e:  # bare ``zbsearch`` (or a group): the help

@@ -23,15 +23,15 @@ import torch.distributed as dist
 
 from .. import render
 from ..classic import build_classic
+from ..distributed import run_local
 from ..errors import ZbError
-from ..models.gpt import GPTConfig, gpt_batch
 from ..formats.profile import Profile, save_profile
+from ..formats.schedule import Schedule, save_schedule
+from ..formats.trace import Trace, save_trace
+from ..models.gpt import GPTConfig, gpt_batch
 from ..profiler import Settings, builtin_gpt, profile_distributed
 from ..runtime import PipelineRuntime, emulated_loss, emulated_stages
-from ..distributed import run_local
-from ..formats.schedule import Schedule, save_schedule
 from ..solver import solve
-from ..formats.trace import Trace, save_trace
 
 __all__ = ["DemoConfig", "DemoRun", "run_demo"]
 

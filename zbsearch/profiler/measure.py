@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..distributed.clock import DeviceClock
 from ..formats.profile import StageCost
 from ..runtime.memory import ActivationMeter
 from ..runtime.split_backward import backward_full, backward_input, backward_weight, forward_pass
-from ..distributed.clock import DeviceClock
 
 __all__ = ["Stats", "StageMeasurement", "measure_stage", "disturbances", "SPREAD_LIMIT"]
 
@@ -50,7 +50,7 @@ class Stats:
     q3: float
 
     @classmethod
-    def of(cls, samples: list[float]) -> "Stats":
+    def of(cls, samples: list[float]) -> Stats:
         q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
         return cls(max(statistics.median(samples), _MIN_MS), q1, q3)
 

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 
 from ..actions import Action, Op, parse_action
-from ..predict import timeline
 from ..formats.schedule import Schedule
+from ..predict import timeline
 from ..simulator import bubble_rate
 
 __all__ = ["Bar", "Panel", "schedule_panel", "intervals_panel", "OP_NAMES", "nice_ticks", "tick_label", "colour", "text_colour", "op_char"]

@@ -77,7 +77,7 @@ class TensorMeta:
     requires_grad: bool
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> "TensorMeta":
+    def of(cls, t: torch.Tensor) -> TensorMeta:
         return cls(tuple(t.shape), t.dtype, t.requires_grad)
 
 

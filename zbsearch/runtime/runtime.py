@@ -52,8 +52,8 @@ from ..validator import find_problem
 from .errors import PipelineError, first_line, post, wait
 from .memory import ActivationMeter
 from .p2p import ACT, GRAD, P2P, comm_plan
-from .tied import TiedParameters
 from .split_backward import ForwardPass, backward_full, backward_input, backward_weight, forward_pass
+from .tied import TiedParameters
 from .trace import StepTimer, clock_offset, gather_trace
 
 __all__ = ["PipelineRuntime"]
@@ -169,7 +169,7 @@ class PipelineRuntime:
         self._failure = "closed"
         self._p2p.close()
 
-    def __enter__(self) -> "PipelineRuntime":
+    def __enter__(self) -> PipelineRuntime:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -62,6 +62,7 @@ into ``param.grad`` like ``loss.backward()``. These functions are the ones the p
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -70,8 +71,6 @@ from torch import nn
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
-import weakref
-
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .errors import PipelineError
@@ -333,7 +332,7 @@ class ForwardPass:
     fast: bool = False  # every parameter use is deferred or cheap, as checked on this signature
     verdict: Callable[[bool], None] | None = None  # records the check when this pass is the first
     # set by backward_input, consumed by backward_weight:
-    groups: list["_WeightGroup"] = field(default_factory=list)
+    groups: list[_WeightGroup] = field(default_factory=list)
     early: list[tuple[nn.Parameter, torch.Tensor]] = field(default_factory=list)  # cheap uses' gradients from B
 
 
@@ -397,7 +396,7 @@ def forward_pass(
 
 
 # module -> {input signature: whether its parameters are used only in ways the fast path takes}
-_CHECKED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+_CHECKED: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
 def _signature(inputs: Sequence, post: Callable | None) -> tuple:

@@ -83,9 +83,9 @@ def clock_offset(rank: int, world: int, group: dist.ProcessGroup | None, timeout
         for r in range(1, world):
             peer = dist.get_global_rank(group, r) if group is not None else r
             for _ in range(rounds):
-                _wait(lambda: dist.irecv(msg, peer, group=group), rank, timeout, what)
+                _wait(lambda peer=peer: dist.irecv(msg, peer, group=group), rank, timeout, what)
                 msg[0] = time.perf_counter()
-                _wait(lambda: dist.isend(msg, peer, group=group), rank, timeout, what)
+                _wait(lambda peer=peer: dist.isend(msg, peer, group=group), rank, timeout, what)
         return 0.0
     best = (math.inf, 0.0)  # (round trip, offset)
     for _ in range(rounds):
