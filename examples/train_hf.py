@@ -87,7 +87,9 @@ def run(args, device: torch.device) -> None:
             print(f"step {step:3d}  loss {losses.mean().item():.4f}  {1e3 * (time.perf_counter() - t0):7.1f} ms", flush=True)
     verdict = opt.validate()
     if rank == 0:
-        print(f"last step: global grad norm {verdict.total_norm:.4f}, clipped {verdict.clipped}; steps by kind {dict(opt.counts)}")
+        print(
+            f"last step: global grad norm {verdict.total_norm:.4f}, clipped {verdict.clipped}; steps by kind {dict(opt.counts)}"
+        )
 
 
 def check(args, runtime, stages, batch, m: int) -> None:

@@ -75,7 +75,14 @@ def test_bounds_hold_for_fused_split_and_mixed_schedules(p, m, data):
     prof = _with_bw(make_profile(p, stages=times, m_w=data.draw(st.floats(0.0, 1.0)),
                                  t_comm=data.draw(st.sampled_from([0.0, 0.3]))), t_bw)
     rng = random.Random(data.draw(st.integers(0, 2**16)))
-    for kind, chunks in [("gpipe", None), ("1f1b", None), ("interleaved-1f1b", 2), ("zb-h1", None), ("zb-h2", None), ("zb-v", None)]:
+    for kind, chunks in [
+        ("gpipe", None),
+        ("1f1b", None),
+        ("interleaved-1f1b", 2),
+        ("zb-h1", None),
+        ("zb-h2", None),
+        ("zb-v", None),
+    ]:
         if kind == "interleaved-1f1b" and m % p:
             continue
         sched = build_classic(kind, prof, m, chunks)

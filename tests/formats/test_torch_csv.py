@@ -57,7 +57,9 @@ def _ours_and_torch(rank: int, world: int, send, kind: str, m: int, csv_path: st
     runtime.step(*((ids,) if first else ()), target=targets if last else None)
     for s in mine:
         for (name, a), b in zip(ours[s].named_parameters(), theirs[s].parameters()):
-            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=lambda e, s=s, name=name: f"{kind} stage {s} {name}: {e}")
+            torch.testing.assert_close(
+                a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=lambda e, s=s, name=name: f"{kind} stage {s} {name}: {e}"
+            )
 
 
 @pytest.mark.slow

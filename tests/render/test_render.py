@@ -57,7 +57,9 @@ def _run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 
 def test_text_rows_ops_idle_and_legend(zb_h1):
     lines = render_text([schedule_panel(zb_h1)], width=WIDTH).splitlines()
-    assert lines[0].startswith("predicted: zb-h1  p=4 m=8") and "bubble rate 0.1111" in lines[0] and "peak memory 4 M_B" in lines[0]
+    assert (
+        lines[0].startswith("predicted: zb-h1  p=4 m=8") and "bubble rate 0.1111" in lines[0] and "peak memory 4 M_B" in lines[0]
+    )
     rows = [line for line in lines if line[:1] == "r"]
     assert [row.split("|")[0].strip() for row in rows] == ["r0", "r1", "r2", "r3"]
     assert all(len(row) == WIDTH for row in rows)

@@ -47,7 +47,10 @@ def test_every_other_rank_fails_with_a_named_error(case):
         assert rep is not None and rep["outcome"] == "error", (rank, rep)
         assert rep["refuses_next_step"], rep
         if rank == case.rank:  # the rank whose stage raised: its own error, with stage and microbatch
-            assert rep["message"] == f"rank {rank}: {case.action}: stage {rank} microbatch {case.mb} raised RuntimeError: injected fault"
+            assert (
+                rep["message"]
+                == f"rank {rank}: {case.action}: stage {rank} microbatch {case.mb} raised RuntimeError: injected fault"
+            )
             assert rep["cause"] == "RuntimeError"
             continue
         m = _COMM.match(rep["message"])

@@ -10,7 +10,6 @@ import torch
 
 import zbsearch as zb
 from tests.helpers import make_profile, run_cli
-from tests.runtime.test_runtime import single_rank  # noqa: F401  (the fixture: a one-rank process group)
 from zbsearch.actions import Op
 from zbsearch.formats.edit import updated
 from zbsearch.formats.trace import save_trace

@@ -312,7 +312,9 @@ def test_dead_or_hung_rank_fails_the_others_with_a_named_error(how):
     with pytest.raises(zb.ZbError) as err:  # rank 0's PipelineError, raised here
         run_local(_die_or_hang, 2, how, timeout=60)
     assert time.monotonic() - t0 < 50  # the runtime's timeout is 4 s; process start-up is the rest
-    assert re.match(r"rank 0: 0(F|B|W)\d+: .* from rank 1 (failed|timed out) after [0-9.]+s \(timeout 4s\)", str(err.value)), err.value
+    assert re.match(r"rank 0: 0(F|B|W)\d+: .* from rank 1 (failed|timed out) after [0-9.]+s \(timeout 4s\)", str(err.value)), (
+        err.value
+    )
 
 
 # -- one process (world size 1): rejections, local hand-over, trace --------------------------------------

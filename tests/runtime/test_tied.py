@@ -96,7 +96,9 @@ def reference(num_stages: int, steps: int, opt_kind: str | None):
         if opt:
             opt.step()
             opt.zero_grad()
-        params = {s: {n: p.detach().clone() for n, p in st.named_parameters(remove_duplicate=False)} for s, st in enumerate(stages)}
+        params = {
+            s: {n: p.detach().clone() for n, p in st.named_parameters(remove_duplicate=False)} for s, st in enumerate(stages)
+        }
         out.append((grads, total, params))
     return out
 

@@ -86,7 +86,9 @@ def _output(text: str | None, suffixes: tuple[str, ...] = (), what: str = "outpu
     if text == "-":
         return path
     if suffixes and path.suffix.lower() not in suffixes:
-        raise ZbError(f"{path}: cannot tell the {what} format from {path.suffix or 'no suffix'!r}; use one of {', '.join(suffixes)}")
+        raise ZbError(
+            f"{path}: cannot tell the {what} format from {path.suffix or 'no suffix'!r}; use one of {', '.join(suffixes)}"
+        )
     check_writable(path)
     return path
 
@@ -149,7 +151,8 @@ def simulate(
     mem_limit: str | None = LimitOpt,
     as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
     measured: list[Path] | None = typer.Option(
-        None, "--measured", help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted"),
+        None, "--measured", help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted"
+    ),
     force: bool = ForceOpt,
 ):
     """Simulate a schedule: per-rank span, busy time, bubble and peak memory."""
@@ -251,11 +254,17 @@ def _fail(message: str, code: int = 1) -> None:
 
 @app.command()
 def show(
-    schedule_paths: list[Path] = typer.Argument(..., metavar="SCHEDULE...", help="schedule JSON; several are stacked on one time axis"),
-    output: str | None = typer.Option(None, "-o", "--output", help="write a chart: .png, .svg or .html (self-contained; hover a box for its times)"),
+    schedule_paths: list[Path] = typer.Argument(
+        ..., metavar="SCHEDULE...", help="schedule JSON; several are stacked on one time axis"
+    ),
+    output: str | None = typer.Option(
+        None, "-o", "--output", help="write a chart: .png, .svg or .html (self-contained; hover a box for its times)"
+    ),
     text: bool = typer.Option(False, "--text", help="print the text chart even when -o is given"),
     width: int | None = typer.Option(None, "--width", min=20, help="text chart width in columns (default: the terminal's)"),
-    measured: Path | None = typer.Option(None, "--measured", help="runtime trace JSON to draw under the prediction (one SCHEDULE)"),
+    measured: Path | None = typer.Option(
+        None, "--measured", help="runtime trace JSON to draw under the prediction (one SCHEDULE)"
+    ),
     profile: str | None = OtherProfileOpt,
     mem_limit: str | None = LimitOpt,
     force: bool = ForceOpt,
@@ -305,11 +314,21 @@ def export(
 def solve(
     profile: str = ProfileOpt,
     m: int = MicrobatchOpt,
-    mem_limit: str = typer.Option("2p", "--mem-limit", help="1p, 2p, <x>p (x*p*M_B per rank), a byte budget per rank (40GiB), or none"),
+    mem_limit: str = typer.Option(
+        "2p", "--mem-limit", help="1p, 2p, <x>p (x*p*M_B per rank), a byte budget per rank (40GiB), or none"
+    ),
     chunks: int = typer.Option(1, "--chunks", "-v", help="1, or 2 for the V placement (the ZB-V family)"),
-    time_limit: float = typer.Option(30.0, "--time-limit", "-t", min=0.1, help="seconds; the best schedule found by then is returned"),
-    objective: str = typer.Option("span", "--objective", help="span: longest per-rank span (iteration period); makespan: first start to last end"),
-    uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs as the paper's scheduler does (results on the true costs)"),
+    time_limit: float = typer.Option(
+        30.0, "--time-limit", "-t", min=0.1, help="seconds; the best schedule found by then is returned"
+    ),
+    objective: str = typer.Option(
+        "span", "--objective", help="span: longest per-rank span (iteration period); makespan: first start to last end"
+    ),
+    uniform_costs: bool = typer.Option(
+        False,
+        "--uniform-costs",
+        help="schedule with the median stage costs as the paper's scheduler does (results on the true costs)",
+    ),
     no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only (milliseconds to seconds)"),
     output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
 ):
@@ -356,7 +375,9 @@ def frontier(
     time_limit: float = typer.Option(2.0, "--time-limit", "-t", min=0.1, help="seconds per memory limit"),
     milp: bool = typer.Option(False, "--milp", help="also improve each point with MILP windows (slower)"),
     uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs (paper behaviour)"),
-    output: str | None = typer.Option(None, "-o", "--output", help="frontier.json ('-': JSON on stdout), or a plot: .png, .svg, .pdf"),
+    output: str | None = typer.Option(
+        None, "-o", "--output", help="frontier.json ('-': JSON on stdout), or a plot: .png, .svg, .pdf"
+    ),
 ):
     """Bubble rate against memory limit, from the smallest feasible limit to where the bubble stops falling."""
     from zbsearch.formats.frontier import save_frontier
@@ -370,7 +391,14 @@ def frontier(
     for col in ("limit (x p M_B)", "bubble rate", "bound allows", "gap", "status", "peak memory"):
         t.add_column(col, justify="right")
     for pt in fr.points:
-        t.add_row(f"{pt.limit:.4g}p", f"{pt.bubble_rate:.4f}", f"{pt.bound_bubble_rate:.4f}", f"{pt.gap:.2%}", pt.status, _fmt(max(pt.peak_memory)))
+        t.add_row(
+            f"{pt.limit:.4g}p",
+            f"{pt.bubble_rate:.4f}",
+            f"{pt.bound_bubble_rate:.4f}",
+            f"{pt.gap:.2%}",
+            pt.status,
+            _fmt(max(pt.peak_memory)),
+        )
     if output is not None and str(output) == "-":
         sys.stdout.write(fr.model_dump_json(indent=1) + "\n")
         return
@@ -385,17 +413,31 @@ def frontier(
 
 @app.command()
 def profile(
-    model: str | None = typer.Option(None, "--model", help="package.module:function returning (stages, microbatch[, loss_fn, target])"),
-    model_arg: list[str] = typer.Option([], "--model-arg", help="key=value passed to the --model function (repeatable; ints, floats, true/false converted)"),
+    model: str | None = typer.Option(
+        None, "--model", help="package.module:function returning (stages, microbatch[, loss_fn, target])"
+    ),
+    model_arg: list[str] = typer.Option(
+        [], "--model-arg", help="key=value passed to the --model function (repeatable; ints, floats, true/false converted)"
+    ),
     builtin: str | None = typer.Option(None, "--builtin", help="a built-in model instead of --model: gpt"),
-    hf: str | None = typer.Option(None, "--hf", help="a Hugging Face causal LM, random init: config JSON or preset (gpt2-tiny, llama-tiny, ...); uses --stages, --seq, -b"),
+    hf: str | None = typer.Option(
+        None,
+        "--hf",
+        help="a Hugging Face causal LM, random init: config JSON or preset (gpt2-tiny, llama-tiny, ...); "
+        "uses --stages, --seq, -b",
+    ),
     layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
     hidden: int = typer.Option(128, "--hidden", help="gpt: hidden size"),
     heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
     seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
     microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
     stages: int = typer.Option(4, "--stages", help="gpt: pipeline stages"),
-    placement: str | None = typer.Option(None, "--placement", help="the stages are 2 pieces per rank for this placement: v (ZB-V) or interleaved; recorded, so schedules use each piece's costs"),
+    placement: str | None = typer.Option(
+        None,
+        "--placement",
+        help="the stages are 2 pieces per rank for this placement: v (ZB-V) or interleaved; "
+        "recorded, so schedules use each piece's costs",
+    ),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:<i> (under torchrun: cuda:LOCAL_RANK)"),
     dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: the model's own)"),
     warmup: int = typer.Option(3, "--warmup", help="untimed repetitions per stage"),
@@ -462,8 +504,10 @@ def demo(
     seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
     microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
     emulate: bool | None = typer.Option(
-        None, "--emulate/--real",
-        help="replay with stages that sleep the profiled times, or with the real passes; default: emulate when the CPU has fewer cores than ranks",
+        None,
+        "--emulate/--real",
+        help="replay with stages that sleep the profiled times, or with the real passes; "
+        "default: emulate when the CPU has fewer cores than ranks",
     ),
     steps: int = typer.Option(3, "--steps", help="measured iterations per schedule"),
     time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.1, help="seconds for the ZB-2p solver"),

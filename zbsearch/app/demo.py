@@ -184,5 +184,7 @@ def contention_note(cfg: DemoConfig) -> str:
                 f"include waiting for a core; --emulate replays the profiled times without that contention")
     where = f"{cores} CPU cores for {p} ranks" if cfg.device == "cpu" else f"device {cfg.device}"
     load = os.getloadavg()[0] if cfg.device == "cpu" else 0.0
-    busy = f"; the machine is busy (load average {load:.1f}), so measured times include waiting for a core" if load > cores else ""
+    busy = (
+        f"; the machine is busy (load average {load:.1f}), so measured times include waiting for a core" if load > cores else ""
+    )
     return f"replay: real passes ({where}){busy}"

@@ -34,21 +34,69 @@ from torch.nn import functional as F
 
 from ..errors import ZbError
 
-__all__ = ["HFStages", "hf_stages", "hf_loss", "hf_loss_sum", "hf_token_count", "hf_config", "hf_model", "hf_batch", "build", "PRESETS"]
+__all__ = [
+    "HFStages",
+    "hf_stages",
+    "hf_loss",
+    "hf_loss_sum",
+    "hf_token_count",
+    "hf_config",
+    "hf_model",
+    "hf_batch",
+    "build",
+    "PRESETS",
+]
 
 # model_type -> family: how the embedding, layers, final norm and head are called
 _FAMILIES = {"gpt2": "gpt2", "llama": "rotary", "mistral": "rotary", "qwen2": "rotary", "qwen3": "rotary"}
 
 # Tiny random configurations for trying the path without weights (no download).
 PRESETS: dict[str, dict] = {
-    "gpt2-tiny": dict(model_type="gpt2", n_layer=8, n_embd=32, n_head=4, n_positions=64, vocab_size=96, bos_token_id=0, eos_token_id=0,
-                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
-    "llama-tiny": dict(model_type="llama", num_hidden_layers=8, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                       num_key_value_heads=2, vocab_size=96, max_position_embeddings=64),
-    "qwen2-tiny": dict(model_type="qwen2", num_hidden_layers=8, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                       num_key_value_heads=2, vocab_size=96, max_position_embeddings=64, tie_word_embeddings=True),
-    "mistral-tiny": dict(model_type="mistral", num_hidden_layers=8, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=96, max_position_embeddings=64, sliding_window=8),
+    "gpt2-tiny": dict(
+        model_type="gpt2",
+        n_layer=8,
+        n_embd=32,
+        n_head=4,
+        n_positions=64,
+        vocab_size=96,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    ),
+    "llama-tiny": dict(
+        model_type="llama",
+        num_hidden_layers=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        max_position_embeddings=64,
+    ),
+    "qwen2-tiny": dict(
+        model_type="qwen2",
+        num_hidden_layers=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    ),
+    "mistral-tiny": dict(
+        model_type="mistral",
+        num_hidden_layers=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        max_position_embeddings=64,
+        sliding_window=8,
+    ),
 }
 
 

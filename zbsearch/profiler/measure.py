@@ -149,10 +149,14 @@ def disturbances(results: list[StageMeasurement], device: torch.device, threads:
                          f"wait for a core and run slower than profiled (use --threads {max(1, cores // ranks)})")
         load = os.getloadavg()[0]
         if load > cores:
-            found.append(f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): times include waiting for a core")
+            found.append(
+                f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): times include waiting for a core"
+            )
     for s, r in enumerate(results):
         for name, st in (("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw)):
             spread = (st.q3 - st.q1) / 2 / st.median
             if spread > SPREAD_LIMIT:
-                found.append(f"stage {s} {name}: spread ±{spread:.0%} of the median (above {SPREAD_LIMIT:.0%}): the timing was disturbed")
+                found.append(
+                    f"stage {s} {name}: spread ±{spread:.0%} of the median (above {SPREAD_LIMIT:.0%}): the timing was disturbed"
+                )
     return found

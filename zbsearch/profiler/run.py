@@ -33,7 +33,9 @@ __all__ = ["Progress", "profile_model", "profile_one_device", "profile_distribut
 Progress = Callable[[str, int, int], None]  # (what is being measured, done, total)
 
 
-def profile_model(spec: ModelSpec, settings: Settings, *, name: str | None = None, progress: Progress | None = None) -> Profile | None:
+def profile_model(
+    spec: ModelSpec, settings: Settings, *, name: str | None = None, progress: Progress | None = None
+) -> Profile | None:
     """Under torchrun (WORLD_SIZE > 1) the distributed profile, returned on rank 0 only (None
     elsewhere); otherwise the one-device profile."""
     settings.check()
@@ -50,7 +52,12 @@ def profile_model(spec: ModelSpec, settings: Settings, *, name: str | None = Non
 
 
 def profile_one_device(
-    spec: ModelSpec, settings: Settings, *, name: str | None = None, progress: Progress | None = None, link: LinkModel | None = None,
+    spec: ModelSpec,
+    settings: Settings,
+    *,
+    name: str | None = None,
+    progress: Progress | None = None,
+    link: LinkModel | None = None,
 ) -> Profile:
     """Every stage on one device; ``link`` (else measured between two local processes) gives
     the communication times."""
@@ -115,7 +122,11 @@ def profile_distributed(
             except ZbError as err:
                 error = str(err)
         if rank < world - 1:
-            payload = ("error", error) if error else ("ok", [(o.detach().cpu(), o.requires_grad and o.is_floating_point()) for o in outs])
+            payload = (
+                ("error", error)
+                if error
+                else ("ok", [(o.detach().cpu(), o.requires_grad and o.is_floating_point()) for o in outs])
+            )
             dist.send_object_list([payload], dst=_global(group, rank + 1), group=group)
         outs = tuple(o.detach() for o in outs)  # the chain's graph is not needed any more
         errors = [None] * world

@@ -128,7 +128,9 @@ class P2P:
     """This rank's side of the plan, one step at a time (``start_step``, sends and receives,
     ``finish_step``)."""
 
-    def __init__(self, plan: list[Message], rank: int, group: dist.ProcessGroup | None, device: torch.device, timeout: float) -> None:
+    def __init__(
+        self, plan: list[Message], rank: int, group: dist.ProcessGroup | None, device: torch.device, timeout: float
+    ) -> None:
         self.rank, self.device = rank, device
         self.timeout = timeout
         self._incoming: dict[int, list[Message]] = defaultdict(list)  # peer -> its messages to us, in order
@@ -249,7 +251,9 @@ class P2P:
         if msg.kind == GRAD:
             if metas is None:  # known once we send these activations, which comes first
                 if block:
-                    raise PipelineError(f"rank {self.rank}: internal error: {msg.describe()} awaited before its activations were sent")
+                    raise PipelineError(
+                        f"rank {self.rank}: internal error: {msg.describe()} awaited before its activations were sent"
+                    )
                 return False
             metas = [m for m in metas if m.requires_grad]  # gradients exist for these only
         elif metas is None:

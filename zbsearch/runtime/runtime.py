@@ -91,7 +91,10 @@ class PipelineRuntime:
         count_tokens: Callable[[torch.Tensor], int | torch.Tensor] | None = None,
     ) -> None:
         if loss_normalization not in ("mean", "tokens"):
-            raise PipelineError(f"loss_normalization must be 'mean' (of microbatch losses) or 'tokens' (sum / token count), not {loss_normalization!r}")
+            raise PipelineError(
+                "loss_normalization must be 'mean' (of microbatch losses) or 'tokens' (sum / token count), "
+                f"not {loss_normalization!r}"
+            )
         self._p2p: P2P | None = None
         self.timeout = timeout  # checked by the setter
         problem = find_problem(schedule)
@@ -316,16 +319,26 @@ class PipelineRuntime:
         """The m microbatches of a batch given as a tensor (a list of tensors) or a tuple (of tuples)."""
         m = self.schedule.num_microbatches
         if batch is None:
-            raise PipelineError(f"rank {self.rank} holds stage {0 if what == 'inputs' else self.last} and must pass {what} to step()")
+            raise PipelineError(
+                f"rank {self.rank} holds stage {0 if what == 'inputs' else self.last} and must pass {what} to step()"
+            )
         if isinstance(batch, Mapping):
-            raise PipelineError(f"{what}: a dict ({', '.join(map(str, batch))}) is not taken; pass a tuple in the order the stage's forward takes them")
+            raise PipelineError(
+                f"{what}: a dict ({', '.join(map(str, batch))}) is not taken; "
+                "pass a tuple in the order the stage's forward takes them"
+            )
         tensors = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
         for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] % m:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise PipelineError(f"{what}[{i}]: expected a tensor whose first dimension splits into {m} equal microbatches, got {got}")
+                raise PipelineError(
+                    f"{what}[{i}]: expected a tensor whose first dimension splits into {m} equal microbatches, got {got}"
+                )
             if what == "inputs" and t.requires_grad:
-                raise PipelineError(f"inputs[{i}] requires grad, but the pipeline gives stage 0's inputs no gradient; detach it, or make it a parameter of stage 0")
+                raise PipelineError(
+                    f"inputs[{i}] requires grad, but the pipeline gives stage 0's inputs no gradient; "
+                    "detach it, or make it a parameter of stage 0"
+                )
         planned = self.schedule.profile.microbatch_size
         if planned is not None and tensors[0].shape[0] != m * planned:
             raise PipelineError(

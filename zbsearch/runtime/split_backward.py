@@ -691,7 +691,14 @@ class _Graph:
             if sg is None:  # no gradient reached it in B: nothing for W to do there
                 continue
             slots = [i for i, g in enumerate(sg) if g is not None]
-            units.append(([GradientEdge(n, i) for i in slots], [sg[i] for i in slots], n, self._q_part(c for c in self.children[n] if c in self.q)))
+            units.append(
+                (
+                    [GradientEdge(n, i) for i in slots],
+                    [sg[i] for i in slots],
+                    n,
+                    self._q_part(c for c in self.children[n] if c in self.q),
+                )
+            )
         # Units whose Q parts meet must run as one autograd call (union-find over shared Q nodes).
         parent = list(range(len(units)))
 
