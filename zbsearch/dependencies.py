@@ -172,7 +172,8 @@ def action_predecessors(a: Action, num_stages: int) -> list[Pass]:
 # A dependency between passes of two stages is a tensor sent from one to the other: the
 # activations of stage s (F(s) -> F(s+1)) or their gradient (B(s+1) -> B(s)).
 
-ACT, GRAD = "activations", "gradient"
+ACT: Literal["activations"] = "activations"
+GRAD: Literal["gradient"] = "gradient"
 
 
 @dataclass(frozen=True)

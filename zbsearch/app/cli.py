@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 import typer
@@ -30,6 +31,9 @@ from zbsearch.formats.schedule import profile_misfit
 from zbsearch.formats.trace import load_trace
 from zbsearch.limits import limit_for_profile
 from zbsearch.pass_times import PassTimes, compare_pass_times
+
+if TYPE_CHECKING:
+    from zbsearch.solver import Objective
 
 app = typer.Typer(
     help="Zero Bubble pipeline-parallel schedules: build, simulate, validate, compare, solve, replay.",
@@ -135,12 +139,13 @@ def schedule(
     output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
 ):
     """Build a classic schedule (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V) for a profile."""
-    output = _output(output)
+    path = _output(output)
     sched = zb.build_classic(kind, zb.resolve_profile(profile), m, chunks)
     zb.validate(sched)
-    if output is not None:
-        _write(sched, output)
-    if output is None or str(output) != "-":
+    if path is not None:
+        _write(sched, path)
+    if path is None or str(path) != "-":
+        assert sched.predicted is not None  # build_classic predicts
         out.print(_summary(sched, sched.predicted), soft_wrap=True)
 
 
@@ -171,6 +176,7 @@ def simulate(
     out.print(_rank_table(sched, tl))
     out.print(_summary(sched, pred), soft_wrap=True)
     if passes is not None:
+        assert measured is not None  # passes come from the measured traces
         out.print(_pass_table(passes, len(measured)))
 
 
@@ -208,7 +214,7 @@ def compare(
     """All schedule kinds side by side on one profile."""
     prof = zb.resolve_profile(profile)
     zb.parse_memory_limit(mem_limit, prof, zb.CostModel.from_profile(prof, list(range(prof.num_stages))))  # bad text: fail now
-    rows = []
+    rows: list[dict[str, Any]] = []
     for kind in (*zb.CLASSIC_KINDS, "zb-1p", "zb-2p"):
         try:
             if kind in zb.CLASSIC_KINDS:
@@ -221,6 +227,7 @@ def compare(
             rows.append({"kind": kind, "error": str(e)})
             continue
         pred = sched.predicted
+        assert pred is not None  # build_classic and solve predict
         cost = zb.CostModel.from_profile(prof, sched.stage_to_rank)
         limit = zb.parse_memory_limit(mem_limit, prof, cost)
         fits = limit is None or all(zb.fits(pk, lim) for pk, lim in zip(pred.peak_memory, limit))
@@ -275,16 +282,16 @@ def show(
 
     from zbsearch import render
 
-    output = _output(output, render.CHART_SUFFIXES, "chart")
+    path = _output(output, render.CHART_SUFFIXES, "chart")
     panels = [render.schedule_panel(_load_schedule(p, profile, mem_limit, force)) for p in schedule_paths]
     title = None
     if measured is not None:
         if len(panels) != 1:
             raise ZbError("--measured compares one schedule with its trace; give exactly one SCHEDULE")
         panels, title = render.with_measured(panels[0], measured)
-    if output is not None:
-        err.print(f"wrote {render.write_chart(panels, output, title)}", highlight=False, soft_wrap=True)
-    if output is None or text:
+    if path is not None:
+        err.print(f"wrote {render.write_chart(panels, path, title)}", highlight=False, soft_wrap=True)
+    if path is None or text:
         cols = width or shutil.get_terminal_size((120, 24)).columns
         colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
         sys.stdout.write(render.render_text(panels, cols, title, colour) + "\n")
@@ -302,12 +309,13 @@ def export(
 
     if to != "torch-csv":
         raise ZbError(f"unknown export format {to!r}; supported: torch-csv")
-    output = _output(output)
+    path = _output(output)
+    assert path is not None  # -o is required
     text = to_torch_csv(_load_schedule(schedule_path, None, force=force))
-    if str(output) == "-":
+    if str(path) == "-":
         sys.stdout.write(text)
     else:
-        err.print(f"wrote {write_text(output, text)}", highlight=False, soft_wrap=True)
+        err.print(f"wrote {write_text(path, text)}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -337,7 +345,7 @@ def solve(
 
     from zbsearch import solver
 
-    output = _output(output)
+    path = _output(output)
     prof = zb.resolve_profile(profile)
     cost = zb.CostModel.from_profile(prof, solver.solver_placement(prof.num_ranks, chunks))
     zb.parse_memory_limit(mem_limit, prof, cost)  # a bad limit fails now, not under the progress display
@@ -351,15 +359,18 @@ def solve(
             bar.update(task, description=f"{phase}{best}, bound {_fmt(bound)} ms{gap}")
 
         res = solver.solve(
-            prof, m, mem_limit, chunks=chunks, time_limit=time_limit, objective=objective,
+            prof, m, mem_limit, chunks=chunks, time_limit=time_limit,
+            objective=cast("Objective", objective),  # solve() rejects any other text with a ZbError
             uniform_costs=uniform_costs, milp=not no_milp, progress=progress,
         )
-    if output is not None:
-        _write(res.schedule, output)
-    if output is None or str(output) != "-":
+    if path is not None:
+        _write(res.schedule, path)
+    if path is None or str(path) != "-":
         info = res.info
         out.print(_rank_table(res.schedule, res.timeline))
-        bubble = res.schedule.predicted.bubble_rate if objective == "span" else res.schedule.predicted.bubble_rate_makespan
+        pred = res.schedule.predicted
+        assert pred is not None  # solve predicts
+        bubble = pred.bubble_rate if objective == "span" else pred.bubble_rate_makespan
         out.print(
             f"bubble rate {bubble:.4f}   {objective} {_fmt(info.value)} ms   lower bound {_fmt(info.lower_bound)} ms   "
             f"gap {info.gap:.2%}   status {info.status}   ({info.method}: {info.construction}; {info.time_s:.1f} s)"
@@ -384,9 +395,12 @@ def frontier(
     from zbsearch.render.frontier import save_frontier_plot
     from zbsearch.solver import frontier as sweep
 
-    output = _output(output, (".json", ".png", ".svg", ".pdf"))
+    path = _output(output, (".json", ".png", ".svg", ".pdf"))
     prof = zb.resolve_profile(profile)
-    fr = sweep(prof, m, chunks=chunks, objective=objective, time_limit=time_limit, milp=milp, uniform_costs=uniform_costs)
+    fr = sweep(
+        prof, m, chunks=chunks, time_limit=time_limit, milp=milp, uniform_costs=uniform_costs,
+        objective=cast("Objective", objective),  # other text: ZbError in solve()
+    )
     t = Table(title=f"{prof.name}: m={m}, {chunks} chunk(s), {objective}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
     for col in ("limit (x p M_B)", "bubble rate", "bound allows", "gap", "status", "peak memory"):
         t.add_column(col, justify="right")
@@ -399,16 +413,16 @@ def frontier(
             pt.status,
             _fmt(max(pt.peak_memory)),
         )
-    if output is not None and str(output) == "-":
+    if path is not None and str(path) == "-":
         sys.stdout.write(fr.model_dump_json(indent=1) + "\n")
         return
     out.print(t)
-    if output is not None:
-        if output.suffix.lower() == ".json":
-            save_frontier(fr, output)
+    if path is not None:
+        if path.suffix.lower() == ".json":
+            save_frontier(fr, path)
         else:
-            save_frontier_plot(fr, output)
-        err.print(f"wrote {output}", highlight=False, soft_wrap=True)
+            save_frontier_plot(fr, path)
+        err.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -521,15 +535,15 @@ def demo(
 
     if output == "":
         raise ZbError("-o: the output folder is empty")
-    output = Path(output)
-    if output.exists() and not output.is_dir():
-        raise ZbError(f"{output}: exists and is not a folder; -o names the folder for the demo's files")
-    check_writable(output / "profile.json")
+    folder = Path(output)
+    if folder.exists() and not folder.is_dir():
+        raise ZbError(f"{folder}: exists and is not a folder; -o names the folder for the demo's files")
+    check_writable(folder / "profile.json")
     if emulate is None:
         emulate = should_emulate(stages, device)
     cfg = DemoConfig(
         gpt=GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages),
-        microbatches=m, emulate=emulate, steps=steps, time_limit=time_limit, device=device, out=output,
+        microbatches=m, emulate=emulate, steps=steps, time_limit=time_limit, device=device, out=folder,
     )
     cfg.check()
     with progress_bar(err) as bar:
@@ -540,6 +554,7 @@ def demo(
                 "peak activations MiB\npredicted / measured"):
         t.add_column(col, justify="right")
     for sched, pred, meas, peak in zip(run.schedules, run.predicted, run.measured, run.measured_peak_memory):
+        assert sched.predicted is not None  # the demo's schedules are built or solved, so predicted
         t.add_row(sched.kind, f"{pred:.1f}", f"{meas:.1f}", f"{meas / pred:.2f}", f"{sched.predicted.bubble_rate:.3f}",
                   f"{max(sched.predicted.peak_memory) / 2**20:.1f} / {peak / 2**20:.1f}")
     out.print(t)

@@ -27,6 +27,7 @@ import inspect
 import json
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -121,7 +122,8 @@ class _Stage(nn.Module):
     """Layers ``[lo, hi)`` of the decoder, with the embedding on stage 0 and the norm and head on
     the last stage; holds the model's own modules."""
 
-    def __init__(self, model: nn.Module, family: str, lo: int, hi: int, first: bool, last: bool) -> None:
+    # model: a transformers *ForCausalLM, whose submodules are found by name (hence Any)
+    def __init__(self, model: Any, family: str, lo: int, hi: int, first: bool, last: bool) -> None:
         super().__init__()
         self.family, self.first, self.last = family, first, last
         self.config = model.config
@@ -214,7 +216,8 @@ def hf_stages(model: nn.Module, num_stages: int, layers_per_stage: list[int] | N
     if kind not in _FAMILIES:
         raise ZbError(f"hf_stages: model type {kind!r} is not supported; supported: {', '.join(sorted(_FAMILIES))}")
     family = _FAMILIES[kind]
-    n = model.config.num_hidden_layers if family == "rotary" else model.config.n_layer
+    config: Any = model.config  # a transformers PretrainedConfig
+    n = config.num_hidden_layers if family == "rotary" else config.n_layer
     if num_stages < 2:
         raise ZbError(f"hf_stages: a pipeline needs at least 2 stages, not {num_stages}")
     if layers_per_stage is None:
@@ -232,7 +235,7 @@ def hf_stages(model: nn.Module, num_stages: int, layers_per_stage: list[int] | N
     embed = stages[0].wte if family == "gpt2" else stages[0].embed_tokens
     tied = [("0." + ("wte" if family == "gpt2" else "embed_tokens") + ".weight", f"{last}.lm_head.weight")] if (
         stages[last].lm_head.weight is embed.weight) else []
-    return HFStages(stages, tied, list(layers_per_stage))
+    return HFStages(list(stages), tied, list(layers_per_stage))
 
 
 def hf_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

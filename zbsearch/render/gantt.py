@@ -9,6 +9,7 @@ how to draw it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..actions import Action, Op, parse_action
@@ -142,7 +143,7 @@ def intervals_panel(
     kind: str,
     source: str,
     num_microbatches: int,
-    rows: list[list[tuple[str | Action, float, float]]],
+    rows: Sequence[Sequence[tuple[str | Action, float, float]]],
     peak_memory: str | None = None,
 ) -> Panel:
     """A panel from per-rank ``(action, start_ms, end_ms)`` lists, shifted so the first start is 0."""

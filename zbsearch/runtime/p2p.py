@@ -201,6 +201,7 @@ class P2P:
     def _isend(self, t: torch.Tensor, msg: Message, k: int) -> None:
         peer, tag = msg.dst, self._tag(msg, k)
         work = post(lambda: dist.isend(t, dst=self._global[peer], group=self.group_to(peer), tag=tag), self._what(msg, peer))
+        assert work is not None  # isend returns None only on a rank outside the group
         self._sends.append((msg, work, t))
 
     def _tag(self, msg: Message, k: int) -> int:
@@ -231,6 +232,7 @@ class P2P:
         rv = self._recvs.pop(msg.key)
         for w in rv.works:
             self._wait(w, msg, msg.src)
+        assert rv.tensors is not None  # _advance(block=True) posted the receives
         return rv.tensors
 
     def _advance(self, until: Message, block: bool) -> None:
@@ -271,7 +273,9 @@ class P2P:
 
     def _irecv(self, t: torch.Tensor, msg: Message, k: int) -> dist.Work:
         peer, tag = msg.src, self._tag(msg, k)
-        return post(lambda: dist.irecv(t, src=self._global[peer], group=self.group_from(peer), tag=tag), self._what(msg, peer))
+        work = post(lambda: dist.irecv(t, src=self._global[peer], group=self.group_from(peer), tag=tag), self._what(msg, peer))
+        assert work is not None  # irecv returns None only on a rank outside the group
+        return work
 
     # -- waiting ------------------------------------------------------------------------------
     def finish_step(self) -> None:
