@@ -55,9 +55,10 @@ class ModelSpec:
 
     def post(self, stage: int) -> Callable | None:
         """What the runtime applies after the stage's forward: the loss, on the last stage."""
-        if stage != len(self.stages) - 1 or self.loss_fn is None:
+        loss_fn = self.loss_fn
+        if stage != len(self.stages) - 1 or loss_fn is None:
             return None
-        return lambda out: self.loss_fn(out, self.target)
+        return lambda out: loss_fn(out, self.target)
 
     def to(self, device: torch.device, dtype: torch.dtype | None, only: int | None = None) -> None:
         """Move the stages (or stage ``only``, under torchrun), the microbatch and the target."""

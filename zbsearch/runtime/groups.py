@@ -74,7 +74,7 @@ class PrivateGloo:
 
     def exchange(self, name: str, obj: object) -> list:
         """Every member's ``obj`` (picklable), in member order, through the store."""
-        self.store.set(f"{name}/{self.index}", pickle.dumps(obj))
+        self.store.set(f"{name}/{self.index}", pickle.dumps(obj))  # type: ignore[arg-type]  # takes bytes; stub says str
         keys = [f"{name}/{i}" for i in range(self.size)]
         try:
             self.store.wait(keys, self.timeout)
@@ -88,7 +88,7 @@ class PrivateGloo:
     def all_gather(self, tensor: torch.Tensor) -> tuple[dist.Work, list[torch.Tensor]]:
         """Start gathering a CPU tensor from every member: (work, outputs in member order)."""
         out = [torch.empty_like(tensor) for _ in self.ranks]
-        return self.backend.allgather([out], [tensor]), out
+        return self.backend.allgather([out], [tensor]), out  # type: ignore[attr-defined]  # bound in C++, not in the stub
 
     def wait(self, work: dist.Work, what: str) -> None:
         """Wait for ``work`` with the timeout; a failure is a one-line ``PipelineError``."""

@@ -293,6 +293,7 @@ class _ViewPerUse(TorchFunctionMode):
             p = self._params.get(id(a))
             if p is not None:
                 v = p.view_as(p)
+                assert v.grad_fn is not None  # a view of a leaf that requires grad has one
                 self._views[v.grad_fn] = p
                 self.heavy = self.heavy or self._func not in _CHEAP
                 return v
@@ -604,7 +605,11 @@ class _Graph:
     def __init__(self, roots: list[Node], input_nodes: set[Node], fp: ForwardPass) -> None:
         views = fp.views
         # Each view's only child is its parameter's accumulator; unviewed parameters need a lookup.
-        param_acc: dict[Node, nn.Parameter] = {v.next_functions[0][0]: p for v, p in views.items()}
+        param_acc: dict[Node, nn.Parameter] = {}
+        for v, p in views.items():
+            acc = v.next_functions[0][0]
+            assert acc is not None  # the parameter requires grad, so it has an accumulator
+            param_acc[acc] = p
         viewed = {id(p) for p in views.values()}
         param_acc.update({get_gradient_edge(p).node: p for p in fp.params if id(p) not in viewed})
         children: dict[Node, list[Node]] = {}
