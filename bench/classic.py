@@ -38,7 +38,7 @@ def main() -> None:
         rows.append({"table": 8, "model": model, "p": p, "m": m, "kind": "zb-v",
                      "ours": round(sched.predicted.bubble_rate, 4), "paper": ref,
                      "peak_memory_MB": round(max(sched.predicted.peak_memory), 3),
-                     "profile": "bundled" if prof is base else "rescaled from the p=%d profile" % base.num_stages})
+                     "profile": "bundled" if prof is base else f"rescaled from the p={base.num_stages} profile"})
     for r in rows:
         r["diff"] = round(r["ours"] - r["paper"], 4)
     elapsed = time.perf_counter() - t0

@@ -62,7 +62,9 @@ def _worker(rank, world, send, folder):
             stages = {s: cut.stages[s] for s, r in enumerate(sched.stage_to_rank) if r == rank}
             rt = PipelineRuntime(sched, stages, hf_loss if n - 1 in stages else None, tied=cut.tied, timeout=120)
             losses = rt.step((ids, mask) if 0 in stages else None, labels if n - 1 in stages else None)
-            grads = {f"{s}.{q}": t.grad.clone() for s, st in stages.items() for q, t in st.named_parameters(remove_duplicate=False)}
+            grads = {
+                f"{s}.{q}": t.grad.clone() for s, st in stages.items() for q, t in st.named_parameters(remove_duplicate=False)
+            }
             out[(preset, kind)] = (losses, grads)
     torch.save(out, os.path.join(folder, f"{world}-{rank}.pt"))  # tensors do not survive the result queue
 
@@ -78,12 +80,14 @@ def exactness(tmp: Path) -> list[dict]:
                 n = _schedule(kind, p).num_stages
                 model = hf_model(hf_config(preset), seed=0)
                 ref_losses = []
-                for i, l, y in zip(ids.chunk(M), mask.chunk(M), labels.chunk(M)):
-                    loss = model(input_ids=i, attention_mask=l, labels=y).loss
+                for i, am, y in zip(ids.chunk(M), mask.chunk(M), labels.chunk(M)):
+                    loss = model(input_ids=i, attention_mask=am, labels=y).loss
                     (loss / M).backward()
                     ref_losses.append(loss.detach())
                 cut = hf_stages(model, n)
-                ref = {f"{s}.{q}": t.grad for s, st in enumerate(cut.stages) for q, t in st.named_parameters(remove_duplicate=False)}
+                ref = {
+                    f"{s}.{q}": t.grad for s, st in enumerate(cut.stages) for q, t in st.named_parameters(remove_duplicate=False)
+                }
                 grad_err, loss_err, scale = 0.0, 0.0, max(g.abs().max().item() for g in ref.values())
                 for losses, grads in (r[(preset, kind)] for r in runs):
                     if losses is not None:
@@ -92,7 +96,10 @@ def exactness(tmp: Path) -> list[dict]:
                         grad_err = max(grad_err, (g - ref[k]).abs().max().item())
                 rows.append(dict(model=preset, p=p, schedule=kind, stages=n, tied=bool(cut.tied),
                                  max_grad_abs_err=grad_err, max_grad=scale, max_loss_abs_err=loss_err))
-                print(f"{preset:11s} p={p} {kind:16s} stages={n}  max|dgrad|={grad_err:.2e} (max|grad| {scale:.2e})  max|dloss|={loss_err:.2e}")
+                print(
+                    f"{preset:11s} p={p} {kind:16s} stages={n}  max|dgrad|={grad_err:.2e} (max|grad| {scale:.2e})"
+                    f"  max|dloss|={loss_err:.2e}"
+                )
     return rows
 
 
@@ -116,8 +123,11 @@ def v_costs(tmp: Path) -> list[dict]:
         rows.append(dict(p=p, piece_t_f_ms=[round(s.t_f, 2) for s in pieces.stages],
                          stage_t_f_ms=[round(s.t_f, 2) for s in files["stages"].stages],
                          zbv_span_halved_ms=max(halved.predicted.span), zbv_span_pieces_ms=max(measured.predicted.span)))
-        print(f"V p={p}: piece F times {rows[-1]['piece_t_f_ms']} ms vs stage F times {rows[-1]['stage_t_f_ms']} ms; "
-              f"ZB-V span predicted {rows[-1]['zbv_span_halved_ms']:.1f} ms (halved) vs {rows[-1]['zbv_span_pieces_ms']:.1f} ms (pieces)")
+        print(
+            f"V p={p}: piece F times {rows[-1]['piece_t_f_ms']} ms vs stage F times {rows[-1]['stage_t_f_ms']} ms; "
+            f"ZB-V span predicted {rows[-1]['zbv_span_halved_ms']:.1f} ms (halved)"
+            f" vs {rows[-1]['zbv_span_pieces_ms']:.1f} ms (pieces)"
+        )
     return rows
 
 

@@ -152,7 +152,9 @@ def main() -> None:
                               period_ms=statistics.median(r["period_ms"] for r in runs),
                               rounds_ms=[round(r["period_ms"], 2) for r in runs], counts=runs[-1]["counts"]))
         for barrier in (True, False):
-            base = next(t["period_ms"] for t in table if t["schedule"] == name and t["mode"] == "sync" and t["barrier"] == barrier)
+            base = next(
+                t["period_ms"] for t in table if t["schedule"] == name and t["mode"] == "sync" and t["barrier"] == barrier
+            )
             for t in table:
                 if t["schedule"] == name and t["barrier"] == barrier:
                     t["vs_sync"] = t["period_ms"] / base - 1

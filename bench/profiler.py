@@ -112,9 +112,15 @@ def main() -> None:
     local, spread = _combine(local), _combine(spread)
     print(f"{cfg}, m={args.microbatches}, {args.steps} steps x {args.rounds} rounds; load average "
           f"{' -> '.join(f'{x:.1f}' for x in load)} on {os.cpu_count()} cores")
-    print(f"{'stage':>5} {'op':>3} {'profile ms':>11} {'1 process ms':>13} {'error':>7} {f'{cfg.stages} processes ms':>15} {'error':>7}")
+    print(
+        f"{'stage':>5} {'op':>3} {'profile ms':>11} {'1 process ms':>13} {'error':>7}"
+        f" {f'{cfg.stages} processes ms':>15} {'error':>7}"
+    )
     for a, b in zip(local, spread):
-        print(f"{a.stage:>5} {a.op.value:>3} {a.profiled:>11.3f} {a.measured:>13.3f} {a.error:>+7.1%} {b.measured:>15.3f} {b.error:>+7.1%}")
+        print(
+            f"{a.stage:>5} {a.op.value:>3} {a.profiled:>11.3f} {a.measured:>13.3f} {a.error:>+7.1%}"
+            f" {b.measured:>15.3f} {b.error:>+7.1%}"
+        )
     summary = {"one process": _errors(local), f"{cfg.stages} processes": _errors(spread)}
     for name, s in summary.items():
         print(f"{name}: mean |error| {s['mean_abs_error']:.1%}, max {s['max_abs_error']:.1%}")

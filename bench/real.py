@@ -175,7 +175,9 @@ def main() -> None:
     print(f"our zb-2p vs torch ScheduleInterleavedZeroBubble (wall): {vs_torch:.3f}x (> 1: ours faster)")
     targets = {
         "measured/predicted within 5%": all(abs(r["measured_over_predicted"] - 1) <= 0.05 for r in ours.values()),
-        "predicted > 3% faster is measured faster": all(s["measured_makespan"] > 1 for s in speedups.values() if s["predicted"] > 1.03),
+        "predicted > 3% faster is measured faster": all(
+            s["measured_makespan"] > 1 for s in speedups.values() if s["predicted"] > 1.03
+        ),
         "zb-2p at least as fast as torch's zero bubble": vs_torch >= 1,
     }
     print("targets: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in targets.items())

@@ -79,7 +79,9 @@ def _torch(rank, world, kind, prof, m, time_scale):
     if kind == "Schedule1F1B":
         sched = Schedule1F1B(pstages[0], m, loss_fn=emulated_loss)
     else:
-        cls = {"ScheduleInterleavedZeroBubble": ScheduleInterleavedZeroBubble, "ScheduleZBVZeroBubble": ScheduleZBVZeroBubble}[kind]
+        cls = {"ScheduleInterleavedZeroBubble": ScheduleInterleavedZeroBubble, "ScheduleZBVZeroBubble": ScheduleZBVZeroBubble}[
+            kind
+        ]
         sched = cls(pstages, m, loss_fn=emulated_loss)
     x, y = torch.zeros(m, WIDTH), torch.zeros(m, WIDTH)
 
@@ -166,7 +168,9 @@ def real_worker(rank, world, send, m, iters, warmup, hidden, layers) -> dict | N
 
 # -- report --------------------------------------------------------------------------------------
 def _table(title: str, rows: dict, base: str) -> list[str]:
-    head = f"{'schedule':34} {'iter ms':>9} {'best ms':>8} {'vs ' + base:>12} {'makespan meas/pred':>19} {'max span meas/pred':>19}"
+    head = (
+        f"{'schedule':34} {'iter ms':>9} {'best ms':>8} {'vs ' + base:>12} {'makespan meas/pred':>19} {'max span meas/pred':>19}"
+    )
     lines = [title, head + f" {'peak act. MiB per rank, meas/pred':>34}"]
     ref = rows[base]["iteration_ms"]
     for name, r in rows.items():
@@ -175,9 +179,12 @@ def _table(title: str, rows: dict, base: str) -> list[str]:
             mk = f"{r['measured_makespan_ms']:.1f}/{r['predicted_makespan_ms']:.1f}"
             sp = f"{max(r['measured_span_ms']):.1f}/{max(r['predicted_span_ms']):.1f}"
         if "measured_peak_activations_MiB" in r:
-            mem = " ".join(f"{a:.2g}/{b:.2g}" for a, b in zip(r["measured_peak_activations_MiB"], r["predicted_peak_activations_MiB"]))
+            mem = " ".join(
+                f"{a:.2g}/{b:.2g}" for a, b in zip(r["measured_peak_activations_MiB"], r["predicted_peak_activations_MiB"])
+            )
         lines.append(
-            f"{name:34} {r['iteration_ms']:9.1f} {min(r['iterations_ms']):8.1f} {ref / r['iteration_ms']:11.3f}x {mk:>19} {sp:>19} {mem:>34}"
+            f"{name:34} {r['iteration_ms']:9.1f} {min(r['iterations_ms']):8.1f} {ref / r['iteration_ms']:11.3f}x"
+            f" {mk:>19} {sp:>19} {mem:>34}"
         )
     return lines
 
@@ -206,7 +213,9 @@ def main() -> None:
         ours = {k.split(" ", 1)[1]: v for k, v in rows.items() if k.startswith("ours")}
         zb2p = next(k for k in ours if k.startswith("zb-2p"))
         report.setdefault("targets", {})[m] = {
-            "max |measured/predicted makespan - 1|": max(abs(r["measured_makespan_ms"] / r["predicted_makespan_ms"] - 1) for r in ours.values()),
+            "max |measured/predicted makespan - 1|": max(
+                abs(r["measured_makespan_ms"] / r["predicted_makespan_ms"] - 1) for r in ours.values()
+            ),
             "zb-2p vs 1f1b": ours["1f1b"]["iteration_ms"] / ours[zb2p]["iteration_ms"],
             "ours vs torch, same kind (>= 1 is faster)": {
                 "1f1b": rows["torch Schedule1F1B"]["iteration_ms"] / ours["1f1b"]["iteration_ms"],
@@ -217,9 +226,14 @@ def main() -> None:
     overhead = launch(emulated_worker, args.p, args.model, [16], args.iters, args.warmup, 0.0, torch_kinds)[16]
     report["overhead"] = overhead
     lines += _table(f"\nzero-time passes (runtime overhead), p={args.p}, m=16", overhead, "ours 1f1b")
-    lines.append("median time inside one action (ms): " + "; ".join(
-        f"{k}: " + ", ".join(f"{op} {v:.3f}" for op, v in r["median_action_ms"].items()) for k, r in overhead.items() if "median_action_ms" in r
-    ))
+    lines.append(
+        "median time inside one action (ms): "
+        + "; ".join(
+            f"{k}: " + ", ".join(f"{op} {v:.3f}" for op, v in r["median_action_ms"].items())
+            for k, r in overhead.items()
+            if "median_action_ms" in r
+        )
+    )
     if not args.skip_real:
         real = launch(real_worker, 2, 8, args.real_iters, args.warmup, args.real_hidden, 4)
         report["real"] = real

@@ -122,7 +122,8 @@ def table5(scale: float, pick: Pick | None = None) -> list[dict]:
                 r = run(prof, m, limit, 1, LIMIT_S[p] * scale)
                 # ZB-1p: beat the paper, or be certified within 0.5% of the bound
                 ok = at_most(r["bubble"], ref) or (limit == "1p" and r["gap"] <= 0.005)
-                rows.append({"setting": "table5", "model": model, "p": p, "m": m, "limit": limit, "paper": ref, **r, "target_met": ok})
+                row = {"setting": "table5", "model": model, "p": p, "m": m, "limit": limit, "paper": ref}
+                rows.append({**row, **r, "target_met": ok})
                 print_row(rows[-1])
     return rows
 
@@ -180,7 +181,8 @@ def limits() -> list[dict]:
         else:
             status = f"{len(frontier(prof, m, time_limit=limit).points)} points"
         elapsed = time.perf_counter() - t0
-        r = {"setting": "limits", "variant": f"{what} -t {limit}", "what": what, "model": prof.name, "p": prof.num_stages, "m": m, "limit": "2p",
+        r = {"setting": "limits", "variant": f"{what} -t {limit}", "what": what, "model": prof.name,
+             "p": prof.num_stages, "m": m, "limit": "2p",
              "time_limit_s": limit, "elapsed_s": round(elapsed, 3), "status": status,
              "target_met": elapsed <= 1.1 * limit + 1.0}
         print(f"  limits {what} {prof.name} p={prof.num_stages} m={m} -t {limit}: {elapsed:.2f} s ({status}) {_verdict(r)}",
@@ -191,8 +193,10 @@ def limits() -> list[dict]:
 
 def speed(rows: list[dict]) -> list[dict]:
     out = []
-    for model, m, limit, target in (("1.5b", 24, "2p", 10), ("6.2b", 24, "2p", 10), ("14.6b", 64, "2p", 30), ("28.3b", 256, "2p", 60)):
-        r = next((x for x in rows if x["setting"] == "table5" and x["model"] == model and x["m"] == m and x["limit"] == limit), None)
+    targets = (("1.5b", 24, "2p", 10), ("6.2b", 24, "2p", 10), ("14.6b", 64, "2p", 30), ("28.3b", 256, "2p", 60))
+    for model, m, limit, target in targets:
+        same = [x for x in rows if x["setting"] == "table5" and x["model"] == model and x["m"] == m and x["limit"] == limit]
+        r = same[0] if same else None
         if r is None:
             continue
         if m == 256:  # the target: a valid schedule within a 60 s limit

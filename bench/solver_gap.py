@@ -28,7 +28,10 @@ from tests.solver.harness import TOL, judge
 from tests.solver.oracle import FAMILIES, cp_optimum_many, random_instance
 
 # (p, m) per placement: small enough for the oracle to prove optimality in seconds
-_SIZES = {1: [(2, 2), (2, 3), (2, 4), (3, 2), (3, 3), (3, 4), (4, 2), (4, 3), (4, 4)], 2: [(2, 2), (2, 3), (2, 4), (3, 2), (3, 3)]}
+_SIZES = {
+    1: [(2, 2), (2, 3), (2, 4), (3, 2), (3, 3), (3, 4), (4, 2), (4, 3), (4, 4)],
+    2: [(2, 2), (2, 3), (2, 4), (3, 2), (3, 3)],
+}
 _LIMITS = ("min", "1p", "1.5p", "2p", "none")
 
 

@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 import zbsearch as zb
+from zbsearch.formats.trace import save_trace
 from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
 from zbsearch.runtime import PipelineRuntime
-from zbsearch.formats.trace import save_trace
 
 
 def main() -> None:

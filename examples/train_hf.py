@@ -87,7 +87,9 @@ def run(args, device: torch.device) -> None:
             print(f"step {step:3d}  loss {losses.mean().item():.4f}  {1e3 * (time.perf_counter() - t0):7.1f} ms", flush=True)
     verdict = opt.validate()
     if rank == 0:
-        print(f"last step: global grad norm {verdict.total_norm:.4f}, clipped {verdict.clipped}; steps by kind {dict(opt.counts)}")
+        print(
+            f"last step: global grad norm {verdict.total_norm:.4f}, clipped {verdict.clipped}; steps by kind {dict(opt.counts)}"
+        )
 
 
 def check(args, runtime, stages, batch, m: int) -> None:
@@ -95,8 +97,8 @@ def check(args, runtime, stages, batch, m: int) -> None:
     (ids, mask), labels = batch
     runtime.step((ids, mask) if 0 in stages else None, labels if runtime.last in stages else None)
     _, whole = build(args, runtime.schedule.num_stages)
-    for i, l, y in zip(ids.chunk(m), mask.chunk(m), labels.chunk(m)):
-        x = (i, l)
+    for i, am, y in zip(ids.chunk(m), mask.chunk(m), labels.chunk(m)):
+        x = (i, am)
         for st in whole.stages:
             x = st(*x)
             x = x if isinstance(x, tuple) else (x,)

@@ -5,19 +5,23 @@ plus the cross-rank bound that proves the paper's 1.5B m=24 ZB-2p optimal."""
 import itertools
 
 import pytest
-from tests.helpers import make_profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import make_profile
 from zbsearch import CostModel, ZbError, resolve_profile
 from zbsearch.actions import Action, Op
 from zbsearch.bounds import (
-    memory_makespan_lower_bound, memory_span_lower_bound, rank_chain_span_lower_bounds, rank_memory_span_lower_bounds,
-    rank_span_lower_bounds, span_lower_bound,
+    memory_makespan_lower_bound,
+    memory_span_lower_bound,
+    rank_chain_span_lower_bounds,
+    rank_memory_span_lower_bounds,
+    rank_span_lower_bounds,
+    span_lower_bound,
 )
 from zbsearch.dependencies import predecessors
-from zbsearch.limits import parse_memory_limit
 from zbsearch.formats.edit import updated
+from zbsearch.limits import parse_memory_limit
 from zbsearch.placement import placement
 from zbsearch.solver import Problem, smallest_feasible_limit, solve
 from zbsearch.solver.heuristic import candidate_policies, list_schedule, sequential_schedule

@@ -2,13 +2,20 @@
 
 import pytest
 
+from tests.helpers import make_profile
 from zbsearch import CostModel
 from zbsearch.actions import Action, Op
 from zbsearch.dependencies import (
-    ACT, GRAD, earliest_starts, inputs_from_other_stages, must_precede, outputs_to_other_stages, pass_types,
-    predecessors, successors,
+    ACT,
+    GRAD,
+    earliest_starts,
+    inputs_from_other_stages,
+    must_precede,
+    outputs_to_other_stages,
+    pass_types,
+    predecessors,
+    successors,
 )
-from tests.helpers import make_profile
 
 
 @pytest.mark.parametrize("S", [1, 2, 3, 6])

@@ -12,8 +12,8 @@ from tests.helpers import make_profile
 from zbsearch import CostModel, Profile, build_classic, load_profile, timeline
 from zbsearch.actions import Action, Op
 from zbsearch.bounds import memory_makespan_lower_bound, memory_span_lower_bound, span_lower_bound
-from zbsearch.formats.schedule import Schedule
 from zbsearch.formats.edit import updated
+from zbsearch.formats.schedule import Schedule
 
 EPS = 1e-9
 
@@ -75,7 +75,14 @@ def test_bounds_hold_for_fused_split_and_mixed_schedules(p, m, data):
     prof = _with_bw(make_profile(p, stages=times, m_w=data.draw(st.floats(0.0, 1.0)),
                                  t_comm=data.draw(st.sampled_from([0.0, 0.3]))), t_bw)
     rng = random.Random(data.draw(st.integers(0, 2**16)))
-    for kind, chunks in [("gpipe", None), ("1f1b", None), ("interleaved-1f1b", 2), ("zb-h1", None), ("zb-h2", None), ("zb-v", None)]:
+    for kind, chunks in [
+        ("gpipe", None),
+        ("1f1b", None),
+        ("interleaved-1f1b", 2),
+        ("zb-h1", None),
+        ("zb-h2", None),
+        ("zb-v", None),
+    ]:
         if kind == "interleaved-1f1b" and m % p:
             continue
         sched = build_classic(kind, prof, m, chunks)

@@ -42,7 +42,12 @@ def _profiles(p: int, seed: int, placement: list[int]):
 
 
 @settings(max_examples=25, deadline=None)
-@given(p=st.integers(2, 5), m_factor=st.integers(1, 3), seed=st.integers(0, 10**6), kind=st.sampled_from(["zb-v", "interleaved-1f1b"]))
+@given(
+    p=st.integers(2, 5),
+    m_factor=st.integers(1, 3),
+    seed=st.integers(0, 10**6),
+    kind=st.sampled_from(["zb-v", "interleaved-1f1b"]),
+)
 def test_pieces_equal_to_halves_predict_what_halving_predicts(p, m_factor, seed, kind):
     stage_to_rank = placement(p, 2, "v" if kind == "zb-v" else "looped")
     coarse, pieces = _profiles(p, seed, stage_to_rank)

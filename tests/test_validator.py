@@ -4,12 +4,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import make_profile
 from zbsearch import (
-    CLASSIC_KINDS, CostModel, InvalidSchedule, build_classic, find_problem, makespan_lower_bound,
-    span_lower_bound, timeline, validate,
+    CLASSIC_KINDS,
+    CostModel,
+    InvalidSchedule,
+    build_classic,
+    find_problem,
+    makespan_lower_bound,
+    span_lower_bound,
+    timeline,
+    validate,
 )
 from zbsearch.formats.edit import updated
-from tests.helpers import make_profile
 
 
 def _edit(sched, rows):

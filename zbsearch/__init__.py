@@ -12,11 +12,11 @@ from .bounds import makespan_lower_bound, span_lower_bound
 from .classic import CLASSIC_KINDS, KINDS, build_classic
 from .costs import CostModel
 from .errors import ZbError
+from .formats.profile import Profile, StageCost, load_profile, resolve_profile, save_profile
+from .formats.schedule import Predicted, Schedule, SolverInfo, load_schedule, save_schedule
 from .limits import fits, parse_memory_limit
 from .placement import placement
 from .predict import predict, timeline, with_prediction
-from .formats.profile import Profile, StageCost, load_profile, resolve_profile, save_profile
-from .formats.schedule import Predicted, Schedule, SolverInfo, load_schedule, save_schedule
 from .simulator import Timeline, simulate
 from .validator import InvalidSchedule, find_problem, validate
 

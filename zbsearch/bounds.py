@@ -153,7 +153,8 @@ def _memory_path(cost: CostModel, s: int, lag: float, m: int, limit: float) -> f
         return 0.0
     tf, tb, tw = cost.t_f[s], cost.t_b[s], cost.t_w[s]
     sf = sb = sw = float("-inf")
-    end_b, end_w = [], []
+    end_b: list[float] = []
+    end_w: list[float] = []
     for j in range(m):
         # F(j) needs n_b earlier B passes done (every W done too at best) and n_w earlier W
         # passes done (every B done at best) for memory to stay within the limit.
@@ -246,7 +247,8 @@ def _jackson(jobs: list[tuple[float, float, float]]) -> float:
     max(end + tail) is the least any schedule of the jobs can have, preemptive or not, and equals
     max over subsets J of min release + total time + min tail (Carlier 1982)."""
     jobs = sorted(jobs)
-    n, i, t, best, heap = len(jobs), 0, _NEG, _NEG, []
+    heap: list[tuple[float, float]] = []
+    n, i, t, best = len(jobs), 0, _NEG, _NEG
     while i < n or heap:
         if not heap:
             t = max(t, jobs[i][0])
@@ -352,7 +354,7 @@ def rank_chain_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: 
         tails[x] = q
     on_rank = [[(x, dur[x % K]) for x in range(N) if rank_of[x % K] == q] for q in range(R)]
     out = []
-    for r, (head, tail) in enumerate(zip(zip(*heads), zip(*tails))):
+    for head, tail in zip(zip(*heads), zip(*tails)):
         best = 0.0
         for nodes in on_rank:
             jobs = [(head[x], d, tail[x]) for x, d in nodes if head[x] > _NEG and tail[x] > _NEG]

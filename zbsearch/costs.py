@@ -40,7 +40,7 @@ class CostModel:
     comm_next: tuple[float, ...]  # delay from stage s to s+1 (and back); 0 on the same rank
 
     @classmethod
-    def from_profile(cls, profile: Profile, stage_to_rank: list[int] | tuple[int, ...]) -> "CostModel":
+    def from_profile(cls, profile: Profile, stage_to_rank: list[int] | tuple[int, ...]) -> CostModel:
         S, P = len(stage_to_rank), profile.num_stages
         if profile.placement is not None and S != P:
             raise ZbError(
@@ -95,7 +95,7 @@ class CostModel:
         """Least time one microbatch's backward can take on ``stage``: fused or split."""
         return min(self.t_bw[stage], self.t_b[stage] + self.t_w[stage])
 
-    def for_bounds(self) -> "CostModel":
+    def for_bounds(self) -> CostModel:
         """A split-only cost model that no schedule beats, fused BW passes included.
 
         B costs min(t_b, t_bw) and W min(t_w, backward - B): a BW pass maps onto such a B then W

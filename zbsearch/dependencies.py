@@ -23,9 +23,26 @@ from .actions import Action, Op
 from .costs import CostModel
 
 __all__ = [
-    "Pass", "PassType", "Graph", "predecessors", "successors", "edge_delay", "pass_types", "type_graph", "earliest_starts", "input_arrival",
-    "must_precede", "action_index", "action_predecessors",
-    "ACT", "GRAD", "Transfer", "inputs_from_other_stages", "outputs_to_other_stages", "remote_input", "remote_outputs",
+    "Pass",
+    "PassType",
+    "Graph",
+    "predecessors",
+    "successors",
+    "edge_delay",
+    "pass_types",
+    "type_graph",
+    "earliest_starts",
+    "input_arrival",
+    "must_precede",
+    "action_index",
+    "action_predecessors",
+    "ACT",
+    "GRAD",
+    "Transfer",
+    "inputs_from_other_stages",
+    "outputs_to_other_stages",
+    "remote_input",
+    "remote_outputs",
 ]
 
 Pass = tuple[int, Op, int]  # (stage, basic op, microbatch)
@@ -155,7 +172,8 @@ def action_predecessors(a: Action, num_stages: int) -> list[Pass]:
 # A dependency between passes of two stages is a tensor sent from one to the other: the
 # activations of stage s (F(s) -> F(s+1)) or their gradient (B(s+1) -> B(s)).
 
-ACT, GRAD = "activations", "gradient"
+ACT: Literal["activations"] = "activations"
+GRAD: Literal["gradient"] = "gradient"
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,9 @@ def compare_pass_times(schedule: Schedule, traces: list[Trace]) -> list[PassTime
         for ev in trace.traceEvents:
             a = ev.action
             if a not in planned[ev.pid]:
-                raise ZbError(f"trace {i + 1} is not of this schedule: rank {ev.pid} ran {a}, which the schedule does not have there")
+                raise ZbError(
+                    f"trace {i + 1} is not of this schedule: rank {ev.pid} ran {a}, which the schedule does not have there"
+                )
             acc = sums.setdefault((ev.pid, a.op), [0, 0.0, 0.0])
             acc[0] += 1
             acc[1] += ev.dur / 1e3

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from .actions import Action
 from .costs import CostModel
-from .errors import ZbError
 from .dependencies import action_index, action_predecessors, edge_delay
+from .errors import ZbError
 
 __all__ = ["Timeline", "Deadlock", "simulate", "bubble_rate"]
 

@@ -16,8 +16,8 @@ import networkx as nx
 
 from .actions import Action, Op
 from .costs import CostModel
-from .errors import ZbError
 from .dependencies import action_index, action_predecessors
+from .errors import ZbError
 from .formats.profile import Profile
 from .formats.schedule import Schedule
 from .limits import fits

@@ -91,10 +91,15 @@ def work(tmp_path, monkeypatch):
 P = ("-p", "unit-p4", "-m", "8")
 CASES = [
     # invalid schedules: refused by every command that reads one (validate reports them)
-    *[(cmd, f, "invalid schedule")
-      for f in ("w-before-b", "duplicate-w", "missing-w", "lost-microbatch", "deadlock", "over-limit")
-      for cmd in (["simulate"], ["show"], ["export", "--to", "torch-csv", "-o", "out.csv"])],
-    *[(["validate"], f, "invalid:") for f in ("w-before-b", "duplicate-w", "missing-w", "lost-microbatch", "deadlock", "over-limit")],
+    *[
+        (cmd, f, "invalid schedule")
+        for f in ("w-before-b", "duplicate-w", "missing-w", "lost-microbatch", "deadlock", "over-limit")
+        for cmd in (["simulate"], ["show"], ["export", "--to", "torch-csv", "-o", "out.csv"])
+    ],
+    *[
+        (["validate"], f, "invalid:")
+        for f in ("w-before-b", "duplicate-w", "missing-w", "lost-microbatch", "deadlock", "over-limit")
+    ],
     (["simulate"], "wrong-placement", "rank 3 holds no stage"),
     # profiles that do not fit the schedule, limits in another unit
     (["simulate", "good.json", "-p", "two-stages.json"], None, "profile has 2 stages but this schedule of 4 stages"),
@@ -119,9 +124,17 @@ CASES = [
     (["solve", *P, "--mem-limit", "capacity"], None, "has no memory_capacity"),
     (["validate", "good.json", "--mem-limit", "nanp"], None, "cannot read memory limit"),
     # outputs: checked before any work, one line, nothing created
-    *[(cmd + ["-o", ""], None, "output path is empty") for cmd in (
-        ["schedule", "1f1b", *P], ["solve", *P, "--no-milp"], ["export", "good.json", "--to", "torch-csv"],
-        ["frontier", *P], ["show", "good.json"], ["profile", "--builtin", "gpt"])],
+    *[
+        (cmd + ["-o", ""], None, "output path is empty")
+        for cmd in (
+            ["schedule", "1f1b", *P],
+            ["solve", *P, "--no-milp"],
+            ["export", "good.json", "--to", "torch-csv"],
+            ["frontier", *P],
+            ["show", "good.json"],
+            ["profile", "--builtin", "gpt"],
+        )
+    ],
     (["demo", "-o", ""], None, "output folder is empty"),
     (["demo", "-o", "existing.txt"], None, "exists and is not a folder"),
     (["schedule", "1f1b", *P, "-o", "adir"], None, "is a directory"),

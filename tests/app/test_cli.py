@@ -4,8 +4,8 @@ import json
 import subprocess
 
 import pytest
-from tests.helpers import cli_command
 
+from tests.helpers import cli_command
 
 
 def zbsearch(*args, cwd=None):

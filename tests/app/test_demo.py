@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
+from tests.helpers import cli_command
 from zbsearch.app.demo import DemoConfig, run_demo
 from zbsearch.models import GPTConfig
-from tests.helpers import cli_command
 
 TINY = GPTConfig(layers=2, hidden=32, heads=2, seq=16, vocab=64, microbatch_size=2, stages=2)
 

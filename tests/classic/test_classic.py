@@ -2,8 +2,8 @@
 
 import pytest
 
-from zbsearch import CLASSIC_KINDS, build_classic, find_problem, timeline
 from tests.helpers import make_profile
+from zbsearch import CLASSIC_KINDS, build_classic, find_problem, timeline
 
 # ZB-H1 closed form assumes T_W <= T_F and T_W <= T_B (W fits the gaps it fills).
 TIMES = [(1.0, 1.0, 1.0), (2.0, 3.0, 1.0), (1.5, 1.2, 0.9)]

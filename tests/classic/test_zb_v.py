@@ -4,8 +4,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zbsearch import CostModel, Profile, StageCost, ZbError, build_classic, find_problem, resolve_profile
 from tests.helpers import make_profile
+from zbsearch import CostModel, Profile, StageCost, ZbError, build_classic, find_problem, resolve_profile
 
 
 def _limit(sched):

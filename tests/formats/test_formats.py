@@ -4,10 +4,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from tests.helpers import make_profile
 from zbsearch import Profile, ZbError, build_classic, load_profile, load_schedule, resolve_profile, save_schedule
 from zbsearch.actions import Action, Op, parse_action
 from zbsearch.formats.edit import updated
-from tests.helpers import make_profile
 
 
 def test_action_notation_round_trips():

@@ -8,12 +8,10 @@ import pytest
 import torch
 
 import zbsearch as zb
-from zbsearch.formats.torch_csv import to_torch_csv
-from zbsearch.distributed import run_local
-
-from tests.helpers.toy import copy_stages, toy_batch, toy_loss, toy_stages, uniform_profile
 from tests.helpers import cli_command
-
+from tests.helpers.toy import copy_stages, toy_batch, toy_loss, toy_stages, uniform_profile
+from zbsearch.distributed import run_local
+from zbsearch.formats.torch_csv import to_torch_csv
 
 
 def test_torch_letters_for_our_ops():
@@ -59,7 +57,9 @@ def _ours_and_torch(rank: int, world: int, send, kind: str, m: int, csv_path: st
     runtime.step(*((ids,) if first else ()), target=targets if last else None)
     for s in mine:
         for (name, a), b in zip(ours[s].named_parameters(), theirs[s].parameters()):
-            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=lambda e: f"{kind} stage {s} {name}: {e}")
+            torch.testing.assert_close(
+                a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=lambda e, s=s, name=name: f"{kind} stage {s} {name}: {e}"
+            )
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from tests.helpers.toy import uniform_profile  # noqa: E402
 from zbsearch import build_classic  # noqa: E402
 from zbsearch.distributed import run_local  # noqa: E402
 from zbsearch.errors import ZbError  # noqa: E402
@@ -31,8 +32,6 @@ from zbsearch.models.hf import (  # noqa: E402
     hf_stages,
     hf_token_count,
 )
-
-from tests.helpers.toy import uniform_profile  # noqa: E402
 
 M, MB, SEQ = 4, 2, 8
 KINDS = ["1f1b", "zb-h1", "zb-h2", "zb-v", "interleaved-1f1b", "solver"]
@@ -154,8 +153,8 @@ def _reference(preset: str, p: int, n: int):
     model = _model(preset, 2 * p)
     (ids, mask), labels = hf_batch(hf_config("gpt2-tiny"), M * MB, SEQ, seed=5)
     losses = []
-    for i, l, y in zip(ids.chunk(M), mask.chunk(M), labels.chunk(M)):
-        loss = model(input_ids=i, attention_mask=l, labels=y).loss
+    for i, am, y in zip(ids.chunk(M), mask.chunk(M), labels.chunk(M)):
+        loss = model(input_ids=i, attention_mask=am, labels=y).loss
         (loss / M).backward()
         losses.append(loss.detach())
     cut = hf_stages(model, n)

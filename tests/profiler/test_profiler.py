@@ -16,7 +16,10 @@ import torch.distributed as dist
 from torch import nn
 
 import zbsearch as zb
+from tests.helpers import cli_command
 from zbsearch.actions import Op
+from zbsearch.distributed import clock as device_clock
+from zbsearch.distributed import run_local
 from zbsearch.errors import ZbError
 from zbsearch.models import GPTConfig, gpt_batch
 from zbsearch.profiler import (
@@ -30,9 +33,6 @@ from zbsearch.profiler import (
     runtime_vs_profile,
 )
 from zbsearch.runtime import PipelineRuntime
-from zbsearch.distributed import clock as device_clock
-from zbsearch.distributed import run_local
-from tests.helpers import cli_command
 
 TINY = GPTConfig(layers=2, hidden=32, heads=2, seq=16, vocab=64, microbatch_size=2, stages=2)
 LINK = LinkModel(latency_ms=0.05, bandwidth_gb_s=1.0, how="fixed by the test")

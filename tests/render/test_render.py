@@ -10,8 +10,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from zbsearch.app import cli
 import zbsearch as zb
+from zbsearch.app import cli
 from zbsearch.formats.edit import updated
 from zbsearch.render import intervals_panel, load_measured, render_text, schedule_panel, with_measured, write_chart
 
@@ -57,7 +57,9 @@ def _run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 
 def test_text_rows_ops_idle_and_legend(zb_h1):
     lines = render_text([schedule_panel(zb_h1)], width=WIDTH).splitlines()
-    assert lines[0].startswith("predicted: zb-h1  p=4 m=8") and "bubble rate 0.1111" in lines[0] and "peak memory 4 M_B" in lines[0]
+    assert (
+        lines[0].startswith("predicted: zb-h1  p=4 m=8") and "bubble rate 0.1111" in lines[0] and "peak memory 4 M_B" in lines[0]
+    )
     rows = [line for line in lines if line[:1] == "r"]
     assert [row.split("|")[0].strip() for row in rows] == ["r0", "r1", "r2", "r3"]
     assert all(len(row) == WIDTH for row in rows)
@@ -93,7 +95,7 @@ def test_text_big_schedule_stays_within_width():
 
 
 def test_text_elides_middle_ranks():
-    rows = [[("%dF0" % r, float(r), r + 1.0)] for r in range(100)]
+    rows = [[(f"{r}F0", float(r), r + 1.0)] for r in range(100)]
     lines = render_text([intervals_panel("fake", "predicted", 1, rows)], width=60).splitlines()
     assert any("37 ranks not shown" in line for line in lines)
     assert lines[1].startswith("r0 ") and any(line.startswith("r99 ") for line in lines)

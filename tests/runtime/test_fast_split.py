@@ -112,7 +112,7 @@ def test_split_gradients_equal_autograd_microbatch_after_microbatch(name):
         else:
             assert got[0] is None
         for (pname, p), q in zip(ref.named_parameters(), ours.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, msg=lambda e: f"{name} microbatch {mb} {pname}: {e}")
+            torch.testing.assert_close(q.grad, p.grad, msg=lambda e, mb=mb, pname=pname: f"{name} microbatch {mb} {pname}: {e}")
     # the first microbatch of a signature checks the graph; later ones take the fast path if they may
     assert taken == [False, fast, fast]
 
@@ -134,11 +134,11 @@ def test_loss_in_the_stage_and_first_stage_without_input_gradient():
     torch.manual_seed(0)
     ref = gpt_stages(cfg)[0]
     ours = copy.deepcopy(ref)
-    for mb in range(3):
+    for _ in range(3):
         ids = torch.randint(0, 32, (2, 8))
         targets = torch.randint(0, 32, (2, 8))
         gpt_loss(ref(ids), targets).backward()
-        fp = forward_pass(ours, [ids], post=lambda o: gpt_loss(o, targets))
+        fp = forward_pass(ours, [ids], post=lambda o, targets=targets: gpt_loss(o, targets))
         assert backward_input(fp, [torch.ones(())]) == [None]
         backward_weight(fp)
         for (pname, p), q in zip(ref.named_parameters(), ours.parameters()):

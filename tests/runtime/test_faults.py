@@ -51,7 +51,8 @@ def test_every_other_rank_fails_with_a_named_error(case):
             # defers only Linear/Embedding weight gradients; any other use of a parameter gets
             # its gradient in B's one autograd call, so that user code runs (and raises) in B.
             action = f"{rank}B{case.mb}" if case.op == "W" else case.action
-            assert rep["message"] == f"rank {rank}: {action}: stage {rank} microbatch {case.mb} raised RuntimeError: injected fault"
+            expected = f"rank {rank}: {action}: stage {rank} microbatch {case.mb} raised RuntimeError: injected fault"
+            assert rep["message"] == expected
             assert rep["cause"] == "RuntimeError"
             continue
         m = _COMM.match(rep["message"])

@@ -9,15 +9,13 @@ import pytest
 import torch
 
 import zbsearch as zb
-from zbsearch.formats.edit import updated
 from tests.helpers import make_profile, run_cli
 from zbsearch.actions import Op
+from zbsearch.formats.edit import updated
 from zbsearch.formats.trace import save_trace
 from zbsearch.pass_times import compare_pass_times
-from zbsearch.runtime import PipelineRuntime, backward_full, backward_input, backward_weight, forward_pass
-from zbsearch.runtime import emulation
+from zbsearch.runtime import PipelineRuntime, backward_full, backward_input, backward_weight, emulation, forward_pass
 from zbsearch.runtime.emulation import EmulatedStage, emulated_loss, emulated_stages
-
 
 
 @pytest.fixture
@@ -55,7 +53,7 @@ def _traces(sched: zb.Schedule, steps: int) -> list[zb.formats.trace.Trace]:
     runtime = PipelineRuntime(sched, dict(enumerate(stages)), emulated_loss)
     m = sched.num_microbatches
     out = []
-    for step in range(steps):
+    for _ in range(steps):
         runtime.step(torch.randn(2 * m, 16), torch.randn(2 * m, 16))
         out.append(runtime.trace())
     return out

@@ -137,7 +137,7 @@ def _worker(rank: int, world: int, send, out: str) -> None:
             opt = PostValidatedOptimizer(inner, MAX_NORM, stages=where, scaler=scaler, defer=mode == "defer")
         step = [0]
 
-        def inject(stage: int) -> None:
+        def inject(stage: int, step=step, stages=stages) -> None:
             if step[0] == NAN_STEP and stage == NAN_STAGE:
                 next(stages[stage].parameters()).grad[0, 0] = float("nan")
             # stage 0 finishing late makes every other rank step before the global numbers are in
@@ -148,7 +148,7 @@ def _worker(rank: int, world: int, send, out: str) -> None:
         if mode != "sync":
             opt.attach(runtime)
 
-        def params_now():
+        def params_now(stages=stages):
             return {s: [p.detach().clone() for p in m.parameters()] for s, m in stages.items()}
 
         seen, verdicts, replays = [], [], 0

@@ -14,23 +14,6 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import zbsearch as zb
-from zbsearch.actions import Op
-from zbsearch.runtime import (
-    EmulatedStage,
-    PipelineError,
-    PipelineRuntime,
-    backward_full,
-    backward_input,
-    backward_weight,
-    forward_pass,
-)
-from zbsearch.distributed import run_local
-from zbsearch.runtime.memory import ActivationMeter
-from zbsearch.runtime.p2p import ACT, GRAD, comm_plan
-from zbsearch.placement import placement
-from zbsearch.formats.edit import updated
-from zbsearch.formats.trace import load_trace, save_trace
-
 from tests.helpers.toy import (
     Block,
     First,
@@ -41,6 +24,22 @@ from tests.helpers.toy import (
     toy_stages,
     uniform_profile,
 )
+from zbsearch.actions import Op
+from zbsearch.distributed import run_local
+from zbsearch.formats.edit import updated
+from zbsearch.formats.trace import load_trace, save_trace
+from zbsearch.placement import placement
+from zbsearch.runtime import (
+    EmulatedStage,
+    PipelineError,
+    PipelineRuntime,
+    backward_full,
+    backward_input,
+    backward_weight,
+    forward_pass,
+)
+from zbsearch.runtime.memory import ActivationMeter
+from zbsearch.runtime.p2p import ACT, GRAD, comm_plan
 
 
 # -- split backward --------------------------------------------------------------------------------
@@ -267,7 +266,8 @@ def _check_schedules(rank: int, world: int, send, schedules: list[str], steps: i
                 torch.testing.assert_close(losses.mean(), ref_loss, rtol=1e-5, atol=1e-6)
             for s, st in mine.items():
                 for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
-                    torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=lambda e: f"{sched.kind} stage {s} {name}: {e}")
+                    where = f"{sched.kind} stage {s} {name}"
+                    torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=lambda e, where=where: f"{where}: {e}")
             ref_opt.step()
             our_opt.step()
         trace = runtime.trace()
@@ -312,7 +312,9 @@ def test_dead_or_hung_rank_fails_the_others_with_a_named_error(how):
     with pytest.raises(zb.ZbError) as err:  # rank 0's PipelineError, raised here
         run_local(_die_or_hang, 2, how, timeout=60)
     assert time.monotonic() - t0 < 50  # the runtime's timeout is 4 s; process start-up is the rest
-    assert re.match(r"rank 0: 0(F|B|W)\d+: .* from rank 1 (failed|timed out) after [0-9.]+s \(timeout 4s\)", str(err.value)), err.value
+    assert re.match(r"rank 0: 0(F|B|W)\d+: .* from rank 1 (failed|timed out) after [0-9.]+s \(timeout 4s\)", str(err.value)), (
+        err.value
+    )
 
 
 # -- one process (world size 1): rejections, local hand-over, trace --------------------------------------

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import make_profile
 from zbsearch import build_classic
 from zbsearch.runtime import PipelineError, PipelineRuntime
-from tests.helpers import make_profile
 
 
 def _runtime(microbatch_size=None, **kw):

@@ -18,11 +18,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tests.helpers.toy import uniform_profile
 from zbsearch import build_classic
 from zbsearch.distributed import run_local
 from zbsearch.errors import ZbError
-
-from tests.helpers.toy import uniform_profile
 
 VOCAB, WIDTH, SEQ, BATCH, M = 11, 6, 4, 8, 4
 MAX_NORM = 0.05  # small enough that every step clips
@@ -97,7 +96,9 @@ def reference(num_stages: int, steps: int, opt_kind: str | None):
         if opt:
             opt.step()
             opt.zero_grad()
-        params = {s: {n: p.detach().clone() for n, p in st.named_parameters(remove_duplicate=False)} for s, st in enumerate(stages)}
+        params = {
+            s: {n: p.detach().clone() for n, p in st.named_parameters(remove_duplicate=False)} for s, st in enumerate(stages)
+        }
         out.append((grads, total, params))
     return out
 
@@ -139,7 +140,7 @@ def _worker(rank, world, send, scenarios, out):
                 opt.validate()
             grads = {}
 
-            def keep(stage, grads=grads):
+            def keep(stage, grads=grads, stages=stages):
                 grads[stage] = {q: t.grad.clone() for q, t in stages[stage].named_parameters(remove_duplicate=False)}
 
             runtime._hooks.insert(0, keep)
@@ -180,7 +181,7 @@ def test_tied_weights_equal_one_process(runs, scenario):
     wte, head = ref[0][0][0]["wte.weight"], ref[0][0][n - 1]["lm_head.weight"]
     assert torch.equal(wte, head)  # one shared Parameter in one process
     ranks = runs[name]
-    for k, (grads, total, params) in enumerate(ref if opt_kind != "defer" else ref[:1]):
+    for k, (grads, total, _params) in enumerate(ref if opt_kind != "defer" else ref[:1]):
         for r in ranks:
             got_grads, got_total = r["steps"][k]
             for s, named in got_grads.items():

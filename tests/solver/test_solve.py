@@ -5,8 +5,8 @@ import json
 import subprocess
 
 import pytest
-from tests.helpers import make_profile
 
+from tests.helpers import cli_command, make_profile
 from zbsearch import CostModel, Schedule, find_problem, parse_memory_limit, resolve_profile, simulate
 from zbsearch.bounds import memory_span_lower_bound, rank_memory_span_lower_bounds
 from zbsearch.errors import ZbError
@@ -15,8 +15,6 @@ from zbsearch.solver import Problem, smallest_feasible_limit, solve
 from zbsearch.solver.frontier import frontier
 from zbsearch.solver.heuristic import candidate_policies, list_schedule, sequential_schedule
 from zbsearch.solver.milp import exact, solve_window
-from tests.helpers import cli_command
-
 
 
 def _check(res, limit_spec):

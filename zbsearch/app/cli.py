@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 import typer
@@ -28,9 +28,12 @@ from zbsearch.errors import ZbError
 from zbsearch.formats.edit import updated
 from zbsearch.formats.fileio import check_writable, parse_model, write_model, write_text
 from zbsearch.formats.schedule import profile_misfit
-from zbsearch.limits import limit_for_profile
 from zbsearch.formats.trace import load_trace
+from zbsearch.limits import limit_for_profile
 from zbsearch.pass_times import PassTimes, compare_pass_times
+
+if TYPE_CHECKING:
+    from zbsearch.solver import Objective
 
 app = typer.Typer(
     help="Zero Bubble pipeline-parallel schedules: build, simulate, validate, compare, solve, replay.",
@@ -48,7 +51,7 @@ ForceOpt = typer.Option(False, "--force", help="go on with a schedule that does 
 LimitOpt = typer.Option(None, "--mem-limit", help="memory limit instead of the schedule's (1p, 2p, 40GiB, capacity, none)")
 
 
-def _load_schedule(path: Path, profile: Optional[str], mem_limit: Optional[str] = None, force: bool = False) -> zb.Schedule:
+def _load_schedule(path: Path, profile: str | None, mem_limit: str | None = None, force: bool = False) -> zb.Schedule:
     """The schedule, with another profile and limit if given; refused unless valid or ``force``."""
     sched = zb.load_schedule(path)
     update: dict = {}
@@ -76,7 +79,7 @@ def _load_schedule(path: Path, profile: Optional[str], mem_limit: Optional[str] 
     return sched
 
 
-def _output(text: Optional[str], suffixes: tuple[str, ...] = (), what: str = "output") -> Optional[Path]:
+def _output(text: str | None, suffixes: tuple[str, ...] = (), what: str = "output") -> Path | None:
     """An output path, checked before the work: '-' (stdout) as it is, else it must be writable
     (and, given ``suffixes``, name one of those formats). Taken as text: typer would read '' as '.'."""
     if text is None:
@@ -87,7 +90,9 @@ def _output(text: Optional[str], suffixes: tuple[str, ...] = (), what: str = "ou
     if text == "-":
         return path
     if suffixes and path.suffix.lower() not in suffixes:
-        raise ZbError(f"{path}: cannot tell the {what} format from {path.suffix or 'no suffix'!r}; use one of {', '.join(suffixes)}")
+        raise ZbError(
+            f"{path}: cannot tell the {what} format from {path.suffix or 'no suffix'!r}; use one of {', '.join(suffixes)}"
+        )
     check_writable(path)
     return path
 
@@ -130,27 +135,29 @@ def schedule(
     kind: str = typer.Argument(..., help=f"one of: {', '.join(zb.CLASSIC_KINDS)}"),
     profile: str = ProfileOpt,
     m: int = MicrobatchOpt,
-    chunks: Optional[int] = typer.Option(None, "--chunks", "-v", help="chunks per rank (interleaved-1f1b; zb-v is 2)"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+    chunks: int | None = typer.Option(None, "--chunks", "-v", help="chunks per rank (interleaved-1f1b; zb-v is 2)"),
+    output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
 ):
     """Build a classic schedule (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V) for a profile."""
-    output = _output(output)
+    path = _output(output)
     sched = zb.build_classic(kind, zb.resolve_profile(profile), m, chunks)
     zb.validate(sched)
-    if output is not None:
-        _write(sched, output)
-    if output is None or str(output) != "-":
+    if path is not None:
+        _write(sched, path)
+    if path is None or str(path) != "-":
+        assert sched.predicted is not None  # build_classic predicts
         out.print(_summary(sched, sched.predicted), soft_wrap=True)
 
 
 @app.command()
 def simulate(
     schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="schedule JSON"),
-    profile: Optional[str] = OtherProfileOpt,
-    mem_limit: Optional[str] = LimitOpt,
+    profile: str | None = OtherProfileOpt,
+    mem_limit: str | None = LimitOpt,
     as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
-    measured: Optional[list[Path]] = typer.Option(
-        None, "--measured", help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted"),
+    measured: list[Path] | None = typer.Option(
+        None, "--measured", help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted"
+    ),
     force: bool = ForceOpt,
 ):
     """Simulate a schedule: per-rank span, busy time, bubble and peak memory."""
@@ -169,6 +176,7 @@ def simulate(
     out.print(_rank_table(sched, tl))
     out.print(_summary(sched, pred), soft_wrap=True)
     if passes is not None:
+        assert measured is not None  # passes come from the measured traces
         out.print(_pass_table(passes, len(measured)))
 
 
@@ -184,8 +192,8 @@ def _pass_table(passes: list[PassTimes], steps: int) -> Table:
 @app.command()
 def validate(
     schedule_path: Path = typer.Argument(..., metavar="SCHEDULE", help="schedule JSON"),
-    profile: Optional[str] = OtherProfileOpt,
-    mem_limit: Optional[str] = LimitOpt,
+    profile: str | None = OtherProfileOpt,
+    mem_limit: str | None = LimitOpt,
 ):
     """Exit 0 if the schedule is valid, else print the first problem and exit 1."""
     sched = _load_schedule(schedule_path, profile, mem_limit, force=True)
@@ -199,14 +207,14 @@ def validate(
 def compare(
     profile: str = ProfileOpt,
     m: int = MicrobatchOpt,
-    mem_limit: Optional[str] = typer.Option(None, "--mem-limit", help="mark schedules over this limit (1p, 2p, 40GiB)"),
+    mem_limit: str | None = typer.Option(None, "--mem-limit", help="mark schedules over this limit (1p, 2p, 40GiB)"),
     chunks: int = typer.Option(2, "--chunks", "-v", help="chunks for interleaved-1f1b"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON"),
 ):
     """All schedule kinds side by side on one profile."""
     prof = zb.resolve_profile(profile)
     zb.parse_memory_limit(mem_limit, prof, zb.CostModel.from_profile(prof, list(range(prof.num_stages))))  # bad text: fail now
-    rows = []
+    rows: list[dict[str, Any]] = []
     for kind in (*zb.CLASSIC_KINDS, "zb-1p", "zb-2p"):  # zb-*: heuristics only (see the note printed below)
         try:
             if kind in zb.CLASSIC_KINDS:
@@ -219,6 +227,7 @@ def compare(
             rows.append({"kind": kind, "error": str(e)})
             continue
         pred = sched.predicted
+        assert pred is not None  # build_classic and solve predict
         cost = zb.CostModel.from_profile(prof, sched.stage_to_rank)
         limit = zb.parse_memory_limit(mem_limit, prof, cost)
         fits = limit is None or all(zb.fits(pk, lim) for pk, lim in zip(pred.peak_memory, limit))
@@ -253,13 +262,19 @@ def _fail(message: str, code: int = 1) -> None:
 
 @app.command()
 def show(
-    schedule_paths: list[Path] = typer.Argument(..., metavar="SCHEDULE...", help="schedule JSON; several are stacked on one time axis"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="write a chart: .png, .svg or .html (self-contained; hover a box for its times)"),
+    schedule_paths: list[Path] = typer.Argument(
+        ..., metavar="SCHEDULE...", help="schedule JSON; several are stacked on one time axis"
+    ),
+    output: str | None = typer.Option(
+        None, "-o", "--output", help="write a chart: .png, .svg or .html (self-contained; hover a box for its times)"
+    ),
     text: bool = typer.Option(False, "--text", help="print the text chart even when -o is given"),
-    width: Optional[int] = typer.Option(None, "--width", min=20, help="text chart width in columns (default: the terminal's)"),
-    measured: Optional[Path] = typer.Option(None, "--measured", help="runtime trace JSON to draw under the prediction (one SCHEDULE)"),
-    profile: Optional[str] = OtherProfileOpt,
-    mem_limit: Optional[str] = LimitOpt,
+    width: int | None = typer.Option(None, "--width", min=20, help="text chart width in columns (default: the terminal's)"),
+    measured: Path | None = typer.Option(
+        None, "--measured", help="runtime trace JSON to draw under the prediction (one SCHEDULE)"
+    ),
+    profile: str | None = OtherProfileOpt,
+    mem_limit: str | None = LimitOpt,
     force: bool = ForceOpt,
 ):
     """Gantt chart of schedules (predicted, or against a measured trace): text, or PNG/SVG/HTML with -o."""
@@ -268,16 +283,16 @@ def show(
 
     from zbsearch import render
 
-    output = _output(output, render.CHART_SUFFIXES, "chart")
+    path = _output(output, render.CHART_SUFFIXES, "chart")
     panels = [render.schedule_panel(_load_schedule(p, profile, mem_limit, force)) for p in schedule_paths]
     title = None
     if measured is not None:
         if len(panels) != 1:
             raise ZbError("--measured compares one schedule with its trace; give exactly one SCHEDULE")
         panels, title = render.with_measured(panels[0], measured)
-    if output is not None:
-        err.print(f"wrote {render.write_chart(panels, output, title)}", highlight=False, soft_wrap=True)
-    if output is None or text:
+    if path is not None:
+        err.print(f"wrote {render.write_chart(panels, path, title)}", highlight=False, soft_wrap=True)
+    if path is None or text:
         cols = width or shutil.get_terminal_size((120, 24)).columns
         colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
         sys.stdout.write(render.render_text(panels, cols, title, colour) + "\n")
@@ -295,32 +310,43 @@ def export(
 
     if to != "torch-csv":
         raise ZbError(f"unknown export format {to!r}; supported: torch-csv")
-    output = _output(output)
+    path = _output(output)
+    assert path is not None  # -o is required
     text = to_torch_csv(_load_schedule(schedule_path, None, force=force))
-    if str(output) == "-":
+    if str(path) == "-":
         sys.stdout.write(text)
     else:
-        err.print(f"wrote {write_text(output, text)}", highlight=False, soft_wrap=True)
+        err.print(f"wrote {write_text(path, text)}", highlight=False, soft_wrap=True)
 
 
 @app.command()
 def solve(
     profile: str = ProfileOpt,
     m: int = MicrobatchOpt,
-    mem_limit: str = typer.Option("2p", "--mem-limit", help="1p, 2p, <x>p (x*p*M_B per rank), a byte budget per rank (40GiB), or none"),
+    mem_limit: str = typer.Option(
+        "2p", "--mem-limit", help="1p, 2p, <x>p (x*p*M_B per rank), a byte budget per rank (40GiB), or none"
+    ),
     chunks: int = typer.Option(1, "--chunks", "-v", help="1, or 2 for the V placement (the ZB-V family)"),
-    time_limit: float = typer.Option(30.0, "--time-limit", "-t", min=0.1, help="seconds; the best schedule found by then is returned"),
-    objective: str = typer.Option("span", "--objective", help="span: longest per-rank span (iteration period); makespan: first start to last end"),
-    uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs as the paper's scheduler does (results on the true costs)"),
+    time_limit: float = typer.Option(
+        30.0, "--time-limit", "-t", min=0.1, help="seconds; the best schedule found by then is returned"
+    ),
+    objective: str = typer.Option(
+        "span", "--objective", help="span: longest per-rank span (iteration period); makespan: first start to last end"
+    ),
+    uniform_costs: bool = typer.Option(
+        False,
+        "--uniform-costs",
+        help="schedule with the median stage costs as the paper's scheduler does (results on the true costs)",
+    ),
     no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only (milliseconds to seconds)"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+    output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
 ):
     """Find the schedule with the least bubble under a memory limit, and how far from optimal it can be."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from zbsearch import solver
 
-    output = _output(output)
+    path = _output(output)
     prof = zb.resolve_profile(profile)
     cost = zb.CostModel.from_profile(prof, solver.solver_placement(prof.num_ranks, chunks))
     zb.parse_memory_limit(mem_limit, prof, cost)  # a bad limit fails now, not under the progress display
@@ -334,15 +360,18 @@ def solve(
             bar.update(task, description=f"{phase}{best}, bound {_fmt(bound)} ms{gap}")
 
         res = solver.solve(
-            prof, m, mem_limit, chunks=chunks, time_limit=time_limit, objective=objective,
+            prof, m, mem_limit, chunks=chunks, time_limit=time_limit,
+            objective=cast("Objective", objective),  # solve() rejects any other text with a ZbError
             uniform_costs=uniform_costs, milp=not no_milp, progress=progress,
         )
-    if output is not None:
-        _write(res.schedule, output)
-    if output is None or str(output) != "-":
+    if path is not None:
+        _write(res.schedule, path)
+    if path is None or str(path) != "-":
         info = res.info
         out.print(_rank_table(res.schedule, res.timeline))
-        bubble = res.schedule.predicted.bubble_rate if objective == "span" else res.schedule.predicted.bubble_rate_makespan
+        pred = res.schedule.predicted
+        assert pred is not None  # solve predicts
+        bubble = pred.bubble_rate if objective == "span" else pred.bubble_rate_makespan
         out.print(
             f"bubble rate {bubble:.4f}   {objective} {_fmt(info.value)} ms   bound (under limit) {_fmt(info.lower_bound)} ms"
         )
@@ -355,19 +384,23 @@ def frontier(
     m: int = MicrobatchOpt,
     chunks: int = typer.Option(1, "--chunks", "-v", help="1, or 2 for the V placement"),
     objective: str = typer.Option("span", "--objective", help="span or makespan"),
-    time_limit: float = typer.Option(20.0, "--time-limit", "-t", min=0.1, help="seconds for the whole sweep (shared by its points)"),
+    time_limit: float = typer.Option(
+        20.0, "--time-limit", "-t", min=0.1, help="seconds for the whole sweep (shared by its points)"
+    ),
     milp: bool = typer.Option(False, "--milp", help="also improve each point with MILP windows (slower)"),
     uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs (paper behaviour)"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="frontier.json ('-': JSON on stdout), or a plot: .png, .svg, .pdf"),
+    output: str | None = typer.Option(
+        None, "-o", "--output", help="frontier.json ('-': JSON on stdout), or a plot: .png, .svg, .pdf"
+    ),
 ):
     """Bubble rate against memory limit, from the smallest feasible limit to where the bubble stops falling."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     from zbsearch.formats.frontier import save_frontier
     from zbsearch.render.frontier import save_frontier_plot
     from zbsearch.solver import frontier as sweep
 
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    output = _output(output, (".json", ".png", ".svg", ".pdf"))
+    path = _output(output, (".json", ".png", ".svg", ".pdf"))
     prof = zb.resolve_profile(profile)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task("solving without a limit", total=None)
@@ -375,45 +408,68 @@ def frontier(
         def on_point(pt) -> None:
             bar.update(task, description=f"{pt.limit:.4g}p: bubble {pt.bubble_rate:.4f} ({pt.status}); next limit")
 
-        fr = sweep(prof, m, chunks=chunks, objective=objective, time_limit=time_limit, milp=milp,
-                   uniform_costs=uniform_costs, on_point=on_point)
+        fr = sweep(
+            prof, m, chunks=chunks, time_limit=time_limit, milp=milp, uniform_costs=uniform_costs,
+            objective=cast("Objective", objective), on_point=on_point,  # other text: ZbError in solve()
+        )
     t = Table(title=f"{prof.name}: m={m}, {chunks} chunk(s), {objective}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
     for col in ("limit (x p M_B)", "bubble rate", "bound allows", "gap", "status", "peak memory"):
         t.add_column(col, justify="right")
     for pt in fr.points:
-        t.add_row(f"{pt.limit:.4g}p", f"{pt.bubble_rate:.4f}", f"{pt.bound_bubble_rate:.4f}", f"{pt.gap:.2%}", pt.status, _fmt(max(pt.peak_memory)))
-    if output is not None and str(output) == "-":
+        t.add_row(
+            f"{pt.limit:.4g}p",
+            f"{pt.bubble_rate:.4f}",
+            f"{pt.bound_bubble_rate:.4f}",
+            f"{pt.gap:.2%}",
+            pt.status,
+            _fmt(max(pt.peak_memory)),
+        )
+    if path is not None and str(path) == "-":
         sys.stdout.write(fr.model_dump_json(indent=1) + "\n")
         return
     out.print(t)
-    if output is not None:
-        if output.suffix.lower() == ".json":
-            save_frontier(fr, output)
+    if path is not None:
+        if path.suffix.lower() == ".json":
+            save_frontier(fr, path)
         else:
-            save_frontier_plot(fr, output)
-        err.print(f"wrote {output}", highlight=False, soft_wrap=True)
+            save_frontier_plot(fr, path)
+        err.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
 @app.command()
 def profile(
-    model: Optional[str] = typer.Option(None, "--model", help="package.module:function returning (stages, microbatch[, loss_fn, target])"),
-    model_arg: list[str] = typer.Option([], "--model-arg", help="key=value passed to the --model function (repeatable; ints, floats, true/false converted)"),
-    builtin: Optional[str] = typer.Option(None, "--builtin", help="a built-in model instead of --model: gpt"),
-    hf: Optional[str] = typer.Option(None, "--hf", help="a Hugging Face causal LM, random init: config JSON or preset (gpt2-tiny, llama-tiny, ...); uses --stages, --seq, -b"),
+    model: str | None = typer.Option(
+        None, "--model", help="package.module:function returning (stages, microbatch[, loss_fn, target])"
+    ),
+    model_arg: list[str] = typer.Option(
+        [], "--model-arg", help="key=value passed to the --model function (repeatable; ints, floats, true/false converted)"
+    ),
+    builtin: str | None = typer.Option(None, "--builtin", help="a built-in model instead of --model: gpt"),
+    hf: str | None = typer.Option(
+        None,
+        "--hf",
+        help="a Hugging Face causal LM, random init: config JSON or preset (gpt2-tiny, llama-tiny, ...); "
+        "uses --stages, --seq, -b",
+    ),
     layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
     hidden: int = typer.Option(128, "--hidden", help="gpt: hidden size"),
     heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
     seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
     microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
     stages: int = typer.Option(4, "--stages", help="gpt: pipeline stages"),
-    placement: Optional[str] = typer.Option(None, "--placement", help="the stages are 2 pieces per rank for this placement: v (ZB-V) or interleaved; recorded, so schedules use each piece's costs"),
+    placement: str | None = typer.Option(
+        None,
+        "--placement",
+        help="the stages are 2 pieces per rank for this placement: v (ZB-V) or interleaved; "
+        "recorded, so schedules use each piece's costs",
+    ),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:<i> (under torchrun: cuda:LOCAL_RANK)"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: the model's own)"),
+    dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: the model's own)"),
     warmup: int = typer.Option(3, "--warmup", help="untimed repetitions per stage"),
     repeat: int = typer.Option(10, "--repeat", help="timed repetitions per stage (median and quartiles recorded)"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's; torchrun sets 1)"),
-    name: Optional[str] = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: torch's; torchrun sets 1)"),
+    name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
+    output: str | None = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
 ):
     """Measure per-stage F, B, W times, activation memory and link times; write a profile (bytes).
 
@@ -472,9 +528,11 @@ def demo(
     heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
     seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
     microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
-    emulate: Optional[bool] = typer.Option(
-        None, "--emulate/--real",
-        help="replay with stages that sleep the profiled times, or with the real passes; default: emulate when the CPU has fewer cores than ranks",
+    emulate: bool | None = typer.Option(
+        None,
+        "--emulate/--real",
+        help="replay with stages that sleep the profiled times, or with the real passes; "
+        "default: emulate when the CPU has fewer cores than ranks",
     ),
     steps: int = typer.Option(3, "--steps", help="measured iterations per schedule"),
     time_limit: float = typer.Option(10.0, "--time-limit", "-t", min=0.1, help="seconds for the ZB-2p solver"),
@@ -488,15 +546,15 @@ def demo(
 
     if output == "":
         raise ZbError("-o: the output folder is empty")
-    output = Path(output)
-    if output.exists() and not output.is_dir():
-        raise ZbError(f"{output}: exists and is not a folder; -o names the folder for the demo's files")
-    check_writable(output / "profile.json")
+    folder = Path(output)
+    if folder.exists() and not folder.is_dir():
+        raise ZbError(f"{folder}: exists and is not a folder; -o names the folder for the demo's files")
+    check_writable(folder / "profile.json")
     if emulate is None:
         emulate = should_emulate(stages, device)
     cfg = DemoConfig(
         gpt=GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages),
-        microbatches=m, emulate=emulate, steps=steps, time_limit=time_limit, device=device, out=output,
+        microbatches=m, emulate=emulate, steps=steps, time_limit=time_limit, device=device, out=folder,
     )
     cfg.check()
     with progress_bar(err) as bar:
@@ -507,6 +565,7 @@ def demo(
                 "peak activations MiB\npredicted / measured"):
         t.add_column(col, justify="right")
     for sched, pred, meas, peak in zip(run.schedules, run.predicted, run.measured, run.measured_peak_memory):
+        assert sched.predicted is not None  # the demo's schedules are built or solved, so predicted
         t.add_row(sched.kind, f"{pred:.1f}", f"{meas:.1f}", f"{meas / pred:.2f}", f"{sched.predicted.bubble_rate:.3f}",
                   f"{max(sched.predicted.peak_memory) / 2**20:.1f} / {peak / 2**20:.1f}")
     out.print(t)
@@ -518,7 +577,7 @@ def demo(
     err.print(f"wrote {', '.join(str(f) for f in run.files)}", highlight=False, soft_wrap=True)
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     try:
         code = app(args=argv, prog_name="zbsearch", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as e:  # bare ``zbsearch`` (or a group): the help

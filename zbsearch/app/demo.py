@@ -23,15 +23,15 @@ import torch.distributed as dist
 
 from .. import render
 from ..classic import build_classic
+from ..distributed import run_local
 from ..errors import ZbError
-from ..models.gpt import GPTConfig, gpt_batch
 from ..formats.profile import Profile, save_profile
+from ..formats.schedule import Schedule, save_schedule
+from ..formats.trace import Trace, save_trace
+from ..models.gpt import GPTConfig, gpt_batch
 from ..profiler import Settings, builtin_gpt, profile_distributed
 from ..runtime import PipelineRuntime, emulated_loss, emulated_stages
-from ..distributed import run_local
-from ..formats.schedule import Schedule, save_schedule
 from ..solver import solve
-from ..formats.trace import Trace, save_trace
 
 __all__ = ["DemoConfig", "DemoRun", "run_demo"]
 
@@ -72,7 +72,11 @@ class DemoRun:
 
     @property
     def predicted(self) -> list[float]:
-        return [max(s.predicted.span) for s in self.schedules]
+        spans = []
+        for s in self.schedules:
+            assert s.predicted is not None  # built or solved schedules carry their prediction
+            spans.append(max(s.predicted.span))
+        return spans
 
     @property
     def measured_peak_memory(self) -> list[float]:
@@ -89,12 +93,14 @@ def _rank(rank: int, world: int, send, cfg: DemoConfig) -> dict | None:
     spec = builtin_gpt(cfg.gpt)
     settings = Settings(device=cfg.device, warmup=cfg.warmup, repeat=cfg.repeat)
     profile = profile_distributed(spec, settings, name=f"demo-{spec.name}", progress=report)
-    box = [None]
+    box: list[list[str] | None] = [None]
     if rank == 0:
+        assert profile is not None  # profile_distributed returns it on rank 0
         send(("solving ZB-2p", 0, None))
         zb_2p = solve(profile, cfg.microbatches, "2p", time_limit=cfg.time_limit).schedule
         box = [[s.model_dump_json() for s in (build_classic("1f1b", profile, cfg.microbatches), zb_2p)]]
     dist.broadcast_object_list(box, src=0)
+    assert box[0] is not None  # filled by rank 0's broadcast
     schedules = [Schedule.model_validate_json(text) for text in box[0]]
     last = rank == world - 1
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.device.startswith("cuda") else torch.device("cpu")
@@ -118,10 +124,12 @@ def _rank(rank: int, world: int, send, cfg: DemoConfig) -> dict | None:
             if rank == 0 and step > 0:
                 step_spans.append(max(trace.span_ms()))
         if rank == 0:
+            assert trace is not None  # the loop above ran at least once
             spans.append(statistics.median(step_spans))
             traces.append(trace.model_dump_json())
     if rank != 0:
         return None
+    assert profile is not None  # rank 0 has the profile
     return {"profile": profile.model_dump_json(), "schedules": box[0], "traces": traces, "measured": spans}
 
 
@@ -130,7 +138,8 @@ def run_demo(cfg: DemoConfig, on_progress=None) -> DemoRun:
     cfg.check()
     out = cfg.out  # created only once there is something to write: an interrupted demo leaves nothing
 
-    def message(rank: int, msg: tuple) -> None:
+    def message(rank: int, msg: object) -> None:
+        assert isinstance(msg, tuple)  # _rank sends (description, done, total)
         if on_progress is not None:
             on_progress(*msg)
 
@@ -184,5 +193,7 @@ def contention_note(cfg: DemoConfig) -> str:
                 f"include waiting for a core; --emulate replays the profiled times without that contention")
     where = f"{cores} CPU cores for {p} ranks" if cfg.device == "cpu" else f"device {cfg.device}"
     load = os.getloadavg()[0] if cfg.device == "cpu" else 0.0
-    busy = f"; the machine is busy (load average {load:.1f}), so measured times include waiting for a core" if load > cores else ""
+    busy = (
+        f"; the machine is busy (load average {load:.1f}), so measured times include waiting for a core" if load > cores else ""
+    )
     return f"replay: real passes ({where}){busy}"

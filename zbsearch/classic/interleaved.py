@@ -21,6 +21,12 @@ def _virtual(k: int, p: int, v: int, backward: bool) -> tuple[int, int]:
     return chunk, group * p + pos % p
 
 
+def _action(k: int, r: int, p: int, v: int, op: Op) -> Action:
+    """Rank r's k-th forward (op F) or backward (op BW) in the interleaved order."""
+    chunk, mb = _virtual(k, p, v, op is Op.BW)
+    return Action(chunk * p + r, op, mb)
+
+
 def interleaved_1f1b(cost: CostModel, m: int) -> list[list[Action]]:
     p = cost.num_ranks
     v = cost.num_stages // p
@@ -32,18 +38,9 @@ def interleaved_1f1b(cost: CostModel, m: int) -> list[list[Action]]:
     ranks = []
     for r in range(p):
         warmup = min(total, (p - 1 - r) * 2 + (v - 1) * p)
-
-        def fwd(k: int) -> Action:
-            chunk, mb = _virtual(k, p, v, False)
-            return Action(chunk * p + r, Op.F, mb)
-
-        def bwd(k: int) -> Action:
-            chunk, mb = _virtual(k, p, v, True)
-            return Action(chunk * p + r, Op.BW, mb)
-
-        row = [fwd(k) for k in range(warmup)]
+        row = [_action(k, r, p, v, Op.F) for k in range(warmup)]
         for k in range(total - warmup):
-            row += [fwd(warmup + k), bwd(k)]
-        row += [bwd(k) for k in range(total - warmup, total)]
+            row += [_action(warmup + k, r, p, v, Op.F), _action(k, r, p, v, Op.BW)]
+        row += [_action(k, r, p, v, Op.BW) for k in range(total - warmup, total)]
         ranks.append(row)
     return ranks

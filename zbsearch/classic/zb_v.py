@@ -77,6 +77,7 @@ def zb_v(cost: CostModel, m: int) -> list[list[Action]]:
                 break
             last = max(span)
             slack = [last - s for s in span]
+    assert best_rows is not None  # the first build beats inf
     return best_rows
 
 
@@ -128,7 +129,12 @@ class _Builder:
         for r in range(self.p):
             while self.pending_w[r]:
                 self.put_w(r)
-        return self.rows, [self.free_at[r] - self.first[r] for r in range(self.p)]
+        spans = []
+        for r in range(self.p):
+            first = self.first[r]
+            assert first is not None  # every rank runs passes
+            spans.append(self.free_at[r] - first)
+        return self.rows, spans
 
     def warm_up(self) -> None:
         p, m, lo, hi, f = self.p, self.m, self.lo, self.hi, self.count[Op.F]
@@ -139,6 +145,7 @@ class _Builder:
         # it takes before its first backward.
         for r in reversed(range(p)):
             arrival = self.input_time(Op.F, hi[r])
+            assert arrival is not None  # its input, microbatch 0 on the stage before, is placed (loop above / last r)
             room = (r + 1) * self.hold_f[hi[r]] + r * self.hold_f[lo[r]]
             while (
                 f[lo[r]] < m
@@ -230,7 +237,9 @@ class _Builder:
 
     def put(self, r: int, op: Op, s: int, arrival: float | None = None) -> None:
         j = self.count[op][s]
-        start = max(self.free_at[r], self.input_time(op, s) if arrival is None else arrival)
+        ready = self.input_time(op, s) if arrival is None else arrival
+        assert ready is not None  # passes are put only once their inputs are placed
+        start = max(self.free_at[r], ready)
         if self.first[r] is None:
             self.first[r] = start
         else:

@@ -66,7 +66,9 @@ def run_local(
     # The rendezvous store lives here, on a port the OS picked and that stays ours: a port
     # merely found free could be taken by another program before rank 0 listens on it.
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    procs = [ctx.Process(target=_worker, args=(fn, r, world, store.port, backend, results, args), daemon=True) for r in range(world)]
+    procs = [
+        ctx.Process(target=_worker, args=(fn, r, world, store.port, backend, results, args), daemon=True) for r in range(world)
+    ]
     # Ctrl-C is for this process, which stops the workers: they start with SIGINT ignored (an
     # ignored signal stays ignored across exec, and Python then installs no KeyboardInterrupt
     # handler), so an interrupt never prints a traceback per worker or half-stops one.

@@ -72,7 +72,7 @@ class StageCost(BaseModel):
         return self.t_b + self.t_w if self.t_bw is None else self.t_bw
 
     @model_validator(mode="after")
-    def _balanced(self) -> "StageCost":
+    def _balanced(self) -> StageCost:
         total = self.m_f + self.m_b + self.m_w
         if abs(total) > _MEMORY_BALANCE_RTOL * max(abs(self.m_f), 1e-9):
             raise ValueError(
@@ -173,7 +173,7 @@ class Profile(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _comm_len(self) -> "Profile":
+    def _comm_len(self) -> Profile:
         if isinstance(self.t_comm, list) and len(self.t_comm) != len(self.stages) - 1:
             raise ValueError(
                 f"t_comm has {len(self.t_comm)} values but {len(self.stages)} stages have "
@@ -187,7 +187,7 @@ class Profile(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _placement(self) -> "Profile":
+    def _placement(self) -> Profile:
         pl = self.placement
         if pl is None:
             return self

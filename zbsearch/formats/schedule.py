@@ -92,7 +92,7 @@ class Schedule(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _shape(self) -> "Schedule":
+    def _shape(self) -> Schedule:
         R, S = self.num_ranks, self.num_stages
         if len(self.stage_to_rank) != S:
             raise ValueError(f"stage_to_rank has {len(self.stage_to_rank)} entries for {S} stages")
@@ -141,7 +141,7 @@ class Schedule(BaseModel):
         memory_limit: list[float] | None = None,
         solver: SolverInfo | None = None,
         memory_limit_spec: str | None = None,
-    ) -> "Schedule":
+    ) -> Schedule:
         sched = cls(
             kind=kind,
             num_ranks=max(stage_to_rank) + 1,

@@ -94,6 +94,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
     info = data.get("zbsearch") if isinstance(data, dict) else None
     if not isinstance(info, dict) or info.get("format") != "zbsearch.trace":
         raise ZbError(f"{p}: not a zbsearch trace (no \"zbsearch\": {{\"format\": \"zbsearch.trace\"}} block)")
+    assert isinstance(data, dict)  # info came from it
     if info.get("version") != 1:
         raise ZbError(f"{p}: zbsearch.trace version {info.get('version')!r} is not supported (this zbsearch reads version 1)")
     raw = data.get("traceEvents")

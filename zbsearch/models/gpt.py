@@ -98,7 +98,7 @@ def gpt_stages(cfg: GPTConfig, seed: int = 0) -> list[nn.Module]:
     """The model's ``cfg.stages`` stages; the same seed gives the same weights in every process."""
     cfg.check()
     torch.manual_seed(seed)
-    stages = []
+    stages: list[nn.Module] = []
     for s, n in enumerate(cfg.layers_per_stage()):
         parts: list[nn.Module] = [Embedding(cfg.vocab, cfg.hidden, cfg.seq)] if s == 0 else []
         parts += [Block(cfg.hidden, cfg.heads) for _ in range(n)]

@@ -27,6 +27,7 @@ import inspect
 import json
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,21 +35,69 @@ from torch.nn import functional as F
 
 from ..errors import ZbError
 
-__all__ = ["HFStages", "hf_stages", "hf_loss", "hf_loss_sum", "hf_token_count", "hf_config", "hf_model", "hf_batch", "build", "PRESETS"]
+__all__ = [
+    "HFStages",
+    "hf_stages",
+    "hf_loss",
+    "hf_loss_sum",
+    "hf_token_count",
+    "hf_config",
+    "hf_model",
+    "hf_batch",
+    "build",
+    "PRESETS",
+]
 
 # model_type -> family: how the embedding, layers, final norm and head are called
 _FAMILIES = {"gpt2": "gpt2", "llama": "rotary", "mistral": "rotary", "qwen2": "rotary", "qwen3": "rotary"}
 
 # Tiny random configurations for trying the path without weights (no download).
 PRESETS: dict[str, dict] = {
-    "gpt2-tiny": dict(model_type="gpt2", n_layer=8, n_embd=32, n_head=4, n_positions=64, vocab_size=96, bos_token_id=0, eos_token_id=0,
-                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
-    "llama-tiny": dict(model_type="llama", num_hidden_layers=8, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                       num_key_value_heads=2, vocab_size=96, max_position_embeddings=64),
-    "qwen2-tiny": dict(model_type="qwen2", num_hidden_layers=8, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                       num_key_value_heads=2, vocab_size=96, max_position_embeddings=64, tie_word_embeddings=True),
-    "mistral-tiny": dict(model_type="mistral", num_hidden_layers=8, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=96, max_position_embeddings=64, sliding_window=8),
+    "gpt2-tiny": dict(
+        model_type="gpt2",
+        n_layer=8,
+        n_embd=32,
+        n_head=4,
+        n_positions=64,
+        vocab_size=96,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    ),
+    "llama-tiny": dict(
+        model_type="llama",
+        num_hidden_layers=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        max_position_embeddings=64,
+    ),
+    "qwen2-tiny": dict(
+        model_type="qwen2",
+        num_hidden_layers=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    ),
+    "mistral-tiny": dict(
+        model_type="mistral",
+        num_hidden_layers=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=96,
+        max_position_embeddings=64,
+        sliding_window=8,
+    ),
 }
 
 
@@ -73,7 +122,8 @@ class _Stage(nn.Module):
     """Layers ``[lo, hi)`` of the decoder, with the embedding on stage 0 and the norm and head on
     the last stage; holds the model's own modules."""
 
-    def __init__(self, model: nn.Module, family: str, lo: int, hi: int, first: bool, last: bool) -> None:
+    # model: a transformers *ForCausalLM, whose submodules are found by name (hence Any)
+    def __init__(self, model: Any, family: str, lo: int, hi: int, first: bool, last: bool) -> None:
         super().__init__()
         self.family, self.first, self.last = family, first, last
         self.config = model.config
@@ -166,7 +216,8 @@ def hf_stages(model: nn.Module, num_stages: int, layers_per_stage: list[int] | N
     if kind not in _FAMILIES:
         raise ZbError(f"hf_stages: model type {kind!r} is not supported; supported: {', '.join(sorted(_FAMILIES))}")
     family = _FAMILIES[kind]
-    n = model.config.num_hidden_layers if family == "rotary" else model.config.n_layer
+    config: Any = model.config  # a transformers PretrainedConfig
+    n = config.num_hidden_layers if family == "rotary" else config.n_layer
     if num_stages < 2:
         raise ZbError(f"hf_stages: a pipeline needs at least 2 stages, not {num_stages}")
     if layers_per_stage is None:
@@ -184,7 +235,7 @@ def hf_stages(model: nn.Module, num_stages: int, layers_per_stage: list[int] | N
     embed = stages[0].wte if family == "gpt2" else stages[0].embed_tokens
     tied = [("0." + ("wte" if family == "gpt2" else "embed_tokens") + ".weight", f"{last}.lm_head.weight")] if (
         stages[last].lm_head.weight is embed.weight) else []
-    return HFStages(stages, tied, list(layers_per_stage))
+    return HFStages(list(stages), tied, list(layers_per_stage))
 
 
 def hf_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

@@ -36,6 +36,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 class LlamaBlock(nn.Module):
     """Pre-RMSNorm layer: rotary causal self-attention, then a SwiGLU MLP, each with a residual."""
 
+    cos: torch.Tensor  # buffers (register_buffer below)
+    sin: torch.Tensor
+
     def __init__(self, hidden: int, heads: int, seq: int) -> None:
         super().__init__()
         self.heads = heads
@@ -75,7 +78,7 @@ def llama_stages(cfg: GPTConfig, seed: int = 0) -> list[nn.Module]:
     """The model's ``cfg.stages`` stages; the same seed gives the same weights in every process."""
     cfg.check()
     torch.manual_seed(seed)
-    stages = []
+    stages: list[nn.Module] = []
     for s, n in enumerate(cfg.layers_per_stage()):
         parts: list[nn.Module] = [nn.Embedding(cfg.vocab, cfg.hidden)] if s == 0 else []
         parts += [LlamaBlock(cfg.hidden, cfg.heads, cfg.seq) for _ in range(n)]

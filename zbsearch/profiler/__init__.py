@@ -18,8 +18,8 @@ pass leaves, and the time to pass the stage's outputs to the next rank. The resu
 =======================  ===============================================================
 """
 
-from .links import LinkModel, estimate_link, pingpong
 from .accuracy import PassAgreement, runtime_vs_profile
+from .links import LinkModel, estimate_link, pingpong
 from .measure import StageMeasurement, Stats, measure_stage
 from .report import progress_bar, summary_table
 from .run import profile_distributed, profile_model, profile_one_device

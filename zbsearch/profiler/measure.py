@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..distributed.clock import DeviceClock
 from ..formats.profile import StageCost
 from ..runtime.memory import ActivationMeter
 from ..runtime.split_backward import backward_full, backward_input, backward_weight, forward_pass
-from ..distributed.clock import DeviceClock
 
 __all__ = ["Stats", "StageMeasurement", "measure_stage", "disturbances", "SPREAD_LIMIT"]
 
@@ -50,7 +50,7 @@ class Stats:
     q3: float
 
     @classmethod
-    def of(cls, samples: list[float]) -> "Stats":
+    def of(cls, samples: list[float]) -> Stats:
         q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
         return cls(max(statistics.median(samples), _MIN_MS), q1, q3)
 
@@ -149,10 +149,14 @@ def disturbances(results: list[StageMeasurement], device: torch.device, threads:
                          f"wait for a core and run slower than profiled (use --threads {max(1, cores // ranks)})")
         load = os.getloadavg()[0]
         if load > cores:
-            found.append(f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): times include waiting for a core")
+            found.append(
+                f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): times include waiting for a core"
+            )
     for s, r in enumerate(results):
         for name, st in (("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw)):
             spread = (st.q3 - st.q1) / 2 / st.median
             if spread > SPREAD_LIMIT:
-                found.append(f"stage {s} {name}: spread ±{spread:.0%} of the median (above {SPREAD_LIMIT:.0%}): the timing was disturbed")
+                found.append(
+                    f"stage {s} {name}: spread ±{spread:.0%} of the median (above {SPREAD_LIMIT:.0%}): the timing was disturbed"
+                )
     return found

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,7 +34,9 @@ __all__ = ["Progress", "profile_model", "profile_one_device", "profile_distribut
 Progress = Callable[[str, int, int], None]  # (what is being measured, done, total)
 
 
-def profile_model(spec: ModelSpec, settings: Settings, *, name: str | None = None, progress: Progress | None = None) -> Profile | None:
+def profile_model(
+    spec: ModelSpec, settings: Settings, *, name: str | None = None, progress: Progress | None = None
+) -> Profile | None:
     """Under torchrun (WORLD_SIZE > 1) the distributed profile, returned on rank 0 only (None
     elsewhere); otherwise the one-device profile."""
     settings.check()
@@ -50,7 +53,12 @@ def profile_model(spec: ModelSpec, settings: Settings, *, name: str | None = Non
 
 
 def profile_one_device(
-    spec: ModelSpec, settings: Settings, *, name: str | None = None, progress: Progress | None = None, link: LinkModel | None = None,
+    spec: ModelSpec,
+    settings: Settings,
+    *,
+    name: str | None = None,
+    progress: Progress | None = None,
+    link: LinkModel | None = None,
 ) -> Profile:
     """Every stage on one device; ``link`` (else measured between two local processes) gives
     the communication times."""
@@ -75,10 +83,12 @@ def profile_one_device(
             results.append(measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat, tick))
         if progress is not None:
             progress("links", done, p * reps + 1)
-        if p > 1 and link is None:
-            link = estimate_link(device)
-        t_comm = [link.time_ms(r.output_bytes) for r in results[:-1]]
-        links = link.record() if p > 1 else {"method": "none", "how": "one stage, no links"}
+        if p > 1:
+            if link is None:
+                link = estimate_link(device)
+            t_comm, links = [link.time_ms(r.output_bytes) for r in results[:-1]], link.record()
+        else:
+            t_comm, links = [], {"method": "none", "how": "one stage, no links"}
         if progress is not None:
             progress("done", p * reps + 1, p * reps + 1)
         return _assemble(spec, settings.record(), device, results, t_comm, links, "one device, stage after stage", name)
@@ -100,9 +110,11 @@ def profile_distributed(
         spec.to(device, resolve_dtype(settings.dtype), only=rank)
         # Forward chain: each rank's inputs are the previous rank's real outputs. A failure is
         # passed down the chain, then shared, so that every rank stops with the same message.
-        error, inputs, outs = None, leaves(spec.microbatch), ()
+        error: str | None = None
+        inputs = leaves(spec.microbatch)
+        outs: tuple[torch.Tensor, ...] = ()
         if rank > 0:
-            box = [None]
+            box: list[Any] = [None]
             dist.recv_object_list(box, src=_global(group, rank - 1), group=group)
             status, payload = box[0]
             if status == "error":
@@ -115,7 +127,11 @@ def profile_distributed(
             except ZbError as err:
                 error = str(err)
         if rank < world - 1:
-            payload = ("error", error) if error else ("ok", [(o.detach().cpu(), o.requires_grad and o.is_floating_point()) for o in outs])
+            payload = (
+                ("error", error)
+                if error
+                else ("ok", [(o.detach().cpu(), o.requires_grad and o.is_floating_point()) for o in outs])
+            )
             dist.send_object_list([payload], dst=_global(group, rank + 1), group=group)
         outs = tuple(o.detach() for o in outs)  # the chain's graph is not needed any more
         errors = [None] * world
@@ -151,11 +167,12 @@ def profile_distributed(
             elif rank == b + 1:
                 pingpong([t.detach().clone() for t in inputs], b, False, group)
             dist.barrier(group=group)
-        parts = [None] * world if rank == 0 else None
+        parts: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object((result, t_link, device_name(device)), parts, dst=_global(group, 0), group=group)
         recorded = settings.record()
     if rank != 0:
         return None
+    assert parts is not None  # rank 0 gathered them
     results = [r for r, _, _ in parts]
     links = {
         "method": "measured",

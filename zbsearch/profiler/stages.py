@@ -2,7 +2,8 @@
 
 A user's model is named by an import path, ``package.module:function``. The function takes
 keyword arguments given on the command line (``--model-arg layers=8``, ``parse_model_args``:
-ints, floats and true/false are converted, anything else stays a string) and returns ``(stages, microbatch)`` or ``(stages, microbatch, loss_fn, target)``:
+ints, floats and true/false are converted, anything else stays a string) and returns
+``(stages, microbatch)`` or ``(stages, microbatch, loss_fn, target)``:
 ``stages`` a list of ``nn.Module`` (stage s takes stage s-1's outputs as positional
 arguments), ``microbatch`` what stage 0 takes (a tensor or a tuple of tensors). With a loss,
 the last stage's F includes ``loss_fn(output, target)`` and its B starts from the loss, as in
@@ -28,7 +29,17 @@ from torch import nn
 from ..errors import ZbError
 from ..models.gpt import GPTConfig, gpt_batch, gpt_loss, gpt_stages
 
-__all__ = ["ModelSpec", "load_model", "parse_model_args", "as_model", "builtin_gpt", "as_inputs", "run_stage", "describe", "leaves"]
+__all__ = [
+    "ModelSpec",
+    "load_model",
+    "parse_model_args",
+    "as_model",
+    "builtin_gpt",
+    "as_inputs",
+    "run_stage",
+    "describe",
+    "leaves",
+]
 
 _CONTRACT = "(stages, microbatch) or (stages, microbatch, loss_fn, target)"
 
@@ -44,9 +55,10 @@ class ModelSpec:
 
     def post(self, stage: int) -> Callable | None:
         """What the runtime applies after the stage's forward: the loss, on the last stage."""
-        if stage != len(self.stages) - 1 or self.loss_fn is None:
+        loss_fn = self.loss_fn
+        if stage != len(self.stages) - 1 or loss_fn is None:
             return None
-        return lambda out: self.loss_fn(out, self.target)
+        return lambda out: loss_fn(out, self.target)
 
     def to(self, device: torch.device, dtype: torch.dtype | None, only: int | None = None) -> None:
         """Move the stages (or stage ``only``, under torchrun), the microbatch and the target."""
@@ -166,7 +178,9 @@ def run_stage(spec: ModelSpec, stage: int, inputs: tuple) -> tuple[torch.Tensor,
         try:
             loss = post(out)
         except Exception as err:
-            raise ZbError(f"loss_fn does not accept the outputs of the last stage ({describe(outs)}): {_first_line(err)}") from None
+            raise ZbError(
+                f"loss_fn does not accept the outputs of the last stage ({describe(outs)}): {_first_line(err)}"
+            ) from None
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ZbError(f"loss_fn must return a scalar tensor, got {_kind(loss)}")
     return outs

@@ -9,14 +9,26 @@ how to draw it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..actions import Action, Op, parse_action
-from ..predict import timeline
 from ..formats.schedule import Schedule
+from ..predict import timeline
 from ..simulator import bubble_rate
 
-__all__ = ["Bar", "Panel", "schedule_panel", "intervals_panel", "OP_NAMES", "nice_ticks", "tick_label", "colour", "text_colour", "op_char"]
+__all__ = [
+    "Bar",
+    "Panel",
+    "schedule_panel",
+    "intervals_panel",
+    "OP_NAMES",
+    "nice_ticks",
+    "tick_label",
+    "colour",
+    "text_colour",
+    "op_char",
+]
 
 OP_NAMES = {Op.F: "forward", Op.B: "input grad", Op.W: "weight grad", Op.BW: "fused B+W"}
 # Hues in the spirit of the paper's figures; chunks of one op share a hue, later ones lighter.
@@ -131,11 +143,13 @@ def intervals_panel(
     kind: str,
     source: str,
     num_microbatches: int,
-    rows: list[list[tuple[str | Action, float, float]]],
+    rows: Sequence[Sequence[tuple[str | Action, float, float]]],
     peak_memory: str | None = None,
 ) -> Panel:
     """A panel from per-rank ``(action, start_ms, end_ms)`` lists, shifted so the first start is 0."""
-    parsed = [sorted(((a if isinstance(a, Action) else parse_action(a), s, e) for a, s, e in row), key=lambda x: x[1]) for row in rows]
+    parsed = [
+        sorted(((a if isinstance(a, Action) else parse_action(a), s, e) for a, s, e in row), key=lambda x: x[1]) for row in rows
+    ]
     origin = min((row[0][1] for row in parsed if row), default=0.0)
     chunk_maps, chunks = _chunk_of(parsed)
     bars = [

@@ -51,7 +51,9 @@ def _panel_svg(panel: Panel, end: float, row_h: float) -> str:
             fill = colour(b.action.op, b.chunk)
             x, w = _LEFT + b.start * scale, (b.end - b.start) * scale
             # Kept short: p=32, m=256 has ~25k boxes and this line is most of the file.
-            tip = f"{b.action} ({OP_NAMES[b.action.op]}) on rank {r}&#10;{b.start:.3f} to {b.end:.3f} ms ({b.end - b.start:.3f} ms)"
+            tip = (
+                f"{b.action} ({OP_NAMES[b.action.op]}) on rank {r}&#10;{b.start:.3f} to {b.end:.3f} ms ({b.end - b.start:.3f} ms)"
+            )
             out.append(
                 f'<rect x="{x:.2f}" y="{y + 1:.1f}" width="{w:.2f}" height="{row_h - 2:.1f}" fill="{fill}">'
                 f"<title>{tip}</title></rect>"

@@ -38,13 +38,17 @@ def _row_cells(bars, ncols: int, dt: float) -> tuple[list[str], list[tuple[Op, i
     chars = []
     for occ, n in zip(occupancy, nbars):
         busy = sum(occ.values())
-        top = max(occ, key=occ.get) if occ else None
+        top = max(occ, key=lambda k: occ[k]) if occ else None
         # A column holding several passes of different ops gets '#': its majority op would
         # alias with the steady-state period and draw long false runs of one letter. Two
         # passes meeting in a column are just a boundary; the larger one names it.
-        mixed = n > 2 and occ[top] < _DOMINANT * busy
+        mixed = top is not None and n > 2 and occ[top] < _DOMINANT * busy
         keys.append(top if busy >= dt / 2 and not mixed else None)
-        chars.append(_IDLE if busy < dt / 2 else _MIXED if mixed else op_char(*top))
+        if busy < dt / 2:
+            chars.append(_IDLE)
+        else:
+            assert top is not None  # a busy column holds some pass
+            chars.append(_MIXED if mixed else op_char(*top))
     for b in bars:
         # Cells whose centre the bar covers are the bar's own; label it if they hold "F12".
         first = math.ceil(b.start / dt - 0.5)
@@ -63,10 +67,11 @@ def _colourise(chars: list[str], keys: list[tuple[Op, int] | None]) -> str:
         while j < len(chars) and keys[j] == keys[i]:
             j += 1
         run = "".join(chars[i:j])
-        if keys[i] is None:
+        key = keys[i]
+        if key is None:
             out.append(run)
         else:
-            op, chunk = keys[i]
+            op, chunk = key
             out.append(f"\x1b[{_ANSI[op] + 60 * (chunk % 2)}m{run}\x1b[0m")
         i = j
     return "".join(out)

@@ -87,7 +87,7 @@ class EmulatedStage(nn.Module):
     """
 
     def __init__(
-        self, t_f: float, t_b: float, t_w: float, b_bytes: int = 0, w_bytes: int = 0, width: int = 16,
+        self, t_f: float, t_b: float, t_w: float, b_bytes: float = 0, w_bytes: float = 0, width: int = 16,
         t_bw: float | None = None,
     ) -> None:
         super().__init__()

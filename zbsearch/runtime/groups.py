@@ -74,18 +74,21 @@ class PrivateGloo:
 
     def exchange(self, name: str, obj: object) -> list:
         """Every member's ``obj`` (picklable), in member order, through the store."""
-        self.store.set(f"{name}/{self.index}", pickle.dumps(obj))
+        self.store.set(f"{name}/{self.index}", pickle.dumps(obj))  # type: ignore[arg-type]  # takes bytes; stub says str
         keys = [f"{name}/{i}" for i in range(self.size)]
         try:
             self.store.wait(keys, self.timeout)
         except Exception:
-            raise PipelineError(f"rank {dist.get_rank()}: {name} of the {self.tag} group not received from all of ranks {self.ranks} within {self.timeout.total_seconds():g}s") from None
+            raise PipelineError(
+                f"rank {dist.get_rank()}: {name} of the {self.tag} group not received from all of ranks {self.ranks}"
+                f" within {self.timeout.total_seconds():g}s"
+            ) from None
         return [pickle.loads(self.store.get(k)) for k in keys]
 
     def all_gather(self, tensor: torch.Tensor) -> tuple[dist.Work, list[torch.Tensor]]:
         """Start gathering a CPU tensor from every member: (work, outputs in member order)."""
         out = [torch.empty_like(tensor) for _ in self.ranks]
-        return self.backend.allgather([out], [tensor]), out
+        return self.backend.allgather([out], [tensor]), out  # type: ignore[attr-defined]  # bound in C++, not in the stub
 
     def wait(self, work: dist.Work, what: str) -> None:
         """Wait for ``work`` with the timeout; a failure is a one-line ``PipelineError``."""
@@ -94,7 +97,10 @@ class PrivateGloo:
         except Exception as err:
             raise PipelineError(
                 f"rank {dist.get_rank()}: {what} with ranks {self.ranks} failed or timed out after "
-                f"{self.timeout.total_seconds():g}s: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}"
+                f"{self.timeout.total_seconds():g}s: "
+                f"{str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}"
             ) from None
         if ok is False:
-            raise PipelineError(f"rank {dist.get_rank()}: {what} with ranks {self.ranks} timed out after {self.timeout.total_seconds():g}s")
+            raise PipelineError(
+                f"rank {dist.get_rank()}: {what} with ranks {self.ranks} timed out after {self.timeout.total_seconds():g}s"
+            )

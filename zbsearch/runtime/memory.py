@@ -123,7 +123,7 @@ class SavedActivations:
         finally:
             self._consume = False
 
-    def record(self) -> "_Recording":
+    def record(self) -> _Recording:
         return _Recording(self)
 
     def keep_only(self, keep: set[int]) -> None:

@@ -77,7 +77,7 @@ class TensorMeta:
     requires_grad: bool
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> "TensorMeta":
+    def of(cls, t: torch.Tensor) -> TensorMeta:
         return cls(tuple(t.shape), t.dtype, t.requires_grad)
 
 
@@ -128,7 +128,9 @@ class P2P:
     """This rank's side of the plan, one step at a time (``start_step``, sends and receives,
     ``finish_step``)."""
 
-    def __init__(self, plan: list[Message], rank: int, group: dist.ProcessGroup | None, device: torch.device, timeout: float) -> None:
+    def __init__(
+        self, plan: list[Message], rank: int, group: dist.ProcessGroup | None, device: torch.device, timeout: float
+    ) -> None:
         self.rank, self.device = rank, device
         self.timeout = timeout
         self._incoming: dict[int, list[Message]] = defaultdict(list)  # peer -> its messages to us, in order
@@ -199,6 +201,7 @@ class P2P:
     def _isend(self, t: torch.Tensor, msg: Message, k: int) -> None:
         peer, tag = msg.dst, self._tag(msg, k)
         work = post(lambda: dist.isend(t, dst=self._global[peer], group=self.group_to(peer), tag=tag), self._what(msg, peer))
+        assert work is not None  # isend returns None only on a rank outside the group
         self._sends.append((msg, work, t))
 
     def _tag(self, msg: Message, k: int) -> int:
@@ -229,6 +232,7 @@ class P2P:
         rv = self._recvs.pop(msg.key)
         for w in rv.works:
             self._wait(w, msg, msg.src)
+        assert rv.tensors is not None  # _advance(block=True) posted the receives
         return rv.tensors
 
     def _advance(self, until: Message, block: bool) -> None:
@@ -249,7 +253,9 @@ class P2P:
         if msg.kind == GRAD:
             if metas is None:  # known once we send these activations, which comes first
                 if block:
-                    raise PipelineError(f"rank {self.rank}: internal error: {msg.describe()} awaited before its activations were sent")
+                    raise PipelineError(
+                        f"rank {self.rank}: internal error: {msg.describe()} awaited before its activations were sent"
+                    )
                 return False
             metas = [m for m in metas if m.requires_grad]  # gradients exist for these only
         elif metas is None:
@@ -267,7 +273,9 @@ class P2P:
 
     def _irecv(self, t: torch.Tensor, msg: Message, k: int) -> dist.Work:
         peer, tag = msg.src, self._tag(msg, k)
-        return post(lambda: dist.irecv(t, src=self._global[peer], group=self.group_from(peer), tag=tag), self._what(msg, peer))
+        work = post(lambda: dist.irecv(t, src=self._global[peer], group=self.group_from(peer), tag=tag), self._what(msg, peer))
+        assert work is not None  # irecv returns None only on a rank outside the group
+        return work
 
     # -- waiting ------------------------------------------------------------------------------
     def finish_step(self) -> None:

@@ -72,13 +72,21 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype, _has_foreach_support
+from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype as _torch_grouping
+from torch.utils._foreach_utils import _has_foreach_support
 
 from .errors import PipelineError
 from .groups import PrivateGloo
 from .tied import secondary_copies
 
 __all__ = ["PostValidatedOptimizer", "SyncClippedOptimizer", "Verdict"]
+
+
+def _group_tensors_by_device_and_dtype(
+    lists: list[list[torch.Tensor]], with_indices: bool = False,
+) -> dict[tuple[torch.device, torch.dtype], tuple[list[list[torch.Tensor]], list[int]]]:
+    """torch's grouping, typed for tensors (its annotations allow None entries, which we never pass)."""
+    return _torch_grouping(lists, with_indices)  # type: ignore[arg-type,return-value]  # see docstring
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,7 @@ class _GlobalGradState:
         self._ranks = self._group.ranks
         if tied and stages is None:
             raise ValueError("tied parameters need stages={stage index: module} to be found")
-        skip = secondary_copies(tied, stages) if tied else set()
+        skip = secondary_copies(tied, stages) if tied and stages is not None else set()  # (tied, no stages: raised)
         mine = [(pos, p.dtype, id(p) not in skip) for pos, p in zip(_positions(self._params, stages, self._me), self._params)]
         self._meta: list[list[tuple[tuple[int, int], torch.dtype, bool]]] = self._group.exchange("meta", mine)
         seen = [pos for meta in self._meta for pos, _, _ in meta]
@@ -136,8 +144,10 @@ class _GlobalGradState:
 
     def _scale_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.scaler
+        assert s is not None  # callers check for a scaler
         if s._scale is None:  # only the last stage's loss_fn calls scaler.scale(); others start here
             s._lazy_init_scale_growth_tracker(self._device)
+        assert s._scale is not None and s._growth_tracker is not None  # made by the lazy init
         return s._scale, s._growth_tracker
 
     @torch.no_grad()
@@ -145,7 +155,7 @@ class _GlobalGradState:
         """Unscale this rank's gradients in place; return them and this rank's payload
         ``[found_inf, has_grad (width), norm (width)]`` in float64 on the CPU."""
         held = [(i, p) for i, p in enumerate(self._params) if p.grad is not None]
-        grads = [p.grad for _, p in held]
+        grads = [p.grad for _, p in held if p.grad is not None]  # all of held's; the test narrows the type
         payload = [0.0] * (1 + 2 * self._width)
         if grads:
             # GradScaler.unscale_'s kernel; with no scaler it multiplies by exactly 1 and only checks.
@@ -160,12 +170,12 @@ class _GlobalGradState:
             # clip_grad_norm_'s per-parameter norms, kernel for kernel (torch's _get_total_norm).
             for (device, _), ([gs], idx) in _group_tensors_by_device_and_dtype([grads], with_indices=True).items():
                 if _has_foreach_support(gs, device):
-                    norms = torch._foreach_norm(gs, self.norm_type)
+                    norms = list(torch._foreach_norm(gs, self.norm_type))
                 else:
                     norms = [torch.linalg.vector_norm(g, self.norm_type) for g in gs]
                 for j, v in zip(idx, torch.stack(norms).double().cpu().tolist()):
                     payload[1 + self._width + held[j][0]] = v
-        return [(p, p.grad) for _, p in held], torch.tensor(payload, dtype=torch.float64)
+        return [(p, g) for (_, p), g in zip(held, grads)], torch.tensor(payload, dtype=torch.float64)
 
     def _combine(self, payloads: Mapping[int, torch.Tensor]) -> tuple[bool, torch.Tensor | None]:
         """(NaN/Inf anywhere, global norm as clip_grad_norm_ on the whole model) from ranks' payloads."""
@@ -183,8 +193,8 @@ class _GlobalGradState:
         # _get_total_norm stacks the norms group by group in the order torch's grouping returns
         # (not the order of first appearance); torch.cat promotes mixed dtypes as torch.stack does.
         groups = self._dtype_groups(tuple(dt for _, dt, _ in entries))
-        norms = torch.cat([torch.tensor([entries[i][2] for i in idx], dtype=torch.float64).to(dt) for dt, idx in groups])
-        return found, torch.linalg.vector_norm(norms.to(self._device), self.norm_type)
+        stacked = torch.cat([torch.tensor([entries[i][2] for i in idx], dtype=torch.float64).to(dt) for dt, idx in groups])
+        return found, torch.linalg.vector_norm(stacked.to(self._device), self.norm_type)
 
     def _dtype_groups(self, dtypes: tuple[torch.dtype, ...]) -> list[tuple[torch.dtype, list[int]]]:
         """torch's grouping of gradients with these dtypes (in whole-model order): (dtype, indices)."""
@@ -197,6 +207,7 @@ class _GlobalGradState:
     def _clip_applies(self, total: torch.Tensor | None) -> bool:
         if total is None:
             return False
+        assert self.max_norm is not None  # _combine gives a total only with a max_norm
         coef = self.max_norm / (total + 1e-6)  # clip_grads_with_norm_'s arithmetic
         return bool(torch.clamp(coef, max=1.0) < 1.0)
 
@@ -210,7 +221,10 @@ class _GlobalGradState:
         torch._amp_update_scale_(scale, tracker, flag, s._growth_factor, s._backoff_factor, s._growth_interval)
 
     def _scale_copy(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return None if self.scaler is None else tuple(t.clone() for t in self._scale_state())
+        if self.scaler is None:
+            return None
+        scale, tracker = self._scale_state()
+        return scale.clone(), tracker.clone()
 
     def _scale_restore(self, saved: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         if saved is not None:
@@ -222,6 +236,7 @@ class _GlobalGradState:
         for p, g in grads:
             p.grad = g
         if total is not None:
+            assert self.max_norm is not None  # _combine gives a total only with a max_norm
             nn.utils.clip_grads_with_norm_([p for p, _ in grads], self.max_norm, total)
         self.optimizer.step()
 
@@ -377,6 +392,7 @@ class PostValidatedOptimizer(_GlobalGradState):
             for p in self._params:
                 p.grad = None
             verdict = self.validate()
+            assert verdict is not None  # there was a pending step
             if verdict.found_inf or verdict.clipped:
                 self.replay = True  # drop the fresh gradients: computed on non-final parameters
                 return
@@ -430,6 +446,7 @@ class PostValidatedOptimizer(_GlobalGradState):
             if how == "optimistic":
                 how = "committed"
                 if found or clipped:
+                    assert pending.snapshot is not None  # optimistic steps keep one
                     pending.snapshot.restore()
                     how = "rolled_back"
             if how != "committed" and not found:

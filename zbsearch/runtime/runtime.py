@@ -39,6 +39,7 @@ import functools
 import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -52,8 +53,8 @@ from ..validator import find_problem
 from .errors import PipelineError, first_line, post, wait
 from .memory import ActivationMeter
 from .p2p import ACT, GRAD, P2P, comm_plan
-from .tied import TiedParameters
 from .split_backward import ForwardPass, backward_full, backward_input, backward_weight, forward_pass
+from .tied import TiedParameters
 from .trace import StepTimer, clock_offset, gather_trace
 
 __all__ = ["PipelineRuntime"]
@@ -91,7 +92,10 @@ class PipelineRuntime:
         count_tokens: Callable[[torch.Tensor], int | torch.Tensor] | None = None,
     ) -> None:
         if loss_normalization not in ("mean", "tokens"):
-            raise PipelineError(f"loss_normalization must be 'mean' (of microbatch losses) or 'tokens' (sum / token count), not {loss_normalization!r}")
+            raise PipelineError(
+                "loss_normalization must be 'mean' (of microbatch losses) or 'tokens' (sum / token count), "
+                f"not {loss_normalization!r}"
+            )
         self._p2p: P2P | None = None
         self.timeout = timeout  # checked by the setter
         problem = find_problem(schedule)
@@ -155,6 +159,11 @@ class PipelineRuntime:
         if self._p2p is not None:
             self._p2p.timeout = self._timeout
 
+    @property
+    def _comm(self) -> P2P:
+        assert self._p2p is not None  # made in __init__ (None only until then, for the timeout setter)
+        return self._p2p
+
     def on_stage_done(self, hook: Callable[[int], None]) -> None:
         """Call ``hook(stage)`` during ``step`` as soon as that stage's gradients are complete
         (right after its last W or BW), e.g. to step its optimizer early."""
@@ -167,9 +176,9 @@ class PipelineRuntime:
         if self._failure == "closed":
             return
         self._failure = "closed"
-        self._p2p.close()
+        self._comm.close()
 
-    def __enter__(self) -> "PipelineRuntime":
+    def __enter__(self) -> PipelineRuntime:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -202,18 +211,18 @@ class PipelineRuntime:
 
     def _step(self, mb_inputs, mb_targets) -> torch.Tensor | None:
         m = self.schedule.num_microbatches
-        self._p2p.start_step()
+        self._comm.start_step()
         self._timer.start()
         self.meter.reset_peak()
         losses: list[torch.Tensor | None] = [None] * m
         passes: dict[tuple[int, int], ForwardPass] = {}
         local: dict[tuple[str, int, int], list] = {}
         for pos, a in enumerate(self._actions):
-            self._p2p.action = self.schedule.actions[self.rank][pos]
-            self._p2p.reap()
+            self._comm.action = self.schedule.actions[self.rank][pos]
+            self._comm.reap()
             for key in self._needs[pos : pos + _LOOKAHEAD]:
                 if key is not None:
-                    self._p2p.prepost(*key)
+                    self._comm.prepost(*key)
             if a.op is Op.F:
                 self._forward(a, passes, local, mb_inputs, mb_targets, losses)
             elif a.op is Op.W:
@@ -225,15 +234,18 @@ class PipelineRuntime:
             if pos in self._done_at and not (self._tied and self._done_at[pos] in self._tied.stages):
                 for hook in self._hooks:
                     hook(self._done_at[pos])
-        self._p2p.action = "end of step"
-        self._p2p.finish_step()
+        self._comm.action = "end of step"
+        self._comm.finish_step()
         if self._tied:  # after every transfer of this rank was posted: it cannot block a peer
             self._tied.reduce()
             for s in sorted(self._tied.stages):
                 for hook in self._hooks:
                     hook(s)
         self._timer.finish()
-        return torch.stack(losses) if mb_targets is not None else None
+        if mb_targets is None:
+            return None
+        assert all(x is not None for x in losses)  # the last stage ran every microbatch's forward
+        return torch.stack(cast(list[torch.Tensor], losses))
 
     def trace(self) -> Trace | None:
         """Collective: the last step's per-action timeline of all ranks (on rank 0; None elsewhere)."""
@@ -255,8 +267,8 @@ class PipelineRuntime:
         elif self._owner[s - 1] == self.rank:
             args = [_leaf(t, t.requires_grad) for t in local.pop((ACT, s - 1, j))]
         else:
-            got = self._p2p.recv(ACT, s - 1, j)
-            args = [_leaf(t, meta.requires_grad) for t, meta in zip(got, self._p2p.meta[s - 1])]
+            got = self._comm.recv(ACT, s - 1, j)
+            args = [_leaf(t, meta.requires_grad) for t, meta in zip(got, self._comm.meta[s - 1])]
         post = functools.partial(self._loss, mb_targets[j]) if s == self.last else None
         self._timer.begin()
         fp = self._run_stage(a, forward_pass, self.stages[s], args, split=(s, j) not in self._fused, post=post, meter=self.meter)
@@ -267,18 +279,19 @@ class PipelineRuntime:
         elif self._owner[s + 1] == self.rank:
             local[(ACT, s, j)] = list(fp.outputs)
         else:
-            self._p2p.send(ACT, s, j, list(fp.outputs))
+            self._comm.send(ACT, s, j, list(fp.outputs))
 
     def _backward(self, a: Action, passes, local) -> None:
         s, j = a.stage, a.mb
         fp = passes[(s, j)]
+        grads: list[torch.Tensor | None]
         if s == self.last:
             grads = [torch.full_like(fp.outputs[0], self._seed)]
         elif self._owner[s + 1] == self.rank:
             grads = local.pop((GRAD, s, j))
         else:
-            got = iter(self._p2p.recv(GRAD, s, j))
-            grads = [next(got) if meta.requires_grad else None for meta in self._p2p.meta[s]]
+            got = iter(self._comm.recv(GRAD, s, j))
+            grads = [next(got) if meta.requires_grad else None for meta in self._comm.meta[s]]
         inputs = fp.inputs
         self._timer.begin()
         if a.op is Op.BW:
@@ -292,7 +305,7 @@ class PipelineRuntime:
             local[(GRAD, s - 1, j)] = input_grads
         else:
             out = [g if g is not None else torch.zeros_like(x) for x, g in zip(inputs, input_grads) if x.requires_grad]
-            self._p2p.send(GRAD, s - 1, j, out)
+            self._comm.send(GRAD, s - 1, j, out)
 
     # -- helpers -------------------------------------------------------------------------------
     def _run_stage(self, a: Action, fn: Callable, *args, **kw):
@@ -307,6 +320,7 @@ class PipelineRuntime:
             ) from err
 
     def _loss(self, target, output) -> torch.Tensor:
+        assert self.loss_fn is not None  # checked in __init__ for the rank holding the last stage
         loss = self.loss_fn(output, target)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise PipelineError(f"loss_fn must return a scalar tensor, got {getattr(loss, 'shape', type(loss))}")
@@ -316,16 +330,26 @@ class PipelineRuntime:
         """The m microbatches of a batch given as a tensor (a list of tensors) or a tuple (of tuples)."""
         m = self.schedule.num_microbatches
         if batch is None:
-            raise PipelineError(f"rank {self.rank} holds stage {0 if what == 'inputs' else self.last} and must pass {what} to step()")
+            raise PipelineError(
+                f"rank {self.rank} holds stage {0 if what == 'inputs' else self.last} and must pass {what} to step()"
+            )
         if isinstance(batch, Mapping):
-            raise PipelineError(f"{what}: a dict ({', '.join(map(str, batch))}) is not taken; pass a tuple in the order the stage's forward takes them")
+            raise PipelineError(
+                f"{what}: a dict ({', '.join(map(str, batch))}) is not taken; "
+                "pass a tuple in the order the stage's forward takes them"
+            )
         tensors = tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
         for i, t in enumerate(tensors):
             if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] % m:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise PipelineError(f"{what}[{i}]: expected a tensor whose first dimension splits into {m} equal microbatches, got {got}")
+                raise PipelineError(
+                    f"{what}[{i}]: expected a tensor whose first dimension splits into {m} equal microbatches, got {got}"
+                )
             if what == "inputs" and t.requires_grad:
-                raise PipelineError(f"inputs[{i}] requires grad, but the pipeline gives stage 0's inputs no gradient; detach it, or make it a parameter of stage 0")
+                raise PipelineError(
+                    f"inputs[{i}] requires grad, but the pipeline gives stage 0's inputs no gradient; "
+                    "detach it, or make it a parameter of stage 0"
+                )
         planned = self.schedule.profile.microbatch_size
         if planned is not None and tensors[0].shape[0] != m * planned:
             raise PipelineError(
@@ -341,10 +365,10 @@ class PipelineRuntime:
             repr((self.schedule.stage_to_rank, self.schedule.num_microbatches, self.schedule.actions)).encode()
         ).digest()
         mine = torch.tensor([int.from_bytes(digest[:7], "little")], dtype=torch.int64, device=self.device)
-        for peer in self._p2p.peers:  # ascending: each pair meets when both reach it
+        for peer in self._comm.peers:  # ascending: each pair meets when both reach it
             theirs = torch.zeros_like(mine)
             dst = dist.get_global_rank(self.group, peer) if self.group is not None else peer
-            ops = [(dist.isend, mine, self._p2p.group_to(peer)), (dist.irecv, theirs, self._p2p.group_from(peer))]
+            ops = [(dist.isend, mine, self._comm.group_to(peer)), (dist.irecv, theirs, self._comm.group_from(peer))]
             what = f"rank {self.rank}: checking the schedule with rank {peer}"
             for op, t, g in ops if self.rank < peer else ops[::-1]:  # also sets up both directions
                 wait(post(functools.partial(op, t, dst, group=g), what), self.timeout, what)

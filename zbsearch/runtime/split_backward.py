@@ -62,6 +62,7 @@ into ``param.grad`` like ``loss.backward()``. These functions are the ones the p
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -70,8 +71,6 @@ from torch import nn
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
-import weakref
-
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .errors import PipelineError
@@ -294,6 +293,7 @@ class _ViewPerUse(TorchFunctionMode):
             p = self._params.get(id(a))
             if p is not None:
                 v = p.view_as(p)
+                assert v.grad_fn is not None  # a view of a leaf that requires grad has one
                 self._views[v.grad_fn] = p
                 self.heavy = self.heavy or self._func not in _CHEAP
                 return v
@@ -333,7 +333,7 @@ class ForwardPass:
     fast: bool = False  # every parameter use is deferred or cheap, as checked on this signature
     verdict: Callable[[bool], None] | None = None  # records the check when this pass is the first
     # set by backward_input, consumed by backward_weight:
-    groups: list["_WeightGroup"] = field(default_factory=list)
+    groups: list[_WeightGroup] = field(default_factory=list)
     early: list[tuple[nn.Parameter, torch.Tensor]] = field(default_factory=list)  # cheap uses' gradients from B
 
 
@@ -397,7 +397,7 @@ def forward_pass(
 
 
 # module -> {input signature: whether its parameters are used only in ways the fast path takes}
-_CHECKED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+_CHECKED: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
 def _signature(inputs: Sequence, post: Callable | None) -> tuple:
@@ -605,7 +605,11 @@ class _Graph:
     def __init__(self, roots: list[Node], input_nodes: set[Node], fp: ForwardPass) -> None:
         views = fp.views
         # Each view's only child is its parameter's accumulator; unviewed parameters need a lookup.
-        param_acc: dict[Node, nn.Parameter] = {v.next_functions[0][0]: p for v, p in views.items()}
+        param_acc: dict[Node, nn.Parameter] = {}
+        for v, p in views.items():
+            acc = v.next_functions[0][0]
+            assert acc is not None  # the parameter requires grad, so it has an accumulator
+            param_acc[acc] = p
         viewed = {id(p) for p in views.values()}
         param_acc.update({get_gradient_edge(p).node: p for p in fp.params if id(p) not in viewed})
         children: dict[Node, list[Node]] = {}
@@ -692,7 +696,14 @@ class _Graph:
             if sg is None:  # no gradient reached it in B: nothing for W to do there
                 continue
             slots = [i for i, g in enumerate(sg) if g is not None]
-            units.append(([GradientEdge(n, i) for i in slots], [sg[i] for i in slots], n, self._q_part(c for c in self.children[n] if c in self.q)))
+            units.append(
+                (
+                    [GradientEdge(n, i) for i in slots],
+                    [sg[i] for i in slots],
+                    n,
+                    self._q_part(c for c in self.children[n] if c in self.q),
+                )
+            )
         # Units whose Q parts meet must run as one autograd call (union-find over shared Q nodes).
         parent = list(range(len(units)))
 

@@ -83,13 +83,15 @@ def clock_offset(rank: int, world: int, group: dist.ProcessGroup | None, timeout
         for r in range(1, world):
             peer = dist.get_global_rank(group, r) if group is not None else r
             for _ in range(rounds):
-                _wait(lambda: dist.irecv(msg, peer, group=group), rank, timeout, what)
+                _wait(lambda peer=peer: dist.irecv(msg, peer, group=group), rank, timeout, what)
                 msg[0] = time.perf_counter()
-                _wait(lambda: dist.isend(msg, peer, group=group), rank, timeout, what)
+                _wait(lambda peer=peer: dist.isend(msg, peer, group=group), rank, timeout, what)
         return 0.0
     best = (math.inf, 0.0)  # (round trip, offset)
     for _ in range(rounds):
-        answer = post(lambda: dist.irecv(msg, rank0, group=group), f"rank {rank}: {what}")  # posted first, so rank 0's answer leaves at once
+        answer = post(
+            lambda: dist.irecv(msg, rank0, group=group), f"rank {rank}: {what}"
+        )  # posted first, so rank 0's answer leaves at once
         t1 = time.perf_counter()
         _wait(lambda: dist.isend(torch.zeros(1, dtype=torch.float64), rank0, group=group), rank, timeout, what)
         wait(answer, timeout, f"rank {rank}: {what}")
@@ -112,7 +114,9 @@ def gather_trace(
     data = torch.tensor([[a.stage, _OPS.index(a.op), a.mb, b, e, m] for a, b, e, m in rows], dtype=torch.float64)
     what = "gathering the trace"
     counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    _wait(lambda: dist.all_gather(counts, torch.tensor([len(rows)], device=device), group=group, async_op=True), rank, timeout, what)
+    _wait(
+        lambda: dist.all_gather(counts, torch.tensor([len(rows)], device=device), group=group, async_op=True), rank, timeout, what
+    )
     longest = max(int(c.item()) for c in counts)
     padded = torch.zeros(longest, 6, dtype=torch.float64, device=device)
     padded[: len(rows)] = data.reshape(-1, 6).to(device)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..costs import CostModel
 from ..errors import ZbError
@@ -66,7 +67,7 @@ def frontier(
     units = [p * cost.activation_unit(r) for r in range(p)]
     need = smallest_feasible_limit(cost, m)
     lo = _scale(need, units, "needs")
-    kw = dict(chunks=chunks, objective=objective, milp=milp, uniform_costs=uniform_costs)
+    kw: dict[str, Any] = dict(chunks=chunks, objective=objective, milp=milp, uniform_costs=uniform_costs)
     free = solve(profile, m, None, time_limit=time_limit / 8, **kw)
     hi = _scale(free.timeline.peak_memory, units, "holds")
     unlimited = bubble_rate(free.info.value, max(free.timeline.busy))
@@ -80,8 +81,10 @@ def frontier(
         res = solve(profile, m, [x * u for u in units], start=best, time_limit=max(0.0, left) / (len(grid) - i), **kw)
         best = res.schedule.rank_actions
         pred, busy = res.schedule.predicted, max(res.timeline.busy)
+        assert pred is not None  # solve always attaches the prediction
         pt = FrontierPoint(
-            limit=x, bubble_rate=bubble_rate(res.info.value, busy), bound_bubble_rate=max(0.0, bubble_rate(res.info.lower_bound, busy)),
+            limit=x, bubble_rate=bubble_rate(res.info.value, busy),
+            bound_bubble_rate=max(0.0, bubble_rate(res.info.lower_bound, busy)),
             span=max(pred.span), makespan=pred.makespan,
             peak_memory=pred.peak_memory, lower_bound=res.info.lower_bound, gap=res.info.gap, status=res.info.status,
         )

@@ -139,7 +139,11 @@ class _ListScheduler:
             self.lag.append(math.inf if policy.lag == _INF else round(policy.lag * r))
         # ranks other than the pass's own that wait for it, with the edge delay: (rank, delay)
         self.wakes = {
-            _Start(s, op): [(self.rank_of[t], edge_delay(c, s, t)) for t, _, _ in successors(s, op, 0, S) if self.rank_of[t] != self.rank_of[s]]
+            _Start(s, op): [
+                (self.rank_of[t], edge_delay(c, s, t))
+                for t, _, _ in successors(s, op, 0, S)
+                if self.rank_of[t] != self.rank_of[s]
+            ]
             for s in range(S) for op in (Op.F, Op.B, Op.W)
         }
         self.b_feeds_other_rank = [bool(self.wakes[_Start(s, Op.B)]) for s in range(S)]
@@ -178,7 +182,7 @@ class _ListScheduler:
             if t < free[r]:
                 continue
             decision = choose(r, t)
-            if type(decision) is _Wait:
+            if isinstance(decision, _Wait):
                 if decision.until < _INF:
                     heapq.heappush(heap, (decision.until, r))
                 continue

@@ -117,7 +117,8 @@ def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[in
 
     def sink(label, r: int) -> float:
         if label is None:
-            return -off[r] if off[r] is not None else _NEG
+            start = off[r]
+            return -start if start is not None else _NEG
         return 0.0 if r == label else _NEG
 
     tail: dict = {(r, i): {} for r in range(R) for i in range(begin[r], stop[r])}
@@ -143,12 +144,12 @@ def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[in
                     val[(pr, pi)] = max(val.get((pr, pi), _NEG), w + delay)
                 elif pi >= begin[pr]:
                     lt[(pr, pi)] = max(lt[(pr, pi)], w + delay)
-        for k, v in lt.items():
+        for key, v in lt.items():
             if v > _NEG:
-                tail[k][label] = v
+                tail[key][label] = v
     # Forward: end times of passes after the window as far as earlier passes alone drive them.
-    rest = {label: max((tl.end[r][-1] + sink(label, r) for r, row in enumerate(rows) if row and begin[r] == len(row)), default=_NEG)
-            for label in labels}
+    ended = [r for r, row in enumerate(rows) if row and begin[r] == len(row)]  # ranks wholly before the window
+    rest = {label: max((tl.end[r][-1] + sink(label, r) for r in ended), default=_NEG) for label in labels}
     base: dict = {}
     for _, r, i in suffix:
         x = rows[r][i]
@@ -239,7 +240,8 @@ class _WindowModel:
         delay = max((d for k in self.passes for _, _, d in self.inputs[k]), default=0.0)
         R = len(self.rows)
         self.horizon = max(self.earliest.values()) + R * (self.value + self.slack) + (R - 1) * delay + 1.0
-        latest = self.latest_end = {}
+        latest: dict[tuple[int, int], float] = {}
+        self.latest_end = latest
         for k in self.passes:
             own = self.tail[k].get(None)
             latest[k] = min(self.horizon, self.value + self.slack - own) if own is not None else self.horizon
@@ -386,9 +388,12 @@ class _WindowModel:
         rows = self.rows
         new_rows = [list(row) for row in rows]
         for r in range(len(rows)):
-            pos = {i: self.chain_position[(r, i)] + sum(round(pulp.value(w)) if not isinstance(w, int) else w for _, w in self.before[r][i])
-                   for i in range(self.begin[r], self.stop[r])}
-            new_rows[r][self.begin[r]:self.stop[r]] = [rows[r][i] for i in sorted(pos, key=pos.get)]
+            pos = {
+                i: self.chain_position[(r, i)]
+                + sum(w if isinstance(w, int) else round(pulp.value(w)) for _, w in self.before[r][i])
+                for i in range(self.begin[r], self.stop[r])
+            }
+            new_rows[r][self.begin[r]:self.stop[r]] = [rows[r][i] for i in sorted(pos, key=lambda i: pos[i])]
         return new_rows
 
 

@@ -15,22 +15,23 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..actions import Action
-from ..classic import KINDS
 from ..bounds import memory_makespan_lower_bound, memory_span_lower_bound
+from ..classic import KINDS
 from ..costs import CostModel
 from ..errors import ZbError
+from ..formats.edit import updated
+from ..formats.profile import Profile
+from ..formats.schedule import Schedule, SolverInfo
 from ..limits import parse_memory_limit
 from ..placement import placement
 from ..predict import with_prediction
-from ..formats.profile import Profile
-from ..formats.edit import updated
-from ..formats.schedule import Schedule, SolverInfo
 from ..simulator import Timeline
 from ..validator import validate
 from .feasibility import check_limit
@@ -82,13 +83,17 @@ def _classic_kinds(problem: Problem) -> tuple[str, ...]:
     return _CLASSIC_CANDIDATES[chunks]
 
 
+def _same(rows: list[list[Action]]) -> list[list[Action]]:
+    return rows
+
+
 def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> tuple[str, list[list[Action]], Timeline, float]:
     """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
     by their own timing, only the best few simulated), the classic schedules and the
     sequential one, as far as the deadline allows: once it has passed, the first candidate
     within the limit is kept (the sequential schedule, last, always is: it needs the least
     memory of any schedule)."""
-    found = []
+    found: list[tuple[float, str, list[list[Action]]]] = []
     for policy in candidate_policies():
         if found and time.monotonic() > deadline:
             break
@@ -97,9 +102,13 @@ def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> 
             found.append((out[1], policy.name, out[0]))
     found.sort(key=lambda x: x[0])
     # the given start first: within a smaller limit, it is what makes results monotone in memory
-    cands = [("given", lambda: start)] if start is not None else []
-    cands += [(name, lambda rows=rows: rows) for _, name, rows in found[:keep]]
-    cands += [(kind, lambda kind=kind: KINDS[kind].build(problem.cost, problem.num_microbatches)) for kind in _classic_kinds(problem)]
+    given = start
+    cands: list[tuple[str, Callable[[], list[list[Action]]]]] = [("given", lambda: given)] if given is not None else []
+    cost, m = problem.cost, problem.num_microbatches
+    for _, name, rows in found[:keep]:
+        cands.append((name, functools.partial(_same, rows)))
+    for kind in _classic_kinds(problem):
+        cands.append((kind, functools.partial(KINDS[kind].build, cost, m)))
     cands.append(("sequential", lambda: sequential_schedule(problem)))
     best, best_value, sim_s = None, float("inf"), 0.0
     for name, build in cands:
