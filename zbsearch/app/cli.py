@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -209,32 +210,24 @@ def compare(
     m: int = MicrobatchOpt,
     mem_limit: str | None = typer.Option(None, "--mem-limit", help="mark schedules over this limit (1p, 2p, 40GiB)"),
     chunks: int = typer.Option(2, "--chunks", "-v", help="chunks for interleaved-1f1b"),
+    time_limit: float = typer.Option(
+        2.0, "--time-limit", "-t", min=0.1, help="seconds for the zb-1p and zb-2p rows together (solver heuristics)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON"),
 ):
     """All schedule kinds side by side on one profile."""
     prof = zb.resolve_profile(profile)
     zb.parse_memory_limit(mem_limit, prof, zb.CostModel.from_profile(prof, list(range(prof.num_stages))))  # bad text: fail now
     rows: list[dict[str, Any]] = []
-    for kind in (*zb.CLASSIC_KINDS, "zb-1p", "zb-2p"):  # zb-*: heuristics only (see the note printed below)
-        try:
-            if kind in zb.CLASSIC_KINDS:
-                sched = zb.build_classic(kind, prof, m, chunks if zb.KINDS[kind].any_chunks else None)
-            else:  # the solver's heuristics without MILP: a second or so even at p=32
-                from zbsearch.solver import solve as solve_schedule
-
-                sched = solve_schedule(prof, m, kind.removeprefix("zb-"), milp=False, time_limit=1.0).schedule
-        except ZbError as e:
-            rows.append({"kind": kind, "error": str(e)})
-            continue
-        pred = sched.predicted
-        assert pred is not None  # build_classic and solve predict
-        cost = zb.CostModel.from_profile(prof, sched.stage_to_rank)
-        limit = zb.parse_memory_limit(mem_limit, prof, cost)
-        fits = limit is None or all(zb.fits(pk, lim) for pk, lim in zip(pred.peak_memory, limit))
-        rows.append({
-            "kind": kind, "bubble_rate": pred.bubble_rate, "span": max(pred.span), "makespan": pred.makespan,
-            "peak_memory": max(pred.peak_memory), "lower_bound": pred.lower_bound, "fits": fits,
-        })
+    solved = ("zb-1p", "zb-2p")  # the solver's heuristics only (see the note printed below)
+    kinds = (*zb.CLASSIC_KINDS, *solved)
+    deadline = time.monotonic() + time_limit
+    with _spinner() as bar:
+        task = bar.add_task("building", total=None)
+        for i, kind in enumerate(kinds):
+            bar.update(task, description=f"building {kind}")
+            solves_left = sum(k in solved for k in kinds[i:])
+            rows.append(_compare_row(kind, prof, m, chunks, mem_limit, deadline, solves_left))
     if as_json:
         out.print_json(json.dumps(rows))
         return
@@ -251,7 +244,39 @@ def compare(
     lb = next((r["lower_bound"] for r in rows if "lower_bound" in r), None)
     if lb is not None:
         out.print(f"bound (any memory) on span for any 1-chunk schedule: {_fmt(lb)} ms")
-    out.print("zb-1p, zb-2p: the solver's heuristics only (no MILP, 1 s); `zbsearch solve` may find better")
+    out.print(f"zb-1p, zb-2p: the solver's heuristics only (no MILP, {time_limit:g} s in all); `zbsearch solve` may find better")
+
+
+def _compare_row(kind: str, prof: zb.Profile, m: int, chunks: int, mem_limit: str | None, deadline: float,
+                 solves_left: int) -> dict[str, Any]:
+    """One row of ``compare``: a classic kind, or zb-1p / zb-2p from the solver's heuristics
+    with an equal share of the time left until ``deadline``."""
+    try:
+        if kind in zb.CLASSIC_KINDS:
+            sched = zb.build_classic(kind, prof, m, chunks if zb.KINDS[kind].any_chunks else None)
+        else:
+            from zbsearch.solver import solve as solve_schedule
+
+            share = max(0.0, deadline - time.monotonic()) / max(1, solves_left)
+            sched = solve_schedule(prof, m, kind.removeprefix("zb-"), milp=False, time_limit=share).schedule
+    except ZbError as e:
+        return {"kind": kind, "error": str(e)}
+    pred = sched.predicted
+    assert pred is not None  # build_classic and solve predict
+    limit = zb.parse_memory_limit(mem_limit, prof, zb.CostModel.from_profile(prof, sched.stage_to_rank))
+    fits = limit is None or all(zb.fits(pk, lim) for pk, lim in zip(pred.peak_memory, limit))
+    return {
+        "kind": kind, "bubble_rate": pred.bubble_rate, "span": max(pred.span), "makespan": pred.makespan,
+        "peak_memory": max(pred.peak_memory), "lower_bound": pred.lower_bound, "fits": fits,
+    }
+
+
+def _spinner():
+    """The progress line of the long-running commands (on a terminal only), on stderr."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True,
+                    disable=not err.is_terminal)
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -342,16 +367,13 @@ def solve(
     output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
 ):
     """Find the schedule with the least bubble under a memory limit, and how far from optimal it can be."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from zbsearch import solver
 
     path = _output(output)
     prof = zb.resolve_profile(profile)
     cost = zb.CostModel.from_profile(prof, solver.solver_placement(prof.num_ranks, chunks))
     zb.parse_memory_limit(mem_limit, prof, cost)  # a bad limit fails now, not under the progress display
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True,
-                  disable=not err.is_terminal) as bar:
+    with _spinner() as bar:
         task = bar.add_task("starting", total=None)
 
         def progress(phase: str, value: float, bound: float) -> None:
@@ -394,7 +416,6 @@ def frontier(
     ),
 ):
     """Bubble rate against memory limit, from the smallest feasible limit to where the bubble stops falling."""
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from zbsearch.formats.frontier import save_frontier
     from zbsearch.render.frontier import save_frontier_plot
@@ -402,7 +423,7 @@ def frontier(
 
     path = _output(output, (".json", ".png", ".svg", ".pdf"))
     prof = zb.resolve_profile(profile)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True) as bar:
+    with _spinner() as bar:
         task = bar.add_task("solving without a limit", total=None)
 
         def on_point(pt) -> None:
