@@ -291,8 +291,8 @@ class PipelineRuntime:
         if self._owner[s - 1] == self.rank:
             local[(GRAD, s - 1, j)] = input_grads
         else:
-            out = [g if g is not None else torch.zeros_like(x) for x, g in zip(inputs, input_grads) if x.requires_grad]
-            self._p2p.send(GRAD, s - 1, j, out)
+            pairs = [(x, g) for x, g in zip(inputs, input_grads) if x.requires_grad]
+            self._p2p.send(GRAD, s - 1, j, [g for _, g in pairs], like=[x for x, _ in pairs])
 
     # -- helpers -------------------------------------------------------------------------------
     def _run_stage(self, a: Action, fn: Callable, *args, **kw):
