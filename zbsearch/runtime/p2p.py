@@ -21,7 +21,11 @@ action order, and both ends derive that order from the same schedule file:
 
 Shapes and dtypes: the first activation message across each stage boundary is preceded by a
 small header describing its tensors; later ones must match it (checked before sending).
-Gradients have the shapes of the activations they belong to and need no header.
+Gradients have the shapes of the activations they belong to and need no header; instead each
+gradient message ends with a small mask (in the header's tag slot) saying which entries are
+"no gradient" (None, as autograd gives for an output that ignores an input): those travel as
+zeros and are handed back as None, so earlier stages leave unreached parameters' .grad None
+exactly as one process does, rather than accumulating zeros.
 
 Every send, receive and wait goes through ``errors.post``/``errors.wait``: a wait has a
 timeout, and any failure (a peer gone, a hang) is a PipelineError naming the rank, the action,
@@ -180,10 +184,19 @@ class P2P:
         self._sends: list[tuple[Message, dist.Work, torch.Tensor]] = []
 
     # -- sending ------------------------------------------------------------------------------
-    def send(self, kind: str, stage: int, mb: int, tensors: list[torch.Tensor]) -> None:
+    def send(
+        self, kind: str, stage: int, mb: int, tensors: list[torch.Tensor | None], like: list[torch.Tensor] | None = None
+    ) -> None:
+        """Send a message; a gradient message may hold None entries (``like`` gives their shapes)."""
         msg = self._where[(kind, stage, mb)]
-        if kind == ACT:
-            metas = [TensorMeta.of(t) for t in tensors]
+        if kind == GRAD:
+            assert like is not None and len(like) == len(tensors)
+            mask = torch.tensor([t is not None for t in tensors], dtype=torch.uint8, device=self.device)
+            payload = [t if t is not None else torch.zeros_like(x) for t, x in zip(tensors, like)]
+        else:
+            payload = [t for t in tensors if t is not None]
+            assert len(payload) == len(tensors), "activation messages hold no None"
+            metas = [TensorMeta.of(t) for t in payload]
             known = self.meta.get(stage)
             if known is None:
                 self.meta[stage] = metas
@@ -195,8 +208,10 @@ class P2P:
             if stage not in self._header_sent:
                 self._header_sent.add(stage)
                 self._isend(_encode(self.meta[stage], self.device), msg, _MAX_TENSORS)
-        for k, t in enumerate(tensors):
+        for k, t in enumerate(payload):
             self._isend(t.detach().contiguous(), msg, k)
+        if kind == GRAD and payload:  # after the tensors: receives are posted in the same order
+            self._isend(mask, msg, _MAX_TENSORS)
 
     def _isend(self, t: torch.Tensor, msg: Message, k: int) -> None:
         peer, tag = msg.dst, self._tag(msg, k)
@@ -225,15 +240,20 @@ class P2P:
         msg = self._where[(kind, stage, mb)]
         self._advance(msg, block=False)
 
-    def recv(self, kind: str, stage: int, mb: int) -> list[torch.Tensor]:
-        """The message's tensors, waiting for them (with the timeout)."""
+    def recv(self, kind: str, stage: int, mb: int) -> list[torch.Tensor | None]:
+        """The message's tensors, waiting for them (with the timeout); a gradient message has
+        None where its sender had no gradient."""
         msg = self._where[(kind, stage, mb)]
         self._advance(msg, block=True)
         rv = self._recvs.pop(msg.key)
         for w in rv.works:
             self._wait(w, msg, msg.src)
         assert rv.tensors is not None  # _advance(block=True) posted the receives
-        return rv.tensors
+        if kind == GRAD and rv.tensors:
+            *tensors, mask = rv.tensors
+            return [t if m else None for t, m in zip(tensors, mask.tolist())]
+        out: list[torch.Tensor | None] = list(rv.tensors)
+        return out
 
     def _advance(self, until: Message, block: bool) -> None:
         peer = until.src
@@ -269,6 +289,9 @@ class P2P:
             self.meta[msg.stage] = metas = _decode(h)
         rv.tensors = [torch.empty(m.shape, dtype=m.dtype, device=self.device) for m in metas]
         rv.works = [self._irecv(t, msg, k) for k, t in enumerate(rv.tensors)]
+        if msg.kind == GRAD and metas:  # its mask of gradients that exist, sent last
+            rv.tensors.append(torch.empty(len(metas), dtype=torch.uint8, device=self.device))
+            rv.works.append(self._irecv(rv.tensors[-1], msg, _MAX_TENSORS))
         return True
 
     def _irecv(self, t: torch.Tensor, msg: Message, k: int) -> dist.Work:

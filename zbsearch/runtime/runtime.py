@@ -267,7 +267,7 @@ class PipelineRuntime:
         elif self._owner[s - 1] == self.rank:
             args = [_leaf(t, t.requires_grad) for t in local.pop((ACT, s - 1, j))]
         else:
-            got = self._comm.recv(ACT, s - 1, j)
+            got = cast("list[torch.Tensor]", self._comm.recv(ACT, s - 1, j))  # activations are never None
             args = [_leaf(t, meta.requires_grad) for t, meta in zip(got, self._comm.meta[s - 1])]
         post = functools.partial(self._loss, mb_targets[j]) if s == self.last else None
         self._timer.begin()
@@ -304,8 +304,8 @@ class PipelineRuntime:
         if self._owner[s - 1] == self.rank:
             local[(GRAD, s - 1, j)] = input_grads
         else:
-            out = [g if g is not None else torch.zeros_like(x) for x, g in zip(inputs, input_grads) if x.requires_grad]
-            self._comm.send(GRAD, s - 1, j, out)
+            pairs = [(x, g) for x, g in zip(inputs, input_grads) if x.requires_grad]
+            self._comm.send(GRAD, s - 1, j, [g for _, g in pairs], like=[x for x, _ in pairs])
 
     # -- helpers -------------------------------------------------------------------------------
     def _run_stage(self, a: Action, fn: Callable, *args, **kw):
