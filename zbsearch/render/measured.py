@@ -1,6 +1,6 @@
 """The runtime's Chrome trace (``zbsearch.trace`` v1) as a measured Gantt panel.
 
-The trace is the runtime's record of when each action really ran; ``zbsearch.trace_format``
+The trace is the runtime's record of when each action really ran; ``zbsearch.formats.trace``
 reads it (and skips events other than actions, so the same file stays loadable in Perfetto or
 chrome://tracing with extra annotations).
 """

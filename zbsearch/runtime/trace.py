@@ -1,4 +1,4 @@
-"""Per-action timing on each rank, gathered into one Chrome trace (``zbsearch.trace_format``).
+"""Per-action timing on each rank, gathered into one Chrome trace (``zbsearch.formats.trace``).
 
 An action's span covers its compute only: it starts once its inputs have arrived and ends
 before its outputs are handed to the network, so gaps in the trace are the pipeline's bubbles
