@@ -12,8 +12,6 @@ holding the last stage prints the loss per step; rank 0 writes the last step's t
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import zbsearch as zb
+from zbsearch.distributed.torchrun import run_under_torchrun
 from zbsearch.formats.trace import save_trace
 from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
 from zbsearch.runtime import PipelineRuntime
@@ -38,18 +37,7 @@ def main() -> None:
     ap.add_argument("--trace", type=Path, default=None, help="write the last step's Chrome trace here (rank 0)")
     args = ap.parse_args()
 
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    else:
-        torch.set_num_threads(1)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    try:
-        run(args, torch.device("cuda") if cuda else torch.device("cpu"))
-    except zb.ZbError as err:
-        print(f"rank {dist.get_rank()}: error: {err}", file=sys.stderr, flush=True)
-        os._exit(1)  # a peer may be gone: skip the collective teardown
-    dist.destroy_process_group()
+    run_under_torchrun(lambda device: run(args, device))
 
 
 def run(args, device: torch.device) -> None:

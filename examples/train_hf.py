@@ -16,8 +16,6 @@ the unsplit model's in one process and prints the largest difference.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 import zbsearch as zb
+from zbsearch.distributed.torchrun import run_under_torchrun
 from zbsearch.models.hf import hf_batch, hf_config, hf_loss, hf_model, hf_stages
 from zbsearch.runtime import PipelineRuntime, PostValidatedOptimizer
 
@@ -42,18 +41,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for another rank before failing")
     args = ap.parse_args()
 
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    else:
-        torch.set_num_threads(1)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    try:
-        run(args, torch.device("cuda") if cuda else torch.device("cpu"))
-    except zb.ZbError as err:
-        print(f"rank {dist.get_rank()}: error: {err}", file=sys.stderr, flush=True)
-        os._exit(1)  # a peer may be gone: skip the collective teardown
-    dist.destroy_process_group()
+    run_under_torchrun(lambda device: run(args, device))
 
 
 def build(args, num_stages: int):

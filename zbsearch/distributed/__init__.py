@@ -1,10 +1,12 @@
-"""torch.distributed plumbing shared by the runtime, the profiler and the demo.
+"""torch.distributed plumbing shared by the runtime, the profiler, the demo and the examples.
 
 ``run_local`` starts p local processes in one gloo (or NCCL) group and gathers what they
-return; ``DeviceClock`` times device work without synchronising mid-step.
+return; ``run_under_torchrun`` starts and ends a torchrun script; ``DeviceClock`` times device
+work without synchronising mid-step.
 """
 
 from .clock import DeviceClock
 from .local import run_local
+from .torchrun import run_under_torchrun
 
-__all__ = ["DeviceClock", "run_local"]
+__all__ = ["DeviceClock", "run_local", "run_under_torchrun"]
