@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from .actions import Op
 from .errors import ZbError
-from .formats.profile import Profile
+from .formats.profile import Profile, profile_misfit
 
 __all__ = ["CostModel"]
 
@@ -50,8 +50,9 @@ class CostModel:
             )
         if profile.placement is not None and max(stage_to_rank) + 1 != profile.num_ranks:
             raise ZbError(f"profile {profile.name!r} was measured for {profile.num_ranks} ranks, not {max(stage_to_rank) + 1}")
-        if S % P:
-            raise ZbError(f"profile has {P} stages, which cannot be split evenly into {S} stages")
+        misfit = profile_misfit(P, S, max(stage_to_rank) + 1)
+        if misfit:
+            raise ZbError(misfit)
         k = S // P
         st = [profile.stages[s // k] for s in range(S)]
         comm = []

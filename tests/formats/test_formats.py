@@ -106,11 +106,16 @@ def test_schedule_shape_errors(tmp_path, edit, words):
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_profile_for_schedule_must_split_evenly():
-    with pytest.raises(ZbError, match="split evenly"):
-        from zbsearch import CostModel
+def test_cost_model_takes_one_profile_stage_per_stage_or_per_rank():
+    from zbsearch import CostModel
 
-        CostModel.from_profile(make_profile(3), [0, 1, 0, 1])
+    with pytest.raises(ZbError, match="needs 4 \\(one per stage\\) or 2 \\(one per rank\\)"):
+        CostModel.from_profile(make_profile(3), [0, 1, 0, 1])  # uneven
+    # 8 stages on 2 ranks split evenly from 4, but would put one profile stage on two ranks
+    with pytest.raises(ZbError, match="profile has 4 stages"):
+        CostModel.from_profile(make_profile(4), [0, 1, 0, 1, 0, 1, 0, 1])
+    assert CostModel.from_profile(make_profile(2), [0, 1, 1, 0]).t_f[0] == make_profile(2).stages[0].t_f / 2
+    assert CostModel.from_profile(make_profile(4), [0, 1, 1, 0]).t_f[3] == make_profile(4).stages[3].t_f
 
 
 def test_profile_schema_is_available():

@@ -28,7 +28,7 @@ import zbsearch as zb
 from zbsearch.errors import ZbError
 from zbsearch.formats.edit import updated
 from zbsearch.formats.fileio import check_writable, parse_model, write_model, write_text
-from zbsearch.formats.schedule import profile_misfit
+from zbsearch.formats.profile import profile_misfit
 from zbsearch.formats.trace import load_trace
 from zbsearch.limits import limit_for_profile
 from zbsearch.pass_times import PassTimes, compare_pass_times

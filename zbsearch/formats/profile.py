@@ -24,7 +24,7 @@ from .fileio import read_model, write_model
 
 __all__ = [
     "StageCost", "Quartiles", "StageSpread", "Measurement", "Links", "Profile",
-    "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES",
+    "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES", "profile_misfit",
 ]
 
 # Relative tolerance for "m_f + m_b + m_w ~ 0" (measured allocator deltas are noisy).
@@ -245,3 +245,20 @@ def resolve_profile(name_or_path: str | os.PathLike) -> Profile:
         known = ", ".join(sorted(x.stem for x in bundled)) or "none"
         raise ZbError(f"no profile file {str(p)!r} and no bundled profile of that name (bundled: {known})")
     return load_profile(matches[0])
+
+
+def profile_misfit(profile_stages: int, num_stages: int, num_ranks: int) -> str | None:
+    """Why a profile of ``profile_stages`` stages cannot cost a schedule, or None if it can.
+
+    Costs come from splitting each profile stage into equal consecutive virtual stages
+    (``CostModel``). Two splits mean what the schedule was built for: one profile stage per
+    virtual stage, or one per rank (how every builder and the solver place a P-stage profile
+    on P ranks, each rank's stage cut into its chunks). Any other divisor would also split
+    evenly, but it would put one profile stage's costs on several ranks, a placement the
+    schedule was never built for, and silently report another model's times.
+    """
+    if profile_stages in (num_stages, num_ranks):
+        return None
+    ranks = f" or {num_ranks} (one per rank)" if num_ranks != num_stages else ""
+    return (f"profile has {profile_stages} stages but this schedule of {num_stages} stages on {num_ranks} ranks "
+            f"needs {num_stages} (one per stage){ranks}")

@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from ..actions import Action, parse_action
 from ..errors import ZbError
 from .fileio import read_model, write_model
-from .profile import Profile
+from .profile import Profile, profile_misfit
 
-__all__ = ["Objective", "Predicted", "SolverInfo", "Schedule", "load_schedule", "save_schedule", "profile_misfit"]
+__all__ = ["Objective", "Predicted", "SolverInfo", "Schedule", "load_schedule", "save_schedule"]
 
 Objective = Literal["span", "makespan"]
 
@@ -156,23 +156,6 @@ class Schedule(BaseModel):
         )
         sched._parsed = (id(sched.actions), [list(row) for row in actions])
         return sched
-
-
-def profile_misfit(profile_stages: int, num_stages: int, num_ranks: int) -> str | None:
-    """Why a profile of ``profile_stages`` stages cannot cost a schedule, or None if it can.
-
-    Costs come from splitting each profile stage into equal consecutive virtual stages
-    (``CostModel``). Two splits mean what the schedule was built for: one profile stage per
-    virtual stage, or one per rank (how every builder and the solver place a P-stage profile
-    on P ranks, each rank's stage cut into its chunks). Any other divisor would also split
-    evenly, but it would put one profile stage's costs on several ranks, a placement the
-    schedule was never built for, and silently report another model's times.
-    """
-    if profile_stages in (num_stages, num_ranks):
-        return None
-    ranks = f" or {num_ranks} (one per rank)" if num_ranks != num_stages else ""
-    return (f"profile has {profile_stages} stages but this schedule of {num_stages} stages on {num_ranks} ranks "
-            f"needs {num_stages} (one per stage){ranks}")
 
 
 def load_schedule(path: str | os.PathLike) -> Schedule:
