@@ -24,7 +24,11 @@ from .actions import Op
 from .errors import ZbError
 from .formats.profile import Profile, profile_misfit
 
-__all__ = ["CostModel"]
+__all__ = ["CostModel", "MAX_PASSES"]
+
+# The most passes (3 per stage per microbatch) one iteration may have: about 1.7 GB of actions
+# and 40 s to build one schedule in Python. Beyond it a run would exhaust memory, not fail.
+MAX_PASSES = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,14 @@ class CostModel:
             m_w=tuple(c.m_w / k for c in st),
             comm_next=tuple(comm),
         )
+
+    def check_microbatches(self, m: int) -> None:
+        """One line for a microbatch count no schedule on these stages can have."""
+        if m < 1:
+            raise ZbError("the number of microbatches must be at least 1")
+        if 3 * self.num_stages * m > MAX_PASSES:
+            raise ZbError(f"{m} microbatches on {self.num_stages} stages is {3 * self.num_stages * m:,} passes; "
+                          f"zbsearch handles at most {MAX_PASSES:,} per iteration")
 
     @property
     def num_stages(self) -> int:

@@ -148,6 +148,12 @@ CASES = [
     (["schedule", "1f1b", "-m", "8"], None, "Missing option '--profile'"),
     (["schedule", "1f1b", "-p", "unit-p4", "-m", "x"], None, "is not a valid integer"),
     (["solve", *P, "-t", "0"], None, "--time-limit"),
+    # a microbatch count no run could hold in memory is refused before any work
+    (["schedule", "1f1b", "-p", "unit-p4", "-m", "1000000000"], None, "at most 2,000,000 per iteration"),
+    (["schedule", "zb-v", "-p", "unit-p4", "-m", "0"], None, "at least 1"),
+    (["solve", "-p", "unit-p4", "-m", "200000", "--no-milp"], None, "2,400,000 passes"),
+    (["compare", "-p", "unit-p4", "-m", "10000000"], None, "at most 2,000,000"),
+    (["frontier", "-p", "unit-p4", "-m", "10000000"], None, "at most 2,000,000"),
     (["demo", "-p", "4"], None, "No such option"),
     (["nosuchcommand"], None, "No such command"),
     (["schedule", "zb-h9", *P], None, "unknown schedule kind"),

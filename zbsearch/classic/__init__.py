@@ -55,8 +55,6 @@ def build_classic(kind: str, profile: Profile, num_microbatches: int, chunks: in
     name = _ALIASES.get(kind.lower(), kind.lower())
     if name not in KINDS:
         raise ZbError(f"unknown schedule kind {name!r}; choose one of: {', '.join(CLASSIC_KINDS)}")
-    if num_microbatches < 1:
-        raise ZbError("the number of microbatches must be at least 1")
     spec = KINDS[name]
     if chunks is not None and chunks != spec.chunks and not spec.any_chunks:
         raise ZbError(f"{name} uses {spec.chunks} chunk(s) per rank; --chunks applies to interleaved-1f1b")
@@ -64,5 +62,6 @@ def build_classic(kind: str, profile: Profile, num_microbatches: int, chunks: in
         chunks = profile.chunks if spec.any_chunks and profile.placement is not None else spec.chunks
     stage_to_rank = placement(profile.num_ranks, chunks, spec.layout)
     cost = CostModel.from_profile(profile, stage_to_rank)
+    cost.check_microbatches(num_microbatches)
     actions = spec.build(cost, num_microbatches)
     return with_prediction(Schedule.build(name, profile, num_microbatches, stage_to_rank, actions))

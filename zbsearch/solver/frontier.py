@@ -63,6 +63,7 @@ def frontier(
     deadline = time.monotonic() + time_limit
     m = num_microbatches
     cost = CostModel.from_profile(profile, solver_placement(profile.num_ranks, chunks))
+    cost.check_microbatches(m)
     p = cost.num_ranks
     units = [p * cost.activation_unit(r) for r in range(p)]
     need = smallest_feasible_limit(cost, m)

@@ -144,12 +144,11 @@ def solve(
     t0 = time.monotonic()
     deadline = t0 + time_limit
     m = num_microbatches
-    if m < 1:
-        raise ZbError("the number of microbatches must be at least 1")
     if objective not in ("span", "makespan"):
         raise ZbError(f"objective must be 'span' or 'makespan', not {objective!r}")
     stage_to_rank = solver_placement(profile.num_ranks, chunks)
     cost = CostModel.from_profile(profile, stage_to_rank)
+    cost.check_microbatches(m)
     spec = None if isinstance(mem_limit, list) else mem_limit
     limit = list(mem_limit) if isinstance(mem_limit, list) else parse_memory_limit(mem_limit, profile, cost)
     if limit is not None and len(limit) != cost.num_ranks:
