@@ -216,6 +216,9 @@ def test_cli_profile_on_one_device_writes_profiles_folder(tmp_path):
     doc = json.loads(files[0].read_text())
     assert doc["mode"] == "one device, stage after stage" and doc["links"]["method"] == "estimated"
     assert doc["links"]["latency_ms"] > 0 and doc["links"]["bandwidth_gb_s"] > 0 and doc["settings"]["threads"] == 1
+    for spread in doc["links"]["one_way_spread_ms"].values():  # the estimate's samples: the least is the latency
+        assert 0 < spread["q1"] <= spread["median"] <= spread["q3"]
+    assert doc["links"]["latency_ms"] <= doc["links"]["one_way_spread_ms"]["4 B"]["q1"]
     assert "T_B+T_W" in r.stdout
 
 
