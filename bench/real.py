@@ -23,7 +23,7 @@ a load above the core count marks the run as busy, and then its verdicts settle 
 
 Run (the quiet-machine run of the README): python bench/real.py
   defaults: GPT hidden 256, 4 layers, seq 64, microbatch 4, m=8, 30 timed steps per schedule in
-  3 rounds, 3 warm-up steps; about 1.5 minutes on 2 quiet cores.
+  3 rounds, 3 warm-up steps; estimated 1.5-2 minutes on 2 quiet cores (297 s at load 7-9).
 Quick check that it works: python bench/real.py --steps 3 --rounds 1 --warmup 1 --repeat 3 -o /tmp/real.json
 Saves bench/results/real.json (or -o).
 """
