@@ -290,9 +290,14 @@ def test_distributed_pieces_need_one_process_per_rank_not_per_piece():
         run_local(_placement_for_three_ranks, 2, timeout=60)
 
 
-def test_a_placement_must_name_every_stage():
-    with pytest.raises(ZbError, match="the placement has 2 entries for the model's 4 stages"):
-        profile_one_device(builtin_gpt(V4), Settings(warmup=1, repeat=3), link=LINK, placement=[0, 0])
+@pytest.mark.parametrize(("placement", "words"), [
+    ([0, 0], "the placement has 2 entries for the model's 4 stages"),
+    ([0, 1, 1, 1], "must give ranks 0..1 the same number of stages each"),
+    ([0, 2, 2, 0], "must give ranks 0..2 the same number of stages each"),
+])
+def test_a_placement_is_checked_before_anything_is_timed(placement, words):
+    with pytest.raises(ZbError, match=words):
+        profile_one_device(builtin_gpt(V4), Settings(warmup=1, repeat=3), link=LINK, placement=placement)
 
 
 @pytest.mark.slow

@@ -228,6 +228,8 @@ def _check_placement(placement: list[int] | None, pieces: int, world: int | None
     if len(placement) != pieces:
         raise ZbError(f"the placement has {len(placement)} entries for the model's {pieces} stages")
     ranks = max(placement) + 1
+    if min(placement) < 0 or any(placement.count(r) != pieces // ranks for r in range(ranks)):
+        raise ZbError(f"placement {placement} must give ranks 0..{ranks - 1} the same number of stages each")
     if world is not None and ranks != world:
         raise ZbError(f"the placement puts the model's {pieces} stages on {ranks} ranks but {world} ranks were started; "
                       f"start one rank per pipeline rank")
