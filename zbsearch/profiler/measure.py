@@ -163,8 +163,8 @@ def disturbances(
                 found.append(
                     f"stage {s} {name}: spread ±{spread:.0%} of the median (above {SPREAD_LIMIT:.0%}): the timing was disturbed"
                 )
-    for b, st in enumerate(links):
-        spread = (st.q3 - st.q1) / 2 / st.median if st is not None else 0.0
+    for b, link in enumerate(links):
+        spread = (link.q3 - link.q1) / 2 / link.median if link is not None else 0.0
         if spread > SPREAD_LIMIT:
             found.append(f"link {b} -> {b + 1}: spread ±{spread:.0%} of the median (above {SPREAD_LIMIT:.0%}): "
                          f"the transfer time was disturbed")
