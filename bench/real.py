@@ -1,25 +1,31 @@
 """Real passes: do the predictions hold when the stages really compute?
 
 One launch, p=2 ranks (one process each, one torch thread each), a small GPT on CPU:
-  1. profile the stages with the profiler, in the same process layout (``profile_distributed``:
-     one rank per stage; on CPU the ranks take turns), fused backward (t_bw) included;
-  2. build the schedules from that profile: 1F1B, ZB-H1, ZB-2p (the solver) and ZB-V (the same
-     model cut into 4 stages in a V; its costs are the profile's stages halved), and torch's
-     Schedule1F1B and ScheduleInterleavedZeroBubble on the same two stages;
+  1. profile with the profiler, in the layout the schedules run in (``profile_distributed``: on
+     CPU the ranks take turns): the model cut into 2 stages (one per rank), and cut into the 4
+     pieces of a V (``placement`` [0, 1, 1, 0]: rank 0 holds the first and the last piece,
+     each rank measures its own two), fused backward (t_bw) included;
+  2. build the schedules: 1F1B, ZB-H1, ZB-2p (the solver) on the 2-stage profile, ZB-V on the
+     V pieces' own profile; torch's Schedule1F1B and ScheduleInterleavedZeroBubble on the same
+     two stages, and torch's ScheduleZBVZeroBubble on the same V pieces;
   3. run them round-robin, one step each per round, after warm-up rounds, so that load from
-     elsewhere falls on all of them alike; the load average is read every round.
+     elsewhere falls on all of them alike; the load average is read after every round.
+torch's schedules are predicted too: the order their stages ran (recorded from the stages' own
+forward / backward calls, not from torch's ``pipeline_order``, which for Schedule1F1B is only
+for display and differs from what it runs), simulated on the same profile. The profile times
+zbsearch's passes, so torch's split backward, which costs its own, is predicted at ours.
+
 Reported per schedule: median and quartiles of the step's wall time (barrier to barrier) and of
-the makespan in the runtime's trace, the prediction (the simulator on the profile), measured /
-predicted, each ZB schedule's speed-up over 1F1B measured against predicted, and our ZB-2p
-against torch's zero-bubble schedule. A 1-minute load average above the core count marks the
-run as taken on a busy machine: then waiting for a core is in every figure.
+the makespan in the runtime's trace, the prediction, measured / predicted, per-pass times
+against the profile, each ZB schedule's speed-up over 1F1B measured against predicted, and the
+verdict on each of issue 12's targets (``real_targets``), with the load average of every round:
+a load above the core count marks the run as busy, and then its verdicts settle nothing.
 
-Targets (issue 12, on a quiet machine): measured/predicted within 5% for every schedule;
-whenever a schedule is predicted > 3% faster than 1F1B it is measured faster; our ZB-2p at
-least as fast as torch's zero-bubble schedule.
-
-Run: python bench/real.py [--hidden 256 --layers 4 --seq 64 -b 4] [-m 8] [--steps 15] [--warmup 3]
-Saves bench/results/real.json. About 3.5 minutes on 2 busy cores (207 s at load 11-13), less on a quiet machine.
+Run (the quiet-machine run of the README): python bench/real.py
+  defaults: GPT hidden 256, 4 layers, seq 64, microbatch 4, m=8, 30 timed steps per schedule in
+  3 rounds, 3 warm-up steps; estimated 1.5-2 minutes on 2 quiet cores (297 s at load 7-9).
+Quick check that it works: python bench/real.py --steps 3 --rounds 1 --warmup 1 --repeat 3 -o /tmp/real.json
+Saves bench/results/real.json (or -o).
 """
 
 from __future__ import annotations
@@ -33,33 +39,66 @@ from pathlib import Path
 
 from common import RESULTS, save
 from pipeline import launch, ours, round_robin
+from real_targets import Result, Spread, report_lines, verdicts
 
 import zbsearch as zb
 from zbsearch.placement import placement
 
+V = placement(2, 2, "v")  # piece -> rank: [0, 1, 1, 0]
+TORCH = {  # torch's schedule -> whether it runs on the V pieces
+    "Schedule1F1B": False, "ScheduleInterleavedZeroBubble": False, "ScheduleZBVZeroBubble": True,
+}
+
 
 def _quartiles(xs: list[float]) -> dict:
-    q1, med, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else (xs[0],) * 3
     return {"median": statistics.median(xs), "q1": q1, "q3": q3, "min": min(xs)}
 
 
-def _torch_runner(rank, world, kind, stages, m, inputs, targets, loss):
+def _torch_runner(rank, kind, stages, stage_to_rank, m, inputs, targets, loss):
+    """A step of torch's schedule ``kind`` on this rank's stages; its trace is the order the
+    stages ran their passes in, in our notation (F, B = input gradient, W, BW = full backward)."""
     import torch
-    from torch.distributed.pipelining import (
-        PipelineStage,
-        Schedule1F1B,
-        ScheduleInterleavedZeroBubble,
-    )
+    from torch.distributed.pipelining import schedules
 
-    stage = PipelineStage(stages[rank], rank, world, torch.device("cpu"))
-    cls = {"Schedule1F1B": Schedule1F1B, "ScheduleInterleavedZeroBubble": ScheduleInterleavedZeroBubble}[kind]
-    sched = cls(stage if kind == "Schedule1F1B" else [stage], m, loss_fn=loss)
+    n = len(stage_to_rank)
+    mine = [s for s in range(n) if stage_to_rank[s] == rank]
+    pipe = [schedules.PipelineStage(stages[s], s, n, torch.device("cpu")) for s in mine]
+    ran: list[str] = []
+    for st in pipe:
+        _record(st, ran)
+    cls = getattr(schedules, kind)
+    sched = cls(pipe[0] if issubclass(cls, schedules.PipelineScheduleSingle) else pipe, m, loss_fn=loss)
 
     def step():
-        stages[rank].zero_grad(set_to_none=True)
-        sched.step(*((inputs,) if rank == 0 else ()), target=targets if rank == world - 1 else None)
+        ran.clear()
+        for s in mine:
+            stages[s].zero_grad(set_to_none=True)
+        sched.step(*((inputs,) if 0 in mine else ()), target=targets if n - 1 in mine else None)
 
-    return step, None
+    return step, lambda: list(ran)
+
+
+def _record(stage, ran: list[str]) -> None:
+    """Log each pass the torch stage runs (``{stage}{op}{microbatch}``) into ``ran``."""
+    fwd, bwd, wgt = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+    s = stage.stage_index
+
+    def forward_one_chunk(mb, *a, **k):
+        ran.append(f"{s}F{mb}")
+        return fwd(mb, *a, **k)
+
+    def backward_one_chunk(mb, *a, full_backward=True, **k):
+        ran.append(f"{s}{'BW' if full_backward else 'B'}{mb}")
+        return bwd(mb, *a, full_backward=full_backward, **k)
+
+    def backward_weight_one_chunk(mb, *a, **k):
+        ran.append(f"{s}W{mb}")
+        return wgt(mb, *a, **k)
+
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
+    stage.backward_weight_one_chunk = backward_weight_one_chunk
 
 
 def worker(rank, world, send, args) -> dict | None:
@@ -67,16 +106,19 @@ def worker(rank, world, send, args) -> dict | None:
     import torch.distributed as dist
 
     from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
+    from zbsearch.pass_times import compare_pass_times
     from zbsearch.profiler import Settings, builtin_gpt, profile_distributed
 
     torch.set_num_threads(1)
     cfg = GPTConfig(layers=args.layers, hidden=args.hidden, heads=max(2, args.hidden // 64), seq=args.seq,
                     vocab=args.vocab, microbatch_size=args.batch, stages=world)
+    v_cfg = GPTConfig(**{**cfg.__dict__, "stages": 2 * world})
+    settings = Settings(warmup=args.warmup, repeat=args.repeat, threads=1)
     t0 = time.time()
-    prof = profile_distributed(builtin_gpt(cfg), Settings(warmup=args.warmup, repeat=args.repeat, threads=1))
-    box = [prof.model_dump_json() if rank == 0 else None]
+    profiles = [profile_distributed(builtin_gpt(cfg), settings), profile_distributed(builtin_gpt(v_cfg), settings, placement=V)]
+    box = [[p.model_dump_json() for p in profiles] if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    prof = zb.Profile.model_validate_json(box[0])
+    prof, prof_v = (zb.Profile.model_validate_json(p) for p in box[0])
     profile_s = time.time() - t0
     m = args.m
     schedules = {k: zb.build_classic(k, prof, m) for k in ("1f1b", "zb-h1")}
@@ -88,43 +130,72 @@ def worker(rank, world, send, args) -> dict | None:
         box = [None]
     dist.broadcast_object_list(box, src=0)
     schedules["zb-2p"] = zb.Schedule.model_validate_json(box[0])
-    schedules["zb-v"] = zb.build_classic("zb-v", prof, m)
+    schedules["zb-v"] = zb.build_classic("zb-v", prof_v, m)
+    assert schedules["zb-v"].stage_to_rank == V
     inputs, targets = gpt_batch(cfg, m, seed=0)
-    v_cfg = GPTConfig(**{**cfg.__dict__, "stages": 2 * world})
     runners = {}
     for name, sched in schedules.items():
-        stages = gpt_stages(v_cfg) if sched.stage_to_rank == placement(world, 2, "v") else gpt_stages(cfg)
+        stages = gpt_stages(v_cfg if sched.stage_to_rank == V else cfg)
         runners[f"ours {name}"] = ours(rank, sched, stages, inputs, targets, gpt_loss)
-    for kind in ("Schedule1F1B", "ScheduleInterleavedZeroBubble"):
-        runners[f"torch {kind}"] = _torch_runner(rank, world, kind, gpt_stages(cfg), m, inputs, targets, gpt_loss)
+    for kind, on_v in TORCH.items():
+        runners[f"torch {kind}"] = _torch_runner(rank, kind, gpt_stages(v_cfg if on_v else cfg),
+                                                 V if on_v else list(range(world)), m, inputs, targets, gpt_loss)
     loads = []
     got = {name: ([], []) for name in runners}
-    for _ in range(args.rounds):  # each round: warm-up is paid once; load read per round
-        part = round_robin(runners, args.steps // args.rounds, args.warmup if not loads else 0)
+    per_round = max(1, args.steps // args.rounds)
+    for _ in range(args.rounds):  # warm-up is paid once; the load is read after every round
+        part = round_robin(runners, per_round, args.warmup if not loads else 0)
         loads.append(os.getloadavg()[0])
         for name, (walls, traces) in part.items():
             got[name][0].extend(walls)
             got[name][1].extend(traces)
+    # the order each torch schedule ran, every rank's, on rank 0
+    ran = {name: traces[-1] for name, (_, traces) in got.items() if name.startswith("torch")}
+    assert all(t == traces[-1] for name, (_, traces) in got.items() if name in ran for t in traces), \
+        "a torch schedule ran another order from one step to the next"
+    orders = [None] * world if rank == 0 else None
+    dist.gather_object(ran, orders, dst=0)
     if rank != 0:
         return None
+    assert orders is not None
+    for name in ran:
+        on_v = TORCH[name.split(" ", 1)[1]]
+        schedules[name] = zb.Schedule.build(
+            name, prof_v if on_v else prof, m, V if on_v else list(range(world)),
+            [[zb.parse_action(a) for a in order[name]] for order in orders],
+        )
+        zb.validate(schedules[name])  # what torch ran is a complete schedule, dependencies kept
     rows = {}
     for name, (walls, traces) in got.items():
-        row = {"wall_ms": _quartiles(walls)}
-        sched = schedules.get(name.split(" ", 1)[1]) if name.startswith("ours") else None
-        if sched is not None:
-            tl = zb.timeline(sched)
+        key = name.split(" ", 1)[1] if name.startswith("ours") else name
+        sched = schedules[key]
+        tl = zb.timeline(sched)
+        row = {"wall_ms": _quartiles(walls), "predicted_makespan_ms": tl.makespan,
+               "wall_over_predicted": statistics.median(walls) / tl.makespan, "load_per_round": loads}
+        if name.startswith("ours"):
             row["makespan_ms"] = _quartiles([t.makespan_ms() for t in traces])
-            row["predicted_makespan_ms"] = tl.makespan
             row["measured_over_predicted"] = row["makespan_ms"]["median"] / tl.makespan
-            row["wall_over_predicted"] = row["wall_ms"]["median"] / tl.makespan
-            from zbsearch.pass_times import compare_pass_times
-
             row["passes"] = [
                 {"rank": x.rank, "op": x.op.value, "measured_ms": x.measured_ms, "predicted_ms": x.predicted_ms, "ratio": x.ratio}
                 for x in compare_pass_times(sched, traces)
             ]
+        else:
+            row["order"] = sched.actions
         rows[name] = row
-    return {"profile": json.loads(prof.model_dump_json()), "profile_s": profile_s, "loads": loads, "rows": rows}
+    return {"profiles": [json.loads(p.model_dump_json()) for p in (prof, prof_v)], "profile_s": profile_s,
+            "loads": loads, "rows": rows}
+
+
+def _spread(d: dict) -> Spread:
+    return Spread(d["median"], d["q1"], d["q3"])
+
+
+def _print_profile(title: str, doc: dict) -> None:
+    print(f"{title} (ms): " + "; ".join(f"{s}: F {c['t_f']:.2f} B {c['t_b']:.2f} W {c['t_w']:.2f} BW {c['t_bw']:.2f}"
+                                        for s, c in enumerate(doc["stages"]))
+          + f"; links {', '.join(f'{t:.2f}' for t in doc['t_comm'])}")
+    for w in doc["measured"]["warnings"]:
+        print(f"  profiler warning: {w}")
 
 
 def main() -> None:
@@ -135,61 +206,68 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("-b", "--batch", type=int, default=4)
     ap.add_argument("-m", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=15, help="timed steps per schedule")
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per schedule")
     ap.add_argument("--rounds", type=int, default=3, help="the timed steps come in this many rounds (load read each)")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per schedule, and profiler warm-up repetitions")
     ap.add_argument("--repeat", type=int, default=10, help="profiler repetitions per pass")
     ap.add_argument("--solve-time", type=float, default=15.0)
     ap.add_argument("-o", "--output", type=Path, default=RESULTS / "real.json")
     args = ap.parse_args()
+    if args.layers < 4 or args.layers % 4:
+        ap.error("--layers must be a multiple of 4: the V cuts the model into 4 pieces, 2 of them per 2-stage stage")
     t0 = time.time()
     load_before = os.getloadavg()
     res = launch(worker, 2, args)
     cores = os.cpu_count() or 1
-    rows = res["rows"]
-    busy = max(res["loads"]) > cores
-    print(f"p=2, GPT hidden {args.hidden}, {args.layers} layers, seq {args.seq}, microbatch {args.batch}, m={args.m}; "
-          f"{cores} cores, load average per round {', '.join(f'{x:.1f}' for x in res['loads'])}"
-          + ("  <-- BUSY machine: waiting for a core is in every figure" if busy else ""))
-    st = res["profile"]["stages"]
-    print("profile (ms): " + "; ".join(f"stage {s}: F {c['t_f']:.2f} B {c['t_b']:.2f} W {c['t_w']:.2f} BW {c['t_bw']:.2f}"
-                                        for s, c in enumerate(st)))
-    print(f"{'schedule':36} {'wall ms (q1-q3)':>22} {'makespan ms':>12} {'predicted':>10} {'meas/pred':>10}")
+    rows, loads = res["rows"], res["loads"]
+    print(f"p=2, GPT hidden {args.hidden}, {args.layers} layers, seq {args.seq}, microbatch {args.batch}, m={args.m}, "
+          f"{args.rounds * max(1, args.steps // args.rounds)} timed steps each; "
+          f"{cores} cores, load average {load_before[0]:.1f} before, per round {', '.join(f'{x:.1f}' for x in loads)}")
+    _print_profile("2 stages", res["profiles"][0])
+    _print_profile("V pieces [0, 1, 1, 0]", res["profiles"][1])
+    whole, pieces = res["profiles"][0]["stages"], res["profiles"][1]["stages"]
+    # pieces 2s and 2s+1 are the layers of stage s: what the V pays for its finer cut, per pass
+    print("V pieces / 2 stages (pieces 0+1 / stage 0; 2+3 / 1): " + "; ".join(
+        f"{k[2:].upper()} " + ", ".join(f"{(pieces[2 * s][k] + pieces[2 * s + 1][k]) / whole[s][k]:.3f}" for s in range(2))
+        for k in ("t_f", "t_b", "t_w", "t_bw")))
+    print(f"{'schedule':36} {'wall ms (q1-q3)':>24} {'makespan ms':>12} {'predicted':>10} {'meas/pred':>10}")
     for name, r in rows.items():
-        w = r["wall_ms"]
-        mk = r.get("makespan_ms", {}).get("median")
-        print(f"{name:36} {w['median']:8.1f} ({w['q1']:.1f}-{w['q3']:.1f}) "
-              + (f"{mk:12.1f} {r['predicted_makespan_ms']:10.1f} {r['measured_over_predicted']:10.3f}" if mk else ""))
-    ours = {k.split(" ", 1)[1]: v for k, v in rows.items() if k.startswith("ours")}
-    base = ours["1f1b"]
+        w, mk = r["wall_ms"], r.get("makespan_ms")
+        ratio = f"{r['measured_over_predicted']:10.3f}" if mk else f"{r['wall_over_predicted']:10.3f} (wall; info)"
+        print(f"{name:36} {w['median']:8.1f} ({w['q1']:6.1f}-{w['q3']:6.1f}) {mk['median'] if mk else float('nan'):12.1f} "
+              f"{r['predicted_makespan_ms']:10.1f} {ratio}")
     speedups = {}
-    for k, r in ours.items():
-        if k == "1f1b":
-            continue
-        pred = base["predicted_makespan_ms"] / r["predicted_makespan_ms"]
-        meas = base["makespan_ms"]["median"] / r["makespan_ms"]["median"]
-        wall = base["wall_ms"]["median"] / r["wall_ms"]["median"]
-        speedups[k] = {"predicted": pred, "measured_makespan": meas, "measured_wall": wall}
-        print(f"{k} / 1f1b speed-up: predicted {pred:.3f}x, measured {meas:.3f}x (makespan), {wall:.3f}x (wall)")
-    vs_torch = rows["torch ScheduleInterleavedZeroBubble"]["wall_ms"]["median"] / ours["zb-2p"]["wall_ms"]["median"]
-    print(f"our zb-2p vs torch ScheduleInterleavedZeroBubble (wall): {vs_torch:.3f}x (> 1: ours faster)")
-    targets = {
-        "measured/predicted within 5%": all(abs(r["measured_over_predicted"] - 1) <= 0.05 for r in ours.values()),
-        "predicted > 3% faster is measured faster": all(
-            s["measured_makespan"] > 1 for s in speedups.values() if s["predicted"] > 1.03
-        ),
-        "zb-2p at least as fast as torch's zero bubble": vs_torch >= 1,
+    for side, base in (("ours", "ours 1f1b"), ("torch", "torch Schedule1F1B")):
+        for name, r in rows.items():
+            if not name.startswith(side) or name == base:
+                continue
+            b = rows[base]
+            speedups[name] = {
+                "predicted": b["predicted_makespan_ms"] / r["predicted_makespan_ms"],
+                "measured_wall": b["wall_ms"]["median"] / r["wall_ms"]["median"],
+                **({"measured_makespan": b["makespan_ms"]["median"] / r["makespan_ms"]["median"]} if side == "ours" else {}),
+            }
+            s = speedups[name]
+            print(f"{name} / {base.split(' ', 1)[1]}: predicted {s['predicted']:.3f}x, measured {s['measured_wall']:.3f}x (wall)"
+                  + (f", {s['measured_makespan']:.3f}x (makespan)" if "measured_makespan" in s else ""))
+    results = {
+        name: Result(_spread(r["wall_ms"]), r["predicted_makespan_ms"], _spread(r["makespan_ms"]) if "makespan_ms" in r else None)
+        for name, r in rows.items()
     }
-    print("targets: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in targets.items())
-          + (" (busy machine)" if busy else ""))
+    ours_names = [n for n in rows if n.startswith("ours")]
+    found = verdicts(results, ours_names, "ours 1f1b", "ours zb-2p", "torch ScheduleInterleavedZeroBubble")
+    lines = report_lines(found, loads, cores)
+    print("\n".join(lines))
+    total = time.time() - t0
+    print(f"total {total:.0f} s")
     report = {
-        "config": vars(args) | {"output": str(args.output)}, "cores": cores, "cpu": res["profile"].get("device"),
-        "load_before": load_before, "load_per_round": res["loads"], "load_after": os.getloadavg(), "busy": busy,
-        "profile_seconds": res["profile_s"], "total_seconds": time.time() - t0,
-        "speedups_vs_1f1b": speedups, "zb2p_vs_torch_zb": vs_torch, "targets": targets, "rows": rows,
-        "profile": res["profile"],
+        "config": vars(args) | {"output": str(args.output)}, "cores": cores, "cpu": res["profiles"][0].get("device"),
+        "load_before": load_before, "load_per_round": loads, "load_after": os.getloadavg(), "busy": max(loads) > cores,
+        "profile_seconds": res["profile_s"], "total_seconds": total,
+        "speedups_vs_1f1b": speedups,
+        "verdicts": [{"target": v.target, "schedule": v.schedule, "met": v.met, "detail": v.detail} for v in found],
+        "summary": lines[-1], "rows": rows, "profiles": res["profiles"],
     }
-    print(f"total {time.time() - t0:.0f} s")
     save(report, path=args.output)
 
 

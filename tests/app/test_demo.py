@@ -7,7 +7,8 @@ import subprocess
 import pytest
 
 from tests.helpers import cli_command
-from zbsearch.app.demo import DemoConfig, run_demo
+from zbsearch.app import demo
+from zbsearch.app.demo import DemoConfig, contention_note, run_demo, should_emulate
 from zbsearch.models import GPTConfig
 
 TINY = GPTConfig(layers=2, hidden=32, heads=2, seq=16, vocab=64, microbatch_size=2, stages=2)
@@ -34,5 +35,27 @@ def test_demo_command_with_emulated_stages(tmp_path):
             "--emulate", "--steps", "1", "-t", "1", "-o", tmp_path / "out"]
     r = subprocess.run([*cli_command(), *map(str, args)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "speed-up of zb-2p over 1F1B: predicted" in r.stdout and "emulated" in r.stdout
+    assert "speed-up of zb-2p over 1F1B: predicted" in r.stdout
+    assert "replay: emulated passes (each stage sleeps its profiled F, B, W and BW times)" in " ".join(r.stdout.split())
     assert (tmp_path / "out" / "gantt.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("cores", "stages", "emulate", "load", "expected"),
+    [
+        (2, 4, True, 0.5, "replay: emulated passes (each stage sleeps its profiled F, B, W and BW times): "
+                          "4 ranks share 2 CPU cores (--real runs the real passes, which then also wait for a core)"),
+        (8, 4, True, 0.5, "replay: emulated passes (each stage sleeps its profiled F, B, W and BW times): as asked (--emulate)"),
+        (2, 4, False, 0.5, "replay: real passes, as asked (--real); 4 ranks share 2 CPU cores, so measured times include "
+                           "waiting for a core; --emulate replays the profiled times without that contention"),
+        (8, 4, False, 0.5, "replay: real passes (8 CPU cores for 4 ranks)"),
+        (8, 4, False, 9.5, "replay: real passes (8 CPU cores for 4 ranks); the machine is busy (load average 9.5), "
+                           "so measured times include waiting for a core"),
+    ],
+)
+def test_the_replay_says_whether_it_was_real_or_emulated_and_why(monkeypatch, cores, stages, emulate, load, expected):
+    monkeypatch.setattr(demo, "_cores", lambda: cores)
+    monkeypatch.setattr(demo.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    assert should_emulate(stages, "cpu") == (cores < stages) and not should_emulate(stages, "cuda")
+    gpt = GPTConfig(**{**TINY.__dict__, "stages": stages, "layers": stages})
+    assert contention_note(DemoConfig(gpt=gpt, emulate=emulate)) == expected

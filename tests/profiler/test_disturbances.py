@@ -44,3 +44,13 @@ def test_threads_beyond_cores_and_a_busy_machine_are_warned(monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (7.5, 0.0, 0.0))
     assert disturbances(calm, cpu, threads=1, ranks=2) == [
         "the machine is busy (1-minute load average 7.5 on 2 cores): times include waiting for a core"]
+
+
+def test_a_disturbed_link_is_warned_and_a_local_hand_over_is_not(monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    calm = [_stage(0.0)] * 3
+    steady, noisy = Stats(1.0, 0.98, 1.02), Stats(1.0, 0.5, 1.5)
+    assert disturbances(calm, torch.device("cpu"), threads=1, ranks=2, links=[steady, None]) == []
+    assert disturbances(calm, torch.device("cpu"), threads=1, ranks=2, links=[None, noisy]) == [
+        "link 1 -> 2: spread ±50% of the median (above 10%): the transfer time was disturbed"]

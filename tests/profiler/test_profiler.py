@@ -216,6 +216,9 @@ def test_cli_profile_on_one_device_writes_profiles_folder(tmp_path):
     doc = json.loads(files[0].read_text())
     assert doc["mode"] == "one device, stage after stage" and doc["links"]["method"] == "estimated"
     assert doc["links"]["latency_ms"] > 0 and doc["links"]["bandwidth_gb_s"] > 0 and doc["settings"]["threads"] == 1
+    for spread in doc["links"]["one_way_spread_ms"].values():  # the estimate's samples: the least is the latency
+        assert 0 < spread["q1"] <= spread["median"] <= spread["q3"]
+    assert doc["links"]["latency_ms"] <= doc["links"]["one_way_spread_ms"]["4 B"]["q1"]
     assert "T_B+T_W" in r.stdout
 
 
@@ -243,3 +246,68 @@ def _mismatched_ranks(rank: int, world: int, send) -> None:
 def test_torchrun_mode_stops_every_rank_on_a_stage_mismatch():
     with pytest.raises(ZbError, match="stage 1 does not accept the outputs of stage 0"):
         run_local(_mismatched_ranks, 2, timeout=60)
+
+
+# -- pieces for a placement (V: 2 pieces per rank) ---------------------------------------------------------
+V4 = GPTConfig(**{**TINY.__dict__, "layers": 4, "stages": 4})
+V_PLACEMENT = [0, 1, 1, 0]
+
+
+def _pieces_on_two_ranks(rank: int, world: int, send):
+    return profile_distributed(builtin_gpt(V4), Settings(warmup=1, repeat=3, threads=1), placement=V_PLACEMENT)
+
+
+@pytest.mark.slow
+def test_distributed_pieces_are_measured_by_the_rank_that_runs_them():
+    """2 ranks (not one process per piece) measure the 4 pieces of a V: each piece on its real
+    inputs (its memory is what the one-device profile of the same pieces measures, an
+    independent chain), links timed only between the ranks, the local hand-over costs 0."""
+    prof = run_local(_pieces_on_two_ranks, 2, timeout=120)[0]
+    alone = profile_one_device(builtin_gpt(V4), Settings(warmup=1, repeat=3), link=LINK, placement=V_PLACEMENT)
+    assert prof.placement == V_PLACEMENT == alone.placement and prof.num_ranks == 2 and prof.num_stages == 4
+    assert [st.m_f for st in prof.stages] == [st.m_f for st in alone.stages]
+    assert prof.measured.boundary_bytes == alone.measured.boundary_bytes
+    doc = prof.model_dump()
+    assert doc["mode"].startswith("2 pieces per rank, placement [0, 1, 1, 0], 2 ranks")
+    assert len(doc["links"]["devices"]) == 2
+    one_way = doc["links"]["one_way_ms"]
+    assert one_way[1] is None and one_way[0]["median"] > 0 and one_way[2]["median"] > 0
+    assert prof.t_comm[1] == 0 and prof.t_comm[0] == one_way[0]["median"] and prof.t_comm[2] == one_way[2]["median"]
+    assert alone.t_comm[1] == 0 and alone.t_comm[0] == pytest.approx(LINK.time_ms(alone.measured.boundary_bytes[0]))
+    # what schedules get from it: the pieces' own costs
+    cost = zb.CostModel.from_profile(prof, V_PLACEMENT)
+    assert cost.t_f == tuple(st.t_f for st in prof.stages) and cost.comm_next == tuple(prof.t_comm)
+
+
+def _placement_for_three_ranks(rank: int, world: int, send):
+    profile_distributed(builtin_gpt(GPTConfig(**{**V4.__dict__, "layers": 6, "stages": 6})), Settings(warmup=1, repeat=3),
+                        placement=[0, 1, 2, 2, 1, 0])
+
+
+@pytest.mark.slow
+def test_distributed_pieces_need_one_process_per_rank_not_per_piece():
+    with pytest.raises(ZbError, match="on 3 ranks but 2 ranks were started; start one rank per pipeline rank"):
+        run_local(_placement_for_three_ranks, 2, timeout=60)
+
+
+@pytest.mark.parametrize(("placement", "words"), [
+    ([0, 0], "the placement has 2 entries for the model's 4 stages"),
+    ([0, 1, 1, 1], "must give ranks 0..1 the same number of stages each"),
+    ([0, 2, 2, 0], "must give ranks 0..2 the same number of stages each"),
+])
+def test_a_placement_is_checked_before_anything_is_timed(placement, words):
+    with pytest.raises(ZbError, match=words):
+        profile_one_device(builtin_gpt(V4), Settings(warmup=1, repeat=3), link=LINK, placement=placement)
+
+
+@pytest.mark.slow
+def test_torchrun_profiles_v_pieces_with_one_rank_per_pipeline_rank(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "zbsearch",
+           "profile", *_GPT_ARGS, "--layers", "4", "--stages", "4", "--placement", "v", "-o", "v.json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    prof = zb.load_profile(tmp_path / "v.json")
+    assert prof.placement == V_PLACEMENT and prof.name.endswith("-cpu-v") and prof.t_comm[1] == 0 < prof.t_comm[0]
+    assert prof.model_dump()["mode"].startswith("2 pieces per rank")
+    wrong = subprocess.run([*cmd[:5], "4", *cmd[6:-1], "w.json"], capture_output=True, text=True, cwd=tmp_path, timeout=180)
+    assert wrong.returncode != 0 and "start one rank per pipeline rank" in wrong.stderr

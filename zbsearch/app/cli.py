@@ -26,7 +26,6 @@ from rich.table import Table
 
 import zbsearch as zb
 from zbsearch.errors import ZbError
-from zbsearch.formats.edit import updated
 from zbsearch.formats.fileio import check_writable, parse_model, write_model, write_text
 from zbsearch.formats.profile import profile_misfit
 from zbsearch.formats.trace import load_trace
@@ -484,7 +483,8 @@ def profile(
         None,
         "--placement",
         help="the stages are 2 pieces per rank for this placement: v (ZB-V) or interleaved; "
-        "recorded, so schedules use each piece's costs",
+        "recorded, so schedules use each piece's costs; under torchrun start one process per rank (stages / 2), "
+        "each measures its own pieces",
     ),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:<i> (under torchrun: cuda:LOCAL_RANK)"),
     dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: the model's own)"),
@@ -520,14 +520,18 @@ def profile(
         spec = profiler.load_model(model, profiler.parse_model_args(model_arg)) if model else profiler.builtin_gpt(
             GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, threads=threads)
+    pieces = _pieces(placement, len(spec.stages)) if placement is not None else None
+    if name is None and placement is not None:
+        name = f"{spec.name}-{device.split(':')[0]}-{placement}"
     with profiler.progress_bar(err) as bar:
-        prof = profiler.profile_model(spec, settings, name=name, progress=bar)
+        prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar)
     if prof is None:  # a torchrun rank other than 0
         return
-    if placement is not None:
-        prof = updated(prof, placement=_pieces(placement, prof.num_stages), name=name or f"{prof.name}-{placement}")
     if target is None or str(target) != "-":
         out.print(profiler.summary_table(prof))
+    elif prof.measured is not None:  # the profile goes to stdout: the warnings to stderr
+        for w in prof.measured.warnings:
+            err.print(f"warning: {w}", style="yellow", highlight=False, soft_wrap=True)
     _write(prof, target or Path("profiles") / f"{prof.name}.json")
 
 

@@ -33,7 +33,7 @@ from ..profiler import Settings, builtin_gpt, profile_distributed
 from ..runtime import PipelineRuntime, emulated_loss, emulated_stages
 from ..solver import solve
 
-__all__ = ["DemoConfig", "DemoRun", "run_demo"]
+__all__ = ["DemoConfig", "DemoRun", "run_demo", "should_emulate", "contention_note"]
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,8 @@ class Links(BaseModel):
     latency_ms: float | None = None
     bandwidth_gb_s: float | None = None
     devices: list[str] | None = None
-    one_way_ms: list[Quartiles] | None = Field(default=None, description="measured link times per boundary")
+    one_way_ms: list[Quartiles | None] | None = Field(
+        default=None, description="measured link times per boundary; None between two pieces of one rank (no link)")
 
 
 class Profile(BaseModel):

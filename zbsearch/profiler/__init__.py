@@ -8,7 +8,7 @@ pass leaves, and the time to pass the stage's outputs to the next rank. The resu
 ``load_model``           a user's ``package.module:function`` (``stages``)
 ``builtin_gpt``          the built-in GPT (``zbsearch.models``)
 ``Settings``             device, dtype, repetitions, threads (``settings``)
-``profile_model``        one device, or one rank per stage under torchrun (``run``)
+``profile_model``        one device, or one rank per pipeline rank under torchrun (``run``)
 ``profile_one_device``
 ``profile_distributed``
 ``measure_stage``        F, B, W of one stage (``measure``)

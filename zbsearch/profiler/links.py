@@ -7,7 +7,7 @@ two local processes measure latency (a 4-byte message) and bandwidth (a 16 MiB o
 transport the runtime would use on this machine, and each boundary is estimated as
 latency + bytes / bandwidth. There the fastest round trip counts: the aim is the transport's
 own cost, and on a busy machine the two processes often wait for a core, which only adds time.
-The profile's ``links`` block says which was done.
+The profile's ``links`` block says which was done, with the spread of the timed messages.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import run_local
+from .measure import Stats
 
 __all__ = ["LinkModel", "pingpong", "estimate_link"]
 
@@ -30,12 +31,15 @@ class LinkModel:
     latency_ms: float
     bandwidth_gb_s: float  # 1e9 bytes per second
     how: str
+    # quartiles of the one-way times measured for the estimate, per message ("4 B", "16 MiB")
+    spread: dict[str, dict] | None = None
 
     def time_ms(self, nbytes: float) -> float:
         return self.latency_ms + nbytes / (self.bandwidth_gb_s * 1e6)
 
     def record(self) -> dict:
-        return {"method": "estimated", "latency_ms": self.latency_ms, "bandwidth_gb_s": self.bandwidth_gb_s, "how": self.how}
+        return {"method": "estimated", "latency_ms": self.latency_ms, "bandwidth_gb_s": self.bandwidth_gb_s, "how": self.how,
+                **({"one_way_spread_ms": self.spread} if self.spread else {})}
 
 
 def pingpong(
@@ -60,18 +64,19 @@ def pingpong(
     return samples
 
 
-def _measure(rank: int, world: int, send, device_type: str) -> tuple[float, float]:
+def _measure(rank: int, world: int, send, device_type: str) -> tuple[list[float], list[float]]:
     device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
     small = [torch.zeros(1, dtype=torch.float32, device=device)]
     large = [torch.zeros(_LARGE // 4, dtype=torch.float32, device=device)]
-    return min(pingpong(small, 1 - rank, rank == 0, repeat=30)), min(pingpong(large, 1 - rank, rank == 0))
+    return pingpong(small, 1 - rank, rank == 0, repeat=30), pingpong(large, 1 - rank, rank == 0)
 
 
 def estimate_link(device: torch.device) -> LinkModel:
     """Latency and bandwidth between two local processes: NCCL between two GPUs when there are
     two, else gloo through the host (then an upper bound on what a GPU interconnect takes)."""
     nccl = device.type == "cuda" and torch.cuda.device_count() >= 2
-    (small, large), _ = run_local(_measure, 2, "cuda" if nccl else "cpu", backend="nccl" if nccl else "gloo", timeout=120)
+    (smalls, larges), _ = run_local(_measure, 2, "cuda" if nccl else "cpu", backend="nccl" if nccl else "gloo", timeout=120)
+    small, large = min(smalls), min(larges)
     bandwidth = _LARGE / max(large - small, 1e-6) / 1e6
     how = "2 local processes, NCCL between 2 GPUs" if nccl else "2 local processes, gloo over loopback TCP"
-    return LinkModel(small, bandwidth, how)
+    return LinkModel(small, bandwidth, how, {"4 B": Stats.of(smalls).record(), "16 MiB": Stats.of(larges).record()})

@@ -18,8 +18,9 @@ B and W free; on CUDA what the allocator still holds after W is recorded as the 
 
 from __future__ import annotations
 
+import os
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -133,11 +134,14 @@ def measure_stage(
     return StageMeasurement(f, b, w, bw, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes)
 
 
-def disturbances(results: list[StageMeasurement], device: torch.device, threads: int, ranks: int) -> list[str]:
+def disturbances(
+    results: list[StageMeasurement], device: torch.device, threads: int, ranks: int,
+    links: Sequence[Stats | None] = (),
+) -> list[str]:
     """Why the measured times may not be what the runtime will see, one sentence each: CPU
     threads beyond the cores (in the measurement, or once ``ranks`` processes run at once),
-    a busy machine (load average above the cores), passes whose spread is above SPREAD_LIMIT."""
-    import os
+    a busy machine (load average above the cores), passes and measured links (``links``, per
+    boundary, None where there is none) whose spread is above SPREAD_LIMIT."""
 
     found = []
     if device.type == "cpu":
@@ -159,4 +163,9 @@ def disturbances(results: list[StageMeasurement], device: torch.device, threads:
                 found.append(
                     f"stage {s} {name}: spread ±{spread:.0%} of the median (above {SPREAD_LIMIT:.0%}): the timing was disturbed"
                 )
+    for b, link in enumerate(links):
+        spread = (link.q3 - link.q1) / 2 / link.median if link is not None else 0.0
+        if spread > SPREAD_LIMIT:
+            found.append(f"link {b} -> {b + 1}: spread ±{spread:.0%} of the median (above {SPREAD_LIMIT:.0%}): "
+                         f"the transfer time was disturbed")
     return found

@@ -51,13 +51,22 @@ def summary_table(profile: Profile) -> Group:
             str(s), f"{st.t_f:.3g}", f"{st.t_b:.3g}", f"{st.t_w:.3g}", f"{st.fused_backward:.3g}", _spread(sp),
             f"{(st.t_b + st.t_w) / st.t_f:.2f}", f"{st.m_f / 2**20:.3g}", f"{-st.m_w / st.m_f:.2f}" if st.m_f else "-",
             f"{sizes[s] / 2**10:.0f}" if s < len(sizes) else "-",
-            f"{profile.comm(s):.3g}" if s < profile.num_stages - 1 else "-",
+            _link(profile, s),
         )
     # Below the table rather than as its caption: a long caption would squeeze the columns.
     where = Text(f"{profile.device or '?'}, {profile.dtype or '?'}, {profile.mode or '?'}; "
                  f"links {profile.links.method if profile.links else '?'}", style="dim")
     warnings = [Text(f"warning: {w}", style="yellow") for w in (measured.warnings if measured else [])]
     return Group(t, where, *warnings)
+
+
+def _link(profile: Profile, s: int) -> str:
+    """Stage s's link to the next: its time, "local" between two pieces of one rank."""
+    if s == profile.num_stages - 1:
+        return "-"
+    if profile.placement is not None and profile.placement[s] == profile.placement[s + 1]:
+        return "local"
+    return f"{profile.comm(s):.3g}"
 
 
 def _spread(stats: StageSpread | None) -> str:

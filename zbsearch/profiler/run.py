@@ -4,10 +4,16 @@ Two ways to run, the same measurements:
 
 * one device (``profile_one_device``): stage after stage in this process, each fed the real
   outputs of the stage before; links estimated (``links.estimate_link``).
-* torchrun, one rank per stage (``profile_distributed``): each rank measures its own stage on
-  its own device, fed by the previous rank; neighbouring ranks time their real link; rank 0
-  gathers everything and returns the profile. On CPU the ranks take turns, because ranks of one
-  machine share its cores and timing them together would measure the contention.
+* torchrun, one rank per pipeline rank (``profile_distributed``): each rank measures its own
+  stage on its own device, fed by the previous rank; neighbouring ranks time their real link;
+  rank 0 gathers everything and returns the profile. On CPU the ranks take turns, because ranks
+  of one machine share its cores and timing them together would measure the contention.
+
+With a ``placement`` (``--placement v``: 2 pieces per rank) the stages are pieces and each rank
+measures the pieces it will run, on the device it will run them on, with as many ranks as the
+schedule will use (not one process per piece): a piece's time is its rank's, and only the
+boundaries between two ranks are timed as links; the hand-over between two pieces of one rank
+is local and costs 0, as in the runtime.
 
 ``profile_model`` picks the mode from the environment torchrun sets (WORLD_SIZE > 1).
 """
@@ -35,19 +41,21 @@ Progress = Callable[[str, int, int], None]  # (what is being measured, done, tot
 
 
 def profile_model(
-    spec: ModelSpec, settings: Settings, *, name: str | None = None, progress: Progress | None = None
+    spec: ModelSpec, settings: Settings, *, placement: list[int] | None = None, name: str | None = None,
+    progress: Progress | None = None,
 ) -> Profile | None:
     """Under torchrun (WORLD_SIZE > 1) the distributed profile, returned on rank 0 only (None
-    elsewhere); otherwise the one-device profile."""
+    elsewhere); otherwise the one-device profile. ``placement`` (piece -> rank): the stages are
+    pieces for that placement, several per rank (``--placement v``)."""
     settings.check()
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return profile_one_device(spec, settings, name=name, progress=progress)
+        return profile_one_device(spec, settings, placement=placement, name=name, progress=progress)
     device = resolve_device(settings.device, _local_rank())
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
-        return profile_distributed(spec, settings, name=name, progress=progress)
+        return profile_distributed(spec, settings, placement=placement, name=name, progress=progress)
     finally:
         dist.destroy_process_group()
 
@@ -56,15 +64,18 @@ def profile_one_device(
     spec: ModelSpec,
     settings: Settings,
     *,
+    placement: list[int] | None = None,
     name: str | None = None,
     progress: Progress | None = None,
     link: LinkModel | None = None,
 ) -> Profile:
     """Every stage on one device; ``link`` (else measured between two local processes) gives
-    the communication times."""
+    the communication times, except between pieces that ``placement`` puts on one rank (0: a
+    local hand-over)."""
     settings.check()
-    device = resolve_device(settings.device)
     p, reps = len(spec.stages), settings.warmup + settings.repeat
+    _check_placement(placement, p, None)
+    device = resolve_device(settings.device)
     with _threads(settings.threads), torch.enable_grad():
         spec.to(device, resolve_dtype(settings.dtype))
         inputs, x = [], spec.microbatch
@@ -83,112 +94,156 @@ def profile_one_device(
             results.append(measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat, tick))
         if progress is not None:
             progress("links", done, p * reps + 1)
-        if p > 1:
+        crosses = _crossings(placement, p)
+        if any(crosses):
             if link is None:
                 link = estimate_link(device)
-            t_comm, links = [link.time_ms(r.output_bytes) for r in results[:-1]], link.record()
+            t_comm = [link.time_ms(r.output_bytes) if c else 0.0 for r, c in zip(results, crosses)]
+            links = link.record()
         else:
-            t_comm, links = [], {"method": "none", "how": "one stage, no links"}
+            t_comm, links = [0.0] * (p - 1), {"method": "none", "how": "no link between ranks"}
         if progress is not None:
             progress("done", p * reps + 1, p * reps + 1)
-        return _assemble(spec, settings.record(), device, results, t_comm, links, "one device, stage after stage", name)
+        ranks = p if placement is None else max(placement) + 1
+        return _assemble(spec, settings.record(), device, results, t_comm, links, "one device, stage after stage", name,
+                         placement, ranks, [])
 
 
 def profile_distributed(
-    spec: ModelSpec, settings: Settings, *, group: dist.ProcessGroup | None = None, name: str | None = None,
-    progress: Progress | None = None,
+    spec: ModelSpec, settings: Settings, *, placement: list[int] | None = None, group: dist.ProcessGroup | None = None,
+    name: str | None = None, progress: Progress | None = None,
 ) -> Profile | None:
-    """Collective over ``group`` (one rank per stage): the profile on rank 0, None elsewhere."""
+    """Collective over ``group``: the profile on rank 0, None elsewhere. Each rank measures the
+    stages ``placement`` gives it (piece -> rank; default one stage per rank) on its own device,
+    and times the real link for each boundary between two ranks; a boundary between two pieces
+    of one rank is a local hand-over and costs 0, as in the runtime."""
     settings.check()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     p = len(spec.stages)
-    if p != world:
-        raise ZbError(f"the model has {p} stages but {world} ranks were started; start one rank per stage")
+    _check_placement(placement, p, world)
+    owner = list(range(p)) if placement is None else list(placement)
+    mine = [s for s in range(p) if owner[s] == rank]
     progress = progress if rank == 0 else None
     device = resolve_device(settings.device, _local_rank())
     with _threads(settings.threads), torch.enable_grad():
-        spec.to(device, resolve_dtype(settings.dtype), only=rank)
-        # Forward chain: each rank's inputs are the previous rank's real outputs. A failure is
-        # passed down the chain, then shared, so that every rank stops with the same message.
+        spec.to(device, resolve_dtype(settings.dtype), only=mine)
+        # Forward chain, piece after piece: each piece's inputs are the previous piece's real
+        # outputs, received from its rank or handed over locally. A failure is passed down the
+        # chain, then shared, so that every rank stops with the same message.
         error: str | None = None
-        inputs = leaves(spec.microbatch)
-        outs: tuple[torch.Tensor, ...] = ()
-        if rank > 0:
-            box: list[Any] = [None]
-            dist.recv_object_list(box, src=_global(group, rank - 1), group=group)
-            status, payload = box[0]
-            if status == "error":
-                error = payload
+        inputs: dict[int, tuple] = {}
+        outs: dict[int, tuple] = {}
+        for s in range(p):
+            if owner[s] != rank:
+                continue
+            if s == 0:
+                inputs[s] = leaves(spec.microbatch)
+            elif owner[s - 1] == rank:
+                inputs[s] = leaves(outs.get(s - 1, ()))
             else:
-                inputs = tuple(t.to(device).requires_grad_(g) for t, g in payload)
-        if error is None:
-            try:
-                outs = run_stage(spec, rank, inputs)
-            except ZbError as err:
-                error = str(err)
-        if rank < world - 1:
-            payload = (
-                ("error", error)
-                if error
-                else ("ok", [(o.detach().cpu(), o.requires_grad and o.is_floating_point()) for o in outs])
-            )
-            dist.send_object_list([payload], dst=_global(group, rank + 1), group=group)
-        outs = tuple(o.detach() for o in outs)  # the chain's graph is not needed any more
+                box: list[Any] = [None]
+                dist.recv_object_list(box, src=_global(group, owner[s - 1]), group=group)
+                status, payload = box[0]
+                if status == "error":
+                    error = payload
+                else:
+                    inputs[s] = tuple(t.to(device).requires_grad_(g) for t, g in payload)
+            if error is None:
+                try:
+                    outs[s] = run_stage(spec, s, inputs[s])
+                except ZbError as err:
+                    error = str(err)
+            if s < p - 1 and owner[s + 1] != rank:
+                payload = (
+                    ("error", error)
+                    if error
+                    else ("ok", [(o.detach().cpu(), o.requires_grad and o.is_floating_point()) for o in outs[s]])
+                )
+                dist.send_object_list([payload], dst=_global(group, owner[s + 1]), group=group)
+            if s in outs:
+                outs[s] = tuple(o.detach() for o in outs[s])  # the chain's graph is not needed any more
         errors = [None] * world
         dist.all_gather_object(errors, error, group=group)
         first = next((e for e in errors if e), None)
         if first:
             raise ZbError(first)
 
-        steps = 2 * world - 1  # progress: one step per stage, one per link
+        crosses = _crossings(owner, p)
+        steps = p + sum(crosses)  # progress: one step per stage, one per link
 
-        def measure() -> StageMeasurement:
-            return measure_stage(spec.stages[rank], inputs, spec.post(rank), device, settings.warmup, settings.repeat)
+        def measure(s: int) -> StageMeasurement:
+            return measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat)
 
+        results: dict[int, StageMeasurement] = {}
         if device.type == "cpu":  # ranks of one machine share its cores: take turns
-            result = None
-            for s in range(world):
+            for s in range(p):
                 if progress is not None:
-                    progress(f"stage {s} (rank {s}): F, B, W", s, steps)
-                if s == rank:
-                    result = measure()
+                    progress(f"stage {s} (rank {owner[s]}): F, B, W", s, steps)
+                if s in mine:
+                    results[s] = measure(s)
                 dist.barrier(group=group)
-        else:
+        else:  # each rank its own device: all ranks at once, a rank's pieces one after the other
             if progress is not None:
-                progress("all stages at once: F, B, W", 0, steps)
-            result = measure()
+                progress("all ranks at once: F, B, W", 0, steps)
+            results = {s: measure(s) for s in mine}
         # Links one at a time, so that no two transfers share the network or the host.
-        t_link = None
-        for b in range(world - 1):
+        t_link: dict[int, Stats] = {}
+        for b in (b for b in range(p - 1) if crosses[b]):
             if progress is not None:
-                progress(f"link {b} -> {b + 1}", world + b, steps)
-            if rank == b:
-                t_link = Stats.of(pingpong([o.contiguous() for o in outs], b + 1, True, group))
-            elif rank == b + 1:
-                pingpong([t.detach().clone() for t in inputs], b, False, group)
+                progress(f"link {b} -> {b + 1} (rank {owner[b]} -> {owner[b + 1]})", p + sum(crosses[:b]), steps)
+            if rank == owner[b]:
+                t_link[b] = Stats.of(pingpong([o.contiguous() for o in outs[b]], owner[b + 1], True, group))
+            elif rank == owner[b + 1]:
+                pingpong([t.detach().clone() for t in inputs[b + 1]], owner[b], False, group)
             dist.barrier(group=group)
         parts: list[Any] | None = [None] * world if rank == 0 else None
-        dist.gather_object((result, t_link, device_name(device)), parts, dst=_global(group, 0), group=group)
+        dist.gather_object((results, t_link, device_name(device)), parts, dst=_global(group, 0), group=group)
         recorded = settings.record()
     if rank != 0:
         return None
     assert parts is not None  # rank 0 gathered them
-    results = [r for r, _, _ in parts]
+    measured = {s: r for got, _, _ in parts for s, r in got.items()}
+    timed = {b: t for _, got, _ in parts for b, t in got.items()}
     links = {
         "method": "measured",
-        "how": f"ping-pong of the boundary tensors between neighbouring ranks ({dist.get_backend(group)})",
+        "how": f"ping-pong of the boundary tensors between the ranks of neighbouring stages ({dist.get_backend(group)})",
         "devices": [d for _, _, d in parts],
+        # median and quartiles per boundary; none between two pieces of one rank
+        "one_way_ms": [timed[b].record() if b in timed else None for b in range(p - 1)],
     }
     if progress is not None:
         progress("done", steps, steps)
-    mode = f"one rank per stage, {world} ranks" + (", in turns" if device.type == "cpu" else "")
-    links["one_way_ms"] = [t.record() for _, t, _ in parts[:-1]]  # median and quartiles per boundary
-    return _assemble(spec, recorded, device, results, [t.median for _, t, _ in parts[:-1]], links, mode, name)
+    layout = "one rank per stage" if placement is None else f"{p // world} pieces per rank, placement {owner}"
+    mode = f"{layout}, {world} ranks" + (", in turns" if device.type == "cpu" else "")
+    t_comm = [timed[b].median if b in timed else 0.0 for b in range(p - 1)]
+    return _assemble(spec, recorded, device, [measured[s] for s in range(p)], t_comm, links, mode, name, placement, world,
+                     [timed.get(b) for b in range(p - 1)])
+
+
+def _check_placement(placement: list[int] | None, pieces: int, world: int | None) -> None:
+    if placement is None:
+        if world is not None and pieces != world:
+            raise ZbError(f"the model has {pieces} stages but {world} ranks were started; start one rank per stage")
+        return
+    if len(placement) != pieces:
+        raise ZbError(f"the placement has {len(placement)} entries for the model's {pieces} stages")
+    ranks = max(placement) + 1
+    if min(placement) < 0 or any(placement.count(r) != pieces // ranks for r in range(ranks)):
+        raise ZbError(f"placement {placement} must give ranks 0..{ranks - 1} the same number of stages each")
+    if world is not None and ranks != world:
+        raise ZbError(f"the placement puts the model's {pieces} stages on {ranks} ranks but {world} ranks were started; "
+                      f"start one rank per pipeline rank")
+
+
+def _crossings(placement: list[int] | None, pieces: int) -> list[bool]:
+    """Per boundary: whether it joins two ranks (True) or two pieces of one rank."""
+    owner = list(range(pieces)) if placement is None else placement
+    return [owner[b] != owner[b + 1] for b in range(pieces - 1)]
 
 
 def _assemble(
     spec: ModelSpec, settings: dict, device: torch.device, results: list[StageMeasurement], t_comm: list[float],
-    links: dict, mode: str, name: str | None,
+    links: dict, mode: str, name: str | None, placement: list[int] | None, ranks: int, link_stats: list[Stats | None],
 ) -> Profile:
     dtype = next((q.dtype for q in spec.stages[0].parameters() if q.is_floating_point()), torch.get_default_dtype())
     return Profile(
@@ -196,6 +251,7 @@ def _assemble(
         memory_unit="bytes",
         stages=[r.cost() for r in results],
         t_comm=t_comm,
+        placement=placement,
         microbatch_size=spec.microbatch[0].shape[0] if spec.microbatch[0].dim() else None,
         device=device_name(device),
         torch=torch.__version__,
@@ -209,7 +265,7 @@ def _assemble(
             "memory": "CUDA allocator" if device.type == "cuda" else "bytes of tensors saved for backward",
             "boundary_bytes": [r.output_bytes for r in results[:-1]],
             "stages": [r.record() for r in results],
-            "warnings": disturbances(results, device, settings["threads"], len(results)),
+            "warnings": disturbances(results, device, settings["threads"], ranks, link_stats),
         },
     )
 

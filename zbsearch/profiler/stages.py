@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -60,10 +60,10 @@ class ModelSpec:
             return None
         return lambda out: loss_fn(out, self.target)
 
-    def to(self, device: torch.device, dtype: torch.dtype | None, only: int | None = None) -> None:
-        """Move the stages (or stage ``only``, under torchrun), the microbatch and the target."""
+    def to(self, device: torch.device, dtype: torch.dtype | None, only: Collection[int] | None = None) -> None:
+        """Move the stages (or the stages ``only``, a rank's under torchrun), the microbatch and the target."""
         for s, st in enumerate(self.stages):
-            if only is None or s == only:
+            if only is None or s in only:
                 self.stages[s] = st.to(device=device, dtype=dtype) if dtype is not None else st.to(device)
         self.microbatch = tuple(_move(t, device, dtype) for t in self.microbatch)
         self.target = _move(self.target, device, dtype)
