@@ -4,7 +4,7 @@ Installed, the same command is ``zbsearch`` (or ``python -m zbsearch``); this fi
 checkout usable without installing and is not part of the package.
 """
 
-from zbsearch.app.cli import main
+from zbsearch.app import main
 
 if __name__ == "__main__":
     main()

@@ -5,51 +5,72 @@ Data flows one way: ``formats.profile`` -> ``costs`` -> ``solver`` (or ``classic
 ``dependencies`` (the one place that knows which pass needs which), ``placement``,
 ``simulator``, ``validator``, ``bounds``, ``classic`` schedules, ``solver`` and ``render``.
 torch lives in ``profiler``, ``runtime``, ``models``, ``distributed`` and ``app``.
+
+The names below load on first use (PEP 562): ``import zbsearch`` stays cheap, so the command
+line can catch Ctrl-C from its first instant (``zbsearch.app.main``) and tools that need one
+module do not pay for pydantic and the rest.
 """
 
-from .actions import Action, Op, parse_action
-from .bounds import makespan_lower_bound, span_lower_bound
-from .classic import CLASSIC_KINDS, KINDS, build_classic
-from .costs import CostModel
-from .errors import ZbError
-from .formats.profile import Profile, StageCost, load_profile, resolve_profile, save_profile
-from .formats.schedule import Predicted, Schedule, SolverInfo, load_schedule, save_schedule
-from .limits import fits, parse_memory_limit
-from .placement import placement
-from .predict import predict, timeline, with_prediction
-from .simulator import Timeline, simulate
-from .validator import InvalidSchedule, find_problem, validate
+from __future__ import annotations
 
-__all__ = [
-    "Action",
-    "Op",
-    "parse_action",
-    "Profile",
-    "StageCost",
-    "load_profile",
-    "resolve_profile",
-    "save_profile",
-    "Schedule",
-    "Predicted",
-    "SolverInfo",
-    "load_schedule",
-    "save_schedule",
-    "CostModel",
-    "Timeline",
-    "simulate",
-    "timeline",
-    "predict",
-    "with_prediction",
-    "validate",
-    "find_problem",
-    "InvalidSchedule",
-    "span_lower_bound",
-    "makespan_lower_bound",
-    "parse_memory_limit",
-    "fits",
-    "CLASSIC_KINDS",
-    "KINDS",
-    "placement",
-    "build_classic",
-    "ZbError",
-]
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .actions import Action, Op, parse_action
+    from .bounds import makespan_lower_bound, span_lower_bound
+    from .classic import CLASSIC_KINDS, KINDS, build_classic
+    from .costs import CostModel
+    from .errors import ZbError
+    from .formats.profile import Profile, StageCost, load_profile, resolve_profile, save_profile
+    from .formats.schedule import Predicted, Schedule, SolverInfo, load_schedule, save_schedule
+    from .limits import fits, parse_memory_limit
+    from .placement import placement
+    from .predict import predict, timeline, with_prediction
+    from .simulator import Timeline, simulate
+    from .validator import InvalidSchedule, find_problem, validate
+
+# each public name's module (the imports above, for type checkers, say the same)
+_MODULES = {
+    ".actions": ("Action", "Op", "parse_action"),
+    ".bounds": ("makespan_lower_bound", "span_lower_bound"),
+    ".classic": ("CLASSIC_KINDS", "KINDS", "build_classic"),
+    ".costs": ("CostModel",),
+    ".errors": ("ZbError",),
+    ".formats.profile": ("Profile", "StageCost", "load_profile", "resolve_profile", "save_profile"),
+    ".formats.schedule": ("Predicted", "Schedule", "SolverInfo", "load_schedule", "save_schedule"),
+    ".limits": ("fits", "parse_memory_limit"),
+    ".placement": ("placement",),
+    ".predict": ("predict", "timeline", "with_prediction"),
+    ".simulator": ("Timeline", "simulate"),
+    ".validator": ("InvalidSchedule", "find_problem", "validate"),
+}
+_SOURCES = {name: module for module, names in _MODULES.items() for name in names}
+__all__ = list(_SOURCES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _SOURCES:
+        raise AttributeError(f"module 'zbsearch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_SOURCES[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_SOURCES])
+
+
+class _Package(types.ModuleType):
+    """Importing a submodule sets it as a package attribute; ``predict`` and ``placement`` name
+    both a module and the public function in it, and the function must win (as it did when
+    this file imported everything at once)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not (name in _SOURCES and isinstance(value, types.ModuleType)):
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

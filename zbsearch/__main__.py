@@ -1,5 +1,5 @@
 """``python -m zbsearch``: the command line."""
 
-from zbsearch.app.cli import main
+from zbsearch.app import main
 
 main()

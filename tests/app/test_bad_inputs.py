@@ -14,6 +14,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -288,6 +289,38 @@ def test_usage_error_from_the_command_is_one_line(tmp_path):
     r = subprocess.run([*cli_command(), "schedule", "1f1b", "--bogus"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 1 and len(r.stderr.splitlines()) == 1 and "No such option" in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+_INTERRUPT_WHILE_LOADING = """
+import sys
+class Interrupt:  # Ctrl-C arriving while the command line's modules load
+    def find_spec(self, name, path=None, target=None):
+        if name == "zbsearch.app.cli":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+from zbsearch.app import main
+main()
+"""
+
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-c", _INTERRUPT_WHILE_LOADING], capture_output=True, text=True, cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (130, "interrupted\n")
+
+
+def test_importing_zbsearch_is_cheap_and_every_public_name_resolves():
+    # predict and placement are modules too: importing them must not hide the functions
+    probe = ("import sys, types, zbsearch; print('pydantic' in sys.modules); import zbsearch.predict, zbsearch.placement; "
+             "print(not any(isinstance(getattr(zbsearch, n), types.ModuleType) for n in zbsearch.__all__))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert r.stdout.split() == ["False", "True"]
+    # the imports type checkers read name exactly the lazily loaded names
+    import ast
+
+    tree = ast.parse(Path(zb.__file__).read_text())
+    guarded = next(n for n in tree.body if isinstance(n, ast.If))
+    declared = {(("." * imp.level) + (imp.module or ""), a.name) for imp in guarded.body for a in imp.names}
+    assert declared == {(mod, name) for name, mod in zb._SOURCES.items()}
 
 
 @pytest.mark.slow
