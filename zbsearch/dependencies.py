@@ -163,11 +163,15 @@ def action_index(rank_actions: list[list[Action]]) -> dict[Pass, tuple[int, int]
     return index
 
 
-def pass_positions(rank_actions: list[list[Action]], num_stages: int) -> dict[Op, list[list[tuple[int, int] | None]]]:
+def pass_positions(
+    rank_actions: list[list[Action]], num_stages: int, num_microbatches: int | None = None
+) -> dict[Op, list[list[tuple[int, int] | None]]]:
     """``action_index`` as tables: ``[op][stage][mb]`` -> (rank, position) of the action performing
-    that basic pass (the first, if several do), None where none does. Lists, not a dict of
-    tuples: the simulator looks up every dependency of every action in them."""
-    m = 1 + max((a.mb for row in rank_actions for a in row), default=-1)
+    that basic pass (the first, if several do), None where none does; microbatches up to
+    ``num_microbatches`` (default: the highest in the schedule). Lists, not a dict of tuples:
+    the simulator looks up every dependency of every action in them."""
+    highest = 1 + max((a.mb for row in rank_actions for a in row), default=-1)
+    m = highest if num_microbatches is None else max(highest, num_microbatches)
     table: dict[Op, list[list[tuple[int, int] | None]]] = {op: [[None] * m for _ in range(num_stages)] for op in (Op.F, Op.B, Op.W)}
     B, W, BW = Op.B, Op.W, Op.BW
     for r, row in enumerate(rank_actions):

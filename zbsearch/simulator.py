@@ -22,7 +22,7 @@ from .costs import CostModel
 from .dependencies import action_index, action_predecessor_types, edge_delay, pass_positions
 from .errors import ZbError
 
-__all__ = ["Timeline", "Deadlock", "simulate", "bubble_rate"]
+__all__ = ["Timeline", "Deadlock", "simulate", "memory_trace", "peak_memory", "bubble_rate"]
 
 
 class Deadlock(ZbError):
@@ -57,7 +57,7 @@ class Timeline:
 
     @property
     def peak_memory(self) -> list[float]:
-        return [max([0.0, *m]) for m in self.memory]
+        return peak_memory(self.memory)
 
     @property
     def bubble_rate(self) -> float:
@@ -135,16 +135,27 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
     if any(d < len(row) for d, row in zip(done, rank_actions)):
         raise Deadlock(_waits(rank_actions, done, _resolve(rank_actions, cost)))
 
+    busy = [sum([kinds[a.op][a.stage][0] for a in row]) for row in rank_actions]
+    return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy)
+
+
+def memory_trace(rank_actions: list[list[Action]], cost: CostModel) -> list[list[float]]:
+    """Memory on each rank after each of its actions (``Timeline.memory``): it depends on the
+    order alone, so it needs no timing, and no check that the order can run."""
+    deltas = {op: [cost.memory(s, op) for s in range(cost.num_stages)] for op in Op}
     memory = []
-    deltas = {op: [cost.memory(s, op) for s in range(S)] for op in Op}
     for row in rank_actions:
         cur, trace = 0.0, []
         for a in row:
             cur += deltas[a.op][a.stage]
             trace.append(cur)
         memory.append(trace)
-    busy = [sum([kinds[a.op][a.stage][0] for a in row]) for row in rank_actions]
-    return Timeline(rank_actions, start, end, memory, busy)
+    return memory
+
+
+def peak_memory(memory: list[list[float]]) -> list[float]:
+    """Per rank, the most memory it holds (``Timeline.peak_memory``; nothing held counts as 0)."""
+    return [max([0.0, *m]) for m in memory]
 
 
 def _resolve(rank_actions: list[list[Action]], cost: CostModel) -> list[list[list[tuple[int, int]]]]:

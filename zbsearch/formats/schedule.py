@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from ..actions import Action, parse_action
 from ..errors import ZbError
@@ -82,13 +82,18 @@ class Schedule(BaseModel):
 
     @field_validator("actions")
     @classmethod
-    def _syntax(cls, v: list[list[str]]) -> list[list[str]]:
+    def _syntax(cls, v: list[list[str]], info: ValidationInfo) -> list[list[str]]:
+        """Each action parses and names a stage and microbatch that exist (one parse per action:
+        schedules of a large m hold hundreds of thousands)."""
+        S, m = info.data.get("num_stages"), info.data.get("num_microbatches")
         for rank, row in enumerate(v):
             for pos, text in enumerate(row):
                 try:
-                    parse_action(text)
+                    a = parse_action(text)
                 except ZbError as err:
                     raise ValueError(f"rank {rank} position {pos}: {err}") from None
+                if S is not None and m is not None and (a.stage >= S or a.mb >= m):
+                    raise ValueError(f"rank {rank} position {pos}: {text} is out of range ({S} stages, {m} microbatches)")
         return v
 
     @model_validator(mode="after")
@@ -109,14 +114,6 @@ class Schedule(BaseModel):
         misfit = profile_misfit(self.profile.num_stages, S, R)
         if misfit:
             raise ValueError(misfit)
-        for rank, row in enumerate(self.actions):
-            for pos, text in enumerate(row):
-                a = parse_action(text)
-                if a.stage >= S or a.mb >= self.num_microbatches:
-                    raise ValueError(
-                        f"rank {rank} position {pos}: {text} is out of range "
-                        f"({S} stages, {self.num_microbatches} microbatches)"
-                    )
         return self
 
     @property

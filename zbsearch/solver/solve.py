@@ -217,6 +217,6 @@ def solve(
     )
     kind = "zb-" + ("v-" if chunks == 2 else "") + (spec.strip().lower() if spec else "solver")
     sched = Schedule.build(kind, profile, m, stage_to_rank, rows, memory_limit=limit, memory_limit_spec=spec, solver=info)
-    validate(sched)
+    validate(sched, timeline=tl)  # tl: the final rows on the true costs, simulated once
     report("done", value)
-    return SolveResult(with_prediction(sched), info, tl)
+    return SolveResult(with_prediction(sched, tl), info, tl)
