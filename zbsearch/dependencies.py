@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from operator import attrgetter
 from typing import Literal
 
 from .actions import Action, Op
@@ -52,6 +53,7 @@ PassType = tuple[int, Op]  # (stage, basic op): one microbatch's pass
 Graph = dict[PassType, list[tuple[PassType, float]]]  # pass type -> (predecessor, edge delay)
 
 _NEG = float("-inf")
+_MB = attrgetter("mb")
 
 
 def predecessors(stage: int, op: Op, mb: int, num_stages: int) -> list[Pass]:
@@ -167,11 +169,12 @@ def pass_positions(
     rank_actions: list[list[Action]], num_stages: int, num_microbatches: int | None = None
 ) -> dict[Op, list[list[tuple[int, int] | None]]]:
     """``action_index`` as tables: ``[op][stage][mb]`` -> (rank, position) of the action performing
-    that basic pass (the first, if several do), None where none does; microbatches up to
-    ``num_microbatches`` (default: the highest in the schedule). Lists, not a dict of tuples:
+    that basic pass (the first, if several do), None where none does; for ``num_microbatches``
+    microbatches (default: up to the highest in the schedule). Lists, not a dict of tuples:
     the simulator looks up every dependency of every action in them."""
-    highest = 1 + max((a.mb for row in rank_actions for a in row), default=-1)
-    m = highest if num_microbatches is None else max(highest, num_microbatches)
+    m = num_microbatches
+    if m is None:
+        m = 1 + max((max(map(_MB, row)) for row in rank_actions if row), default=-1)
     table: dict[Op, list[list[tuple[int, int] | None]]] = {op: [[None] * m for _ in range(num_stages)] for op in (Op.F, Op.B, Op.W)}
     B, W, BW = Op.B, Op.W, Op.BW
     for r, row in enumerate(rank_actions):

@@ -7,12 +7,13 @@ before a pass of its own rank it depends on), deadlock (a cycle through the rank
 the cross-rank dependencies, found with networkx and printed as the chain of waits), and
 memory (the running activation total on each rank never exceeds the rank's limit).
 Deadlock is found by running the orders (the simulator stops when no rank can move) and then
-following "rank r waits for rank q" edges with networkx until they close a cycle.
+following "rank r waits for rank q" edges with networkx until they close a cycle. Same-rank
+order is looked at only then: an order that runs through has no such problem (the rank would
+wait for itself), so a valid schedule costs one simulation and a few passes over its actions,
+and none when the caller hands in the timeline it has already simulated.
 """
 
 from __future__ import annotations
-
-import networkx as nx
 
 from .actions import Action, Op
 from .costs import CostModel
@@ -46,14 +47,16 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
     S, m = schedule.num_stages, schedule.num_microbatches
     rows = schedule.rank_actions
     for r, row in enumerate(rows):
-        for i, a in enumerate(row):
-            owner = schedule.stage_to_rank[a.stage]
-            if owner != r:
-                return f"{a} is on rank {r} (position {i}) but stage {a.stage} lives on rank {owner}"
+        if any(schedule.stage_to_rank[s] != r for s in {a.stage for a in row}):
+            for i, a in enumerate(row):
+                owner = schedule.stage_to_rank[a.stage]
+                if owner != r:
+                    return f"{a} is on rank {r} (position {i}) but stage {a.stage} lives on rank {owner}"
 
     where = pass_positions(rows, S, m)  # the first action performing each pass
-    performed = sum(len(row) + sum(a.op is Op.BW for a in row) for row in rows)
-    if performed != sum(x is not None for by_stage in where.values() for slot in by_stage for x in slot):
+    BW = Op.BW
+    performed = sum(len(row) + sum(1 for a in row if a.op is BW) for row in rows)
+    if performed != sum(len(slot) - slot.count(None) for by_stage in where.values() for slot in by_stage):
         for r, row in enumerate(rows):  # some pass is performed twice: name the first repeat
             for i, a in enumerate(row):
                 for op in a.parts():
@@ -61,28 +64,19 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
                     if (pr, pi) != (r, i):
                         what = f"{a.stage}{op.value}{a.mb}"
                         return f"{what} is done twice: {rows[pr][pi]} at rank {pr} position {pi} and {a} at rank {r} position {i}"
-    for s in range(S):
-        for j in range(m):
-            for op in (Op.F, Op.B, Op.W):
-                if where[op][s][j] is None:
-                    return f"{s}{op.value}{j} is missing (rank {schedule.stage_to_rank[s]} never runs it)"
-
-    for r, row in enumerate(rows):
-        for i, a in enumerate(row):
-            for ds, dop in action_predecessor_types(a.stage, a.op, S):
-                dr, di = where[dop][ds][a.mb]  # type: ignore[misc]  # complete: every pass is performed
-                if dr == r and di > i:
-                    return (
-                        f"rank {r}: {a} at position {i} comes before {rows[dr][di]} at position {di}, "
-                        f"which it depends on"
-                    )
+    if any(None in slot for by_stage in where.values() for slot in by_stage):
+        for s in range(S):
+            for j in range(m):
+                for op in (Op.F, Op.B, Op.W):
+                    if where[op][s][j] is None:
+                        return f"{s}{op.value}{j} is missing (rank {schedule.stage_to_rank[s]} never runs it)"
 
     if timeline is None:
         cost = CostModel.from_profile(profile or schedule.profile, schedule.stage_to_rank)
         try:
             timeline = simulate(rows, cost)
-        except Deadlock as dead:
-            return "deadlock: " + _wait_cycle(dead.waits)
+        except Deadlock as dead:  # a pass before one of its own rank it needs, or a cycle across ranks
+            return _order_problem(rows, where, S) or "deadlock: " + _wait_cycle(dead.waits)
     else:
         assert timeline.actions == rows, "the timeline given is of another schedule"
 
@@ -102,8 +96,25 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
     return None
 
 
+def _order_problem(rows: list[list[Action]], where, num_stages: int) -> str | None:
+    """The first action that comes before a pass of its own rank it depends on (a schedule that
+    runs through has none: its rank would wait for itself)."""
+    for r, row in enumerate(rows):
+        for i, a in enumerate(row):
+            for ds, dop in action_predecessor_types(a.stage, a.op, num_stages):
+                dr, di = where[dop][ds][a.mb]  # complete: every pass is performed
+                if dr == r and di > i:
+                    return (
+                        f"rank {r}: {a} at position {i} comes before {rows[dr][di]} at position {di}, "
+                        f"which it depends on"
+                    )
+    return None
+
+
 def _wait_cycle(waits: list[tuple[int, Action, Action, int]]) -> str:
     """The ranks' waits that form a cycle, as 'rank r waits at X for Y (rank q)' steps."""
+    import networkx as nx  # here: it takes a while to import, and only a failing schedule needs it
+
     by_rank = {r: (a, b, q) for r, a, b, q in waits}
     g = nx.DiGraph((r, q) for r, (_, _, q) in by_rank.items())
     try:

@@ -87,17 +87,22 @@ def _same(rows: list[list[Action]]) -> list[list[Action]]:
     return rows
 
 
-def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> tuple[str, list[list[Action]], Timeline, float]:
+def _construct(
+    problem: Problem, deadline: float, hard: float, start=None, keep: int = 3
+) -> tuple[str, list[list[Action]], Timeline, float]:
     """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
     by their own timing, only the best few simulated), the classic schedules and the
-    sequential one, as far as the deadline allows: once it has passed, the first candidate
+    sequential one, as far as ``deadline`` allows: once it has passed, the first candidate
     within the limit is kept (the sequential schedule, last, always is: it needs the least
-    memory of any schedule)."""
+    memory of any schedule). Until one list schedule is found the grid runs to ``hard`` (the
+    solve's own deadline), where a list schedule still running is cut and the classic ones are
+    skipped: then the sequential schedule is what there is."""
     found: list[tuple[float, str, list[list[Action]]]] = []
     for policy in candidate_policies():
-        if found and time.monotonic() > deadline:
+        until = deadline if found else hard
+        if time.monotonic() > until:
             break
-        out = list_schedule(problem, policy)
+        out = list_schedule(problem, policy, until)
         if out is not None:
             found.append((out[1], policy.name, out[0]))
     found.sort(key=lambda x: x[0])
@@ -112,8 +117,11 @@ def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> 
     cands.append(("sequential", lambda: sequential_schedule(problem)))
     best, best_value, sim_s = None, float("inf"), 0.0
     for name, build in cands:
-        if best is not None and time.monotonic() > deadline:
+        now = time.monotonic()
+        if best is not None and now > deadline:
             break
+        if best is None and now > hard and name != "sequential":
+            continue
         rows = build()
         tick = time.monotonic()
         value, tl = problem.evaluate(rows)
@@ -167,12 +175,13 @@ def solve(
             progress(phase, value, bound)
 
     report("constructing", float("inf"))
-    construction, rows, tl, sim_s = _construct(search, t0 + time_limit / 3, start)
+    construction, rows, tl, sim_s = _construct(search, t0 + time_limit / 3, deadline, start)
     value, tl = (true.value(tl), tl) if not uniform_costs else true.evaluate(rows)
     # Keep back time for the final validation and prediction (about 3 simulations).
     deadline -= 3 * sim_s
-    if time.monotonic() < deadline:
-        bound = max(bound, bound_fn(cost, m, limit))
+    now = time.monotonic()
+    if now < deadline:  # its slow part gets half the time left, and is left out if it needs more
+        bound = max(bound, bound_fn(cost, m, limit, deadline=now + (deadline - now) / 2))
     report("constructed", value)
     method = "heuristic"
     windows = improvements = 0
