@@ -7,19 +7,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import make_profile
+from tests.helpers.reference import mutate, random_order, random_profile, reference_problem
 from zbsearch import (
     CLASSIC_KINDS,
     CostModel,
     InvalidSchedule,
+    Schedule,
     build_classic,
     find_problem,
     makespan_lower_bound,
+    simulate,
     span_lower_bound,
     timeline,
     validate,
 )
-from tests.helpers.reference import mutate, random_order, random_profile, reference_problem
-from zbsearch import Schedule, simulate
 from zbsearch.errors import ZbError
 from zbsearch.formats.edit import updated
 from zbsearch.placement import placement

@@ -175,7 +175,9 @@ def pass_positions(
     m = num_microbatches
     if m is None:
         m = 1 + max((max(map(_MB, row)) for row in rank_actions if row), default=-1)
-    table: dict[Op, list[list[tuple[int, int] | None]]] = {op: [[None] * m for _ in range(num_stages)] for op in (Op.F, Op.B, Op.W)}
+    table: dict[Op, list[list[tuple[int, int] | None]]] = {
+        op: [[None] * m for _ in range(num_stages)] for op in (Op.F, Op.B, Op.W)
+    }
     B, W, BW = Op.B, Op.W, Op.BW
     for r, row in enumerate(rank_actions):
         for i, a in enumerate(row):

@@ -38,7 +38,7 @@ from .feasibility import check_limit
 from .heuristic import candidate_policies, list_schedule, sequential_schedule
 from .problem import Objective, Problem
 
-__all__ = ["SolverInfo", "SolveResult", "solve", "uniform_profile", "solver_placement"]
+__all__ = ["SolverInfo", "SolveResult", "Progress", "progress_text", "solve", "uniform_profile", "solver_placement"]
 
 # Gap below which a schedule counts as optimal (float noise in sums of pass times).
 _CLOSED = 1e-6
@@ -54,6 +54,14 @@ class SolveResult:
 
 
 Progress = Callable[[str, float, float], None]  # (phase, best value, lower bound)
+
+
+def progress_text(phase: str, value: float, bound: float) -> str:
+    """One line for a progress display: the phase, the best value so far and the bound with the
+    gap between them (each where known: value inf before the first schedule, bound 0 before any)."""
+    best = f": best {value:.6g} ms" if value < float("inf") else ""
+    gap = f", gap {value / bound - 1:.2%}" if bound > 0 and value < float("inf") else ""
+    return f"{phase}{best}" + (f", bound {bound:.6g} ms{gap}" if bound > 0 else "")
 
 
 def solver_placement(num_ranks: int, chunks: int) -> list[int]:
@@ -95,8 +103,8 @@ def _construct(
     sequential one, as far as ``deadline`` allows: once it has passed, the first candidate
     within the limit is kept (the sequential schedule, last, always is: it needs the least
     memory of any schedule). Until one list schedule is found the grid runs to ``hard`` (the
-    solve's own deadline), where a list schedule still running is cut and the classic ones are
-    skipped: then the sequential schedule is what there is."""
+    solve's own deadline), where a list schedule still running is cut: then the first classic
+    schedule within the limit (built in milliseconds), or else the sequential one, is kept."""
     found: list[tuple[float, str, list[list[Action]]]] = []
     for policy in candidate_policies():
         until = deadline if found else hard
@@ -113,16 +121,15 @@ def _construct(
     for _, name, rows in found[:keep]:
         cands.append((name, functools.partial(_same, rows)))
     for kind in _classic_kinds(problem):
-        cands.append((kind, functools.partial(KINDS[kind].build, cost, m)))
+        cands.append((kind, functools.partial(KINDS[kind].build_by, cost, m, deadline)))
     cands.append(("sequential", lambda: sequential_schedule(problem)))
     best, best_value, sim_s = None, float("inf"), 0.0
     for name, build in cands:
-        now = time.monotonic()
-        if best is not None and now > deadline:
+        if best is not None and time.monotonic() > deadline:
             break
-        if best is None and now > hard and name != "sequential":
-            continue
         rows = build()
+        if not problem.fits_order(rows):
+            continue  # over the limit (e.g. ZB-H2 at 1p): no need to time it
         tick = time.monotonic()
         value, tl = problem.evaluate(rows)
         sim_s = max(sim_s, time.monotonic() - tick)
