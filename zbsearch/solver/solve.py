@@ -182,10 +182,16 @@ def solve(
             progress(phase, value, bound)
 
     report("constructing", float("inf"))
-    construction, rows, tl, sim_s = _construct(search, t0 + time_limit / 3, deadline, start)
+    # What no deadline cuts comes after construction: one simulation (of the fallback, if a list
+    # schedule is cut), building and validating the result. Each is a pass over the schedule, like
+    # the feasibility check and quick bound above, so as long as those took is kept back for it.
+    # The policy grid gets a third of the limit when the MILP follows, else all of it.
+    hard = deadline - (time.monotonic() - t0)
+    construction, rows, tl, sim_s = _construct(search, min(hard, t0 + time_limit / 3) if milp else hard, hard, start)
     value, tl = (true.value(tl), tl) if not uniform_costs else true.evaluate(rows)
-    # Keep back time for the final validation and prediction (about 3 simulations).
-    deadline -= 3 * sim_s
+    # Keep back time for the end: re-timing a schedule the MILP changed, then building and
+    # validating the file (together about as long as a simulation; prediction reuses it).
+    deadline -= 2 * sim_s
     now = time.monotonic()
     if now < deadline:  # its slow part gets half the time left, and is left out if it needs more
         bound = max(bound, bound_fn(cost, m, limit, deadline=now + (deadline - now) / 2))
