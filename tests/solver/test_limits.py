@@ -54,7 +54,8 @@ def test_expired_solve_returns_a_valid_fallback_and_says_time_limit(limit, fallb
     # "optimal" only where the bound proves it (ZB-H1 at 1p is), else the cut is said
     assert res.info.status == ("optimal" if res.info.gap <= 1e-6 else "time_limit")
     assert find_problem(res.schedule) is None
-    assert res.info.value == max(simulate(res.schedule.rank_actions, CostModel.from_profile(prof, res.schedule.stage_to_rank)).span)
+    cost = CostModel.from_profile(prof, res.schedule.stage_to_rank)
+    assert res.info.value == max(simulate(res.schedule.rank_actions, cost).span)
 
 
 def test_chain_bound_is_left_out_after_its_deadline():
