@@ -43,10 +43,10 @@ def test_list_schedule_is_cut_at_a_past_deadline():
     assert list_schedule(problem, policy, time.monotonic() + 3600) == list_schedule(problem, policy)
 
 
-@pytest.mark.parametrize("limit, fallback", [("2p", "zb-h1"), ("1p", "zb-h1"), ("0.7p", "sequential")])
+@pytest.mark.parametrize("limit, fallback", [("2p", "zb-h2"), ("1p", "zb-h1"), ("0.7p", "sequential")])
 def test_expired_solve_returns_a_valid_fallback_and_says_time_limit(limit, fallback):
     """With no time at all no list schedule runs: the first classic order within the limit
-    (ZB-H1 needs 1p) or else the sequential schedule comes back, validated, with its gap and a
+    (ZB-H2 needs about 2p, ZB-H1 1p) or else the sequential schedule comes back, validated, with its gap and a
     status that says so."""
     prof = resolve_profile("1.5b-m24")
     res = solve(prof, 48, limit, time_limit=0.0)

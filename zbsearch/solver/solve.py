@@ -78,8 +78,9 @@ def uniform_profile(profile: Profile) -> Profile:
     return updated(profile, stages=stages, name=f"{profile.name}-uniform")
 
 
-# Handcrafted orders tried as further candidates, by placement.
-_CLASSIC_CANDIDATES = {1: ("zb-h1", "1f1b-split", "zb-h2"), 2: ("zb-v",)}
+# Handcrafted orders tried as further candidates, by placement; the least bubble first (when time
+# is short only the first within the memory limit is timed: ZB-H2 needs about 2p, ZB-H1 1p).
+_CLASSIC_CANDIDATES = {1: ("zb-h2", "zb-h1", "1f1b-split"), 2: ("zb-v",)}
 
 
 def _classic_kinds(problem: Problem) -> tuple[str, ...]:
@@ -96,18 +97,20 @@ def _same(rows: list[list[Action]]) -> list[list[Action]]:
 
 
 def _construct(
-    problem: Problem, deadline: float, hard: float, start=None, keep: int = 3
+    problem: Problem, deadline: float, hard: float, start=None, keep: int = 3, grid: float | None = None
 ) -> tuple[str, list[list[Action]], Timeline, float]:
     """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
     by their own timing, only the best few simulated), the classic schedules and the
     sequential one, as far as ``deadline`` allows: once it has passed, the first candidate
     within the limit is kept (the sequential schedule, last, always is: it needs the least
     memory of any schedule). Until one list schedule is found the grid runs to ``hard`` (the
-    solve's own deadline), where a list schedule still running is cut: then the first classic
-    schedule within the limit (built in milliseconds), or else the sequential one, is kept."""
+    solve's deadline less what its end needs), where a list schedule still running is cut: then
+    the first classic schedule within the limit (built in milliseconds), or else the sequential
+    one, is kept. ``grid``: when the grid stops once one list schedule is found (default
+    ``deadline``)."""
     found: list[tuple[float, str, list[list[Action]]]] = []
     for policy in candidate_policies():
-        until = deadline if found else hard
+        until = (deadline if grid is None else grid) if found else hard
         if time.monotonic() > until:
             break
         out = list_schedule(problem, policy, until)
@@ -185,9 +188,13 @@ def solve(
     # What no deadline cuts comes after construction: one simulation (of the fallback, if a list
     # schedule is cut), building and validating the result. Each is a pass over the schedule, like
     # the feasibility check and quick bound above, so as long as those took is kept back for it.
-    # The policy grid gets a third of the limit when the MILP follows, else all of it.
+    # With the MILP to follow, construction gets a third of the limit; without, all of it, two
+    # thirds for the policy grid and the rest for timing the best of them and the classic orders.
     hard = deadline - (time.monotonic() - t0)
-    construction, rows, tl, sim_s = _construct(search, min(hard, t0 + time_limit / 3) if milp else hard, hard, start)
+    if milp:
+        construction, rows, tl, sim_s = _construct(search, min(hard, t0 + time_limit / 3), hard, start)
+    else:
+        construction, rows, tl, sim_s = _construct(search, hard, hard, start, grid=min(hard, t0 + time_limit * 2 / 3))
     value, tl = (true.value(tl), tl) if not uniform_costs else true.evaluate(rows)
     # Keep back time for the end: re-timing a schedule the MILP changed, then building and
     # validating the file (together about as long as a simulation; prediction reuses it).
