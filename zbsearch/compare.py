@@ -77,7 +77,7 @@ def compare(
 
 
 def _skipped(kind: str, time_limit: float) -> dict[str, Any]:
-    return {"kind": kind, "skipped": f"not built: the time limit ({time_limit:g} s) was spent"}
+    return {"kind": kind, "skipped": f"time limit ({time_limit:g} s) spent"}
 
 
 def _row(kind: str, sched: Schedule, profile: Profile, mem_limit: str | None) -> dict[str, Any]:

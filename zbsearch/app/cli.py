@@ -231,12 +231,18 @@ def compare(
     for col in ("schedule", "bubble rate", "span (ms)", "makespan (ms)", "peak memory", "fits limit"):
         t.add_column(col, justify="right")
     for row in rows:
-        if "error" in row or "skipped" in row:
-            t.add_row(row["kind"], f"[dim]{row.get('error') or row['skipped']}[/dim]", "", "", "", "")
+        if "error" in row:
+            t.add_row(row["kind"], f"[dim]{row['error']}[/dim]", "", "", "", "")
+        elif "skipped" in row:
+            t.add_row(row["kind"], "[dim]skipped[/dim]", "", "", "", "")
         else:
             t.add_row(row["kind"], f"{row['bubble_rate']:.4f}", _fmt(row["span"]), _fmt(row["makespan"]),
                       _fmt(row["peak_memory"]), "yes" if row["fits"] else "[red]no[/red]")
     out.print(t)
+    skipped = [r["kind"] for r in rows if "skipped" in r]
+    if skipped:
+        out.print(f"skipped (not built: the time limit of {time_limit:g} s was spent): {', '.join(skipped)}; "
+                  "a larger --time-limit builds them")
     lb = next((r["lower_bound"] for r in rows if "lower_bound" in r), None)
     if lb is not None:
         out.print(f"bound (any memory) on span for any 1-chunk schedule: {_fmt(lb)} ms")
