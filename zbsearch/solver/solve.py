@@ -97,7 +97,8 @@ def _same(rows: list[list[Action]]) -> list[list[Action]]:
 
 
 def _construct(
-    problem: Problem, deadline: float, hard: float, start=None, keep: int = 3, grid: float | None = None
+    problem: Problem, deadline: float, hard: float, start=None, keep: int = 3, grid: float | None = None,
+    report: Callable[[float], None] | None = None,
 ) -> tuple[str, list[list[Action]], Timeline, float]:
     """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
     by their own timing, only the best few simulated), the classic schedules and the
@@ -107,7 +108,8 @@ def _construct(
     solve's deadline less what its end needs), where a list schedule still running is cut: then
     the first classic schedule within the limit (built in milliseconds), or else the sequential
     one, is kept. ``grid``: when the grid stops once one list schedule is found (default
-    ``deadline``)."""
+    ``deadline``). ``report`` hears each better list schedule's value by its own timing (never
+    below its simulated value), as soon as it is built."""
     found: list[tuple[float, str, list[list[Action]]]] = []
     for policy in candidate_policies():
         until = (deadline if grid is None else grid) if found else hard
@@ -115,6 +117,8 @@ def _construct(
             break
         out = list_schedule(problem, policy, until)
         if out is not None:
+            if report is not None and all(out[1] < v for v, _, _ in found):
+                report(out[1])
             found.append((out[1], policy.name, out[0]))
     found.sort(key=lambda x: x[0])
     # the given start first: within a smaller limit, it is what makes results monotone in memory
@@ -191,18 +195,24 @@ def solve(
     # With the MILP to follow, construction gets a third of the limit; without, all of it, two
     # thirds for the policy grid and the rest for timing the best of them and the classic orders.
     hard = deadline - (time.monotonic() - t0)
+    def building(v: float) -> None:
+        if not uniform_costs:  # else the value is on other costs than the bound's
+            report("constructing", v)
+
     if milp:
-        construction, rows, tl, sim_s = _construct(search, min(hard, t0 + time_limit / 3), hard, start)
+        construction, rows, tl, sim_s = _construct(search, min(hard, t0 + time_limit / 3), hard, start, report=building)
     else:
-        construction, rows, tl, sim_s = _construct(search, hard, hard, start, grid=min(hard, t0 + time_limit * 2 / 3))
+        construction, rows, tl, sim_s = _construct(search, hard, hard, start, grid=min(hard, t0 + time_limit * 2 / 3),
+                                                   report=building)
     value, tl = (true.value(tl), tl) if not uniform_costs else true.evaluate(rows)
     # Keep back time for the end: re-timing a schedule the MILP changed, then building and
     # validating the file (together about as long as a simulation; prediction reuses it).
     deadline -= 2 * sim_s
+    report("constructed", value)
     now = time.monotonic()
     if now < deadline:  # its slow part gets half the time left, and is left out if it needs more
         bound = max(bound, bound_fn(cost, m, limit, deadline=now + (deadline - now) / 2))
-    report("constructed", value)
+        report("lower bound", value)
     method = "heuristic"
     windows = improvements = 0
     hit_limit = False
