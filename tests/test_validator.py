@@ -1,22 +1,30 @@
 """The validator rejects each kind of broken schedule and names the offending action."""
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import make_profile
+from tests.helpers.reference import mutate, random_order, random_profile, reference_problem
 from zbsearch import (
     CLASSIC_KINDS,
     CostModel,
     InvalidSchedule,
+    Schedule,
     build_classic,
     find_problem,
     makespan_lower_bound,
+    simulate,
     span_lower_bound,
     timeline,
     validate,
 )
+from zbsearch.errors import ZbError
 from zbsearch.formats.edit import updated
+from zbsearch.placement import placement
+from zbsearch.validator import _wait_cycle
 
 
 def _edit(sched, rows):
@@ -123,3 +131,40 @@ def test_property_split_1f1b_never_slower_than_1f1b(problem):
     split = build_classic("1f1b-split", prof, m)
     assert max(split.predicted.span) <= max(f1.predicted.span) + 1e-9
     assert max(split.predicted.peak_memory) <= max(f1.predicted.peak_memory) + 1e-9
+
+
+
+@st.composite
+def _schedules(draw):
+    """A random schedule (1 or 2 chunks, fused backwards), often broken, with a memory limit."""
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    p, m = draw(st.integers(1, 4)), draw(st.integers(1, 5))
+    chunks, layout = draw(st.sampled_from([(1, "looped"), (2, "v")]))
+    prof = random_profile(rng, p)
+    cost = CostModel.from_profile(prof, placement(p, chunks, layout))
+    rows = random_order(rng, cost, m, fuse=draw(st.sampled_from([0.0, 0.3])))
+    if draw(st.booleans()):
+        rows = mutate(rng, rows)
+    if p > 1 and draw(st.integers(0, 4)) == 0:  # an action on another rank
+        r = rng.randrange(p)
+        if rows[r]:
+            rows[(r + 1) % p].append(rows[r].pop(rng.randrange(len(rows[r]))))
+    x = draw(st.sampled_from([None, 0.5, 1.0, 2.0]))
+    limit = None if x is None else [x * p * max(cost.activation_unit(r), 0.1) for r in range(p)]
+    return Schedule.build("gen", prof, m, list(cost.stage_to_rank), rows, memory_limit=limit), cost
+
+
+@given(_schedules())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_same_verdict_as_reference(case):
+    """find_problem names the same first problem as the checks of its docstring applied one at
+    a time; handed the timeline, it gives the same verdict on every schedule that runs."""
+    sched, cost = case
+    rows = sched.rank_actions
+    expected = reference_problem(rows, sched.stage_to_rank, sched.num_microbatches, cost, sched.memory_limit, _wait_cycle)
+    assert find_problem(sched) == expected
+    try:
+        tl = simulate(rows, cost)
+    except ZbError:
+        return
+    assert find_problem(sched, timeline=tl) == expected

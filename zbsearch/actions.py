@@ -41,10 +41,12 @@ class Action:
 
 
 _ACTION_RE = re.compile(r"^(\d+)(BW|F|B|W)(\d+)$")
+_OPS = {op.value: op for op in Op}  # a dict lookup: Op(text) is slow, and schedules hold many actions
 
 
 def parse_action(text: str) -> Action:
     m = _ACTION_RE.match(text.strip()) if isinstance(text, str) else None
     if m is None:
         raise ZbError(f"bad action {text!r}: expected {{stage}}{{F|B|W|BW}}{{microbatch}}, e.g. '2F0'")
-    return Action(int(m.group(1)), Op(m.group(2)), int(m.group(3)))
+    stage, op, mb = m.groups()
+    return Action(int(stage), _OPS[op], int(mb))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 
 from .actions import Op
 from .costs import CostModel
@@ -266,8 +267,12 @@ def _jackson(jobs: list[tuple[float, float, float]]) -> float:
     return best
 
 
-def rank_chain_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float] | None = None) -> list[float]:
-    """Per rank, a lower bound on its span from one-machine bounds over single passes.
+def rank_chain_span_lower_bounds(
+    cost: CostModel, num_microbatches: int, limit: list[float] | None = None, deadline: float | None = None
+) -> list[float] | None:
+    """Per rank, a lower bound on its span from one-machine bounds over single passes; None if
+    still running at ``deadline`` (a ``time.monotonic()`` instant): it takes seconds at p=32,
+    m=256 and grows as p^2 m.
 
     Passes of one kind run in microbatch order on each stage without loss of generality in the
     idle relaxation, which every ASAP schedule is a point of (``zbsearch.solver.problem``:
@@ -345,8 +350,12 @@ def rank_chain_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: 
         for y, w in preds[x]:
             h = [a if a >= b + w else b + w for a, b in zip(h, heads[y])]
         heads[x] = h
+        if _late(x, deadline):
+            return None
     tails: list[list[float]] = [[]] * N
     for x in range(N - 1, -1, -1):
+        if _late(x, deadline):
+            return None
         q = [_NEG] * R
         q[rank_of[x % K]] = 0.0
         for y, w in succs[x]:  # w: from the end of x to the end of y
@@ -364,29 +373,43 @@ def rank_chain_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: 
     return out
 
 
-def memory_span_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False) -> float:
+def _late(step: int, deadline: float | None) -> bool:
+    """Whether ``deadline`` has passed, looked at every 256 steps of a long loop."""
+    return deadline is not None and not step & 255 and time.monotonic() > deadline
+
+
+def memory_span_lower_bound(
+    cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
+) -> float:
     """Lower bound on max over ranks of the span, for schedules within ``limit`` (None: no limit).
-    ``quick``: without the chain bound (the slow one: seconds at p=32, m=256)."""
-    return max(_rank_bounds(cost, num_microbatches, limit, quick))
+    ``quick``: without the chain bound (the slow one: seconds at p=32, m=256), which is also
+    left out if it is still running at ``deadline``."""
+    return max(_rank_bounds(cost, num_microbatches, limit, quick, deadline))
 
 
-def _rank_bounds(cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False) -> list[float]:
+def _rank_bounds(
+    cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
+) -> list[float]:
     """Per rank, the best of the bounds in this module (``quick``: all but the chain bound)."""
     out = rank_span_lower_bounds(cost, num_microbatches)
-    if not quick:
-        out = [max(a, b) for a, b in zip(out, rank_chain_span_lower_bounds(cost, num_microbatches, limit))]
+    chain = None if quick else rank_chain_span_lower_bounds(cost, num_microbatches, limit, deadline)
+    if chain is not None:
+        out = [max(a, b) for a, b in zip(out, chain)]
     if limit is not None:
         out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, limit))]
     return out
 
 
-def memory_makespan_lower_bound(cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False) -> float:
+def memory_makespan_lower_bound(
+    cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
+) -> float:
     """Lower bound on the makespan within ``limit`` (None: no limit): rank r cannot start before
-    the forwards of one microbatch reach it, and then needs at least its span bound."""
+    the forwards of one microbatch reach it, and then needs at least its span bound
+    (``quick``, ``deadline``: as for ``memory_span_lower_bound``)."""
     cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
     best = makespan_lower_bound(cost, num_microbatches)
     preds = type_graph(cost)
     rel = earliest_starts(cost, (0, Op.F), preds)
-    for r, span in enumerate(_rank_bounds(cost, num_microbatches, limit, quick)):
+    for r, span in enumerate(_rank_bounds(cost, num_microbatches, limit, quick, deadline)):
         best = max(best, rel[(min(cost.rank_stages(r)), Op.F)] + span)
     return best

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from operator import attrgetter
 from typing import Literal
 
 from .actions import Action, Op
@@ -35,7 +36,9 @@ __all__ = [
     "input_arrival",
     "must_precede",
     "action_index",
+    "pass_positions",
     "action_predecessors",
+    "action_predecessor_types",
     "ACT",
     "GRAD",
     "Transfer",
@@ -50,6 +53,7 @@ PassType = tuple[int, Op]  # (stage, basic op): one microbatch's pass
 Graph = dict[PassType, list[tuple[PassType, float]]]  # pass type -> (predecessor, edge delay)
 
 _NEG = float("-inf")
+_MB = attrgetter("mb")
 
 
 def predecessors(stage: int, op: Op, mb: int, num_stages: int) -> list[Pass]:
@@ -150,22 +154,61 @@ def _descendants(num_stages: int) -> dict[PassType, frozenset[PassType]]:
 def action_index(rank_actions: list[list[Action]]) -> dict[Pass, tuple[int, int]]:
     """Basic pass -> (rank, position) of the action performing it (BW performs two)."""
     index: dict[Pass, tuple[int, int]] = {}
+    B, W, BW = Op.B, Op.W, Op.BW  # the simulator indexes every schedule it times: keep this loop tight
     for r, row in enumerate(rank_actions):
         for i, a in enumerate(row):
-            for op in a.parts():
-                index.setdefault((a.stage, op, a.mb), (r, i))
+            if a.op is BW:
+                index.setdefault((a.stage, B, a.mb), (r, i))
+                index.setdefault((a.stage, W, a.mb), (r, i))
+            else:
+                index.setdefault((a.stage, a.op, a.mb), (r, i))
     return index
+
+
+def pass_positions(
+    rank_actions: list[list[Action]], num_stages: int, num_microbatches: int | None = None
+) -> dict[Op, list[list[tuple[int, int] | None]]]:
+    """``action_index`` as tables: ``[op][stage][mb]`` -> (rank, position) of the action performing
+    that basic pass (the first, if several do), None where none does; for ``num_microbatches``
+    microbatches (default: up to the highest in the schedule). Lists, not a dict of tuples:
+    the simulator looks up every dependency of every action in them."""
+    m = num_microbatches
+    if m is None:
+        m = 1 + max((max(map(_MB, row)) for row in rank_actions if row), default=-1)
+    table: dict[Op, list[list[tuple[int, int] | None]]] = {
+        op: [[None] * m for _ in range(num_stages)] for op in (Op.F, Op.B, Op.W)
+    }
+    B, W, BW = Op.B, Op.W, Op.BW
+    for r, row in enumerate(rank_actions):
+        for i, a in enumerate(row):
+            if a.op is BW:
+                for op in (B, W):
+                    if table[op][a.stage][a.mb] is None:
+                        table[op][a.stage][a.mb] = (r, i)
+            else:
+                slot = table[a.op][a.stage]
+                if slot[a.mb] is None:
+                    slot[a.mb] = (r, i)
+    return table
 
 
 def action_predecessors(a: Action, num_stages: int) -> list[Pass]:
     """Basic passes an action waits for, excluding passes the action performs itself."""
-    own = {(a.stage, op, a.mb) for op in a.parts()}
-    out: list[Pass] = []
-    for op in a.parts():
-        for dep in predecessors(a.stage, op, a.mb, num_stages):
-            if dep not in own and dep not in out:
-                out.append(dep)
-    return out
+    return [(s, op, a.mb) for s, op in action_predecessor_types(a.stage, a.op, num_stages)]
+
+
+@cache
+def action_predecessor_types(stage: int, op: Op, num_stages: int) -> tuple[PassType, ...]:
+    """Pass types (of the same microbatch) an action (stage, op) waits for, in a fixed order,
+    excluding those it performs itself: what the simulator and validator resolve per action."""
+    parts = (Op.B, Op.W) if op is Op.BW else (op,)
+    own = {(stage, o) for o in parts}
+    out: list[PassType] = []
+    for o in parts:
+        for ds, dop, _ in predecessors(stage, o, 0, num_stages):
+            if (ds, dop) not in own and (ds, dop) not in out:
+                out.append((ds, dop))
+    return tuple(out)
 
 
 # ---- tensors between stages ---------------------------------------------------------------

@@ -19,8 +19,9 @@ def timeline(schedule: Schedule) -> Timeline:
 
 
 def predict(schedule: Schedule, tl: Timeline | None = None) -> Predicted:
+    """The summary of ``tl``, the schedule's timeline on its profile (simulated here if not given)."""
     cost = cost_model(schedule)
-    tl = tl or simulate(schedule.rank_actions, cost)
+    tl = tl if tl is not None else simulate(schedule.rank_actions, cost)
     m = schedule.num_microbatches
     return Predicted(
         makespan=tl.makespan,
@@ -33,6 +34,6 @@ def predict(schedule: Schedule, tl: Timeline | None = None) -> Predicted:
     )
 
 
-def with_prediction(schedule: Schedule) -> Schedule:
-    schedule.predicted = predict(schedule)
+def with_prediction(schedule: Schedule, tl: Timeline | None = None) -> Schedule:
+    schedule.predicted = predict(schedule, tl)
     return schedule

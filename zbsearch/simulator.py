@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .actions import Action
+from .actions import Action, Op
 from .costs import CostModel
-from .dependencies import action_index, action_predecessors, edge_delay
+from .dependencies import action_index, action_predecessor_types, edge_delay, pass_positions
 from .errors import ZbError
 
-__all__ = ["Timeline", "Deadlock", "simulate", "bubble_rate"]
+__all__ = ["Timeline", "Deadlock", "simulate", "memory_trace", "peak_memory", "bubble_rate"]
 
 
 class Deadlock(ZbError):
@@ -57,7 +57,7 @@ class Timeline:
 
     @property
     def peak_memory(self) -> list[float]:
-        return [max([0.0, *m]) for m in self.memory]
+        return peak_memory(self.memory)
 
     @property
     def bubble_rate(self) -> float:
@@ -72,69 +72,118 @@ def bubble_rate(period: float, busiest: float) -> float:
 
 
 def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
-    """Timeline of ``rank_actions``; raises ZbError on a missing dependency or a deadlock."""
-    S = cost.num_stages
-    index = action_index(rank_actions)
-    R = len(rank_actions)
-    # Resolve each action's dependencies once: (rank, position, delay).
-    deps: list[list[list[tuple[int, int, float]]]] = []
-    for r, row in enumerate(rank_actions):
-        row_deps = []
-        for a in row:
-            resolved = []
-            for st, op, mb in action_predecessors(a, S):
-                where = index.get((st, op, mb))
-                if where is None:
-                    raise ZbError(f"{a} on rank {r} depends on {st}{op.value}{mb}, which no rank executes")
-                resolved.append((where[0], where[1], edge_delay(cost, st, a.stage)))
-            row_deps.append(resolved)
-        deps.append(row_deps)
+    """Timeline of ``rank_actions``; raises ZbError on a missing dependency or a deadlock.
 
+    One pass in dependency order: each rank runs until its next action waits for a pass not
+    run yet, then parks on the rank that owes the pass and is woken when that rank stops
+    (blocked or done) past it. Every action is timed once, after everything it waits for, so
+    the times are those of any topological order; the ranks left parked at the end are exactly
+    those a round-robin sweep would leave stuck, and report the same waits."""
+    S, R = cost.num_stages, len(rank_actions)
+    where = pass_positions(rank_actions, S)
+    # per op, per stage: (duration, ((positions of the pass it waits for, by microbatch), edge delay), ...)
+    kinds = {
+        op: [
+            (cost.time(s, op), tuple((where[dop][ds], edge_delay(cost, ds, s)) for ds, dop in action_predecessor_types(s, op, S)))
+            for s in range(S)
+        ]
+        for op in Op
+    }
     start = [[0.0] * len(row) for row in rank_actions]
     end = [[0.0] * len(row) for row in rank_actions]
     done = [0] * R  # number of actions finished per rank
     free = [0.0] * R
-    remaining = sum(len(row) for row in rank_actions)
-    while remaining:
-        progressed = False
-        for r in range(R):
-            row = rank_actions[r]
-            while done[r] < len(row):
-                i = done[r]
-                t = free[r]
-                ready = True
-                for dr, di, delay in deps[r][i]:
-                    if di >= done[dr]:
-                        ready = False
-                        break
-                    t = max(t, end[dr][di] + delay)
-                if not ready:
+    parked: list[list[tuple[int, int]]] = [[] for _ in range(R)]  # per rank q: (position on q, waiting rank)
+    runnable = list(range(R - 1, -1, -1))
+    while runnable:
+        r = runnable.pop()
+        row, row_start, row_end = rank_actions[r], start[r], end[r]
+        n, i, t_free = len(row), done[r], free[r]
+        wait = None
+        while i < n:
+            a = row[i]
+            dur, deps = kinds[a.op][a.stage]
+            t = t_free
+            for positions, delay in deps:
+                pos = positions[a.mb]
+                if pos is None:  # no rank runs it: reported below, after the run stops
+                    wait = (r, n)
                     break
-                a = row[i]
-                start[r][i] = t
-                free[r] = end[r][i] = t + cost.time(a.stage, a.op)
-                done[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise Deadlock(_waits(rank_actions, done, deps))
+                dr, di = pos
+                if di >= (i if dr == r else done[dr]):
+                    wait = pos
+                    break
+                e = end[dr][di] + delay
+                if e > t:
+                    t = e
+            if wait is not None:
+                break
+            row_start[i] = t
+            t_free = row_end[i] = t + dur
+            i += 1
+        done[r], free[r] = i, t_free
+        if parked[r]:  # wake the ranks waiting for a pass this rank has now run
+            still = []
+            for di, q in parked[r]:
+                if di < i:
+                    runnable.append(q)
+                else:
+                    still.append((di, q))
+            parked[r] = still
+        if wait is not None:
+            parked[wait[0]].append((wait[1], r))
+    if any(d < len(row) for d, row in zip(done, rank_actions)):
+        raise Deadlock(_waits(rank_actions, done, _resolve(rank_actions, cost)))
 
+    busy = [sum([kinds[a.op][a.stage][0] for a in row]) for row in rank_actions]
+    return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy)
+
+
+def memory_trace(rank_actions: list[list[Action]], cost: CostModel) -> list[list[float]]:
+    """Memory on each rank after each of its actions (``Timeline.memory``): it depends on the
+    order alone, so it needs no timing, and no check that the order can run."""
+    deltas = {op: [cost.memory(s, op) for s in range(cost.num_stages)] for op in Op}
     memory = []
     for row in rank_actions:
         cur, trace = 0.0, []
         for a in row:
-            cur += cost.memory(a.stage, a.op)
+            cur += deltas[a.op][a.stage]
             trace.append(cur)
         memory.append(trace)
-    busy = [sum(cost.time(a.stage, a.op) for a in row) for row in rank_actions]
-    return Timeline(rank_actions, start, end, memory, busy)
+    return memory
+
+
+def peak_memory(memory: list[list[float]]) -> list[float]:
+    """Per rank, the most memory it holds (``Timeline.peak_memory``; nothing held counts as 0)."""
+    return [max([0.0, *m]) for m in memory]
+
+
+def _resolve(rank_actions: list[list[Action]], cost: CostModel) -> list[list[list[tuple[int, int]]]]:
+    """Per action, (rank, position) of each pass it waits for, in the order of
+    ``action_predecessor_types``; ZbError on the first pass (in rank and position order) that
+    no rank executes. Only for a schedule that did not run through: to say why."""
+    S = cost.num_stages
+    index = action_index(rank_actions)
+    deps = []
+    for r, row in enumerate(rank_actions):
+        row_deps = []
+        for a in row:
+            resolved = []
+            for ds, dop in action_predecessor_types(a.stage, a.op, S):
+                pos = index.get((ds, dop, a.mb))
+                if pos is None:
+                    raise ZbError(f"{a} on rank {r} depends on {ds}{dop.value}{a.mb}, which no rank executes")
+                resolved.append(pos)
+            row_deps.append(resolved)
+        deps.append(row_deps)
+    return deps
 
 
 def _waits(rank_actions, done, deps) -> list[tuple[int, Action, Action, int]]:
     waits = []
     for r, row in enumerate(rank_actions):
         if done[r] < len(row):
-            blocker = next(((dr, di) for dr, di, _ in deps[r][done[r]] if di >= done[dr]), None)
+            blocker = next(((dr, di) for dr, di in deps[r][done[r]] if di >= done[dr]), None)
             if blocker is not None:
                 dr, di = blocker
                 waits.append((r, row[done[r]], rank_actions[dr][di], dr))

@@ -7,21 +7,22 @@ before a pass of its own rank it depends on), deadlock (a cycle through the rank
 the cross-rank dependencies, found with networkx and printed as the chain of waits), and
 memory (the running activation total on each rank never exceeds the rank's limit).
 Deadlock is found by running the orders (the simulator stops when no rank can move) and then
-following "rank r waits for rank q" edges with networkx until they close a cycle.
+following "rank r waits for rank q" edges with networkx until they close a cycle. Same-rank
+order is looked at only then: an order that runs through has no such problem (the rank would
+wait for itself), so a valid schedule costs one simulation and a few passes over its actions,
+and none when the caller hands in the timeline it has already simulated.
 """
 
 from __future__ import annotations
 
-import networkx as nx
-
 from .actions import Action, Op
 from .costs import CostModel
-from .dependencies import action_index, action_predecessors
+from .dependencies import action_predecessor_types, pass_positions
 from .errors import ZbError
 from .formats.profile import Profile
 from .formats.schedule import Schedule
 from .limits import fits
-from .simulator import Deadlock, simulate
+from .simulator import Deadlock, Timeline, simulate
 
 __all__ = ["InvalidSchedule", "find_problem", "validate"]
 
@@ -30,61 +31,63 @@ class InvalidSchedule(ZbError):
     """The schedule cannot run as written (the message names the first offending action)."""
 
 
-def validate(schedule: Schedule, profile: Profile | None = None, memory_limit: list[float] | None = None) -> None:
-    problem = find_problem(schedule, profile, memory_limit)
+def validate(schedule: Schedule, profile: Profile | None = None, memory_limit: list[float] | None = None,
+             timeline: Timeline | None = None) -> None:
+    problem = find_problem(schedule, profile, memory_limit, timeline)
     if problem:
         raise InvalidSchedule(problem)
 
 
-def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limit: list[float] | None = None) -> str | None:
-    """The first problem found, as one line, or None if the schedule is valid."""
+def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limit: list[float] | None = None,
+                 timeline: Timeline | None = None) -> str | None:
+    """The first problem found, as one line, or None if the schedule is valid.
+
+    ``timeline``: the schedule's timeline on that profile, if the caller has simulated it
+    already (the solver has): it replaces the simulation here."""
     S, m = schedule.num_stages, schedule.num_microbatches
     rows = schedule.rank_actions
     for r, row in enumerate(rows):
-        for i, a in enumerate(row):
-            owner = schedule.stage_to_rank[a.stage]
-            if owner != r:
-                return f"{a} is on rank {r} (position {i}) but stage {a.stage} lives on rank {owner}"
+        if any(schedule.stage_to_rank[s] != r for s in {a.stage for a in row}):
+            for i, a in enumerate(row):
+                owner = schedule.stage_to_rank[a.stage]
+                if owner != r:
+                    return f"{a} is on rank {r} (position {i}) but stage {a.stage} lives on rank {owner}"
 
-    seen: dict[tuple[int, Op, int], tuple[int, int]] = {}
-    for r, row in enumerate(rows):
-        for i, a in enumerate(row):
-            for op in a.parts():
-                key = (a.stage, op, a.mb)
-                if key in seen:
-                    pr, pi = seen[key]
-                    what = f"{a.stage}{op.value}{a.mb}"
-                    return f"{what} is done twice: {rows[pr][pi]} at rank {pr} position {pi} and {a} at rank {r} position {i}"
-                seen[key] = (r, i)
-    for s in range(S):
-        for j in range(m):
-            for op in (Op.F, Op.B, Op.W):
-                if (s, op, j) not in seen:
-                    return f"{s}{op.value}{j} is missing (rank {schedule.stage_to_rank[s]} never runs it)"
+    where = pass_positions(rows, S, m)  # the first action performing each pass
+    BW = Op.BW
+    performed = sum(len(row) + sum(1 for a in row if a.op is BW) for row in rows)
+    if performed != sum(len(slot) - slot.count(None) for by_stage in where.values() for slot in by_stage):
+        for r, row in enumerate(rows):  # some pass is performed twice: name the first repeat
+            for i, a in enumerate(row):
+                for op in a.parts():
+                    pr, pi = where[op][a.stage][a.mb]  # type: ignore[misc]  # the first performer
+                    if (pr, pi) != (r, i):
+                        what = f"{a.stage}{op.value}{a.mb}"
+                        return f"{what} is done twice: {rows[pr][pi]} at rank {pr} position {pi} and {a} at rank {r} position {i}"
+    if any(None in slot for by_stage in where.values() for slot in by_stage):
+        for s in range(S):
+            for j in range(m):
+                for op in (Op.F, Op.B, Op.W):
+                    if where[op][s][j] is None:
+                        return f"{s}{op.value}{j} is missing (rank {schedule.stage_to_rank[s]} never runs it)"
 
-    index = action_index(rows)
-    for r, row in enumerate(rows):
-        for i, a in enumerate(row):
-            for dep in action_predecessors(a, S):
-                dr, di = index[dep]
-                if dr == r and di > i:
-                    return (
-                        f"rank {r}: {a} at position {i} comes before {rows[dr][di]} at position {di}, "
-                        f"which it depends on"
-                    )
-
-    cost = CostModel.from_profile(profile or schedule.profile, schedule.stage_to_rank)
-    try:
-        tl = simulate(rows, cost)
-    except Deadlock as dead:
-        return "deadlock: " + _wait_cycle(dead.waits)
+    if timeline is None:
+        cost = CostModel.from_profile(profile or schedule.profile, schedule.stage_to_rank)
+        try:
+            timeline = simulate(rows, cost)
+        except Deadlock as dead:  # a pass before one of its own rank it needs, or a cycle across ranks
+            return _order_problem(rows, where, S) or "deadlock: " + _wait_cycle(dead.waits)
+    else:
+        assert timeline.actions == rows, "the timeline given is of another schedule"
 
     limit = memory_limit if memory_limit is not None else schedule.memory_limit
     if limit is not None:
         if len(limit) != schedule.num_ranks:
             return f"memory limit has {len(limit)} values for {schedule.num_ranks} ranks"
         for r, row in enumerate(rows):
-            for i, (a, cur) in enumerate(zip(row, tl.memory[r])):
+            if fits(max(timeline.memory[r], default=0.0), limit[r]):
+                continue
+            for i, (a, cur) in enumerate(zip(row, timeline.memory[r])):
                 if not fits(cur, limit[r]):
                     return (
                         f"rank {r}: memory reaches {cur:.6g} after {a} (position {i}), "
@@ -93,8 +96,25 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
     return None
 
 
+def _order_problem(rows: list[list[Action]], where, num_stages: int) -> str | None:
+    """The first action that comes before a pass of its own rank it depends on (a schedule that
+    runs through has none: its rank would wait for itself)."""
+    for r, row in enumerate(rows):
+        for i, a in enumerate(row):
+            for ds, dop in action_predecessor_types(a.stage, a.op, num_stages):
+                dr, di = where[dop][ds][a.mb]  # complete: every pass is performed
+                if dr == r and di > i:
+                    return (
+                        f"rank {r}: {a} at position {i} comes before {rows[dr][di]} at position {di}, "
+                        f"which it depends on"
+                    )
+    return None
+
+
 def _wait_cycle(waits: list[tuple[int, Action, Action, int]]) -> str:
     """The ranks' waits that form a cycle, as 'rank r waits at X for Y (rank q)' steps."""
+    import networkx as nx  # here: it takes a while to import, and only a failing schedule needs it
+
     by_rank = {r: (a, b, q) for r, a, b, q in waits}
     g = nx.DiGraph((r, q) for r, (_, _, q) in by_rank.items())
     try:

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import click
 import typer
@@ -210,25 +209,20 @@ def compare(
     mem_limit: str | None = typer.Option(None, "--mem-limit", help="mark schedules over this limit (1p, 2p, 40GiB)"),
     chunks: int = typer.Option(2, "--chunks", "-v", help="chunks for interleaved-1f1b"),
     time_limit: float = typer.Option(
-        2.0, "--time-limit", "-t", min=0.1, help="seconds for the zb-1p and zb-2p rows together (solver heuristics)"
+        2.0, "--time-limit", "-t", min=0.1,
+        help="seconds for the whole table: classic rows in the first half, the zb-1p and zb-2p rows (solver "
+        "heuristics) in what is left; rows not built in time are listed as skipped",
     ),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON"),
 ):
     """All schedule kinds side by side on one profile."""
+    from zbsearch.compare import compare as compare_kinds
+
     prof = zb.resolve_profile(profile)
-    plain = zb.CostModel.from_profile(prof, list(range(prof.num_stages)))
-    plain.check_microbatches(m)  # else every row says it; rows with more stages may still say it
-    zb.parse_memory_limit(mem_limit, prof, plain)  # bad text: fail now
-    rows: list[dict[str, Any]] = []
-    solved = ("zb-1p", "zb-2p")  # the solver's heuristics only (see the note printed below)
-    kinds = (*zb.CLASSIC_KINDS, *solved)
-    deadline = time.monotonic() + time_limit
     with _spinner() as bar:
         task = bar.add_task("building", total=None)
-        for i, kind in enumerate(kinds):
-            bar.update(task, description=f"building {kind}")
-            solves_left = sum(k in solved for k in kinds[i:])
-            rows.append(_compare_row(kind, prof, m, chunks, mem_limit, deadline, solves_left))
+        rows = compare_kinds(prof, m, chunks=chunks, mem_limit=mem_limit, time_limit=time_limit,
+                             progress=_progress(bar, task))
     if as_json:
         out.print_json(json.dumps(rows))
         return
@@ -238,38 +232,31 @@ def compare(
     for row in rows:
         if "error" in row:
             t.add_row(row["kind"], f"[dim]{row['error']}[/dim]", "", "", "", "")
+        elif "skipped" in row:
+            t.add_row(row["kind"], "[dim]skipped[/dim]", "", "", "", "")
         else:
             t.add_row(row["kind"], f"{row['bubble_rate']:.4f}", _fmt(row["span"]), _fmt(row["makespan"]),
                       _fmt(row["peak_memory"]), "yes" if row["fits"] else "[red]no[/red]")
     out.print(t)
+    skipped = [r["kind"] for r in rows if "skipped" in r]
+    if skipped:
+        out.print(f"skipped (not built: the time limit of {time_limit:g} s was spent): {', '.join(skipped)}; "
+                  "a larger --time-limit builds them")
     lb = next((r["lower_bound"] for r in rows if "lower_bound" in r), None)
     if lb is not None:
         out.print(f"bound (any memory) on span for any 1-chunk schedule: {_fmt(lb)} ms")
-    out.print(f"zb-1p, zb-2p: the solver's heuristics only (no MILP, {time_limit:g} s in all); `zbsearch solve` may find better")
+    out.print(f"zb-1p, zb-2p: the solver's heuristics only (no MILP, {time_limit:g} s for the whole table); "
+              "`zbsearch solve` may find better")
 
 
-def _compare_row(kind: str, prof: zb.Profile, m: int, chunks: int, mem_limit: str | None, deadline: float,
-                 solves_left: int) -> dict[str, Any]:
-    """One row of ``compare``: a classic kind, or zb-1p / zb-2p from the solver's heuristics
-    with an equal share of the time left until ``deadline``."""
-    try:
-        if kind in zb.CLASSIC_KINDS:
-            sched = zb.build_classic(kind, prof, m, chunks if zb.KINDS[kind].any_chunks else None)
-        else:
-            from zbsearch.solver import solve as solve_schedule
+def _progress(bar, task):
+    """A solver progress callback (phase, best, bound) that shows itself on the progress line."""
+    from zbsearch.solver import progress_text
 
-            share = max(0.0, deadline - time.monotonic()) / max(1, solves_left)
-            sched = solve_schedule(prof, m, kind.removeprefix("zb-"), milp=False, time_limit=share).schedule
-    except ZbError as e:
-        return {"kind": kind, "error": str(e)}
-    pred = sched.predicted
-    assert pred is not None  # build_classic and solve predict
-    limit = zb.parse_memory_limit(mem_limit, prof, zb.CostModel.from_profile(prof, sched.stage_to_rank))
-    fits = limit is None or all(zb.fits(pk, lim) for pk, lim in zip(pred.peak_memory, limit))
-    return {
-        "kind": kind, "bubble_rate": pred.bubble_rate, "span": max(pred.span), "makespan": pred.makespan,
-        "peak_memory": max(pred.peak_memory), "lower_bound": pred.lower_bound, "fits": fits,
-    }
+    def update(phase: str, value: float, bound: float) -> None:
+        bar.update(task, description=progress_text(phase, value, bound))
+
+    return update
 
 
 def _spinner():
@@ -376,16 +363,10 @@ def solve(
     zb.parse_memory_limit(mem_limit, prof, cost)  # a bad limit fails now, not under the progress display
     with _spinner() as bar:
         task = bar.add_task("starting", total=None)
-
-        def progress(phase: str, value: float, bound: float) -> None:
-            gap = f", gap {value / bound - 1:.2%}" if bound > 0 and value < float("inf") else ""
-            best = f": best {_fmt(value)} ms" if value < float("inf") else ""
-            bar.update(task, description=f"{phase}{best}, bound {_fmt(bound)} ms{gap}")
-
         res = solver.solve(
             prof, m, mem_limit, chunks=chunks, time_limit=time_limit,
             objective=cast("Objective", objective),  # solve() rejects any other text with a ZbError
-            uniform_costs=uniform_costs, milp=not no_milp, progress=progress,
+            uniform_costs=uniform_costs, milp=not no_milp, progress=_progress(bar, task),
         )
     if path is not None:
         _write(res.schedule, path)
@@ -426,13 +407,9 @@ def frontier(
     prof = zb.resolve_profile(profile)
     with _spinner() as bar:
         task = bar.add_task("solving without a limit", total=None)
-
-        def on_point(pt) -> None:
-            bar.update(task, description=f"{pt.limit:.4g}p: bubble {pt.bubble_rate:.4f} ({pt.status}); next limit")
-
         fr = sweep(
             prof, m, chunks=chunks, time_limit=time_limit, milp=milp, uniform_costs=uniform_costs,
-            objective=cast("Objective", objective), on_point=on_point,  # other text: ZbError in solve()
+            objective=cast("Objective", objective), progress=_progress(bar, task),  # other text: ZbError in solve()
         )
     t = Table(title=f"{prof.name}: m={m}, {chunks} chunk(s), {objective}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
     for col in ("limit (x p M_B)", "bubble rate", "bound allows", "gap", "status", "peak memory"):

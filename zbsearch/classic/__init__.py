@@ -26,7 +26,7 @@ from .zb_v import zb_v
 
 __all__ = ["ClassicKind", "KINDS", "CLASSIC_KINDS", "build_classic"]
 
-Builder = Callable[[CostModel, int], list[list[Action]]]
+Builder = Callable[..., list[list[Action]]]  # (cost, m), and a deadline keyword where ``timed``
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,11 @@ class ClassicKind:
     layout: Layout = "looped"
     chunks: int = 1
     any_chunks: bool = False  # whether ``--chunks`` may change ``chunks``
+    timed: bool = False  # the builder repeats its construction, as far as a ``deadline`` keyword allows
+
+    def build_by(self, cost: CostModel, m: int, deadline: float | None = None) -> list[list[Action]]:
+        """``build``, cut at ``deadline`` (a ``time.monotonic()`` instant) where the builder can be."""
+        return self.build(cost, m, deadline=deadline) if self.timed else self.build(cost, m)
 
 
 KINDS: dict[str, ClassicKind] = {
@@ -44,14 +49,17 @@ KINDS: dict[str, ClassicKind] = {
     "interleaved-1f1b": ClassicKind(interleaved_1f1b, chunks=2, any_chunks=True),
     "zb-h1": ClassicKind(zb_h1),
     "zb-h2": ClassicKind(zb_h2),
-    "zb-v": ClassicKind(zb_v, layout="v", chunks=2),
+    "zb-v": ClassicKind(zb_v, layout="v", chunks=2, timed=True),
 }
 CLASSIC_KINDS = tuple(KINDS)
 _ALIASES = {"1f1b-i": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "zbv": "zb-v", "zbh1": "zb-h1", "zbh2": "zb-h2"}
 
 
-def build_classic(kind: str, profile: Profile, num_microbatches: int, chunks: int | None = None) -> Schedule:
-    """Build a classic schedule on the profile's ranks (one per stage, or its placement's)."""
+def build_classic(
+    kind: str, profile: Profile, num_microbatches: int, chunks: int | None = None, deadline: float | None = None
+) -> Schedule:
+    """Build a classic schedule on the profile's ranks (one per stage, or its placement's);
+    a builder that improves its schedule by repeating stops at ``deadline`` (``ClassicKind.build_by``)."""
     name = _ALIASES.get(kind.lower(), kind.lower())
     if name not in KINDS:
         raise ZbError(f"unknown schedule kind {name!r}; choose one of: {', '.join(CLASSIC_KINDS)}")
@@ -63,5 +71,5 @@ def build_classic(kind: str, profile: Profile, num_microbatches: int, chunks: in
     stage_to_rank = placement(profile.num_ranks, chunks, spec.layout)
     cost = CostModel.from_profile(profile, stage_to_rank)
     cost.check_microbatches(num_microbatches)
-    actions = spec.build(cost, num_microbatches)
+    actions = spec.build_by(cost, num_microbatches, deadline)
     return with_prediction(Schedule.build(name, profile, num_microbatches, stage_to_rank, actions))

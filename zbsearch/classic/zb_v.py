@@ -49,6 +49,7 @@ times longer.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from itertools import product
 
@@ -61,7 +62,9 @@ from ..placement import placement
 _EPS = 1e-9
 
 
-def zb_v(cost: CostModel, m: int) -> list[list[Action]]:
+def zb_v(cost: CostModel, m: int, deadline: float | None = None) -> list[list[Action]]:
+    """The best of the constructions described above; once ``deadline`` (a ``time.monotonic()``
+    instant) has passed, the best of those built so far (at least one)."""
     p = cost.num_ranks
     if list(cost.stage_to_rank) != placement(p, 2, "v"):
         raise ZbError("zb-v needs the V placement: rank r holds stages r and 2p-1-r")
@@ -73,6 +76,9 @@ def zb_v(cost: CostModel, m: int) -> list[list[Action]]:
             rows, span = _Builder(cost, m, limit, fill_b, fill_f, slack).build()
             if max(span) < best - _EPS:
                 best_rows, best = rows, max(span)
+            if deadline is not None and time.monotonic() > deadline:
+                assert best_rows is not None  # the first build beats inf
+                return best_rows
             if max(span) >= last - _EPS:
                 break
             last = max(span)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from ..actions import Action, parse_action
 from ..errors import ZbError
@@ -82,13 +82,22 @@ class Schedule(BaseModel):
 
     @field_validator("actions")
     @classmethod
-    def _syntax(cls, v: list[list[str]]) -> list[list[str]]:
+    def _syntax(cls, v: list[list[str]], info: ValidationInfo) -> list[list[str]]:
+        """Each action parses and names a stage and microbatch that exist (one parse per action:
+        schedules of a large m hold hundreds of thousands)."""
+        S, m = info.data.get("num_stages"), info.data.get("num_microbatches")
+        built = (info.context or {}).get("built")  # ``build``'s actions, which these texts spell
         for rank, row in enumerate(v):
             for pos, text in enumerate(row):
-                try:
-                    parse_action(text)
-                except ZbError as err:
-                    raise ValueError(f"rank {rank} position {pos}: {err}") from None
+                if built is not None:
+                    a = built[rank][pos]
+                else:
+                    try:
+                        a = parse_action(text)
+                    except ZbError as err:
+                        raise ValueError(f"rank {rank} position {pos}: {err}") from None
+                if S is not None and m is not None and (a.stage >= S or a.mb >= m):
+                    raise ValueError(f"rank {rank} position {pos}: {text} is out of range ({S} stages, {m} microbatches)")
         return v
 
     @model_validator(mode="after")
@@ -109,14 +118,6 @@ class Schedule(BaseModel):
         misfit = profile_misfit(self.profile.num_stages, S, R)
         if misfit:
             raise ValueError(misfit)
-        for rank, row in enumerate(self.actions):
-            for pos, text in enumerate(row):
-                a = parse_action(text)
-                if a.stage >= S or a.mb >= self.num_microbatches:
-                    raise ValueError(
-                        f"rank {rank} position {pos}: {text} is out of range "
-                        f"({S} stages, {self.num_microbatches} microbatches)"
-                    )
         return self
 
     @property
@@ -142,7 +143,7 @@ class Schedule(BaseModel):
         solver: SolverInfo | None = None,
         memory_limit_spec: str | None = None,
     ) -> Schedule:
-        sched = cls(
+        fields = dict(
             kind=kind,
             num_ranks=max(stage_to_rank) + 1,
             num_stages=len(stage_to_rank),
@@ -154,6 +155,7 @@ class Schedule(BaseModel):
             profile=profile,
             solver=solver,
         )
+        sched = cls.model_validate(fields, context={"built": actions})  # no need to parse what we spelled
         sched._parsed = (id(sched.actions), [list(row) for row in actions])
         return sched
 

@@ -8,7 +8,7 @@ costs, improves them with MILP windows (PuLP + HiGHS), and reports a provable lo
 from .feasibility import check_limit, smallest_feasible_limit
 from .frontier import frontier
 from .problem import Objective, Problem
-from .solve import SolveResult, SolverInfo, solve, solver_placement, uniform_profile
+from .solve import Progress, SolveResult, SolverInfo, progress_text, solve, solver_placement, uniform_profile
 
 __all__ = [
     "solve",
@@ -21,4 +21,6 @@ __all__ = [
     "solver_placement",
     "uniform_profile",
     "frontier",
+    "Progress",
+    "progress_text",
 ]

@@ -4,9 +4,11 @@ The sweep runs from the smallest feasible limit up to the peak memory of the bes
 found without a limit: past that peak a larger limit cannot change anything, and the sweep
 stops earlier once a point's bubble is as low as the unlimited one.
 
-``time_limit`` is the total for the sweep: the unlimited solve gets a share, then each point
-the time left divided by the points left; once it is spent the sweep stops with the points so
-far. Each point starts from the previous point's schedule (within a smaller limit, so within
+``time_limit`` is the total for the sweep: the unlimited solve gets a quarter, then each point
+the time left divided by the points left, less what a solve has needed beyond its own limit
+so far (checking, validating and predicting the schedule it returns, which no limit cuts);
+once too little is left for another point the sweep stops with the points so far (at least
+one). Each point starts from the previous point's schedule (within a smaller limit, so within
 this one too), so the curve never rises, and the unlimited value is the best of all.
 """
 
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ..costs import CostModel
@@ -24,7 +25,7 @@ from ..formats.profile import Profile
 from ..simulator import bubble_rate
 from .feasibility import smallest_feasible_limit
 from .problem import Objective
-from .solve import solve, solver_placement
+from .solve import Progress, solve, solver_placement
 
 __all__ = ["frontier"]
 
@@ -57,9 +58,10 @@ def frontier(
     time_limit: float = 2.0,
     milp: bool = False,
     uniform_costs: bool = False,
-    on_point: Callable[[FrontierPoint], None] | None = None,
+    progress: Progress | None = None,
 ) -> Frontier:
-    """Solve at each limit of the sweep within ``time_limit`` seconds in all."""
+    """Solve at each limit of the sweep within ``time_limit`` seconds in all; ``progress`` hears
+    each solve's progress, its phase prefixed with the limit being solved."""
     deadline = time.monotonic() + time_limit
     m = num_microbatches
     cost = CostModel.from_profile(profile, solver_placement(profile.num_ranks, chunks))
@@ -69,7 +71,17 @@ def frontier(
     need = smallest_feasible_limit(cost, m)
     lo = _scale(need, units, "needs")
     kw: dict[str, Any] = dict(chunks=chunks, objective=objective, milp=milp, uniform_costs=uniform_costs)
-    free = solve(profile, m, None, time_limit=time_limit / 8, **kw)
+    over = 0.0  # the most a solve has taken beyond its own time limit
+
+    def timed_solve(limit: list[float] | None, share: float, what: str, **more):
+        nonlocal over
+        t = time.monotonic()
+        said = None if progress is None else (lambda phase, v, b: progress(f"{what}: {phase}", v, b))
+        res = solve(profile, m, limit, time_limit=share, progress=said, **kw, **more)
+        over = max(over, time.monotonic() - t - share)
+        return res
+
+    free = timed_solve(None, time_limit / 4, "no limit")
     hi = _scale(free.timeline.peak_memory, units, "holds")
     unlimited = bubble_rate(free.info.value, max(free.timeline.busy))
     points: list[FrontierPoint] = []
@@ -77,9 +89,10 @@ def frontier(
     grid = _grid(lo, max(lo, hi))
     for i, x in enumerate(grid):
         left = deadline - time.monotonic()
-        if points and left <= 0:
+        if points and left <= over:
             break
-        res = solve(profile, m, [x * u for u in units], start=best, time_limit=max(0.0, left) / (len(grid) - i), **kw)
+        share = max(0.0, left / (len(grid) - i) - over)
+        res = timed_solve([x * u for u in units], share, f"{x:.4g}p ({i + 1}/{len(grid)})", start=best)
         best = res.schedule.rank_actions
         pred, busy = res.schedule.predicted, max(res.timeline.busy)
         assert pred is not None  # solve always attaches the prediction
@@ -90,8 +103,6 @@ def frontier(
             peak_memory=pred.peak_memory, lower_bound=res.info.lower_bound, gap=res.info.gap, status=res.info.status,
         )
         points.append(pt)
-        if on_point is not None:
-            on_point(pt)
         if pt.bubble_rate <= unlimited + 1e-9:
             break
     unlimited = min([unlimited] + [pt.bubble_rate for pt in points])  # the unlimited solve may have found worse

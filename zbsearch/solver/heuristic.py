@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -36,6 +37,7 @@ from .problem import Problem
 __all__ = ["Policy", "list_schedule", "sequential_schedule", "candidate_policies"]
 
 _INF = float("inf")
+_CHECK_EVERY = 512  # decisions between looks at the clock
 _F, _B, _W = Op.F, Op.B, Op.W  # bound once: the list scheduler's loop reads them a lot
 
 
@@ -93,11 +95,14 @@ def _round_trip(problem: Problem) -> list[float]:
     return out
 
 
-def list_schedule(problem: Problem, policy: Policy) -> tuple[list[list[Action]], float] | None:
+def list_schedule(
+    problem: Problem, policy: Policy, deadline: float | None = None
+) -> tuple[list[list[Action]], float] | None:
     """Per-rank action lists built by ``policy`` and the objective of the times it assigned
     (never below the simulated one: the simulator starts each pass as early as the order
-    allows), or None when the policy gets stuck on memory."""
-    return _ListScheduler(problem, policy).run()
+    allows), or None when the policy gets stuck on memory or is still running at ``deadline``
+    (a ``time.monotonic()`` instant; None: no deadline)."""
+    return _ListScheduler(problem, policy).run(deadline)
 
 
 class _Start(NamedTuple):
@@ -171,13 +176,19 @@ class _ListScheduler:
 
     # ---- the loop ----------------------------------------------------------------------
 
-    def run(self) -> tuple[list[list[Action]], float] | None:
+    def run(self, deadline: float | None = None) -> tuple[list[list[Action]], float] | None:
         remaining = 3 * self.S * self.m
         heap = [(0.0, r) for r in range(len(self.rows))]
         free, wakes, choose, apply = self.free, self.wakes, self.choose, self.apply  # hot loop
+        check = _CHECK_EVERY
         while remaining:
             if not heap:
                 return None  # every rank waits for memory that only a blocked rank could free
+            check -= 1
+            if not check:
+                if deadline is not None and time.monotonic() > deadline:
+                    return None  # cut: the caller has a fallback
+                check = _CHECK_EVERY
             t, r = heapq.heappop(heap)
             if t < free[r]:
                 continue

@@ -29,7 +29,7 @@ from ..actions import Action
 from ..costs import CostModel
 from ..formats.schedule import Objective
 from ..limits import allowance, fits
-from ..simulator import Timeline, simulate
+from ..simulator import Timeline, memory_trace, peak_memory, simulate
 
 __all__ = ["Objective", "Problem"]
 
@@ -64,3 +64,8 @@ class Problem:
     def fits(self, tl: Timeline) -> bool:
         """Whether every rank's memory stays within its limit."""
         return all(fits(pk, x) for pk, x in zip(tl.peak_memory, self.limits()))
+
+    def fits_order(self, rows: list[list[Action]]) -> bool:
+        """``fits`` before any simulation: memory depends on the order alone."""
+        peaks = peak_memory(memory_trace(rows, self.cost)) if self.limit is not None else []
+        return all(fits(pk, x) for pk, x in zip(peaks, self.limits()))

@@ -38,7 +38,7 @@ from .feasibility import check_limit
 from .heuristic import candidate_policies, list_schedule, sequential_schedule
 from .problem import Objective, Problem
 
-__all__ = ["SolverInfo", "SolveResult", "solve", "uniform_profile", "solver_placement"]
+__all__ = ["SolverInfo", "SolveResult", "Progress", "progress_text", "solve", "uniform_profile", "solver_placement"]
 
 # Gap below which a schedule counts as optimal (float noise in sums of pass times).
 _CLOSED = 1e-6
@@ -56,6 +56,14 @@ class SolveResult:
 Progress = Callable[[str, float, float], None]  # (phase, best value, lower bound)
 
 
+def progress_text(phase: str, value: float, bound: float) -> str:
+    """One line for a progress display: the phase, the best value so far and the bound with the
+    gap between them (each where known: value inf before the first schedule, bound 0 before any)."""
+    best = f": best {value:.6g} ms" if value < float("inf") else ""
+    gap = f", gap {value / bound - 1:.2%}" if bound > 0 and value < float("inf") else ""
+    return f"{phase}{best}" + (f", bound {bound:.6g} ms{gap}" if bound > 0 else "")
+
+
 def solver_placement(num_ranks: int, chunks: int) -> list[int]:
     """The placements the solver supports: one stage per rank, or the V (two chunks)."""
     if chunks not in (1, 2):
@@ -70,8 +78,9 @@ def uniform_profile(profile: Profile) -> Profile:
     return updated(profile, stages=stages, name=f"{profile.name}-uniform")
 
 
-# Handcrafted orders tried as further candidates, by placement.
-_CLASSIC_CANDIDATES = {1: ("zb-h1", "1f1b-split", "zb-h2"), 2: ("zb-v",)}
+# Handcrafted orders tried as further candidates, by placement; the least bubble first (when time
+# is short only the first within the memory limit is timed: ZB-H2 needs about 2p, ZB-H1 1p).
+_CLASSIC_CANDIDATES = {1: ("zb-h2", "zb-h1", "1f1b-split"), 2: ("zb-v",)}
 
 
 def _classic_kinds(problem: Problem) -> tuple[str, ...]:
@@ -87,18 +96,29 @@ def _same(rows: list[list[Action]]) -> list[list[Action]]:
     return rows
 
 
-def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> tuple[str, list[list[Action]], Timeline, float]:
+def _construct(
+    problem: Problem, deadline: float, hard: float, start=None, keep: int = 3, grid: float | None = None,
+    report: Callable[[float], None] | None = None,
+) -> tuple[str, list[list[Action]], Timeline, float]:
     """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
     by their own timing, only the best few simulated), the classic schedules and the
-    sequential one, as far as the deadline allows: once it has passed, the first candidate
+    sequential one, as far as ``deadline`` allows: once it has passed, the first candidate
     within the limit is kept (the sequential schedule, last, always is: it needs the least
-    memory of any schedule)."""
+    memory of any schedule). Until one list schedule is found the grid runs to ``hard`` (the
+    solve's deadline less what its end needs), where a list schedule still running is cut: then
+    the first classic schedule within the limit (built in milliseconds), or else the sequential
+    one, is kept. ``grid``: when the grid stops once one list schedule is found (default
+    ``deadline``). ``report`` hears each better list schedule's value by its own timing (never
+    below its simulated value), as soon as it is built."""
     found: list[tuple[float, str, list[list[Action]]]] = []
     for policy in candidate_policies():
-        if found and time.monotonic() > deadline:
+        until = (deadline if grid is None else grid) if found else hard
+        if time.monotonic() > until:
             break
-        out = list_schedule(problem, policy)
+        out = list_schedule(problem, policy, until)
         if out is not None:
+            if report is not None and all(out[1] < v for v, _, _ in found):
+                report(out[1])
             found.append((out[1], policy.name, out[0]))
     found.sort(key=lambda x: x[0])
     # the given start first: within a smaller limit, it is what makes results monotone in memory
@@ -108,13 +128,15 @@ def _construct(problem: Problem, deadline: float, start=None, keep: int = 3) -> 
     for _, name, rows in found[:keep]:
         cands.append((name, functools.partial(_same, rows)))
     for kind in _classic_kinds(problem):
-        cands.append((kind, functools.partial(KINDS[kind].build, cost, m)))
+        cands.append((kind, functools.partial(KINDS[kind].build_by, cost, m, deadline)))
     cands.append(("sequential", lambda: sequential_schedule(problem)))
     best, best_value, sim_s = None, float("inf"), 0.0
     for name, build in cands:
         if best is not None and time.monotonic() > deadline:
             break
         rows = build()
+        if not problem.fits_order(rows):
+            continue  # over the limit (e.g. ZB-H2 at 1p): no need to time it
         tick = time.monotonic()
         value, tl = problem.evaluate(rows)
         sim_s = max(sim_s, time.monotonic() - tick)
@@ -166,13 +188,30 @@ def solve(
             progress(phase, value, bound)
 
     report("constructing", float("inf"))
-    construction, rows, tl, sim_s = _construct(search, t0 + time_limit / 3, start)
+    # What no deadline cuts comes after construction: one simulation (of the fallback, if a list
+    # schedule is cut), building and validating the result. Each is a pass over the schedule, like
+    # the feasibility check and quick bound above, so as long as those took is kept back for it.
+    # With the MILP to follow, construction gets a third of the limit; without, all of it, two
+    # thirds for the policy grid and the rest for timing the best of them and the classic orders.
+    hard = deadline - (time.monotonic() - t0)
+    def building(v: float) -> None:
+        if not uniform_costs:  # else the value is on other costs than the bound's
+            report("constructing", v)
+
+    if milp:
+        construction, rows, tl, sim_s = _construct(search, min(hard, t0 + time_limit / 3), hard, start, report=building)
+    else:
+        construction, rows, tl, sim_s = _construct(search, hard, hard, start, grid=min(hard, t0 + time_limit * 2 / 3),
+                                                   report=building)
     value, tl = (true.value(tl), tl) if not uniform_costs else true.evaluate(rows)
-    # Keep back time for the final validation and prediction (about 3 simulations).
-    deadline -= 3 * sim_s
-    if time.monotonic() < deadline:
-        bound = max(bound, bound_fn(cost, m, limit))
+    # Keep back time for the end: re-timing a schedule the MILP changed, then building and
+    # validating the file (together about as long as a simulation; prediction reuses it).
+    deadline -= 2 * sim_s
     report("constructed", value)
+    now = time.monotonic()
+    if now < deadline:  # its slow part gets half the time left, and is left out if it needs more
+        bound = max(bound, bound_fn(cost, m, limit, deadline=now + (deadline - now) / 2))
+        report("lower bound", value)
     method = "heuristic"
     windows = improvements = 0
     hit_limit = False
@@ -216,6 +255,6 @@ def solve(
     )
     kind = "zb-" + ("v-" if chunks == 2 else "") + (spec.strip().lower() if spec else "solver")
     sched = Schedule.build(kind, profile, m, stage_to_rank, rows, memory_limit=limit, memory_limit_spec=spec, solver=info)
-    validate(sched)
+    validate(sched, timeline=tl)  # tl: the final rows on the true costs, simulated once
     report("done", value)
-    return SolveResult(with_prediction(sched), info, tl)
+    return SolveResult(with_prediction(sched, tl), info, tl)

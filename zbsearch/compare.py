@@ -1,0 +1,93 @@
+"""``compare``: every schedule kind side by side on one profile, within one time limit.
+
+The rows are the classic schedules (``classic.KINDS``) and the solver's ZB-1p and ZB-2p from
+its heuristics only (no MILP, so `zbsearch solve` may find better). ``time_limit`` covers the
+whole table: the classic rows are built while the first half lasts (ZB-V, which repeats its
+construction, stops repeating there), then the two solver rows share what is left. A row not
+started by then is not built: it is listed with ``skipped`` saying so, never left out, so a
+table cut short says which rows it lacks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .classic import CLASSIC_KINDS, KINDS, build_classic
+from .costs import CostModel
+from .errors import ZbError
+from .formats.profile import Profile
+from .formats.schedule import Schedule
+from .limits import fits, parse_memory_limit
+
+__all__ = ["SOLVED_KINDS", "compare"]
+
+SOLVED_KINDS = ("zb-1p", "zb-2p")  # the solver's heuristics at 1p and 2p
+
+Progress = Callable[[str, float, float], None]  # (what is being done, best value, lower bound), as ``solver.Progress``
+
+
+def compare(
+    profile: Profile, num_microbatches: int, *, chunks: int = 2, mem_limit: str | None = None, time_limit: float = 2.0,
+    progress: Progress | None = None,
+) -> list[dict[str, Any]]:
+    """One row per kind (classic, then ``SOLVED_KINDS``): its prediction, whether it fits
+    ``mem_limit``, or ``error`` (the kind does not apply) or ``skipped`` (out of time)."""
+    from .solver import solve  # the solver pulls in more than the classic rows need
+
+    m = num_microbatches
+    plain = CostModel.from_profile(profile, list(range(profile.num_stages)))
+    plain.check_microbatches(m)  # else every row says it (rows with more stages still may)
+    parse_memory_limit(mem_limit, profile, plain)  # bad text: fail now
+    start = time.monotonic()
+    deadline = start + time_limit
+    half = start + time_limit / 2
+    rows: list[dict[str, Any]] = []
+
+    def say(what: str, value: float = float("inf"), bound: float = 0.0) -> None:
+        if progress is not None:
+            progress(what, value, bound)
+
+    for kind in CLASSIC_KINDS:
+        if time.monotonic() > half:
+            rows.append(_skipped(kind, time_limit))
+            continue
+        say(f"building {kind}")
+        try:
+            sched = build_classic(kind, profile, m, chunks if KINDS[kind].any_chunks else None, deadline=half)
+        except ZbError as e:
+            rows.append({"kind": kind, "error": str(e)})
+            continue
+        rows.append(_row(kind, sched, profile, mem_limit))
+    for i, kind in enumerate(SOLVED_KINDS):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            rows.append(_skipped(kind, time_limit))
+            continue
+        def said(phase: str, value: float, bound: float, kind: str = kind) -> None:
+            say(f"{kind}: {phase}", value, bound)
+
+        try:
+            res = solve(profile, m, kind.removeprefix("zb-"), milp=False, time_limit=left / (len(SOLVED_KINDS) - i),
+                        progress=said)
+        except ZbError as e:
+            rows.append({"kind": kind, "error": str(e)})
+            continue
+        rows.append({**_row(kind, res.schedule, profile, mem_limit), "status": res.info.status})
+    return rows
+
+
+def _skipped(kind: str, time_limit: float) -> dict[str, Any]:
+    return {"kind": kind, "skipped": f"time limit ({time_limit:g} s) spent"}
+
+
+def _row(kind: str, sched: Schedule, profile: Profile, mem_limit: str | None) -> dict[str, Any]:
+    pred = sched.predicted
+    assert pred is not None  # build_classic and solve predict
+    limit = parse_memory_limit(mem_limit, profile, CostModel.from_profile(profile, sched.stage_to_rank))
+    return {
+        "kind": kind, "bubble_rate": pred.bubble_rate, "span": max(pred.span), "makespan": pred.makespan,
+        "peak_memory": max(pred.peak_memory), "lower_bound": pred.lower_bound,
+        "fits": limit is None or all(fits(pk, lim) for pk, lim in zip(pred.peak_memory, limit)),
+    }
