@@ -3,7 +3,8 @@
 Data flows one way: ``formats.profile`` -> ``costs`` -> ``solver`` (or ``classic``) ->
 ``formats.schedule`` -> ``runtime``. The core never imports torch: the formats, cost model,
 ``dependencies`` (the one place that knows which pass needs which), ``placement``,
-``simulator``, ``validator``, ``bounds``, ``classic`` schedules, ``solver`` and ``render``.
+``simulator``, ``validator``, ``bounds``, ``classic`` schedules, ``solver``, ``compare`` (every
+kind side by side) and ``render``.
 torch lives in ``profiler``, ``runtime``, ``models``, ``distributed`` and ``app``.
 
 The names below load on first use (PEP 562): ``import zbsearch`` stays cheap, so the command
