@@ -16,7 +16,7 @@ into a gap, are longer ones), and every candidate is timed by ASAP simulation.
   a local optimum a few random valid moves perturb the best schedule (iterated local search),
   more of them the longer no better schedule turns up.
 * Candidates are timed by a small simulator on integer pass ids (the core simulator's rule,
-  without its bookkeeping, tens of times faster); the result is re-simulated by the core
+  without its bookkeeping: 5 to 10 times faster on 36 to 768 passes); the result is re-simulated by the core
   simulator (``Problem.evaluate``) and returned only if it is valid, within the limit and no
   worse than the input, so a discrepancy could cost quality, never correctness.
 * ``deadline`` (time.monotonic()) is checked between simulations: an expired one returns the
