@@ -175,8 +175,9 @@ def local_search(
     ids = [[model.id[(a.stage, a.op, a.mb)] for a in row] for row in rows]
     rng = random.Random(seed)
     best = cur = ids
-    best_score = cur_score = model.score(ids)
-    assert cur_score is not None  # the core simulator just ran it
+    first = model.score(ids)
+    assert first is not None  # the core simulator just ran it
+    best_score = cur_score = first
     R = len(ids)
     reach = reach if reach is not None else max(map(len, ids))
     used = 0
@@ -212,9 +213,8 @@ def local_search(
             misses += 1
             cur = _perturb(model, best, rng, reach, 2 + min(misses // 4, 10))
             used += 1
-            cur_score = model.score(cur)
-            if cur_score is None:
-                cur, cur_score = best, best_score
+            sc = model.score(cur)
+            cur, cur_score = (cur, sc) if sc is not None else (best, best_score)
     if best is ids:
         return rows
     out = [[model.actions[k] for k in row] for row in best]
