@@ -48,8 +48,13 @@ _CLOSED = 1e-6
 # Problems up to this many passes get the exact MILP first: it can prove optimality.
 _EXACT_PASSES = 120
 # Shares of the time left that the local search over orders may take: after the construction
-# (it often closes the gap in a fraction of a second) and after the exact MILP.
+# (it often closes the gap in a fraction of a second) and after the exact MILP. Beyond the
+# exact MILP's size each candidate costs a simulation of hundreds of passes: the MILP windows
+# get most of the time, and beyond _SEARCH_PASSES all of it (at p=24, m=192 with V, a search
+# taking 3/4 of the time left the windows a schedule twice the paper's bubble).
 _SEARCH_SHARE = (0.25, 0.5)
+_SEARCH_SHARE_LARGE = 0.1
+_SEARCH_PASSES = 2000
 
 
 @dataclass
@@ -192,15 +197,17 @@ def solve(
             """Local search over all orders, non-FIFO ones included (which neither MILP ranges
             over), for ``share`` of the time left; not with uniform costs (not the true objective)."""
             nonlocal rows, value, searched
-            if value > bound * (1 + _CLOSED) and not uniform_costs and time.monotonic() < deadline:
+            if share > 0 and value > bound * (1 + _CLOSED) and not uniform_costs and time.monotonic() < deadline:
                 stop = time.monotonic() + share * (deadline - time.monotonic())
                 rows = local_search(true, rows, stop, target=bound * (1 + _CLOSED))
                 before, value = value, true.evaluate(rows)[0]
                 searched += value < before
                 report("local search", value)
 
-        search_orders(_SEARCH_SHARE[0])
-        if 3 * cost.num_stages * m <= _EXACT_PASSES and not uniform_costs:
+        passes = 3 * cost.num_stages * m
+        small = passes <= _EXACT_PASSES
+        search_orders(_SEARCH_SHARE[0] if small else _SEARCH_SHARE_LARGE if passes <= _SEARCH_PASSES else 0.0)
+        if small and not uniform_costs:
             # the idle relaxation for the bound, then (span) the best FIFO order under ASAP
             for relaxed in (True, False) if objective == "span" else (True,):
                 if value <= bound * (1 + _CLOSED) or time.monotonic() >= deadline:
@@ -216,7 +223,7 @@ def solve(
                     hit_limit = not res.optimal
                     windows += 1
                 report("exact MILP", value)
-        search_orders(_SEARCH_SHARE[1])
+            search_orders(_SEARCH_SHARE[1])
         if value > bound * (1 + _CLOSED) and time.monotonic() < deadline:
             # windows: the exact model is the idle relaxation, whose solution ASAP may run worse
             # with uniform costs the search objective is not the true one: no early stop
