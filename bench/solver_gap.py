@@ -12,11 +12,13 @@ assumption (FIFO optimum > true optimum) from a wrong solve (claim > FIFO optimu
 
 Prints a table and saves bench/results/solver_gap.json.
 Run: PYTHONPATH=. python bench/solver_gap.py [--count 300] [--seed 0] [--time-limit 2] [--processes 2]
+     [--oracle-cache FILE]  (optima kept between runs: they do not depend on zbsearch's solver)
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 import random
@@ -25,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tests.solver.harness import TOL, judge
-from tests.solver.oracle import FAMILIES, cp_optimum_many, random_instance
+from tests.solver.oracle import FAMILIES, OracleResult, cp_optimum_many, random_instance
 
 # (p, m) per placement: small enough for the oracle to prove optimality in seconds
 _SIZES = {
@@ -44,6 +46,27 @@ def _instances(count: int, seed: int):
         fam = FAMILIES[i // 2 % len(FAMILIES)]
         out.append(random_instance(rng, fam, p, m, chunks, rng.choice(_LIMITS)))
     return out
+
+
+def _oracle(jobs, args) -> list[OracleResult]:
+    """``cp_optimum_many`` for (instance, objective, options) jobs, through ``--oracle-cache``
+    when given: a JSON file of optima keyed by everything the oracle reads (the cached results
+    have no schedule; this bench reads only the values)."""
+    def key(inst, obj, opts) -> str:
+        blob = [inst.profile.model_dump(mode="json"), inst.m, inst.chunks, inst.limit, obj, opts, args.oracle_time]
+        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+    path = Path(args.oracle_cache) if args.oracle_cache else None
+    cache = json.loads(path.read_text()) if path is not None and path.exists() else {}
+    keys = [key(*j) for j in jobs]
+    todo = [(j, k) for j, k in zip(jobs, keys) if k not in cache]
+    found = cp_optimum_many([(i.cost, i.m, i.limit, o, opts) for (i, o, opts), _ in todo],
+                            time_limit=args.oracle_time, processes=args.processes)
+    for (_, k), res in zip(todo, found):
+        cache[k] = [res.value, res.optimal, res.bound]
+    if path is not None and todo:
+        path.write_text(json.dumps(cache))
+    return [OracleResult(v, [], opt, b) for v, opt, b in (cache[k] for k in keys)]
 
 
 def _summary(rows: list[dict]) -> dict:
@@ -75,13 +98,13 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=2.0, help="zbsearch solve time limit, s")
     ap.add_argument("--oracle-time", type=float, default=60.0, help="CP-SAT deterministic time limit per solve")
     ap.add_argument("--processes", type=int, default=2, help="oracle processes")
+    ap.add_argument("--oracle-cache", help="JSON file of oracle optima, read and extended (e.g. under /tmp)")
     args = ap.parse_args()
 
     insts = _instances(args.count, args.seed)
     jobs = [(inst, obj) for inst in insts for obj in ("span", "makespan")]
     t0 = time.monotonic()
-    opts = cp_optimum_many([(i.cost, i.m, i.limit, o, {}) for i, o in jobs], time_limit=args.oracle_time,
-                           processes=args.processes)
+    opts = _oracle([(i, o, {}) for i, o in jobs], args)
     oracle_s = time.monotonic() - t0
     rows = []
     for (inst, obj), opt in zip(jobs, opts):
@@ -96,8 +119,7 @@ def main() -> None:
         })
     # classify every unsound claim: FIFO assumption (FIFO optimum > optimum) or solve (claim > FIFO optimum)
     bad = [r for r in rows if r["unsound"] or r["false_optimal"]]
-    fifo = cp_optimum_many([(i.cost, i.m, i.limit, o, {"fifo": True}) for (i, o), r in zip(jobs, rows)
-                            if r["unsound"] or r["false_optimal"]], time_limit=args.oracle_time, processes=args.processes)
+    fifo = _oracle([(i, o, {"fifo": True}) for (i, o), r in zip(jobs, rows) if r["unsound"] or r["false_optimal"]], args)
     for r, f in zip(bad, fifo):
         r["fifo_optimum"] = f.value
         r["cause"] = "fifo-assumption" if f.value > r["optimum"] * (1 + TOL) else "solve"

@@ -70,7 +70,8 @@ def test_heuristic_only_and_milp_paths():
     assert fast.info.method == "heuristic" and fast.info.milp_windows == 0 and fast.info.gap > 0
     slow = solve(prof, 4, "0.75p", time_limit=10)
     _check(slow, "0.75p")
-    assert slow.info.method == "heuristic+milp" and slow.info.milp_improvements == 1
+    # the local search over orders or the exact MILP closes the gap
+    assert slow.info.method == "heuristic+milp" and slow.info.milp_improvements + slow.info.search_improvements >= 1
     assert slow.info.value < fast.info.value - 1e-6 and slow.info.status == "optimal"
 
 

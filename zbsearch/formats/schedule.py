@@ -56,6 +56,8 @@ class SolverInfo(BaseModel):
     uniform_costs: bool
     milp_windows: int = 0
     milp_improvements: int = 0
+    search_improvements: int = Field(0, description="times the local search over per-rank orders "
+                                     "(non-FIFO included) improved the schedule")
 
 
 class Schedule(BaseModel):

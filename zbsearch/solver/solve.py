@@ -8,7 +8,9 @@
    (per pass type, and per pass with microbatch order and memory precedences) and the
    memory-aware idle bound (``zbsearch.bounds``); on small problems the exact MILP may also
    raise it or close it.
-3. Improve: MILP windows (``milp.improve``) until the gap closes or the time limit.
+3. Improve: a local search over per-rank orders (``local_search``: non-FIFO orders too, judged
+   by simulation) for a share of the time, before and after the exact MILP; then MILP windows
+   (``milp.improve``) until the gap closes or the time limit.
 4. Check: the final schedule is validated by the core validator, memory limit included,
    before anything is returned.
 """
@@ -36,6 +38,7 @@ from ..simulator import Timeline
 from ..validator import validate
 from .feasibility import check_limit
 from .heuristic import candidate_policies, list_schedule, sequential_schedule
+from .local_search import local_search
 from .problem import Objective, Problem
 
 __all__ = ["SolverInfo", "SolveResult", "Progress", "progress_text", "solve", "uniform_profile", "solver_placement"]
@@ -44,6 +47,14 @@ __all__ = ["SolverInfo", "SolveResult", "Progress", "progress_text", "solve", "u
 _CLOSED = 1e-6
 # Problems up to this many passes get the exact MILP first: it can prove optimality.
 _EXACT_PASSES = 120
+# Shares of the time left that the local search over orders may take: after the construction
+# (it often closes the gap in a fraction of a second) and after the exact MILP. Beyond the
+# exact MILP's size each candidate costs a simulation of hundreds of passes: the MILP windows
+# get most of the time, and beyond _SEARCH_PASSES all of it (at p=24, m=192 with V, a search
+# taking 3/4 of the time left the windows a schedule twice the paper's bubble).
+_SEARCH_SHARE = (0.25, 0.5)
+_SEARCH_SHARE_LARGE = 0.1
+_SEARCH_PASSES = 2000
 
 
 @dataclass
@@ -213,13 +224,28 @@ def solve(
         bound = max(bound, bound_fn(cost, m, limit, deadline=now + (deadline - now) / 2))
         report("lower bound", value)
     method = "heuristic"
-    windows = improvements = 0
+    windows = improvements = searched = 0
     hit_limit = False
     if milp and value > bound * (1 + _CLOSED) and time.monotonic() < deadline:
         from .milp import exact, improve  # PuLP and HiGHS load only when needed
 
         method = "heuristic+milp"
-        if 3 * cost.num_stages * m <= _EXACT_PASSES and not uniform_costs:
+
+        def search_orders(share: float) -> None:
+            """Local search over all orders, non-FIFO ones included (which neither MILP ranges
+            over), for ``share`` of the time left; not with uniform costs (not the true objective)."""
+            nonlocal rows, value, searched
+            if share > 0 and value > bound * (1 + _CLOSED) and not uniform_costs and time.monotonic() < deadline:
+                stop = time.monotonic() + share * (deadline - time.monotonic())
+                rows = local_search(true, rows, stop, target=bound * (1 + _CLOSED))
+                before, value = value, true.evaluate(rows)[0]
+                searched += value < before
+                report("local search", value)
+
+        passes = 3 * cost.num_stages * m
+        small = passes <= _EXACT_PASSES
+        search_orders(_SEARCH_SHARE[0] if small else _SEARCH_SHARE_LARGE if passes <= _SEARCH_PASSES else 0.0)
+        if small and not uniform_costs:
             # the idle relaxation for the bound, then (span) the best FIFO order under ASAP
             for relaxed in (True, False) if objective == "span" else (True,):
                 if value <= bound * (1 + _CLOSED) or time.monotonic() >= deadline:
@@ -235,6 +261,7 @@ def solve(
                     hit_limit = not res.optimal
                     windows += 1
                 report("exact MILP", value)
+            search_orders(_SEARCH_SHARE[1])
         if value > bound * (1 + _CLOSED) and time.monotonic() < deadline:
             # windows: the exact model is the idle relaxation, whose solution ASAP may run worse
             # with uniform costs the search objective is not the true one: no early stop
@@ -252,6 +279,7 @@ def solve(
         lower_bound=bound, gap=gap, time_s=round(time.monotonic() - t0, 3), time_limit_s=time_limit,
         memory_limit=spec if spec is not None else (None if limit is None else "per rank"),
         uniform_costs=uniform_costs, milp_windows=windows, milp_improvements=improvements,
+        search_improvements=searched,
     )
     kind = "zb-" + ("v-" if chunks == 2 else "") + (spec.strip().lower() if spec else "solver")
     sched = Schedule.build(kind, profile, m, stage_to_rank, rows, memory_limit=limit, memory_limit_spec=spec, solver=info)

@@ -1,0 +1,236 @@
+"""Local search over per-rank orders, judged by ASAP re-simulation: reaches non-FIFO optima.
+
+Why: the exact MILP and its windows range over FIFO orders (each stage takes its microbatches
+in order), and for ``span`` the best order may not be FIFO (``problem``): a rank that takes a
+later microbatch first starts later and can finish with a shorter span. The MILP's solutions
+are also judged by its own model, which may differ from the ASAP timeline. This search makes
+no such assumption: a move takes one pass on a rank and reinserts it elsewhere on that rank
+(an adjacent swap is the shortest move; exchanging two microbatches on a stage, or moving a W
+into a gap, are longer ones), and every candidate is timed by ASAP simulation.
+
+* Moves that break the rank's own dependencies (a pass before its predecessor on the same
+  rank) or its memory limit are never simulated; memory is checked from the rank's prefix
+  sums, deadlocks across ranks are found by the simulation.
+* A move is kept when it lowers the objective, or keeps it and lowers the sum of the ranks'
+  spans (a plateau move that makes room). Descent is first-improvement in random order; at
+  a local optimum a few random valid moves perturb the best schedule (iterated local search),
+  more of them the longer no better schedule turns up.
+* Candidates are timed by a small simulator on integer pass ids (the core simulator's rule,
+  without its bookkeeping: 5 to 10 times faster on 36 to 768 passes); the result is re-simulated by the core
+  simulator (``Problem.evaluate``) and returned only if it is valid, within the limit and no
+  worse than the input, so a discrepancy could cost quality, never correctness.
+* ``deadline`` (time.monotonic()) is checked between simulations: an expired one returns the
+  input unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from ..actions import Action, Op
+from ..dependencies import edge_delay, must_precede, predecessors
+from ..limits import allowance
+from .problem import Problem
+
+__all__ = ["local_search"]
+
+_OPS = (Op.F, Op.B, Op.W)
+
+
+class _Model:
+    """The problem on integer pass ids: durations, inputs with delays, memory deltas and, per
+    pass, the passes of its own rank it must follow or precede."""
+
+    def __init__(self, problem: Problem) -> None:
+        c, m, S = problem.cost, problem.num_microbatches, problem.cost.num_stages
+        self.actions = [Action(s, op, j) for s in range(S) for op in _OPS for j in range(m)]
+        self.id = {(a.stage, a.op, a.mb): k for k, a in enumerate(self.actions)}
+        self.dur = [c.time(a.stage, a.op) for a in self.actions]
+        self.mem = [c.memory(a.stage, a.op) for a in self.actions]
+        self.deps = [
+            [(self.id[d], edge_delay(c, d[0], a.stage)) for d in predecessors(a.stage, a.op, a.mb, S)]
+            for a in self.actions
+        ]
+        rank = [c.stage_to_rank[a.stage] for a in self.actions]
+        self.before: list[frozenset[int]] = []  # same-rank passes that must run before pass k
+        self.after: list[frozenset[int]] = []  # same-rank passes that must run after pass k
+        for k, a in enumerate(self.actions):
+            here = (a.stage, a.op)
+            own = [((s, op), self.id[(s, op, a.mb)]) for s in c.rank_stages(rank[k]) for op in _OPS]
+            self.before.append(frozenset(x for t, x in own if must_precede(t, here, S)))
+            self.after.append(frozenset(x for t, x in own if must_precede(here, t, S)))
+        self.allowed = [allowance(x) for x in problem.limits()]
+        self.span = problem.objective == "span"
+
+    def score(self, rows: list[list[int]]) -> tuple[float, float] | None:
+        """(objective, sum of rank spans) of the ASAP timeline, None on a deadlock."""
+        dur, deps = self.dur, self.deps
+        end: list[float | None] = [None] * len(dur)
+        R = len(rows)
+        pos, free, first = [0] * R, [0.0] * R, [0.0] * R
+        remaining = sum(map(len, rows))
+        while remaining:
+            progressed = False
+            for r in range(R):
+                row, i, t = rows[r], pos[r], free[r]
+                n = len(row)
+                while i < n:
+                    k = row[i]
+                    s = t
+                    for d, delay in deps[k]:
+                        e = end[d]
+                        if e is None:
+                            break
+                        if e + delay > s:
+                            s = e + delay
+                    else:
+                        if i == 0:
+                            first[r] = s
+                        t = end[k] = s + dur[k]
+                        i += 1
+                        continue
+                    break
+                if i != pos[r]:
+                    remaining -= i - pos[r]
+                    pos[r], free[r] = i, t
+                    progressed = True
+            if not progressed:
+                return None
+        spans = [free[r] - first[r] for r in range(R) if rows[r]]
+        total = sum(spans)
+        if self.span:
+            return max(spans), total
+        return max(free) - min(first[r] for r in range(R) if rows[r]), total
+
+    def targets(self, row: list[int], i: int, prefix: list[float], limit: float, reach: int) -> list[int]:
+        """Positions pass row[i] may move to (at most ``reach`` away) without passing a pass of
+        its rank it depends on or that depends on it, and within the memory limit. ``prefix``:
+        memory after each pass of the row."""
+        k, d = row[i], self.mem[row[i]]
+        out = []
+        # earlier: memory between the new and the old place rises by d
+        peak = float("-inf")
+        for j in range(i - 1, max(-1, i - 1 - reach), -1):
+            if row[j] in self.before[k]:
+                break
+            peak = max(peak, (prefix[j - 1] if j > 0 else 0.0) + d, prefix[j] + d)
+            if peak > limit:
+                break
+            out.append(j)
+        # later: memory between the old and the new place falls by d
+        peak = float("-inf")
+        for j in range(i + 1, min(len(row), i + 1 + reach)):
+            if row[j] in self.after[k]:
+                break
+            peak = max(peak, prefix[j] - d)
+            if peak > limit:
+                break
+            out.append(j)
+        return out
+
+
+def _prefix(model: _Model, row: list[int]) -> list[float]:
+    out, cur = [], 0.0
+    for k in row:
+        cur += model.mem[k]
+        out.append(cur)
+    return out
+
+
+def _moved(row: list[int], i: int, j: int) -> list[int]:
+    new = row[:i] + row[i + 1:]
+    new.insert(j, row[i])
+    return new
+
+
+def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    tol = 1e-9 * max(1.0, abs(b[0]))
+    return a[0] < b[0] - tol or (a[0] <= b[0] + tol and a[1] < b[1] - tol)
+
+
+def local_search(
+    problem: Problem,
+    rows: list[list[Action]],
+    deadline: float,
+    *,
+    reach: int | None = None,
+    seed: int = 0,
+    target: float = float("-inf"),
+    evaluations: int | None = None,
+) -> list[list[Action]]:
+    """A schedule no worse than ``rows`` (valid, within the limit), searched until ``deadline``
+    (time.monotonic()) or until the objective reaches ``target`` (a lower bound: nothing better
+    exists). ``rows`` must be a valid schedule of basic passes; fused BW is returned as given.
+    ``reach``: how far a pass may move on its rank (default: anywhere). ``evaluations``: at
+    most this many candidates simulated (a budget independent of the machine's speed)."""
+    if time.monotonic() >= deadline:
+        return rows
+    value0, tl0 = problem.evaluate(rows)
+    if value0 <= target or not problem.fits(tl0):
+        return rows
+    if any(a.op not in _OPS for row in rows for a in row):
+        return rows  # fused passes: not this search's domain
+    model = _Model(problem)
+    ids = [[model.id[(a.stage, a.op, a.mb)] for a in row] for row in rows]
+    rng = random.Random(seed)
+    best = cur = ids
+    first = model.score(ids)
+    assert first is not None  # the core simulator just ran it
+    best_score = cur_score = first
+    R = len(ids)
+    reach = reach if reach is not None else max(map(len, ids))
+    used = 0
+    misses = 0  # perturbations in a row that led to no better schedule
+
+    def spent() -> bool:
+        return (evaluations is not None and used >= evaluations) or time.monotonic() >= deadline
+
+    while not spent() and best_score[0] > target:
+        improved, tried = False, used
+        moves = [(r, i) for r in range(R) for i in range(len(cur[r]))]
+        rng.shuffle(moves)  # positions on a rank shift as moves are kept: still valid ones
+        prefixes = [_prefix(model, row) for row in cur]
+        for r, i in moves:
+            for j in model.targets(cur[r], i, prefixes[r], model.allowed[r], reach):
+                if spent():
+                    break
+                used += 1
+                cand = list(cur)
+                cand[r] = _moved(cur[r], i, j)
+                sc = model.score(cand)
+                if sc is not None and _better(sc, cur_score):
+                    cur, cur_score, improved = cand, sc, True
+                    prefixes[r] = _prefix(model, cand[r])
+                    if _better(cur_score, best_score):
+                        best, best_score, misses = cur, cur_score, 0
+                    break
+            if spent() or best_score[0] <= target:
+                break
+        if used == tried:
+            break  # no move is allowed at all (e.g. the smallest memory limit)
+        if not improved:  # a local optimum: perturb the best schedule, harder after each miss
+            misses += 1
+            cur = _perturb(model, best, rng, reach, 2 + min(misses // 4, 10))
+            used += 1
+            sc = model.score(cur)
+            cur, cur_score = (cur, sc) if sc is not None else (best, best_score)
+    if best is ids:
+        return rows
+    out = [[model.actions[k] for k in row] for row in best]
+    value, tl = problem.evaluate(out)
+    return out if value <= value0 and problem.fits(tl) else rows
+
+
+def _perturb(model: _Model, rows: list[list[int]], rng: random.Random, reach: int, moves: int) -> list[list[int]]:
+    """``rows`` after a few random valid moves (within memory; may deadlock, then discarded)."""
+    out = list(rows)
+    for _ in range(moves):
+        r = rng.randrange(len(out))
+        if not out[r]:
+            continue
+        i = rng.randrange(len(out[r]))
+        ok = model.targets(out[r], i, _prefix(model, out[r]), model.allowed[r], min(reach, 4))
+        if ok:
+            out[r] = _moved(out[r], i, rng.choice(ok))
+    return out
