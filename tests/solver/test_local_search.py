@@ -127,3 +127,32 @@ def test_reaches_the_proven_optimum_on_small_generated_instances():
         if value > opt.value * (1 + 1e-9):
             missed.append((inst.family, inst.chunks, inst.profile.num_stages, inst.m, inst.limit_name, obj, value, opt.value))
     assert not missed
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_its_fast_timing_is_the_core_simulators(seed):
+    # the search times candidates with its own ASAP loop on pass ids: it must agree with
+    # zbsearch.simulate on every order, deadlocks included (random orders mostly deadlock)
+    from zbsearch.simulator import Deadlock
+    from zbsearch.solver.local_search import _Model
+
+    inst = _generated(seed)
+    rng = random.Random(seed)
+    for objective in ("span", "makespan"):
+        problem = _problem(inst, objective)
+        model = _Model(problem)
+        base = sequential_schedule(problem)
+        for trial in range(60):
+            rows = [list(row) for row in base]
+            for row in rows:  # a few swaps: some orders run, some deadlock
+                for _ in range(trial % 4):
+                    i, j = rng.randrange(len(row)), rng.randrange(len(row))
+                    row[i], row[j] = row[j], row[i]
+            score = model.score([[model.id[(a.stage, a.op, a.mb)] for a in row] for row in rows])
+            try:
+                value, tl = problem.evaluate(rows)
+            except Deadlock:
+                assert score is None
+                continue
+            assert score is not None and score[0] == pytest.approx(value, abs=1e-9)
+            assert score[1] == pytest.approx(sum(tl.span), abs=1e-9)
