@@ -96,6 +96,10 @@ class EmulatedStage(nn.Module):
         self.b_bytes, self.w_bytes = int(b_bytes), int(w_bytes)
         self.weight = nn.Parameter(torch.zeros(width))
 
+    # A first stage's B runs Act, as the profile says: without this the split backward would
+    # leave a first stage's whole backward to W (see ``zbsearch.runtime.split_backward``).
+    split_first_stage = True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fusion = _Fusion()
         w = _Timed.apply(self.weight, 0.0, self.t_w, self.w_bytes, fusion, max(self.t_bw - self.t_b, 0.0))  # Weight
