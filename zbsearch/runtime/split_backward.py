@@ -22,26 +22,32 @@ parameters. How it does that without redoing B's work:
   Frontier nodes whose Q parts still meet (a tensor derived from a parameter and used twice)
   are re-run together, with their saved gradients pinned by pre-hooks, which keeps the result
   exact; only then can W redo the input-gradient path between them.
-* The first stage's inputs need no gradient (token ids, data), so there is no input to reach.
-  There I is the part of the graph that depends on the inputs, found by following them through
-  forward (the same ``TorchFunctionMode``): B runs it down to its lowest nodes and keeps the
-  gradient arriving there, without computing any gradient for the inputs themselves. So the
-  first stage's B does the activation-gradient work the cost model gives it and frees what it
-  frees on the other stages, and W the rest.
 * B frees the activations W does not read (see ``memory``), so memory follows the model:
   F allocates M_B, B frees M_B - M_W, W frees M_W.
+
+A first stage (no input needs a gradient: token ids, data) is not split. Its B has no gradient
+to send, so nothing waits for it: B only keeps the output gradients and W runs one plain
+backward (as torch's runtime does). The split would cost time (at hidden 64, 10-25% over a
+plain backward) for nothing the schedule can use, since a first-stage W can go wherever its B
+could. The profile records what this costs: T_B about 0 and no memory freed by B (m_b = 0),
+T_W the whole backward; schedules are built from that. A module whose ``split_first_stage``
+is true is split anyway: I is then the part of the graph that depends on the inputs, found by
+following them through forward (the same ``TorchFunctionMode``), and B runs it down to its
+lowest nodes, keeping the gradient arriving there. ``EmulatedStage`` asks for that, so that an
+emulated first stage runs its profile's T_B in B whatever profile it emulates.
 
 Most of that machinery is for parameters used in arbitrary ways. The common layers get a fast
 path with no graph analysis at all (measured in ``bench/split.py``):
 
-* ``F.linear`` and ``F.embedding`` on a stage parameter (nn.Linear, the projections of
-  attention and MLP, nn.Embedding, tied heads) run as custom autograd Functions whose backward
-  computes the input gradient only and keeps (input, output gradient); W computes the weight
-  gradient from those later (one matrix product, or an index-add for an embedding).
+* ``F.linear`` on a stage parameter (nn.Linear, the projections of attention and MLP, tied
+  heads) runs as a custom autograd Function whose backward computes the input gradient only and
+  keeps (input, output gradient); W computes the weight gradient from those later (one matrix
+  product and, for a bias, a sum).
 * Every other use of a parameter by an elementwise op or a norm layer (LayerNorm / RMSNorm
   weights, biases, a position table) costs O(activations), not a matrix product: B asks
   autograd for the gradient of those uses together with the input gradient, in one call, and
-  W only adds them to ``param.grad``.
+  W only adds them to ``param.grad`` (in W, like every other gradient, so that gradients add up
+  over microbatches in the same order, bit for bit as ``loss.backward()`` per microbatch).
 * So B is one ``autograd.grad`` without ``retain_graph`` (the graph, and every activation W does
   not read, is freed at once), and W is a few matrix products in Python.
 
@@ -49,7 +55,7 @@ Whether a stage takes it is decided per module and input signature on its first 
 microbatch, which runs the generic split and checks the graph: every parameter use not deferred
 must be cheap, and no parameter used directly (inside a custom autograd Function, say). Later
 microbatches of that signature then run their forward under a lean mode that only intercepts
-``F.linear`` / ``F.embedding`` (every torch call through a Python handler costs a few µs, and
+``F.linear`` (every torch call through a Python handler costs a few µs, and
 the generic split's per-use views and data-flow tracking cost far more). Correctness does not
 rest on the check: the fast B asks autograd for the gradient of every parameter, so a use the
 first microbatch did not show still gets its gradient (in B, where it costs time, not
@@ -135,7 +141,8 @@ class _Record:
 class _LinearInputGrad(torch.autograd.Function):
     """``F.linear`` whose backward gives the input gradient only and leaves the output gradient
     in ``rec`` for W. The weight comes in detached and ``anchor`` (a leaf) keeps the output in the
-    graph on a first stage, where nothing else may need a gradient."""
+    graph where the input needs no gradient (a Linear on data), and makes B run every deferred
+    Linear: B asks for the anchor's gradient."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, anchor, rec):
@@ -449,7 +456,7 @@ def backward_input(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None])
     graph = _Graph([e.node for e in root_edges], input_nodes, fp)
     if fp.verdict is not None:  # the first microbatch of its kind: may the next take the fast path?
         fp.verdict(not graph.direct)
-    # B also runs every deferred Linear / Embedding (they lead to the anchor), leaving W their weights
+    # B also runs every deferred Linear (they lead to the anchor), leaving W their weights
     anchor = [fp.deferral.anchor] if fp.deferral is not None and fp.deferral.records else []
     # B stops at the inputs, or for a first stage at the lowest nodes of I, whose work is all W's
     if fp.data is None:
