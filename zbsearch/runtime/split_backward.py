@@ -312,7 +312,7 @@ class ForwardPass:
     verdict: Callable[[bool], None] | None = None  # records the check when this pass is the first
     # set by backward_input, consumed by backward_weight:
     groups: list[_WeightGroup] = field(default_factory=list)
-    pending: tuple[list, list] = ((), ())  # whole_in_w: the outputs and their gradients
+    pending: tuple[Sequence, Sequence] = ((), ())  # whole_in_w: the outputs and their gradients
     early: list[tuple[nn.Parameter, torch.Tensor]] = field(default_factory=list)  # fast path: from B, for W
 
 
@@ -415,7 +415,7 @@ def backward_full(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None]) 
     return result
 
 
-def _backward_accumulating(fp: ForwardPass, outs: list, grads: list, idx: list[int]) -> list[torch.Tensor | None]:
+def _backward_accumulating(fp: ForwardPass, outs: Sequence, grads: Sequence, idx: list[int]) -> list[torch.Tensor | None]:
     """One autograd call over the whole graph, freeing it as it goes: the stage inputs'
     gradients returned, every other leaf's accumulated into its ``.grad``."""
     result: list[torch.Tensor | None] = [None] * len(fp.inputs)
