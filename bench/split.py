@@ -1,7 +1,7 @@
-"""Cost of splitting the backward: per microbatch, B + W against one plain ``loss.backward()``.
+"""Cost of splitting the backward: B + W against one plain ``loss.backward()``, per step.
 
 Four backward passes of the same stage on the same microbatch, side by side, round-robin within
-each repetition so that load on a shared machine hits all four alike:
+each microbatch so that load on a shared machine hits all four alike:
 
   plain   forward, then ``torch.autograd.backward`` (what a training loop without a pipeline runs)
   torch   torch.distributed.pipelining's ``stage_backward_input`` then ``stage_backward_weight``
@@ -11,23 +11,29 @@ each repetition so that load on a shared machine hits all four alike:
 
 on the built-in GPT (``zbsearch.models.gpt``) and the Llama-style model (``zbsearch.models.llama``:
 RMSNorm, rotary, SwiGLU), one layer per stage, first (embedding + layer), middle (layer) and
-last stage (layer + norm + head + loss), one CPU thread, at several hidden sizes. Only the
-backward is timed (the forward of each variant is untimed), median over repetitions, both wall
-clock and the thread's CPU time (on a busy machine wall clock includes waiting for a core; CPU
-time does not); ratios are to ``plain`` of the same stage, clock and repetitions. zbsearch's first microbatch of a stage checks
-the graph before taking its fast path: it is in the warm-up. Load average is recorded.
+last stage (layer + norm + head + loss), one CPU thread, at several hidden sizes.
+
+Each variant has its own copy of the stage and runs steps as a pipeline rank does: ``.grad``
+set to None, then m microbatches whose gradients accumulate (the first creates ``.grad``, the
+others add to it). zbsearch's passes are metered (an ``ActivationMeter``) as in the runtime.
+Only the backward is timed (the forward is untimed), as wall clock and as the thread's CPU time
+(on a busy machine wall clock includes waiting for a core; CPU time does not). A ratio is a
+variant's backward time over ``plain``'s in the same step, median over steps; also given apart
+for the first microbatch of a step and for the accumulating ones. zbsearch's first microbatch
+of a stage checks the graph before taking its fast path: it is in the warm-up. Load average is
+recorded.
 
 Targets (issue 12): zb/plain <= torch/plain at every size and <= 1.05 from hidden 256 up, and the
 first stage no worse than the others. Prints a table and saves bench/results/split.json.
 
-Run: python bench/split.py [--hidden 64 128 256 512 1024] [--seq 128] [-b 1] [--repeat 15]
+Run: python bench/split.py [--hidden 64 128 256 512 1024] [--seq 128] [-b 1] [-m 4] [--steps 10]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -46,8 +52,10 @@ from zbsearch.runtime import (
     backward_weight,
     forward_pass,
 )
+from zbsearch.runtime.memory import ActivationMeter
 
 VARIANTS = ("plain", "torch", "zb", "fused")
+CLOCKS = ("wall", "cpu")
 
 
 def _stage_input(stages, s: int, ids: torch.Tensor) -> torch.Tensor:
@@ -58,11 +66,10 @@ def _stage_input(stages, s: int, ids: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _time_backward(variant: str, stage, x: torch.Tensor, post) -> tuple[float, float]:
+def _backward(variant: str, stage, x: torch.Tensor, post, meter: ActivationMeter) -> tuple[float, float]:
     """One forward (untimed) and one backward of ``variant``: seconds of the backward, wall
     clock and this thread's CPU time (with one torch thread all compute is on this thread, so
     CPU time does not count waiting for a core on a busy machine)."""
-    params = [p for p in stage.parameters()]
     inp = x.detach().requires_grad_(x.is_floating_point())
     if variant in ("plain", "torch"):
         out = stage(inp)
@@ -72,10 +79,10 @@ def _time_backward(variant: str, stage, x: torch.Tensor, post) -> tuple[float, f
         if variant == "plain" or not inp.requires_grad:  # torch's runtime: a first stage's whole backward in W
             torch.autograd.backward(out, grad)
         else:
-            _, groups = stage_backward_input([out], None if grad is None else [grad], [inp], iter(params))
-            stage_backward_weight(iter(params), groups)
+            _, groups = stage_backward_input([out], None if grad is None else [grad], [inp], iter(stage.parameters()))
+            stage_backward_weight(iter(stage.parameters()), groups)
         return time.perf_counter() - t0, time.thread_time() - c0
-    fp = forward_pass(stage, [inp], split=variant == "zb", post=post)
+    fp = forward_pass(stage, [inp], split=variant == "zb", post=post, meter=meter)  # metered, as in the runtime
     grads = [torch.ones_like(fp.outputs[0])]
     t0, c0 = time.perf_counter(), time.thread_time()
     if variant == "zb":
@@ -86,7 +93,7 @@ def _time_backward(variant: str, stage, x: torch.Tensor, post) -> tuple[float, f
     return time.perf_counter() - t0, time.thread_time() - c0
 
 
-def measure(model: str, hidden: int, seq: int, batch: int, warmup: int, repeat: int) -> dict:
+def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, steps: int) -> dict:
     heads = max(2, hidden // 64)
     cfg = GPTConfig(layers=3, hidden=hidden, heads=heads, seq=seq, vocab=512, microbatch_size=batch, stages=3)
     stages = (gpt_stages if model == "gpt" else llama_stages)(cfg)
@@ -95,27 +102,48 @@ def measure(model: str, hidden: int, seq: int, batch: int, warmup: int, repeat: 
     for s, where in enumerate(("first", "middle", "last")):
         x = _stage_input(stages, s, ids)
         post = (lambda o: gpt_loss(o, targets)) if s == 2 else None
-        wall = {v: [] for v in VARIANTS}
-        cpu = {v: [] for v in VARIANTS}
-        for rep in range(warmup + repeat):
+        own = {v: copy.deepcopy(stages[s]) for v in VARIANTS}  # each variant accumulates its own .grad
+        meter = ActivationMeter()
+        # samples[clock][v]: per step, the m microbatches' backward times (the first one creates .grad)
+        samples: dict[str, dict[str, list[list[float]]]] = {c: {v: [] for v in VARIANTS} for c in CLOCKS}
+        for step in range(warmup + steps):
             for v in VARIANTS:
-                for p in stages[s].parameters():  # each variant starts from no .grad: none pays an add
-                    p.grad = None
-                w, c = _time_backward(v, stages[s], x, post)
-                if rep >= warmup:
-                    wall[v].append(w * 1e3)
-                    cpu[v].append(c * 1e3)
-        out[where] = {"wall": _summary(wall), "cpu": _summary(cpu)}
+                own[v].zero_grad(set_to_none=True)
+            times = {c: {v: [] for v in VARIANTS} for c in CLOCKS}
+            for _ in range(m):
+                for v in VARIANTS:
+                    w, c = _backward(v, own[v], x, post, meter)
+                    times["wall"][v].append(w * 1e3)
+                    times["cpu"][v].append(c * 1e3)
+            if step >= warmup:
+                for c in CLOCKS:
+                    for v in VARIANTS:
+                        samples[c][v].append(times[c][v])
+        out[where] = {c: _summary(samples[c]) for c in CLOCKS}
     return out
 
 
-def _summary(samples: dict[str, list[float]]) -> dict:
-    med = {v: statistics.median(xs) for v, xs in samples.items()}
-    quart = {v: statistics.quantiles(xs, n=4) for v, xs in samples.items()}
+def _summary(samples: dict[str, list[list[float]]]) -> dict:
+    """Medians over steps: of each variant's backward time per step (ms) and of its ratio to
+    ``plain`` in the same step; the ratio also for the first microbatch of a step alone (which
+    creates ``.grad``) and for the others (which add to it)."""
+
+    def ratios(v: str, pick) -> list[float]:
+        return [pick(a) / pick(b) for a, b in zip(samples[v], samples["plain"])]
+
+    def spread(xs: list[float]) -> float:
+        q = statistics.quantiles(xs, n=4)
+        return (q[2] - q[0]) / 2 / statistics.median(xs)
+
+    others = [v for v in VARIANTS if v != "plain"]
+    step = {v: [sum(t) for t in samples[v]] for v in VARIANTS}
     return {
-        "ms": med,
-        "spread": {v: (q[2] - q[0]) / 2 / med[v] for v, q in quart.items()},
-        "ratio": {v: med[v] / med["plain"] for v in samples if v != "plain"},
+        "step_ms": {v: statistics.median(xs) for v, xs in step.items()},
+        "spread": {v: spread(xs) for v, xs in step.items()},
+        "ratio": {v: statistics.median(ratios(v, sum)) for v in others},
+        "ratio_spread": {v: spread(ratios(v, sum)) for v in others},
+        "ratio_first_microbatch": {v: statistics.median(ratios(v, lambda t: t[0])) for v in others},
+        "ratio_accumulating": {v: statistics.median(ratios(v, lambda t: sum(t[1:]))) for v in others},
     }
 
 
@@ -140,11 +168,14 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("-b", "--batch", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("-m", "--microbatches", type=int, default=4, help="per step (at least 2)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps")
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("-o", "--output", type=Path, default=RESULTS / "split.json")
     args = ap.parse_args()
+    if args.microbatches < 2 or args.steps < 2:
+        ap.error("need at least 2 microbatches per step and 2 steps")
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     rows = []
@@ -152,21 +183,21 @@ def main() -> None:
     print(f"{'model hidden stage':20} " + f"{'plain ms':>9} {'zb':>7} {'torch':>7} {'fused':>7}      " * 2 + "load")
     for hidden in args.hidden:
         for model in ("gpt", "llama"):
-            res = measure(model, hidden, args.seq, args.batch, args.warmup, args.repeat)
+            res = measure(model, hidden, args.seq, args.batch, args.microbatches, args.warmup, args.steps)
             load = os.getloadavg()[0]
             for where, r in res.items():
                 rows.append({"model": model, "hidden": hidden, "stage": where, **r, "load_1min": load})
-                cols = "".join(f"{r[c]['ms']['plain']:9.2f} {r[c]['ratio']['zb']:7.3f} {r[c]['ratio']['torch']:7.3f} "
-                               f"{r[c]['ratio']['fused']:7.3f}      " for c in ("wall", "cpu"))
+                cols = "".join(f"{r[c]['step_ms']['plain'] / args.microbatches:9.2f} {r[c]['ratio']['zb']:7.3f} "
+                               f"{r[c]['ratio']['torch']:7.3f} {r[c]['ratio']['fused']:7.3f}      " for c in CLOCKS)
                 print(f"{model:6} {hidden:5} {where:7} {cols}{load:.2f}")
-    meets = {clock: _targets(rows, clock, args.hidden) for clock in ("wall", "cpu")}
+    meets = {clock: _targets(rows, clock, args.hidden) for clock in CLOCKS}
     for clock, m in meets.items():
         print(f"targets ({clock}): " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in m.items()))
     result = {
-        "what": "per-microbatch backward time, median; ratios to plain loss.backward() of the same stage",
-        "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "threads": args.threads,
-        "torch": torch.__version__, "seq": args.seq, "batch": args.batch, "repeat": args.repeat,
-        "load_before": load_before, "load_after": os.getloadavg(), "targets": meets, "rows": rows,
+        "what": "backward time per step of m microbatches (.grad created by the first, added to by the others), "
+                "median over steps; ratios to plain loss.backward() of the same stage in the same step, median over steps",
+        "threads": args.threads, "seq": args.seq, "batch": args.batch, "microbatches": args.microbatches,
+        "steps": args.steps, "load_before": load_before, "load_after": os.getloadavg(), "targets": meets, "rows": rows,
     }
     save(result, path=args.output)
 

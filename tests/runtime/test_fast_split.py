@@ -1,6 +1,7 @@
-"""The split backward's fast path (deferred Linear / Embedding weight gradients, cheap parameter
-uses in B): gradients equal to one plain ``loss.backward()`` microbatch after microbatch, on the
-layers it takes and on a generic fallback for everything else."""
+"""The split backward's fast path (deferred Linear weight gradients, cheap parameter uses in B):
+gradients equal to one plain ``loss.backward()`` microbatch after microbatch, on the layers it
+takes, on a generic fallback for everything else, and on first stages (whole backward in W, or
+split on request)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,42 @@ class Functional(nn.Module):
         return self.out(torch.relu(h) + self.scale)
 
 
+class TiedMiddle(nn.Module):
+    """``Tied`` on a middle stage: a weight in F.embedding (of ids made inside) and F.linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 8)
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        ids = torch.arange(x.shape[1]).expand(x.shape[0], -1)
+        h = self.lin(torch.tanh(self.lin(x + self.emb(ids))))
+        return F.linear(h, self.emb.weight)
+
+
+class HeavyFirst(nn.Module):
+    """A first stage on float data that needs no gradient: a Linear on the data itself, and a
+    parameter in plain products, used twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.m = nn.Parameter(torch.randn(8, 8) / 3)
+
+    def forward(self, ids):
+        x = F.one_hot(ids, 8).float()
+        return torch.tanh(torch.tanh(self.lin(x)) @ self.m) @ self.m
+
+
+class EmulatedFirst(EmulatedStage):
+    def __init__(self) -> None:
+        super().__init__(0, 0, 0, b_bytes=64, w_bytes=32)
+
+    def forward(self, ids):
+        return super().forward(F.one_hot(ids, 16).float())
+
+
 class Heavy(nn.Module):
     """A parameter in a plain matrix product: not a use the fast path takes (generic split)."""
 
@@ -69,20 +106,45 @@ def _llama(stage):
     return llama_stages(cfg)[stage]
 
 
+def _split_first(make):
+    """The module, asking for a split first stage (B the activation-gradient work, W the rest)."""
+
+    def build():
+        mod = make()
+        mod.split_first_stage = True
+        return mod
+
+    return build
+
+
+def _ids(n, *shape):
+    return lambda: torch.randint(0, n, shape)
+
+
+# name: (module, sample input, whether later microbatches take the fast path, or "whole": a first
+# stage, whose whole backward is W's)
 CASES = {
     "linear": (lambda: nn.Linear(8, 5), lambda: torch.randn(3, 4, 8), True),
     "attention": (lambda: Attention(16, 2), lambda: torch.randn(2, 8, 16), True),
     "layernorm": (lambda: nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 8)), lambda: torch.randn(3, 8), True),
-    "embedding": (lambda: nn.Sequential(nn.Embedding(13, 8), nn.Linear(8, 3)), lambda: torch.randint(0, 13, (3, 5)), True),
-    "tied-twice": (Tied, lambda: torch.randint(0, 11, (2, 6)), True),
+    "embedding": (lambda: nn.Sequential(nn.Embedding(13, 8), nn.Linear(8, 3)), _ids(13, 3, 5), "whole"),
+    "tied-twice": (Tied, _ids(11, 2, 6), "whole"),
+    "tied-twice-middle": (TiedMiddle, lambda: torch.randn(2, 6, 8), False),
     "functional": (Functional, lambda: torch.randn(3, 5), True),
     "llama-block": (lambda: LlamaBlock(16, 2, 8), lambda: torch.randn(2, 8, 16), True),
-    "gpt-first": (lambda: _gpt(0), lambda: torch.randint(0, 32, (2, 8)), True),
+    "gpt-first": (lambda: _gpt(0), _ids(32, 2, 8), "whole"),
     "gpt-middle": (lambda: _gpt(1), lambda: torch.randn(2, 8, 16), True),
-    "llama-first": (lambda: _llama(0), lambda: torch.randint(0, 32, (2, 8)), True),
+    "gpt-last": (lambda: _gpt(2), lambda: torch.randn(2, 8, 16), True),
+    "llama-first": (lambda: _llama(0), _ids(32, 2, 8), "whole"),
     "llama-last": (lambda: _llama(2), lambda: torch.randn(2, 8, 16), True),
     "heavy": (Heavy, lambda: torch.randn(3, 8), False),
+    "heavy-first": (HeavyFirst, _ids(8, 3), "whole"),
     "emulated": (lambda: EmulatedStage(0, 0, 0, b_bytes=64, w_bytes=32), lambda: torch.randn(2, 16), False),
+    # first stages split on request: the generic split, following the data from the inputs
+    "gpt-first-split": (_split_first(lambda: _gpt(0)), _ids(32, 2, 8), False),
+    "tied-twice-split": (_split_first(Tied), _ids(11, 2, 6), False),
+    "heavy-first-split": (_split_first(HeavyFirst), _ids(8, 3), False),
+    "emulated-first": (EmulatedFirst, _ids(16, 2), False),  # EmulatedStage asks for it
 }
 
 
@@ -104,8 +166,11 @@ def test_split_gradients_equal_autograd_microbatch_after_microbatch(name):
         g = torch.randn_like(out)
         out.backward(g)  # accumulates over microbatches, as the runtime's W passes do
         fp = forward_pass(ours, [xo])
-        taken.append(fp.fast)
+        taken.append("whole" if fp.whole_in_w else fp.fast)
+        before = [None if q.grad is None else q.grad.clone() for q in ours.parameters()]
         got = backward_input(fp, [g])
+        if fp.whole_in_w:  # B leaves everything to W
+            assert all(_same(q.grad, b) for q, b in zip(ours.parameters(), before))
         backward_weight(fp)
         if xr.requires_grad:
             torch.testing.assert_close(got[0], xr.grad, msg=f"{name} microbatch {mb}: input gradient")
@@ -114,7 +179,11 @@ def test_split_gradients_equal_autograd_microbatch_after_microbatch(name):
         for (pname, p), q in zip(ref.named_parameters(), ours.parameters()):
             torch.testing.assert_close(q.grad, p.grad, msg=lambda e, mb=mb, pname=pname: f"{name} microbatch {mb} {pname}: {e}")
     # the first microbatch of a signature checks the graph; later ones take the fast path if they may
-    assert taken == [False, fast, fast]
+    assert taken == (["whole"] * 3 if fast == "whole" else [False, fast, fast])
+
+
+def _same(a, b) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
 
 
 def test_fast_path_is_rechecked_when_the_inputs_change():
@@ -146,9 +215,10 @@ def test_loss_in_the_stage_and_first_stage_without_input_gradient():
 
 
 @pytest.mark.parametrize("first", [False, True])
-def test_fast_path_b_frees_all_but_what_w_reads(first):
-    """After B only the deferred layers' inputs stay (what W reads: the first Linear's input
-    and the LayerNorm's output, float32); W frees them."""
+def test_b_frees_all_but_what_w_reads(first):
+    """On the fast path only the deferred layers' inputs stay after B (what W reads: the first
+    Linear's input and the LayerNorm's output, float32). A first stage's B frees nothing: its
+    whole backward is W's. W frees the rest."""
     torch.manual_seed(0)
     body = [nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 8)]
     mod = nn.Sequential(nn.Embedding(13, 8), *body) if first else nn.Sequential(*body)
@@ -156,12 +226,16 @@ def test_fast_path_b_frees_all_but_what_w_reads(first):
         meter = ActivationMeter()
         x = torch.randint(0, 13, (4, 6)) if first else torch.randn(4, 6, 8, requires_grad=True)
         fp = forward_pass(mod, [x], meter=meter)
-        assert fp.fast is (mb == 1)
+        assert fp.fast is (mb == 1 and not first) and fp.whole_in_w is first
         after_f = meter.bytes
         backward_input(fp, [torch.randn(4, 6, 8)])
         after_b = meter.bytes
         backward_weight(fp)
-        assert 0 < after_b < after_f and meter.bytes == 0
+        assert meter.bytes == 0
+        if first:
+            assert after_b == after_f > 0
+        else:
+            assert 0 < after_b < after_f
         if fp.fast:  # the generic split (first microbatch) also keeps what LayerNorm's W re-run reads
             assert after_b == 4 * 6 * (8 + 16) * 4
 

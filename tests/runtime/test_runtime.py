@@ -138,8 +138,9 @@ class _Twice(nn.Module):
 @pytest.mark.parametrize("needs_input_grad", [True, False])
 def test_b_and_w_do_no_duplicated_work(needs_input_grad):
     """B + W run exactly the matrix products of one plain backward, even for a parameter used
-    twice. B does the activation-gradient work also on a first stage (input needing no
-    gradient), but produces no gradient for that input: LayerNorm, the first op, is W's alone."""
+    twice, whether ``.grad`` is created or added to. On a first
+    stage (input needing no gradient) B has nothing to send and does nothing: W runs the plain
+    backward."""
     torch.manual_seed(0)
     module, g = _Twice(), torch.randn(4, 8)
 
@@ -152,10 +153,18 @@ def test_b_and_w_do_no_duplicated_work(needs_input_grad):
                 backward_weight(fp)
         return b.counts, w.counts
 
-    (full, _), (b, w) = counted(False), counted(True)
-    assert b["mm"] + w["mm"] == full["mm"]
-    assert b["mm"] == 2  # d(input) of both uses of the Linear
-    assert ("native_layer_norm_backward" in b) == needs_input_grad
+    def products(counts) -> int:
+        return counts["mm"]
+
+    for fresh in (True, False):  # .grad created, then added to
+        if fresh:
+            module.zero_grad(set_to_none=True)
+        (full, _), (b, w) = counted(False), counted(True)
+        assert products(b) + products(w) == products(full) == 4
+        if needs_input_grad:
+            assert products(b) == 2  # d(input) of both uses of the Linear
+        else:
+            assert not b and w["native_layer_norm_backward"] == 1
 
 
 @pytest.mark.parametrize("needs_input_grad", [True, False])

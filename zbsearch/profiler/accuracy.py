@@ -3,6 +3,10 @@
 The runtime's trace times each action's compute alone (``runtime.trace``), so its F, B and W
 durations are directly comparable with the profile's T_F, T_B and T_W of the same stage. Used
 by the profiler's accuracy test and ``bench/profiler.py``.
+
+A pass with (almost) nothing to do, such as a first stage's B (its whole backward is W's), is
+not compared: under ``NEGLIGIBLE`` of its stage's F + B + W, a relative error says nothing
+(a few microseconds of call overhead either way) and such a pass cannot move a schedule.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from ..actions import Op
 from ..formats.profile import Profile
 from ..formats.trace import Trace
 
-__all__ = ["PassAgreement", "runtime_vs_profile"]
+__all__ = ["PassAgreement", "runtime_vs_profile", "NEGLIGIBLE"]
+
+NEGLIGIBLE = 0.01  # share of the stage's profiled F + B + W
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,7 @@ class PassAgreement:
 
 
 def runtime_vs_profile(profile: Profile, traces: list[Trace]) -> list[PassAgreement]:
-    """F, B and W of every profile stage; trace stage s is profile stage s."""
+    """F, B and W of every profile stage but negligible passes; trace stage s is profile stage s."""
     durations: dict[tuple[int, Op], list[float]] = defaultdict(list)
     for trace in traces:
         for ev in trace.traceEvents:
@@ -39,6 +45,6 @@ def runtime_vs_profile(profile: Profile, traces: list[Trace]) -> list[PassAgreem
     rows = []
     for s, st in enumerate(profile.stages):
         for op, profiled in ((Op.F, st.t_f), (Op.B, st.t_b), (Op.W, st.t_w)):
-            if durations[(s, op)]:
+            if durations[(s, op)] and profiled >= NEGLIGIBLE * (st.t_f + st.t_b + st.t_w):
                 rows.append(PassAgreement(s, op, profiled, statistics.median(durations[(s, op)])))
     return rows

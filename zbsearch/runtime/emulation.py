@@ -8,8 +8,9 @@ right sleeps in the right pass:
     y = Act(x + Weight(w))
 
 ``Act`` sleeps T_F in forward and T_B in backward: it is on the activation-gradient path, so
-B runs it (on a first stage too, where our B still does that path; torch's runtime leaves all
-of a first stage's backward to W). ``Weight`` sleeps T_W in backward and leads only to the
+B runs it (on a first stage too: an emulated stage asks for a split first stage, whose B runs
+that path, while the split backward leaves a real first stage's whole backward to W, as
+torch's runtime does; a real first stage's profile has T_B about 0). ``Weight`` sleeps T_W in backward and leads only to the
 parameter, so W runs it. Each pass also holds activation memory as the profile says: Act saves
 a buffer of M_B - M_W bytes, freed by B, Weight one of M_W bytes, freed by W. Both are one timed
 identity (``_Timed``), Weight with no forward time.
@@ -95,6 +96,10 @@ class EmulatedStage(nn.Module):
         self.t_bw = t_b + t_w if t_bw is None else t_bw
         self.b_bytes, self.w_bytes = int(b_bytes), int(w_bytes)
         self.weight = nn.Parameter(torch.zeros(width))
+
+    # A first stage's B runs Act, as the profile says: without this the split backward would
+    # leave a first stage's whole backward to W (see ``zbsearch.runtime.split_backward``).
+    split_first_stage = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fusion = _Fusion()

@@ -22,26 +22,32 @@ parameters. How it does that without redoing B's work:
   Frontier nodes whose Q parts still meet (a tensor derived from a parameter and used twice)
   are re-run together, with their saved gradients pinned by pre-hooks, which keeps the result
   exact; only then can W redo the input-gradient path between them.
-* The first stage's inputs need no gradient (token ids, data), so there is no input to reach.
-  There I is the part of the graph that depends on the inputs, found by following them through
-  forward (the same ``TorchFunctionMode``): B runs it down to its lowest nodes and keeps the
-  gradient arriving there, without computing any gradient for the inputs themselves. So the
-  first stage's B does the activation-gradient work the cost model gives it and frees what it
-  frees on the other stages, and W the rest.
 * B frees the activations W does not read (see ``memory``), so memory follows the model:
   F allocates M_B, B frees M_B - M_W, W frees M_W.
+
+A first stage (no input needs a gradient: token ids, data) is not split. Its B has no gradient
+to send, so nothing waits for it: B only keeps the output gradients and W runs one plain
+backward (as torch's runtime does). The split would cost time (at hidden 64, 10-25% over a
+plain backward) for nothing the schedule can use, since a first-stage W can go wherever its B
+could. The profile records what this costs: T_B about 0 and no memory freed by B (m_b = 0),
+T_W the whole backward; schedules are built from that. A module whose ``split_first_stage``
+is true is split anyway: I is then the part of the graph that depends on the inputs, found by
+following them through forward (the same ``TorchFunctionMode``), and B runs it down to its
+lowest nodes, keeping the gradient arriving there. ``EmulatedStage`` asks for that, so that an
+emulated first stage runs its profile's T_B in B whatever profile it emulates.
 
 Most of that machinery is for parameters used in arbitrary ways. The common layers get a fast
 path with no graph analysis at all (measured in ``bench/split.py``):
 
-* ``F.linear`` and ``F.embedding`` on a stage parameter (nn.Linear, the projections of
-  attention and MLP, nn.Embedding, tied heads) run as custom autograd Functions whose backward
-  computes the input gradient only and keeps (input, output gradient); W computes the weight
-  gradient from those later (one matrix product, or an index-add for an embedding).
+* ``F.linear`` on a stage parameter (nn.Linear, the projections of attention and MLP, tied
+  heads) runs as a custom autograd Function whose backward computes the input gradient only and
+  keeps (input, output gradient); W computes the weight gradient from those later (one matrix
+  product and, for a bias, a sum).
 * Every other use of a parameter by an elementwise op or a norm layer (LayerNorm / RMSNorm
   weights, biases, a position table) costs O(activations), not a matrix product: B asks
   autograd for the gradient of those uses together with the input gradient, in one call, and
-  W only adds them to ``param.grad``.
+  W only adds them to ``param.grad`` (in W, like every other gradient, so that gradients add up
+  over microbatches in the same order, bit for bit as ``loss.backward()`` per microbatch).
 * So B is one ``autograd.grad`` without ``retain_graph`` (the graph, and every activation W does
   not read, is freed at once), and W is a few matrix products in Python.
 
@@ -49,7 +55,7 @@ Whether a stage takes it is decided per module and input signature on its first 
 microbatch, which runs the generic split and checks the graph: every parameter use not deferred
 must be cheap, and no parameter used directly (inside a custom autograd Function, say). Later
 microbatches of that signature then run their forward under a lean mode that only intercepts
-``F.linear`` / ``F.embedding`` (every torch call through a Python handler costs a few µs, and
+``F.linear`` (every torch call through a Python handler costs a few µs, and
 the generic split's per-use views and data-flow tracking cost far more). Correctness does not
 rest on the check: the fast B asks autograd for the gradient of every parameter, so a use the
 first microbatch did not show still gets its gradient (in B, where it costs time, not
@@ -123,20 +129,20 @@ _CHEAP = frozenset({
 
 
 class _Record:
-    """One deferred use of a weight: what W needs to compute its gradient."""
+    """One deferred ``F.linear``: what W needs to compute its weight gradient."""
 
-    __slots__ = ("kind", "weight", "bias", "x", "grad", "padding_idx", "scale")
+    __slots__ = ("weight", "bias", "x", "grad")
 
-    def __init__(self, kind: str, weight: nn.Parameter, bias: nn.Parameter | None, x) -> None:
-        self.kind, self.weight, self.bias, self.x = kind, weight, bias, x
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, x) -> None:
+        self.weight, self.bias, self.x = weight, bias, x
         self.grad: torch.Tensor | None = None
-        self.padding_idx, self.scale = -1, False
 
 
 class _LinearInputGrad(torch.autograd.Function):
     """``F.linear`` whose backward gives the input gradient only and leaves the output gradient
     in ``rec`` for W. The weight comes in detached and ``anchor`` (a leaf) keeps the output in the
-    graph on a first stage, where nothing else may need a gradient."""
+    graph where the input needs no gradient (a Linear on data), and makes B run every deferred
+    Linear: B asks for the anchor's gradient."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, anchor, rec):
@@ -147,20 +153,6 @@ class _LinearInputGrad(torch.autograd.Function):
     def backward(ctx, grad):
         ctx.rec.grad = grad
         return (grad.matmul(ctx.weight) if ctx.needs_input_grad[0] else None), None, None, None, None
-
-
-class _EmbeddingDeferred(torch.autograd.Function):
-    """``F.embedding`` whose backward only leaves the output gradient in ``rec`` for W."""
-
-    @staticmethod
-    def forward(ctx, ids, weight, anchor, rec):
-        ctx.rec = rec
-        return F.embedding(ids, weight, None if rec.padding_idx < 0 else rec.padding_idx, scale_grad_by_freq=rec.scale)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.rec.grad = grad
-        return None, None, None, None
 
 
 def _bind(args: tuple, kwargs: dict, names: tuple[str, ...], defaults: tuple) -> list | None:
@@ -185,14 +177,10 @@ def _bind(args: tuple, kwargs: dict, names: tuple[str, ...], defaults: tuple) ->
 
 
 _LINEAR_ARGS = (("input", "weight", "bias"), (None,))
-_EMBEDDING_ARGS = (
-    ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse"),
-    (None, None, 2.0, False, False),
-)
 
 
 class _Deferral:
-    """The deferred weight uses of one forward (``F.linear`` / ``F.embedding`` on a stage parameter)."""
+    """The deferred weight uses of one forward (``F.linear`` on a stage parameter)."""
 
     def __init__(self, params: dict[int, nn.Parameter], saved: SavedActivations) -> None:
         self._params = params
@@ -205,24 +193,14 @@ class _Deferral:
         (under autocast too: its casts would have to be replayed in W)."""
         if args and isinstance(args[0], torch.Tensor) and torch.is_autocast_enabled(args[0].device.type):
             return None
-        if func is F.linear:
-            a = _bind(args, kwargs, *_LINEAR_ARGS)
-            if a is None or not self._mine(a[1]) or not (a[2] is None or self._mine(a[2])) or not isinstance(a[0], torch.Tensor):
-                return None
-            x, w, b = a
-            rec = _Record("linear", w, b, self._saved.hold(x))
-            out = _LinearInputGrad.apply(x, w.detach(), None if b is None else b.detach(), self.anchor, rec)
-        elif func is F.embedding:
-            a = _bind(args, kwargs, *_EMBEDDING_ARGS)
-            if a is None or not self._mine(a[1]) or a[3] is not None or a[6] or not isinstance(a[0], torch.Tensor):
-                return None
-            ids, w = a[0], a[1]
-            rec = _Record("embedding", w, None, ids)
-            rec.padding_idx = -1 if a[2] is None else (a[2] if a[2] >= 0 else a[2] + w.shape[0])
-            rec.scale = bool(a[5])
-            out = _EmbeddingDeferred.apply(ids, w.detach(), self.anchor, rec)
-        else:
+        if func is not F.linear:
             return None
+        a = _bind(args, kwargs, *_LINEAR_ARGS)
+        if a is None or not self._mine(a[1]) or not (a[2] is None or self._mine(a[2])) or not isinstance(a[0], torch.Tensor):
+            return None
+        x, w, b = a
+        rec = _Record(w, b, self._saved.hold(x))
+        out = _LinearInputGrad.apply(x, w.detach(), None if b is None else b.detach(), self.anchor, rec)
         self.records.append(rec)
         return out
 
@@ -233,20 +211,19 @@ class _Deferral:
         return {id(r.x) for r in self.records if self._saved.holds(r.x)}
 
     def weight_grads(self) -> None:
-        """W of the deferred uses: each weight's gradient from its input and output gradient."""
+        """W of the deferred uses: each weight's gradient from its input and output gradient.
+        A product, then an add into ``.grad``, as autograd does: ``addmm_`` into ``.grad`` would
+        save the temporary but round differently, and gradients are kept bit for bit those of
+        ``loss.backward()`` (post-validation's exactness rests on it)."""
         for r in self.records:
             g = r.grad
             if g is None:  # no gradient reached this use
                 continue
-            if r.kind == "linear":
-                x = self._saved.read(r.x)
-                g2 = g.reshape(-1, g.shape[-1])
-                _accumulate(r.weight, g2.t().mm(x.reshape(-1, x.shape[-1])), fresh=True)
-                if r.bias is not None:
-                    _accumulate(r.bias, g2.sum(0), fresh=True)
-            else:
-                grad = torch.ops.aten.embedding_dense_backward(g, r.x, r.weight.shape[0], r.padding_idx, r.scale)
-                _accumulate(r.weight, grad, fresh=True)
+            x = self._saved.read(r.x)
+            g2 = g.reshape(-1, g.shape[-1])
+            _accumulate(r.weight, g2.t().mm(x.reshape(-1, x.shape[-1])), fresh=True)
+            if r.bias is not None:
+                _accumulate(r.bias, g2.sum(0), fresh=True)
         self.records = []
 
 
@@ -304,7 +281,7 @@ class _ViewPerUse(TorchFunctionMode):
 
 
 class _DeferOnly(TorchFunctionMode):
-    """The fast path's forward: deferred Linear / Embedding calls, every other call as it is."""
+    """The fast path's forward: deferred Linear calls, every other call as it is."""
 
     def __init__(self, deferral: _Deferral) -> None:
         super().__init__()
@@ -312,7 +289,7 @@ class _DeferOnly(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if (func is F.linear or func is F.embedding) and torch.is_grad_enabled():
+        if func is F.linear and torch.is_grad_enabled():
             out = self._deferral.call(func, args, kwargs)
             if out is not None:
                 return out
@@ -329,12 +306,14 @@ class ForwardPass:
     saved: SavedActivations
     views: dict[Node, nn.Parameter]
     data: _DataFlow | None  # a first stage's data flow (its inputs need no gradient)
-    deferral: _Deferral | None = None  # the deferred Linear / Embedding uses (split only)
+    deferral: _Deferral | None = None  # the deferred Linear uses (split only)
     fast: bool = False  # every parameter use is deferred or cheap, as checked on this signature
+    whole_in_w: bool = False  # a first stage: B keeps the output gradients, W runs the whole backward
     verdict: Callable[[bool], None] | None = None  # records the check when this pass is the first
     # set by backward_input, consumed by backward_weight:
     groups: list[_WeightGroup] = field(default_factory=list)
-    early: list[tuple[nn.Parameter, torch.Tensor]] = field(default_factory=list)  # cheap uses' gradients from B
+    pending: tuple[Sequence, Sequence] = ((), ())  # whole_in_w: the outputs and their gradients
+    early: list[tuple[nn.Parameter, torch.Tensor]] = field(default_factory=list)  # fast path: from B, for W
 
 
 @dataclass(eq=False)
@@ -355,7 +334,9 @@ def forward_pass(
 ) -> ForwardPass:
     """Run ``module(*inputs)`` (then ``post`` on its output, e.g. a loss) for a later backward.
 
-    ``split=False`` is for a fused backward (BW): no per-use views, nothing to split.
+    ``split=False`` is for a fused backward (BW): no per-use views, nothing to split. So is a
+    first stage (no input needs a gradient), unless ``module.split_first_stage`` is true: its
+    B has no gradient to send, so B does nothing and W runs the whole backward.
     Outputs are returned as a tuple of tensors (``ForwardPass.outputs``).
     """
     every = list(module.parameters())
@@ -363,13 +344,14 @@ def forward_pass(
     saved = SavedActivations(meter, {id(t) for t in (*every, *module.buffers())})
     views: dict[Node, nn.Parameter] = {}
     first = not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
-    data = _DataFlow(inputs) if split and first else None
-    if not split:
+    whole = split and first and not getattr(module, "split_first_stage", False)
+    if not split or whole:
         with saved.hooks():
             out = module(*inputs)
             if post is not None:
                 out = post(out)
-        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None)
+        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None, whole_in_w=whole)
+    data = _DataFlow(inputs) if first else None
     deferral = _Deferral({id(p): p for p in params}, saved)
     known = _CHECKED.setdefault(module, {})
     sig = _signature(inputs, post)
@@ -428,7 +410,14 @@ def _grad_inputs(fp: ForwardPass) -> list[int]:
 def backward_full(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
     """Fused backward (BW): input gradients returned, parameter gradients accumulated."""
     outs, grads = _roots(fp, output_grads)
-    idx = _grad_inputs(fp)
+    result = _backward_accumulating(fp, outs, grads, _grad_inputs(fp))
+    _release(fp)
+    return result
+
+
+def _backward_accumulating(fp: ForwardPass, outs: Sequence, grads: Sequence, idx: list[int]) -> list[torch.Tensor | None]:
+    """One autograd call over the whole graph, freeing it as it goes: the stage inputs'
+    gradients returned, every other leaf's accumulated into its ``.grad``."""
     result: list[torch.Tensor | None] = [None] * len(fp.inputs)
     xs = [fp.inputs[i] for i in idx]
     if outs and (xs or fp.params):
@@ -446,7 +435,6 @@ def backward_full(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None]) 
                 torch.autograd.backward(outs, grads, inputs=xs + fp.params)
         for i, x, b in zip(idx, xs, before):
             result[i], x.grad = x.grad, b
-    _release(fp)
     return result
 
 
@@ -455,8 +443,11 @@ def backward_input(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None])
     outs, grads = _roots(fp, output_grads)
     idx = _grad_inputs(fp)
     result: list[torch.Tensor | None] = [None] * len(fp.inputs)
+    if fp.whole_in_w:
+        fp.pending = (outs, grads)
+        return result
     if fp.fast:
-        return _fast_backward_input(fp, outs, grads, idx, result)
+        return _fast_backward_input(fp, outs, grads, idx)
     if fp.data is None:  # I: what reaches the inputs
         input_nodes = {get_gradient_edge(fp.inputs[i]).node for i in idx}
     else:  # I: what depends on the inputs
@@ -465,7 +456,7 @@ def backward_input(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None])
     graph = _Graph([e.node for e in root_edges], input_nodes, fp)
     if fp.verdict is not None:  # the first microbatch of its kind: may the next take the fast path?
         fp.verdict(not graph.direct)
-    # B also runs every deferred Linear / Embedding (they lead to the anchor), leaving W their weights
+    # B also runs every deferred Linear (they lead to the anchor), leaving W their weights
     anchor = [fp.deferral.anchor] if fp.deferral is not None and fp.deferral.records else []
     # B stops at the inputs, or for a first stage at the lowest nodes of I, whose work is all W's
     if fp.data is None:
@@ -506,12 +497,16 @@ def backward_input(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None])
     return result
 
 
-def _fast_backward_input(fp: ForwardPass, outs: list, grads: list, idx: list[int], result: list) -> list[torch.Tensor | None]:
-    """B on the fast path: one autograd call for the input gradients, the cheap parameter uses'
-    gradients and every deferred layer's input gradient; the graph is freed as it goes."""
+def _fast_backward_input(fp: ForwardPass, outs: list, grads: list, idx: list[int]) -> list[torch.Tensor | None]:
+    """B on the fast path: one autograd call, freeing the graph as it goes, for the input
+    gradients, every deferred layer's output gradient and the gradients of the other parameter
+    uses (the cheap ones, and any the check did not see: exact, in B rather than W). Those are
+    added to ``.grad`` in W, as on the generic path, so that gradients accumulate over
+    microbatches in the same order whichever path each took (bit for bit ``loss.backward()``)."""
     assert fp.deferral is not None
+    result: list[torch.Tensor | None] = [None] * len(fp.inputs)
     # Every parameter is asked for: those only deferred are not reached (their weight comes in
-    # detached) and cost nothing; any other use gets its gradient here, whatever it is.
+    # detached) and cost nothing.
     targets = [fp.inputs[i] for i in idx] + [fp.deferral.anchor] + fp.params
     if outs:
         with fp.saved.consuming():
@@ -527,6 +522,8 @@ def _fast_backward_input(fp: ForwardPass, outs: list, grads: list, idx: list[int
 
 def backward_weight(fp: ForwardPass) -> None:
     """W: accumulate the parameter gradients left by ``backward_input``."""
+    if fp.whole_in_w:
+        _backward_accumulating(fp, *fp.pending, [])
     if fp.deferral is not None:
         fp.deferral.weight_grads()
     for p, g in fp.early:
@@ -548,6 +545,7 @@ def backward_weight(fp: ForwardPass) -> None:
 def _release(fp: ForwardPass) -> None:
     fp.saved.free()
     fp.groups = []
+    fp.pending = ((), ())
     fp.early = []
     fp.deferral = None
     fp.views = {}
