@@ -268,6 +268,10 @@ def test_distributed_pieces_are_measured_by_the_rank_that_runs_them():
     alone = profile_one_device(builtin_gpt(V4), Settings(warmup=1, repeat=3), link=LINK, placement=V_PLACEMENT)
     assert prof.placement == V_PLACEMENT == alone.placement and prof.num_ranks == 2 and prof.num_stages == 4
     assert [st.m_f for st in prof.stages] == [st.m_f for st in alone.stages]
+    # piece 2 takes piece 1's output on the same rank: its B has an input gradient to compute
+    # (only piece 0's B is empty), as on one device
+    assert [st.m_b for st in prof.stages] == [st.m_b for st in alone.stages]
+    assert prof.stages[0].m_b == 0 and all(st.m_b < 0 for st in prof.stages[1:])
     assert prof.measured.boundary_bytes == alone.measured.boundary_bytes
     doc = prof.model_dump()
     assert doc["mode"].startswith("2 pieces per rank, placement [0, 1, 1, 0], 2 ranks")

@@ -160,8 +160,8 @@ def profile_distributed(
                     else ("ok", [(o.detach().cpu(), o.requires_grad and o.is_floating_point()) for o in outs[s]])
                 )
                 dist.send_object_list([payload], dst=_global(group, owner[s + 1]), group=group)
-            if s in outs:
-                outs[s] = tuple(o.detach() for o in outs[s])  # the chain's graph is not needed any more
+            if s in outs:  # the chain's graph is not needed any more; a local hand-over still needs the flags
+                outs[s] = leaves(outs[s])
         errors = [None] * world
         dist.all_gather_object(errors, error, group=group)
         first = next((e for e in errors if e), None)
