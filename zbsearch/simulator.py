@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .actions import Action, Op
 from .costs import CostModel
-from .dependencies import action_index, action_predecessor_types, edge_delay, pass_positions
+from .dependencies import action_predecessor_types, edge_delay, pass_positions
 from .errors import ZbError
 
 __all__ = ["Timeline", "Deadlock", "simulate", "memory_trace", "peak_memory", "bubble_rate"]
@@ -133,7 +133,7 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
         if wait is not None:
             parked[wait[0]].append((wait[1], r))
     if any(d < len(row) for d, row in zip(done, rank_actions)):
-        raise Deadlock(_waits(rank_actions, done, _resolve(rank_actions, cost)))
+        raise Deadlock(_waits(rank_actions, done, _resolve(rank_actions, where, S)))
 
     busy = [sum([kinds[a.op][a.stage][0] for a in row]) for row in rank_actions]
     return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy)
@@ -158,19 +158,18 @@ def peak_memory(memory: list[list[float]]) -> list[float]:
     return [max([0.0, *m]) for m in memory]
 
 
-def _resolve(rank_actions: list[list[Action]], cost: CostModel) -> list[list[list[tuple[int, int]]]]:
+def _resolve(rank_actions: list[list[Action]], where, S: int) -> list[list[list[tuple[int, int]]]]:
     """Per action, (rank, position) of each pass it waits for, in the order of
-    ``action_predecessor_types``; ZbError on the first pass (in rank and position order) that
-    no rank executes. Only for a schedule that did not run through: to say why."""
-    S = cost.num_stages
-    index = action_index(rank_actions)
+    ``action_predecessor_types``, from ``simulate``'s ``pass_positions`` table; ZbError on the
+    first pass (in rank and position order) that no rank executes. Only for a schedule that did
+    not run through: to say why."""
     deps = []
     for r, row in enumerate(rank_actions):
         row_deps = []
         for a in row:
             resolved = []
             for ds, dop in action_predecessor_types(a.stage, a.op, S):
-                pos = index.get((ds, dop, a.mb))
+                pos = where[dop][ds][a.mb]
                 if pos is None:
                     raise ZbError(f"{a} on rank {r} depends on {ds}{dop.value}{a.mb}, which no rank executes")
                 resolved.append(pos)
