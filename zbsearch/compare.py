@@ -19,7 +19,7 @@ from .costs import CostModel
 from .errors import ZbError
 from .formats.profile import Profile
 from .formats.schedule import Schedule
-from .limits import fits, parse_memory_limit
+from .limits import parse_memory_limit, peaks_fit
 
 __all__ = ["SOLVED_KINDS", "compare"]
 
@@ -89,5 +89,5 @@ def _row(kind: str, sched: Schedule, profile: Profile, mem_limit: str | None) ->
     return {
         "kind": kind, "bubble_rate": pred.bubble_rate, "span": max(pred.span), "makespan": pred.makespan,
         "peak_memory": max(pred.peak_memory), "lower_bound": pred.lower_bound,
-        "fits": limit is None or all(fits(pk, lim) for pk, lim in zip(pred.peak_memory, limit)),
+        "fits": peaks_fit(pred.peak_memory, limit),
     }

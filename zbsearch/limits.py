@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 
 from .costs import CostModel
 from .errors import ZbError
 from .formats.profile import Profile
 
-__all__ = ["parse_memory_limit", "fits", "allowance", "limit_for_profile"]
+__all__ = ["parse_memory_limit", "fits", "peaks_fit", "allowance", "limit_for_profile"]
 
 # Tolerance of ``fits``: relative, plus absolute for limits near zero.
 _RTOL, _ATOL = 1e-9, 1e-12
@@ -106,3 +107,8 @@ def allowance(limit: float) -> float:
 def fits(value: float, limit: float) -> bool:
     """Whether ``value`` (a peak or a running total of memory) stays within ``limit``."""
     return value <= allowance(limit)
+
+
+def peaks_fit(peaks: Sequence[float], limit: Sequence[float] | None) -> bool:
+    """Whether each rank's peak memory stays within its limit (None: no limit)."""
+    return limit is None or all(fits(pk, x) for pk, x in zip(peaks, limit))

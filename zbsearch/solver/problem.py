@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ..actions import Action
 from ..costs import CostModel
 from ..formats.schedule import Objective
-from ..limits import allowance, fits
+from ..limits import allowance, peaks_fit
 from ..simulator import Timeline, memory_trace, peak_memory, simulate
 
 __all__ = ["Objective", "Problem"]
@@ -63,9 +63,8 @@ class Problem:
 
     def fits(self, tl: Timeline) -> bool:
         """Whether every rank's memory stays within its limit."""
-        return all(fits(pk, x) for pk, x in zip(tl.peak_memory, self.limits()))
+        return peaks_fit(tl.peak_memory, self.limit)
 
     def fits_order(self, rows: list[list[Action]]) -> bool:
         """``fits`` before any simulation: memory depends on the order alone."""
-        peaks = peak_memory(memory_trace(rows, self.cost)) if self.limit is not None else []
-        return all(fits(pk, x) for pk, x in zip(peaks, self.limits()))
+        return self.limit is None or peaks_fit(peak_memory(memory_trace(rows, self.cost)), self.limit)
