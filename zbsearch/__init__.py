@@ -14,10 +14,11 @@ module do not pay for pydantic and the rest.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from . import _lazy
 
 if TYPE_CHECKING:
     from .actions import Action, Op, parse_action
@@ -53,11 +54,7 @@ __all__ = list(_SOURCES)
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _SOURCES:
-        raise AttributeError(f"module 'zbsearch' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_SOURCES[name], __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+    return _lazy.load(__name__, _SOURCES, name)
 
 
 def __dir__() -> list[str]:

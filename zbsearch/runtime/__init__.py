@@ -24,7 +24,9 @@ barrier before the optimizer step; ``SyncClippedOptimizer``: its synchronous bas
 
 from __future__ import annotations
 
-import importlib
+from typing import Any
+
+from .. import _lazy
 
 __all__ = [
     "PipelineRuntime",
@@ -42,25 +44,23 @@ __all__ = [
 ]
 
 _WHERE = {
-    "PipelineRuntime": "runtime",
-    "PipelineError": "errors",
-    "forward_pass": "split_backward",
-    "backward_input": "split_backward",
-    "backward_weight": "split_backward",
-    "backward_full": "split_backward",
-    "EmulatedStage": "emulation",
-    "emulated_stages": "emulation",
-    "emulated_loss": "emulation",
-    "PostValidatedOptimizer": "post_validation",
-    "SyncClippedOptimizer": "post_validation",
-    "Verdict": "post_validation",
+    "PipelineRuntime": ".runtime",
+    "PipelineError": ".errors",
+    "forward_pass": ".split_backward",
+    "backward_input": ".split_backward",
+    "backward_weight": ".split_backward",
+    "backward_full": ".split_backward",
+    "EmulatedStage": ".emulation",
+    "emulated_stages": ".emulation",
+    "emulated_loss": ".emulation",
+    "PostValidatedOptimizer": ".post_validation",
+    "SyncClippedOptimizer": ".post_validation",
+    "Verdict": ".post_validation",
 }
 
 
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+def __getattr__(name: str) -> Any:
+    return _lazy.load(__name__, _WHERE, name)
 
 
 def __dir__() -> list[str]:
