@@ -178,6 +178,8 @@ def test_split_gradients_equal_autograd_microbatch_after_microbatch(name):
             assert got[0] is None
         for (pname, p), q in zip(ref.named_parameters(), ours.parameters()):
             torch.testing.assert_close(q.grad, p.grad, msg=lambda e, mb=mb, pname=pname: f"{name} microbatch {mb} {pname}: {e}")
+            # as from loss.backward(): no history, which would keep every microbatch's graph alive
+            assert q.grad is None or not q.grad.requires_grad, f"{name} microbatch {mb} {pname}: .grad has a graph"
     # the first microbatch of a signature checks the graph; later ones take the fast path if they may
     assert taken == (["whole"] * 3 if fast == "whole" else [False, fast, fast])
 

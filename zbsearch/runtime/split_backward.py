@@ -214,16 +214,21 @@ class _Deferral:
         """W of the deferred uses: each weight's gradient from its input and output gradient.
         A product, then an add into ``.grad``, as autograd does: ``addmm_`` into ``.grad`` would
         save the temporary but round differently, and gradients are kept bit for bit those of
-        ``loss.backward()`` (post-validation's exactness rests on it)."""
-        for r in self.records:
-            g = r.grad
-            if g is None:  # no gradient reached this use
-                continue
-            x = self._saved.read(r.x)
-            g2 = g.reshape(-1, g.shape[-1])
-            _accumulate(r.weight, g2.t().mm(x.reshape(-1, x.shape[-1])), fresh=True)
-            if r.bias is not None:
-                _accumulate(r.bias, g2.sum(0), fresh=True)
+        ``loss.backward()`` (post-validation's exactness rests on it). Without grad mode, as
+        autograd computes gradients: the products read activations that are still in the graph,
+        and under grad mode ``.grad`` would carry their history, keeping every microbatch's graph
+        alive until the gradients are reset (memory growing microbatch after microbatch, and the
+        page faults of a growing heap in every later pass)."""
+        with torch.no_grad():
+            for r in self.records:
+                g = r.grad
+                if g is None:  # no gradient reached this use
+                    continue
+                x = self._saved.read(r.x)
+                g2 = g.reshape(-1, g.shape[-1])
+                _accumulate(r.weight, g2.t().mm(x.reshape(-1, x.shape[-1])), fresh=True)
+                if r.bias is not None:
+                    _accumulate(r.bias, g2.sum(0), fresh=True)
         self.records = []
 
 
