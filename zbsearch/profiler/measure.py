@@ -117,7 +117,7 @@ def measure_stage(
         backward_weight(fp)
         e3, a3 = clock.mark(), live()
         del fp
-        fused = forward_pass(module, inputs, split=False, post=post)
+        fused = forward_pass(module, inputs, split=False, post=post, meter=meter)
         e4 = clock.mark()
         backward_full(fused, grads)
         e5 = clock.mark()
