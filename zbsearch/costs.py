@@ -11,6 +11,10 @@ stages on the same rank (a local hand-over); boundaries created by the split (in
 profile stage) cost the profile's mean boundary time, because activations between layers of
 one model have the same size wherever the cut is.
 
+A message between ranks also costs each end host time (the profile's optional ``t_send`` and
+``t_recv``, per boundary, mapped like its link time): it is added to the pass that sends or
+receives it, so the simulator, solver and bounds all see a pass as long as it holds its rank.
+
 A fused backward (BW) costs the profile's ``t_bw`` (one autograd call, no split analysis), not
 t_b + t_w. A schedule may run a microbatch's backward either way, so anything that must hold
 for every schedule (busy time, lower bounds) takes the cheaper of the two (``for_bounds``).
@@ -59,20 +63,25 @@ class CostModel:
             raise ZbError(misfit)
         k = S // P
         st = [profile.stages[s // k] for s in range(S)]
-        comm = []
-        for s in range(S - 1):
-            if stage_to_rank[s] == stage_to_rank[s + 1]:
-                comm.append(0.0)
-            elif (s + 1) % k == 0:
-                comm.append(profile.comm((s + 1) // k - 1))
-            else:
-                comm.append(profile.mean_comm())
+
+        def boundaries(kind: str) -> list[float]:  # per virtual boundary s -> s+1
+            return [
+                0.0 if stage_to_rank[s] == stage_to_rank[s + 1]
+                else profile.comm((s + 1) // k - 1, kind) if (s + 1) % k == 0 else profile.mean_comm(kind)
+                for s in range(S - 1)
+            ]
+
+        comm, send, recv = boundaries("t_comm"), boundaries("t_send"), boundaries("t_recv")
+        # host time of messages, on the passes that send or receive them: F gets its input from
+        # stage s-1 and sends to s+1; B (and BW) gets its gradient from s+1 and sends to s-1
+        fwd = [(send[s] if s < S - 1 else 0.0) + (recv[s - 1] if s else 0.0) for s in range(S)]
+        bwd = [(send[s - 1] if s else 0.0) + (recv[s] if s < S - 1 else 0.0) for s in range(S)]
         return cls(
             stage_to_rank=tuple(stage_to_rank),
-            t_f=tuple(c.t_f / k for c in st),
-            t_b=tuple(c.t_b / k for c in st),
+            t_f=tuple(c.t_f / k + h for c, h in zip(st, fwd)),
+            t_b=tuple(c.t_b / k + h for c, h in zip(st, bwd)),
             t_w=tuple(c.t_w / k for c in st),
-            t_bw=tuple(c.fused_backward / k for c in st),
+            t_bw=tuple(c.fused_backward / k + h for c, h in zip(st, bwd)),
             m_f=tuple(c.m_f / k for c in st),
             m_b=tuple(c.m_b / k for c in st),
             m_w=tuple(c.m_w / k for c in st),

@@ -41,7 +41,7 @@ def compare_pass_times(schedule: Schedule, traces: list[Trace]) -> list[PassTime
     anything else is a ZbError, since comparing other passes would mean nothing."""
     if not traces:
         raise ZbError("no trace to compare")
-    cost = CostModel.from_profile(schedule.profile, schedule.stage_to_rank)
+    cost = CostModel.from_profile(schedule.profile.compute_only(), schedule.stage_to_rank)  # spans time passes only
     planned = [set(row) for row in schedule.rank_actions]
     sums: dict[tuple[int, Op], list[float]] = {}
     for i, trace in enumerate(traces):

@@ -53,7 +53,7 @@ def measure_waits(schedule: Schedule, traces: list[Trace]) -> list[RankWaits]:
     """Per rank, the idle time of the measured steps split into dependency, link and local waits."""
     if not traces:
         raise ZbError("no trace to analyse")
-    cost = CostModel.from_profile(schedule.profile, schedule.stage_to_rank)
+    cost = CostModel.from_profile(schedule.profile.compute_only(), schedule.stage_to_rank)  # spans time passes only
     R, S = schedule.num_ranks, schedule.num_stages
     sums = [[0.0, 0.0, 0.0, 0.0, 0] for _ in range(R)]  # idle, dependency, link, local, late count
     excess: list[list[float]] = [[] for _ in range(R)]

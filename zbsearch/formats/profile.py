@@ -7,6 +7,9 @@ activation memory each pass allocates (m_f > 0)
 or frees (m_b, m_w, normally negative). What F allocates must be freed by B and W, so the
 three memory deltas sum to zero per stage; a profile that breaks this is rejected because it
 would make every memory prediction drift with the number of microbatches.
+Per boundary between stages: ``t_comm``, the link's latency (it occupies neither rank), and
+optionally ``t_send`` / ``t_recv``, the host time a message takes from the rank at each end
+(older files lack them: 0).
 """
 
 from __future__ import annotations
@@ -140,6 +143,12 @@ class Profile(BaseModel):
     memory_unit: Literal["bytes", "activations"]
     stages: list[StageCost] = Field(min_length=1)
     t_comm: float | list[float] = 0.0
+    # Host time a message costs the rank at each end of a link between ranks, per boundary (ms):
+    # the sender's call handing it to the link (``t_send``) and the receiver's call posting its
+    # receive (``t_recv``), measured while both ranks compute, as in a pipeline's steady state.
+    # Unlike t_comm this time is the rank's own: it delays the rank's next pass. Absent: 0.
+    t_send: float | list[float] | None = None
+    t_recv: float | list[float] | None = None
     memory_capacity: list[float] | None = None
     # written by the profiler; absent from hand-written and paper profiles
     device: str | None = None
@@ -158,10 +167,10 @@ class Profile(BaseModel):
     # runtime refuses microbatches of another size, whose times the schedule did not plan for.
     microbatch_size: int | None = Field(default=None, ge=1)
 
-    @field_validator("t_comm")
+    @field_validator("t_comm", "t_send", "t_recv")
     @classmethod
-    def _comm_nonneg(cls, v: float | list[float]) -> float | list[float]:
-        values = v if isinstance(v, list) else [v]
+    def _comm_nonneg(cls, v: float | list[float] | None) -> float | list[float] | None:
+        values = [] if v is None else v if isinstance(v, list) else [v]
         if any(_finite_in(x, MAX_TIME_MS) < 0 for x in values):
             raise ValueError("communication times must be >= 0")
         return v
@@ -175,11 +184,12 @@ class Profile(BaseModel):
 
     @model_validator(mode="after")
     def _comm_len(self) -> Profile:
-        if isinstance(self.t_comm, list) and len(self.t_comm) != len(self.stages) - 1:
-            raise ValueError(
-                f"t_comm has {len(self.t_comm)} values but {len(self.stages)} stages have "
-                f"{len(self.stages) - 1} boundaries"
-            )
+        for name in ("t_comm", "t_send", "t_recv"):
+            v = getattr(self, name)
+            if isinstance(v, list) and len(v) != len(self.stages) - 1:
+                raise ValueError(
+                    f"{name} has {len(v)} values but {len(self.stages)} stages have {len(self.stages) - 1} boundaries"
+                )
         if self.memory_capacity is not None and len(self.memory_capacity) != len(self.stages):
             raise ValueError(
                 f"memory_capacity has {len(self.memory_capacity)} values for {len(self.stages)} stages "
@@ -213,14 +223,22 @@ class Profile(BaseModel):
         """Stages per rank in the measured placement (1 without one)."""
         return self.num_stages // self.num_ranks
 
-    def comm(self, boundary: int) -> float:
-        """Time to pass a tensor across the boundary between stage ``boundary`` and the next."""
-        return self.t_comm[boundary] if isinstance(self.t_comm, list) else self.t_comm
+    def comm(self, boundary: int, kind: str = "t_comm") -> float:
+        """Time to pass a tensor across the boundary between stage ``boundary`` and the next
+        (``kind``: the link's ``t_comm``, or the host time ``t_send`` / ``t_recv`` at its ends)."""
+        v = getattr(self, kind)
+        return 0.0 if v is None else v[boundary] if isinstance(v, list) else v
 
-    def mean_comm(self) -> float:
-        if not isinstance(self.t_comm, list):
-            return self.t_comm
-        return sum(self.t_comm) / len(self.t_comm) if self.t_comm else 0.0
+    def mean_comm(self, kind: str = "t_comm") -> float:
+        v = getattr(self, kind)
+        if not isinstance(v, list):
+            return v or 0.0
+        return sum(v) / len(v) if v else 0.0
+
+    def compute_only(self) -> Profile:
+        """This profile without the host time of messages (``t_send``, ``t_recv``): what the
+        passes themselves take, as a runtime trace times them and emulated stages sleep."""
+        return self.model_copy(update={"t_send": None, "t_recv": None})
 
 
 def load_profile(path: str | os.PathLike) -> Profile:

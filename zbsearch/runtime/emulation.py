@@ -119,7 +119,7 @@ def emulated_stages(
     Times are the profile's milliseconds times ``time_scale`` (0 gives zero-time passes, to
     measure the runtime's own overhead); memory is the profile's units times ``bytes_per_unit``.
     """
-    cost = CostModel.from_profile(profile, stage_to_rank)
+    cost = CostModel.from_profile(profile.compute_only(), stage_to_rank)  # the runtime does the messages
     ms = time_scale / 1e3
     return [
         EmulatedStage(
