@@ -235,6 +235,7 @@ def test_torchrun_profiles_one_stage_per_rank_into_one_file(tmp_path):
     doc = prof.model_dump()
     assert prof.num_stages == 2 and doc["mode"].startswith("one rank per stage, 2 ranks")
     assert doc["links"]["method"] == "measured" and len(doc["links"]["devices"]) == 2 and prof.t_comm[0] > 0
+    assert prof.t_send[0] > 0 and prof.t_recv[0] > 0
 
 
 def _mismatched_ranks(rank: int, world: int, send) -> None:
@@ -280,9 +281,17 @@ def test_distributed_pieces_are_measured_by_the_rank_that_runs_them():
     assert one_way[1] is None and one_way[0]["median"] > 0 and one_way[2]["median"] > 0
     assert prof.t_comm[1] == 0 and prof.t_comm[0] == one_way[0]["median"] and prof.t_comm[2] == one_way[2]["median"]
     assert alone.t_comm[1] == 0 and alone.t_comm[0] == pytest.approx(LINK.time_ms(alone.measured.boundary_bytes[0]))
-    # what schedules get from it: the pieces' own costs
-    cost = zb.CostModel.from_profile(prof, V_PLACEMENT)
-    assert cost.t_f == tuple(st.t_f for st in prof.stages) and cost.comm_next == tuple(prof.t_comm)
+    # host time per message at each end of the two links between ranks, none for the hand-over
+    for kind, values in (("send_ms", prof.t_send), ("recv_ms", prof.t_recv)):
+        timed = doc["links"][kind]
+        assert timed[1] is None and values[1] == 0
+        assert values[0] == timed[0]["median"] > 0 and values[2] == timed[2]["median"] > 0
+    # what schedules get from it: the pieces' own costs, plus the message time where they send
+    # or receive across ranks (piece 0's F sends to rank 1, piece 3's F receives from it)
+    cost, compute = zb.CostModel.from_profile(prof, V_PLACEMENT), zb.CostModel.from_profile(prof.compute_only(), V_PLACEMENT)
+    assert compute.t_f == tuple(st.t_f for st in prof.stages) and cost.comm_next == tuple(prof.t_comm)
+    assert cost.t_f[0] == pytest.approx(compute.t_f[0] + prof.t_send[0])
+    assert cost.t_f[3] == pytest.approx(compute.t_f[3] + prof.t_recv[2])
 
 
 def _placement_for_three_ranks(rank: int, world: int, send):

@@ -8,11 +8,16 @@ transport the runtime would use on this machine, and each boundary is estimated 
 latency + bytes / bandwidth. There the fastest round trip counts: the aim is the transport's
 own cost, and on a busy machine the two processes often wait for a core, which only adds time.
 The profile's ``links`` block says which was done, with the spread of the timed messages.
+
+Under torchrun each pair also measures what a message costs the ranks' own time while both
+compute (``busy_exchange``): the sender's call handing it over and the receiver's posting of
+its receive, the profile's ``t_send`` and ``t_recv``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +26,7 @@ import torch.distributed as dist
 from ..distributed import run_local
 from .measure import Stats
 
-__all__ = ["LinkModel", "pingpong", "estimate_link"]
+__all__ = ["LinkModel", "pingpong", "busy_exchange", "estimate_link"]
 
 _LARGE = 16 * 2**20
 
@@ -61,6 +66,39 @@ def pingpong(
             torch.cuda.synchronize()
         if rep >= warmup:
             samples.append((time.perf_counter() - t0) * 1e3 / 2)
+    return samples
+
+
+def busy_exchange(
+    tensors: list[torch.Tensor], peer: int, lead: bool, work: Callable[[], object], group=None, warmup: int = 2,
+    repeat: int = 10,
+) -> list[float]:
+    """Host time (ms) this rank spends handing one message to the link while both ranks
+    compute, as in a pipeline's steady state: before each message both run ``work`` (their
+    stage's forward); the sender (``lead``) times its ``isend`` calls, the receiver the posting
+    of its ``irecv`` (before its work, as the runtime posts receives ahead). The ping-pong times
+    the link with both ranks idle; a rank that computes leaves the transport's threads no free
+    core, and these calls then wait for one."""
+    dst = dist.get_global_rank(group, peer) if group is not None else peer
+    samples, pending = [], []
+    for rep in range(warmup + repeat):
+        if lead:
+            work()
+            t0 = time.perf_counter()
+            pending += [dist.isend(t, dst, group=group, tag=rep) for t in tensors]
+            took = time.perf_counter() - t0
+        else:
+            bufs = [torch.empty_like(t) for t in tensors]
+            t0 = time.perf_counter()
+            works = [dist.irecv(b, dst, group=group, tag=rep) for b in bufs]
+            took = time.perf_counter() - t0
+            work()
+            for w in works:
+                w.wait()
+        if rep >= warmup:
+            samples.append(took * 1e3)
+    for w in pending:
+        w.wait()
     return samples
 
 

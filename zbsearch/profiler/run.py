@@ -5,7 +5,8 @@ Two ways to run, the same measurements:
 * one device (``profile_one_device``): stage after stage in this process, each fed the real
   outputs of the stage before; links estimated (``links.estimate_link``).
 * torchrun, one rank per pipeline rank (``profile_distributed``): each rank measures its own
-  stage on its own device, fed by the previous rank; neighbouring ranks time their real link;
+  stage on its own device, fed by the previous rank; neighbouring ranks time their real link,
+  and what a message costs each end's own time while both compute (``t_send``, ``t_recv``);
   rank 0 gathers everything and returns the profile. On CPU the ranks take turns, because ranks
   of one machine share its cores and timing them together would measure the contention.
 
@@ -30,7 +31,7 @@ import torch.distributed as dist
 
 from ..errors import ZbError
 from ..formats.profile import Profile
-from .links import LinkModel, estimate_link, pingpong
+from .links import LinkModel, busy_exchange, estimate_link, pingpong
 from .measure import StageMeasurement, Stats, disturbances, measure_stage
 from .settings import Settings, device_name, resolve_device, resolve_dtype
 from .stages import ModelSpec, leaves, run_stage
@@ -186,38 +187,59 @@ def profile_distributed(
             if progress is not None:
                 progress("all ranks at once: F, B, W", 0, steps)
             results = {s: measure(s) for s in mine}
-        # Links one at a time, so that no two transfers share the network or the host.
+        # Links one at a time, so that no two transfers share the network or the host: the
+        # link idle (ping-pong), then what a message costs each end while both compute.
         t_link: dict[int, Stats] = {}
+        t_host: dict[tuple[str, int], Stats] = {}  # ("send" | "recv", boundary) -> this rank's host time
         for b in (b for b in range(p - 1) if crosses[b]):
             if progress is not None:
                 progress(f"link {b} -> {b + 1} (rank {owner[b]} -> {owner[b + 1]})", p + sum(crosses[:b]), steps)
             if rank == owner[b]:
-                t_link[b] = Stats.of(pingpong([o.contiguous() for o in outs[b]], owner[b + 1], True, group))
+                sent = [o.contiguous() for o in outs[b]]
+                t_link[b] = Stats.of(pingpong(sent, owner[b + 1], True, group))
+                t_host[("send", b)] = Stats.of(busy_exchange(sent, owner[b + 1], True, _work(spec, b, inputs[b]), group))
             elif rank == owner[b + 1]:
-                pingpong([t.detach().clone() for t in inputs[b + 1]], owner[b], False, group)
+                got = [t.detach().clone() for t in inputs[b + 1]]
+                pingpong(got, owner[b], False, group)
+                t_host[("recv", b)] = Stats.of(busy_exchange(got, owner[b], False, _work(spec, b + 1, inputs[b + 1]), group))
             dist.barrier(group=group)
         parts: list[Any] | None = [None] * world if rank == 0 else None
-        dist.gather_object((results, t_link, device_name(device)), parts, dst=_global(group, 0), group=group)
+        dist.gather_object((results, t_link, device_name(device), t_host), parts, dst=_global(group, 0), group=group)
         recorded = settings.record()
     if rank != 0:
         return None
     assert parts is not None  # rank 0 gathered them
-    measured = {s: r for got, _, _ in parts for s, r in got.items()}
-    timed = {b: t for _, got, _ in parts for b, t in got.items()}
+    measured = {s: r for got, _, _, _ in parts for s, r in got.items()}
+    timed = {b: t for _, got, _, _ in parts for b, t in got.items()}
+    host = {k: t for _, _, _, got in parts for k, t in got.items()}
     links = {
         "method": "measured",
-        "how": f"ping-pong of the boundary tensors between the ranks of neighbouring stages ({dist.get_backend(group)})",
-        "devices": [d for _, _, d in parts],
+        "how": f"ping-pong of the boundary tensors between the ranks of neighbouring stages ({dist.get_backend(group)}); "
+               "host time per message at each end while both ranks run their stage's forward",
+        "devices": [d for _, _, d, _ in parts],
         # median and quartiles per boundary; none between two pieces of one rank
         "one_way_ms": [timed[b].record() if b in timed else None for b in range(p - 1)],
+        "send_ms": [host[("send", b)].record() if b in timed else None for b in range(p - 1)],
+        "recv_ms": [host[("recv", b)].record() if b in timed else None for b in range(p - 1)],
     }
     if progress is not None:
         progress("done", steps, steps)
     layout = "one rank per stage" if placement is None else f"{p // world} pieces per rank, placement {owner}"
     mode = f"{layout}, {world} ranks" + (", in turns" if device.type == "cpu" else "")
     t_comm = [timed[b].median if b in timed else 0.0 for b in range(p - 1)]
+    host_ms = {k: [host[(k, b)].median if b in timed else 0.0 for b in range(p - 1)] for k in ("send", "recv")}
     return _assemble(spec, recorded, device, [measured[s] for s in range(p)], t_comm, links, mode, name, placement, world,
-                     [timed.get(b) for b in range(p - 1)])
+                     [timed.get(b) for b in range(p - 1)], host_ms)
+
+
+def _work(spec: ModelSpec, stage: int, inputs: tuple) -> Callable[[], object]:
+    """The stage's forward without autograd: what keeps a rank busy between two messages."""
+
+    def run() -> object:
+        with torch.no_grad():
+            return spec.stages[stage](*inputs)
+
+    return run
 
 
 def _check_placement(placement: list[int] | None, pieces: int, world: int | None) -> None:
@@ -244,6 +266,7 @@ def _crossings(placement: list[int] | None, pieces: int) -> list[bool]:
 def _assemble(
     spec: ModelSpec, settings: dict, device: torch.device, results: list[StageMeasurement], t_comm: list[float],
     links: dict, mode: str, name: str | None, placement: list[int] | None, ranks: int, link_stats: list[Stats | None],
+    host_ms: dict[str, list[float]] | None = None,
 ) -> Profile:
     dtype = next((q.dtype for q in spec.stages[0].parameters() if q.is_floating_point()), torch.get_default_dtype())
     return Profile(
@@ -251,6 +274,8 @@ def _assemble(
         memory_unit="bytes",
         stages=[r.cost() for r in results],
         t_comm=t_comm,
+        t_send=host_ms["send"] if host_ms else None,
+        t_recv=host_ms["recv"] if host_ms else None,
         placement=placement,
         microbatch_size=spec.microbatch[0].shape[0] if spec.microbatch[0].dim() else None,
         device=device_name(device),
