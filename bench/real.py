@@ -107,6 +107,7 @@ def worker(rank, world, send, args) -> dict | None:
 
     from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
     from zbsearch.pass_times import compare_pass_times
+    from zbsearch.waits import measure_waits
     from zbsearch.profiler import Settings, builtin_gpt, profile_distributed
 
     torch.set_num_threads(1)
@@ -179,6 +180,9 @@ def worker(rank, world, send, args) -> dict | None:
                 {"rank": x.rank, "op": x.op.value, "measured_ms": x.measured_ms, "predicted_ms": x.predicted_ms, "ratio": x.ratio}
                 for x in compare_pass_times(sched, traces)
             ]
+            row["waits"] = [vars(w) for w in measure_waits(sched, traces)]
+            row["predicted_compute_only_ms"] = zb.simulate(sched.rank_actions, zb.CostModel.from_profile(
+                sched.profile.compute_only(), sched.stage_to_rank)).makespan
         else:
             row["order"] = sched.actions
         rows[name] = row
@@ -193,7 +197,9 @@ def _spread(d: dict) -> Spread:
 def _print_profile(title: str, doc: dict) -> None:
     print(f"{title} (ms): " + "; ".join(f"{s}: F {c['t_f']:.2f} B {c['t_b']:.2f} W {c['t_w']:.2f} BW {c['t_bw']:.2f}"
                                         for s, c in enumerate(doc["stages"]))
-          + f"; links {', '.join(f'{t:.2f}' for t in doc['t_comm'])}")
+          + f"; links {', '.join(f'{t:.2f}' for t in doc['t_comm'])}"
+          + (f"; host per message send {', '.join(f'{t:.2f}' for t in doc['t_send'])}, "
+             f"recv {', '.join(f'{t:.2f}' for t in doc['t_recv'])}" if doc.get("t_send") else ""))
     for w in doc["measured"]["warnings"]:
         print(f"  profiler warning: {w}")
 
@@ -223,6 +229,12 @@ def main() -> None:
     print(f"p=2, GPT hidden {args.hidden}, {args.layers} layers, seq {args.seq}, microbatch {args.batch}, m={args.m}, "
           f"{args.rounds * max(1, args.steps // args.rounds)} timed steps each; "
           f"{cores} cores, load average {load_before[0]:.1f} before, per round {', '.join(f'{x:.1f}' for x in loads)}")
+    for title, r in rows.items():
+        if "waits" in r:
+            print(f"{title}: idle per step (ms; dependency / link / local) "
+                  + "; ".join(f"rank {w['rank']}: {w['idle_ms']:.1f} ({w['dependency_ms']:.1f} / {w['link_ms']:.1f} / "
+                              f"{w['local_ms']:.1f})" for w in r["waits"])
+                  + f"; predicted without message host time {r['predicted_compute_only_ms']:.1f}")
     _print_profile("2 stages", res["profiles"][0])
     _print_profile("V pieces [0, 1, 1, 0]", res["profiles"][1])
     whole, pieces = res["profiles"][0]["stages"], res["profiles"][1]["stages"]

@@ -98,5 +98,9 @@ def test_simulate_measured_prints_the_pass_table(tmp_path):
     as_json = run_cli("simulate", tmp_path / "s.json", "--measured", paths[0], "--json")
     rows = json.loads(as_json.stdout)["passes"]
     assert [(r["op"], r["count"], r["predicted_ms"]) for r in rows] == [("F", 4, 1.0), ("BW", 4, 2.0)]
+    assert "idle time per step" in res.stdout
+    (w,) = json.loads(as_json.stdout)["waits"]  # one rank: its idle time split three ways
+    assert w["rank"] == 0 and w["idle_ms"] == pytest.approx(w["dependency_ms"] + w["link_ms"] + w["local_ms"])
+    assert w["link_ms"] == 0  # nothing comes from another rank
     bad = run_cli("simulate", tmp_path / "s.json", "--measured", tmp_path / "missing.json")
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1

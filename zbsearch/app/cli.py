@@ -30,6 +30,7 @@ from zbsearch.formats.profile import profile_misfit
 from zbsearch.formats.trace import load_trace
 from zbsearch.limits import limit_for_profile
 from zbsearch.pass_times import PassTimes, compare_pass_times
+from zbsearch.waits import RankWaits, measure_waits
 
 if TYPE_CHECKING:
     from zbsearch.solver import Objective
@@ -155,7 +156,7 @@ def simulate(
     mem_limit: str | None = LimitOpt,
     as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
     measured: list[Path] | None = typer.Option(
-        None, "--measured", help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted"
+        None, "--measured", help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted, and where idle time went"
     ),
     force: bool = ForceOpt,
 ):
@@ -163,20 +164,22 @@ def simulate(
     sched = _load_schedule(schedule_path, profile, mem_limit, force)
     tl = zb.timeline(sched)
     pred = zb.predict(sched, tl)
-    passes = compare_pass_times(sched, [load_trace(t) for t in measured]) if measured else None
+    traces = [load_trace(t) for t in measured] if measured else []
+    passes = compare_pass_times(sched, traces) if traces else None
+    waits = measure_waits(sched, traces) if traces else None
     if as_json:
         if passes is None:
             out.print_json(pred.model_dump_json())
         else:
             rows = [{"rank": x.rank, "op": x.op.value, "count": x.count, "measured_ms": x.measured_ms,
                      "predicted_ms": x.predicted_ms, "ratio": x.ratio} for x in passes]
-            out.print_json(json.dumps({"predicted": pred.model_dump(), "passes": rows}))
+            out.print_json(json.dumps({"predicted": pred.model_dump(), "passes": rows, "waits": [vars(w) for w in waits or []]}))
         return
     out.print(_rank_table(sched, tl))
     out.print(_summary(sched, pred), soft_wrap=True)
-    if passes is not None:
-        assert measured is not None  # passes come from the measured traces
-        out.print(_pass_table(passes, len(measured)))
+    if passes is not None and waits is not None:
+        out.print(_pass_table(passes, len(traces)))
+        out.print(_wait_table(waits, len(traces)))
 
 
 def _pass_table(passes: list[PassTimes], steps: int) -> Table:
@@ -185,6 +188,18 @@ def _pass_table(passes: list[PassTimes], steps: int) -> Table:
         t.add_column(col, justify="right")
     for x in passes:
         t.add_row(str(x.rank), x.op.value, str(x.count), _fmt(x.measured_ms), _fmt(x.predicted_ms), f"{x.ratio:.3f}")
+    return t
+
+
+def _wait_table(waits: list[RankWaits], steps: int) -> Table:
+    t = Table(title=f"idle time per step, mean over {steps} measured step(s): dependency = the model's own waits on the "
+                    "measured passes; link = beyond the modelled link time; local = between passes with no message")
+    for col in ("rank", "idle (ms)", "dependency (ms)", "link (ms)", "local (ms)", "late messages", "beyond link q1-q3 (ms)"):
+        t.add_column(col, justify="right")
+    for w in waits:
+        q1, _, q3 = w.link_excess_ms
+        t.add_row(str(w.rank), _fmt(w.idle_ms), _fmt(w.dependency_ms), _fmt(w.link_ms), _fmt(w.local_ms),
+                  f"{w.late_messages:g}", f"{_fmt(q1)}-{_fmt(q3)}")
     return t
 
 
