@@ -37,14 +37,15 @@ def progress_bar(console: Console) -> Iterator:
 
 def summary_table(profile: Profile) -> Group:
     """Per stage: median times and their spread (the widest half interquartile range of F, B
-    and W, relative to the median), memory, boundary size and link time; then the profiler's
+    and W, relative to the median), memory, boundary size and link time (with the host time a
+    message costs the sender and the receiver, where measured); then the profiler's
     warnings about disturbed measurements."""
     measured = profile.measured
     spread: list[StageSpread | None] = list(measured.stages) if measured and measured.stages else [None] * profile.num_stages
     sizes = measured.boundary_bytes if measured else []
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0), title=profile.name)
     for col in ("stage", "T_F\nms", "T_B\nms", "T_W\nms", "T_BW\nms", "spread\n±", "T_B+T_W\n/ T_F", "M_B\nMiB", "M_W\n/ M_B",
-                "sends\nKiB", "t_comm\nms"):
+                "sends\nKiB", "t_comm (+send/recv\nhost) ms"):
         t.add_column(col, justify="right")
     for s, (st, sp) in enumerate(zip(profile.stages, spread)):
         t.add_row(
@@ -66,7 +67,8 @@ def _link(profile: Profile, s: int) -> str:
         return "-"
     if profile.placement is not None and profile.placement[s] == profile.placement[s + 1]:
         return "local"
-    return f"{profile.comm(s):.3g}"
+    host = f" (+{profile.comm(s, 't_send'):.2g}/{profile.comm(s, 't_recv'):.2g})" if profile.t_send or profile.t_recv else ""
+    return f"{profile.comm(s):.3g}{host}"
 
 
 def _spread(stats: StageSpread | None) -> str:
