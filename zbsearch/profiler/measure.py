@@ -137,11 +137,13 @@ def measure_stage(
 def disturbances(
     results: list[StageMeasurement], device: torch.device, threads: int, ranks: int,
     links: Sequence[Stats | None] = (),
+    host: Sequence[tuple[str, int, Stats]] = (),
 ) -> list[str]:
     """Why the measured times may not be what the runtime will see, one sentence each: CPU
     threads beyond the cores (in the measurement, or once ``ranks`` processes run at once),
-    a busy machine (load average above the cores), passes and measured links (``links``, per
-    boundary, None where there is none) whose spread is above SPREAD_LIMIT."""
+    a busy machine (load average above the cores), passes, measured links (``links``, per
+    boundary, None where there is none) and host times per message (``host``: (which end,
+    boundary, times)) whose spread is above SPREAD_LIMIT."""
 
     found = []
     if device.type == "cpu":
@@ -168,4 +170,10 @@ def disturbances(
         if spread > SPREAD_LIMIT:
             found.append(f"link {b} -> {b + 1}: spread ±{spread:.0%} of the median (above {SPREAD_LIMIT:.0%}): "
                          f"the transfer time was disturbed")
+    for end, b, st in host:
+        spread = (st.q3 - st.q1) / 2 / st.median if st.median > 0 else 0.0
+        if spread > SPREAD_LIMIT:
+            who = "sender" if end == "send" else "receiver"
+            found.append(f"link {b} -> {b + 1}: the {who}'s host time per message spread ±{spread:.0%} of the median "
+                         f"(above {SPREAD_LIMIT:.0%}): t_{end} was disturbed")
     return found

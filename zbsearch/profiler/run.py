@@ -191,17 +191,20 @@ def profile_distributed(
         # link idle (ping-pong), then what a message costs each end while both compute.
         t_link: dict[int, Stats] = {}
         t_host: dict[tuple[str, int], Stats] = {}  # ("send" | "recv", boundary) -> this rank's host time
+        busy_repeat = max(settings.repeat, 20)  # a forward per message: cheap, and the time is noisier than a pass
         for b in (b for b in range(p - 1) if crosses[b]):
             if progress is not None:
                 progress(f"link {b} -> {b + 1} (rank {owner[b]} -> {owner[b + 1]})", p + sum(crosses[:b]), steps)
             if rank == owner[b]:
                 sent = [o.contiguous() for o in outs[b]]
                 t_link[b] = Stats.of(pingpong(sent, owner[b + 1], True, group))
-                t_host[("send", b)] = Stats.of(busy_exchange(sent, owner[b + 1], True, _work(spec, b, inputs[b]), group))
+                t_host[("send", b)] = Stats.of(busy_exchange(sent, owner[b + 1], True, _work(spec, b, inputs[b]), group,
+                                                             repeat=busy_repeat))
             elif rank == owner[b + 1]:
                 got = [t.detach().clone() for t in inputs[b + 1]]
                 pingpong(got, owner[b], False, group)
-                t_host[("recv", b)] = Stats.of(busy_exchange(got, owner[b], False, _work(spec, b + 1, inputs[b + 1]), group))
+                t_host[("recv", b)] = Stats.of(busy_exchange(got, owner[b], False, _work(spec, b + 1, inputs[b + 1]), group,
+                                                             repeat=busy_repeat))
             dist.barrier(group=group)
         parts: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object((results, t_link, device_name(device), t_host), parts, dst=_global(group, 0), group=group)
@@ -229,7 +232,7 @@ def profile_distributed(
     t_comm = [timed[b].median if b in timed else 0.0 for b in range(p - 1)]
     host_ms = {k: [host[(k, b)].median if b in timed else 0.0 for b in range(p - 1)] for k in ("send", "recv")}
     return _assemble(spec, recorded, device, [measured[s] for s in range(p)], t_comm, links, mode, name, placement, world,
-                     [timed.get(b) for b in range(p - 1)], host_ms)
+                     [timed.get(b) for b in range(p - 1)], host_ms, [(end, b, st) for (end, b), st in sorted(host.items())])
 
 
 def _work(spec: ModelSpec, stage: int, inputs: tuple) -> Callable[[], object]:
@@ -266,7 +269,7 @@ def _crossings(placement: list[int] | None, pieces: int) -> list[bool]:
 def _assemble(
     spec: ModelSpec, settings: dict, device: torch.device, results: list[StageMeasurement], t_comm: list[float],
     links: dict, mode: str, name: str | None, placement: list[int] | None, ranks: int, link_stats: list[Stats | None],
-    host_ms: dict[str, list[float]] | None = None,
+    host_ms: dict[str, list[float]] | None = None, host_stats: list[tuple[str, int, Stats]] | None = None,
 ) -> Profile:
     dtype = next((q.dtype for q in spec.stages[0].parameters() if q.is_floating_point()), torch.get_default_dtype())
     return Profile(
@@ -290,7 +293,7 @@ def _assemble(
             "memory": "CUDA allocator" if device.type == "cuda" else "bytes of tensors saved for backward",
             "boundary_bytes": [r.output_bytes for r in results[:-1]],
             "stages": [r.record() for r in results],
-            "warnings": disturbances(results, device, settings["threads"], ranks, link_stats),
+            "warnings": disturbances(results, device, settings["threads"], ranks, link_stats, host_stats or ()),
         },
     )
 
