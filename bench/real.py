@@ -16,8 +16,10 @@ for display and differs from what it runs), simulated on the same profile. The p
 zbsearch's passes, so torch's split backward, which costs its own, is predicted at ours.
 
 Reported per schedule: median and quartiles of the step's wall time (barrier to barrier) and of
-the makespan in the runtime's trace, the prediction, measured / predicted, per-pass times
-against the profile, each ZB schedule's speed-up over 1F1B measured against predicted, and the
+the makespan in the runtime's trace, the prediction (and, for ours, the prediction without the
+profile's host time per message, ``t_send`` / ``t_recv``), measured / predicted, per-pass times
+against the profile, where each rank's idle time went (``zbsearch.waits``: dependency, link,
+local), each ZB schedule's speed-up over 1F1B measured against predicted, and the
 verdict on each of issue 12's targets (``real_targets``), with the load average of every round:
 a load above the core count marks the run as busy, and then its verdicts settle nothing.
 
