@@ -19,6 +19,28 @@ def test_measure_stage_times_the_fused_backward_and_the_profile_carries_it():
     assert m.record()["t_bw"]["q1"] <= m.record()["t_bw"]["median"] <= m.record()["t_bw"]["q3"]
 
 
+def test_the_profiler_runs_each_pass_as_the_runtime_does_and_leaves_no_graph_behind(monkeypatch):
+    """Every forward it times is metered as the runtime's (a BW's forward included: the meter's
+    hooks are part of what a pass costs), the fused one unsplit as for a BW action, and after
+    its repetitions no gradient holds a graph (which kept every microbatch's alive)."""
+    from zbsearch.profiler import measure
+    from zbsearch.runtime.memory import ActivationMeter
+
+    seen = []
+    real = measure.forward_pass
+
+    def spy(*args, **kw):
+        seen.append((kw.get("split", True), type(kw.get("meter")).__name__))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(measure, "forward_pass", spy)
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+    measure_stage(block, (torch.randn(8, 16, requires_grad=True),), None, torch.device("cpu"), warmup=1, repeat=3)
+    assert seen == [(True, ActivationMeter.__name__), (False, ActivationMeter.__name__)] * 4
+    assert all(p.grad is not None and not p.grad.requires_grad for p in block.parameters())
+
+
 def _stage(spread: float) -> StageMeasurement:
     calm = Stats(10.0, 9.9, 10.1)
     wide = Stats(10.0, 10.0 - 10.0 * spread, 10.0 + 10.0 * spread)
