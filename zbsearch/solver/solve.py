@@ -1,6 +1,7 @@
 """``solve``: the least-bubble schedule under a memory limit, with an honest gap.
 
-1. Construct: every ``candidate_policies`` list schedule plus the sequential one, on the true
+1. Construct: every ``candidate_policies`` list schedule, the best few of them with their wait
+   knobs refined (``refine_waits``), plus the classic and sequential ones, on the true
    per-stage costs (or, with ``uniform_costs``, on their median across stages as the paper's
    scheduler does, to show what per-stage costs buy). The best few by their own timing are
    simulated and the best kept.
@@ -37,7 +38,7 @@ from ..predict import with_prediction
 from ..simulator import Timeline
 from ..validator import validate
 from .feasibility import check_limit
-from .heuristic import candidate_policies, list_schedule, sequential_schedule
+from .heuristic import Policy, candidate_policies, list_schedule, refine_waits, sequential_schedule
 from .local_search import local_search
 from .problem import Objective, Problem
 
@@ -55,6 +56,8 @@ _EXACT_PASSES = 120
 _SEARCH_SHARE = (0.25, 0.5)
 _SEARCH_SHARE_LARGE = 0.1
 _SEARCH_PASSES = 2000
+# List-scheduling policies of distinct structure whose wait knobs ``_construct`` refines.
+_REFINED = 3
 
 
 @dataclass
@@ -112,7 +115,8 @@ def _construct(
     report: Callable[[float], None] | None = None,
 ) -> tuple[str, list[list[Action]], Timeline, float]:
     """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
-    by their own timing, only the best few simulated), the classic schedules and the
+    by their own timing, only the best few simulated; the best ``_REFINED`` structures with
+    their wait knobs refined, within the grid's deadline), the classic schedules and the
     sequential one, as far as ``deadline`` allows: once it has passed, the first candidate
     within the limit is kept (the sequential schedule, last, always is: it needs the least
     memory of any schedule). Until one list schedule is found the grid runs to ``hard`` (the
@@ -122,6 +126,7 @@ def _construct(
     ``deadline``). ``report`` hears each better list schedule's value by its own timing (never
     below its simulated value), as soon as it is built."""
     found: list[tuple[float, str, list[list[Action]]]] = []
+    bases: list[tuple[float, Policy]] = []
     for policy in candidate_policies():
         until = (deadline if grid is None else grid) if found else hard
         if time.monotonic() > until:
@@ -131,6 +136,22 @@ def _construct(
             if report is not None and all(out[1] < v for v, _, _ in found):
                 report(out[1])
             found.append((out[1], policy.name, out[0]))
+            bases.append((out[1], policy))
+    # The best few policies of distinct structure (depth, lag, fit), their wait knobs refined
+    # over every value that changes the schedule: the grid samples them at a few points only.
+    until = (deadline if grid is None else grid) if found else hard
+    bases.sort(key=lambda x: x[0])
+    structures: set[tuple] = set()
+    for value, policy in bases:
+        shape = (policy.depth, policy.lag, policy.fit)
+        if len(structures) == _REFINED or time.monotonic() > until or shape in structures:
+            continue
+        structures.add(shape)
+        out = refine_waits(problem, policy, value, until)
+        if out is not None:
+            if report is not None and all(out[2] < v for v, _, _ in found):
+                report(out[2])
+            found.append((out[2], out[0].name, out[1]))
     found.sort(key=lambda x: x[0])
     # the given start first: within a smaller limit, it is what makes results monotone in memory
     given = start
