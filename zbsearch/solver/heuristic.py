@@ -370,10 +370,11 @@ def sweep_waits(
     within knob * T_F": with the knob at x, every comparison that did not wait had a ratio
     (B arrival - now) / T_F above x, and up to the least of them (``flips``) every comparison,
     hence the whole run, comes out the same. So stepping from one such breakpoint to the next
-    visits each schedule the knob can give exactly once, one list schedule per step. A run
-    cut by ``deadline`` ends the sweep; a run stuck on memory is skipped."""
-    x = 0.0
-    while x <= _SWEEP_UPTO[knob]:
+    meets every schedule the knob can give, one list schedule per interval of the knob on
+    which the run stays the same. A run cut by ``deadline`` ends the sweep; a run stuck on
+    memory is skipped."""
+    x, upto = 0.0, _SWEEP_UPTO[knob]
+    while True:
         pol = replace(policy, wait_first=x) if knob == 0 else replace(policy, wait_b=x)
         if deadline is not None and time.monotonic() > deadline:
             return
@@ -383,27 +384,30 @@ def sweep_waits(
             yield pol, *out
         elif deadline is not None and time.monotonic() > deadline:
             return
-        nxt = run.flips[knob]
-        if nxt == _INF:
-            return  # no decision the knob could flip: every larger value gives this schedule
-        x = max(nxt, x) * (1 + _NUDGE) + _NUDGE
+        nxt = run.flips[knob]  # inf: no decision the knob could flip, every larger value gives this
+        if x >= upto or nxt > upto:
+            return
+        x = min(upto, max(nxt, x) * (1 + _NUDGE) + _NUDGE)  # upto itself last: B exactly one F away
 
 
 def refine_waits(
-    problem: Problem, policy: Policy, value: float, deadline: float | None = None
+    problem: Problem, policy: Policy, value: float, deadline: float | None = None, target: float = -_INF
 ) -> tuple[Policy, list[list[Action]], float] | None:
     """``policy`` with better wait knobs, if any: each knob swept over all its values
     (``sweep_waits``) with the other fixed at its best so far, in turn, until neither finds a
-    better schedule than the best so far (``value`` to start: ``policy``'s) or ``deadline``
-    passes. The best (policy, rows, value) found, None if nothing beat ``value``."""
+    better schedule than the best so far (``value`` to start: ``policy``'s), the best reaches
+    ``target`` (a lower bound) or ``deadline`` passes. The best (policy, rows, value) found,
+    None if nothing beat ``value``."""
     best: tuple[Policy, list[list[Action]], float] | None = None
     knob, idle = 0, 0  # sweeps in a row that found nothing better
-    while idle < 2:
+    while idle < 2 and value > target:
         base = best[0] if best is not None else policy
         better = False
         for pol, rows, v in sweep_waits(problem, base, knob, deadline):
             if v < value * (1 - _NUDGE):
                 best, value, better = (pol, rows, v), v, True
+                if value <= target:
+                    break
         if deadline is not None and time.monotonic() > deadline:
             break
         idle = 0 if better else idle + 1
