@@ -49,27 +49,29 @@ def _instance(rng: random.Random) -> dict:
             "hetero": hetero, "comm": comm, "p": p}
 
 
-def _worker(time_limit: float) -> None:
-    """Solve each instance read from stdin (one JSON line), answer one JSON line each."""
+def _solve(inst: dict, time_limit: float) -> dict:
     from zbsearch.solver import solve
 
+    t0 = time.monotonic()
+    seen: list[tuple[float, float]] = []  # (time, value) of each better value reported
+
+    def progress(phase: str, value: float, bound: float) -> None:
+        if value < float("inf") and (not seen or value < seen[-1][1]):
+            seen.append((time.monotonic() - t0, value))
+
+    res = solve(Profile.model_validate(inst["profile"]), inst["m"], inst["limit"], time_limit=time_limit,
+                progress=progress)
+    elapsed = time.monotonic() - t0
+    final = res.info.value
+    reached = next((t for t, v in seen if v <= final * (1 + 1e-9)), elapsed)
+    return {"span": final, "bound": res.info.lower_bound, "status": res.info.status, "time_s": elapsed,
+            "time_to_final_s": reached, "construction": res.info.construction}
+
+
+def _worker(time_limit: float) -> None:
+    """Solve each instance read from stdin (one JSON line), answer one JSON line each."""
     for line in sys.stdin:
-        inst = json.loads(line)
-        t0 = time.monotonic()
-        seen: list[tuple[float, float]] = []  # (time, value) of each better value reported
-
-        def progress(phase: str, value: float, bound: float) -> None:
-            if value < float("inf") and (not seen or value < seen[-1][1]):
-                seen.append((time.monotonic() - t0, value))
-
-        res = solve(Profile.model_validate(inst["profile"]), inst["m"], inst["limit"], time_limit=time_limit,
-                    progress=progress)
-        elapsed = time.monotonic() - t0
-        final = res.info.value
-        reached = next((t for t, v in seen if v <= final * (1 + 1e-9)), elapsed)
-        print(json.dumps({"span": final, "bound": res.info.lower_bound, "status": res.info.status,
-                          "time_s": elapsed, "time_to_final_s": reached, "construction": res.info.construction}),
-              flush=True)
+        print(json.dumps(_solve(json.loads(line), time_limit)), flush=True)
 
 
 def _start(tree: Path, time_limit: float) -> subprocess.Popen:
@@ -117,11 +119,11 @@ def main() -> None:
                 got = {name: _ask(proc, inst) for name, proc in procs.items()}
                 b, a = got["before"], got["after"]
                 rows.append({k: inst[k] for k in ("p", "m", "limit", "comm", "hetero")} | {"before": b, "after": a})
+                verdict = ("  better" if a["span"] < b["span"] * (1 - 1e-9)
+                           else "  WORSE" if a["span"] > b["span"] * (1 + 1e-9) else "")
                 print(f"{i:>3} {inst['p']:>2} {inst['m']:>3} {inst['limit']:>5} {inst['comm']:>5} "
                       f"{'hetero' if inst['hetero'] else 'unit':>6} {a['bound']:8.3f} {b['span']:8.3f} "
-                      f"{b['time_to_final_s']:5.2f} {a['span']:8.3f} {a['time_to_final_s']:5.2f}"
-                      f"{'  better' if a['span'] < b['span'] * (1 - 1e-9) else '  WORSE' if a['span'] > b['span'] * (1 + 1e-9) else ''}",
-                      flush=True)
+                      f"{b['time_to_final_s']:5.2f} {a['span']:8.3f} {a['time_to_final_s']:5.2f}{verdict}", flush=True)
         finally:
             for proc in procs.values():
                 assert proc.stdin is not None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..actions import Action
@@ -156,15 +156,15 @@ def _construct(
     structures: set[tuple] = set()
     for value, _, _, policy in found:
         shape = (policy.depth, policy.lag, policy.fit)
-        best = min([found[0][0]] + [v for v, _, _ in refined])
-        if len(structures) == _REFINED or time.monotonic() > until or shape in structures or best <= target:
+        so_far = min([found[0][0]] + [v for v, _, _ in refined])
+        if len(structures) == _REFINED or time.monotonic() > until or shape in structures or so_far <= target:
             continue
         structures.add(shape)
-        out = refine_waits(problem, policy, value, until, target)
-        if out is not None:
-            if report is not None and out[2] < best:
-                report(out[2])
-            refined.append((out[2], out[0].name, out[1]))
+        better = refine_waits(problem, policy, value, until, target)
+        if better is not None:
+            if report is not None and better[2] < so_far:
+                report(better[2])
+            refined.append((better[2], better[0].name, better[1]))
     refined.sort(key=lambda x: x[0])
     # the given start first: within a smaller limit, it is what makes results monotone in memory
     given = start
@@ -281,7 +281,7 @@ def solve(
 
         method = "heuristic+milp"
 
-        def search_orders(share: float, others: list[list[list[Action]]] = ()) -> None:
+        def search_orders(share: float, others: Sequence[list[list[Action]]] = ()) -> None:
             """Local search over all orders, non-FIFO ones included (which neither MILP ranges
             over), for ``share`` of the time left from the best schedule, then as much from
             each of ``others`` (further starts) in turn until one reaches the bound; not with
