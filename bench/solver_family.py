@@ -9,8 +9,13 @@ alternating, so that both see the same machine load. Per instance: the span each
 lower bound, and the time each took to first reach its final span (from the solve's progress
 reports; the construction's own value is reported as soon as it is built).
 
-Prints a table and saves bench/results/solver_family.json.
-Run: PYTHONPATH=. python bench/solver_family.py [--before main] [--count 40] [--seed 7] [--time-limit 5]
+With ``--no-milp`` both run heuristics only (construction, no search), which depends on the
+machine's load only through deadlines: the construction's own before/after.
+
+Prints a table and saves bench/results/solver_family.json (solver_family_no_milp.json with
+``--no-milp``, solver_family_REV.json with ``--after REV``).
+Run: PYTHONPATH=. python bench/solver_family.py [--before main] [--after REV] [--count 40] [--seed 7]
+     [--time-limit 5] [--no-milp]
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def _instance(rng: random.Random) -> dict:
             "hetero": hetero, "comm": comm, "p": p}
 
 
-def _solve(inst: dict, time_limit: float) -> dict:
+def _solve(inst: dict, time_limit: float, milp: bool) -> dict:
     from zbsearch.solver import solve
 
     t0 = time.monotonic()
@@ -60,7 +65,7 @@ def _solve(inst: dict, time_limit: float) -> dict:
             seen.append((time.monotonic() - t0, value))
 
     res = solve(Profile.model_validate(inst["profile"]), inst["m"], inst["limit"], time_limit=time_limit,
-                progress=progress)
+                progress=progress, milp=milp)
     elapsed = time.monotonic() - t0
     final = res.info.value
     reached = next((t for t, v in seen if v <= final * (1 + 1e-9)), elapsed)
@@ -68,16 +73,30 @@ def _solve(inst: dict, time_limit: float) -> dict:
             "time_to_final_s": reached, "construction": res.info.construction}
 
 
-def _worker(time_limit: float) -> None:
+def _worker(time_limit: float, milp: bool) -> None:
     """Solve each instance read from stdin (one JSON line), answer one JSON line each."""
     for line in sys.stdin:
-        print(json.dumps(_solve(json.loads(line), time_limit)), flush=True)
+        print(json.dumps(_solve(json.loads(line), time_limit, milp)), flush=True)
 
 
-def _start(tree: Path, time_limit: float) -> subprocess.Popen:
+def _start(tree: Path, time_limit: float, milp: bool) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", "--time-limit", str(time_limit)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--time-limit", str(time_limit)]
+    return subprocess.Popen(cmd + ([] if milp else ["--no-milp"]), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env, cwd=tree)
+
+
+def _short(rev: str) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", rev], cwd=_ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _extract(rev: str, where: Path) -> Path:
+    """The tree of git revision ``rev`` under ``where`` (a temporary directory)."""
+    where.mkdir()
+    archive = subprocess.run(["git", "archive", rev], cwd=_ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    return where
 
 
 def _ask(proc: subprocess.Popen, inst: dict) -> dict:
@@ -93,25 +112,26 @@ def _ask(proc: subprocess.Popen, inst: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default="main", help="git revision to compare against")
+    ap.add_argument("--after", help="git revision to compare (default: this checkout as it is); the same as "
+                                    "--before measures the noise of time-limited search")
     ap.add_argument("--count", type=int, default=40)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--time-limit", type=float, default=5.0)
+    ap.add_argument("--no-milp", action="store_true", help="heuristics only (deterministic but for the deadline)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        _worker(args.time_limit)
+        _worker(args.time_limit, not args.no_milp)
         return
     rng = random.Random(args.seed)
     insts = [_instance(rng) for _ in range(args.count)]
-    rev = subprocess.run(["git", "rev-parse", "--short", args.before], cwd=_ROOT, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    rev = _short(args.before)
+    after = _short(args.after) if args.after else "checkout"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        old = Path(tmp) / "before"
-        old.mkdir()
-        archive = subprocess.run(["git", "archive", rev], cwd=_ROOT, capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
-        procs = {"before": _start(old, args.time_limit), "after": _start(_ROOT, args.time_limit)}
+        trees = {"before": _extract(rev, Path(tmp) / "before"),
+                 "after": _extract(after, Path(tmp) / "after") if args.after else _ROOT}
+        procs = {name: _start(tree, args.time_limit, not args.no_milp) for name, tree in trees.items()}
         print(f"{'#':>3} {'p':>2} {'m':>3} {'limit':>5} {'comm':>5} {'costs':>6} {'bound':>8} "
               f"{'before':>8} {'t':>5} {'after':>8} {'t':>5}")
         try:
@@ -146,12 +166,15 @@ def main() -> None:
         "mean_time_to_final_before_s": mean("before", "time_to_final_s"),
         "mean_time_to_final_after_s": mean("after", "time_to_final_s"),
     }
-    print(f"after vs before ({rev}): {better} better, {worse} worse, {summary['same']} same of {len(rows)}; "
+    print(f"after ({after}) vs before ({rev}): {better} better, {worse} worse, {summary['same']} same of {len(rows)}; "
           f"mean gap to the bound {summary['mean_gap_to_bound_before']:.3%} -> {summary['mean_gap_to_bound_after']:.3%}; "
           f"at the bound {summary['at_bound_before']} -> {summary['at_bound_after']}; mean time to the final span "
           f"{summary['mean_time_to_final_before_s']:.2f} s -> {summary['mean_time_to_final_after_s']:.2f} s")
-    save({"benchmark": "solver_family", "before": rev, "settings": {k: v for k, v in vars(args).items() if k != "worker"},
-          "summary": summary, "rows": rows}, "solver_family")
+    # one file per kind of comparison: the checkout's, heuristics only, two given revisions
+    name = "solver_family" + ("_no_milp" if args.no_milp else "") + (f"_{after}" if args.after else "")
+    settings = {k: v for k, v in vars(args).items() if k != "worker"}
+    save({"benchmark": "solver_family", "before": rev, "after": after, "settings": settings, "summary": summary,
+          "rows": rows}, name)
 
 
 if __name__ == "__main__":
