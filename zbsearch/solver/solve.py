@@ -1,6 +1,7 @@
 """``solve``: the least-bubble schedule under a memory limit, with an honest gap.
 
-1. Construct: every ``candidate_policies`` list schedule plus the sequential one, on the true
+1. Construct: every ``candidate_policies`` list schedule, the best few of them with their wait
+   knobs refined (``refine_waits``), plus the classic and sequential ones, on the true
    per-stage costs (or, with ``uniform_costs``, on their median across stages as the paper's
    scheduler does, to show what per-stage costs buy). The best few by their own timing are
    simulated and the best kept.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..actions import Action
@@ -37,7 +38,7 @@ from ..predict import with_prediction
 from ..simulator import Timeline
 from ..validator import validate
 from .feasibility import check_limit
-from .heuristic import candidate_policies, list_schedule, sequential_schedule
+from .heuristic import Policy, candidate_policies, list_schedule, refine_waits, sequential_schedule
 from .local_search import local_search
 from .problem import Objective, Problem
 
@@ -55,6 +56,15 @@ _EXACT_PASSES = 120
 _SEARCH_SHARE = (0.25, 0.5)
 _SEARCH_SHARE_LARGE = 0.1
 _SEARCH_PASSES = 2000
+# List-scheduling policies of distinct structure whose wait knobs ``_construct`` refines, in at
+# most this many times as long as the grid took (p=8, m=16: 63 list schedules after the grid's 42).
+_REFINED = 3
+_REFINE_TIME = 3.0
+# Starts of the first local search on problems beyond the exact MILP's size: the best
+# construction and the best of up to two other origins, each with the search's share of the
+# time left. A start whose waits are tightly phased (a refined one) can sit in a local optimum
+# that single moves do not leave while a slightly worse one leads further.
+_STARTS = 3
 
 
 @dataclass
@@ -109,10 +119,11 @@ def _same(rows: list[list[Action]]) -> list[list[Action]]:
 
 def _construct(
     problem: Problem, deadline: float, hard: float, start=None, keep: int = 3, grid: float | None = None,
-    report: Callable[[float], None] | None = None,
-) -> tuple[str, list[list[Action]], Timeline, float]:
+    report: Callable[[float], None] | None = None, target: float = float("-inf"),
+) -> tuple[str, list[list[Action]], Timeline, float, list[list[list[Action]]]]:
     """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
-    by their own timing, only the best few simulated), the classic schedules and the
+    by their own timing, only the best few simulated; the best ``_REFINED`` structures with
+    their wait knobs refined, within the grid's deadline), the classic schedules and the
     sequential one, as far as ``deadline`` allows: once it has passed, the first candidate
     within the limit is kept (the sequential schedule, last, always is: it needs the least
     memory of any schedule). Until one list schedule is found the grid runs to ``hard`` (the
@@ -120,30 +131,58 @@ def _construct(
     the first classic schedule within the limit (built in milliseconds), or else the sequential
     one, is kept. ``grid``: when the grid stops once one list schedule is found (default
     ``deadline``). ``report`` hears each better list schedule's value by its own timing (never
-    below its simulated value), as soon as it is built."""
-    found: list[tuple[float, str, list[list[Action]]]] = []
+    below its simulated value), as soon as it is built. The refinement stops once a list
+    schedule reaches ``target`` (a lower bound: nothing better exists). Also returns the runners-up (up to
+    ``_STARTS - 1``: the best simulated candidate within the limit of each other origin, best
+    first): further starts for the local search."""
+    found: list[tuple[float, str, list[list[Action]], Policy]] = []
+    began = time.monotonic()
     for policy in candidate_policies():
         until = (deadline if grid is None else grid) if found else hard
         if time.monotonic() > until:
             break
         out = list_schedule(problem, policy, until)
         if out is not None:
-            if report is not None and all(out[1] < v for v, _, _ in found):
+            if report is not None and all(out[1] < v for v, _, _, _ in found):
                 report(out[1])
-            found.append((out[1], policy.name, out[0]))
+            found.append((out[1], policy.name, out[0], policy))
     found.sort(key=lambda x: x[0])
+    # The best few policies of distinct structure (depth, lag, fit), their wait knobs refined
+    # over every value that changes the schedule: the grid samples them at a few points only.
+    # Their schedules are candidates next to the grid's best, not instead of them: the grid's
+    # are often better starts for the local search (their waits are less tightly phased).
+    until = (deadline if grid is None else grid) if found else hard
+    until = min(until, time.monotonic() + _REFINE_TIME * (time.monotonic() - began))
+    refined: list[tuple[float, str, list[list[Action]]]] = []
+    structures: set[tuple] = set()
+    for value, _, _, policy in found:
+        shape = (policy.depth, policy.lag, policy.fit)
+        so_far = min([found[0][0]] + [v for v, _, _ in refined])
+        if len(structures) == _REFINED or time.monotonic() > until or shape in structures or so_far <= target:
+            continue
+        structures.add(shape)
+        better = refine_waits(problem, policy, value, until, target)
+        if better is not None:
+            if report is not None and better[2] < so_far:
+                report(better[2])
+            refined.append((better[2], better[0].name, better[1]))
+    refined.sort(key=lambda x: x[0])
     # the given start first: within a smaller limit, it is what makes results monotone in memory
     given = start
-    cands: list[tuple[str, Callable[[], list[list[Action]]]]] = [("given", lambda: given)] if given is not None else []
+    # (origin, name, builder): the origin tells the runners-up apart (see below)
+    cands: list[tuple[str, str, Callable[[], list[list[Action]]]]] = []
+    if given is not None:
+        cands.append(("given", "given", lambda: given))
     cost, m = problem.cost, problem.num_microbatches
-    for _, name, rows in found[:keep]:
-        cands.append((name, functools.partial(_same, rows)))
+    cands += [("refined", name, functools.partial(_same, rows)) for _, name, rows in refined[:keep]]
+    cands += [("grid", name, functools.partial(_same, rows)) for _, name, rows, _ in found[:keep]]
     for kind in _classic_kinds(problem):
-        cands.append((kind, functools.partial(KINDS[kind].build_by, cost, m, deadline)))
-    cands.append(("sequential", lambda: sequential_schedule(problem)))
-    best, best_value, sim_s = None, float("inf"), 0.0
-    for name, build in cands:
-        if best is not None and time.monotonic() > deadline:
+        cands.append(("classic", kind, functools.partial(KINDS[kind].build_by, cost, m, deadline)))
+    cands.append(("sequential", "sequential", lambda: sequential_schedule(problem)))
+    timed: list[tuple[float, str, list[list[Action]], Timeline, str]] = []
+    sim_s = 0.0
+    for origin, name, build in cands:
+        if timed and time.monotonic() > deadline:
             break
         rows = build()
         if not problem.fits_order(rows):
@@ -151,10 +190,20 @@ def _construct(
         tick = time.monotonic()
         value, tl = problem.evaluate(rows)
         sim_s = max(sim_s, time.monotonic() - tick)
-        if value < best_value and problem.fits(tl):
-            best, best_value = (name, rows, tl), value
-    assert best is not None  # the sequential schedule fits every limit check_limit accepts
-    return (*best, sim_s)
+        if problem.fits(tl):
+            timed.append((value, name, rows, tl, origin))
+    assert timed  # the sequential schedule fits every limit check_limit accepts
+    timed.sort(key=lambda x: x[0])  # stable: of equal values the earlier candidate
+    best = timed[0]
+    # runners-up: the best of each other origin (a refined list schedule, the grid's, a classic
+    # one...), which tend to lie in other basins of the local search than the best
+    others: list[list[list[Action]]] = []
+    origins = {best[4]}
+    for _, _, rows, _, origin in timed[1:]:
+        if len(others) < _STARTS - 1 and origin not in origins and rows != best[2]:
+            origins.add(origin)
+            others.append(rows)
+    return best[1], best[2], best[3], sim_s, others
 
 
 def solve(
@@ -205,15 +254,17 @@ def solve(
     # With the MILP to follow, construction gets a third of the limit; without, all of it, two
     # thirds for the policy grid and the rest for timing the best of them and the classic orders.
     hard = deadline - (time.monotonic() - t0)
+    target = bound * (1 + _CLOSED) if not uniform_costs else float("-inf")  # else other costs than the bound's
     def building(v: float) -> None:
         if not uniform_costs:  # else the value is on other costs than the bound's
             report("constructing", v)
 
     if milp:
-        construction, rows, tl, sim_s = _construct(search, min(hard, t0 + time_limit / 3), hard, start, report=building)
+        construction, rows, tl, sim_s, others = _construct(search, min(hard, t0 + time_limit / 3), hard, start,
+                                                           report=building, target=target)
     else:
-        construction, rows, tl, sim_s = _construct(search, hard, hard, start, grid=min(hard, t0 + time_limit * 2 / 3),
-                                                   report=building)
+        construction, rows, tl, sim_s, others = _construct(search, hard, hard, start, report=building, target=target,
+                                                           grid=min(hard, t0 + time_limit * 2 / 3))
     value, tl = (true.value(tl), tl) if not uniform_costs else true.evaluate(rows)
     # Keep back time for the end: re-timing a schedule the MILP changed, then building and
     # validating the file (together about as long as a simulation; prediction reuses it).
@@ -231,20 +282,30 @@ def solve(
 
         method = "heuristic+milp"
 
-        def search_orders(share: float) -> None:
+        def search_orders(share: float, others: Sequence[list[list[Action]]] = ()) -> None:
             """Local search over all orders, non-FIFO ones included (which neither MILP ranges
-            over), for ``share`` of the time left; not with uniform costs (not the true objective)."""
+            over), for ``share`` of the time left from the best schedule, then as much from
+            each of ``others`` (further starts) in turn until one reaches the bound; not with
+            uniform costs (not the true objective)."""
             nonlocal rows, value, searched
-            if share > 0 and value > bound * (1 + _CLOSED) and not uniform_costs and time.monotonic() < deadline:
+            before = value
+            for begin in [rows, *others]:
+                if share <= 0 or value <= bound * (1 + _CLOSED) or uniform_costs or time.monotonic() >= deadline:
+                    break
                 stop = time.monotonic() + share * (deadline - time.monotonic())
-                rows = local_search(true, rows, stop, target=bound * (1 + _CLOSED))
-                before, value = value, true.evaluate(rows)[0]
-                searched += value < before
+                found = local_search(true, begin, stop, target=bound * (1 + _CLOSED))
+                v, tl2 = true.evaluate(found)
+                if v < value and true.fits(tl2):
+                    rows, value = found, v
                 report("local search", value)
+            searched += value < before
 
         passes = 3 * cost.num_stages * m
         small = passes <= _EXACT_PASSES
-        search_orders(_SEARCH_SHARE[0] if small else _SEARCH_SHARE_LARGE if passes <= _SEARCH_PASSES else 0.0)
+        # further starts only where no exact model follows: on small problems it needs the time
+        # (at -t 2 under load, V p=3 m=3 1p lost its optimum to three searches before it)
+        search_orders(_SEARCH_SHARE[0] if small else _SEARCH_SHARE_LARGE if passes <= _SEARCH_PASSES else 0.0,
+                      [] if small else others)
         if small and not uniform_costs:
             # the idle relaxation for the bound, then (span) the best FIFO order under ASAP
             for relaxed in (True, False) if objective == "span" else (True,):
