@@ -68,6 +68,7 @@ into ``param.grad`` like ``loss.backward()``. These functions are the ones the p
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .errors import PipelineError
+from .footprint import forward_counted, see_signature
 from .memory import ActivationMeter, SavedActivations
 
 __all__ = ["ForwardPass", "forward_pass", "backward_input", "backward_weight", "backward_full"]
@@ -339,22 +341,31 @@ def forward_pass(
     B has no gradient to send, so B does nothing and W runs the whole backward.
     Outputs are returned as a tuple of tensors (``ForwardPass.outputs``).
     """
-    every = list(module.parameters())
-    params = [p for p in every if p.requires_grad]
-    saved = SavedActivations(meter, {id(t) for t in (*every, *module.buffers())})
+    params = [p for p in module.parameters() if p.requires_grad]
+    saved = SavedActivations(meter, module)
     views: dict[Node, nn.Parameter] = {}
     first = not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
     whole = split and first and not getattr(module, "split_first_stage", False)
+    sig = _signature(inputs, post)
+    see_signature(module, (sig, torch.is_grad_enabled(), torch.is_autocast_enabled(), module.training))
     if not split or whole:
-        with saved.hooks():
+
+        def run() -> tuple[torch.Tensor, ...]:
             out = module(*inputs)
-            if post is not None:
-                out = post(out)
-        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None, whole_in_w=whole)
+            return _as_tensors(out if post is None else post(out))
+
+        if meter is None:  # nothing to count: no hooks
+            outs = run()
+        elif meter.replay:
+            extra = _tensors_in((post.args, post.keywords)) if isinstance(post, functools.partial) else []
+            outs = forward_counted(module, run, saved, inputs, extra)
+        else:
+            with saved.hooks():
+                outs = run()
+        return ForwardPass(tuple(inputs), outs, params, saved, views, None, whole_in_w=whole)
     data = _DataFlow(inputs) if first else None
     deferral = _Deferral({id(p): p for p in params}, saved)
     known = _CHECKED.setdefault(module, {})
-    sig = _signature(inputs, post)
     if known.get(sig):  # checked: the fast path, with a lean forward
         with saved.hooks(), _DeferOnly(deferral):
             out = module(*inputs)
@@ -384,7 +395,7 @@ _CHECKED: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary
 
 def _signature(inputs: Sequence, post: Callable | None) -> tuple:
     return (post is None, tuple(
-        (tuple(t.shape), t.dtype, t.requires_grad, t.device) if isinstance(t, torch.Tensor) else type(t) for t in inputs
+        (t.shape, t.stride(), t.dtype, t.requires_grad, t.device) if isinstance(t, torch.Tensor) else type(t) for t in inputs
     ))
 
 
