@@ -212,21 +212,27 @@ class _Deferral:
     def holders(self) -> set[int]:
         return {id(r.x) for r in self.records if self._saved.holds(r.x)}
 
-    def weight_grads(self) -> None:
-        """W of the deferred uses: each weight's gradient from its input and output gradient.
+    def weight_grads(self) -> list[tuple[nn.Parameter, torch.Tensor, bool]]:
+        """W of the deferred uses: each weight's gradient from its input and output gradient
+        (parameter, gradient, True: a fresh tensor), for ``_accumulate_uses``.
         A product, then an add into ``.grad``, as autograd does: ``addmm_`` into ``.grad`` would
         save the temporary but round differently, and gradients are kept bit for bit those of
-        ``loss.backward()`` (post-validation's exactness rests on it)."""
-        for r in self.records:
-            g = r.grad
-            if g is None:  # no gradient reached this use
-                continue
-            x = self._saved.read(r.x)
-            g2 = g.reshape(-1, g.shape[-1])
-            _accumulate(r.weight, g2.t().mm(x.reshape(-1, x.shape[-1])), fresh=True)
-            if r.bias is not None:
-                _accumulate(r.bias, g2.sum(0), fresh=True)
+        ``loss.backward()`` (post-validation's exactness rests on it). Without grad mode: the
+        saved input is part of the graph, and a product recorded on it would give ``.grad`` a
+        graph of its own, keeping the activation alive."""
+        found = []
+        with torch.no_grad():
+            for r in self.records:
+                g = r.grad
+                if g is None:  # no gradient reached this use
+                    continue
+                x = self._saved.read(r.x)
+                g2 = g.reshape(-1, g.shape[-1])
+                found.append((r.weight, g2.t().mm(x.reshape(-1, x.shape[-1])), True))
+                if r.bias is not None:
+                    found.append((r.bias, g2.sum(0), True))
         self.records = []
+        return found
 
 
 class _ViewPerUse(TorchFunctionMode):
@@ -535,10 +541,10 @@ def backward_weight(fp: ForwardPass) -> None:
     """W: accumulate the parameter gradients left by ``backward_input``."""
     if fp.whole_in_w:
         _backward_accumulating(fp, *fp.pending, [])
+    found: list[tuple[nn.Parameter, torch.Tensor | None, bool]] = []  # (parameter, gradient, fresh)
     if fp.deferral is not None:
-        fp.deferral.weight_grads()
-    for p, g in fp.early:
-        _accumulate(p, g)
+        found += fp.deferral.weight_grads()
+    found += [(p, g, False) for p, g in fp.early]
     for group in fp.groups:
         handles = [n.register_prehook(_pin(g)) for n, g in group.pinned] if len(group.pinned) > 1 else []
         try:
@@ -548,9 +554,30 @@ def backward_weight(fp: ForwardPass) -> None:
         finally:
             for h in handles:
                 h.remove()
-        for p, g in zip(group.captures.values(), got):
-            _accumulate(p, g)
+        found += [(p, g, False) for p, g in zip(group.captures.values(), got)]
+    _accumulate_uses(found)
     _release(fp)
+
+
+def _accumulate_uses(found: list[tuple[nn.Parameter, torch.Tensor | None, bool]]) -> None:
+    """Add each parameter's gradients into its ``.grad`` as autograd does: the gradients of its
+    uses summed first, then one add (``.grad + (g1 + g2)``, not ``(.grad + g1) + g2``, which
+    rounds differently once ``.grad`` holds earlier microbatches). Uses add up in the order
+    found: with more than two, autograd's order (the order gradients reach the parameter)
+    may differ."""
+    uses: dict[int, list] = {}
+    for p, g, fresh in found:
+        if g is not None:
+            uses.setdefault(id(p), [p]).append((g, fresh))
+    with torch.no_grad():
+        for p, *gs in uses.values():
+            if len(gs) == 1:
+                _accumulate(p, *gs[0])
+            else:
+                total = gs[0][0] + gs[1][0]
+                for g, _ in gs[2:]:
+                    total += g
+                _accumulate(p, total, fresh=True)
 
 
 def _release(fp: ForwardPass) -> None:
