@@ -23,7 +23,6 @@ from torch import nn
 from tests.helpers.toy import VOCAB, toy_loss, toy_stages
 from zbsearch.models import GPTConfig, gpt_loss, gpt_stages, llama_stages
 from zbsearch.runtime import backward_full, backward_input, backward_weight, forward_pass
-from zbsearch.runtime import footprint
 from zbsearch.runtime.memory import ActivationMeter, SavedActivations
 
 
@@ -92,10 +91,10 @@ def _case(seed: int):
     return stages[where], inputs, posts, modes, order, len(set(lengths)) == 1
 
 
-def _run(module, inputs, posts, modes, order, meter, grads_out, hooked=None, unsplit=None):
-    """Replays ``order`` on ``module``; yields (meter bytes, peak, input gradients so far) after
-    every pass. ``unsplit``: the unsplit forwards are listed there, True where the hooks ran."""
-    passes, input_grads = {}, {}
+def _run(module, inputs, posts, modes, order, meter, grads_out, input_grads, hooked=None, unsplit=None):
+    """Replays ``order`` on ``module``; yields (meter bytes, peak) after every pass.
+    ``unsplit``: the unsplit forwards are listed there, True where the hooks ran."""
+    passes = {}
     for j, op in order:
         if op == "F":
             passes[j] = forward_pass(module, inputs[j], split=modes[j] == "split", post=posts[j], meter=meter)
@@ -109,7 +108,7 @@ def _run(module, inputs, posts, modes, order, meter, grads_out, hooked=None, uns
             backward_weight(passes.pop(j))
         else:
             input_grads[j] = backward_full(passes.pop(j), grads_out[j])
-        yield meter.bytes, meter.peak, input_grads
+        yield meter.bytes, meter.peak
 
 
 def _plain(module, inputs, posts, order, grads_out):
@@ -138,10 +137,11 @@ def test_footprints_count_what_the_hooks_count(seed, hooked):
     grads_out: dict = {}
     mine, theirs = ActivationMeter(), ActivationMeter(replay=False)
     unsplit: list[bool] = []
-    ours_run = _run(ours, inputs, posts, modes, order, mine, grads_out, hooked, unsplit)
-    ref_run = _run(ref, inputs, posts, modes, order, theirs, grads_out)
-    for (j, op), (b, peak, our_grads), (rb, rpeak, ref_grads) in zip(order, ours_run, ref_run):
-        assert (b, peak) == (rb, rpeak), f"after {op}{j}"
+    our_grads: dict = {}
+    ours_run = _run(ours, inputs, posts, modes, order, mine, grads_out, our_grads, hooked, unsplit)
+    ref_run = _run(ref, inputs, posts, modes, order, theirs, grads_out, {})
+    for (j, op), got, want in zip(order, ours_run, ref_run):
+        assert got == want, f"(bytes, peak) after {op}{j}"
     assert mine.bytes == 0
     expected = _plain(plain, inputs, posts, order, grads_out)
     for j, gs in expected.items():
@@ -150,3 +150,95 @@ def test_footprints_count_what_the_hooks_count(seed, hooked):
         assert _bitwise(p.grad, q.grad), name
     if uniform:  # after two hooked forwards of the signature the others ran without the hooks
         assert unsplit[:2] == [True] * min(2, len(unsplit)) and not any(unsplit[2:])
+
+
+class _Routed(nn.Module):
+    """Saves tensors whose sizes follow the data (as token routing does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.exp(x[x > 0]).sum() * self.w
+
+
+class _Cached(nn.Module):
+    """Keeps a table it builds on first use (not a buffer) and saves it in every forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.table: torch.Tensor | None = None
+
+    def forward(self, x):
+        if self.table is None:
+            self.table = torch.randn(3, 6)
+        return self.lin(x * self.table)
+
+
+def _lockstep(ours, ref, inputs, order, hooked, rebuild_at=()):
+    """Fused passes in ``order`` on both modules, ours counted as it does and ref by the hooks;
+    at each position in ``rebuild_at`` both drop their cached table. Checks the meters after
+    every pass; returns, per forward, whether ours ran under the hooks."""
+    mine, theirs = ActivationMeter(), ActivationMeter(replay=False)
+    passes: dict = {}
+    ran_hooked = []
+    for k, (j, op) in enumerate(order):
+        if k in rebuild_at:
+            ours.table = ref.table = None
+        for mod, meter in ((ours, mine), (ref, theirs)):
+            if op == "F":
+                fp = passes[(j, meter)] = forward_pass(mod, [inputs[j]], split=False, meter=meter)
+                if mod is ours:
+                    ran_hooked.append(fp.saved in hooked)
+            else:
+                fp = passes.pop((j, meter))
+                backward_full(fp, [torch.ones_like(fp.outputs[0])])
+        assert (mine.bytes, mine.peak) == (theirs.bytes, theirs.peak), f"after {op}{j}"
+    assert mine.bytes == 0
+    return ran_hooked
+
+
+def _in_flight(m: int, cap: int) -> list[tuple[int, str]]:
+    """F and BW of m microbatches, ``cap`` in flight (as 1F1B's warm-up)."""
+    order = [(j, "F") for j in range(min(cap, m))]
+    for j in range(m):
+        order.append((j, "BW"))
+        if j + cap < m:
+            order.append((j + cap, "F"))
+    return order
+
+
+def test_a_forward_whose_saved_sizes_follow_the_data_is_metered_by_the_hooks(hooked):
+    torch.manual_seed(0)
+    ours = _Routed()
+    ref = copy.deepcopy(ours)
+    inputs = []
+    for j in range(12):  # j + 1 positive entries: each forward saves other sizes
+        x = -torch.rand(16)
+        x[: j + 1] = torch.rand(j + 1) + 0.1
+        inputs.append(x.requires_grad_())
+    ran_hooked = _lockstep(ours, ref, inputs, _in_flight(12, 3), hooked)
+    assert all(ran_hooked)
+
+
+def test_a_kept_table_is_shared_and_a_rebuilt_one_learnt_again(hooked):
+    torch.manual_seed(0)
+    ours = _Cached()
+    ref = copy.deepcopy(ours)
+    inputs = [torch.randn(2, 3, 6, requires_grad=True) for _ in range(16)]
+    order = _in_flight(8, 3) + [(j + 8, op) for j, op in _in_flight(8, 2)]
+    ran_hooked = _lockstep(ours, ref, inputs, order, hooked, rebuild_at={len(_in_flight(8, 3))})
+    # learnt on the first two forwards; after the rebuild (the table died) on the next two
+    assert ran_hooked == [True, True] + [False] * 6 + [True, True] + [False] * 6
+
+
+def test_without_a_meter_an_unsplit_pass_runs_without_hooks(hooked):
+    mod = _Cached()
+    for split in (False, True):
+        fp = forward_pass(mod, [torch.randn(3, 6)], split=split)  # split: a first stage, whole backward
+        assert fp.saved not in hooked
+        backward_input(fp, [torch.ones(3, 6)])
+        backward_weight(fp)
+        assert mod.lin.weight.grad is not None
