@@ -212,27 +212,28 @@ class _Deferral:
     def holders(self) -> set[int]:
         return {id(r.x) for r in self.records if self._saved.holds(r.x)}
 
-    def weight_grads(self) -> list[tuple[nn.Parameter, torch.Tensor, bool]]:
-        """W of the deferred uses: each weight's gradient from its input and output gradient
-        (parameter, gradient, True: a fresh tensor), for ``_accumulate_uses``.
+    def weight_grads(self, uses: _Uses) -> None:
+        """W of the deferred uses: each weight's gradient from its input and output gradient,
+        given to ``uses``.
         A product, then an add into ``.grad``, as autograd does: ``addmm_`` into ``.grad`` would
         save the temporary but round differently, and gradients are kept bit for bit those of
         ``loss.backward()`` (post-validation's exactness rests on it). Without grad mode: the
         saved input is part of the graph, and a product recorded on it would give ``.grad`` a
         graph of its own, keeping the activation alive."""
-        found = []
         with torch.no_grad():
             for r in self.records:
                 g = r.grad
                 if g is None:  # no gradient reached this use
+                    uses.add(r.weight, None)
+                    if r.bias is not None:
+                        uses.add(r.bias, None)
                     continue
                 x = self._saved.read(r.x)
                 g2 = g.reshape(-1, g.shape[-1])
-                found.append((r.weight, g2.t().mm(x.reshape(-1, x.shape[-1])), True))
+                uses.add(r.weight, g2.t().mm(x.reshape(-1, x.shape[-1])), fresh=True)
                 if r.bias is not None:
-                    found.append((r.bias, g2.sum(0), True))
+                    uses.add(r.bias, g2.sum(0), fresh=True)
         self.records = []
-        return found
 
 
 class _ViewPerUse(TorchFunctionMode):
@@ -541,10 +542,15 @@ def backward_weight(fp: ForwardPass) -> None:
     """W: accumulate the parameter gradients left by ``backward_input``."""
     if fp.whole_in_w:
         _backward_accumulating(fp, *fp.pending, [])
-    found: list[tuple[nn.Parameter, torch.Tensor | None, bool]] = []  # (parameter, gradient, fresh)
+    records = fp.deferral.records if fp.deferral is not None else []
+    uses = _Uses(
+        [q for r in records for q in (r.weight, r.bias) if q is not None]
+        + [p for p, _ in fp.early] + [p for g in fp.groups for p in g.captures.values()]
+    )
     if fp.deferral is not None:
-        found += fp.deferral.weight_grads()
-    found += [(p, g, False) for p, g in fp.early]
+        fp.deferral.weight_grads(uses)
+    for p, g in fp.early:
+        uses.add(p, g)
     for group in fp.groups:
         handles = [n.register_prehook(_pin(g)) for n, g in group.pinned] if len(group.pinned) > 1 else []
         try:
@@ -554,30 +560,43 @@ def backward_weight(fp: ForwardPass) -> None:
         finally:
             for h in handles:
                 h.remove()
-        found += [(p, g, False) for p, g in zip(group.captures.values(), got)]
-    _accumulate_uses(found)
+        for p, g in zip(group.captures.values(), got):
+            uses.add(p, g)
     _release(fp)
 
 
-def _accumulate_uses(found: list[tuple[nn.Parameter, torch.Tensor | None, bool]]) -> None:
-    """Add each parameter's gradients into its ``.grad`` as autograd does: the gradients of its
-    uses summed first, then one add (``.grad + (g1 + g2)``, not ``(.grad + g1) + g2``, which
-    rounds differently once ``.grad`` holds earlier microbatches). Uses add up in the order
-    found: with more than two, autograd's order (the order gradients reach the parameter)
-    may differ."""
-    uses: dict[int, list] = {}
-    for p, g, fresh in found:
-        if g is not None:
-            uses.setdefault(id(p), [p]).append((g, fresh))
-    with torch.no_grad():
-        for p, *gs in uses.values():
-            if len(gs) == 1:
-                _accumulate(p, *gs[0])
+class _Uses:
+    """Adds each parameter's gradients into its ``.grad`` as autograd does: the gradients of a
+    parameter's uses summed first, then one add (``.grad + (g1 + g2)``, not
+    ``(.grad + g1) + g2``, which rounds differently once ``.grad`` holds earlier microbatches).
+    A parameter used once is added at once, so no gradient waits in memory. Uses add up in the
+    order given: with more than two, autograd's order (the order gradients reach the
+    parameter) may differ."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self._left: dict[int, int] = {}  # uses still to come, per parameter
+        for p in params:
+            self._left[id(p)] = self._left.get(id(p), 0) + 1
+        self._sums: dict[int, tuple[torch.Tensor, bool]] = {}
+
+    def add(self, p: nn.Parameter, g: torch.Tensor | None, fresh: bool = False) -> None:
+        """One use's gradient (None: no gradient reached it); ``fresh``: a new tensor nothing
+        else holds."""
+        k = id(p)
+        self._left[k] -= 1
+        if k in self._sums:
+            if g is not None:
+                with torch.no_grad():
+                    g, fresh = self._sums[k][0] + g, True
             else:
-                total = gs[0][0] + gs[1][0]
-                for g, _ in gs[2:]:
-                    total += g
-                _accumulate(p, total, fresh=True)
+                g, fresh = self._sums[k]
+            del self._sums[k]
+        if g is None:
+            return
+        if self._left[k]:
+            self._sums[k] = (g, fresh)
+        else:
+            _accumulate(p, g, fresh)
 
 
 def _release(fp: ForwardPass) -> None:
