@@ -27,6 +27,13 @@ saves the same tensors each time, which is what two identical forwards are taken
 shapes of what a module saves follow from its input shapes, and its private activations are its
 own. Wherever that is not shown, the hooks meter: a module whose signature changes (checked on
 every forward, split or not), whose two forwards differ, or whose cached storage died.
+
+Where the count can differ from the hooks', for as long as the passes involved live: a module
+that replaces a kept storage during a forward of an unchanged signature (that pass is charged
+the new one as its own, and later hooked passes count it again), or while an earlier pass still
+holds the old one (then nothing tells the two apart, and the new one is not counted until the
+old one dies and the signature is learnt again); and a module whose saved sizes follow the data
+but happened to agree on the two forwards it was learnt from.
 """
 
 from __future__ import annotations
