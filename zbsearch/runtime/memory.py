@@ -11,14 +11,18 @@ empties all the others; after W it empties the rest.
 Parameters and buffers are not activations: they are saved as they are, outside any holder.
 The meter counts live activation bytes per rank (each storage once, however many nodes save
 it), which the runtime records after every action.
+
+A pass whose backward is one ordinary autograd call (a fused BW, a first stage's) needs the
+hooks only to count; once its module and input signature have shown what they save, it runs
+without them and is charged the same bytes (``footprint``).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .errors import PipelineError
 
@@ -26,9 +30,14 @@ __all__ = ["ActivationMeter", "SavedActivations"]
 
 
 class ActivationMeter:
-    """Live bytes of saved activations on this rank, each storage counted once."""
+    """Live bytes of saved activations on this rank, each storage counted once.
 
-    def __init__(self) -> None:
+    ``replay``: count unsplit passes from their module's footprint once it is known (the same
+    bytes as the hooks, see ``footprint``); False: meter every pass with the hooks.
+    """
+
+    def __init__(self, replay: bool = True) -> None:
+        self.replay = replay
         self.bytes = 0
         self.peak = 0
         self._refs: dict[int, list[int]] = {}  # storage pointer -> [holders, nbytes]
@@ -66,27 +75,45 @@ class SavedActivations:
 
     Use ``hooks()`` around the forward. ``keep_only(holders)`` frees every other activation,
     ``free()`` frees all; ``record()`` collects the holders that backward nodes unpack while it
-    is active (reading a node's ``_saved_*`` attributes unpacks them).
+    is active (reading a node's ``_saved_*`` attributes unpacks them). ``charge`` counts
+    activations a forward saved without the hooks, until ``free()``.
     """
 
-    def __init__(self, meter: ActivationMeter | None, not_activations: set[int]) -> None:
+    def __init__(self, meter: ActivationMeter | None, module: torch.nn.Module) -> None:
         self._meter = meter
-        self._skip = not_activations  # ids of the parameters and buffers
+        self._module = module
+        self._skip: set[int] = set()  # ids of the module's parameters and buffers, set by hooks()
         self._holders: list[_Holder] = []
         self._recording: set[int] | None = None
         self._consume = False
+        self._saves: list | None = None
+        self._charged: list[int] = []
 
-    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
+    def hooks(self, saves: list | None = None) -> torch.autograd.graph.saved_tensors_hooks:
+        """``saves``: each activation saved is also listed there, in order, as (storage pointer,
+        bytes, weak reference to the storage)."""
+        self._saves = saves
+        self._skip = {id(t) for t in (*self._module.parameters(), *self._module.buffers())}
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def charge(self, storages: dict[int, int]) -> None:
+        """Count storages (key -> bytes) a forward saved without the hooks, until ``free()``."""
+        if self._meter is not None:
+            for key, nbytes in storages.items():
+                self._meter.add(key, nbytes)
+                self._charged.append(key)
 
     def _pack(self, t: torch.Tensor):
         if id(t) in self._skip or (t._base is not None and id(t._base) in self._skip):
             return t  # a parameter or buffer, or a view of one
-        ptr = t.untyped_storage().data_ptr()
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
         h = _Holder(t, ptr)
         self._holders.append(h)
         if self._meter is not None:
-            self._meter.add(ptr, t.untyped_storage().nbytes())
+            self._meter.add(ptr, storage.nbytes())
+        if self._saves is not None:
+            self._saves.append((ptr, storage.nbytes(), StorageWeakRef(storage)))
         return h
 
     def hold(self, t: torch.Tensor):
@@ -113,15 +140,10 @@ class SavedActivations:
             self._release(h)
         return t
 
-    @contextlib.contextmanager
-    def consuming(self) -> Iterator[None]:
+    def consuming(self) -> contextlib.AbstractContextManager:
         """For a backward that runs each node once (no ``retain_graph``): an activation is freed
         as soon as its node has read it, as plain autograd does, instead of at the end."""
-        self._consume = True
-        try:
-            yield
-        finally:
-            self._consume = False
+        return _Consuming(self) if self._holders else contextlib.nullcontext()
 
     def record(self) -> _Recording:
         return _Recording(self)
@@ -139,12 +161,27 @@ class SavedActivations:
         for h in self._holders:
             self._release(h)
         self._holders = []
+        if self._meter is not None:
+            for key in self._charged:
+                self._meter.remove(key)
+        self._charged = []
 
     def _release(self, h: _Holder) -> None:
         if h.tensor is not None:
             h.tensor = None
             if self._meter is not None:
                 self._meter.remove(h.ptr)
+
+
+class _Consuming:
+    def __init__(self, saved: SavedActivations) -> None:
+        self._saved = saved
+
+    def __enter__(self) -> None:
+        self._saved._consume = True
+
+    def __exit__(self, *exc) -> None:
+        self._saved._consume = False
 
 
 class _Recording:

@@ -68,6 +68,7 @@ into ``param.grad`` like ``loss.backward()``. These functions are the ones the p
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .errors import PipelineError
+from .footprint import forward_counted, see_signature
 from .memory import ActivationMeter, SavedActivations
 
 __all__ = ["ForwardPass", "forward_pass", "backward_input", "backward_weight", "backward_full"]
@@ -210,8 +212,9 @@ class _Deferral:
     def holders(self) -> set[int]:
         return {id(r.x) for r in self.records if self._saved.holds(r.x)}
 
-    def weight_grads(self) -> None:
-        """W of the deferred uses: each weight's gradient from its input and output gradient.
+    def weight_grads(self, uses: _Uses) -> None:
+        """W of the deferred uses: each weight's gradient from its input and output gradient,
+        given to ``uses``.
         A product, then an add into ``.grad``, as autograd does: ``addmm_`` into ``.grad`` would
         save the temporary but round differently, and gradients are kept bit for bit those of
         ``loss.backward()`` (post-validation's exactness rests on it). Without grad mode, as
@@ -223,12 +226,15 @@ class _Deferral:
             for r in self.records:
                 g = r.grad
                 if g is None:  # no gradient reached this use
+                    uses.add(r.weight, None)
+                    if r.bias is not None:
+                        uses.add(r.bias, None)
                     continue
                 x = self._saved.read(r.x)
                 g2 = g.reshape(-1, g.shape[-1])
-                _accumulate(r.weight, g2.t().mm(x.reshape(-1, x.shape[-1])), fresh=True)
+                uses.add(r.weight, g2.t().mm(x.reshape(-1, x.shape[-1])), fresh=True)
                 if r.bias is not None:
-                    _accumulate(r.bias, g2.sum(0), fresh=True)
+                    uses.add(r.bias, g2.sum(0), fresh=True)
         self.records = []
 
 
@@ -344,22 +350,31 @@ def forward_pass(
     B has no gradient to send, so B does nothing and W runs the whole backward.
     Outputs are returned as a tuple of tensors (``ForwardPass.outputs``).
     """
-    every = list(module.parameters())
-    params = [p for p in every if p.requires_grad]
-    saved = SavedActivations(meter, {id(t) for t in (*every, *module.buffers())})
+    params = [p for p in module.parameters() if p.requires_grad]
+    saved = SavedActivations(meter, module)
     views: dict[Node, nn.Parameter] = {}
     first = not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
     whole = split and first and not getattr(module, "split_first_stage", False)
+    sig = _signature(inputs, post)
+    see_signature(module, (sig, torch.is_grad_enabled(), torch.is_autocast_enabled(), module.training))
     if not split or whole:
-        with saved.hooks():
+
+        def run() -> tuple[torch.Tensor, ...]:
             out = module(*inputs)
-            if post is not None:
-                out = post(out)
-        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None, whole_in_w=whole)
+            return _as_tensors(out if post is None else post(out))
+
+        if meter is None:  # nothing to count: no hooks
+            outs = run()
+        elif meter.replay:
+            extra = _tensors_in((post.args, post.keywords)) if isinstance(post, functools.partial) else []
+            outs = forward_counted(module, run, saved, inputs, extra)
+        else:
+            with saved.hooks():
+                outs = run()
+        return ForwardPass(tuple(inputs), outs, params, saved, views, None, whole_in_w=whole)
     data = _DataFlow(inputs) if first else None
     deferral = _Deferral({id(p): p for p in params}, saved)
     known = _CHECKED.setdefault(module, {})
-    sig = _signature(inputs, post)
     if known.get(sig):  # checked: the fast path, with a lean forward
         with saved.hooks(), _DeferOnly(deferral):
             out = module(*inputs)
@@ -389,7 +404,7 @@ _CHECKED: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary
 
 def _signature(inputs: Sequence, post: Callable | None) -> tuple:
     return (post is None, tuple(
-        (tuple(t.shape), t.dtype, t.requires_grad, t.device) if isinstance(t, torch.Tensor) else type(t) for t in inputs
+        (t.shape, t.stride(), t.dtype, t.requires_grad, t.device) if isinstance(t, torch.Tensor) else type(t) for t in inputs
     ))
 
 
@@ -529,10 +544,15 @@ def backward_weight(fp: ForwardPass) -> None:
     """W: accumulate the parameter gradients left by ``backward_input``."""
     if fp.whole_in_w:
         _backward_accumulating(fp, *fp.pending, [])
+    records = fp.deferral.records if fp.deferral is not None else []
+    uses = _Uses(
+        [q for r in records for q in (r.weight, r.bias) if q is not None]
+        + [p for p, _ in fp.early] + [p for g in fp.groups for p in g.captures.values()]
+    )
     if fp.deferral is not None:
-        fp.deferral.weight_grads()
+        fp.deferral.weight_grads(uses)
     for p, g in fp.early:
-        _accumulate(p, g)
+        uses.add(p, g)
     for group in fp.groups:
         handles = [n.register_prehook(_pin(g)) for n, g in group.pinned] if len(group.pinned) > 1 else []
         try:
@@ -543,8 +563,42 @@ def backward_weight(fp: ForwardPass) -> None:
             for h in handles:
                 h.remove()
         for p, g in zip(group.captures.values(), got):
-            _accumulate(p, g)
+            uses.add(p, g)
     _release(fp)
+
+
+class _Uses:
+    """Adds each parameter's gradients into its ``.grad`` as autograd does: the gradients of a
+    parameter's uses summed first, then one add (``.grad + (g1 + g2)``, not
+    ``(.grad + g1) + g2``, which rounds differently once ``.grad`` holds earlier microbatches).
+    A parameter used once is added at once, so no gradient waits in memory. Uses add up in the
+    order given: with more than two, autograd's order (the order gradients reach the
+    parameter) may differ."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self._left: dict[int, int] = {}  # uses still to come, per parameter
+        for p in params:
+            self._left[id(p)] = self._left.get(id(p), 0) + 1
+        self._sums: dict[int, tuple[torch.Tensor, bool]] = {}
+
+    def add(self, p: nn.Parameter, g: torch.Tensor | None, fresh: bool = False) -> None:
+        """One use's gradient (None: no gradient reached it); ``fresh``: a new tensor nothing
+        else holds."""
+        k = id(p)
+        self._left[k] -= 1
+        if k in self._sums:
+            if g is not None:
+                with torch.no_grad():
+                    g, fresh = self._sums[k][0] + g, True
+            else:
+                g, fresh = self._sums[k]
+            del self._sums[k]
+        if g is None:
+            return
+        if self._left[k]:
+            self._sums[k] = (g, fresh)
+        else:
+            _accumulate(p, g, fresh)
 
 
 def _release(fp: ForwardPass) -> None:
