@@ -42,8 +42,8 @@ def test_the_profiler_runs_each_pass_as_the_runtime_does_and_leaves_no_graph_beh
 
 
 def _stage(spread: float) -> StageMeasurement:
-    calm = Stats(10.0, 9.9, 10.1)
-    wide = Stats(10.0, 10.0 - 10.0 * spread, 10.0 + 10.0 * spread)
+    calm = Stats(10.0, 9.9, 10.1, 10.0)
+    wide = Stats(10.0, 10.0 - 10.0 * spread, 10.0 + 10.0 * spread, 10.0)
     return StageMeasurement(calm, wide, calm, calm, 1.0, -0.5, 0.0, 4)
 
 
@@ -72,7 +72,7 @@ def test_a_disturbed_link_is_warned_and_a_local_hand_over_is_not(monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     calm = [_stage(0.0)] * 3
-    steady, noisy = Stats(1.0, 0.98, 1.02), Stats(1.0, 0.5, 1.5)
+    steady, noisy = Stats(1.0, 0.98, 1.02, 1.0), Stats(1.0, 0.5, 1.5, 1.0)
     assert disturbances(calm, torch.device("cpu"), threads=1, ranks=2, links=[steady, None]) == []
     assert disturbances(calm, torch.device("cpu"), threads=1, ranks=2, links=[None, noisy]) == [
         "link 1 -> 2: spread ±50% of the median (above 10%): the transfer time was disturbed"]

@@ -89,6 +89,7 @@ class Quartiles(BaseModel):
     median: float
     q1: float
     q3: float
+    mean: float | None = None  # recorded since links are costed at their mean; older files lack it
 
 
 class StageSpread(BaseModel):

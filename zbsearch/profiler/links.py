@@ -1,8 +1,12 @@
 """Time to pass a stage's outputs to the next rank: measured on the real link, or estimated.
 
 Under torchrun each pair of neighbouring ranks ping-pongs the real boundary tensors and the
-one-way time is half the median round trip (activations go one way, their gradient of the same
-size comes back, so one number serves both directions). On one device there is no link to time:
+one-way time is half the mean round trip (activations go one way, their gradient of the same
+size comes back, so one number serves both directions). The mean, not the median: a rank
+waiting for a message sleeps in the transport, and waking it is sometimes fast and sometimes
+not (gloo over loopback on a 2-core VM: one-way 0.15 ms or 1.8 ms, in runs of either), so a
+median of a few round trips lands on one mode or the other, from one profile to the next, while
+a step, which pays every message on its critical path, pays the mean. On one device there is no link to time:
 two local processes measure latency (a 4-byte message) and bandwidth (a 16 MiB one) on the
 transport the runtime would use on this machine, and each boundary is estimated as
 latency + bytes / bandwidth. There the fastest round trip counts: the aim is the transport's

@@ -44,19 +44,20 @@ _MIN_MS = 1e-6
 
 @dataclass(frozen=True)
 class Stats:
-    """Median and quartiles of repeated timings, in ms."""
+    """Median, quartiles and mean of repeated timings, in ms."""
 
     median: float
     q1: float
     q3: float
+    mean: float
 
     @classmethod
     def of(cls, samples: list[float]) -> Stats:
         q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
-        return cls(max(statistics.median(samples), _MIN_MS), q1, q3)
+        return cls(max(statistics.median(samples), _MIN_MS), q1, q3, statistics.fmean(samples))
 
     def record(self) -> dict:
-        return {"median": self.median, "q1": self.q1, "q3": self.q3}
+        return {"median": self.median, "q1": self.q1, "q3": self.q3, "mean": self.mean}
 
 
 @dataclass(frozen=True)

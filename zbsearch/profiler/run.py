@@ -38,6 +38,10 @@ from .stages import ModelSpec, leaves, run_stage
 
 __all__ = ["Progress", "profile_model", "profile_one_device", "profile_distributed"]
 
+# Round trips per measured link: a message is cheap next to a pass, and its mean (what the
+# cost model takes) needs enough samples to see the transport's occasional slow wake-ups.
+_LINK_REPEAT = 40
+
 Progress = Callable[[str, int, int], None]  # (what is being measured, done, total)
 
 
@@ -197,12 +201,12 @@ def profile_distributed(
                 progress(f"link {b} -> {b + 1} (rank {owner[b]} -> {owner[b + 1]})", p + sum(crosses[:b]), steps)
             if rank == owner[b]:
                 sent = [o.contiguous() for o in outs[b]]
-                t_link[b] = Stats.of(pingpong(sent, owner[b + 1], True, group))
+                t_link[b] = Stats.of(pingpong(sent, owner[b + 1], True, group, repeat=_LINK_REPEAT))
                 t_host[("send", b)] = Stats.of(busy_exchange(sent, owner[b + 1], True, _work(spec, b, inputs[b]), group,
                                                              repeat=busy_repeat))
             elif rank == owner[b + 1]:
                 got = [t.detach().clone() for t in inputs[b + 1]]
-                pingpong(got, owner[b], False, group)
+                pingpong(got, owner[b], False, group, repeat=_LINK_REPEAT)
                 t_host[("recv", b)] = Stats.of(busy_exchange(got, owner[b], False, _work(spec, b + 1, inputs[b + 1]), group,
                                                              repeat=busy_repeat))
             dist.barrier(group=group)
@@ -220,7 +224,7 @@ def profile_distributed(
         "how": f"ping-pong of the boundary tensors between the ranks of neighbouring stages ({dist.get_backend(group)}); "
                "host time per message at each end while both ranks run their stage's forward",
         "devices": [d for _, _, d, _ in parts],
-        # median and quartiles per boundary; none between two pieces of one rank
+        # median, quartiles and mean per boundary; none between two pieces of one rank
         "one_way_ms": [timed[b].record() if b in timed else None for b in range(p - 1)],
         "send_ms": [host[("send", b)].record() if b in timed else None for b in range(p - 1)],
         "recv_ms": [host[("recv", b)].record() if b in timed else None for b in range(p - 1)],
@@ -229,7 +233,8 @@ def profile_distributed(
         progress("done", steps, steps)
     layout = "one rank per stage" if placement is None else f"{p // world} pieces per rank, placement {owner}"
     mode = f"{layout}, {world} ranks" + (", in turns" if device.type == "cpu" else "")
-    t_comm = [timed[b].median if b in timed else 0.0 for b in range(p - 1)]
+    # a link costs its mean one-way time, not its median: see zbsearch.profiler.links
+    t_comm = [timed[b].mean if b in timed else 0.0 for b in range(p - 1)]
     host_ms = {k: [host[(k, b)].median if b in timed else 0.0 for b in range(p - 1)] for k in ("send", "recv")}
     return _assemble(spec, recorded, device, [measured[s] for s in range(p)], t_comm, links, mode, name, placement, world,
                      [timed.get(b) for b in range(p - 1)], host_ms, [(end, b, st) for (end, b), st in sorted(host.items())])
