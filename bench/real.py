@@ -109,8 +109,8 @@ def worker(rank, world, send, args) -> dict | None:
 
     from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
     from zbsearch.pass_times import compare_pass_times
-    from zbsearch.waits import measure_waits
     from zbsearch.profiler import Settings, builtin_gpt, profile_distributed
+    from zbsearch.waits import measure_waits
 
     torch.set_num_threads(1)
     cfg = GPTConfig(layers=args.layers, hidden=args.hidden, heads=max(2, args.hidden // 64), seq=args.seq,

@@ -72,7 +72,8 @@ def measure_waits(schedule: Schedule, traces: list[Trace]) -> list[RankWaits]:
                 a, start = ev.action, ev.ts / 1e3
                 gap = max(start - prev, 0.0)
                 ready = max(
-                    (done[(ds, dop, a.mb)] + edge_delay(cost, ds, a.stage) for ds, dop in action_predecessor_types(a.stage, a.op, S)),
+                    (done[(ds, dop, a.mb)] + edge_delay(cost, ds, a.stage)
+                     for ds, dop in action_predecessor_types(a.stage, a.op, S)),
                     default=0.0,
                 )
                 explained = min(max(ready - prev, 0.0), gap)

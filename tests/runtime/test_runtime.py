@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import copy
 import os
+import random
 import re
 import time
 
@@ -377,3 +378,18 @@ def test_batch_that_does_not_split_is_rejected(one_rank):
     ids, targets = toy_batch(4)
     with pytest.raises(PipelineError, match="3 equal microbatches"):
         runtime.step(ids, targets)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_receives_are_posted_a_number_of_messages_ahead_however_far(seed: int) -> None:
+    """Each action posts the receives of the next few messages its rank waits for, even behind a
+    long run of actions that wait for nothing (W passes)."""
+    from zbsearch.runtime.runtime import _receives_ahead
+
+    rng = random.Random(seed)
+    needs = [("act", rng.randrange(8), i) if rng.random() < 0.3 else None for i in range(rng.randrange(1, 40))]
+    count = rng.randrange(1, 5)
+    ahead = _receives_ahead(needs, count)
+    assert len(ahead) == len(needs)
+    for pos in range(len(needs)):
+        assert ahead[pos] == [k for k in needs[pos:] if k is not None][:count]

@@ -156,7 +156,9 @@ def simulate(
     mem_limit: str | None = LimitOpt,
     as_json: bool = typer.Option(False, "--json", help="print the prediction as JSON"),
     measured: list[Path] | None = typer.Option(
-        None, "--measured", help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted, and where idle time went"
+        None, "--measured",
+        help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted, "
+             "and where idle time went",
     ),
     force: bool = ForceOpt,
 ):

@@ -59,7 +59,11 @@ from .trace import StepTimer, clock_offset, gather_trace
 
 __all__ = ["PipelineRuntime"]
 
-# Receives are posted when the action needing them is at most this many actions ahead.
+# Each action posts the receives of the next this many messages its rank will wait for, however
+# many actions away: counted in actions (as before), a receive behind a run of W passes was
+# posted only a pass or two before it was needed, and with gloo a transfer starts only once its
+# receive is posted (bench/real.py: ZB-V's and ZB-2p's waits for links fell by about half).
+# Counted in messages, the buffers posted ahead stay bounded.
 _LOOKAHEAD = 3
 
 
@@ -134,9 +138,7 @@ class PipelineRuntime:
         self._hooks: list[Callable[[int], None]] = []
         self._p2p = P2P(comm_plan(schedule), self.rank, group, self.device, self.timeout)
         # the message each action waits for from another rank, if any
-        self._needs: list[tuple[str, int, int] | None] = [
-            t.key if (t := remote_input(a, self._owner)) else None for a in self._actions
-        ]
+        self._ahead = _receives_ahead([t.key if (t := remote_input(a, self._owner)) else None for a in self._actions])
         self._handshake()
         self.loss_normalization = loss_normalization
         self._count_tokens = count_tokens or _labelled_tokens
@@ -220,9 +222,8 @@ class PipelineRuntime:
         for pos, a in enumerate(self._actions):
             self._comm.action = self.schedule.actions[self.rank][pos]
             self._comm.reap()
-            for key in self._needs[pos : pos + _LOOKAHEAD]:
-                if key is not None:
-                    self._comm.prepost(*key)
+            for key in self._ahead[pos]:
+                self._comm.prepost(*key)
             if a.op is Op.F:
                 self._forward(a, passes, local, mb_inputs, mb_targets, losses)
             elif a.op is Op.W:
@@ -384,3 +385,15 @@ def _labelled_tokens(target) -> torch.Tensor:
 def _leaf(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     x = t.detach()
     return x.requires_grad_(requires_grad and (x.is_floating_point() or x.is_complex()))
+
+
+def _receives_ahead(needs: list, count: int = _LOOKAHEAD) -> list[list]:
+    """Per action, the next ``count`` messages waited for from that action on (``needs``: the
+    message each action waits for, or None)."""
+    ahead: list[list] = []
+    upcoming: list = []
+    for key in reversed(needs):
+        if key is not None:
+            upcoming = [key, *upcoming[: count - 1]]
+        ahead.append(upcoming)
+    return ahead[::-1]
