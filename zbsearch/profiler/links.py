@@ -98,10 +98,12 @@ def busy_exchange(
             took = time.perf_counter() - t0
             work()
             for w in works:
+                assert w is not None  # this rank is in the group
                 w.wait()
         if rep >= warmup:
             samples.append(took * 1e3)
     for w in pending:
+        assert w is not None
         w.wait()
     return samples
 
