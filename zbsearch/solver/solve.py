@@ -254,16 +254,21 @@ def solve(
     # With the MILP to follow, construction gets a third of the limit; without, all of it, two
     # thirds for the policy grid and the rest for timing the best of them and the classic orders.
     hard = deadline - (time.monotonic() - t0)
-    target = bound * (1 + _CLOSED) if not uniform_costs else float("-inf")  # else other costs than the bound's
+
+    def target() -> float:
+        """Where a search may stop: at the bound as it stands (nothing better exists); with
+        uniform costs never (the search's values are on other costs than the bound's)."""
+        return float("-inf") if uniform_costs else bound * (1 + _CLOSED)
+
     def building(v: float) -> None:
         if not uniform_costs:  # else the value is on other costs than the bound's
             report("constructing", v)
 
     if milp:
         construction, rows, tl, sim_s, others = _construct(search, min(hard, t0 + time_limit / 3), hard, start,
-                                                           report=building, target=target)
+                                                           report=building, target=target())
     else:
-        construction, rows, tl, sim_s, others = _construct(search, hard, hard, start, report=building, target=target,
+        construction, rows, tl, sim_s, others = _construct(search, hard, hard, start, report=building, target=target(),
                                                            grid=min(hard, t0 + time_limit * 2 / 3))
     value, tl = (true.value(tl), tl) if not uniform_costs else true.evaluate(rows)
     # Keep back time for the end: re-timing a schedule the MILP changed, then building and
@@ -293,7 +298,7 @@ def solve(
                 if share <= 0 or value <= bound * (1 + _CLOSED) or uniform_costs or time.monotonic() >= deadline:
                     break
                 stop = time.monotonic() + share * (deadline - time.monotonic())
-                found = local_search(true, begin, stop, target=bound * (1 + _CLOSED))
+                found = local_search(true, begin, stop, target=target())
                 v, tl2 = true.evaluate(found)
                 if v < value and true.fits(tl2):
                     rows, value = found, v
@@ -325,9 +330,7 @@ def solve(
             search_orders(_SEARCH_SHARE[1])
         if value > bound * (1 + _CLOSED) and time.monotonic() < deadline:
             # windows: the exact model is the idle relaxation, whose solution ASAP may run worse
-            # with uniform costs the search objective is not the true one: no early stop
-            target = float("-inf") if uniform_costs else bound * (1 + _CLOSED)
-            rows, stats = improve(search, rows, deadline, lambda v, st: report("MILP windows", v), target)
+            rows, stats = improve(search, rows, deadline, lambda v, st: report("MILP windows", v), target())
             windows, improvements = windows + stats.windows, improvements + stats.improved
             hit_limit = not stats.converged
     if method != "heuristic":
