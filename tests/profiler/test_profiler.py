@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -74,6 +75,22 @@ def test_tiny_gpt_profile_has_the_expected_structure(tmp_path):
     assert 0 < -prof.stages[1].m_w < prof.stages[1].m_f  # B frees part, W the rest
     zb.save_profile(prof, tmp_path / "p.json")
     assert zb.load_profile(tmp_path / "p.json").model_dump() == prof.model_dump()
+
+
+def test_rounds_are_pooled_into_the_profile():
+    """Each round measures every stage; the profile's times are the medians over the rounds
+    it records, so a moment when the machine was slower moves the profile by less."""
+    prof = profile_one_device(builtin_gpt(TINY), Settings(warmup=1, repeat=3, rounds=3), link=LINK)
+    rounds = prof.measured.rounds
+    assert rounds["count"] == 3 and len(rounds["stages"]) == 3
+    for s, st in enumerate(prof.stages):
+        for k in ("t_f", "t_b", "t_w", "t_bw"):
+            assert getattr(st, k) == statistics.median(r[s][k] for r in rounds["stages"])
+            assert rounds["drift"][s][k] >= 0
+    once = profile_one_device(builtin_gpt(TINY), Settings(warmup=1, repeat=3, rounds=1), link=LINK)
+    assert "rounds" not in once.measured.model_dump() and once.settings["rounds"] == 1
+    with pytest.raises(ZbError, match="--rounds must be at least 1"):
+        profile_one_device(builtin_gpt(TINY), Settings(rounds=0), link=LINK)
 
 
 def test_matmul_heavy_block_backward_is_about_twice_the_forward(cpu_clock):

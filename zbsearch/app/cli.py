@@ -483,7 +483,9 @@ def profile(
     device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:<i> (under torchrun: cuda:LOCAL_RANK)"),
     dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: the model's own)"),
     warmup: int = typer.Option(3, "--warmup", help="untimed repetitions per stage"),
-    repeat: int = typer.Option(10, "--repeat", help="timed repetitions per stage (median and quartiles recorded)"),
+    repeat: int = typer.Option(10, "--repeat", help="timed repetitions per stage and round (median and quartiles recorded)"),
+    rounds: int = typer.Option(
+        3, "--rounds", help="rounds over all stages and links, pooled: a machine's speed drifts, one round catches one moment"),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: torch's; torchrun sets 1)"),
     name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
     output: str | None = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
@@ -513,7 +515,7 @@ def profile(
             raise ZbError("--model-arg applies to --model")
         spec = profiler.load_model(model, profiler.parse_model_args(model_arg)) if model else profiler.builtin_gpt(
             GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
-    settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, threads=threads)
+    settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads)
     pieces = _pieces(placement, len(spec.stages)) if placement is not None else None
     if name is None and placement is not None:
         name = f"{spec.name}-{device.split(':')[0]}-{placement}"

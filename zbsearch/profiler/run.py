@@ -22,6 +22,7 @@ is local and costs 0, as in the runtime.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +32,7 @@ import torch.distributed as dist
 
 from ..errors import ZbError
 from ..formats.profile import Profile
+from ..pooling import pool_profiles
 from .links import LinkModel, busy_exchange, estimate_link, pingpong
 from .measure import StageMeasurement, Stats, disturbances, measure_stage
 from .settings import Settings, device_name, resolve_device, resolve_dtype
@@ -87,31 +89,41 @@ def profile_one_device(
         for s in range(p):
             inputs.append(leaves(x))
             x = run_stage(spec, s, inputs[-1])
+        total = settings.rounds * p * reps + 1
         done = 0
-        results = []
-        for s in range(p):
-            def tick(s=s) -> None:
-                nonlocal done
-                done += 1
-                if progress is not None:
-                    progress(f"stage {s}: F, B, W", done, p * reps + 1)
 
-            results.append(measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat, tick))
+        def tick(what: str) -> None:
+            nonlocal done
+            done += 1
+            if progress is not None:
+                progress(what, done, total)
+
+        rounds = []
+        for r in range(settings.rounds):  # each round every stage once: see zbsearch.pooling
+            tag = f"round {r + 1}/{settings.rounds}: " if settings.rounds > 1 else ""
+            rounds.append([
+                measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat,
+                              functools.partial(tick, f"{tag}stage {s}: F, B, W"))
+                for s in range(p)
+            ])
         if progress is not None:
-            progress("links", done, p * reps + 1)
+            progress("links", done, total)
         crosses = _crossings(placement, p)
-        if any(crosses):
-            if link is None:
-                link = estimate_link(device)
-            t_comm = [link.time_ms(r.output_bytes) if c else 0.0 for r, c in zip(results, crosses)]
-            links = link.record()
-        else:
-            t_comm, links = [0.0] * (p - 1), {"method": "none", "how": "no link between ranks"}
-        if progress is not None:
-            progress("done", p * reps + 1, p * reps + 1)
+        if any(crosses) and link is None:
+            link = estimate_link(device)
         ranks = p if placement is None else max(placement) + 1
-        return _assemble(spec, settings.record(), device, results, t_comm, links, "one device, stage after stage", name,
-                         placement, ranks, [])
+        profiles = []
+        for results in rounds:
+            if link is not None and any(crosses):
+                t_comm = [link.time_ms(m.output_bytes) if c else 0.0 for m, c in zip(results, crosses)]
+                links = link.record()
+            else:
+                t_comm, links = [0.0] * (p - 1), {"method": "none", "how": "no link between ranks"}
+            profiles.append(_assemble(spec, settings.record(), device, results, t_comm, links,
+                                      "one device, stage after stage", name, placement, ranks, []))
+        if progress is not None:
+            progress("done", total, total)
+        return pool_profiles(profiles)
 
 
 def profile_distributed(
@@ -174,49 +186,73 @@ def profile_distributed(
             raise ZbError(first)
 
         crosses = _crossings(owner, p)
-        steps = p + sum(crosses)  # progress: one step per stage, one per link
+        steps = p + sum(crosses)  # progress per round: one step per stage, one per link
+        recorded = settings.record()  # inside the thread setting, which it records
+        rounds = [_round(spec, settings, group, rank, world, owner, mine, inputs, outs, crosses, device, r, progress)
+                  for r in range(settings.rounds)]
+    if rank != 0:
+        return None
+    layout = "one rank per stage" if placement is None else f"{p // world} pieces per rank, placement {owner}"
+    mode = f"{layout}, {world} ranks" + (", in turns" if device.type == "cpu" else "")
+    profiles = [_assemble(spec, recorded, device, measured, t_comm, links, mode, name, placement, world, link_stats,
+                          host_ms, host_stats)
+                for measured, t_comm, links, link_stats, host_ms, host_stats in (r for r in rounds if r is not None)]
+    if progress is not None:
+        progress("done", steps * settings.rounds, steps * settings.rounds)
+    return pool_profiles(profiles)
 
-        def measure(s: int) -> StageMeasurement:
-            return measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat)
 
-        results: dict[int, StageMeasurement] = {}
-        if device.type == "cpu":  # ranks of one machine share its cores: take turns
-            for s in range(p):
-                if progress is not None:
-                    progress(f"stage {s} (rank {owner[s]}): F, B, W", s, steps)
-                if s in mine:
-                    results[s] = measure(s)
-                dist.barrier(group=group)
-        else:  # each rank its own device: all ranks at once, a rank's pieces one after the other
+def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, owner: list[int], mine: list[int],
+           inputs: dict[int, tuple], outs: dict[int, tuple], crosses: list[bool], device: torch.device, r: int,
+           progress: Progress | None):
+    """One round of profile_distributed: every stage in turn (on CPU), then every link; what
+    rank 0 needs to assemble the round's profile (None elsewhere)."""
+    p = len(spec.stages)
+    steps = p + sum(crosses)
+    done = r * steps
+    tag = f"round {r + 1}/{settings.rounds}: " if settings.rounds > 1 else ""
+
+    def measure(s: int) -> StageMeasurement:
+        return measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat)
+
+    results: dict[int, StageMeasurement] = {}
+    if device.type == "cpu":  # ranks of one machine share its cores: take turns
+        for s in range(p):
             if progress is not None:
-                progress("all ranks at once: F, B, W", 0, steps)
-            results = {s: measure(s) for s in mine}
-        # Links one at a time, so that no two transfers share the network or the host: the
-        # link idle (ping-pong), then what a message costs each end while both compute.
-        t_link: dict[int, Stats] = {}
-        t_host: dict[tuple[str, int], Stats] = {}  # ("send" | "recv", boundary) -> this rank's host time
-        busy_repeat = max(settings.repeat, 20)  # a forward per message: cheap, and the time is noisier than a pass
-        for b in (b for b in range(p - 1) if crosses[b]):
-            if progress is not None:
-                progress(f"link {b} -> {b + 1} (rank {owner[b]} -> {owner[b + 1]})", p + sum(crosses[:b]), steps)
-            if rank == owner[b]:
-                sent = [o.contiguous() for o in outs[b]]
-                t_link[b] = Stats.of(pingpong(sent, owner[b + 1], True, group, repeat=_LINK_REPEAT))
-                t_host[("send", b)] = Stats.of(busy_exchange(sent, owner[b + 1], True, _work(spec, b, inputs[b]), group,
-                                                             repeat=busy_repeat))
-            elif rank == owner[b + 1]:
-                got = [t.detach().clone() for t in inputs[b + 1]]
-                pingpong(got, owner[b], False, group, repeat=_LINK_REPEAT)
-                t_host[("recv", b)] = Stats.of(busy_exchange(got, owner[b], False, _work(spec, b + 1, inputs[b + 1]), group,
-                                                             repeat=busy_repeat))
+                progress(f"{tag}stage {s} (rank {owner[s]}): F, B, W", done + s, steps * settings.rounds)
+            if s in mine:
+                results[s] = measure(s)
             dist.barrier(group=group)
-        parts: list[Any] | None = [None] * world if rank == 0 else None
-        dist.gather_object((results, t_link, device_name(device), t_host), parts, dst=_global(group, 0), group=group)
-        recorded = settings.record()
+    else:  # each rank its own device: all ranks at once, a rank's pieces one after the other
+        if progress is not None:
+            progress(f"{tag}all ranks at once: F, B, W", done, steps * settings.rounds)
+        results = {s: measure(s) for s in mine}
+    # Links one at a time, so that no two transfers share the network or the host: the
+    # link idle (ping-pong), then what a message costs each end while both compute.
+    t_link: dict[int, Stats] = {}
+    t_host: dict[tuple[str, int], Stats] = {}  # ("send" | "recv", boundary) -> this rank's host time
+    busy_repeat = max(settings.repeat, 20)  # a forward per message: cheap, and the time is noisier than a pass
+    for b in (b for b in range(p - 1) if crosses[b]):
+        if progress is not None:
+            progress(f"{tag}link {b} -> {b + 1} (rank {owner[b]} -> {owner[b + 1]})", done + p + sum(crosses[:b]),
+                     steps * settings.rounds)
+        if rank == owner[b]:
+            sent = [o.contiguous() for o in outs[b]]
+            t_link[b] = Stats.of(pingpong(sent, owner[b + 1], True, group, repeat=_LINK_REPEAT))
+            t_host[("send", b)] = Stats.of(busy_exchange(sent, owner[b + 1], True, _work(spec, b, inputs[b]), group,
+                                                         repeat=busy_repeat))
+        elif rank == owner[b + 1]:
+            got = [t.detach().clone() for t in inputs[b + 1]]
+            pingpong(got, owner[b], False, group, repeat=_LINK_REPEAT)
+            t_host[("recv", b)] = Stats.of(busy_exchange(got, owner[b], False, _work(spec, b + 1, inputs[b + 1]), group,
+                                                         repeat=busy_repeat))
+        dist.barrier(group=group)
+    parts: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object((results, t_link, device_name(device), t_host), parts, dst=_global(group, 0), group=group)
     if rank != 0:
         return None
     assert parts is not None  # rank 0 gathered them
-    measured = {s: r for got, _, _, _ in parts for s, r in got.items()}
+    measured = {s: m for got, _, _, _ in parts for s, m in got.items()}
     timed = {b: t for _, got, _, _ in parts for b, t in got.items()}
     host = {k: t for _, _, _, got in parts for k, t in got.items()}
     links = {
@@ -229,15 +265,11 @@ def profile_distributed(
         "send_ms": [host[("send", b)].record() if b in timed else None for b in range(p - 1)],
         "recv_ms": [host[("recv", b)].record() if b in timed else None for b in range(p - 1)],
     }
-    if progress is not None:
-        progress("done", steps, steps)
-    layout = "one rank per stage" if placement is None else f"{p // world} pieces per rank, placement {owner}"
-    mode = f"{layout}, {world} ranks" + (", in turns" if device.type == "cpu" else "")
     # a link costs its mean one-way time, not its median: see zbsearch.profiler.links
     t_comm = [timed[b].mean if b in timed else 0.0 for b in range(p - 1)]
     host_ms = {k: [host[(k, b)].median if b in timed else 0.0 for b in range(p - 1)] for k in ("send", "recv")}
-    return _assemble(spec, recorded, device, [measured[s] for s in range(p)], t_comm, links, mode, name, placement, world,
-                     [timed.get(b) for b in range(p - 1)], host_ms, [(end, b, st) for (end, b), st in sorted(host.items())])
+    return ([measured[s] for s in range(p)], t_comm, links, [timed.get(b) for b in range(p - 1)], host_ms,
+            [(end, b, st) for (end, b), st in sorted(host.items())])
 
 
 def _work(spec: ModelSpec, stage: int, inputs: tuple) -> Callable[[], object]:

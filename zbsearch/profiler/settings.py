@@ -24,6 +24,9 @@ class Settings:
     dtype: str | None = None  # None keeps the model's own dtype
     warmup: int = 3
     repeat: int = 10
+    # Rounds over all stages and links, pooled (zbsearch.pooling): a machine's speed drifts
+    # over seconds, and one round would catch each stage in one moment of it.
+    rounds: int = 3
     threads: int | None = None  # CPU threads per process; None keeps torch's default
 
     def check(self) -> None:
@@ -31,6 +34,8 @@ class Settings:
             raise ZbError("--warmup must be at least 1 (the first pass of a stage is always slow)")
         if self.repeat < 3:
             raise ZbError("--repeat must be at least 3 to give a median and a spread")
+        if self.rounds < 1:
+            raise ZbError("--rounds must be at least 1")
         if self.threads is not None and self.threads < 1:
             raise ZbError("--threads must be at least 1")
         resolve_dtype(self.dtype)

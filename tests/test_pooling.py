@@ -1,0 +1,86 @@
+"""Pooling rounds of a profile (zbsearch.pooling): each number the median over the rounds (link
+times their mean), memory balanced, drift measured and warned about, mismatches refused."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from tests.helpers import make_profile
+from zbsearch.errors import ZbError
+from zbsearch.formats.profile import Links, Measurement, Quartiles, StageSpread
+from zbsearch.pooling import DRIFT_LIMIT, drift, pool_profiles
+
+
+def _q(x: float) -> Quartiles:
+    return Quartiles(median=x, q1=0.9 * x, q3=1.1 * x, mean=1.01 * x)
+
+
+def _round(rng: random.Random, p: int, scale: float = 1.0):
+    """A profile as one profiler round might give: random times, a measured block, links."""
+    stages = [tuple(scale * rng.uniform(0.5, 3.0) for _ in range(3)) for _ in range(p)]
+    prof = make_profile(p, stages=stages, t_comm=[rng.uniform(0.01, 0.5) for _ in range(p - 1)])
+    costs = [st.model_copy(update={"t_bw": scale * rng.uniform(1.0, 5.0), "m_f": rng.uniform(1, 2)}) for st in prof.stages]
+    costs = [c.model_copy(update={"m_w": -(c.m_f + c.m_b)}) for c in costs]
+    measured = Measurement(stages=[StageSpread(t_f=_q(c.t_f), t_b=_q(c.t_b), t_w=_q(c.t_w), t_bw=_q(c.t_bw)) for c in costs],
+                           warnings=["same in every round"])
+    links = Links(method="measured", one_way_ms=[Quartiles(median=t, q1=t, q3=t, mean=t) for t in prof.t_comm])
+    return prof.model_copy(update={"stages": costs, "measured": measured, "links": links,
+                                   "t_send": [rng.uniform(0, 0.3) for _ in range(p - 1)],
+                                   "t_recv": [rng.uniform(0, 0.3) for _ in range(p - 1)]})
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pooled_numbers_are_the_rounds_medians_and_the_links_mean(seed):
+    rng = random.Random(seed)
+    p, n = rng.randint(2, 5), rng.randint(2, 6)
+    rounds = [_round(rng, p) for _ in range(n)]
+    pooled = pool_profiles(rounds)
+    for s in range(p):
+        for k in ("t_f", "t_b", "t_w", "t_bw", "m_f"):
+            assert getattr(pooled.stages[s], k) == pytest.approx(statistics.median(getattr(r.stages[s], k) for r in rounds))
+        st = pooled.stages[s]
+        assert st.m_f + st.m_b + st.m_w == pytest.approx(0, abs=1e-9)
+        spread = pooled.measured.stages[s]
+        assert spread.t_f.median == pytest.approx(statistics.median(r.measured.stages[s].t_f.median for r in rounds))
+    for b in range(p - 1):
+        assert pooled.t_comm[b] == pytest.approx(statistics.fmean(r.t_comm[b] for r in rounds))
+        assert pooled.t_comm[b] == pytest.approx(pooled.links.one_way_ms[b].mean)  # the record agrees with the cost
+        assert pooled.t_send[b] == pytest.approx(statistics.median(r.t_send[b] for r in rounds))
+    # order does not matter; every round is recorded
+    assert pool_profiles(rounds[::-1]).stages == pooled.stages
+    assert pooled.measured.rounds["count"] == n
+    assert [[row["t_f"] for row in rnd] for rnd in pooled.measured.rounds["stages"]] == \
+        [[st.t_f for st in r.stages] for r in rounds]
+    assert pooled.measured.warnings.count("same in every round") == 1
+
+
+def test_one_round_is_the_profile_itself_and_identical_rounds_do_not_drift():
+    r = _round(random.Random(0), 3)
+    assert pool_profiles([r]) is r
+    pooled = pool_profiles([r, r, r])
+    assert pooled.stages == r.stages
+    assert all(d == 0 for row in drift([r, r]) for d in row.values())
+    assert not any("changed speed" in w for w in pooled.measured.warnings)
+
+
+def test_a_round_on_a_slower_machine_is_drift_and_a_warning():
+    rng = random.Random(1)
+    base = _round(rng, 2)
+    slow = base.model_copy(update={"stages": [st.model_copy(update={"t_f": st.t_f * 1.2}) for st in base.stages]})
+    rows = drift([base, slow, base])
+    assert [row["t_f"] for row in rows] == pytest.approx([0.2, 0.2])
+    assert all(row["t_b"] == 0 for row in rows)
+    warned = [w for w in pool_profiles([base, slow, base]).measured.warnings if "changed speed" in w]
+    assert len(warned) == 2 and all(" F:" in w for w in warned) and 0.2 > DRIFT_LIMIT
+    # the median ignores the one slow round
+    assert pool_profiles([base, slow, base]).stages[0].t_f == base.stages[0].t_f
+
+
+def test_profiles_of_other_stages_are_not_pooled():
+    with pytest.raises(ZbError, match="not of the same stages"):
+        pool_profiles([make_profile(2), make_profile(3)])
+    with pytest.raises(ZbError, match="no profile"):
+        pool_profiles([])
