@@ -9,7 +9,13 @@ One launch, p=2 ranks (one process each, one torch thread each), a small GPT on 
      V pieces' own profile; torch's Schedule1F1B and ScheduleInterleavedZeroBubble on the same
      two stages, and torch's ScheduleZBVZeroBubble on the same V pieces;
   3. run them round-robin, one step each per round, after warm-up rounds, so that load from
-     elsewhere falls on all of them alike; the load average is read after every round.
+     elsewhere falls on all of them alike; the load average is read after every round;
+  4. profile again after every round of steps (one profiler round each time) and predict from
+     the rounds pooled (``zbsearch.pooling``): this VM's speed drifts (a stage's 10-repetition
+     median moved 12.6-17.2 ms within one quiet minute), so a profile taken in one moment and
+     steps taken in others would compare two machines; interleaved, the drift falls on both.
+     The schedules are built on the first round alone, and what that one round predicts (a
+     one-shot profile) is reported beside the pooled prediction.
 torch's schedules are predicted too: the order their stages ran (recorded from the stages' own
 forward / backward calls, not from torch's ``pipeline_order``, which for Schedule1F1B is only
 for display and differs from what it runs), simulated on the same profile. The profile times
@@ -25,7 +31,7 @@ a load above the core count marks the run as busy, and then its verdicts settle 
 
 Run (the quiet-machine run of the README): python bench/real.py
   defaults: GPT hidden 256, 4 layers, seq 64, microbatch 4, m=8, 30 timed steps per schedule in
-  3 rounds, 3 warm-up steps; estimated 1.5-2 minutes on 2 quiet cores (297 s at load 7-9).
+  5 rounds, 3 warm-up steps; estimated 2-2.5 minutes on 2 quiet cores (297 s at load 7-9).
 Quick check that it works: python bench/real.py --steps 3 --rounds 1 --warmup 1 --repeat 3 -o /tmp/real.json
 Saves bench/results/real.json (or -o).
 """
@@ -45,6 +51,7 @@ from real_targets import Result, Spread, report_lines, verdicts
 
 import zbsearch as zb
 from zbsearch.placement import placement
+from zbsearch.pooling import pool_profiles
 
 V = placement(2, 2, "v")  # piece -> rank: [0, 1, 1, 0]
 TORCH = {  # torch's schedule -> whether it runs on the V pieces
@@ -116,13 +123,21 @@ def worker(rank, world, send, args) -> dict | None:
     cfg = GPTConfig(layers=args.layers, hidden=args.hidden, heads=max(2, args.hidden // 64), seq=args.seq,
                     vocab=args.vocab, microbatch_size=args.batch, stages=world)
     v_cfg = GPTConfig(**{**cfg.__dict__, "stages": 2 * world})
-    settings = Settings(warmup=args.warmup, repeat=args.repeat, threads=1)
-    t0 = time.time()
-    profiles = [profile_distributed(builtin_gpt(cfg), settings), profile_distributed(builtin_gpt(v_cfg), settings, placement=V)]
-    box = [[p.model_dump_json() for p in profiles] if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    prof, prof_v = (zb.Profile.model_validate_json(p) for p in box[0])
-    profile_s = time.time() - t0
+    settings = Settings(warmup=args.warmup, repeat=args.repeat, rounds=1, threads=1)
+    profile_s = 0.0
+
+    def profile_round() -> list[zb.Profile]:
+        """One profiler round of the 2 stages and of the V pieces, on every rank."""
+        nonlocal profile_s
+        t0 = time.time()
+        got = [profile_distributed(builtin_gpt(cfg), settings), profile_distributed(builtin_gpt(v_cfg), settings, placement=V)]
+        box = [[p.model_dump_json() for p in got] if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        profile_s += time.time() - t0
+        return [zb.Profile.model_validate_json(p) for p in box[0]]
+
+    taken = [profile_round()]  # profile rounds, one before each round of steps and one after the last
+    prof, prof_v = taken[0]
     m = args.m
     schedules = {k: zb.build_classic(k, prof, m) for k in ("1f1b", "zb-h1")}
     if rank == 0:
@@ -152,6 +167,8 @@ def worker(rank, world, send, args) -> dict | None:
         for name, (walls, traces) in part.items():
             got[name][0].extend(walls)
             got[name][1].extend(traces)
+        taken.append(profile_round())
+    pooled = {False: pool_profiles([t[0] for t in taken]), True: pool_profiles([t[1] for t in taken])}
     # the order each torch schedule ran, every rank's, on rank 0
     ran = {name: traces[-1] for name, (_, traces) in got.items() if name.startswith("torch")}
     assert all(t == traces[-1] for name, (_, traces) in got.items() if name in ran for t in traces), \
@@ -164,16 +181,18 @@ def worker(rank, world, send, args) -> dict | None:
     for name in ran:
         on_v = TORCH[name.split(" ", 1)[1]]
         schedules[name] = zb.Schedule.build(
-            name, prof_v if on_v else prof, m, V if on_v else list(range(world)),
+            name, pooled[on_v], m, V if on_v else list(range(world)),
             [[zb.parse_action(a) for a in order[name]] for order in orders],
         )
         zb.validate(schedules[name])  # what torch ran is a complete schedule, dependencies kept
     rows = {}
     for name, (walls, traces) in got.items():
         key = name.split(" ", 1)[1] if name.startswith("ours") else name
-        sched = schedules[key]
+        first = schedules[key]  # on the first profile round: what a one-shot profile predicts
+        sched = first.model_copy(update={"profile": pooled[first.stage_to_rank == V]})
         tl = zb.timeline(sched)
         row = {"wall_ms": _quartiles(walls), "predicted_makespan_ms": tl.makespan,
+               "predicted_first_round_ms": zb.timeline(first).makespan,
                "wall_over_predicted": statistics.median(walls) / tl.makespan, "load_per_round": loads}
         if name.startswith("ours"):
             row["makespan_ms"] = _quartiles([t.makespan_ms() for t in traces])
@@ -188,7 +207,7 @@ def worker(rank, world, send, args) -> dict | None:
         else:
             row["order"] = sched.actions
         rows[name] = row
-    return {"profiles": [json.loads(p.model_dump_json()) for p in (prof, prof_v)], "profile_s": profile_s,
+    return {"profiles": [json.loads(p.model_dump_json()) for p in (pooled[False], pooled[True])], "profile_s": profile_s,
             "loads": loads, "rows": rows}
 
 
@@ -202,6 +221,11 @@ def _print_profile(title: str, doc: dict) -> None:
           + f"; links {', '.join(f'{t:.2f}' for t in doc['t_comm'])}"
           + (f"; host per message send {', '.join(f'{t:.2f}' for t in doc['t_send'])}, "
              f"recv {', '.join(f'{t:.2f}' for t in doc['t_recv'])}" if doc.get("t_send") else ""))
+    rounds = doc["measured"].get("rounds")
+    if rounds:
+        worst = max((d, s, k) for s, row in enumerate(rounds["drift"]) for k, d in row.items())
+        print(f"  {rounds['count']} profile rounds; largest drift between them {worst[0]:.1%} (stage {worst[1]} "
+              f"{worst[2][2:].upper()}); times above are the rounds' medians")
     for w in doc["measured"]["warnings"]:
         print(f"  profiler warning: {w}")
 
@@ -215,7 +239,8 @@ def main() -> None:
     ap.add_argument("-b", "--batch", type=int, default=4)
     ap.add_argument("-m", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30, help="timed steps per schedule")
-    ap.add_argument("--rounds", type=int, default=3, help="the timed steps come in this many rounds (load read each)")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="the timed steps come in this many rounds, each followed by a profiler round (load read each)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per schedule, and profiler warm-up repetitions")
     ap.add_argument("--repeat", type=int, default=10, help="profiler repetitions per pass")
     ap.add_argument("--solve-time", type=float, default=15.0)
@@ -244,12 +269,12 @@ def main() -> None:
     print("V pieces / 2 stages (pieces 0+1 / stage 0; 2+3 / 1): " + "; ".join(
         f"{k[2:].upper()} " + ", ".join(f"{(pieces[2 * s][k] + pieces[2 * s + 1][k]) / whole[s][k]:.3f}" for s in range(2))
         for k in ("t_f", "t_b", "t_w", "t_bw")))
-    print(f"{'schedule':36} {'wall ms (q1-q3)':>24} {'makespan ms':>12} {'predicted':>10} {'meas/pred':>10}")
+    print(f"{'schedule':36} {'wall ms (q1-q3)':>24} {'makespan ms':>12} {'predicted':>10} {'1st round':>10} {'meas/pred':>10}")
     for name, r in rows.items():
         w, mk = r["wall_ms"], r.get("makespan_ms")
         ratio = f"{r['measured_over_predicted']:10.3f}" if mk else f"{r['wall_over_predicted']:10.3f} (wall; info)"
         print(f"{name:36} {w['median']:8.1f} ({w['q1']:6.1f}-{w['q3']:6.1f}) {mk['median'] if mk else float('nan'):12.1f} "
-              f"{r['predicted_makespan_ms']:10.1f} {ratio}")
+              f"{r['predicted_makespan_ms']:10.1f} {r['predicted_first_round_ms']:10.1f} {ratio}")
     speedups = {}
     for side, base in (("ours", "ours 1f1b"), ("torch", "torch Schedule1F1B")):
         for name, r in rows.items():

@@ -487,6 +487,9 @@ def profile(
     rounds: int = typer.Option(
         3, "--rounds", help="rounds over all stages and links, pooled: a machine's speed drifts, one round catches one moment"),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: torch's; torchrun sets 1)"),
+    keep_heap: bool = typer.Option(
+        True, "--keep-heap/--release-memory",
+        help="keep freed host memory in the process, as the runtime does by default (else passes pay page faults)"),
     name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
     output: str | None = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
 ):
@@ -515,7 +518,8 @@ def profile(
             raise ZbError("--model-arg applies to --model")
         spec = profiler.load_model(model, profiler.parse_model_args(model_arg)) if model else profiler.builtin_gpt(
             GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
-    settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads)
+    settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads,
+                                 keep_heap=keep_heap)
     pieces = _pieces(placement, len(spec.stages)) if placement is not None else None
     if name is None and placement is not None:
         name = f"{spec.name}-{device.split(':')[0]}-{placement}"

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..distributed.heap import keep_heap
 from ..errors import ZbError
 from ..formats.profile import Profile
 from ..pooling import pool_profiles
@@ -83,6 +84,8 @@ def profile_one_device(
     p, reps = len(spec.stages), settings.warmup + settings.repeat
     _check_placement(placement, p, None)
     device = resolve_device(settings.device)
+    if settings.keep_heap:
+        keep_heap()
     with _threads(settings.threads), torch.enable_grad():
         spec.to(device, resolve_dtype(settings.dtype))
         inputs, x = [], spec.microbatch
@@ -142,6 +145,8 @@ def profile_distributed(
     mine = [s for s in range(p) if owner[s] == rank]
     progress = progress if rank == 0 else None
     device = resolve_device(settings.device, _local_rank())
+    if settings.keep_heap:
+        keep_heap()
     with _threads(settings.threads), torch.enable_grad():
         spec.to(device, resolve_dtype(settings.dtype), only=mine)
         # Forward chain, piece after piece: each piece's inputs are the previous piece's real

@@ -28,6 +28,9 @@ class Settings:
     # over seconds, and one round would catch each stage in one moment of it.
     rounds: int = 3
     threads: int | None = None  # CPU threads per process; None keeps torch's default
+    # Keep freed host memory in the process (zbsearch.distributed.heap), as the runtime does by
+    # default: otherwise passes are timed with page faults the runtime does not pay.
+    keep_heap: bool = True
 
     def check(self) -> None:
         if self.warmup < 1:

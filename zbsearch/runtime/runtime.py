@@ -47,6 +47,7 @@ from torch import nn
 
 from ..actions import Action, Op
 from ..dependencies import remote_input
+from ..distributed import heap
 from ..formats.schedule import Schedule
 from ..formats.trace import Trace
 from ..validator import find_problem
@@ -80,6 +81,8 @@ class PipelineRuntime:
     ``[("0.wte.weight", "3.lm_head.weight")]``; their gradients are summed across stages and
     ranks in every step (``tied``).
     ``loss_normalization``: ``"mean"`` of the microbatch losses, or ``"tokens"`` (module docstring).
+    ``keep_heap``: keep freed host memory in the process, as the profiler does by default
+    (``zbsearch.distributed.heap``: otherwise passes pay page faults that depend on the schedule).
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class PipelineRuntime:
         tied: Sequence[Sequence[str]] = (),
         loss_normalization: str = "mean",
         count_tokens: Callable[[torch.Tensor], int | torch.Tensor] | None = None,
+        keep_heap: bool = True,
     ) -> None:
         if loss_normalization not in ("mean", "tokens"):
             raise PipelineError(
@@ -102,6 +106,8 @@ class PipelineRuntime:
             )
         self._p2p: P2P | None = None
         self.timeout = timeout  # checked by the setter
+        if keep_heap:
+            heap.keep_heap()
         problem = find_problem(schedule)
         if problem:
             raise PipelineError(f"invalid schedule: {problem}")
