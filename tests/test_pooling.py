@@ -74,7 +74,8 @@ def test_a_round_on_a_slower_machine_is_drift_and_a_warning():
     assert [row["t_f"] for row in rows] == pytest.approx([0.2, 0.2])
     assert all(row["t_b"] == 0 for row in rows)
     warned = [w for w in pool_profiles([base, slow, base]).measured.warnings if "changed speed" in w]
-    assert len(warned) == 2 and all(" F:" in w for w in warned) and 0.2 > DRIFT_LIMIT
+    assert 0.2 > DRIFT_LIMIT and len(warned) == 1 and "2 pass time(s)" in warned[0] and "up to 20% (stage" in warned[0]
+    assert " F)" in warned[0]
     # the median ignores the one slow round
     assert pool_profiles([base, slow, base]).stages[0].t_f == base.stages[0].t_f
 
