@@ -16,7 +16,12 @@ last stage (layer + norm + head + loss), one CPU thread, at several hidden sizes
 Each variant has its own copy of the stage and runs steps as a pipeline rank does: ``.grad``
 set to None, then m microbatches whose gradients accumulate (the first creates ``.grad``, the
 others add to it). zbsearch's passes are metered (an ``ActivationMeter``) as in the runtime.
-Only the backward is timed (the forward is untimed), as wall clock and as the thread's CPU time
+The variants take turns in the round-robin's places (each starts a microbatch in turn): in a
+fixed order, plain and torch, which on a first stage run the same code, measured 1% apart.
+Only the backward is timed (the forward is untimed), and with it the release of the pass's
+graph for every variant (zbsearch's W drops its pass, so plain and torch drop theirs before
+the clock stops rather than after; destroying the graph's nodes is some 10 us at hidden 64,
+a cost every training step pays somewhere). Times are wall clock and the thread's CPU time
 (on a busy machine wall clock includes waiting for a core; CPU time does not). A ratio is a
 variant's backward time over ``plain``'s in the same step, median over steps; also given apart
 for the first microbatch of a step and for the accumulating ones. zbsearch's first microbatch
@@ -81,6 +86,8 @@ def _backward(variant: str, stage, x: torch.Tensor, post, meter: ActivationMeter
         else:
             _, groups = stage_backward_input([out], None if grad is None else [grad], [inp], iter(stage.parameters()))
             stage_backward_weight(iter(stage.parameters()), groups)
+            del groups
+        del out  # the pass's graph dies in the timed region, as zbsearch's W drops its pass (see the docstring)
         return time.perf_counter() - t0, time.thread_time() - c0
     fp = forward_pass(stage, [inp], split=variant == "zb", post=post, meter=meter)  # metered, as in the runtime
     grads = [torch.ones_like(fp.outputs[0])]
@@ -110,8 +117,8 @@ def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, 
             for v in VARIANTS:
                 own[v].zero_grad(set_to_none=True)
             times = {c: {v: [] for v in VARIANTS} for c in CLOCKS}
-            for _ in range(m):
-                for v in VARIANTS:
+            for k in range(m):
+                for v in _rotated(step * m + k):
                     w, c = _backward(v, own[v], x, post, meter)
                     times["wall"][v].append(w * 1e3)
                     times["cpu"][v].append(c * 1e3)
@@ -121,6 +128,13 @@ def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, 
                         samples[c][v].append(times[c][v])
         out[where] = {c: _summary(samples[c]) for c in CLOCKS}
     return out
+
+
+def _rotated(k: int) -> tuple[str, ...]:
+    """The variants in round-robin order, starting at the ``k``-th: each takes every place in
+    turn (a fixed order measured plain and torch, the same code on a first stage, 1% apart)."""
+    k %= len(VARIANTS)
+    return VARIANTS[k:] + VARIANTS[:k]
 
 
 def _summary(samples: dict[str, list[list[float]]]) -> dict:
