@@ -440,8 +440,13 @@ def _backward_accumulating(fp: ForwardPass, outs: Sequence, grads: Sequence, idx
     """One autograd call over the whole graph, freeing it as it goes: the stage inputs'
     gradients returned, every other leaf's accumulated into its ``.grad``."""
     result: list[torch.Tensor | None] = [None] * len(fp.inputs)
+    if not idx:  # a first stage: no input gradient to keep apart (measured: a few µs of a 0.8 ms pass)
+        if outs and fp.params:
+            with fp.saved.consuming():
+                engine.backward(outs, grads)
+        return result
     xs = [fp.inputs[i] for i in idx]
-    if outs and (xs or fp.params):
+    if outs:
         # As loss.backward() does: parameter gradients accumulate in place, without copies, and
         # the inputs' own .grad is borrowed to receive theirs. Naming the leaves (``inputs=``)
         # measured 5-8% slower, so only inputs that are not leaves (whose graph goes on into
