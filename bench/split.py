@@ -16,10 +16,17 @@ last stage (layer + norm + head + loss), one CPU thread, at several hidden sizes
 Each variant has its own copy of the stage and runs steps as a pipeline rank does: ``.grad``
 set to None, then m microbatches whose gradients accumulate (the first creates ``.grad``, the
 others add to it). zbsearch's passes are metered (an ``ActivationMeter``) as in the runtime.
-Only the backward is timed (the forward is untimed), as wall clock and as the thread's CPU time
+The variants take turns in the round-robin's places (each starts a microbatch in turn): in a
+fixed order, plain and torch, which on a first stage run the same code, measured 1% apart.
+Only the backward is timed (the forward is untimed), and with it the release of the pass's
+graph for every variant (zbsearch's W drops its pass, so plain and torch drop theirs before
+the clock stops rather than after; destroying the graph's nodes is some 10 us at hidden 64,
+a cost every training step pays somewhere). Times are wall clock and the thread's CPU time
 (on a busy machine wall clock includes waiting for a core; CPU time does not). A ratio is a
 variant's backward time over ``plain``'s in the same step, median over steps; also given apart
-for the first microbatch of a step and for the accumulating ones. zbsearch's first microbatch
+for the first microbatch of a step and for the accumulating ones; ``zb/tor`` is zb's time over
+torch's in the same step, median over steps (what "zb <= torch" is judged on: on a busy machine
+two ratios to plain taken apart differ by 1-2% from noise alone). zbsearch's first microbatch
 of a stage checks the graph before taking its fast path: it is in the warm-up. Load average is
 recorded.
 
@@ -81,6 +88,8 @@ def _backward(variant: str, stage, x: torch.Tensor, post, meter: ActivationMeter
         else:
             _, groups = stage_backward_input([out], None if grad is None else [grad], [inp], iter(stage.parameters()))
             stage_backward_weight(iter(stage.parameters()), groups)
+            del groups
+        del out  # the pass's graph dies in the timed region, as zbsearch's W drops its pass (see the docstring)
         return time.perf_counter() - t0, time.thread_time() - c0
     fp = forward_pass(stage, [inp], split=variant == "zb", post=post, meter=meter)  # metered, as in the runtime
     grads = [torch.ones_like(fp.outputs[0])]
@@ -110,8 +119,8 @@ def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, 
             for v in VARIANTS:
                 own[v].zero_grad(set_to_none=True)
             times = {c: {v: [] for v in VARIANTS} for c in CLOCKS}
-            for _ in range(m):
-                for v in VARIANTS:
+            for k in range(m):
+                for v in _rotated(step * m + k):
                     w, c = _backward(v, own[v], x, post, meter)
                     times["wall"][v].append(w * 1e3)
                     times["cpu"][v].append(c * 1e3)
@@ -123,13 +132,21 @@ def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, 
     return out
 
 
+def _rotated(k: int) -> tuple[str, ...]:
+    """The variants in round-robin order, starting at the ``k``-th: each takes every place in
+    turn (a fixed order measured plain and torch, the same code on a first stage, 1% apart)."""
+    k %= len(VARIANTS)
+    return VARIANTS[k:] + VARIANTS[:k]
+
+
 def _summary(samples: dict[str, list[list[float]]]) -> dict:
     """Medians over steps: of each variant's backward time per step (ms) and of its ratio to
     ``plain`` in the same step; the ratio also for the first microbatch of a step alone (which
-    creates ``.grad``) and for the others (which add to it)."""
+    creates ``.grad``) and for the others (which add to it); and zb's ratio to torch in the same
+    step, which the target compares (two ratios to plain taken apart add plain's noise twice)."""
 
-    def ratios(v: str, pick) -> list[float]:
-        return [pick(a) / pick(b) for a, b in zip(samples[v], samples["plain"])]
+    def ratios(v: str, pick, to: str = "plain") -> list[float]:
+        return [pick(a) / pick(b) for a, b in zip(samples[v], samples[to])]
 
     def spread(xs: list[float]) -> float:
         q = statistics.quantiles(xs, n=4)
@@ -144,6 +161,8 @@ def _summary(samples: dict[str, list[list[float]]]) -> dict:
         "ratio_spread": {v: spread(ratios(v, sum)) for v in others},
         "ratio_first_microbatch": {v: statistics.median(ratios(v, lambda t: t[0])) for v in others},
         "ratio_accumulating": {v: statistics.median(ratios(v, lambda t: sum(t[1:]))) for v in others},
+        "zb_over_torch": statistics.median(ratios("zb", sum, "torch")),
+        "zb_over_torch_spread": spread(ratios("zb", sum, "torch")),
     }
 
 
@@ -157,7 +176,7 @@ def _targets(rows: list[dict], clock: str, hiddens: list[int]) -> dict[str, bool
         return zb(first) <= 1.02 * max(zb(r) for r in mine if r["stage"] != "first")
 
     return {
-        "zb <= torch everywhere": all(zb(r) <= r[clock]["ratio"]["torch"] for r in rows),
+        "zb <= torch everywhere": all(r[clock]["zb_over_torch"] <= 1 for r in rows),
         "zb <= 1.05 from hidden 256": all(zb(r) <= 1.05 for r in rows if r["hidden"] >= 256),
         "first stage no worse (2%)": all(first_ok(m, h) for m in ("gpt", "llama") for h in hiddens),
     }
@@ -179,8 +198,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     rows = []
-    print(f"{'':20} {'wall clock':^40}  {'CPU time of the thread':^40}")
-    print(f"{'model hidden stage':20} " + f"{'plain ms':>9} {'zb':>7} {'torch':>7} {'fused':>7}      " * 2 + "load")
+    print(f"{'':20} {'wall clock':^44}  {'CPU time of the thread':^44}")
+    print(f"{'model hidden stage':20} " + f"{'plain ms':>9} {'zb':>7} {'torch':>7} {'fused':>7} {'zb/tor':>7}  " * 2 + "load")
     for hidden in args.hidden:
         for model in ("gpt", "llama"):
             res = measure(model, hidden, args.seq, args.batch, args.microbatches, args.warmup, args.steps)
@@ -188,7 +207,8 @@ def main() -> None:
             for where, r in res.items():
                 rows.append({"model": model, "hidden": hidden, "stage": where, **r, "load_1min": load})
                 cols = "".join(f"{r[c]['step_ms']['plain'] / args.microbatches:9.2f} {r[c]['ratio']['zb']:7.3f} "
-                               f"{r[c]['ratio']['torch']:7.3f} {r[c]['ratio']['fused']:7.3f}      " for c in CLOCKS)
+                               f"{r[c]['ratio']['torch']:7.3f} {r[c]['ratio']['fused']:7.3f} {r[c]['zb_over_torch']:7.3f}  "
+                               for c in CLOCKS)
                 print(f"{model:6} {hidden:5} {where:7} {cols}{load:.2f}")
     meets = {clock: _targets(rows, clock, args.hidden) for clock in CLOCKS}
     for clock, m in meets.items():
