@@ -4,8 +4,9 @@ Each rank executes its list strictly in order; an action starts as soon as the p
 action on its rank has finished and every pass it depends on has finished (plus the
 communication delay when that pass ran on another rank). Communication is modelled as a
 latency that does not occupy either rank, which is what asynchronous P2P achieves when
-transfers overlap compute. Memory on a rank changes only through its own actions, so the
-memory curve depends on the order alone, not on timing.
+transfers overlap compute. An action takes what ``CostModel.durations`` gives it (the F of a
+microbatch whose backward its rank runs fused takes t_ff, not t_f). Memory on a rank changes
+only through its own actions, so the memory curve depends on the order alone, not on timing.
 
 Bubble rate generalises the paper's (span - m(T_F+T_B+T_W)) / span to unequal stages as
 (T - max_r busy_r) / T with T = max_r span_r: the time the slowest rank's period exceeds the
