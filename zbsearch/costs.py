@@ -124,13 +124,19 @@ class CostModel:
         """What each action of a schedule costs (ms), as the runtime runs it: ``time``, except
         that the F of microbatch j on stage s costs t_ff[s] when its rank's actions hold a BW of
         (s, j), because the runtime then runs that forward without the split's deferral."""
+        by_type = {op: [self.time(s, op) for s in range(self.num_stages)] for op in Op}  # tables: schedules are long
+        f, bw = Op.F, Op.BW  # bound once: an enum member's lookup is slow
         out = []
         for row in rank_actions:
-            fused = {(a.stage, a.mb) for a in row if a.op is Op.BW}
-            out.append([
-                self.t_ff[a.stage] if a.op is Op.F and (a.stage, a.mb) in fused else self.time(a.stage, a.op)
-                for a in row
-            ])
+            row_durations = [by_type[a.op][a.stage] for a in row]
+            fused = [(a.stage, a.mb) for a in row if a.op is bw]
+            if fused:
+                forward_at = {(a.stage, a.mb): i for i, a in enumerate(row) if a.op is f}
+                for stage, mb in fused:
+                    i = forward_at.get((stage, mb))
+                    if i is not None:  # (a schedule without that F is refused by the simulator)
+                        row_durations[i] = self.t_ff[stage]
+            out.append(row_durations)
         return out
 
     def memory(self, stage: int, op: Op) -> float:
