@@ -91,6 +91,8 @@ def test_f_costs_t_ff_only_where_its_rank_fuses_that_microbatchs_backward():
     durations = cost.durations(rows)
     assert [d for a, d in zip(rows[0], durations[0]) if a.op is Op.F] == [0.75, 1.0, 1.0, 1.0]
     assert [d for a, d in zip(rows[1], durations[1]) if a.op is Op.F] == [1.0, 1.0, 0.5, 1.0]
+    # a repeated F (a broken schedule the validator refuses) is priced like the runtime runs it: each at t_ff
+    assert cost.durations([[Action(0, Op.F, 1), Action(0, Op.BW, 1), Action(0, Op.F, 1)]]) == [[0.75, 1.5, 0.75]]
     assert simulate(rows, cost).busy == [0.75 + 3 * 1.0 + 1.5 + 3 * 2.0, 0.5 + 3 * 1.0 + 1.25 + 3 * 2.0]
 
 

@@ -129,13 +129,11 @@ class CostModel:
         out = []
         for row in rank_actions:
             row_durations = [by_type[a.op][a.stage] for a in row]
-            fused = [(a.stage, a.mb) for a in row if a.op is bw]
+            fused = {(a.stage, a.mb) for a in row if a.op is bw}
             if fused:
-                forward_at = {(a.stage, a.mb): i for i, a in enumerate(row) if a.op is f}
-                for stage, mb in fused:
-                    i = forward_at.get((stage, mb))
-                    if i is not None:  # (a schedule without that F is refused by the simulator)
-                        row_durations[i] = self.t_ff[stage]
+                for i, a in enumerate(row):
+                    if a.op is f and (a.stage, a.mb) in fused:  # every such F, as the runtime runs it
+                        row_durations[i] = self.t_ff[a.stage]
             out.append(row_durations)
         return out
 
