@@ -126,7 +126,7 @@ def small(draw):
 
 # a V whose W frees 3e-8: within HiGHS's tolerance, the exact model's order peaked at 1.00000003
 _TIGHT_V = CostModel(
-    stage_to_rank=(0, 1, 1, 0), t_f=(0.5,) * 4, t_b=(0.5,) * 4, t_w=(0.5,) * 4, t_bw=(1.0,) * 4, m_f=(0.5,) * 4,
+    stage_to_rank=(0, 1, 1, 0), t_f=(0.5,) * 4, t_b=(0.5,) * 4, t_w=(0.5,) * 4, t_bw=(1.0,) * 4, t_ff=(0.5,) * 4, m_f=(0.5,) * 4,
     m_b=(-0.4999999701976776,) * 4, m_w=(-2.9802322387695312e-08,) * 4, comm_next=(0.0,) * 3,
 )
 

@@ -1,6 +1,7 @@
 """The fused backward's own time (t_bw): old profiles still load with BW = t_b + t_w, the
 simulator charges t_bw, and every lower bound stays below every schedule, fused, split or mixed,
-whether a fused backward is cheaper than the split (the usual case) or not."""
+whether a fused backward (and the forward before it, t_ff) is cheaper than the split (the usual
+case) or not."""
 
 import json
 import random
@@ -9,11 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import make_profile
+from tests.helpers.reference import fuse_some
 from zbsearch import CostModel, Profile, build_classic, load_profile, timeline
-from zbsearch.actions import Action, Op
-from zbsearch.bounds import memory_makespan_lower_bound, memory_span_lower_bound, span_lower_bound
+from zbsearch.actions import Op
+from zbsearch.bounds import (
+    makespan_lower_bound,
+    memory_makespan_lower_bound,
+    memory_span_lower_bound,
+    span_lower_bound,
+)
 from zbsearch.formats.edit import updated
-from zbsearch.formats.schedule import Schedule
 
 EPS = 1e-9
 
@@ -48,32 +54,17 @@ def test_simulator_charges_t_bw_for_fused_passes():
     assert halved.busy == [m * (1.0 + (1.5 + 1.25) / 2)] * 2
 
 
-def _fuse_some(sched: Schedule, rng: random.Random) -> Schedule:
-    """Fuse a random choice of B passes that their W follows at once on the same rank."""
-    rows = []
-    for row in sched.rank_actions:
-        out, i = [], 0
-        while i < len(row):
-            a = row[i]
-            nxt = row[i + 1] if i + 1 < len(row) else None
-            if a.op is Op.B and nxt == Action(a.stage, Op.W, a.mb) and rng.random() < 0.6:
-                out.append(Action(a.stage, Op.BW, a.mb))
-                i += 2
-            else:
-                out.append(a)
-                i += 1
-        rows.append(out)
-    return Schedule.build(sched.kind + "-fused", sched.profile, sched.num_microbatches, sched.stage_to_rank, rows)
-
-
 @settings(max_examples=60, deadline=None)
 @given(st.integers(2, 4), st.integers(1, 6), st.data())
 def test_bounds_hold_for_fused_split_and_mixed_schedules(p, m, data):
     times = [(data.draw(st.floats(0.3, 2.0)), data.draw(st.floats(0.3, 2.0)), data.draw(st.floats(0.0, 1.5))) for _ in range(p)]
     # t_bw from well below t_b (a split that costs a lot) to above t_b + t_w
     t_bw = [data.draw(st.floats(0.2, 1.3)) * (b + w) for _, b, w in times]
+    # the forward before a fused backward: well below t_f to a little above it
+    t_ff = [data.draw(st.floats(0.5, 1.2)) * f for f, _, _ in times]
     prof = _with_bw(make_profile(p, stages=times, m_w=data.draw(st.floats(0.0, 1.0)),
                                  t_comm=data.draw(st.sampled_from([0.0, 0.3]))), t_bw)
+    prof = updated(prof, stages=[updated(s, t_ff=ff) for s, ff in zip(prof.stages, t_ff)])
     rng = random.Random(data.draw(st.integers(0, 2**16)))
     for kind, chunks in [
         ("gpipe", None),
@@ -86,11 +77,13 @@ def test_bounds_hold_for_fused_split_and_mixed_schedules(p, m, data):
         if kind == "interleaved-1f1b" and m % p:
             continue
         sched = build_classic(kind, prof, m, chunks)
-        for variant in (sched, _fuse_some(sched, rng)):
+        for variant in (sched, fuse_some(sched, rng)):
             cost = CostModel.from_profile(prof, variant.stage_to_rank)
             tl = timeline(variant)
             span = max(tl.span)
             assert span_lower_bound(cost, m) <= span + EPS, (kind, variant.actions)
+            assert makespan_lower_bound(cost, m) <= tl.makespan + EPS, (kind, variant.actions)
+            assert all(cost.rank_busy(r, m) <= busy + EPS for r, busy in enumerate(tl.busy)), (kind, variant.actions)
             peak = [max(x, 1e-9) for x in tl.peak_memory]
             assert memory_span_lower_bound(cost, m, peak) <= span + EPS, (kind, variant.actions)
             assert memory_makespan_lower_bound(cost, m, peak) <= tl.makespan + EPS, (kind, variant.actions)

@@ -22,9 +22,11 @@ def _round(rng: random.Random, p: int, scale: float = 1.0):
     """A profile as one profiler round might give: random times, a measured block, links."""
     stages = [tuple(scale * rng.uniform(0.5, 3.0) for _ in range(3)) for _ in range(p)]
     prof = make_profile(p, stages=stages, t_comm=[rng.uniform(0.01, 0.5) for _ in range(p - 1)])
-    costs = [st.model_copy(update={"t_bw": scale * rng.uniform(1.0, 5.0), "m_f": rng.uniform(1, 2)}) for st in prof.stages]
+    costs = [st.model_copy(update={"t_bw": scale * rng.uniform(1.0, 5.0), "t_ff": st.t_f * rng.uniform(0.8, 1.0),
+                                   "m_f": rng.uniform(1, 2)}) for st in prof.stages]
     costs = [c.model_copy(update={"m_w": -(c.m_f + c.m_b)}) for c in costs]
-    measured = Measurement(stages=[StageSpread(t_f=_q(c.t_f), t_b=_q(c.t_b), t_w=_q(c.t_w), t_bw=_q(c.t_bw)) for c in costs],
+    measured = Measurement(stages=[StageSpread(t_f=_q(c.t_f), t_b=_q(c.t_b), t_w=_q(c.t_w), t_bw=_q(c.t_bw),
+                                               t_ff=_q(c.t_ff)) for c in costs],
                            warnings=["same in every round"])
     links = Links(method="measured", one_way_ms=[Quartiles(median=t, q1=t, q3=t, mean=t) for t in prof.t_comm])
     return prof.model_copy(update={"stages": costs, "measured": measured, "links": links,
@@ -39,12 +41,13 @@ def test_pooled_numbers_are_the_rounds_medians_and_the_links_mean(seed):
     rounds = [_round(rng, p) for _ in range(n)]
     pooled = pool_profiles(rounds)
     for s in range(p):
-        for k in ("t_f", "t_b", "t_w", "t_bw", "m_f"):
+        for k in ("t_f", "t_b", "t_w", "t_bw", "t_ff", "m_f"):
             assert getattr(pooled.stages[s], k) == pytest.approx(statistics.median(getattr(r.stages[s], k) for r in rounds))
         st = pooled.stages[s]
         assert st.m_f + st.m_b + st.m_w == pytest.approx(0, abs=1e-9)
         spread = pooled.measured.stages[s]
         assert spread.t_f.median == pytest.approx(statistics.median(r.measured.stages[s].t_f.median for r in rounds))
+        assert spread.t_ff.median == pytest.approx(statistics.median(r.measured.stages[s].t_ff.median for r in rounds))
     for b in range(p - 1):
         assert pooled.t_comm[b] == pytest.approx(statistics.fmean(r.t_comm[b] for r in rounds))
         assert pooled.t_comm[b] == pytest.approx(pooled.links.one_way_ms[b].mean)  # the record agrees with the cost
@@ -55,6 +58,24 @@ def test_pooled_numbers_are_the_rounds_medians_and_the_links_mean(seed):
     assert [[row["t_f"] for row in rnd] for rnd in pooled.measured.rounds["stages"]] == \
         [[st.t_f for st in r.stages] for r in rounds]
     assert pooled.measured.warnings.count("same in every round") == 1
+
+
+def test_a_round_without_t_ff_pools_none_and_the_forward_costs_t_f():
+    """Rounds from a profiler that predates t_ff (or a mix): the pooled stage has none, so F
+    before a fused backward falls back to t_f, and its measured spread has none either."""
+    rng = random.Random(7)
+    rounds = [_round(rng, 2) for _ in range(3)]
+    old = rounds[1]
+    spreads = [sp.model_copy(update={"t_ff": None}) for sp in old.measured.stages]
+    rounds[1] = old.model_copy(update={
+        "stages": [st.model_copy(update={"t_ff": None}) for st in old.stages],
+        "measured": old.measured.model_copy(update={"stages": spreads}),
+    })
+    pooled = pool_profiles(rounds)
+    assert all(st.t_ff is None and st.fused_forward == st.t_f for st in pooled.stages)
+    assert all(sp.t_ff is None for sp in pooled.measured.stages)
+    assert all("t_ff" not in row for row in pooled.measured.rounds["drift"])
+    assert pool_profiles([rounds[0], rounds[2]]).stages[0].t_ff is not None
 
 
 def test_one_round_is_the_profile_itself_and_identical_rounds_do_not_drift():

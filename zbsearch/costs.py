@@ -16,15 +16,21 @@ A message between ranks also costs each end host time (the profile's optional ``
 receives it, so the simulator, solver and bounds all see a pass as long as it holds its rank.
 
 A fused backward (BW) costs the profile's ``t_bw`` (one autograd call, no split analysis), not
-t_b + t_w. A schedule may run a microbatch's backward either way, so anything that must hold
-for every schedule (busy time, lower bounds) takes the cheaper of the two (``for_bounds``).
+t_b + t_w, and the forward of that microbatch costs ``t_ff``: the runtime runs it without the
+deferral a split backward needs (``forward_pass(split=False)``), a few percent cheaper than t_f.
+So what an F costs depends on the schedule, not only on its type: ``durations`` is the one
+place that prices a concrete schedule's actions (the simulator and the pass-time comparison
+call it; emulated stages sleep t_ff exactly where the runtime runs such a forward). The solver's
+own schedules are split only, so ``time`` prices them. A schedule may run a microbatch either
+way, so anything that must hold for every schedule (busy time, lower bounds) takes the cheaper
+of the two for F and for the backward (``for_bounds``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .actions import Op
+from .actions import Action, Op
 from .errors import ZbError
 from .formats.profile import Profile, profile_misfit
 
@@ -42,6 +48,7 @@ class CostModel:
     t_b: tuple[float, ...]
     t_w: tuple[float, ...]
     t_bw: tuple[float, ...]
+    t_ff: tuple[float, ...]  # F of a microbatch whose backward is fused (BW) on its rank
     m_f: tuple[float, ...]
     m_b: tuple[float, ...]
     m_w: tuple[float, ...]
@@ -82,6 +89,7 @@ class CostModel:
             t_b=tuple(c.t_b / k + h for c, h in zip(st, bwd)),
             t_w=tuple(c.t_w / k for c in st),
             t_bw=tuple(c.fused_backward / k + h for c, h in zip(st, bwd)),
+            t_ff=tuple(c.fused_forward / k + h for c, h in zip(st, fwd)),
             m_f=tuple(c.m_f / k for c in st),
             m_b=tuple(c.m_b / k for c in st),
             m_w=tuple(c.m_w / k for c in st),
@@ -108,10 +116,33 @@ class CostModel:
         return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
 
     def time(self, stage: int, op: Op) -> float:
+        """What a pass of this type costs, F as the split forward (t_f): the cost of every pass of
+        a split-only schedule. A schedule with fused backwards is priced by ``durations``."""
         return self.t_bw[stage] if op is Op.BW else _by_op(op, stage, self.t_f, self.t_b, self.t_w)
+
+    def durations(self, rank_actions: list[list[Action]]) -> list[list[float]]:
+        """What each action of a schedule costs (ms), as the runtime runs it: ``time``, except
+        that the F of microbatch j on stage s costs t_ff[s] when its rank's actions hold a BW of
+        (s, j), because the runtime then runs that forward without the split's deferral."""
+        by_type = {op: [self.time(s, op) for s in range(self.num_stages)] for op in Op}  # tables: schedules are long
+        f, bw = Op.F, Op.BW  # bound once: an enum member's lookup is slow
+        out = []
+        for row in rank_actions:
+            row_durations = [by_type[a.op][a.stage] for a in row]
+            fused = {(a.stage, a.mb) for a in row if a.op is bw}
+            if fused:
+                for i, a in enumerate(row):
+                    if a.op is f and (a.stage, a.mb) in fused:  # every such F, as the runtime runs it
+                        row_durations[i] = self.t_ff[a.stage]
+            out.append(row_durations)
+        return out
 
     def memory(self, stage: int, op: Op) -> float:
         return _by_op(op, stage, self.m_f, self.m_b, self.m_w)
+
+    def forward(self, stage: int) -> float:
+        """Least time one microbatch's forward can take on ``stage``: before a fused or a split backward."""
+        return min(self.t_f[stage], self.t_ff[stage])
 
     def backward(self, stage: int) -> float:
         """Least time one microbatch's backward can take on ``stage``: fused or split."""
@@ -120,17 +151,20 @@ class CostModel:
     def for_bounds(self) -> CostModel:
         """A split-only cost model that no schedule beats, fused BW passes included.
 
-        B costs min(t_b, t_bw) and W min(t_w, backward - B): a BW pass maps onto such a B then W
-        that end no later than it (B's output was only ready at BW's end anyway), and a split
-        pass onto shorter ones, so every schedule maps onto a schedule of this model with the
-        same starts, no later ends and no more memory at any time. Bounds computed on it hold
-        for schedules that fuse, split or mix.
+        F costs min(t_f, t_ff), B min(t_b, t_bw) and W min(t_w, backward - B): a BW pass maps
+        onto such a B then W that end no later than it (B's output was only ready at BW's end
+        anyway), and an F or a split pass onto one no longer, so every schedule maps onto a
+        schedule of this model with the same starts, no later ends and no more memory at any
+        time. Bounds computed on it hold for schedules that fuse, split or mix.
         """
-        if all(bw >= b + w for b, w, bw in zip(self.t_b, self.t_w, self.t_bw)):
+        if all(bw >= b + w for b, w, bw in zip(self.t_b, self.t_w, self.t_bw)) and all(
+            ff >= f for f, ff in zip(self.t_f, self.t_ff)
+        ):
             return self
+        t_f = tuple(self.forward(s) for s in range(self.num_stages))
         t_b = tuple(min(b, bw) for b, bw in zip(self.t_b, self.t_bw))
         t_w = tuple(min(w, self.backward(s) - b) for s, (b, w) in enumerate(zip(t_b, self.t_w)))
-        return replace(self, t_b=t_b, t_w=t_w, t_bw=tuple(b + w for b, w in zip(t_b, t_w)))
+        return replace(self, t_f=t_f, t_ff=t_f, t_b=t_b, t_w=t_w, t_bw=tuple(b + w for b, w in zip(t_b, t_w)))
 
     def comm(self, a: int, b: int) -> float:
         """Delay for a tensor passed between adjacent stages a and b (either direction)."""
@@ -142,7 +176,7 @@ class CostModel:
 
     def rank_busy(self, rank: int, num_microbatches: int) -> float:
         """Compute time one iteration needs on this rank, whatever the schedule."""
-        return num_microbatches * sum(self.t_f[s] + self.backward(s) for s in self.rank_stages(rank))
+        return num_microbatches * sum(self.forward(s) + self.backward(s) for s in self.rank_stages(rank))
 
 
 def _by_op(op: Op, stage: int, f: tuple[float, ...], b: tuple[float, ...], w: tuple[float, ...]) -> float:

@@ -42,7 +42,8 @@ def compare_pass_times(schedule: Schedule, traces: list[Trace]) -> list[PassTime
     if not traces:
         raise ZbError("no trace to compare")
     cost = CostModel.from_profile(schedule.profile.compute_only(), schedule.stage_to_rank)  # spans time passes only
-    planned = [set(row) for row in schedule.rank_actions]
+    # what the cost model gives each action of each rank (an F costs t_ff where its backward is fused)
+    planned = [dict(zip(row, d)) for row, d in zip(schedule.rank_actions, cost.durations(schedule.rank_actions))]
     sums: dict[tuple[int, Op], list[float]] = {}
     for i, trace in enumerate(traces):
         if trace.zbsearch.num_ranks != schedule.num_ranks:
@@ -56,7 +57,7 @@ def compare_pass_times(schedule: Schedule, traces: list[Trace]) -> list[PassTime
             acc = sums.setdefault((ev.pid, a.op), [0, 0.0, 0.0])
             acc[0] += 1
             acc[1] += ev.dur / 1e3
-            acc[2] += cost.time(a.stage, a.op)
+            acc[2] += planned[ev.pid][a]
     return [
         PassTimes(r, op, int(n), measured / n, predicted / n)
         for (r, op), (n, measured, predicted) in sorted(sums.items(), key=lambda kv: (kv[0][0], list(Op).index(kv[0][1])))

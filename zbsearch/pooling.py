@@ -25,7 +25,8 @@ from .formats.profile import Links, Profile, Quartiles, StageCost
 __all__ = ["DRIFT_LIMIT", "PASSES", "pool_profiles", "drift"]
 
 DRIFT_LIMIT = 0.10
-PASSES = ("t_f", "t_b", "t_w", "t_bw")
+PASSES = ("t_f", "t_b", "t_w", "t_bw", "t_ff")
+_OPTIONAL = ("t_bw", "t_ff")  # absent from older profiles: pooled only where every round has them
 
 
 def drift(profiles: Sequence[Profile]) -> list[dict[str, float]]:
@@ -82,10 +83,10 @@ def _pool_links(profiles: Sequence[Profile]) -> Links:
 
 def _pool_stage(costs: list[StageCost]) -> StageCost:
     med = {k: statistics.median(getattr(c, k) for c in costs) for k in ("t_f", "t_b", "t_w", "m_f", "m_b")}
-    bws = [c.t_bw for c in costs]
-    t_bw = statistics.median(bws) if all(x is not None for x in bws) else None  # type: ignore[type-var]
+    opt = {k: [getattr(c, k) for c in costs] for k in _OPTIONAL}
+    opt_med = {k: statistics.median(xs) if all(x is not None for x in xs) else None for k, xs in opt.items()}
     # memory is a measurement too; keep the deltas balanced as the format demands
-    return costs[0].model_copy(update={**med, "t_bw": t_bw, "m_w": -(med["m_f"] + med["m_b"])})
+    return costs[0].model_copy(update={**med, **opt_med, "m_w": -(med["m_f"] + med["m_b"])})
 
 
 def _pool_measured(profiles: Sequence[Profile]):

@@ -4,8 +4,9 @@ Each rank executes its list strictly in order; an action starts as soon as the p
 action on its rank has finished and every pass it depends on has finished (plus the
 communication delay when that pass ran on another rank). Communication is modelled as a
 latency that does not occupy either rank, which is what asynchronous P2P achieves when
-transfers overlap compute. Memory on a rank changes only through its own actions, so the
-memory curve depends on the order alone, not on timing.
+transfers overlap compute. An action takes what ``CostModel.durations`` gives it (the F of a
+microbatch whose backward its rank runs fused takes t_ff, not t_f). Memory on a rank changes
+only through its own actions, so the memory curve depends on the order alone, not on timing.
 
 Bubble rate generalises the paper's (span - m(T_F+T_B+T_W)) / span to unequal stages as
 (T - max_r busy_r) / T with T = max_r span_r: the time the slowest rank's period exceeds the
@@ -81,14 +82,12 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
     those a round-robin sweep would leave stuck, and report the same waits."""
     S, R = cost.num_stages, len(rank_actions)
     where = pass_positions(rank_actions, S)
-    # per op, per stage: (duration, ((positions of the pass it waits for, by microbatch), edge delay), ...)
+    # per op, per stage: ((positions of the pass it waits for, by microbatch), edge delay), ...
     kinds = {
-        op: [
-            (cost.time(s, op), tuple((where[dop][ds], edge_delay(cost, ds, s)) for ds, dop in action_predecessor_types(s, op, S)))
-            for s in range(S)
-        ]
+        op: [tuple((where[dop][ds], edge_delay(cost, ds, s)) for ds, dop in action_predecessor_types(s, op, S)) for s in range(S)]
         for op in Op
     }
+    durations = cost.durations(rank_actions)
     start = [[0.0] * len(row) for row in rank_actions]
     end = [[0.0] * len(row) for row in rank_actions]
     done = [0] * R  # number of actions finished per rank
@@ -97,12 +96,12 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
     runnable = list(range(R - 1, -1, -1))
     while runnable:
         r = runnable.pop()
-        row, row_start, row_end = rank_actions[r], start[r], end[r]
+        row, row_start, row_end, row_dur = rank_actions[r], start[r], end[r], durations[r]
         n, i, t_free = len(row), done[r], free[r]
         wait = None
         while i < n:
             a = row[i]
-            dur, deps = kinds[a.op][a.stage]
+            deps = kinds[a.op][a.stage]
             t = t_free
             for positions, delay in deps:
                 pos = positions[a.mb]
@@ -119,7 +118,7 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
             if wait is not None:
                 break
             row_start[i] = t
-            t_free = row_end[i] = t + dur
+            t_free = row_end[i] = t + row_dur[i]
             i += 1
         done[r], free[r] = i, t_free
         if parked[r]:  # wake the ranks waiting for a pass this rank has now run
@@ -135,7 +134,7 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
     if any(d < len(row) for d, row in zip(done, rank_actions)):
         raise Deadlock(_waits(rank_actions, done, _resolve(rank_actions, where, S)))
 
-    busy = [sum([kinds[a.op][a.stage][0] for a in row]) for row in rank_actions]
+    busy = [sum(row) for row in durations]
     return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy)
 
 

@@ -14,11 +14,15 @@ from zbsearch import CostModel, Profile, StageCost
 from zbsearch.actions import Action, Op
 from zbsearch.dependencies import predecessors
 from zbsearch.errors import ZbError
+from zbsearch.formats.schedule import Schedule
 from zbsearch.limits import fits
 from zbsearch.placement import placement
 from zbsearch.simulator import Deadlock
 
-__all__ = ["needs", "reference", "reference_problem", "outcome", "random_profile", "random_cost", "random_order", "mutate"]
+__all__ = [
+    "needs", "reference", "reference_duration", "reference_problem", "outcome", "random_profile", "random_cost",
+    "random_order", "fuse_some", "mutate",
+]
 
 
 def needs(a: Action, S: int) -> list[tuple[int, Op, int]]:
@@ -30,6 +34,14 @@ def needs(a: Action, S: int) -> list[tuple[int, Op, int]]:
             if dep not in own and dep not in out:
                 out.append(dep)
     return out
+
+
+def reference_duration(row: list[Action], a: Action, cost: CostModel) -> float:
+    """What action ``a`` of a rank's ``row`` costs, read from the cost model's fields: the F of a
+    microbatch whose backward the rank runs fused (a BW) takes t_ff, as the runtime runs it."""
+    if a.op is Op.F:
+        return cost.t_ff[a.stage] if Action(a.stage, Op.BW, a.mb) in row else cost.t_f[a.stage]
+    return {Op.B: cost.t_b, Op.W: cost.t_w, Op.BW: cost.t_bw}[a.op][a.stage]
 
 
 def reference(rows: list[list[Action]], cost: CostModel):
@@ -61,7 +73,7 @@ def reference(rows: list[list[Action]], cost: CostModel):
                 for (q, i), d in zip(needed, needs(a, S)):
                     t = max(t, end[q][i] + (cost.comm(d[0], a.stage) if d[0] != a.stage else 0.0))
                 start[r][nxt[r]] = t
-                end[r][nxt[r]] = t + cost.time(a.stage, a.op)
+                end[r][nxt[r]] = t + reference_duration(row, a, cost)
                 nxt[r] += 1
                 moved = True
     if any(n < len(row) for n, row in zip(nxt, rows)):
@@ -79,7 +91,7 @@ def reference(rows: list[list[Action]], cost: CostModel):
             cur += cost.memory(a.stage, a.op)
             trace.append(cur)
         memory.append(trace)
-    return start, end, memory, [sum(cost.time(a.stage, a.op) for a in row) for row in rows]
+    return start, end, memory, [sum(reference_duration(row, a, cost) for a in row) for row in rows]
 
 
 def outcome(fn, rows, cost):
@@ -95,8 +107,8 @@ def outcome(fn, rows, cost):
 
 
 def random_profile(rng: random.Random, p: int) -> Profile:
-    """Unequal stages, fused backwards that may be cheaper or dearer than B + W, stages that keep
-    no memory, links with and without delay."""
+    """Unequal stages, fused backwards that may be cheaper or dearer than B + W (and forwards
+    before them than t_f), stages that keep no memory, links with and without delay."""
     def t() -> float:
         return rng.choice([0.5, 1.0, round(rng.uniform(0.1, 3.0), 3)])
 
@@ -104,8 +116,10 @@ def random_profile(rng: random.Random, p: int) -> Profile:
     for _ in range(p):
         m_f = rng.choice([0.0, 1.0, round(rng.uniform(0.2, 2), 3)])
         keep = rng.random()
-        stages.append(StageCost(t_f=t(), t_b=t(), t_w=t(), t_bw=rng.choice([None, t()]), m_f=m_f,
-                                m_b=-m_f * (1 - keep), m_w=-m_f * keep))
+        t_f = t()
+        stages.append(StageCost(t_f=t_f, t_b=t(), t_w=t(), t_bw=rng.choice([None, t()]), m_f=m_f,
+                                m_b=-m_f * (1 - keep), m_w=-m_f * keep,
+                                t_ff=rng.choice([None, round(t_f * rng.uniform(0.8, 1.1), 3) or t_f])))
     return Profile(name="gen", memory_unit="activations", stages=stages,
                    t_comm=[rng.choice([0.0, 0.1, round(rng.uniform(0, 1), 3)]) for _ in range(p - 1)])
 
@@ -119,7 +133,7 @@ def random_cost(rng: random.Random, p: int, chunks: int, layout: str) -> CostMod
         return tuple(0.0 if rng.random() < 0.2 else x for x in xs)
 
     return replace(cost, t_f=some_zero(cost.t_f), t_b=some_zero(cost.t_b), t_w=some_zero(cost.t_w),
-                   t_bw=some_zero(cost.t_bw))
+                   t_bw=some_zero(cost.t_bw), t_ff=some_zero(cost.t_ff))
 
 
 def random_order(rng: random.Random, cost: CostModel, m: int, fuse: float) -> list[list[Action]]:
@@ -141,6 +155,24 @@ def random_order(rng: random.Random, cost: CostModel, m: int, fuse: float) -> li
             done.add((s, op, j))
             todo.discard((s, op, j))
     return rows
+
+
+def fuse_some(sched: Schedule, rng: random.Random) -> Schedule:
+    """Fuse a random choice of B passes that their W follows at once on the same rank."""
+    rows = []
+    for row in sched.rank_actions:
+        out, i = [], 0
+        while i < len(row):
+            a = row[i]
+            nxt = row[i + 1] if i + 1 < len(row) else None
+            if a.op is Op.B and nxt == Action(a.stage, Op.W, a.mb) and rng.random() < 0.6:
+                out.append(Action(a.stage, Op.BW, a.mb))
+                i += 2
+            else:
+                out.append(a)
+                i += 1
+        rows.append(out)
+    return Schedule.build(sched.kind + "-fused", sched.profile, sched.num_microbatches, sched.stage_to_rank, rows)
 
 
 def mutate(rng: random.Random, rows: list[list[Action]]) -> list[list[Action]]:

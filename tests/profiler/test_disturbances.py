@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 from torch import nn
 
@@ -17,6 +18,49 @@ def test_measure_stage_times_the_fused_backward_and_the_profile_carries_it():
     cost = m.cost()
     assert cost.t_bw == m.bw.median > 0
     assert m.record()["t_bw"]["q1"] <= m.record()["t_bw"]["median"] <= m.record()["t_bw"]["q3"]
+
+
+def test_measure_stage_times_the_forward_before_a_fused_backward_alone(monkeypatch):
+    """t_ff is the fused forward's own time: a fake clock that each pass (and the release of
+    the split pass before it) advances by a known amount gives every time exactly."""
+    import types
+    import weakref
+
+    from zbsearch.distributed import clock as device_clock
+    from zbsearch.profiler import measure
+
+    now = [0.0]
+    monkeypatch.setattr(device_clock, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def advancing(fn, ms, on_free_ms=None):
+        def run(*args, **kw):
+            out = fn(*args, **kw)
+            split = kw.get("split", True)
+            now[0] += (ms if split else ms / 2) / 1e3  # a forward: split 5 ms, fused 2.5 ms
+            if on_free_ms is not None and split:
+                weakref.finalize(out, lambda: now.__setitem__(0, now[0] + on_free_ms / 1e3))
+            return out
+        return run
+
+    monkeypatch.setattr(measure, "forward_pass", advancing(measure.forward_pass, 5.0, on_free_ms=100.0))
+    monkeypatch.setattr(measure, "backward_input", advancing(measure.backward_input, 1.0))
+    monkeypatch.setattr(measure, "backward_weight", advancing(measure.backward_weight, 2.0))
+    monkeypatch.setattr(measure, "backward_full", advancing(measure.backward_full, 4.0))
+    block = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+    m = measure_stage(block, (torch.randn(8, 16, requires_grad=True),), None, torch.device("cpu"), warmup=1, repeat=3)
+    cost = m.cost()
+    assert (cost.t_f, cost.t_b, cost.t_w, cost.t_bw, cost.t_ff) == pytest.approx((5.0, 1.0, 2.0, 4.0, 2.5))
+    rec = m.record()["t_ff"]
+    assert rec["q1"] == pytest.approx(2.5) and rec["q3"] == pytest.approx(2.5)
+
+
+def test_measure_stage_records_the_forward_before_a_fused_backward():
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+    m = measure_stage(block, (torch.randn(8, 16, requires_grad=True),), None, torch.device("cpu"), warmup=1, repeat=3)
+    rec = m.record()["t_ff"]
+    assert m.cost().t_ff == m.ff.median == rec["median"] > 0
+    assert rec["q1"] <= rec["median"] <= rec["q3"]
 
 
 def test_the_profiler_runs_each_pass_as_the_runtime_does_and_leaves_no_graph_behind(monkeypatch):
@@ -44,7 +88,7 @@ def test_the_profiler_runs_each_pass_as_the_runtime_does_and_leaves_no_graph_beh
 def _stage(spread: float) -> StageMeasurement:
     calm = Stats(10.0, 9.9, 10.1, 10.0)
     wide = Stats(10.0, 10.0 - 10.0 * spread, 10.0 + 10.0 * spread, 10.0)
-    return StageMeasurement(calm, wide, calm, calm, 1.0, -0.5, 0.0, 4)
+    return StageMeasurement(calm, wide, calm, calm, calm, 1.0, -0.5, 0.0, 4)
 
 
 def test_spread_above_the_limit_is_named_by_stage_and_pass(monkeypatch):

@@ -67,7 +67,7 @@ def test_tiny_gpt_profile_has_the_expected_structure(tmp_path):
     assert extra["measured"]["boundary_bytes"] == [boundary]
     assert prof.t_comm == [pytest.approx(LINK.time_ms(boundary))]
     for s, st in enumerate(prof.stages):
-        assert st.t_f > 0 and st.t_b > 0 and st.t_w > 0
+        assert st.t_f > 0 and st.t_b > 0 and st.t_w > 0 and st.t_ff is not None and st.t_ff > 0
         assert st.m_f > 0 and st.m_b <= 0 and st.m_w <= 0
         assert st.m_f + st.m_b + st.m_w == pytest.approx(0, abs=1e-6 * st.m_f)
         spread = extra["measured"]["stages"][s]["t_f"]
@@ -84,7 +84,7 @@ def test_rounds_are_pooled_into_the_profile():
     rounds = prof.measured.rounds
     assert rounds["count"] == 3 and len(rounds["stages"]) == 3
     for s, st in enumerate(prof.stages):
-        for k in ("t_f", "t_b", "t_w", "t_bw"):
+        for k in ("t_f", "t_b", "t_w", "t_bw", "t_ff"):
             assert getattr(st, k) == statistics.median(r[s][k] for r in rounds["stages"])
             assert rounds["drift"][s][k] >= 0
     once = profile_one_device(builtin_gpt(TINY), Settings(warmup=1, repeat=3, rounds=1), link=LINK)

@@ -27,12 +27,12 @@ def slept(monkeypatch):
 
 
 @pytest.mark.parametrize("first", [False, True])
-def test_emulated_fused_backward_sleeps_t_bw_and_split_sleeps_t_b_then_t_w(slept, first):
-    stage = EmulatedStage(1.0, 2.0, 3.0, t_bw=4.0)
+def test_emulated_fused_backward_sleeps_t_ff_then_t_bw_and_split_sleeps_t_f_t_b_then_t_w(slept, first):
+    stage = EmulatedStage(1.0, 2.0, 3.0, t_bw=4.0, t_ff=0.5)
     x = torch.zeros(16, requires_grad=not first)
     grad = [torch.ones(16)]
     backward_full(forward_pass(stage, (x,), split=False), grad)
-    assert slept == [0.0, 1.0, 2.0, 2.0]  # Weight's F, Act's F, Act's B, then t_bw - t_b
+    assert slept == [0.0, 0.5, 2.0, 2.0]  # Weight's F, Act's F (t_ff), Act's B, then t_bw - t_b
     slept.clear()
     fp = forward_pass(stage, (x,))
     backward_input(fp, grad)
@@ -40,7 +40,27 @@ def test_emulated_fused_backward_sleeps_t_bw_and_split_sleeps_t_b_then_t_w(slept
     assert slept == [0.0, 1.0, 2.0, 3.0]
     slept.clear()
     backward_full(forward_pass(EmulatedStage(1.0, 2.0, 3.0), (x,), split=False), grad)
-    assert slept == [0.0, 1.0, 2.0, 3.0]  # no t_bw: the split's cost
+    assert slept == [0.0, 1.0, 2.0, 3.0]  # no t_bw, no t_ff: the split's costs
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_the_runtime_sleeps_t_ff_for_the_forwards_of_fused_microbatches_only(slept):
+    """A schedule that fuses microbatches 0 and 2 and splits 1 and 3: each action sleeps what
+    ``CostModel.durations`` gives it (ms from the profile, slept in seconds)."""
+    prof = make_profile(1, t_f=1.0, t_b=1.5, t_w=0.75)
+    prof = updated(prof, stages=[updated(prof.stages[0], t_bw=2.0, t_ff=0.625)])
+    A, F, B, W, BW = zb.Action, Op.F, Op.B, Op.W, Op.BW
+    rows = [[A(0, F, 0), A(0, BW, 0), A(0, F, 1), A(0, B, 1), A(0, W, 1),
+             A(0, F, 2), A(0, BW, 2), A(0, F, 3), A(0, B, 3), A(0, W, 3)]]
+    sched = zb.Schedule.build("mixed", prof, 4, [0], rows)
+    runtime = PipelineRuntime(sched, dict(enumerate(emulated_stages(prof, [0], bytes_per_unit=64))), emulated_loss)
+    runtime.step(torch.randn(8, 16), torch.randn(8, 16))
+    # per action: F sleeps Weight's 0 then Act's forward, BW Act's B then t_bw - t_b
+    want = {F: [0.0, 1.0], B: [1.5], W: [0.75], BW: [1.5, 0.5]}
+    expected = [x / 1e3 for a in rows[0] for x in ([0.0, 0.625] if a.op is F and a.mb in (0, 2) else want[a.op])]
+    assert slept == pytest.approx(expected)
+    (durations,) = zb.CostModel.from_profile(prof, [0]).durations(rows)
+    assert [d for a, d in zip(rows[0], durations) if a.op is F] == [0.625, 1.0, 0.625, 1.0]
 
 
 def _profile() -> zb.Profile:

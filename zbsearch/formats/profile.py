@@ -2,7 +2,9 @@
 
 A profile describes a model cut into pipeline stages: per stage, the time of F, B (input
 gradient) and W (weight gradient), optionally of the fused backward BW (``t_bw``: one autograd
-call for both, what GPipe/1F1B run; older files lack it and BW then costs t_b + t_w), and the
+call for both, what GPipe/1F1B run; older files lack it and BW then costs t_b + t_w), optionally
+of the forward of a microbatch whose backward is fused (``t_ff``: no split deferral to set up,
+so a little cheaper than the F a split backward needs; older files lack it: t_f), and the
 activation memory each pass allocates (m_f > 0)
 or frees (m_b, m_w, normally negative). What F allocates must be freed by B and W, so the
 three memory deltas sum to zero per stage; a profile that breaks this is rejected because it
@@ -58,8 +60,9 @@ class StageCost(BaseModel):
     m_b: float = Field(description="memory change of B (normally negative)")
     m_w: float = Field(description="memory change of W (normally negative)")
     t_bw: float | None = Field(default=None, gt=0, description="fused backward (BW) time; absent: t_b + t_w")
+    t_ff: float | None = Field(default=None, gt=0, description="forward time before a fused backward; absent: t_f")
 
-    @field_validator("t_f", "t_b", "t_w", "t_bw")
+    @field_validator("t_f", "t_b", "t_w", "t_bw", "t_ff")
     @classmethod
     def _time_range(cls, v: float | None) -> float | None:
         return None if v is None else _finite_in(v, MAX_TIME_MS)
@@ -73,6 +76,12 @@ class StageCost(BaseModel):
     def fused_backward(self) -> float:
         """What a BW pass costs: measured, or the split's cost where the profile predates t_bw."""
         return self.t_b + self.t_w if self.t_bw is None else self.t_bw
+
+    @property
+    def fused_forward(self) -> float:
+        """What the F of a microbatch with a fused backward costs: measured, or t_f where the
+        profile predates t_ff."""
+        return self.t_f if self.t_ff is None else self.t_ff
 
     @model_validator(mode="after")
     def _balanced(self) -> StageCost:
@@ -101,6 +110,7 @@ class StageSpread(BaseModel):
     t_b: Quartiles
     t_w: Quartiles
     t_bw: Quartiles | None = None
+    t_ff: Quartiles | None = None
     memory_residual: float | None = None
     output_bytes: int | None = None
 

@@ -2,7 +2,9 @@
 
 The runtime's trace times each action's compute alone (``runtime.trace``), so its F, B and W
 durations are directly comparable with the profile's T_F, T_B and T_W of the same stage. Used
-by the profiler's accuracy test and ``bench/profiler.py``.
+by the profiler's accuracy test and ``bench/profiler.py``, on traces of split schedules (ZB-V,
+ZB-H1): in a schedule that fuses a backward, that microbatch's F is the profile's T_FF, not T_F
+(``CostModel.durations``; ``zbsearch simulate --measured`` compares such schedules).
 
 A pass with (almost) nothing to do, such as a first stage's B (its whole backward is W's), is
 not compared: under ``NEGLIGIBLE`` of its stage's F + B + W, a relative error says nothing

@@ -4,7 +4,9 @@ The passes are the runtime's own (``zbsearch.runtime.split_backward``), so the p
 exactly what a schedule will run, graph analysis of the B/W split included. Each repetition is
 one microbatch: F, then B from the gradient the next stage would send (1 for a loss), then W;
 then F again and one fused BW, which is what GPipe / 1F1B run and costs less than B + W (no
-split analysis, one autograd call), so a schedule that fuses is predicted at what it runs.
+split analysis, one autograd call), so a schedule that fuses is predicted at what it runs. That
+second F is timed too (``t_ff``): the forward of a microbatch whose backward is fused sets up
+no deferral for a split and costs a little less than the split one.
 
 Clocks: on CPU ``perf_counter`` around each pass; on CUDA events on the current stream, read
 after one synchronisation per repetition, so the passes are not separated by host stalls.
@@ -66,6 +68,7 @@ class StageMeasurement:
     b: Stats
     w: Stats
     bw: Stats
+    ff: Stats  # the forward of a microbatch whose backward is fused
     m_f: float  # bytes
     m_b: float
     memory_residual: float
@@ -74,13 +77,13 @@ class StageMeasurement:
     def cost(self) -> StageCost:
         return StageCost(
             t_f=self.f.median, t_b=self.b.median, t_w=self.w.median, t_bw=self.bw.median,
-            m_f=self.m_f, m_b=self.m_b, m_w=-(self.m_f + self.m_b),
+            t_ff=self.ff.median, m_f=self.m_f, m_b=self.m_b, m_w=-(self.m_f + self.m_b),
         )
 
     def record(self) -> dict:
         return {
             "t_f": self.f.record(), "t_b": self.b.record(), "t_w": self.w.record(), "t_bw": self.bw.record(),
-            "memory_residual": self.memory_residual, "output_bytes": self.output_bytes,
+            "t_ff": self.ff.record(), "memory_residual": self.memory_residual, "output_bytes": self.output_bytes,
         }
 
 
@@ -100,7 +103,7 @@ def measure_stage(
     def live() -> float:
         return float(torch.cuda.memory_allocated(device)) if clock.cuda else float(meter.bytes)
 
-    times: list[tuple[float, float, float, float]] = []
+    times: list[tuple[float, float, float, float, float]] = []
     mem: list[tuple[float, float, float]] = []
     grads = None
     output_bytes = 0
@@ -118,6 +121,7 @@ def measure_stage(
         backward_weight(fp)
         e3, a3 = clock.mark(), live()
         del fp
+        e3f = clock.mark()  # freeing the split pass's graph is no part of the fused forward
         fused = forward_pass(module, inputs, split=False, post=post, meter=meter)
         e4 = clock.mark()
         backward_full(fused, grads)
@@ -125,14 +129,14 @@ def measure_stage(
         del fused
         clock.sync()
         if rep >= warmup:
-            times.append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e2, e3), clock.ms(e4, e5)))
+            times.append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e2, e3), clock.ms(e4, e5), clock.ms(e3f, e4)))
             mem.append((a1 - a0, a2 - a1, a3 - a0))
         if tick is not None:
             tick()
-    f, b, w, bw = (Stats.of(list(col)) for col in zip(*times))
+    f, b, w, bw, ff = (Stats.of(list(col)) for col in zip(*times))
     m_f, m_b, residual = (statistics.median(col) for col in zip(*mem))
     m_f = max(m_f, 0.0)
-    return StageMeasurement(f, b, w, bw, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes)
+    return StageMeasurement(f, b, w, bw, ff, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes)
 
 
 def disturbances(
@@ -160,7 +164,7 @@ def disturbances(
                 f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): times include waiting for a core"
             )
     for s, r in enumerate(results):
-        for name, st in (("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw)):
+        for name, st in (("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw), ("FF", r.ff)):
             spread = (st.q3 - st.q1) / 2 / st.median
             if spread > SPREAD_LIMIT:
                 found.append(

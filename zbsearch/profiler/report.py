@@ -36,20 +36,22 @@ def progress_bar(console: Console) -> Iterator:
 
 
 def summary_table(profile: Profile) -> Group:
-    """Per stage: median times and their spread (the widest half interquartile range of F, B
-    and W, relative to the median), memory, boundary size and link time (with the host time a
-    message costs the sender and the receiver, where measured); then the profiler's
-    warnings about disturbed measurements."""
+    """Per stage: median times (T_FF: the forward before a fused backward, T_BW that backward)
+    and their spread (the widest half interquartile range of F, B and W, relative to the
+    median), memory, boundary size and link time (with the host time a message costs the
+    sender and the receiver, where measured); then the profiler's warnings about disturbed
+    measurements."""
     measured = profile.measured
     spread: list[StageSpread | None] = list(measured.stages) if measured and measured.stages else [None] * profile.num_stages
     sizes = measured.boundary_bytes if measured else []
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0), title=profile.name)
-    for col in ("stage", "T_F\nms", "T_B\nms", "T_W\nms", "T_BW\nms", "spread\n±", "T_B+T_W\n/ T_F", "M_B\nMiB", "M_W\n/ M_B",
-                "sends\nKiB", "t_comm (+send/recv\nhost) ms"):
+    for col in ("stage", "T_F\nms", "T_FF\nms", "T_B\nms", "T_W\nms", "T_BW\nms", "spread\n±", "T_B+T_W\n/ T_F", "M_B\nMiB",
+                "M_W\n/ M_B", "sends\nKiB", "t_comm (+send/recv\nhost) ms"):
         t.add_column(col, justify="right")
     for s, (st, sp) in enumerate(zip(profile.stages, spread)):
         t.add_row(
-            str(s), f"{st.t_f:.3g}", f"{st.t_b:.3g}", f"{st.t_w:.3g}", f"{st.fused_backward:.3g}", _spread(sp),
+            str(s), f"{st.t_f:.3g}", f"{st.fused_forward:.3g}", f"{st.t_b:.3g}", f"{st.t_w:.3g}", f"{st.fused_backward:.3g}",
+            _spread(sp),
             f"{(st.t_b + st.t_w) / st.t_f:.2f}", f"{st.m_f / 2**20:.3g}", f"{-st.m_w / st.m_f:.2f}" if st.m_f else "-",
             f"{sizes[s] / 2**10:.0f}" if s < len(sizes) else "-",
             _link(profile, s),

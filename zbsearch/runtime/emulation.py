@@ -17,7 +17,9 @@ identity (``_Timed``), Weight with no forward time.
 
 A fused backward (BW: one autograd call for both paths) costs the profile's ``t_bw``, not
 t_b + t_w: Weight sees that Act ran in the same autograd call (same graph task) and then sleeps
-t_bw - t_b instead of t_w.
+t_bw - t_b instead of t_w. The forward of that microbatch, which the runtime runs without the
+split's deferral (``forward_pass(split=False)``, seen through ``fused_forward()``), sleeps the
+profile's t_ff instead of t_f, as ``CostModel.durations`` prices it.
 
 A sleep overshoots by the OS's wake-up latency; the overshoot is taken off the next pass's
 sleep, so each rank's total busy time is the profile's (see ``_sleep``).
@@ -32,6 +34,7 @@ from torch import nn
 
 from ..costs import CostModel
 from ..formats.profile import Profile
+from .split_backward import fused_forward
 
 __all__ = ["EmulatedStage", "emulated_stages", "emulated_loss"]
 
@@ -82,18 +85,19 @@ class _Timed(torch.autograd.Function):
 
 class EmulatedStage(nn.Module):
     """A stage of ``width`` features whose passes sleep ``t_f``, ``t_b``, ``t_w`` seconds
-    (``t_bw`` for a fused backward; None: t_b + t_w).
+    (``t_bw`` for a fused backward, None: t_b + t_w; ``t_ff`` for the forward before it, None: t_f).
 
     ``b_bytes`` of activations live from F to B, ``w_bytes`` from F to W.
     """
 
     def __init__(
         self, t_f: float, t_b: float, t_w: float, b_bytes: float = 0, w_bytes: float = 0, width: int = 16,
-        t_bw: float | None = None,
+        t_bw: float | None = None, t_ff: float | None = None,
     ) -> None:
         super().__init__()
         self.t_f, self.t_b, self.t_w = t_f, t_b, t_w
         self.t_bw = t_b + t_w if t_bw is None else t_bw
+        self.t_ff = t_f if t_ff is None else t_ff
         self.b_bytes, self.w_bytes = int(b_bytes), int(w_bytes)
         self.weight = nn.Parameter(torch.zeros(width))
 
@@ -104,7 +108,8 @@ class EmulatedStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fusion = _Fusion()
         w = _Timed.apply(self.weight, 0.0, self.t_w, self.w_bytes, fusion, max(self.t_bw - self.t_b, 0.0))  # Weight
-        return _Timed.apply(x + w, self.t_f, self.t_b, self.b_bytes, fusion, None)  # Act
+        t_fwd = self.t_ff if fused_forward() else self.t_f
+        return _Timed.apply(x + w, t_fwd, self.t_b, self.b_bytes, fusion, None)  # Act
 
 
 def emulated_stages(
@@ -125,7 +130,7 @@ def emulated_stages(
         EmulatedStage(
             cost.t_f[s] * ms, cost.t_b[s] * ms, cost.t_w[s] * ms,
             b_bytes=max(-cost.m_b[s], 0.0) * bytes_per_unit, w_bytes=max(-cost.m_w[s], 0.0) * bytes_per_unit,
-            width=width, t_bw=cost.t_bw[s] * ms,
+            width=width, t_bw=cost.t_bw[s] * ms, t_ff=cost.t_ff[s] * ms,
         )
         for s in range(cost.num_stages)
     ]

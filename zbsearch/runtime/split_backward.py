@@ -64,10 +64,13 @@ deferred layers (their weight gradients are W's either way).
 
 ``backward_full`` is the fused BW: one ordinary backward, no analysis. Gradients accumulate
 into ``param.grad`` like ``loss.backward()``. These functions are the ones the profiler times.
+The forward before it (``forward_pass(split=False)``) runs the module as it is; while it runs,
+``fused_forward()`` is true, so that an emulated stage can cost it as the profile's t_ff.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -85,7 +88,15 @@ from .errors import PipelineError
 from .footprint import forward_counted, see_signature
 from .memory import ActivationMeter, SavedActivations
 
-__all__ = ["ForwardPass", "forward_pass", "backward_input", "backward_weight", "backward_full"]
+__all__ = ["ForwardPass", "forward_pass", "fused_forward", "backward_input", "backward_weight", "backward_full"]
+
+_FUSED_FORWARD = contextvars.ContextVar("zbsearch_fused_forward", default=False)
+
+
+def fused_forward() -> bool:
+    """Whether the forward running now is ``forward_pass(split=False)``'s: a microbatch whose
+    backward will be one fused BW, run with none of the split's deferral."""
+    return _FUSED_FORWARD.get()
 
 
 class _DataFlow:
@@ -361,8 +372,12 @@ def forward_pass(
     if not split or whole:
 
         def run() -> tuple[torch.Tensor, ...]:
-            out = module(*inputs)
-            return _as_tensors(out if post is None else post(out))
+            token = _FUSED_FORWARD.set(not split)
+            try:
+                out = module(*inputs)
+                return _as_tensors(out if post is None else post(out))
+            finally:
+                _FUSED_FORWARD.reset(token)
 
         if meter is None:  # nothing to count: no hooks
             outs = run()

@@ -46,6 +46,8 @@ class _Model:
         c, m, S = problem.cost, problem.num_microbatches, problem.cost.num_stages
         self.actions = [Action(s, op, j) for s in range(S) for op in _OPS for j in range(m)]
         self.id = {(a.stage, a.op, a.mb): k for k, a in enumerate(self.actions)}
+        # split passes only (no BW, so no F before a fused backward): each costs its type's time,
+        # as CostModel.durations prices such a schedule
         self.dur = [c.time(a.stage, a.op) for a in self.actions]
         self.mem = [c.memory(a.stage, a.op) for a in self.actions]
         self.deps = [
