@@ -216,8 +216,8 @@ def _spread(d: dict) -> Spread:
 
 
 def _print_profile(title: str, doc: dict) -> None:
-    print(f"{title} (ms): " + "; ".join(f"{s}: F {c['t_f']:.2f} B {c['t_b']:.2f} W {c['t_w']:.2f} BW {c['t_bw']:.2f}"
-                                        for s, c in enumerate(doc["stages"]))
+    print(f"{title} (ms): " + "; ".join(f"{s}: F {c['t_f']:.2f} B {c['t_b']:.2f} W {c['t_w']:.2f} BW {c['t_bw']:.2f} "
+                                        f"FF {c['t_ff']:.2f}" for s, c in enumerate(doc["stages"]))
           + f"; links {', '.join(f'{t:.2f}' for t in doc['t_comm'])}"
           + (f"; host per message send {', '.join(f'{t:.2f}' for t in doc['t_send'])}, "
              f"recv {', '.join(f'{t:.2f}' for t in doc['t_recv'])}" if doc.get("t_send") else ""))
@@ -268,7 +268,7 @@ def main() -> None:
     # pieces 2s and 2s+1 are the layers of stage s: what the V pays for its finer cut, per pass
     print("V pieces / 2 stages (pieces 0+1 / stage 0; 2+3 / 1): " + "; ".join(
         f"{k[2:].upper()} " + ", ".join(f"{(pieces[2 * s][k] + pieces[2 * s + 1][k]) / whole[s][k]:.3f}" for s in range(2))
-        for k in ("t_f", "t_b", "t_w", "t_bw")))
+        for k in ("t_f", "t_b", "t_w", "t_bw", "t_ff")))
     print(f"{'schedule':36} {'wall ms (q1-q3)':>24} {'makespan ms':>12} {'predicted':>10} {'1st round':>10} {'meas/pred':>10}")
     for name, r in rows.items():
         w, mk = r["wall_ms"], r.get("makespan_ms")

@@ -15,7 +15,8 @@ The profile's ``links`` block says which was done, with the spread of the timed 
 
 Under torchrun each pair also measures what a message costs the ranks' own time while both
 compute (``busy_exchange``): the sender's call handing it over and the receiver's posting of
-its receive, the profile's ``t_send`` and ``t_recv``.
+its receive, and what the transfer then takes from the rank's compute, the profile's
+``t_send`` and ``t_recv``.
 """
 
 from __future__ import annotations
@@ -77,34 +78,28 @@ def busy_exchange(
     tensors: list[torch.Tensor], peer: int, lead: bool, work: Callable[[], object], group=None, warmup: int = 2,
     repeat: int = 10,
 ) -> list[float]:
-    """Host time (ms) this rank spends handing one message to the link while both ranks
-    compute, as in a pipeline's steady state: before each message both run ``work`` (their
-    stage's forward); the sender (``lead``) times its ``isend`` calls, the receiver the posting
-    of its ``irecv`` (before its work, as the runtime posts receives ahead). The ping-pong times
-    the link with both ranks idle; a rank that computes leaves the transport's threads no free
-    core, and these calls then wait for one."""
+    """Time (ms) one message costs this rank while both ranks compute, as in a pipeline's steady
+    state: the sender's ``isend`` calls (``lead``) or the receiver's ``irecv`` posts, plus what
+    the transfer's background work takes from the compute that follows (the transport's threads
+    copy the data on the rank's own cores; with as many busy ranks as cores, they take it from
+    the passes). Repetitions come in pairs, one with a message and one without, each timing
+    the calls and a ``work()`` (the stage's forward) after them; a sample is the pair's
+    difference, so the machine's drift cancels, and it can be slightly negative from noise."""
     dst = dist.get_global_rank(group, peer) if group is not None else peer
-    samples, pending = [], []
+    samples = []
     for rep in range(warmup + repeat):
-        if lead:
-            work()
+        timed = []
+        for with_message in (True, False):
+            bufs = [t if lead else torch.empty_like(t) for t in tensors]
             t0 = time.perf_counter()
-            pending += [dist.isend(t, dst, group=group, tag=rep) for t in tensors]
-            took = time.perf_counter() - t0
-        else:
-            bufs = [torch.empty_like(t) for t in tensors]
-            t0 = time.perf_counter()
-            works = [dist.irecv(b, dst, group=group, tag=rep) for b in bufs]
-            took = time.perf_counter() - t0
+            works = [(dist.isend if lead else dist.irecv)(b, dst, group=group, tag=rep) for b in bufs] if with_message else []
             work()
-            for w in works:
+            timed.append(time.perf_counter() - t0)
+            for w in works:  # both ends meet here once per pair: the next pair starts together
                 assert w is not None  # this rank is in the group
                 w.wait()
         if rep >= warmup:
-            samples.append(took * 1e3)
-    for w in pending:
-        assert w is not None
-        w.wait()
+            samples.append((timed[0] - timed[1]) * 1e3)
     return samples
 
 
