@@ -180,8 +180,8 @@ def worker(rank, world, send, args) -> dict | None:
     assert orders is not None
     for name in ran:
         on_v = TORCH[name.split(" ", 1)[1]]
-        schedules[name] = zb.Schedule.build(
-            name, pooled[on_v], m, V if on_v else list(range(world)),
+        schedules[name] = zb.Schedule.build(  # on the first round, as ours: predicted below on both
+            name, prof_v if on_v else prof, m, V if on_v else list(range(world)),
             [[zb.parse_action(a) for a in order[name]] for order in orders],
         )
         zb.validate(schedules[name])  # what torch ran is a complete schedule, dependencies kept
