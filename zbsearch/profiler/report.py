@@ -36,7 +36,7 @@ def progress_bar(console: Console) -> Iterator:
 
 
 def summary_table(profile: Profile) -> Group:
-    """Per stage: median times (T_FF: the forward before a fused backward, T_BW that backward)
+    """Per stage: the pass times (T_FF: the forward before a fused backward, T_BW that backward)
     and their spread (the widest half interquartile range of F, B and W, relative to the
     median), memory, boundary size and link time (with the host time a message costs the
     sender and the receiver, where measured); then the profiler's warnings about disturbed

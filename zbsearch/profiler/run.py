@@ -111,19 +111,19 @@ def profile_one_device(
             ])
         if progress is not None:
             progress("links", done, total)
+        # links are estimated once: what a boundary sends is the same in every round
         crosses = _crossings(placement, p)
-        if any(crosses) and link is None:
-            link = estimate_link(device)
+        if any(crosses):
+            if link is None:
+                link = estimate_link(device)
+            t_comm = [link.time_ms(m.output_bytes) if c else 0.0 for m, c in zip(rounds[0], crosses)]
+            links = link.record()
+        else:
+            t_comm, links = [0.0] * (p - 1), {"method": "none", "how": "no link between ranks"}
         ranks = p if placement is None else max(placement) + 1
-        profiles = []
-        for results in rounds:
-            if link is not None and any(crosses):
-                t_comm = [link.time_ms(m.output_bytes) if c else 0.0 for m, c in zip(results, crosses)]
-                links = link.record()
-            else:
-                t_comm, links = [0.0] * (p - 1), {"method": "none", "how": "no link between ranks"}
-            profiles.append(_assemble(spec, settings.record(), device, results, t_comm, links,
-                                      "one device, stage after stage", name, placement, ranks, []))
+        recorded = settings.record()
+        profiles = [_assemble(spec, recorded, device, results, t_comm, links, "one device, stage after stage", name,
+                              placement, ranks, []) for results in rounds]
         if progress is not None:
             progress("done", total, total)
         return pool_profiles(profiles)

@@ -106,8 +106,6 @@ class PipelineRuntime:
             )
         self._p2p: P2P | None = None
         self.timeout = timeout  # checked by the setter
-        if keep_heap:
-            heap.keep_heap()
         problem = find_problem(schedule)
         if problem:
             raise PipelineError(f"invalid schedule: {problem}")
@@ -142,6 +140,8 @@ class PipelineRuntime:
         last_backward = {a.stage: i for i, a in enumerate(self._actions) if a.op in (Op.W, Op.BW)}
         self._done_at = {i: s for s, i in last_backward.items()}
         self._hooks: list[Callable[[int], None]] = []
+        if keep_heap:  # process-wide: only once the arguments are known to be good
+            heap.keep_heap()
         self._p2p = P2P(comm_plan(schedule), self.rank, group, self.device, self.timeout)
         # the message each action waits for from another rank, if any
         self._ahead = _receives_ahead([t.key if (t := remote_input(a, self._owner)) else None for a in self._actions])
