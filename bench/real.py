@@ -1,8 +1,8 @@
 """Real passes: do the predictions hold when the stages really compute?
 
 One launch, p=2 ranks (one process each, one torch thread each), a small GPT on CPU:
-  1. profile with the profiler, in the layout the schedules run in (``profile_distributed``: on
-     CPU the ranks take turns): the model cut into 2 stages (one per rank), and cut into the 4
+  1. profile with the profiler, in the layout the schedules run in (``profile_distributed``: the
+     ranks measure at once, as they compute in the runtime): the model cut into 2 stages (one per rank), and cut into the 4
      pieces of a V (``placement`` [0, 1, 1, 0]: rank 0 holds the first and the last piece,
      each rank measures its own two), fused backward (t_bw) included;
   2. build the schedules: 1F1B, ZB-H1, ZB-2p (the solver) on the 2-stage profile, ZB-V on the

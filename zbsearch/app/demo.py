@@ -30,6 +30,7 @@ from ..formats.schedule import Schedule, save_schedule
 from ..formats.trace import Trace, save_trace
 from ..models.gpt import GPTConfig, gpt_batch
 from ..profiler import Settings, builtin_gpt, profile_distributed
+from ..profiler.settings import cpu_cores
 from ..runtime import PipelineRuntime, emulated_loss, emulated_stages
 from ..solver import solve
 
@@ -169,20 +170,16 @@ def run_demo(cfg: DemoConfig, on_progress=None) -> DemoRun:
     return run
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def should_emulate(stages: int, device: str) -> bool:
     """Default for ``--emulate``: on a CPU with fewer cores than ranks, real passes would mostly
     measure waiting for a core, not the schedule."""
-    return device == "cpu" and _cores() < stages
+    return device == "cpu" and cpu_cores() < stages
 
 
 def contention_note(cfg: DemoConfig) -> str:
     """One line: whether the replay ran real or emulated passes, and why; and when measured times
     will include waiting for a core."""
-    cores, p = _cores(), cfg.gpt.stages
+    cores, p = cpu_cores(), cfg.gpt.stages
     crowded = cfg.device == "cpu" and cores < p
     if cfg.emulate:
         why = (f"{p} ranks share {cores} CPU cores (--real runs the real passes, which then also wait for a core)"

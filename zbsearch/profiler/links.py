@@ -14,9 +14,13 @@ own cost, and on a busy machine the two processes often wait for a core, which o
 The profile's ``links`` block says which was done, with the spread of the timed messages.
 
 Under torchrun each pair also measures what a message costs the ranks' own time while both
-compute (``busy_exchange``): the sender's call handing it over and the receiver's posting of
-its receive, and what the transfer then takes from the rank's compute, the profile's
-``t_send`` and ``t_recv``.
+compute (``busy_exchange``), through the runtime's own message path and in both directions
+(activations, then their gradient with its mask): the sender's call handing it over, the
+receiver's posting and collecting of its receive, and what the transfer then takes from the
+rank's compute, the profile's ``t_send`` and ``t_recv``. Timed with raw ``isend``/``irecv``
+of the activations alone, these read 0.1-0.3 ms while the runtime's own calls took 0.3-0.5 ms
+per message on the same 2-core VM, and ZB-V, which sends twice as many messages per pass as
+1F1B, lost the difference on every one.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import run_local
+from ..runtime.p2p import ACT, GRAD, P2P, Message
 from .measure import Stats
 
-__all__ = ["LinkModel", "pingpong", "busy_exchange", "estimate_link"]
+__all__ = ["LinkModel", "pingpong", "exchange_plan", "busy_exchange", "estimate_link"]
 
 _LARGE = 16 * 2**20
 
@@ -74,32 +79,67 @@ def pingpong(
     return samples
 
 
+def exchange_plan(boundaries: list[tuple[int, int, int]], count: int) -> list[Message]:
+    """The messages ``busy_exchange`` sends, in the runtime's plan format: per boundary
+    (stage, its rank, the next stage's rank), ``count`` activation messages, each followed by
+    its gradient coming back."""
+    plan: list[Message] = []
+    for b, src, dst in boundaries:
+        for j in range(count):
+            plan.append(Message(ACT, b, j, src, dst, len(plan)))
+            plan.append(Message(GRAD, b, j, dst, src, len(plan)))
+    return plan
+
+
 def busy_exchange(
-    tensors: list[torch.Tensor], peer: int, lead: bool, work: Callable[[], object], group=None, warmup: int = 2,
-    repeat: int = 10,
-) -> list[float]:
+    comm: P2P, boundary: int, tensors: list[torch.Tensor], lead: bool | None, work: Callable[[], object],
+    group=None, warmup: int = 2, repeat: int = 10,
+) -> dict[str, list[float]]:
     """Time (ms) one message costs this rank while both ranks compute, as in a pipeline's steady
-    state: the sender's ``isend`` calls (``lead``) or the receiver's ``irecv`` posts, plus what
-    the transfer's background work takes from the compute that follows (the transport's threads
-    copy the data on the rank's own cores; with as many busy ranks as cores, they take it from
-    the passes). Repetitions come in pairs, one with a message and one without, each timing
-    the calls and a ``work()`` (the stage's forward) after them; a sample is the pair's
-    difference, so the machine's drift cancels, and it can be slightly negative from noise."""
-    dst = dist.get_global_rank(group, peer) if group is not None else peer
-    samples = []
-    for rep in range(warmup + repeat):
-        timed = []
-        for with_message in (True, False):
-            bufs = [t if lead else torch.empty_like(t) for t in tensors]
-            t0 = time.perf_counter()
-            works = [(dist.isend if lead else dist.irecv)(b, dst, group=group, tag=rep) for b in bufs] if with_message else []
-            work()
-            timed.append(time.perf_counter() - t0)
-            for w in works:  # both ends meet here once per pair: the next pair starts together
-                assert w is not None  # this rank is in the group
-                w.wait()
-        if rep >= warmup:
-            samples.append((timed[0] - timed[1]) * 1e3)
+    state, for this rank's end of ``boundary``: the runtime's own message path (``comm``, a
+    ``P2P`` on ``exchange_plan``: headers, gradient masks, tags, its waits), activations from the
+    stage's rank (``lead``) and their gradient back, so each rank sends one kind and receives
+    the other. A sender's time is its ``send`` call, a receiver's its receive posted ahead and
+    its ``recv`` after the compute, each plus what the transfer's background work takes from
+    that compute (the transport's threads copy the data on the rank's own cores; with as many
+    busy ranks as cores, they take it from the passes). Repetitions come in pairs, one with a
+    message and one without, each timing the calls around a ``work()`` (the stage's forward);
+    a sample is the pair's difference, so the machine's drift cancels, and it can be slightly
+    negative from noise. ``tensors``: what the stage sends (``lead``) or receives, with their
+    ``requires_grad``; ``{"send": [...], "recv": [...]}``.
+
+    Collective over ``group``: a rank at neither end (``lead`` None) only joins the barrier that
+    starts every timed part together."""
+    like = [x for x in tensors if x.requires_grad]  # the activations a gradient comes back for
+    back = [torch.ones_like(x) for x in like] if lead is False else []
+    cuda = any(t.is_cuda for t in tensors)
+    samples: dict[str, list[float]] = {"send": [], "recv": []}
+    for j in range(warmup + repeat):
+        for kind in (ACT, GRAD):  # every rank takes both turns: only the two ends know whether a gradient travels
+            sending = (kind == ACT) == bool(lead)
+            active = lead is not None and (kind == ACT or bool(like))
+            timed = []
+            for with_message in (True, False):
+                dist.barrier(group=group)
+                if not active:
+                    continue
+                t0 = time.perf_counter()
+                if with_message and sending:
+                    comm.reap()
+                    if kind == ACT:
+                        comm.send(ACT, boundary, j, list(tensors))
+                    else:
+                        comm.send(GRAD, boundary, j, list(back), like=like)
+                elif with_message:
+                    comm.prepost(kind, boundary, j)
+                work()
+                if with_message and not sending:
+                    comm.recv(kind, boundary, j)
+                if cuda:
+                    torch.cuda.synchronize()
+                timed.append(time.perf_counter() - t0)
+            if active and j >= warmup:
+                samples["send" if sending else "recv"].append((timed[0] - timed[1]) * 1e3)
     return samples
 
 

@@ -32,6 +32,7 @@ from ..distributed.clock import DeviceClock
 from ..formats.profile import StageCost
 from ..runtime.memory import ActivationMeter
 from ..runtime.split_backward import backward_full, backward_input, backward_weight, forward_pass
+from .settings import cpu_cores
 
 __all__ = ["Stats", "StageMeasurement", "measure_stage", "disturbances", "SPREAD_LIMIT"]
 
@@ -160,7 +161,7 @@ def disturbances(
 
     found = []
     if device.type == "cpu":
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = cpu_cores()
         if threads > cores:
             found.append(f"{threads} torch threads on {cores} cores: the passes were timed while waiting for a core")
         elif threads * ranks > cores:

@@ -7,8 +7,12 @@ Two ways to run, the same measurements:
 * torchrun, one rank per pipeline rank (``profile_distributed``): each rank measures its own
   stage on its own device, fed by the previous rank; neighbouring ranks time their real link,
   and what a message costs each end's own time while both compute (``t_send``, ``t_recv``);
-  rank 0 gathers everything and returns the profile. On CPU the ranks take turns, because ranks
-  of one machine share its cores and timing them together would measure the contention.
+  rank 0 gathers everything and returns the profile. The ranks measure at once, as they will
+  compute in the runtime: on CPU ranks with cores of their own still share the caches and the
+  memory bus (measured: GPT hidden 256, 2 ranks on 2 cores, every pass 0.5-2.4% slower than
+  with the other rank idle, mean 1.4%). Only when the ranks' threads outnumber the cores do they
+  take turns: at once they would time each other's share of a core, which in the runtime
+  depends on the schedule.
 
 With a ``placement`` (``--placement v``: 2 pieces per rank) the stages are pieces and each rank
 measures the pieces it will run, on the device it will run them on, with as many ranks as the
@@ -34,9 +38,10 @@ from ..distributed.heap import keep_heap
 from ..errors import ZbError
 from ..formats.profile import Profile
 from ..pooling import pool_profiles
-from .links import LinkModel, busy_exchange, estimate_link, pingpong
+from ..runtime.p2p import P2P
+from .links import LinkModel, busy_exchange, estimate_link, exchange_plan, pingpong
 from .measure import StageMeasurement, Stats, disturbances, measure_stage
-from .settings import Settings, device_name, resolve_device, resolve_dtype
+from .settings import Settings, cpu_cores, device_name, resolve_device, resolve_dtype
 from .stages import ModelSpec, leaves, run_stage
 
 __all__ = ["Progress", "profile_model", "profile_one_device", "profile_distributed"]
@@ -44,6 +49,10 @@ __all__ = ["Progress", "profile_model", "profile_one_device", "profile_distribut
 # Round trips per measured link: a message is cheap next to a pass, and its mean (what the
 # cost model takes) needs enough samples to see the transport's occasional slow wake-ups.
 _LINK_REPEAT = 40
+# Untimed pairs of each message kind before the timed ones (the first message carries a header).
+_BUSY_WARMUP = 2
+# How long a rank waits for a message of the profiler's exchange before it gives up (s).
+_TIMEOUT_S = 600.0
 
 Progress = Callable[[str, int, int], None]  # (what is being measured, done, total)
 
@@ -193,12 +202,19 @@ def profile_distributed(
         crosses = _crossings(owner, p)
         steps = p + sum(crosses)  # progress per round: one step per stage, one per link
         recorded = settings.record()  # inside the thread setting, which it records
-        rounds = [_round(spec, settings, group, rank, world, owner, mine, inputs, outs, crosses, device, r, progress)
-                  for r in range(settings.rounds)]
+        # the runtime's own message path, one step of messages per round (closed on NCCL: it
+        # holds a communicator for each direction)
+        boundaries = [(b, owner[b], owner[b + 1]) for b in range(p - 1) if crosses[b]]
+        comm = P2P(exchange_plan(boundaries, _BUSY_WARMUP + _busy_repeat(settings)), rank, group, device, _TIMEOUT_S)
+        try:
+            rounds = [_round(spec, settings, group, rank, world, owner, mine, inputs, outs, crosses, device, r, progress, comm)
+                      for r in range(settings.rounds)]
+        finally:
+            comm.close()
     if rank != 0:
         return None
     layout = "one rank per stage" if placement is None else f"{p // world} pieces per rank, placement {owner}"
-    mode = f"{layout}, {world} ranks" + (", in turns" if device.type == "cpu" else "")
+    mode = f"{layout}, {world} ranks" + ("" if _at_once(device, world) else ", in turns")
     profiles = [_assemble(spec, recorded, device, measured, t_comm, links, mode, name, placement, world, link_stats,
                           host_ms, host_stats)
                 for measured, t_comm, links, link_stats, host_ms, host_stats in (r for r in rounds if r is not None)]
@@ -209,7 +225,7 @@ def profile_distributed(
 
 def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, owner: list[int], mine: list[int],
            inputs: dict[int, tuple], outs: dict[int, tuple], crosses: list[bool], device: torch.device, r: int,
-           progress: Progress | None):
+           progress: Progress | None, comm: P2P):
     """One round of profile_distributed: every stage in turn (on CPU), then every link; what
     rank 0 needs to assemble the round's profile (None elsewhere)."""
     p = len(spec.stages)
@@ -221,37 +237,44 @@ def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, ow
         return measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat)
 
     results: dict[int, StageMeasurement] = {}
-    if device.type == "cpu":  # ranks of one machine share its cores: take turns
+    if not _at_once(device, world):
         for s in range(p):
             if progress is not None:
                 progress(f"{tag}stage {s} (rank {owner[s]}): F, B, W", done + s, steps * settings.rounds)
             if s in mine:
                 results[s] = measure(s)
             dist.barrier(group=group)
-    else:  # each rank its own device: all ranks at once, a rank's pieces one after the other
+    else:  # all ranks at once, a rank's pieces one after the other
         if progress is not None:
             progress(f"{tag}all ranks at once: F, B, W", done, steps * settings.rounds)
         results = {s: measure(s) for s in mine}
     # Links one at a time, so that no two transfers share the network or the host: the
     # link idle (ping-pong), then what a message costs each end while both compute.
     t_link: dict[int, Stats] = {}
-    t_host: dict[tuple[str, int], Stats] = {}  # ("send" | "recv", boundary) -> this rank's host time
-    busy_repeat = max(settings.repeat, 20)  # a forward per message: cheap, and the time is noisier than a pass
+    t_host: dict[tuple[str, int], list[float]] = {}  # ("send" | "recv", boundary) -> this rank's samples
+    comm.start_step()
     for b in (b for b in range(p - 1) if crosses[b]):
         if progress is not None:
             progress(f"{tag}link {b} -> {b + 1} (rank {owner[b]} -> {owner[b + 1]})", done + p + sum(crosses[:b]),
                      steps * settings.rounds)
+        lead: bool | None = None
+        ends = (owner[b], owner[b + 1])
         if rank == owner[b]:
             sent = [o.contiguous() for o in outs[b]]
             t_link[b] = Stats.of(pingpong(sent, owner[b + 1], True, group, repeat=_LINK_REPEAT))
-            t_host[("send", b)] = Stats.of(busy_exchange(sent, owner[b + 1], True, _work(spec, b, inputs[b]), group,
-                                                         repeat=busy_repeat))
+            lead, tensors, work = True, list(outs[b]), _work(spec, b, inputs[b])
         elif rank == owner[b + 1]:
             got = [t.detach().clone() for t in inputs[b + 1]]
             pingpong(got, owner[b], False, group, repeat=_LINK_REPEAT)
-            t_host[("recv", b)] = Stats.of(busy_exchange(got, owner[b], False, _work(spec, b + 1, inputs[b + 1]), group,
-                                                         repeat=busy_repeat))
-        dist.barrier(group=group)
+            lead, tensors, work = False, list(inputs[b + 1]), _work(spec, b + 1, inputs[b + 1])
+        else:
+            tensors, work = [], _idle
+        dist.barrier(group=group)  # every rank joins busy_exchange's barriers
+        exchanged = busy_exchange(comm, b, tensors, lead, work, group, warmup=_BUSY_WARMUP, repeat=_busy_repeat(settings))
+        for kind, samples in exchanged.items():
+            if rank in ends:
+                t_host[(kind, b)] = samples
+    comm.finish_step()
     parts: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object((results, t_link, device_name(device), t_host), parts, dst=_global(group, 0), group=group)
     if rank != 0:
@@ -259,11 +282,17 @@ def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, ow
     assert parts is not None  # rank 0 gathered them
     measured = {s: m for got, _, _, _ in parts for s, m in got.items()}
     timed = {b: t for _, got, _, _ in parts for b, t in got.items()}
-    host = {k: t for _, _, _, got in parts for k, t in got.items()}
+    # a boundary's send time pools both ends' sends (activations one way, gradients the other)
+    pooled: dict[tuple[str, int], list[float]] = {}
+    for _, _, _, got in parts:
+        for k, xs in got.items():
+            pooled.setdefault(k, []).extend(xs)
+    host = {k: Stats.of(xs) for k, xs in pooled.items()}
     links = {
         "method": "measured",
         "how": f"ping-pong of the boundary tensors between the ranks of neighbouring stages ({dist.get_backend(group)}); "
-               "host time per message at each end while both ranks run their stage's forward",
+               "host time per message at each end while both ranks run their stage's forward, through the runtime's "
+               "message path, activations one way and their gradient back (send_ms pools both directions' sends)",
         "devices": [d for _, _, d, _ in parts],
         # median, quartiles and mean per boundary; none between two pieces of one rank
         "one_way_ms": [timed[b].record() if b in timed else None for b in range(p - 1)],
@@ -275,6 +304,21 @@ def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, ow
     host_ms = {k: [host[(k, b)].median if b in timed else 0.0 for b in range(p - 1)] for k in ("send", "recv")}
     return ([measured[s] for s in range(p)], t_comm, links, [timed.get(b) for b in range(p - 1)], host_ms,
             [(end, b, st) for (end, b), st in sorted(host.items())])
+
+
+def _at_once(device: torch.device, world: int) -> bool:
+    """Whether the ranks measure their stages at the same time (see the module docstring):
+    always on GPUs, on CPU when every rank's threads have cores of their own."""
+    return device.type != "cpu" or torch.get_num_threads() * world <= cpu_cores()
+
+
+def _busy_repeat(settings: Settings) -> int:
+    """Pairs per message kind: a forward per message is cheap, and the time is noisier than a pass."""
+    return max(settings.repeat, 20)
+
+
+def _idle() -> None:
+    """What a rank at neither end of the link being timed does between the barriers."""
 
 
 def _work(spec: ModelSpec, stage: int, inputs: tuple) -> Callable[[], object]:

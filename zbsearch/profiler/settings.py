@@ -13,7 +13,7 @@ import torch
 
 from ..errors import ZbError
 
-__all__ = ["Settings", "resolve_device", "resolve_dtype", "device_name"]
+__all__ = ["Settings", "resolve_device", "resolve_dtype", "device_name", "cpu_cores"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -74,6 +74,11 @@ def resolve_dtype(name: str | None) -> torch.dtype | None:
     if name not in _DTYPES:
         raise ZbError(f"unknown dtype {name!r}; use one of {', '.join(_DTYPES)}")
     return _DTYPES[name]
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def device_name(device: torch.device) -> str:
