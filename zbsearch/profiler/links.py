@@ -18,9 +18,10 @@ compute (``busy_exchange``), through the runtime's own message path and in both 
 (activations, then their gradient with its mask): the sender's call handing it over, the
 receiver's posting and collecting of its receive, and what the transfer then takes from the
 rank's compute, the profile's ``t_send`` and ``t_recv``. Timed with raw ``isend``/``irecv``
-of the activations alone, these read 0.1-0.3 ms while the runtime's own calls took 0.3-0.5 ms
-per message on the same 2-core VM, and ZB-V, which sends twice as many messages per pass as
-1F1B, lost the difference on every one.
+of the activations alone, they read 0.1-0.3 ms, while the runtime's own send calls alone took
+0.3-0.5 ms per message in ZB-V steps on the same 2-core VM (gradients add a mask message); the
+runtime's way they read 0.3-0.45 ms, and ZB-V, which sends twice as many messages per pass as
+1F1B, went from 1.05 to 1.02 of its prediction in ``bench/real.py``.
 """
 
 from __future__ import annotations
