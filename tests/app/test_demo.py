@@ -54,7 +54,7 @@ def test_demo_command_with_emulated_stages(tmp_path):
     ],
 )
 def test_the_replay_says_whether_it_was_real_or_emulated_and_why(monkeypatch, cores, stages, emulate, load, expected):
-    monkeypatch.setattr(demo, "_cores", lambda: cores)
+    monkeypatch.setattr(demo, "cpu_cores", lambda: cores)
     monkeypatch.setattr(demo.os, "getloadavg", lambda: (load, 0.0, 0.0))
     assert should_emulate(stages, "cpu") == (cores < stages) and not should_emulate(stages, "cuda")
     gpt = GPTConfig(**{**TINY.__dict__, "stages": stages, "layers": stages})

@@ -226,8 +226,9 @@ def profile_distributed(
 def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, owner: list[int], mine: list[int],
            inputs: dict[int, tuple], outs: dict[int, tuple], crosses: list[bool], device: torch.device, r: int,
            progress: Progress | None, comm: P2P):
-    """One round of profile_distributed: every stage in turn (on CPU), then every link; what
-    rank 0 needs to assemble the round's profile (None elsewhere)."""
+    """One round of profile_distributed: every stage (all ranks at once, or in turns where their
+    threads outnumber the cores), then every link; what rank 0 needs to assemble the round's
+    profile (None elsewhere)."""
     p = len(spec.stages)
     steps = p + sum(crosses)
     done = r * steps
@@ -257,8 +258,7 @@ def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, ow
         if progress is not None:
             progress(f"{tag}link {b} -> {b + 1} (rank {owner[b]} -> {owner[b + 1]})", done + p + sum(crosses[:b]),
                      steps * settings.rounds)
-        lead: bool | None = None
-        ends = (owner[b], owner[b + 1])
+        lead: bool | None = None  # None: neither end of this link
         if rank == owner[b]:
             sent = [o.contiguous() for o in outs[b]]
             t_link[b] = Stats.of(pingpong(sent, owner[b + 1], True, group, repeat=_LINK_REPEAT))
@@ -271,8 +271,8 @@ def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, ow
             tensors, work = [], _idle
         dist.barrier(group=group)  # every rank joins busy_exchange's barriers
         exchanged = busy_exchange(comm, b, tensors, lead, work, group, warmup=_BUSY_WARMUP, repeat=_busy_repeat(settings))
-        for kind, samples in exchanged.items():
-            if rank in ends:
+        if lead is not None:
+            for kind, samples in exchanged.items():
                 t_host[(kind, b)] = samples
     comm.finish_step()
     parts: list[Any] | None = [None] * world if rank == 0 else None
