@@ -311,6 +311,22 @@ def test_distributed_pieces_are_measured_by_the_rank_that_runs_them():
     assert cost.t_f[3] == pytest.approx(compute.t_f[3] + prof.t_recv[2])
 
 
+def _ranks_per_machine(rank: int, world: int, send, per_machine: list[str]):
+    os.environ["LOCAL_WORLD_SIZE"] = per_machine[rank]  # what torchrun tells each rank
+    prof = profile_distributed(builtin_gpt(TINY), Settings(warmup=1, repeat=3, rounds=1, threads=1))
+    return prof.mode if prof is not None else None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("per_machine", "in_turns"), [(["1", "1"], False), (["1", "4096"], True)])
+def test_ranks_measure_at_once_only_where_every_machine_has_the_cores(per_machine, in_turns):
+    """One rank alone on its machine, the other sharing a machine's cores with 4095 more: a
+    rank that would time its neighbours' share of a core makes them all take turns (had each
+    decided alone, one would wait at barriers the other never reaches)."""
+    mode = run_local(_ranks_per_machine, 2, per_machine, timeout=120)[0]
+    assert mode.startswith("one rank per stage, 2 ranks") and mode.endswith(", in turns") == in_turns
+
+
 def _placement_for_three_ranks(rank: int, world: int, send):
     profile_distributed(builtin_gpt(GPTConfig(**{**V4.__dict__, "layers": 6, "stages": 6})), Settings(warmup=1, repeat=3),
                         placement=[0, 1, 2, 2, 1, 0])

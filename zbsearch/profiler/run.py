@@ -204,17 +204,18 @@ def profile_distributed(
         recorded = settings.record()  # inside the thread setting, which it records
         # the runtime's own message path, one step of messages per round (closed on NCCL: it
         # holds a communicator for each direction)
+        together = _at_once(device, world, group)
         boundaries = [(b, owner[b], owner[b + 1]) for b in range(p - 1) if crosses[b]]
         comm = P2P(exchange_plan(boundaries, _BUSY_WARMUP + _busy_repeat(settings)), rank, group, device, _TIMEOUT_S)
         try:
-            rounds = [_round(spec, settings, group, rank, world, owner, mine, inputs, outs, crosses, device, r, progress, comm)
-                      for r in range(settings.rounds)]
+            rounds = [_round(spec, settings, group, rank, world, owner, mine, inputs, outs, crosses, device, r, progress, comm,
+                             together) for r in range(settings.rounds)]
         finally:
             comm.close()
     if rank != 0:
         return None
     layout = "one rank per stage" if placement is None else f"{p // world} pieces per rank, placement {owner}"
-    mode = f"{layout}, {world} ranks" + ("" if _at_once(device, world) else ", in turns")
+    mode = f"{layout}, {world} ranks" + ("" if together else ", in turns")
     profiles = [_assemble(spec, recorded, device, measured, t_comm, links, mode, name, placement, world, link_stats,
                           host_ms, host_stats)
                 for measured, t_comm, links, link_stats, host_ms, host_stats in (r for r in rounds if r is not None)]
@@ -225,7 +226,7 @@ def profile_distributed(
 
 def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, owner: list[int], mine: list[int],
            inputs: dict[int, tuple], outs: dict[int, tuple], crosses: list[bool], device: torch.device, r: int,
-           progress: Progress | None, comm: P2P):
+           progress: Progress | None, comm: P2P, together: bool):
     """One round of profile_distributed: every stage (all ranks at once, or in turns where their
     threads outnumber the cores), then every link; what rank 0 needs to assemble the round's
     profile (None elsewhere)."""
@@ -238,7 +239,7 @@ def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, ow
         return measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat)
 
     results: dict[int, StageMeasurement] = {}
-    if not _at_once(device, world):
+    if not together:
         for s in range(p):
             if progress is not None:
                 progress(f"{tag}stage {s} (rank {owner[s]}): F, B, W", done + s, steps * settings.rounds)
@@ -306,10 +307,16 @@ def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, ow
             [(end, b, st) for (end, b), st in sorted(host.items())])
 
 
-def _at_once(device: torch.device, world: int) -> bool:
-    """Whether the ranks measure their stages at the same time (see the module docstring):
-    always on GPUs, on CPU when every rank's threads have cores of their own."""
-    return device.type != "cpu" or torch.get_num_threads() * world <= cpu_cores()
+def _at_once(device: torch.device, world: int, group) -> bool:
+    """Collective: whether the ranks measure their stages at the same time (see the module
+    docstring): always on GPUs, on CPU when on every machine the threads of the ranks it runs
+    (torchrun's LOCAL_WORLD_SIZE, else all ranks) have cores of their own. Every rank must take
+    the same way (one takes turns by barriers), and machines may differ: all must agree."""
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    mine = device.type != "cpu" or torch.get_num_threads() * here <= cpu_cores()
+    votes: list[Any] = [None] * world
+    dist.all_gather_object(votes, mine, group=group)
+    return all(votes)
 
 
 def _busy_repeat(settings: Settings) -> int:
