@@ -18,10 +18,10 @@ compute (``busy_exchange``), through the runtime's own message path and in both 
 (activations, then their gradient with its mask): the sender's call handing it over, the
 receiver's posting and collecting of its receive, and what the transfer then takes from the
 rank's compute, the profile's ``t_send`` and ``t_recv``. Timed with raw ``isend``/``irecv``
-of the activations alone, they read 0.1-0.3 ms, while the runtime's own send calls alone took
-0.3-0.5 ms per message in ZB-V steps on the same 2-core VM (gradients add a mask message); the
-runtime's way they read 0.3-0.45 ms, and ZB-V, which sends twice as many messages per pass as
-1F1B, went from 1.05 to 1.02 of its prediction in ``bench/real.py``.
+of the activations alone, they read 0.11-0.32 ms, while the runtime's own send calls alone took
+0.39-0.51 ms per message in ZB-V steps on the same 2-core VM (gradients add a mask message); the
+runtime's way they read 0.27-0.44 ms over five runs, and ZB-V, which sends twice as many
+messages per pass as 1F1B, went from 1.05 to 1.01-1.03 of its prediction in ``bench/real.py``.
 """
 
 from __future__ import annotations
