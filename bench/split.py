@@ -6,7 +6,9 @@ each microbatch so that load on a shared machine hits all four alike:
   plain   forward, then ``torch.autograd.backward`` (what a training loop without a pipeline runs)
   torch   torch.distributed.pipelining's ``stage_backward_input`` then ``stage_backward_weight``
           (on a first stage torch's runtime skips B and runs one plain backward as W: so here)
-  zb      zbsearch's ``backward_input`` then ``backward_weight`` (what ZB schedules run)
+  zb      zbsearch's ``backward_input`` then ``backward_weight`` (what ZB schedules run; on a
+          first stage its W runs the whole backward, plain or deferred as the profiler chose:
+          ``measure_stage`` is run on the stage first, as ``zbsearch profile`` would)
   fused   zbsearch's ``backward_full`` (BW, what 1F1B runs)
 
 on the built-in GPT (``zbsearch.models.gpt``) and the Llama-style model (``zbsearch.models.llama``:
@@ -56,6 +58,7 @@ from torch.distributed.pipelining._backward import (
 )
 
 from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages, llama_stages
+from zbsearch.profiler import measure_stage
 from zbsearch.runtime import (
     backward_full,
     backward_input,
@@ -76,7 +79,9 @@ def _stage_input(stages, s: int, ids: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _backward(variant: str, stage, x: torch.Tensor, post, meter: ActivationMeter) -> tuple[float, float]:
+def _backward(
+    variant: str, stage, x: torch.Tensor, post, meter: ActivationMeter, deferred_first: bool = False,
+) -> tuple[float, float]:
     """One forward (untimed) and one backward of ``variant``: seconds of the backward, wall
     clock and this thread's CPU time (with one torch thread all compute is on this thread, so
     CPU time does not count waiting for a core on a busy machine)."""
@@ -94,7 +99,8 @@ def _backward(variant: str, stage, x: torch.Tensor, post, meter: ActivationMeter
             del groups
         del out  # the pass's graph dies in the timed region, as zbsearch's W drops its pass (see the docstring)
         return time.perf_counter() - t0, time.thread_time() - c0
-    fp = forward_pass(stage, [inp], split=variant == "zb", post=post, meter=meter)  # metered, as in the runtime
+    # metered, as in the runtime
+    fp = forward_pass(stage, [inp], split=variant == "zb", post=post, meter=meter, deferred_first=deferred_first)
     grads = [torch.ones_like(fp.outputs[0])]
     t0, c0 = time.perf_counter(), time.thread_time()
     if variant == "zb":
@@ -116,6 +122,9 @@ def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, 
         post = (lambda o: gpt_loss(o, targets)) if s == 2 else None
         own = {v: copy.deepcopy(stages[s]) for v in VARIANTS}  # each variant accumulates its own .grad
         meter = ActivationMeter()
+        # how a first stage's W runs: as the profiler would choose for this stage (a copy of it)
+        inp = x.detach().requires_grad_(x.is_floating_point())
+        chosen = measure_stage(copy.deepcopy(stages[s]), (inp,), post, torch.device("cpu"), warmup=2, repeat=10)
         # samples[clock][v]: per step, the m microbatches' backward times (the first one creates .grad)
         samples: dict[str, dict[str, list[list[float]]]] = {c: {v: [] for v in VARIANTS} for c in CLOCKS}
         for step in range(warmup + steps):
@@ -124,7 +133,7 @@ def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, 
             times = {c: {v: [] for v in VARIANTS} for c in CLOCKS}
             for k in range(m):
                 for v in _rotated(step * m + k):
-                    w, c = _backward(v, own[v], x, post, meter)
+                    w, c = _backward(v, own[v], x, post, meter, chosen.deferred_first)
                     times["wall"][v].append(w * 1e3)
                     times["cpu"][v].append(c * 1e3)
             if step >= warmup:
@@ -132,6 +141,12 @@ def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, 
                     for v in VARIANTS:
                         samples[c][v].append(times[c][v])
         out[where] = {c: _summary(samples[c]) for c in CLOCKS}
+        if chosen.not_taken is not None:
+            out[where]["first_stage_w"] = {
+                "deferred": chosen.deferred_first,
+                "profiled_ms": {("deferred" if chosen.deferred_first else "plain"): chosen.w.mean,
+                                ("plain" if chosen.deferred_first else "deferred"): chosen.not_taken[2].mean},
+            }
     return out
 
 
@@ -231,7 +246,8 @@ def main() -> None:
                 cols = "".join(f"{r[c]['step_ms']['plain'] / args.microbatches:9.2f} {r[c]['ratio']['zb']:7.3f} "
                                f"{r[c]['ratio']['torch']:7.3f} {r[c]['ratio']['fused']:7.3f} {r[c]['zb_over_torch']:7.3f}  "
                                for c in CLOCKS)
-                print(f"{model:6} {hidden:5} {where:7} {cols}{load:.2f}")
+                way = ("  W deferred" if r["first_stage_w"]["deferred"] else "  W plain") if "first_stage_w" in r else ""
+                print(f"{model:6} {hidden:5} {where:7} {cols}{load:.2f}{way}")
     meets = {clock: _targets(rows, clock, args.hidden) for clock in CLOCKS}
     for clock, m in meets.items():
         print(f"targets ({clock}): " + ", ".join(f"{k}: {v if isinstance(v, str) else 'met' if v else 'MISSED'}"

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import make_profile
 from zbsearch.errors import ZbError
-from zbsearch.formats.profile import Links, Measurement, Quartiles, StageSpread
+from zbsearch.formats.profile import Links, Measurement, Quartiles, StageSpread, WayNotTaken
 from zbsearch.pooling import DRIFT_LIMIT, drift, pool_profiles
 
 
@@ -106,3 +106,36 @@ def test_profiles_of_other_stages_are_not_pooled():
         pool_profiles([make_profile(2), make_profile(3)])
     with pytest.raises(ZbError, match="no profile"):
         pool_profiles([])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_first_stage_measured_both_ways_pools_each_way_and_keeps_the_cheaper(seed):
+    """Rounds may pick different ways for the first stage's W where the ways are close: each
+    way's times are pooled over the rounds (the round's own way from its stage, the other from
+    its record) and the way cheaper pooled is kept, with the other recorded."""
+    rng = random.Random(seed)
+    p, n = rng.randint(2, 4), rng.choice([2, 3, 5])
+    rounds = []
+    want: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
+    for _ in range(n):
+        r = _round(rng, p)
+        own = rng.random() < 0.5
+        st = r.stages[0].model_copy(update={"deferred_first": own})
+        other = tuple(rng.uniform(0.5, 3.0) for _ in range(3))
+        want[own].append((st.t_f, st.t_b, st.t_w))
+        want[not own].append(other)
+        not_taken = WayNotTaken(w="plain" if own else "deferred",
+                                **{k: _q(x / 1.01) for k, x in zip(("t_f", "t_b", "t_w"), other)})  # mean: x
+        spread = r.measured.stages[0].model_copy(update={"not_taken": not_taken})
+        measured = r.measured.model_copy(update={"stages": [spread, *r.measured.stages[1:]]})
+        rounds.append(r.model_copy(update={"stages": [st, *r.stages[1:]], "measured": measured}))
+    pooled = pool_profiles(rounds)
+    medians = {d: [statistics.median(t[i] for t in want[d]) for i in range(3)] for d in (False, True)}
+    best = min((False, True), key=lambda d: sum(medians[d]))
+    st = pooled.stages[0]
+    assert st.deferred_first is best
+    assert [st.t_f, st.t_b, st.t_w] == pytest.approx(medians[best])
+    assert pooled.measured.stages[0].not_taken.w == ("plain" if best else "deferred")
+    assert [st.t_f for st in pooled.stages[1:]] == pytest.approx(
+        [statistics.median(r.stages[s].t_f for r in rounds) for s in range(1, p)])
+    assert not any(s.deferred_first for s in pooled.stages[1:])

@@ -20,13 +20,14 @@ import statistics
 from collections.abc import Sequence
 
 from .errors import ZbError
-from .formats.profile import Links, Profile, Quartiles, StageCost
+from .formats.profile import MIN_TIME_MS, Links, Profile, Quartiles, StageCost, WayNotTaken
 
 __all__ = ["DRIFT_LIMIT", "PASSES", "pool_profiles", "drift"]
 
 DRIFT_LIMIT = 0.10
 PASSES = ("t_f", "t_b", "t_w", "t_bw", "t_ff")
 _OPTIONAL = ("t_bw", "t_ff")  # absent from older profiles: pooled only where every round has them
+_SPLIT = ("t_f", "t_b", "t_w")  # a first stage's passes, timed both ways its W can run
 
 
 def drift(profiles: Sequence[Profile]) -> list[dict[str, float]]:
@@ -56,11 +57,18 @@ def pool_profiles(profiles: Sequence[Profile]) -> Profile:
         return first
     stages = [_pool_stage([p.stages[s] for p in profiles]) for s in range(first.num_stages)]
     update: dict = {"stages": stages}
+    ways = _pool_first_stage_ways(profiles)
+    if ways is not None:
+        stages[0] = stages[0].model_copy(update=ways[0])
     for name, how in (("t_comm", statistics.fmean), ("t_send", statistics.median), ("t_recv", statistics.median)):
         if getattr(first, name) is not None:
             update[name] = [how([p.comm(b, name) for p in profiles]) for b in range(first.num_stages - 1)]
     if first.measured is not None and all(p.measured is not None for p in profiles):
         update["measured"] = _pool_measured(profiles)
+        if ways is not None:
+            spreads = list(update["measured"].stages)
+            spreads[0] = spreads[0].model_copy(update=ways[1])
+            update["measured"] = update["measured"].model_copy(update={"stages": spreads})
     if first.links is not None and all(p.links is not None for p in profiles):
         update["links"] = _pool_links(profiles)
     return first.model_copy(update=update)
@@ -87,6 +95,36 @@ def _pool_stage(costs: list[StageCost]) -> StageCost:
     opt_med = {k: statistics.median(xs) if all(x is not None for x in xs) else None for k, xs in opt.items()}
     # memory is a measurement too; keep the deltas balanced as the format demands
     return costs[0].model_copy(update={**med, **opt_med, "m_w": -(med["m_f"] + med["m_b"])})
+
+
+def _pool_first_stage_ways(profiles: Sequence[Profile]) -> tuple[dict, dict] | None:
+    """A first stage timed both ways its W can run (``StageCost.deferred_first``) in every
+    round: each way's times pooled over the rounds (a round's own way from its stage, the other
+    from its record), and the way whose pooled F + B + W costs less kept, as one round would
+    (rounds may have picked differently where the ways are close). Returns the stage's and its
+    record's updates; None where a round lacks the other way."""
+    # per way, per round: each pass's record and its cost (a round's own way: the stage's times;
+    # the other way: its record's means, which is what the profiler costs a pass at)
+    per_way: dict[bool, list[dict[str, tuple[Quartiles, float | None]]]] = {False: [], True: []}
+    for p in profiles:
+        spread = p.measured.stages[0] if p.measured is not None and p.measured.stages else None
+        if spread is None or spread.not_taken is None:
+            return None
+        own, other = p.stages[0].deferred_first, spread.not_taken
+        per_way[own].append({k: (getattr(spread, k), getattr(p.stages[0], k)) for k in _SPLIT})
+        per_way[not own].append({k: (getattr(other, k), getattr(other, k).mean) for k in _SPLIT})
+    pooled: dict[bool, dict[str, Quartiles | None]] = {False: {}, True: {}}
+    times: dict[bool, dict[str, float]] = {False: {}, True: {}}
+    for d, rows in per_way.items():
+        for k in _SPLIT:
+            costs = [r[k][1] for r in rows]
+            if any(c is None for c in costs):  # recorded before means were
+                return None
+            pooled[d][k] = _median_quartiles([r[k][0] for r in rows])
+            times[d][k] = max(statistics.median(c for c in costs if c is not None), MIN_TIME_MS)
+    d = min((False, True), key=lambda d: sum(times[d].values()))
+    not_taken = WayNotTaken.model_validate({"w": "plain" if d else "deferred", **pooled[not d]})
+    return {"deferred_first": d, **times[d]}, {**pooled[d], "not_taken": not_taken}
 
 
 def _pool_measured(profiles: Sequence[Profile]):

@@ -54,6 +54,9 @@ def test_profile_loads_and_keeps_extra_fields(tmp_path):
         ({"t_comm": [0.1, 0.2, 0.3]}, "boundaries"),
         ({"stages": []}, "stages"),
         ({"memory_unit": "parsecs"}, "memory_unit"),
+        ({"stages": [{"t_f": 1, "t_b": 1, "t_w": 1, "m_f": 1, "m_b": -0.6, "m_w": -0.4},
+                     {"t_f": 1, "t_b": 1, "t_w": 1, "m_f": 1, "m_b": -0.6, "m_w": -0.4, "deferred_first": True}]},
+         "deferred_first is set on stage 1"),
     ],
 )
 def test_profile_errors_are_one_line(tmp_path, over, words):
@@ -133,6 +136,7 @@ def test_files_written_before_the_typed_fields_still_load():
     assert measured.links is not None and measured.measured is not None and measured.device
     assert len(measured.measured.stages) == measured.num_stages and measured.measured.stages[0].t_f.median > 0
     assert resolve_profile("1.5b-m24").measured is None  # a paper profile has none
+    assert not any(st.deferred_first for st in measured.stages)  # measured before it: a plain first-stage W
 
 
 @pytest.mark.parametrize(

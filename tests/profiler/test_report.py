@@ -23,3 +23,15 @@ def test_links_between_ranks_have_times_and_pieces_of_one_rank_hand_over_locally
     assert "warning: link 2 -> 3: spread ±50%" in _text(prof)
     plain = Profile(name="p", memory_unit="bytes", stages=[cost] * 2, t_comm=[0.0])
     assert "local" not in _text(plain)  # a zero link time between two ranks is a time
+
+
+def test_the_first_stage_w_is_shown_against_the_way_not_taken():
+    q = {"median": 1.0, "q1": 1.0, "q3": 1.0}
+    spread = {"t_f": q, "t_b": q, "t_w": q}
+    first = StageCost(t_f=1, t_b=0.5, t_w=2, m_f=4, m_b=0, m_w=-4, deferred_first=True)
+    other = {**spread, "not_taken": {"w": "plain", "t_f": {**q, "mean": 1.0}, "t_b": {**q, "mean": 0.5},
+                                     "t_w": {**q, "mean": 3.0}}}
+    cost = StageCost(t_f=1, t_b=1, t_w=1, m_f=4, m_b=-2, m_w=-2)
+    prof = Profile(name="f", memory_unit="bytes", stages=[first, cost], measured={"stages": [other, spread]})
+    assert "stage 0's W runs deferred (the split's fast path): F+B+W 3.5 ms, 4.5 ms plain" in _text(prof)
+    assert "stage 0's W" not in _text(Profile(name="g", memory_unit="bytes", stages=[first, cost]))

@@ -1,7 +1,7 @@
 """The split backward's fast path (deferred Linear weight gradients, cheap parameter uses in B):
 gradients equal to one plain ``loss.backward()`` microbatch after microbatch, on the layers it
-takes, on a generic fallback for everything else, and on first stages (whole backward in W, or
-split on request)."""
+takes, on a generic fallback for everything else, and on first stages (whole backward in W,
+plain or deferred, or split on request)."""
 
 from __future__ import annotations
 
@@ -152,8 +152,13 @@ def _leaf(x):
     return x.detach().clone().requires_grad_(x.is_floating_point())
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_split_gradients_equal_autograd_microbatch_after_microbatch(name):
+# first stages whose W runs B's and W's parts of the fast path (what the profiler picks where
+# that measures faster than one plain backward): the fast path from the first microbatch
+DEFERRED_FIRST = [n for n, (_, _, fast) in CASES.items() if fast == "whole"]
+
+
+@pytest.mark.parametrize(("name", "deferred"), [(n, False) for n in CASES] + [(n, True) for n in DEFERRED_FIRST])
+def test_split_gradients_equal_autograd_microbatch_after_microbatch(name, deferred):
     make, sample, fast = CASES[name]
     torch.manual_seed(0)
     ref = make()
@@ -165,8 +170,8 @@ def test_split_gradients_equal_autograd_microbatch_after_microbatch(name):
         out = ref(xr)
         g = torch.randn_like(out)
         out.backward(g)  # accumulates over microbatches, as the runtime's W passes do
-        fp = forward_pass(ours, [xo])
-        taken.append("whole" if fp.whole_in_w else fp.fast)
+        fp = forward_pass(ours, [xo], deferred_first=deferred)
+        taken.append(("deferred" if fp.fast else "whole") if fp.whole_in_w else fp.fast)
         before = [None if q.grad is None else q.grad.clone() for q in ours.parameters()]
         got = backward_input(fp, [g])
         if fp.whole_in_w:  # B leaves everything to W
@@ -181,7 +186,10 @@ def test_split_gradients_equal_autograd_microbatch_after_microbatch(name):
             # as from loss.backward(): no history, which would keep every microbatch's graph alive
             assert q.grad is None or not q.grad.requires_grad, f"{name} microbatch {mb} {pname}: .grad has a graph"
     # the first microbatch of a signature checks the graph; later ones take the fast path if they may
-    assert taken == (["whole"] * 3 if fast == "whole" else [False, fast, fast])
+    if deferred:
+        assert taken == ["deferred"] * 3
+    else:
+        assert taken == (["whole"] * 3 if fast == "whole" else [False, fast, fast])
 
 
 def _same(a, b) -> bool:
@@ -216,19 +224,19 @@ def test_loss_in_the_stage_and_first_stage_without_input_gradient():
             torch.testing.assert_close(q.grad, p.grad, msg=pname)
 
 
-@pytest.mark.parametrize("first", [False, True])
-def test_b_frees_all_but_what_w_reads(first):
+@pytest.mark.parametrize(("first", "deferred"), [(False, False), (True, False), (True, True)])
+def test_b_frees_all_but_what_w_reads(first, deferred):
     """On the fast path only the deferred layers' inputs stay after B (what W reads: the first
     Linear's input and the LayerNorm's output, float32). A first stage's B frees nothing: its
-    whole backward is W's. W frees the rest."""
+    whole backward is W's, deferred or not. W frees the rest."""
     torch.manual_seed(0)
     body = [nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 8)]
     mod = nn.Sequential(nn.Embedding(13, 8), *body) if first else nn.Sequential(*body)
     for mb in range(2):
         meter = ActivationMeter()
         x = torch.randint(0, 13, (4, 6)) if first else torch.randn(4, 6, 8, requires_grad=True)
-        fp = forward_pass(mod, [x], meter=meter)
-        assert fp.fast is (mb == 1 and not first) and fp.whole_in_w is first
+        fp = forward_pass(mod, [x], meter=meter, deferred_first=deferred)
+        assert fp.fast is (deferred or (mb == 1 and not first)) and fp.whole_in_w is first
         after_f = meter.bytes
         backward_input(fp, [torch.randn(4, 6, 8)])
         after_b = meter.bytes
@@ -238,7 +246,7 @@ def test_b_frees_all_but_what_w_reads(first):
             assert after_b == after_f > 0
         else:
             assert 0 < after_b < after_f
-        if fp.fast:  # the generic split (first microbatch) also keeps what LayerNorm's W re-run reads
+        if fp.fast and not first:  # the generic split (first microbatch) also keeps what LayerNorm's W re-run reads
             assert after_b == 4 * 6 * (8 + 16) * 4
 
 

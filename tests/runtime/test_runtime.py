@@ -372,6 +372,38 @@ def test_one_rank_with_local_hand_over_matches_one_process(one_rank, kind, tmp_p
     assert back.zbsearch.schedule_kind == kind and back.makespan_ms() > 0
 
 
+def test_the_first_stage_runs_its_w_as_the_profile_says(one_rank, monkeypatch):
+    """A profile that found the deferred way faster for the first stage's W: the runtime runs
+    the first stage's split passes that way (B leaves all to W, W takes the fast path), no
+    other stage's, and the gradients are those of one process."""
+    from zbsearch.runtime import runtime as runtime_module
+
+    prof = uniform_profile(1)
+    prof = updated(prof, stages=[updated(prof.stages[0], deferred_first=True)])
+    sched = zb.build_classic("zb-v", prof, 4)
+    seen = []
+    real = runtime_module.forward_pass
+
+    def spy(module, inputs, **kw):
+        fp = real(module, inputs, **kw)
+        seen.append((kw["split"], fp.whole_in_w, fp.fast))
+        return fp
+
+    monkeypatch.setattr(runtime_module, "forward_pass", spy)
+    full = toy_stages(sched.num_stages)
+    ref, ours = copy_stages(full), copy_stages(full)
+    ids, targets = toy_batch(8)
+    ref_loss = reference_step(ref, ids, targets)
+    runtime = PipelineRuntime(sched, dict(enumerate(ours)), toy_loss)
+    torch.testing.assert_close(runtime.step(ids, targets).mean(), ref_loss, rtol=1e-5, atol=1e-6)
+    for r, o in zip(ref, ours):
+        for (name, p), q in zip(r.named_parameters(), o.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=name)
+    first = [s for s in seen if s[1]]
+    assert len(first) == 4 and all(fast for _, _, fast in first)  # stage 0, every microbatch, deferred
+    assert len(seen) == 4 * sched.num_stages
+
+
 def test_batch_that_does_not_split_is_rejected(one_rank):
     sched = zb.build_classic("1f1b", uniform_profile(1), 3)
     runtime = PipelineRuntime(sched, {0: toy_stages(1)[0]}, toy_loss)

@@ -4,7 +4,9 @@ A profile describes a model cut into pipeline stages: per stage, the time of F, 
 gradient) and W (weight gradient), optionally of the fused backward BW (``t_bw``: one autograd
 call for both, what GPipe/1F1B run; older files lack it and BW then costs t_b + t_w), optionally
 of the forward of a microbatch whose backward is fused (``t_ff``: no split deferral to set up,
-so a little cheaper than the F a split backward needs; older files lack it: t_f), and the
+so a little cheaper than the F a split backward needs; older files lack it: t_f), whether the
+first stage's W runs deferred (``deferred_first``: how its times were measured, see
+``zbsearch.runtime.split_backward``; older files lack it: one plain backward), and the
 activation memory each pass allocates (m_f > 0)
 or frees (m_b, m_w, normally negative). What F allocates must be freed by B and W, so the
 three memory deltas sum to zero per stage; a profile that breaks this is rejected because it
@@ -28,7 +30,7 @@ from ..errors import ZbError
 from .fileio import read_model, write_model
 
 __all__ = [
-    "StageCost", "Quartiles", "StageSpread", "Measurement", "Links", "Profile",
+    "StageCost", "Quartiles", "WayNotTaken", "StageSpread", "Measurement", "Links", "Profile",
     "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES", "profile_misfit",
 ]
 
@@ -38,6 +40,9 @@ _MEMORY_BALANCE_RTOL = 0.02
 # model, and small enough that sums over millions of passes stay finite and exact enough.
 MAX_TIME_MS = 1e9
 MAX_MEMORY = 1e15
+# Measured times are floored here: a B with nothing to do (a first stage) can read 0 on a coarse
+# clock, and a profile's times are positive.
+MIN_TIME_MS = 1e-6
 
 
 def _finite_in(v: float, limit: float) -> float:
@@ -61,6 +66,9 @@ class StageCost(BaseModel):
     m_w: float = Field(description="memory change of W (normally negative)")
     t_bw: float | None = Field(default=None, gt=0, description="fused backward (BW) time; absent: t_b + t_w")
     t_ff: float | None = Field(default=None, gt=0, description="forward time before a fused backward; absent: t_f")
+    deferred_first: bool = Field(default=False, description=(
+        "a first stage whose W (its whole backward) runs the split's fast path, deferred Linear weight "
+        "gradients, rather than one plain backward: measured faster by the profiler; the runtime follows it"))
 
     @field_validator("t_f", "t_b", "t_w", "t_bw", "t_ff")
     @classmethod
@@ -101,6 +109,15 @@ class Quartiles(BaseModel):
     mean: float | None = None  # recorded since links are costed at their mean; older files lack it
 
 
+class WayNotTaken(BaseModel):
+    """A first stage's passes timed the other way its W can run (``StageCost.deferred_first``)."""
+
+    w: Literal["plain", "deferred"]
+    t_f: Quartiles
+    t_b: Quartiles
+    t_w: Quartiles
+
+
 class StageSpread(BaseModel):
     """How one stage's passes were measured: the spread of the repeats, what it sends on."""
 
@@ -113,6 +130,7 @@ class StageSpread(BaseModel):
     t_ff: Quartiles | None = None
     memory_residual: float | None = None
     output_bytes: int | None = None
+    not_taken: WayNotTaken | None = None
 
 
 class Measurement(BaseModel):
@@ -192,6 +210,13 @@ class Profile(BaseModel):
         if v is not None and any(_finite_in(x, MAX_MEMORY) <= 0 for x in v):
             raise ValueError("memory capacities must be > 0")
         return v
+
+    @model_validator(mode="after")
+    def _deferred_first_only(self) -> Profile:
+        later = [i for i, st in enumerate(self.stages) if i and st.deferred_first]
+        if later:
+            raise ValueError(f"deferred_first is set on stage {later[0]}: only the first stage's W runs its whole backward")
+        return self
 
     @model_validator(mode="after")
     def _comm_len(self) -> Profile:

@@ -2,8 +2,9 @@
 
 The passes are the runtime's own (``zbsearch.runtime.split_backward``), so the profile times
 exactly what a schedule will run, graph analysis of the B/W split included. Each repetition is
-one microbatch: F, then B from the gradient the next stage would send (1 for a loss), then W;
-then F again and one fused BW, which is what GPipe / 1F1B run and costs less than B + W (no
+one microbatch: F, then B from the gradient the next stage would send (1 for a loss), then W
+(on a first stage twice: its W runs plain or deferred, whichever measures faster); then F
+again and one fused BW, which is what GPipe / 1F1B run and costs less than B + W (no
 split analysis, one autograd call), so a schedule that fuses is predicted at what it runs. That
 second F is timed too (``t_ff``): the forward of a microbatch whose backward is fused sets up
 no deferral for a split and costs a little less than the split one.
@@ -29,9 +30,9 @@ import torch
 from torch import nn
 
 from ..distributed.clock import DeviceClock
-from ..formats.profile import StageCost
+from ..formats.profile import MIN_TIME_MS, StageCost
 from ..runtime.memory import ActivationMeter
-from ..runtime.split_backward import backward_full, backward_input, backward_weight, forward_pass
+from ..runtime.split_backward import backward_full, backward_in_w, backward_input, backward_weight, forward_pass
 from .settings import cpu_cores
 
 __all__ = ["Stats", "StageMeasurement", "measure_stage", "disturbances", "SPREAD_LIMIT"]
@@ -40,9 +41,6 @@ __all__ = ["Stats", "StageMeasurement", "measure_stage", "disturbances", "SPREAD
 # being timed (other processes, frequency changes): its median is not to be trusted to 5%.
 SPREAD_LIMIT = 0.10
 
-# Times are floored here: a B with nothing to do (a first stage) can read 0 on a coarse clock,
-# and a profile needs positive times.
-_MIN_MS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ class Stats:
     @classmethod
     def of(cls, samples: list[float]) -> Stats:
         q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
-        return cls(max(statistics.median(samples), _MIN_MS), q1, q3, statistics.fmean(samples))
+        return cls(max(statistics.median(samples), MIN_TIME_MS), q1, q3, statistics.fmean(samples))
 
     def record(self) -> dict:
         return {"median": self.median, "q1": self.q1, "q3": self.q3, "mean": self.mean}
@@ -74,18 +72,25 @@ class StageMeasurement:
     m_b: float
     memory_residual: float
     output_bytes: int  # what the stage sends to the next one per microbatch
+    deferred_first: bool = False  # a first stage whose W runs deferred (f, b, w are that way's)
+    not_taken: tuple[Stats, Stats, Stats] | None = None  # a first stage's F, B, W the other way
 
     def cost(self) -> StageCost:
         return StageCost(
             t_f=_cost(self.f), t_b=_cost(self.b), t_w=_cost(self.w), t_bw=_cost(self.bw),
             t_ff=_cost(self.ff), m_f=self.m_f, m_b=self.m_b, m_w=-(self.m_f + self.m_b),
+            deferred_first=self.deferred_first,
         )
 
     def record(self) -> dict:
-        return {
+        out = {
             "t_f": self.f.record(), "t_b": self.b.record(), "t_w": self.w.record(), "t_bw": self.bw.record(),
             "t_ff": self.ff.record(), "memory_residual": self.memory_residual, "output_bytes": self.output_bytes,
         }
+        if self.not_taken is not None:
+            way = "plain" if self.deferred_first else "deferred"
+            out["not_taken"] = {"w": way, **{k: st.record() for k, st in zip(("t_f", "t_b", "t_w"), self.not_taken)}}
+        return out
 
 
 def _cost(st: Stats) -> float:
@@ -93,7 +98,7 @@ def _cost(st: Stats) -> float:
     pays the occasional slow one (a collection, an interrupt): over five quiet runs of
     bench/real.py the runtime's passes averaged 1-5% over the profile's medians, and the
     profile's own means were 0-5% over its medians."""
-    return max(st.mean, _MIN_MS)
+    return max(st.mean, MIN_TIME_MS)
 
 
 def measure_stage(
@@ -105,47 +110,68 @@ def measure_stage(
     repeat: int,
     tick: Callable[[], None] | None = None,
 ) -> StageMeasurement:
-    """``warmup`` untimed then ``repeat`` timed repetitions of F, B, W, and F, BW on ``inputs``."""
+    """``warmup`` untimed then ``repeat`` timed repetitions of F, B, W, and F, BW on ``inputs``.
+
+    A first stage, whose W runs its whole backward, is timed both ways its W can run (one plain
+    backward, or deferred: the split's fast path, see ``zbsearch.runtime.split_backward``), in
+    alternating order, and keeps the way whose F + B + W costs less; the runtime follows the
+    profile's choice. Which is faster depends on the layers and the device (measured figures in
+    ``zbsearch.runtime.split_backward``)."""
     clock = DeviceClock(device)
     meter = ActivationMeter()
 
     def live() -> float:
         return float(torch.cuda.memory_allocated(device)) if clock.cuda else float(meter.bytes)
 
-    times: list[tuple[float, float, float, float, float]] = []
-    mem: list[tuple[float, float, float]] = []
+    ways = (False, True) if backward_in_w(module, inputs) else (False,)
+    split: dict[bool, list[tuple[float, float, float]]] = {d: [] for d in ways}  # F, B, W per way
+    mem: dict[bool, list[tuple[float, float, float]]] = {d: [] for d in ways}
+    fused: list[tuple[float, float]] = []  # BW, FF
     grads = None
     output_bytes = 0
     for rep in range(warmup + repeat):
-        a0, e0 = live(), clock.mark()
-        fp = forward_pass(module, inputs, post=post, meter=meter)
-        e1, a1 = clock.mark(), live()
-        if grads is None:  # first (warm-up) repetition: what the next stage would send back
-            grads = [torch.ones_like(o) if o.requires_grad else None for o in fp.outputs]
-            output_bytes = sum(o.nbytes for o in fp.outputs)
-        input_grads = backward_input(fp, grads)
-        e2 = clock.mark()
-        del input_grads
-        a2 = live()
-        backward_weight(fp)
-        e3, a3 = clock.mark(), live()
-        del fp
+        marks = {}
+        for deferred in ways if rep % 2 == 0 else ways[::-1]:
+            a0, e0 = live(), clock.mark()
+            fp = forward_pass(module, inputs, post=post, meter=meter, deferred_first=deferred)
+            e1, a1 = clock.mark(), live()
+            if grads is None:  # first (warm-up) repetition: what the next stage would send back
+                grads = [torch.ones_like(o) if o.requires_grad else None for o in fp.outputs]
+                output_bytes = sum(o.nbytes for o in fp.outputs)
+            input_grads = backward_input(fp, grads)
+            e2 = clock.mark()
+            del input_grads
+            a2 = live()
+            backward_weight(fp)
+            e3, a3 = clock.mark(), live()
+            del fp
+            marks[deferred] = (e0, e1, e2, e3, (a1 - a0, a2 - a1, a3 - a0))
+        assert grads is not None  # set by the first split pass
         e3f = clock.mark()  # freeing the split pass's graph is no part of the fused forward
-        fused = forward_pass(module, inputs, split=False, post=post, meter=meter)
+        fwd = forward_pass(module, inputs, split=False, post=post, meter=meter)
         e4 = clock.mark()
-        backward_full(fused, grads)
+        backward_full(fwd, grads)
         e5 = clock.mark()
-        del fused
+        del fwd
         clock.sync()
         if rep >= warmup:
-            times.append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e2, e3), clock.ms(e4, e5), clock.ms(e3f, e4)))
-            mem.append((a1 - a0, a2 - a1, a3 - a0))
+            for deferred, (e0, e1, e2, e3, m) in marks.items():
+                split[deferred].append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e2, e3)))
+                mem[deferred].append(m)
+            fused.append((clock.ms(e4, e5), clock.ms(e3f, e4)))
         if tick is not None:
             tick()
-    f, b, w, bw, ff = (Stats.of(list(col)) for col in zip(*times))
-    m_f, m_b, residual = (statistics.median(col) for col in zip(*mem))
+    stats: dict[bool, tuple[Stats, Stats, Stats]] = {}
+    for d in ways:
+        f, b, w = (Stats.of(list(col)) for col in zip(*split[d]))
+        stats[d] = (f, b, w)
+    deferred = min(ways, key=lambda d: sum(_cost(st) for st in stats[d]))
+    f, b, w = stats[deferred]
+    bw, ff = (Stats.of(list(col)) for col in zip(*fused))
+    m_f, m_b, residual = (statistics.median(col) for col in zip(*mem[deferred]))
     m_f = max(m_f, 0.0)
-    return StageMeasurement(f, b, w, bw, ff, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes)
+    return StageMeasurement(f, b, w, bw, ff, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes,
+                            deferred, stats[not deferred] if len(ways) == 2 else None)
 
 
 def disturbances(

@@ -60,7 +60,18 @@ def summary_table(profile: Profile) -> Group:
     where = Text(f"{profile.device or '?'}, {profile.dtype or '?'}, {profile.mode or '?'}; "
                  f"links {profile.links.method if profile.links else '?'}", style="dim")
     warnings = [Text(f"warning: {w}", style="yellow") for w in (measured.warnings if measured else [])]
-    return Group(t, where, *warnings)
+    return Group(t, where, *_first_stage_w(profile, spread[0]), *warnings)
+
+
+def _first_stage_w(profile: Profile, first: StageSpread | None) -> list[Text]:
+    """How the first stage's W (its whole backward) runs, against the other way measured."""
+    if first is None or first.not_taken is None:
+        return []
+    st, other = profile.stages[0], first.not_taken
+    way = "deferred (the split's fast path)" if st.deferred_first else "one plain backward"
+    mine = st.t_f + st.t_b + st.t_w
+    theirs = sum(q.mean if q.mean is not None else q.median for q in (other.t_f, other.t_b, other.t_w))
+    return [Text(f"stage 0's W runs {way}: F+B+W {mine:.3g} ms, {theirs:.3g} ms {other.w}", style="dim")]
 
 
 def _link(profile: Profile, s: int) -> str:

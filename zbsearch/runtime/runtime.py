@@ -135,6 +135,8 @@ class PipelineRuntime:
         self.meter = ActivationMeter()
         self._actions = schedule.rank_actions[self.rank]
         self._fused = {(a.stage, a.mb) for a in self._actions if a.op is Op.BW}
+        # how the first stage's W runs, as the profile measured it (the faster way)
+        self._deferred_first = schedule.profile.stages[0].deferred_first
         self._owner = schedule.stage_to_rank
         # each stage's last backward action, where its gradients are complete: position -> stage
         last_backward = {a.stage: i for i, a in enumerate(self._actions) if a.op in (Op.W, Op.BW)}
@@ -278,7 +280,8 @@ class PipelineRuntime:
             args = [_leaf(t, meta.requires_grad) for t, meta in zip(got, self._comm.meta[s - 1])]
         post = functools.partial(self._loss, mb_targets[j]) if s == self.last else None
         self._timer.begin()
-        fp = self._run_stage(a, forward_pass, self.stages[s], args, split=(s, j) not in self._fused, post=post, meter=self.meter)
+        fp = self._run_stage(a, forward_pass, self.stages[s], args, split=(s, j) not in self._fused, post=post,
+                             meter=self.meter, deferred_first=s == 0 and self._deferred_first)
         self._timer.end(a, self.meter.bytes)
         passes[(s, j)] = fp
         if s == self.last:

@@ -26,15 +26,19 @@ parameters. How it does that without redoing B's work:
   F allocates M_B, B frees M_B - M_W, W frees M_W.
 
 A first stage (no input needs a gradient: token ids, data) is not split. Its B has no gradient
-to send, so nothing waits for it: B only keeps the output gradients and W runs one plain
-backward (as torch's runtime does). The split would cost time (at hidden 64, 10-25% over a
-plain backward) for nothing the schedule can use, since a first-stage W can go wherever its B
-could. The profile records what this costs: T_B about 0 and no memory freed by B (m_b = 0),
-T_W the whole backward; schedules are built from that. A module whose ``split_first_stage``
-is true is split anyway: I is then the part of the graph that depends on the inputs, found by
-following them through forward (the same ``TorchFunctionMode``), and B runs it down to its
-lowest nodes, keeping the gradient arriving there. ``EmulatedStage`` asks for that, so that an
-emulated first stage runs its profile's T_B in B whatever profile it emulates.
+to send, so nothing waits for it: B only keeps the output gradients and W runs the whole
+backward, which a first-stage W can do wherever its B could. The profile records what this
+costs: T_B about 0 and no memory freed by B (m_b = 0), T_W the whole backward; schedules are
+built from that. How W runs it is chosen per stage from measurement (``deferred_first``): one
+plain backward (as torch's runtime does), or the split's B and W back to back, whose deferred
+Linear weight gradients (below) cost less than autograd's on large layers (Llama first stage,
+one thread: 0.95 of a plain backward at hidden 1024, 1.14 at hidden 64). The profiler times
+both and records the faster in the profile; the runtime follows it. A module whose
+``split_first_stage`` is true is split anyway: I is then the part of the graph that depends on
+the inputs, found by following them through forward (the same ``TorchFunctionMode``), and B
+runs it down to its lowest nodes, keeping the gradient arriving there. ``EmulatedStage`` asks
+for that, so that an emulated first stage runs its profile's T_B in B whatever profile it
+emulates.
 
 Most of that machinery is for parameters used in arbitrary ways. The common layers get a fast
 path with no graph analysis at all (measured in ``bench/split.py``):
@@ -88,7 +92,9 @@ from .errors import PipelineError
 from .footprint import forward_counted, see_signature
 from .memory import ActivationMeter, SavedActivations
 
-__all__ = ["ForwardPass", "forward_pass", "fused_forward", "backward_input", "backward_weight", "backward_full"]
+__all__ = [
+    "ForwardPass", "forward_pass", "fused_forward", "backward_input", "backward_weight", "backward_full", "backward_in_w",
+]
 
 _FUSED_FORWARD = contextvars.ContextVar("zbsearch_fused_forward", default=False)
 
@@ -331,7 +337,9 @@ class ForwardPass:
     data: _DataFlow | None  # a first stage's data flow (its inputs need no gradient)
     deferral: _Deferral | None = None  # the deferred Linear uses (split only)
     fast: bool = False  # every parameter use is deferred or cheap, as checked on this signature
-    whole_in_w: bool = False  # a first stage: B keeps the output gradients, W runs the whole backward
+    # a first stage: B keeps the output gradients, W runs the whole backward (B's and W's
+    # parts of the fast path if ``deferral``)
+    whole_in_w: bool = False
     verdict: Callable[[bool], None] | None = None  # records the check when this pass is the first
     # set by backward_input, consumed by backward_weight:
     groups: list[_WeightGroup] = field(default_factory=list)
@@ -354,19 +362,22 @@ def forward_pass(
     split: bool = True,
     post: Callable | None = None,
     meter: ActivationMeter | None = None,
+    deferred_first: bool = False,
 ) -> ForwardPass:
     """Run ``module(*inputs)`` (then ``post`` on its output, e.g. a loss) for a later backward.
 
-    ``split=False`` is for a fused backward (BW): no per-use views, nothing to split. So is a
-    first stage (no input needs a gradient), unless ``module.split_first_stage`` is true: its
-    B has no gradient to send, so B does nothing and W runs the whole backward.
+    ``split=False`` is for a fused backward (BW): no per-use views, nothing to split. A first
+    stage (no input needs a gradient) is not split either, unless ``module.split_first_stage``
+    is true: its B has no gradient to send, so B does nothing and W runs the whole backward, as
+    one plain backward or, with ``deferred_first``, as the split's B and W back to back.
     Outputs are returned as a tuple of tensors (``ForwardPass.outputs``).
     """
     params = [p for p in module.parameters() if p.requires_grad]
     saved = SavedActivations(meter, module)
     views: dict[Node, nn.Parameter] = {}
-    first = not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
-    whole = split and first and not getattr(module, "split_first_stage", False)
+    first = _first(inputs)
+    in_w = split and backward_in_w(module, inputs)
+    whole = in_w and not deferred_first  # one plain backward in W
     sig = _signature(inputs, post)
     see_signature(module, (sig, torch.is_grad_enabled(), torch.is_autocast_enabled(), module.training))
     if not split or whole:
@@ -388,15 +399,18 @@ def forward_pass(
             with saved.hooks():
                 outs = run()
         return ForwardPass(tuple(inputs), outs, params, saved, views, None, whole_in_w=whole)
-    data = _DataFlow(inputs) if first else None
     deferral = _Deferral({id(p): p for p in params}, saved)
     known = _CHECKED.setdefault(module, {})
-    if known.get(sig):  # checked: the fast path, with a lean forward
+    # The fast path, with a lean forward: where checked, or where B's part runs in W anyway (no
+    # use done in B there can delay a B that another rank waits for, and the path is exact for
+    # any use, see the module docstring)
+    if in_w or known.get(sig):
         with saved.hooks(), _DeferOnly(deferral):
             out = module(*inputs)
             if post is not None:
                 out = post(out)
-        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None, deferral, fast=True)
+        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None, deferral, fast=True, whole_in_w=in_w)
+    data = _DataFlow(inputs) if first else None
     mode = _ViewPerUse({id(p): p for p in params}, views, data, deferral)
     with saved.hooks(), mode:
         out = module(*inputs)
@@ -412,6 +426,16 @@ def forward_pass(
     elif sig not in known:
         fp.verdict = lambda ok: known.__setitem__(sig, ok)
     return fp
+
+
+def backward_in_w(module: nn.Module, inputs: Sequence) -> bool:
+    """Whether a split pass of ``module`` on ``inputs`` leaves its whole backward to W: a first
+    stage (no input needs a gradient) that does not ask to be split (``split_first_stage``)."""
+    return _first(inputs) and not getattr(module, "split_first_stage", False)
+
+
+def _first(inputs: Sequence) -> bool:
+    return not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
 
 
 # module -> {input signature: whether its parameters are used only in ways the fast path takes}
@@ -479,10 +503,15 @@ def _backward_accumulating(fp: ForwardPass, outs: Sequence, grads: Sequence, idx
 def backward_input(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
     """B: the gradient of each stage input (None where an input needs none)."""
     outs, grads = _roots(fp, output_grads)
-    result: list[torch.Tensor | None] = [None] * len(fp.inputs)
     if fp.whole_in_w:
         fp.pending = (outs, grads)
-        return result
+        return [None] * len(fp.inputs)
+    return _split_input(fp, outs, grads)
+
+
+def _split_input(fp: ForwardPass, outs: list, grads: list) -> list[torch.Tensor | None]:
+    """B's work on a split pass: the input gradients, and what W needs kept."""
+    result: list[torch.Tensor | None] = [None] * len(fp.inputs)
     idx = _grad_inputs(fp)
     if fp.fast:
         return _fast_backward_input(fp, outs, grads, idx)
@@ -559,10 +588,14 @@ def _fast_backward_input(fp: ForwardPass, outs: list, grads: list, idx: list[int
 
 def backward_weight(fp: ForwardPass) -> None:
     """W: accumulate the parameter gradients left by ``backward_input``."""
-    if fp.whole_in_w:  # nothing was split: no deferred, early or grouped gradients
-        _backward_accumulating(fp, *fp.pending, [])
-        _release(fp)
-        return
+    if fp.whole_in_w:
+        outs, grads = fp.pending
+        fp.pending = ((), ())
+        if fp.deferral is None:  # one plain backward: no deferred, early or grouped gradients
+            _backward_accumulating(fp, outs, grads, [])
+            _release(fp)
+            return
+        _split_input(fp, list(outs), list(grads))  # B's part first, then W's as on any split pass
     records = fp.deferral.records if fp.deferral is not None else []
     uses = _Uses(
         [q for r in records for q in (r.weight, r.bias) if q is not None]
