@@ -130,10 +130,20 @@ def test_a_disturbed_link_is_warned_and_a_local_hand_over_is_not(monkeypatch):
     assert disturbances(calm, torch.device("cpu"), threads=1, ranks=2, links=[steady, None]) == []
     assert disturbances(calm, torch.device("cpu"), threads=1, ranks=2, links=[None, noisy]) == [
         "link 1 -> 2: spread ±50% of the median (above 10%): the transfer time was disturbed"]
-    # the host time per message at either end, named by its end; its spread counts against the
-    # forward it was measured with (10 ms here): ±0.5 ms is 50% of its own median, not a warning
+    # the host time per message sent or received, pooled over both ends of a link; its spread
+    # counts against the forwards it was measured with (10 ms here): ±0.5 ms is 50% of its own
+    # median, not a warning
     assert disturbances(calm, torch.device("cpu"), threads=1, ranks=2, host=[("send", 0, steady), ("recv", 1, noisy)]) == []
     wild = Stats(1.0, -1.0, 3.0, 1.0)
     host = [("send", 0, steady), ("recv", 1, wild)]
     assert disturbances(calm, torch.device("cpu"), threads=1, ranks=2, host=host) == [
-        "link 1 -> 2: the receiver's host time per message spread ±20% of stage 2's forward (above 10%): t_recv was disturbed"]
+        "link 1 -> 2: the host time of receiving a message spread ±20% of the shorter forward at its ends (above 10%): "
+        "t_recv was disturbed"]
+    # against the shorter forward at either end: ±0.75 ms is 7.5% of 10 ms, but 19% of a quick
+    # receiving stage's 4 ms (the gradients coming back were sent from there)
+    uneven = [("send", 1, Stats(1.0, 0.25, 1.75, 1.0))]
+    assert disturbances(calm, torch.device("cpu"), threads=1, ranks=2, host=uneven) == []
+    quick = [_stage(0.0), _stage(0.0), StageMeasurement(*[Stats(4.0, 4.0, 4.0, 4.0)] * 5, 1.0, -0.5, 0.0, 4)]
+    assert disturbances(quick, torch.device("cpu"), threads=1, ranks=2, host=uneven) == [
+        "link 1 -> 2: the host time of sending a message spread ±19% of the shorter forward at its ends (above 10%): "
+        "t_send was disturbed"]

@@ -212,12 +212,13 @@ def disturbances(
                          f"the transfer time was disturbed")
     for end, b, st in host:
         # a message's host time is the difference of two timed forwards, small and noisy next to
-        # its own median: its spread matters as a share of the forward it was measured against
-        s = b if end == "send" else b + 1
-        forward = results[s].f.median if s < len(results) else 0.0
+        # its own median: its spread matters as a share of the forward it was measured against,
+        # at either end of the link (both directions' messages are pooled): the shorter one
+        ends = [results[s].f.median for s in (b, b + 1) if s < len(results)]
+        forward = min(ends) if ends else 0.0
         spread = (st.q3 - st.q1) / 2 / forward if forward > 0 else 0.0
         if spread > SPREAD_LIMIT:
-            who = "sender" if end == "send" else "receiver"
-            found.append(f"link {b} -> {b + 1}: the {who}'s host time per message spread ±{spread:.0%} of stage {s}'s "
-                         f"forward (above {SPREAD_LIMIT:.0%}): t_{end} was disturbed")
+            what = "sending" if end == "send" else "receiving"
+            found.append(f"link {b} -> {b + 1}: the host time of {what} a message spread ±{spread:.0%} of the shorter "
+                         f"forward at its ends (above {SPREAD_LIMIT:.0%}): t_{end} was disturbed")
     return found

@@ -31,9 +31,11 @@ backward, which a first-stage W can do wherever its B could. The profile records
 costs: T_B about 0 and no memory freed by B (m_b = 0), T_W the whole backward; schedules are
 built from that. How W runs it is chosen per stage from measurement (``deferred_first``): one
 plain backward (as torch's runtime does), or the split's B and W back to back, whose deferred
-Linear weight gradients (below) cost less than autograd's on large layers (Llama first stage,
-one thread: 0.95 of a plain backward at hidden 1024, 1.14 at hidden 64). The profiler times
-both and records the faster in the profile; the runtime follows it. A module whose
+Linear weight gradients (below) cost less than autograd's on large layers. The profiler times
+both and records the faster in the profile; the runtime follows it. In ``bench/split.py`` (one
+CPU thread) it picked the deferred way on both models' first stages at hidden 1024 (Llama: 0.945
+of a plain backward, torch's 0.993) and the plain one at hidden 64-256, where the fast path's
+Python costs more (its W 1.16-1.22x the plain one at hidden 64). A module whose
 ``split_first_stage`` is true is split anyway: I is then the part of the graph that depends on
 the inputs, found by following them through forward (the same ``TorchFunctionMode``), and B
 runs it down to its lowest nodes, keeping the gradient arriving there. ``EmulatedStage`` asks
