@@ -210,3 +210,27 @@ def test_cli_profile_hf(tmp_path):
     assert prof.placement == [0, 1, 1, 0] and prof.num_ranks == 2  # 4 pieces of a V on 2 ranks
     sched = run_cli("schedule", "zb-v", "-p", out, "-m", "4", "-o", tmp_path / "v.json")
     assert sched.returncode == 0, sched.stderr
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_first_stage_w_either_way_equals_a_plain_backward(preset, deferred):
+    """A first stage (embeddings, masks, the first layers) whose W runs its whole backward, plain
+    or deferred as a profile may pick: microbatch after microbatch, the gradients of
+    ``loss.backward()`` on the same stage."""
+    from zbsearch.runtime import backward_input, backward_weight, forward_pass
+
+    cfg = hf_config(preset)
+    ref = hf_stages(hf_model(cfg, 0, "eager"), 3).stages[0]
+    ours = hf_stages(hf_model(cfg, 0, "eager"), 3).stages[0]
+    for mb in range(3):
+        (ids, mask), _ = hf_batch(cfg, 2, SEQ, seed=mb)
+        out = ref(ids, mask)
+        grads = [torch.randn_like(o) if o.requires_grad else None for o in out]
+        torch.autograd.backward([o for o, g in zip(out, grads) if g is not None], [g for g in grads if g is not None])
+        fp = forward_pass(ours, [ids, mask], deferred_first=deferred)
+        assert fp.whole_in_w and fp.fast is deferred
+        assert backward_input(fp, grads) == [None, None]
+        backward_weight(fp)
+        for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=f"{preset} microbatch {mb} {name}")

@@ -42,7 +42,6 @@ __all__ = ["Stats", "StageMeasurement", "measure_stage", "disturbances", "SPREAD
 SPREAD_LIMIT = 0.10
 
 
-
 @dataclass(frozen=True)
 class Stats:
     """Median, quartiles and mean of repeated timings, in ms."""
