@@ -66,7 +66,9 @@ the generic split's per-use views and data-flow tracking cost far more). Correct
 rest on the check: the fast B asks autograd for the gradient of every parameter, so a use the
 first microbatch did not show still gets its gradient (in B, where it costs time, not
 accuracy). A stage that does anything else keeps the generic split, which also handles the
-deferred layers (their weight gradients are W's either way).
+deferred layers (their weight gradients are W's either way). A first stage whose W runs
+deferred takes the fast path from its first microbatch, unchecked: its B's part runs in W too,
+so a costly use computed there delays no other rank.
 
 ``backward_full`` is the fused BW: one ordinary backward, no analysis. Gradients accumulate
 into ``param.grad`` like ``loss.backward()``. These functions are the ones the profiler times.
