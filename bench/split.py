@@ -66,6 +66,7 @@ from zbsearch.runtime import (
     forward_pass,
 )
 from zbsearch.runtime.memory import ActivationMeter
+from zbsearch.runtime.split_backward import backward_in_w
 
 VARIANTS = ("plain", "torch", "zb", "fused")
 CLOCKS = ("wall", "cpu")
@@ -122,9 +123,12 @@ def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, 
         post = (lambda o: gpt_loss(o, targets)) if s == 2 else None
         own = {v: copy.deepcopy(stages[s]) for v in VARIANTS}  # each variant accumulates its own .grad
         meter = ActivationMeter()
-        # how a first stage's W runs: as the profiler would choose for this stage (a copy of it)
+        # how a first stage's W runs: as the profiler would choose for this stage (a copy of it);
+        # other stages have no choice to make
         inp = x.detach().requires_grad_(x.is_floating_point())
-        chosen = measure_stage(copy.deepcopy(stages[s]), (inp,), post, torch.device("cpu"), warmup=2, repeat=10)
+        chosen = (measure_stage(copy.deepcopy(stages[s]), (inp,), post, torch.device("cpu"), warmup=2, repeat=10)
+                  if backward_in_w(stages[s], (inp,)) else None)
+        deferred = chosen is not None and chosen.deferred_first
         # samples[clock][v]: per step, the m microbatches' backward times (the first one creates .grad)
         samples: dict[str, dict[str, list[list[float]]]] = {c: {v: [] for v in VARIANTS} for c in CLOCKS}
         for step in range(warmup + steps):
@@ -133,7 +137,7 @@ def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, 
             times = {c: {v: [] for v in VARIANTS} for c in CLOCKS}
             for k in range(m):
                 for v in _rotated(step * m + k):
-                    w, c = _backward(v, own[v], x, post, meter, chosen.deferred_first)
+                    w, c = _backward(v, own[v], x, post, meter, deferred)
                     times["wall"][v].append(w * 1e3)
                     times["cpu"][v].append(c * 1e3)
             if step >= warmup:
@@ -141,11 +145,11 @@ def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, 
                     for v in VARIANTS:
                         samples[c][v].append(times[c][v])
         out[where] = {c: _summary(samples[c]) for c in CLOCKS}
-        if chosen.not_taken is not None:
+        if chosen is not None and chosen.not_taken is not None:
             out[where]["first_stage_w"] = {
-                "deferred": chosen.deferred_first,
-                "profiled_ms": {("deferred" if chosen.deferred_first else "plain"): chosen.w.mean,
-                                ("plain" if chosen.deferred_first else "deferred"): chosen.not_taken[2].mean},
+                "deferred": deferred,
+                "profiled_ms": {("deferred" if deferred else "plain"): chosen.w.mean,
+                                ("plain" if deferred else "deferred"): chosen.not_taken[2].mean},
             }
     return out
 
