@@ -80,10 +80,10 @@ def test_errors_are_one_line():
     cfg = hf_config("gpt2-tiny")
     with pytest.raises(ZbError, match="8 layers cannot fill 9 stages"):
         hf_stages(hf_model(cfg), 9)
-    with pytest.raises(ZbError, match="neither a config JSON file nor a preset"):
+    with pytest.raises(ZbError, match="neither a config JSON file, tiny:MODEL_TYPE nor a preset"):
         hf_config("no-such-model")
-    with pytest.raises(ZbError, match="not supported"):
-        hf_config("gpt2-tiny", model_type="bert")
+    with pytest.raises(ZbError, match="cannot build a 'no-such-type' config"):
+        hf_config("gpt2-tiny", model_type="no-such-type")
 
 
 def test_layers_per_stage_and_empty_stages():
