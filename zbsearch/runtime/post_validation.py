@@ -240,6 +240,10 @@ class _GlobalGradState:
             nn.utils.clip_grads_with_norm_([p for p, _ in grads], self.max_norm, total)
         self.optimizer.step()
 
+    def close(self) -> None:
+        """Release the private group of the exchange (idempotent); no step after."""
+        self._group.close()
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none)
 
@@ -361,8 +365,7 @@ class PostValidatedOptimizer(_GlobalGradState):
         super().__init__(optimizer, max_norm, norm_type, group, stages, scaler, tied, timeout)
         self.defer = defer
         self.replay = False  # defer=True: the iteration that just ran must run again
-        # Arrival counters, one key per step, deleted by the last rank to arrive.
-        self._store = dist.PrefixStore("arrivals/", self._group.store)
+        # Arrival counters on the group's store, one key per step, deleted by the last rank to arrive.
         self._round = 0
         self._pending: _Pending | None = None
         self.last: Verdict | None = None
@@ -401,10 +404,10 @@ class PostValidatedOptimizer(_GlobalGradState):
         grads, payload = self._local()
         work, gathered = self._group.all_gather(payload)
         pending = _Pending("exact", grads, payload[0].item() > 0, work, gathered, _hyperparameters(self.optimizer))
-        key = str(self._round)
+        key = f"arrivals/{self._round}"
         self._round += 1
-        if self._store.add(key, 1) == len(self._ranks):
-            self._store.delete_key(key)
+        if self._group.add(key, 1) == len(self._ranks):
+            self._group.delete(key)
             self._group.wait(work, "the post-validation exchange")
             found, total = self._combine(dict(enumerate(gathered)))
             self._update_scale(found)

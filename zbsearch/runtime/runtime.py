@@ -180,12 +180,14 @@ class PipelineRuntime:
         self._hooks.append(hook)
 
     def close(self) -> None:
-        """Release what this runtime holds (its extra process group on NCCL); it cannot step
-        after. Call it after a failed step, then build a new runtime (on a new process group
-        if communication failed). Idempotent."""
+        """Release what this runtime holds (its extra process group on NCCL, the private gloo
+        groups of tied parameters); it cannot step after. Call it after a failed step, then
+        build a new runtime (on a new process group if communication failed). Idempotent."""
         if self._failure == "closed":
             return
         self._failure = "closed"
+        if self._tied is not None:
+            self._tied.close()
         self._comm.close()
 
     def __enter__(self) -> PipelineRuntime:

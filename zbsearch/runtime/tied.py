@@ -113,6 +113,12 @@ class TiedParameters:
                     raise PipelineError(f"tied group {i}: ranks {holders} were given different declarations or shapes: {theirs}")
             self.groups.append((distinct, gloo))
 
+    def close(self) -> None:
+        """Release the private groups of the sums (idempotent)."""
+        for _, gloo in self.groups:
+            if gloo is not None:
+                gloo.close()
+
     @torch.no_grad()
     def reduce(self) -> None:
         """Give every copy of every group the sum of all copies' gradients (None if none has one)."""
