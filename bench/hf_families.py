@@ -88,7 +88,7 @@ def features(cfg, model, tied: bool) -> list[str]:
         out.append("partial rotary" if (partial and partial < 1) or get("rotary_dim") else "rotary")
     base = getattr(model, model.base_model_prefix, model)
     try:
-        if "alibi" in inspect.getsource(type(base).forward):
+        if "alibi" in inspect.getsource(type(base).forward) and getattr(cfg, "alibi", True) is not False:
             out.append("ALiBi")
     except (OSError, TypeError):
         pass
@@ -108,7 +108,7 @@ def features(cfg, model, tied: bool) -> list[str]:
     return out
 
 
-def one_process(model, cfg, stages: int = 4) -> dict:
+def one_process(model, cfg, stages: int = 4, layers: int = LAYERS) -> dict:
     """Gradients of ``stages`` stages run in one process (each stage's input a fresh leaf, as
     the runtime hands it) against ``loss.backward()`` on the unsplit model."""
     (ids, mask), labels = hf_batch(cfg, 4, SEQ, seed=3)
@@ -116,7 +116,7 @@ def one_process(model, cfg, stages: int = 4) -> dict:
     hf_loss(model(input_ids=ids, attention_mask=mask, **kw).logits, labels).backward()
     ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
-    cut = hf_stages(model, stages, [LAYERS // stages] * stages)
+    cut = hf_stages(model, stages, [layers // stages] * stages)
     x, outs, ins = (ids, mask), [], []
     for st in cut.stages:
         y = st(*x)
@@ -140,11 +140,12 @@ def one_process(model, cfg, stages: int = 4) -> dict:
     return {"max_abs_diff": worst, "params_differing": len(differ)}
 
 
-def survey_one(model_type: str) -> dict:
+def survey_one(model_type: str, layers: int = LAYERS, stages: int = 4) -> dict:
+    """One type's row: its status (exact, refused, no tiny config), the reason, what it does."""
     row: dict = {"model_type": model_type}
     t0 = time.perf_counter()
     try:
-        cfg, model = tiny_model(model_type)
+        cfg, model = tiny_model(model_type, layers)
     except ZbError as err:
         row.update(status="no tiny config", reason=str(err).removeprefix(f"tiny_config({model_type!r}): "))
         return row
@@ -157,7 +158,7 @@ def survey_one(model_type: str) -> dict:
     row.update(layer_list=cut.layer_list, tied=[list(t) for t in cut.tied], features=features(cfg, model, bool(cut.tied)),
                params=sum(p.numel() for p in model.parameters()))
     try:
-        row["one_process"] = one_process(model, cfg)
+        row["one_process"] = one_process(model, cfg, stages, layers)
     except ZbError as err:
         row.update(status="refused", reason=str(err))
         return row
@@ -213,10 +214,15 @@ def reference(model_type: str):
     (ids, mask), labels = hf_batch(cfg, M * MB, SEQ, seed=5)
     kw = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
     losses = []
-    for i, am, y in zip(ids.chunk(M), mask.chunk(M), labels.chunk(M)):
-        loss = hf_loss(model(input_ids=i, attention_mask=am, **kw).logits, y)
-        (loss / M).backward()
-        losses.append(loss.detach())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs: more threads sum weight gradients in another order
+    try:
+        for i, am, y in zip(ids.chunk(M), mask.chunk(M), labels.chunk(M)):
+            loss = hf_loss(model(input_ids=i, attention_mask=am, **kw).logits, y)
+            (loss / M).backward()
+            losses.append(loss.detach())
+    finally:
+        torch.set_num_threads(threads)
     grads = {q: p.grad for q, p in model.named_parameters() if p.grad is not None}
     return torch.stack(losses), grads
 

@@ -1,21 +1,24 @@
 """Train a Hugging Face causal LM with a zbsearch schedule, one process per rank.
 
-    zbsearch profile --hf gpt2-tiny --stages 4 -o gpt2.json            # or a config JSON
-    zbsearch schedule zb-v -p gpt2.json -m 8 -o zbv.json                 # 2 pieces per rank
-    torchrun --nproc-per-node 2 examples/train_hf.py zbv.json --hf gpt2-tiny --steps 20 --check
+    zbsearch profile --hf gpt2-tiny --stages 4 --placement v -o gpt2-v.json   # or a config JSON
+    zbsearch solve -p gpt2-v.json -m 8 --chunks 2 -o plan.json                # 2 pieces per rank
+    torchrun --nproc-per-node 2 examples/train_hf.py plan.json --hf gpt2-tiny --steps 20 --check
 
 Every rank builds the same randomly initialised model from one seed (``--hf``: a preset such
-as gpt2-tiny / llama-tiny, or a config JSON; to train real weights, load them instead in
-``build``), cuts it into the schedule's stages (``zbsearch.models.hf``) and keeps its own. A
-tied embedding/LM head is summed across ranks by the runtime and counted once by the
-optimizer, which clips by the global gradient norm with post-validation (no barrier before
-the step). ``--check``: before training, every rank compares its gradients of one step with
-the unsplit model's in one process and prints the largest difference.
+as gpt2-tiny / llama-tiny, ``tiny:MODEL_TYPE`` or a config JSON; to train real weights, load
+them instead in ``build``), cuts it into the schedule's stages (``zbsearch.models.hf``) and
+keeps its own. ``--hf``, ``--seq``, ``-b`` and ``--layers-per-stage`` default to what the
+plan's profile measured; the runtime refuses a model or shapes other than those. A tied
+embedding/LM head is summed across ranks by the runtime and counted once by the optimizer,
+which clips by the global gradient norm with post-validation (no barrier before the step).
+``--check``: before training, every rank compares its gradients of one step with the
+unsplit model's in one process and prints the largest difference.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -24,29 +27,58 @@ import torch.distributed as dist
 
 import zbsearch as zb
 from zbsearch.distributed.torchrun import run_under_torchrun
-from zbsearch.models.hf import hf_batch, hf_config, hf_loss, hf_model, hf_stages
+from zbsearch.errors import ZbError
+from zbsearch.models.hf import DEFAULTS, check_length, hf_batch, hf_config, hf_loss, hf_model, hf_stages, parse_counts
 from zbsearch.runtime import PipelineRuntime, PostValidatedOptimizer
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("schedule", type=Path, help="schedule JSON (its number of ranks = processes)")
-    ap.add_argument("--hf", default="gpt2-tiny", help="preset (gpt2-tiny, llama-tiny, qwen2-tiny, mistral-tiny) or config JSON")
+    ap.add_argument("--hf", default=None, help="preset (gpt2-tiny, llama-tiny, qwen2-tiny, mistral-tiny), tiny:MODEL_TYPE or "
+                    "config JSON (default: the plan's profile's, else gpt2-tiny)")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--microbatch-size", "-b", type=int, default=2, help="sequences per microbatch")
-    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--microbatch-size", "-b", type=int, default=None, help="sequences per microbatch (default: the profile's)")
+    ap.add_argument("--seq", type=int, default=None, help="sequence length (default: the profile's)")
+    ap.add_argument("--layers-per-stage", default=None, help="decoder layers of each stage, e.g. 3,3,2 (default: the profile's)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--max-norm", type=float, default=1.0, help="clip the global gradient norm to this")
     ap.add_argument("--check", action="store_true", help="compare one step's gradients with the unsplit model first")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for another rank before failing")
     args = ap.parse_args()
-
+    try:
+        settle(args)
+    except ZbError as err:
+        sys.exit(f"error: {err}")
     run_under_torchrun(lambda device: run(args, device))
+
+
+def settle(args) -> None:
+    """Fill the model options from the plan's profile (what it measured), then check them."""
+    if not args.schedule.is_file():
+        raise ZbError(f"{args.schedule}: no such schedule file")
+    profile = zb.load_schedule(args.schedule).profile
+    measured = dict(profile.model or {})
+    source = str(measured.get("model", ""))
+    if source == "zbsearch.models.hf:build":  # profiled with --model ...hf:build --model-arg k=v
+        measured.update(config=DEFAULTS["config"], **measured.get("args", {}))
+    elif source.startswith("hf "):  # profiled with --hf CONFIG
+        measured["config"] = source.removeprefix("hf ")
+    fallback = {"hf": DEFAULTS["config"], "seq": DEFAULTS["seq"],
+                "microbatch_size": profile.microbatch_size or DEFAULTS["microbatch_size"], "layers_per_stage": None}
+    for key, default in fallback.items():
+        if getattr(args, key) is None:
+            setattr(args, key, measured.get("config" if key == "hf" else key, default))
+    for name in ("steps", "microbatch_size", "seq"):
+        if getattr(args, name) < 1:
+            raise ZbError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    check_length(hf_config(args.hf), args.seq)
+    args.layers_per_stage = parse_counts(args.layers_per_stage)
 
 
 def build(args, num_stages: int):
     config = hf_config(args.hf)
-    return config, hf_stages(hf_model(config, seed=0).train(), num_stages)
+    return config, hf_stages(hf_model(config, seed=0).train(), num_stages, args.layers_per_stage)
 
 
 def run(args, device: torch.device) -> None:
@@ -78,6 +110,8 @@ def run(args, device: torch.device) -> None:
         print(
             f"last step: global grad norm {verdict.total_norm:.4f}, clipped {verdict.clipped}; steps by kind {dict(opt.counts)}"
         )
+    opt.close()
+    runtime.close()
 
 
 def check(args, runtime, stages, batch, m: int) -> None:

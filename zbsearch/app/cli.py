@@ -464,15 +464,18 @@ def profile(
     hf: str | None = typer.Option(
         None,
         "--hf",
-        help="a Hugging Face causal LM, random init: config JSON or preset (gpt2-tiny, llama-tiny, ...); "
-        "uses --stages, --seq, -b",
+        help="a Hugging Face causal LM, random init: config JSON, preset (gpt2-tiny, llama-tiny, ...) or tiny:MODEL_TYPE; "
+        "uses --stages, --seq, -b, --layers-per-stage",
     ),
     layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
     hidden: int = typer.Option(128, "--hidden", help="gpt: hidden size"),
     heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
-    seq: int = typer.Option(128, "--seq", help="gpt: sequence length"),
-    microbatch_size: int = typer.Option(4, "--microbatch-size", "-b", help="gpt: sequences per microbatch"),
-    stages: int = typer.Option(4, "--stages", help="gpt: pipeline stages"),
+    seq: int | None = typer.Option(None, "--seq", help="sequence length (gpt: 128; --hf: 32, or the model's positions if fewer)"),
+    microbatch_size: int | None = typer.Option(
+        None, "--microbatch-size", "-b", help="sequences per microbatch (gpt: 4; --hf: 2, as examples/train_hf.py)"),
+    stages: int = typer.Option(4, "--stages", help="pipeline stages (gpt, --hf)"),
+    layers_per_stage: str | None = typer.Option(
+        None, "--layers-per-stage", help="--hf: decoder layers of each stage, comma-separated (e.g. 3,3,2; default: even)"),
     placement: str | None = typer.Option(
         None,
         "--placement",
@@ -507,17 +510,23 @@ def profile(
     target = _output(output)  # None: profiles/NAME.json, once the name is known
     if target is None:
         check_writable(Path("profiles") / "profile.json")  # that folder must be writable too
+    if layers_per_stage is not None and hf is None:
+        raise ZbError("--layers-per-stage applies to --hf (with --model, pass --model-arg layers_per_stage=3,3,2)")
     if hf is not None:
         from zbsearch.models import hf as hf_models
 
-        spec = profiler.as_model(hf_models.build(hf, stages=stages, microbatch_size=microbatch_size, seq=seq), f"--hf {hf!r}")
-        spec.name = f"hf-{Path(hf).stem}-s{seq}-b{microbatch_size}-p{stages}"
-        spec.settings = {"model": f"hf {hf}", "stages": stages, "seq": seq, "microbatch_size": microbatch_size}
+        seq, microbatch_size = hf_models.profile_shape(hf, seq, microbatch_size)
+        built = hf_models.build(hf, stages=stages, microbatch_size=microbatch_size, seq=seq, layers_per_stage=layers_per_stage)
+        spec = profiler.as_model(built, f"--hf {hf!r}")
+        spec.name = f"hf-{Path(hf).stem.replace(':', '-')}-s{seq}-b{microbatch_size}-p{stages}"
+        spec.settings = {"model": f"hf {hf}", "stages": stages, "seq": seq, "microbatch_size": microbatch_size,
+                         **({"layers_per_stage": layers_per_stage} if layers_per_stage else {})}
     else:
         if model_arg and not model:
             raise ZbError("--model-arg applies to --model")
         spec = profiler.load_model(model, profiler.parse_model_args(model_arg)) if model else profiler.builtin_gpt(
-            GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
+            GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=128 if seq is None else seq,
+                      microbatch_size=4 if microbatch_size is None else microbatch_size, stages=stages))
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads,
                                  keep_heap=keep_heap)
     pieces = _pieces(placement, len(spec.stages)) if placement is not None else None

@@ -38,6 +38,7 @@ from ..distributed.heap import keep_heap
 from ..errors import ZbError
 from ..formats.profile import Profile
 from ..pooling import pool_profiles
+from ..runtime.identity import model_identity
 from ..runtime.p2p import P2P
 from .links import LinkModel, busy_exchange, estimate_link, exchange_plan, pingpong
 from .measure import StageMeasurement, Stats, disturbances, measure_stage
@@ -378,7 +379,7 @@ def _assemble(
         torch=torch.__version__,
         dtype=str(dtype).removeprefix("torch."),
         mode=mode,
-        model=spec.settings,
+        model={**spec.settings, "identity": model_identity(spec.stages, spec.microbatch, spec.target)},
         settings=settings,
         links=links,
         measured={

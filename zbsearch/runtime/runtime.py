@@ -51,7 +51,9 @@ from ..distributed import heap
 from ..formats.schedule import Schedule
 from ..formats.trace import Trace
 from ..validator import find_problem
+from .emulation import EmulatedStage
 from .errors import PipelineError, first_line, post, wait
+from .identity import check_batch, check_stage
 from .memory import ActivationMeter
 from .p2p import ACT, GRAD, P2P, comm_plan
 from .split_backward import ForwardPass, backward_full, backward_input, backward_weight, forward_pass
@@ -83,6 +85,8 @@ class PipelineRuntime:
     ``loss_normalization``: ``"mean"`` of the microbatch losses, or ``"tokens"`` (module docstring).
     ``keep_heap``: keep freed host memory in the process, as the profiler does by default
     (``zbsearch.distributed.heap``: otherwise passes pay page faults that depend on the schedule).
+    ``check_model``: refuse stages, or microbatch inputs and targets, other than those the
+    schedule's profile measured (``identity``); profiles that recorded none are not checked.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class PipelineRuntime:
         loss_normalization: str = "mean",
         count_tokens: Callable[[torch.Tensor], int | torch.Tensor] | None = None,
         keep_heap: bool = True,
+        check_model: bool = True,
     ) -> None:
         if loss_normalization not in ("mean", "tokens"):
             raise PipelineError(
@@ -123,6 +128,12 @@ class PipelineRuntime:
             raise PipelineError(f"rank {self.rank} holds stages {mine} in the schedule but was given stages {sorted(stages)}")
         if not all(isinstance(m, nn.Module) for m in stages.values()):
             raise PipelineError("stages must be torch.nn.Module instances")
+        # the model the profile measured: these stages, these microbatch shapes (``identity``);
+        # emulated stages stand for the profiled ones by design
+        emulated = any(isinstance(m, EmulatedStage) for m in stages.values())
+        self._identity = (schedule.profile.model or {}).get("identity") if check_model and not emulated else None
+        for s, module in sorted(stages.items()):
+            check_stage(self._identity, s, module, schedule.profile.name)
         self.last = schedule.num_stages - 1
         if self.last in stages and loss_fn is None:
             raise PipelineError(f"rank {self.rank} holds the last stage ({self.last}) and needs a loss_fn")
@@ -369,7 +380,9 @@ class PipelineRuntime:
                 f"schedule's profile was measured with microbatches of {planned}"
             )
         chunks = [t.to(self.device).chunk(m) for t in tensors]
-        return list(zip(*chunks)) if isinstance(batch, (tuple, list)) else list(chunks[0])
+        out = list(zip(*chunks)) if isinstance(batch, (tuple, list)) else list(chunks[0])
+        check_batch(self._identity, "inputs" if what == "inputs" else "target", out[0], self.schedule.profile.name)
+        return out
 
     def _handshake(self) -> None:
         """Neighbouring ranks check they run the same schedule (pairs in one global order)."""

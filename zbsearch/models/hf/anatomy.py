@@ -178,7 +178,8 @@ def anatomy(model: nn.Module) -> Anatomy:
     device = _device(model)
     ids, mask = probe_batch(model, device)
     kw = call_kwargs(model)
-    was_training = model.training
+    flags = {m: m.training for m in model.modules()}
+    versions = {n: p._version for n, p in model.named_parameters()}  # bumped by every in-place change
     model.eval()
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
@@ -188,10 +189,15 @@ def anatomy(model: nn.Module) -> Anatomy:
     except Exception as err:
         raise refuse(model, f"its forward fails on a text batch: {_line(err)}") from None
     finally:
-        model.train(was_training)
+        for m, flag in flags.items():
+            m.training = flag
         for h in handles:
             h.remove()
 
+    changed = [n for n, p in model.named_parameters() if p._version != versions.get(n, p._version)]
+    if changed:
+        raise refuse(model, f"its forward changes its parameters in place ({changed[0]}"
+                            f"{f' and {len(changed) - 1} more' if len(changed) > 1 else ''}): a stage cannot repeat that")
     stack = _choose_stack(model, lists, events)
     if stack is None:
         seen = sorted({lists[e[0]][0] for kind, e in events if kind == "in"})

@@ -2,7 +2,7 @@
 
 ``PRESETS`` are named tiny configs of four common families; ``tiny_config(model_type)``
 shrinks the default config of any transformers model type (hidden 32, 2 layers, 4 heads, a
-128-token vocabulary, every dropout off), keeping what makes the family itself: its layer
+128-token vocabulary, every dropout and router jitter off), keeping what makes the family itself: its layer
 types (sliding and full attention mixed as in the original pattern), its experts, its
 position scheme. ``hf_config`` takes a preset, ``tiny:TYPE`` or a config JSON.
 """
@@ -21,7 +21,8 @@ from .anatomy import max_positions
 from .data import hf_batch, hf_loss
 from .stages import hf_stages
 
-__all__ = ["PRESETS", "DEFAULTS", "hf_config", "hf_model", "tiny_config", "build", "check_length", "transformers_module"]
+__all__ = ["PRESETS", "DEFAULTS", "hf_config", "hf_model", "tiny_config", "build", "check_length", "profile_shape",
+           "parse_counts", "transformers_module"]
 
 # One set of defaults for every entry point: ``zbsearch profile --hf``, ``--model
 # zbsearch.models.hf:build`` and examples/train_hf.py.
@@ -115,8 +116,8 @@ def _shrink(d: dict, layers: int, old_layers: int | None, vocab: int) -> dict:
                 over[key] = vocab - 1
             elif isinstance(value, list):
                 over[key] = [min(v, vocab - 1) for v in value if isinstance(v, int)]
-        elif isinstance(value, float) and ("dropout" in key or "pdrop" in key) and value > 0:
-            over[key] = 0.0
+        elif isinstance(value, float) and any(w in key for w in ("dropout", "pdrop", "jitter")) and value > 0:
+            over[key] = 0.0  # no randomness in training mode: a cut can be compared with the model
         elif key in ("sliding_window", "attention_window", "window_size") and isinstance(value, int) and value > 8:
             over[key] = 8
         elif key == "rotary_dim" and isinstance(value, int) and value > 4:
@@ -145,7 +146,8 @@ def tiny_config(model_type: str, layers: int = 2, **overrides):
         over["num_key_value_heads"] = over.get("num_attention_heads", d.get("num_attention_heads"))
     if "is_decoder" in d and not d.get("is_encoder_decoder"):
         over["is_decoder"] = True  # encoder families as causal LMs (BertLMHeadModel and its like)
-    over.update(_TYPE_OVERRIDES.get(model_type, {}))
+    for key, value in _TYPE_OVERRIDES.get(model_type, {}).items():
+        over[key] = _pick(value, layers) if key == "layer_types" else value
     over.update(overrides)
     try:
         return tf.AutoConfig.for_model(model_type, **over)
@@ -193,6 +195,15 @@ def hf_model(config, seed: int = 0, attn_implementation: str = "eager") -> nn.Mo
         return tf.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
     except Exception as err:
         raise ZbError(f"cannot build a {config.model_type!r} causal LM: {type(err).__name__}: {_first(err)}") from None
+
+
+def profile_shape(config: str, seq: int | None, microbatch_size: int | None) -> tuple[int, int]:
+    """``zbsearch profile --hf``'s sequence length and microbatch size: those given, else the
+    defaults (``DEFAULTS``; the sequence no longer than the model's positions)."""
+    if seq is None:
+        limit = max_positions(hf_config(config))
+        seq = min(DEFAULTS["seq"], limit[1]) if limit else DEFAULTS["seq"]
+    return seq, DEFAULTS["microbatch_size"] if microbatch_size is None else microbatch_size
 
 
 def check_length(config, seq: int) -> None:
