@@ -102,3 +102,25 @@ def test_one_step_of_every_schedule_kind_equals_the_unsplit_model(tmp_path):
     result = runtime_matrix(sample, tmp_path)
     for model_type, per_kind in result.items():
         assert exact_runtime(per_kind), (model_type, per_kind)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("model_type", ["gpt2", "opt", "bert", "bloom", "gemma2"])
+def test_a_later_stage_runs_nothing_it_does_not_hold(model_type, stage):
+    """Learned positions, embedding norms, buffers on embedding modules: with everything this
+    stage does not hold on the meta device (as on a rank whose other stages stayed on the CPU
+    while its own went to a GPU), it still gives its output."""
+    from tests.models.test_hf_anatomy import to_meta_except
+
+    cfg = tiny_config(model_type, layers=3)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    (ids, mask), _ = hf_batch(cfg, 2, 8)
+    cut = hf_stages(model, 3)
+    x = (ids, mask)
+    for st in cut.stages[:stage]:
+        x = st(*x)
+    want = cut.stages[stage](*x)
+    to_meta_except(model, cut.stages[stage])
+    got = cut.stages[stage](*x)
+    assert torch.equal(got, want) if stage == 2 else all(torch.equal(g, w) for g, w in zip(got, want))
