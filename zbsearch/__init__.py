@@ -19,6 +19,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from . import _lazy
+from ._version import __version__
 
 if TYPE_CHECKING:
     from .actions import Action, Op, parse_action
@@ -50,7 +51,7 @@ _MODULES = {
     ".validator": ("InvalidSchedule", "find_problem", "validate"),
 }
 _SOURCES = {name: module for module, names in _MODULES.items() for name in names}
-__all__ = list(_SOURCES)
+__all__ = ["__version__", *_SOURCES]
 
 
 def __getattr__(name: str) -> Any:
