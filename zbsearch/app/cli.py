@@ -556,7 +556,7 @@ def profile(
 
 def _pieces(placement: str, pieces: int) -> list[int]:
     """piece -> rank for 2 pieces per rank in a V or looped (interleaved) placement."""
-    from zbsearch.placement import placement as layout
+    from zbsearch.layout import placement as layout
 
     if placement not in ("v", "interleaved"):
         raise ZbError(f"--placement {placement!r}: use v or interleaved")
