@@ -31,7 +31,7 @@ from .fileio import read_model, write_model
 
 __all__ = [
     "StageCost", "Quartiles", "WayNotTaken", "StageSpread", "Measurement", "Links", "Profile",
-    "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES", "profile_misfit",
+    "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES", "profile_misfit", "pass_time_fields",
 ]
 
 # Relative tolerance for "m_f + m_b + m_w ~ 0" (measured allocator deltas are noisy).
@@ -54,7 +54,11 @@ def _finite_in(v: float, limit: float) -> float:
 
 
 class StageCost(BaseModel):
-    """One stage's pass times and memory deltas; extra fields (measurement details) are kept."""
+    """One stage's pass times and memory deltas; extra fields (measurement details) are kept.
+
+    Fields named ``t_*`` are pass times in ms and ``m_*`` memory deltas: code that treats every
+    pass time alike (pooling rounds, drift) finds them by that prefix (``pass_time_fields``).
+    """
 
     model_config = ConfigDict(extra="allow")
 
@@ -102,7 +106,16 @@ class StageCost(BaseModel):
         return self
 
 
+def pass_time_fields() -> tuple[str, ...]:
+    """The names of ``StageCost``'s pass times, the required ones first (t_f, t_b, t_w, ...)."""
+    fields = StageCost.model_fields
+    times = [name for name in fields if name.startswith("t_")]
+    return tuple(sorted(times, key=lambda name: not fields[name].is_required()))
+
+
 class Quartiles(BaseModel):
+    """A measured time's median, first and third quartile (ms), and its mean where recorded."""
+
     median: float
     q1: float
     q3: float
