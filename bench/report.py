@@ -83,8 +83,9 @@ def _machine(doc: dict) -> Machine:
     parts.append(f"torch {torch}" if torch else "torch not recorded or not used")
     if isinstance(doc.get("machine"), str):
         parts.append(doc["machine"])
-    word = (cpu or "cpu").lower().replace("amd", "").replace("intel(r)", "").split()
-    tag = f"{word[0] if word else 'cpu'}{cores or ''}{'c' if cores else ''}"
+    words = [w for w in re.sub(r"[^a-z0-9 ]", "", re.sub(r"\(r\)|\(tm\)", "", (cpu or "").lower())).split()
+             if w not in ("amd", "intel", "processor", "cpu")]
+    tag = f"{words[0] if words else 'cpu'}{cores or ''}{'c' if cores else ''}"
     load = []
     for key, where in (("load_before", "before the run"), ("load_per_round", "per round, 1-minute"),
                        ("load_after", "after the run")):
@@ -105,6 +106,7 @@ class Source:
     """One results file: its content and where it was saved (a commit of this repository)."""
 
     name: str  # bench/results/NAME
+    where: str  # the path or COMMIT:path it was read from
     doc: dict
     commit: str  # the commit that saved it; empty if git does not know
     date: str  # that commit's date
@@ -119,12 +121,12 @@ def source(spec: str) -> Source:
         if not text:
             sys.exit(f"error: no {path} in commit {commit}")
         date = _git("log", "-1", "--format=%ad", "--date=short", commit)
-        return Source(Path(path).name, json.loads(text), commit, date)
+        return Source(Path(path).name, spec, json.loads(text), commit, date)
     path = Path(spec).resolve()
     if not path.is_file():
         sys.exit(f"error: no results file {spec}")
     commit, date = _saved_in(path) if path.is_relative_to(ROOT) else ("", "")
-    return Source(path.name, json.loads(path.read_text()), commit, date)
+    return Source(path.name, spec, json.loads(path.read_text()), commit, date)
 
 
 def header(title: str, command: str, sources: list[Source], duration: str) -> list[str]:
@@ -141,13 +143,15 @@ def header(title: str, command: str, sources: list[Source], duration: str) -> li
                      "the run's own date is not recorded)" if src.date else "not recorded")) + " |")
         if _current(src):
             lines.append(f"| data | [bench/results/{src.name}](../results/{src.name}) |")
+        elif not src.commit:
+            lines.append(f"| data | `{src.where}` (not committed) |")
         else:
             lines.append(f"| data | `git show {src.commit}:bench/results/{src.name}` (replaced since by a later run) |")
     return [*lines, ""]
 
 
 def _current(src: Source) -> bool:
-    """Whether the file on disk is the one this source was read from."""
+    """Whether the saved file in bench/results is the one this source was read from."""
     path = RESULTS / src.name
     return path.is_file() and json.loads(path.read_text()) == src.doc
 
@@ -355,8 +359,11 @@ def runtime(docs: list[dict]) -> list[str]:
     out += _table(["schedule", *(f"m={m}" for m in ms)], body)
     for m in ms:
         t = doc["targets"][m]
+        e = doc["emulated"][m]
+        predicted = e["ours 1f1b"]["predicted_makespan_ms"] / e["ours zb-2p"]["predicted_makespan_ms"]
         vs = ", ".join(f"{k} {v:.3f}" for k, v in t["ours vs torch, same kind (>= 1 is faster)"].items())
-        out.append(f"- m={m}: ZB-2p {t['zb-2p vs 1f1b']:.3f}x our 1F1B; largest |measured / predicted makespan - 1| "
+        out.append(f"- m={m}: ZB-2p {t['zb-2p vs 1f1b']:.3f}x our 1F1B (predicted {predicted:.3f}x); "
+                   "largest |measured / predicted makespan - 1| "
                    f"{t['max |measured/predicted makespan - 1|']:.1%}; ours against torch's of the same kind: {vs}.")
     out.append("")
     if doc.get("overhead"):

@@ -17,9 +17,24 @@ _TO_BENCH = re.compile(r"\]\(((?:\.\./)*)\.\./bench/")  # docs page -> ../bench/
 _TO_DOCS = re.compile(r"\]\(((?:\.\./)+)docs/")  # bench page -> ../docs/x
 
 
+def _reports() -> list[Path]:
+    return sorted((_ROOT / "bench" / "reports").glob("*.md"))
+
+
+def on_config(config):
+    """List every report under Results in the navigation, titled by its heading and date."""
+    for item in config["nav"] or []:
+        if isinstance(item, dict) and "Results" in item:
+            for path in _reports():
+                title = path.read_text().splitlines()[0].lstrip("# ").strip()
+                date = path.stem.rsplit("_", 1)[-1]
+                item["Results"].append({f"{title} ({date})": f"bench/reports/{path.name}"})
+    return config
+
+
 def on_files(files: Files, config) -> Files:
     bench = _ROOT / "bench"
-    paths = [bench / "README.md", *sorted((bench / "reports").glob("*.md")), *sorted((bench / "results").glob("*.json"))]
+    paths = [bench / "README.md", *_reports(), *sorted((bench / "results").glob("*.json"))]
     for path in paths:
         files.append(File.generated(config, path.relative_to(_ROOT).as_posix(), abs_src_path=str(path)))
     return files
