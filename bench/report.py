@@ -125,7 +125,9 @@ def source(spec: str) -> Source:
     path = Path(spec).resolve()
     if not path.is_file():
         sys.exit(f"error: no results file {spec}")
-    commit, date = _saved_in(path) if path.is_relative_to(ROOT) else ("", "")
+    inside = path.is_relative_to(ROOT)
+    changed = inside and _git("status", "--porcelain", "--", str(path.relative_to(ROOT)))  # not committed as it is
+    commit, date = _saved_in(path) if inside and not changed else ("", "")
     return Source(path.name, spec, json.loads(path.read_text()), commit, date)
 
 
@@ -142,7 +144,8 @@ def header(title: str, command: str, sources: list[Source], duration: str) -> li
         lines.append(f"| date ({src.name}) | " + (rec.get("date") or (f"{src.date} (the day the file was committed; "
                      "the run's own date is not recorded)" if src.date else "not recorded")) + " |")
         if _current(src):
-            lines.append(f"| data | [bench/results/{src.name}](../results/{src.name}) |")
+            lines.append(f"| data | [bench/results/{src.name}](../results/{src.name})"
+                         + (f" as saved in commit `{src.commit}`" if src.commit else "") + " |")
         elif not src.commit:
             lines.append(f"| data | `{src.where}` (not committed) |")
         else:
