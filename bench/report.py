@@ -265,7 +265,7 @@ def solver(docs: list[dict]) -> list[str]:
                 f"; above the paper's ZB-2p: {len(worse)} of {sum(r['limit'] == '2p' for r in t5)}.", ""]
     t8 = [r for r in rows if r["setting"] == "table8"]
     if t8:
-        out += ["## Table 8 settings: V placement (`--chunks 2`) at 1p", ""]
+        out += ["## Table 8 settings: V placement (`--placement v`) at 1p", ""]
         body = [[_model(r["model"]), str(r["p"]), str(r["m"]), f"{_rate(r['bubble'])} / {_paper(r['paper'], 4)}",
                  r["status"], _pct(r["gap"]), _secs(r["time_s"]), r["construction"]] for r in t8]
         out += _table(["model", "p", "m", "bubble, ours / paper", "status", "gap", "time", "construction"], body)

@@ -64,7 +64,11 @@ class CostModel:
                 f"not of {S}; for those, profile {S} stages"
             )
         if profile.placement is not None and max(stage_to_rank) + 1 != profile.num_ranks:
-            raise ZbError(f"profile {profile.name!r} was measured for {profile.num_ranks} ranks, not {max(stage_to_rank) + 1}")
+            raise ZbError(
+                f"profile {profile.name!r} holds {P} pieces measured for {profile.num_ranks} ranks "
+                f"({profile.chunks} per rank); a schedule that puts its {S} stages on {max(stage_to_rank) + 1} ranks "
+                f"needs a profile of {S} stages measured one per rank"
+            )
         misfit = profile_misfit(P, S, max(stage_to_rank) + 1)
         if misfit:
             raise ZbError(misfit)
