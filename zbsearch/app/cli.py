@@ -148,15 +148,26 @@ def _fmt(x: float) -> str:
 
 def _show(table: Table) -> None:
     """Print a table whose short cells (numbers, names) are never cut: such a column gets a fixed
-    width, its widest cell or its header's longest word, and headers wrap within it. Where even
-    that is wider than the terminal, lines run over rather than lose digits."""
-    for col in table.columns:
-        cells = [Text.from_markup(c).cell_len if isinstance(c, str) else _SHORT_CELL + 1 for c in col._cells]
-        if all(w <= _SHORT_CELL for w in cells):
-            words = str(col.header).split()
-            col.width = max([*cells, *(len(w) for w in words)])
+    width, its widest cell or its header (its header's longest word where whole headers do not
+    fit the terminal, the header then wraps). Where even that is wider than the terminal, lines
+    run over rather than lose digits."""
+    cells = [[Text.from_markup(c).cell_len if isinstance(c, str) else _SHORT_CELL + 1 for c in col._cells]
+             for col in table.columns]
+    short = [all(w <= _SHORT_CELL for w in ws) for ws in cells]
+    headers = [str(col.header) for col in table.columns]
+    for whole in (True, False):
+        widths = [max([*ws, len(h) if whole else max(map(len, h.split() or [""]))]) for ws, h in zip(cells, headers)]
+        if sum(widths) + 3 * len(widths) + 1 <= out.width:
+            break
+    for col, ok, width in zip(table.columns, short, widths):
+        if ok:
+            col.width = width
     fixed = [col.width for col in table.columns if col.width is not None]
     need = sum(fixed) + 3 * len(table.columns) + 1  # cell padding and borders
+    title = str(table.title or "")
+    if len(title) > min(out.measure(table).maximum, out.width):  # on a line of its own rather than wrapped
+        table.title = None
+        out.print(title, highlight=False, soft_wrap=True)
     if len(fixed) < len(table.columns) or need <= out.width:
         out.print(table)
     else:  # a console as wide as the table: rich would otherwise cut cells to the terminal's width
