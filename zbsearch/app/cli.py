@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 import zbsearch as zb
+from zbsearch.distributed.timeouts import PEER_TIMEOUT_S
 from zbsearch.errors import ZbError
 from zbsearch.formats.fileio import check_writable, parse_model, write_model, write_text
 from zbsearch.formats.profile import profile_misfit
@@ -587,6 +588,8 @@ def profile(
     keep_heap: bool = typer.Option(
         True, "--keep-heap/--release-memory",
         help="keep freed host memory in the process, as the runtime does by default (else passes pay page faults)"),
+    timeout: float = typer.Option(
+        PEER_TIMEOUT_S, "--timeout", help="seconds a rank waits for another rank's message while links are timed"),
     name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
     output: str | None = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
 ):
@@ -616,7 +619,7 @@ def profile(
         spec = profiler.load_model(model, profiler.parse_model_args(model_arg)) if model else profiler.builtin_gpt(
             GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads,
-                                 keep_heap=keep_heap)
+                                 keep_heap=keep_heap, timeout=timeout)
     pieces = _pieces(placement, len(spec.stages)) if placement is not None else None
     if name is None and placement is not None:
         name = f"{spec.name}-{device.split(':')[0]}-{placement}"
