@@ -16,8 +16,8 @@ from ..costs import CostModel
 from ..errors import ZbError
 from ..formats.profile import Profile
 from ..formats.schedule import Schedule
-from ..placement import Layout, placement
-from ..predict import with_prediction
+from ..layout import Layout, placement
+from ..prediction import with_prediction
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
 from .one_f_one_b import one_f_one_b, one_f_one_b_split
@@ -31,6 +31,8 @@ Builder = Callable[..., list[list[Action]]]  # (cost, m), and a deadline keyword
 
 @dataclass(frozen=True)
 class ClassicKind:
+    """A classic schedule kind: its builder and the placement it builds for."""
+
     build: Builder
     layout: Layout = "looped"
     chunks: int = 1
