@@ -501,6 +501,37 @@ def hf(docs: list[dict]) -> list[str]:
     return out
 
 
+def hf_families(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    rows = doc["families"]
+    counts = doc["counts"]
+    through = [r for r in rows if r.get("runtime_exact")]
+    out = [f"transformers {doc.get('transformers')}; tiny random configs (hidden 32, {doc['layers']} layers, vocabulary "
+           f"128, dropout off); {doc['microbatches']} microbatches of {doc['microbatch_size']} x {doc['seq']} tokens; "
+           f"took {doc.get('seconds', 0):.0f} s.", "",
+           f"{len(rows)} causal-LM model types: {counts.get('exact', 0)} exact, {counts.get('refused', 0)} refused, "
+           f"{counts.get('no tiny config', 0)} without a tiny config; {len(through)} exact through the runtime.", "",
+           "## Exact", "",
+           "Logits bit for bit at 2 stages, one process's gradients bit for bit through 4 stages, and the largest "
+           "gradient difference from the unsplit model after one step of every schedule kind on 2 gloo ranks "
+           "(the largest over 1F1B, ZB-H1, ZB-H2, ZB-V, interleaved 1F1B and a solver schedule).", ""]
+    body = []
+    for r in rows:
+        if r["status"] != "exact":
+            continue
+        rt = r.get("runtime") or {}
+        worst = max((v.get("max_grad_abs_diff", float("inf")) for v in rt.values()), default=None)
+        body.append([r["model_type"], r.get("class", ""), f"`{r.get('layer_list', '')}`", ", ".join(r.get("features", [])),
+                     "-" if worst is None else _sci(worst), "yes" if r.get("runtime_exact") else "no"])
+    out += _table(["type", "class", "layers", "what it does", "max grad diff", "all kinds exact"], body)
+    out += ["## Refused", ""]
+    out += _table(["type", "reason"], [[r["model_type"], r["reason"].split("): ", 1)[-1]] for r in rows
+                                        if r["status"] == "refused"])
+    out += ["## No tiny config", ""]
+    out += _table(["type", "why"], [[r["model_type"], r["reason"]] for r in rows if r["status"] == "no tiny config"])
+    return out
+
+
 def _sci(x: float) -> str:
     return "0" if x == 0 else f"{x:.1e}".replace("e-0", "e-")
 
@@ -564,6 +595,8 @@ TOPICS = {
                    split),
     "profiler": Topic("Profiler accuracy", ("profiler.json",), "python bench/profiler.py", "about a minute", profiler),
     "hf": Topic("Hugging Face models through the pipeline", ("hf.json",), "python bench/hf.py", "about 2 minutes", hf),
+    "hf-families": Topic("Every causal-LM type of transformers, cut and checked", ("hf_families.json",),
+                         "python bench/hf_families.py --runtime", "15-40 minutes on 2 shared cores", hf_families),
     "post-validation": Topic("Optimizer post-validation", ("post_validation.json",), "python bench/post_validation.py",
                              "about 4 minutes", post_validation),
     "faults": Topic("The runtime under faults", ("faults.json",), "python bench/faults.py", "about 5 minutes", faults),

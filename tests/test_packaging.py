@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 # package modules that belong to an optional extra (everything else in zbsearch/ uses only the base)
-EXTRA_MODULES = {"zbsearch/models/hf.py": "hf"}
+EXTRA_MODULES = {"zbsearch/models/hf": "hf"}  # a module, or a package (every file in it)
 # folders outside the package: the extras they may use besides the base
 SUPPORT = {"tests": ("dev", "hf"), "bench": ("dev", "hf"), "examples": ("hf",), "docs": ("docs",), "cli.py": ()}
 
@@ -60,7 +60,8 @@ def _third_party(path: Path, names: set[str]) -> set[str]:
 def _files() -> list[tuple[Path, tuple[str, ...]]]:
     out: list[tuple[Path, tuple[str, ...]]] = []
     for path in sorted((ROOT / "zbsearch").rglob("*.py")):
-        extra = EXTRA_MODULES.get(str(path.relative_to(ROOT)))
+        rel = str(path.relative_to(ROOT))
+        extra = next((e for m, e in EXTRA_MODULES.items() if rel == m or rel.startswith(m + "/")), None)
         out.append((path, (extra,) if extra else ()))
     for folder, extras in SUPPORT.items():
         target = ROOT / folder
@@ -98,7 +99,7 @@ def test_every_base_dependency_is_imported_by_the_package():
 
 def test_the_extras_modules_exist():
     for module, extra in EXTRA_MODULES.items():
-        assert (ROOT / module).is_file() and extra in PROJECT["optional-dependencies"], module
+        assert (ROOT / module).exists() and extra in PROJECT["optional-dependencies"], module
 
 
 def _pins() -> dict[str, tuple[str, Requirement]]:
