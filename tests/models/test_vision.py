@@ -123,7 +123,7 @@ def test_builders_follow_the_profilers_contract(build):
 
 
 def test_a_model_learns_the_synthetic_task():
-    stages = _stages("resnet", 2)
+    stages = resnet_stages(ResNetConfig(image=16, width=8, groups=2, blocks_per_group=1, classes=6, stages=2), seed=3)
     params = [p for st in stages for p in st.parameters()]
     opt = torch.optim.Adam(params, lr=1e-2)
     first = last = None
