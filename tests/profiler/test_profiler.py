@@ -34,6 +34,7 @@ from zbsearch.profiler import (
     runtime_vs_profile,
 )
 from zbsearch.runtime import PipelineRuntime
+from zbsearch.runtime.identity import model_identity
 
 TINY = GPTConfig(layers=2, hidden=32, heads=2, seq=16, vocab=64, microbatch_size=2, stages=2)
 LINK = LinkModel(latency_ms=0.05, bandwidth_gb_s=1.0, how="fixed by the test")
@@ -193,7 +194,12 @@ def user_models(tmp_path_factory):
 def test_user_model_is_profiled(user_models, fn):
     spec = load_model(f"zb_user_models:{fn}")
     prof = profile_one_device(spec, Settings(warmup=1, repeat=3), link=LINK, name=fn)
-    assert prof.name == fn and prof.model_dump()["model"] == {"model": f"zb_user_models:{fn}"}
+    model = prof.model_dump()["model"]
+    assert prof.name == fn and model["model"] == f"zb_user_models:{fn}"
+    # what the runtime checks it is given: each stage's parameters, a microbatch's inputs and targets
+    assert model["identity"] == model_identity(spec.stages, spec.microbatch, spec.target)
+    assert model["identity"]["inputs"] == [["float32", [4, 8]]]
+    assert (model["identity"]["target"] is None) == (fn == "good")
     assert prof.model_dump()["measured"]["boundary_bytes"] == [4 * 16 * 4]
 
 
