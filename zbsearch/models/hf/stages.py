@@ -7,11 +7,14 @@ layers:
 
 * stage 0 runs the forward from ``input_ids``; its slots hand the hidden state to its layers
   and stop the forward after its last layer;
-* a later stage runs the forward from a zero ``inputs_embeds`` of the right shape: its modules
-  with parameters before the layers (the embedding side, stage 0's) run on the meta device, so
-  nothing is computed with another stage's weights or on another stage's device; the slot of
-  its first layer swaps in the hidden state received, and the last stage lets the forward go
-  on through the final norm, the head and whatever the model does to its logits.
+* a later stage runs the forward from a zero ``inputs_embeds`` of the right shape: modules with
+  trainable parameters before the layers (the embedding side, stage 0's) run on the meta
+  device, and stage 0's parameters used outside a module call are zeros there, so nothing is
+  computed with another stage's weights or on another stage's device (modules whose parameters
+  are all frozen, such as a fixed position table feeding the layers, run for real and every
+  stage holds them); the slot of its first layer swaps in the hidden state received, and the
+  last stage lets the forward go on through the final norm, the head and whatever the model
+  does to its logits.
 
 Every boundary is ``(hidden, attention_mask)``, plus ``position_ids`` when stage 0 was given
 them (without, each stage lets the model derive them from the mask as it would unsplit).
@@ -89,6 +92,8 @@ class _Harness:
     def running(self, p: _Pass):
         a = self.a
         original = a.parent._modules[a.attr]
+        for slot, layer in zip(self.slots, a.layers):  # a forward that reads layer.training reads the layer's
+            slot.training = layer.training
         a.parent._modules[a.attr] = self.slots
         shadowed, swapped = [], []
         if not p.runner.first:
