@@ -351,28 +351,24 @@ def _cp_solve(cost: CostModel, m: int, limit: list[float] | None, objective: str
     if limit is not None:
         ms = _scale([cost.memory(s, op) for s, op, _ in all_passes])
         for r in range(R):
-            # one event per pass at its start; a fused backward frees its W's memory at the same
-            # instant (its own event, active when fused), and its absent W has no event
-            times_, deltas, actives = [], [], []
+            # one event per pass at its start; a fused backward changes memory by its W's change
+            # as well, at once, and its absent W changes nothing
+            times_, deltas = [], []
             for p in passes[r]:
                 s, op, j = p
                 delta = _to_int(cost.memory(s, op), ms)
                 times_.append(start[p])
+                if fused and op is not Op.F:
+                    w = _to_int(cost.memory(s, Op.W), ms)
+                    # the backward takes its W's change too when fused; an absent W none
+                    delta = delta + w * x[(s, j)] if op is Op.B else w - w * x[(s, j)]
                 deltas.append(delta)
-                actives.append(present(p))
-                if fused and op is Op.B:
-                    times_.append(start[p])
-                    deltas.append(_to_int(cost.memory(s, Op.W), ms))
-                    actives.append(x[(s, j)])
             top = memory_level(limit[r], ms)
             if top < 0:
                 raise ValueError("no schedule meets the memory limit")
             # balanced memory never goes below 0; the floor only satisfies the API
-            floor = -sum(abs(d) for d in deltas)
-            if fused:
-                model.add_reservoir_constraint_with_active(times_, deltas, actives, floor, top)
-            else:
-                model.add_reservoir_constraint(times_, deltas, floor, top)
+            floor = -sum(abs(_to_int(cost.memory(s, op), ms)) for s, op, _ in passes[r])
+            model.add_reservoir_constraint(times_, deltas, floor, top)
     first = [model.new_int_var(0, horizon, f"first{r}") for r in range(R)]
     last = [model.new_int_var(0, horizon, f"last{r}") for r in range(R)]
     for r in range(R):
