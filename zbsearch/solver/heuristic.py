@@ -14,7 +14,10 @@ next F, B and W of each of its stages (FIFO, see ``problem``) by a ``Policy``:
   fills gaps instead of delaying the critical path;
 * with ``wait_b`` > 0 a rank leaves an F for a B that arrives within wait_b * T_F, and for its
   very first B within ``wait_first`` * T_F: that B starts the flow of backwards up the
-  pipeline, and each rank that makes it wait delays every rank above it.
+  pipeline, and each rank that makes it wait delays every rank above it;
+* with ``fuse`` every backward on a stage where a fused one costs less than a split one
+  (t_ff + t_bw < t_f + t_b + t_w) runs as one BW: the 1F1B family's passes, with the warm-up
+  depth and memory awareness of the others. The local search then splits where a W pays.
 
 The knobs are the structure of the classic schedules (ZB-H1, ZB-H2, the paper's heuristic)
 made continuous; ``candidate_policies`` is the grid the solver tries, keeping the best, and
@@ -38,6 +41,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from ..actions import Action, Op
+from ..costs import CostModel
 from ..dependencies import earliest_starts, edge_delay, successors, type_graph
 from .problem import Problem
 
@@ -57,6 +61,7 @@ class Policy:
     fit: bool = False
     wait_b: float = 0.0
     wait_first: float = 0.0
+    fuse: bool = False
 
     @property
     def name(self) -> str:
@@ -64,14 +69,41 @@ class Policy:
         g = "inf" if self.lag == _INF else f"{self.lag:g}"
         return (
             f"list(depth={d}, lag={g}{', fit' if self.fit else ''}{f', wait={self.wait_b:g}' if self.wait_b else ''}"
-            f"{f', first={self.wait_first:g}' if self.wait_first else ''})"
+            f"{f', first={self.wait_first:g}' if self.wait_first else ''}{', fused' if self.fuse else ''})"
         )
 
 
-def candidate_policies() -> list[Policy]:
+def fused_pays(problem: Problem) -> list[bool]:
+    """Per stage, whether a fused backward (and the forward before it) costs less than a split one."""
+    c = problem.cost
+    return [c.t_ff[s] + c.t_bw[s] < c.t_f[s] + c.t_b[s] + c.t_w[s] for s in range(c.num_stages)]
+
+
+def _fused_cost(c: CostModel, fused: list[bool]) -> CostModel:
+    """``c`` with the backward of each ``fused`` stage as a B that is the BW and a W of nothing."""
+    def pick(split: tuple[float, ...], whole) -> tuple[float, ...]:
+        return tuple(w if f else x for x, w, f in zip(split, whole, fused))
+
+    zero = [0.0] * c.num_stages
+    return replace(c, t_f=pick(c.t_f, c.t_ff), t_b=pick(c.t_b, c.t_bw), t_w=pick(c.t_w, zero),
+                   m_b=pick(c.m_b, [b + w for b, w in zip(c.m_b, c.m_w)]), m_w=pick(c.m_w, zero))
+
+
+def candidate_policies(problem: Problem | None = None) -> list[Policy]:
     """The grid the solver tries, the most often best first (on the paper's profiles): ZB-H1-
     like shallow warm-ups with prompt W, deeper warm-ups with W deferred, with and without
-    waiting for backwards."""
+    waiting for backwards. Given a problem where a fused backward costs less than a split one
+    on some stage, each policy also fused (``fuse``), interleaved with the split ones: first
+    where fusing pays on every stage."""
+    grid = _grid()
+    pays = fused_pays(problem) if problem is not None else []
+    if not any(pays):
+        return grid
+    first = all(pays)
+    return [q for p in grid for q in ((replace(p, fuse=True), p) if first else (p, replace(p, fuse=True)))]
+
+
+def _grid() -> list[Policy]:
     first = [
         Policy(2.0, _INF, False, 0.0, 0.5), Policy(1.0, 1.0, True),
         Policy(2.0, _INF, False, 0.0, 1.0), Policy(1.0, 2.0, True),
@@ -131,9 +163,15 @@ class _ListScheduler:
     ``run`` pops the rank that is free earliest, asks ``choose`` what it does next and
     ``apply``s it. Each stage runs its passes of one kind in microbatch order, so its next
     F, B or W is ``n_f[s]``, ``n_b[s]``, ``n_w[s]``; ``forward_start`` and ``backward_start``
-    say when it can start."""
+    say when it can start. With ``policy.fuse`` the stages where fusing pays run on a cost
+    model where B is the BW (t_bw, memory m_b + m_w), W takes no time and memory and F costs
+    t_ff: the timing of the rows ``run`` returns, where each such B is a BW and its W gone."""
 
     def __init__(self, problem: Problem, policy: Policy) -> None:
+        self.fused = [False] * problem.cost.num_stages
+        if policy.fuse:
+            self.fused = fused_pays(problem)
+            problem = replace(problem, cost=_fused_cost(problem.cost, self.fused))
         c, m = problem.cost, problem.num_microbatches
         S, R = c.num_stages, c.num_ranks
         self.cost, self.m, self.S, self.policy, self.objective = c, m, S, policy, problem.objective
@@ -214,9 +252,14 @@ class _ListScheduler:
                 heapq.heappush(heap, (max(free[r2], end + delay), r2))
             remaining -= 1
             heapq.heappush(heap, (end, r))
+        rows = self.rows
+        if any(self.fused):
+            fused = self.fused
+            rows = [[Action(a.stage, Op.BW, a.mb) if a.op is _B and fused[a.stage] else a
+                     for a in row if not (a.op is _W and fused[a.stage])] for row in rows]
         if self.objective == "span":
-            return self.rows, max(f - s for f, s in zip(self.free, self.first))
-        return self.rows, max(self.free)
+            return rows, max(f - s for f, s in zip(self.free, self.first))
+        return rows, max(self.free)
 
     def choose(self, r: int, t: float) -> _Start | _Wait:
         """What rank r does at time t: a ready B first, then W if the policy or memory says so,
