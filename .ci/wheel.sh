@@ -1,22 +1,16 @@
 #!/usr/bin/env bash
-# CI: the package as a user gets it. Build a wheel (pip wheel, setuptools from this environment:
-# no build isolation, so nothing is downloaded), install it into a fresh venv and run README's
-# Quickstart there, from a temporary directory outside the checkout.
-#
-# The venv sees this environment's packages (torch, pydantic, ...) through a .pth line naming
-# its site-packages, so torch is never downloaded; unlike --system-site-packages this does not
-# run that folder's own .pth files, so an editable zbsearch installed there cannot shadow the
-# wheel. pip still checks the wheel's declared dependencies against those packages.
+# CI: the package as a user gets it. `bash .ci/wheel.sh SRC WORK`: build a wheel of the project
+# in SRC, install it with its dependencies (the newest the index has, no constraints) into a new
+# venv that holds only torch (this machine's wheel, as a user's own torch), and from an empty
+# folder outside the checkout run: `zbsearch --version`, README's Quickstart line by line, one
+# usage error (one line, exit 2), `profile` and `solve` on a tiny model, and `profile --hf`
+# without the [hf] extra (one line naming it).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+src=$(cd "$1" && pwd)
+work=$2
 PY=${PYTHON:-python3}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-# built from a copy of the project's files: setuptools reuses build/, where a module deleted
-# since an earlier build would still sit and be packaged
-mkdir "$work/src"
-git ls-files -z -co --exclude-standard | tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$work/src"
-"$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$work/dist" "$work/src"
+mkdir -p "$work"
+"$PY" -m pip wheel -q --no-deps -w "$work/dist" "$src" 2>&1 | grep -v "is ignored" || true
 wheel=$(ls "$work"/dist/zbsearch-*.whl)
 "$PY" - "$wheel" <<'PYEOF'
 import sys, zipfile
@@ -29,28 +23,44 @@ print(f"wheel {sys.argv[1].rsplit('/', 1)[-1]}: top level {top}, {len(profiles)}
 PYEOF
 "$PY" -m venv "$work/venv"
 VPY="$work/venv/bin/python"
-base=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-"$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' | { read -r site; echo "$base" > "$site/_base_env.pth"; }
-"$VPY" -m pip install -q --disable-pip-version-check "$wheel"
+"$VPY" -m pip install -q torch==2.13.0 2>&1 | grep -v "is ignored" || true
+"$VPY" -m pip install -q "$wheel" 2>&1 | grep -v "is ignored" || true
+"$VPY" -m pip list 2>/dev/null | grep -iE '^(typer|click|pydantic|rich|pulp|highspy|networkx|matplotlib|transformers) ' | tr -s ' ' | paste -sd, -
 # README's Quickstart block, run line by line from an empty folder outside the checkout
-quickstart=$(awk '/^## Quickstart/{on=1} on&&/^```bash/{code=1;next} code&&/^```/{exit} code&&!/^#/&&NF' README.md)
+quickstart=$(awk '/^## Quickstart/{on=1} on&&/^```bash/{code=1;next} code&&/^```/{exit} code&&!/^#/&&NF' "$src/README.md")
 [ -n "$quickstart" ] || { echo "no Quickstart commands found in README.md" >&2; exit 1; }
 mkdir "$work/run"
-(
-    cd "$work/run"
-    export PATH="$work/venv/bin:$PATH" PYTHONPATH=
-    "$VPY" - "$work/venv" <<'PYEOF'
+cd "$work/run"
+export PATH="$work/venv/bin:$PATH" PYTHONPATH=
+"$VPY" - "$work/venv" <<'PYEOF'
 import importlib.util, sys
 import zbsearch
 from zbsearch.formats.profile import BUNDLED_PROFILES
 assert zbsearch.__file__.startswith(sys.argv[1]), f"zbsearch imported from {zbsearch.__file__}, not the venv"
 assert importlib.util.find_spec("cli") is None, "a top-level module named cli is installed"
+assert importlib.util.find_spec("transformers") is None, "transformers installed without the [hf] extra"
 assert len(list(BUNDLED_PROFILES.rglob("*.json"))) >= 14, "bundled profiles missing"
 PYEOF
-    while IFS= read -r cmd; do
-        echo "+ $cmd"
-        bash -c "$cmd" > /dev/null
-    done <<< "$quickstart"
-    python -m zbsearch --help > /dev/null
-)
+echo "+ zbsearch --version: $(zbsearch --version)"
+while IFS= read -r cmd; do
+    echo "+ $cmd"
+    bash -c "$cmd" > /dev/null
+done <<< "$quickstart"
+python -m zbsearch --help > /dev/null
+# the loop's first two steps on the base install: measure a tiny model, solve on its profile
+for cmd in "zbsearch profile --builtin gpt --layers 2 --hidden 32 --seq 16 -b 2 --stages 2 --repeat 3 --rounds 1 -o tiny.json" \
+           "zbsearch solve -p tiny.json -m 4 -t 3 -o tiny-solved.json"; do
+    echo "+ $cmd"
+    bash -c "$cmd" > /dev/null 2>&1 || { bash -c "$cmd"; exit 1; }
+done
+one_line() {  # one_line CODE WORDS ARGS...: the command fails with CODE and one line holding WORDS
+    local code=$1 words=$2; shift 2
+    set +e; zbsearch "$@" > "$work/out.txt" 2> "$work/err.txt"; local rc=$?; set -e
+    if [ "$rc" != "$code" ] || [ "$(wc -l < "$work/err.txt")" != 1 ] || ! grep -q -- "$words" "$work/err.txt"; then
+        echo "zbsearch $*: exit $rc, expected $code and one line with '$words':" >&2; cat "$work/err.txt" >&2; exit 1
+    fi
+    echo "+ zbsearch $* -> exit $rc: $(cat "$work/err.txt")"
+}
+one_line 2 "No such option" schedule 1f1b -p unit-p4 -m 8 --bogus
+one_line 1 "zbsearch\[hf\]" profile --hf gpt2-tiny --stages 2 -o p.json
 echo "wheel install: Quickstart ran from $work/run"

@@ -50,7 +50,7 @@ from pipeline import launch, ours, round_robin
 from real_targets import Result, Spread, report_lines, verdicts
 
 import zbsearch as zb
-from zbsearch.placement import placement
+from zbsearch.layout import placement
 from zbsearch.pooling import pool_profiles
 
 V = placement(2, 2, "v")  # piece -> rank: [0, 1, 1, 0]

@@ -32,7 +32,7 @@ from pipeline import launch, ours, round_robin
 
 import zbsearch as zb
 from zbsearch.formats.edit import updated
-from zbsearch.placement import placement
+from zbsearch.layout import placement
 
 WIDTH = 16
 UNIT = 2**20  # bytes of emulated activations per M_B

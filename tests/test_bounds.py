@@ -21,8 +21,8 @@ from zbsearch.bounds import (
 )
 from zbsearch.dependencies import predecessors
 from zbsearch.formats.edit import updated
+from zbsearch.layout import placement
 from zbsearch.limits import parse_memory_limit
-from zbsearch.placement import placement
 from zbsearch.solver import Problem, smallest_feasible_limit, solve
 from zbsearch.solver.heuristic import candidate_policies, list_schedule, sequential_schedule
 from zbsearch.solver.milp import exact

@@ -14,7 +14,7 @@ from tests.helpers import make_profile
 from zbsearch.costs import CostModel
 from zbsearch.dependencies import remote_input, remote_outputs
 from zbsearch.formats.edit import updated
-from zbsearch.placement import placement
+from zbsearch.layout import placement
 
 
 def test_a_profile_without_message_costs_loads_and_costs_what_it_did(tmp_path):

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zbsearch import CostModel, Profile, StageCost, ZbError, build_classic, load_profile
-from zbsearch.placement import placement
+from zbsearch.layout import placement
 from zbsearch.solver.solve import solve
 
 

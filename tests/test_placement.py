@@ -3,7 +3,7 @@
 import pytest
 
 from zbsearch import ZbError
-from zbsearch.placement import placement
+from zbsearch.layout import placement
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 5])

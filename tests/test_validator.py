@@ -23,7 +23,7 @@ from zbsearch import (
 )
 from zbsearch.errors import ZbError
 from zbsearch.formats.edit import updated
-from zbsearch.placement import placement
+from zbsearch.layout import placement
 from zbsearch.validator import _wait_cycle
 
 

@@ -1,11 +1,19 @@
 """zbsearch: zero-bubble pipeline-parallel schedules, from profile to solver to runtime.
 
+The three steps, one import each::
+
+    from zbsearch import load_profile, solve       # a profile file or a bundled name
+    result = solve(load_profile("1.5b-m24"), 24, mem_limit="1p", time_limit=10)
+    from zbsearch.runtime import PipelineRuntime   # replays result.schedule in torch.distributed
+
+(``zbsearch.profiler.profile_model`` measures a profile of your own model.)
+
 Data flows one way: ``formats.profile`` -> ``costs`` -> ``solver`` (or ``classic``) ->
 ``formats.schedule`` -> ``runtime``. The core never imports torch: the formats, cost model,
-``dependencies`` (the one place that knows which pass needs which), ``placement``,
-``simulator``, ``validator``, ``bounds``, ``classic`` schedules, ``solver``, ``compare`` (every
-kind side by side) and ``render``.
-torch lives in ``profiler``, ``runtime``, ``models``, ``distributed`` and ``app``.
+``dependencies`` (the one place that knows which pass needs which), ``layout`` (which rank
+holds which stage), ``simulator``, ``prediction``, ``validator``, ``bounds``, ``classic``
+schedules, ``solver``, ``compare`` (every kind side by side) and ``render``. torch lives in
+``profiler``, ``runtime``, ``models``, ``distributed`` and ``app``.
 
 The names below load on first use (PEP 562): ``import zbsearch`` stays cheap, so the command
 line can catch Ctrl-C from its first instant (``zbsearch.app.main``) and tools that need one
@@ -14,11 +22,10 @@ module do not pay for pydantic and the rest.
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from . import _lazy
+from ._version import __version__
 
 if TYPE_CHECKING:
     from .actions import Action, Op, parse_action
@@ -28,10 +35,11 @@ if TYPE_CHECKING:
     from .errors import ZbError
     from .formats.profile import Profile, StageCost, load_profile, resolve_profile, save_profile
     from .formats.schedule import Predicted, Schedule, SolverInfo, load_schedule, save_schedule
+    from .layout import placement
     from .limits import fits, parse_memory_limit
-    from .placement import placement
-    from .predict import predict, timeline, with_prediction
+    from .prediction import predict, timeline, with_prediction
     from .simulator import Timeline, simulate
+    from .solver import SolveResult, frontier, solve
     from .validator import InvalidSchedule, find_problem, validate
 
 # each public name's module (the imports above, for type checkers, say the same)
@@ -43,14 +51,15 @@ _MODULES = {
     ".errors": ("ZbError",),
     ".formats.profile": ("Profile", "StageCost", "load_profile", "resolve_profile", "save_profile"),
     ".formats.schedule": ("Predicted", "Schedule", "SolverInfo", "load_schedule", "save_schedule"),
+    ".layout": ("placement",),
     ".limits": ("fits", "parse_memory_limit"),
-    ".placement": ("placement",),
-    ".predict": ("predict", "timeline", "with_prediction"),
+    ".prediction": ("predict", "timeline", "with_prediction"),
     ".simulator": ("Timeline", "simulate"),
+    ".solver": ("SolveResult", "frontier", "solve"),
     ".validator": ("InvalidSchedule", "find_problem", "validate"),
 }
 _SOURCES = {name: module for module, names in _MODULES.items() for name in names}
-__all__ = list(_SOURCES)
+__all__ = ["__version__", *_SOURCES]
 
 
 def __getattr__(name: str) -> Any:
@@ -58,17 +67,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_SOURCES])
-
-
-class _Package(types.ModuleType):
-    """Importing a submodule sets it as a package attribute; ``predict`` and ``placement`` name
-    both a module and the public function in it, and the function must win (as it did when
-    this file imported everything at once)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if not (name in _SOURCES and isinstance(value, types.ModuleType)):
-            super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+    return sorted(__all__)

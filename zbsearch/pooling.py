@@ -1,9 +1,9 @@
 """Several profiles of one model, measured at different times, pooled into one.
 
 A pass timed for one second says what the machine did in that second. On a shared machine
-(a VM with neighbours, a node whose clocks move) a stage's median over 10 repetitions moved
-from 12.6 to 17.2 ms within one minute on this project's 2-core test VM with nothing else
-running, while a training run lasts far longer. So the profiler measures in rounds, each round
+(a VM with neighbours, a node whose clocks move) a stage's median over a few repetitions can
+move by a quarter within a minute, while a training run lasts far longer. So the profiler
+measures in rounds, each round
 every stage and link once, and pools them here; a benchmark can interleave rounds of profiling
 with rounds of training steps so that the machine's drift falls on both alike.
 
@@ -20,14 +20,17 @@ import statistics
 from collections.abc import Sequence
 
 from .errors import ZbError
-from .formats.profile import MIN_TIME_MS, Links, Profile, Quartiles, StageCost, WayNotTaken
+from .formats.edit import updated
+from .formats.profile import MIN_TIME_MS, Links, Profile, Quartiles, StageCost, StageSpread, WayNotTaken, pass_time_fields
 
 __all__ = ["DRIFT_LIMIT", "PASSES", "pool_profiles", "drift"]
 
 DRIFT_LIMIT = 0.10
-PASSES = ("t_f", "t_b", "t_w", "t_bw", "t_ff")
-_OPTIONAL = ("t_bw", "t_ff")  # absent from older profiles: pooled only where every round has them
-_SPLIT = ("t_f", "t_b", "t_w")  # a first stage's passes, timed both ways its W can run
+PASSES = pass_time_fields()
+# absent from older profiles: pooled only where every round has them
+_OPTIONAL = tuple(k for k in PASSES if not StageCost.model_fields[k].is_required())
+# a first stage's passes, timed both ways its W can run
+_SPLIT = tuple(k for k in PASSES if k in WayNotTaken.model_fields)
 
 
 def drift(profiles: Sequence[Profile]) -> list[dict[str, float]]:
@@ -59,7 +62,7 @@ def pool_profiles(profiles: Sequence[Profile]) -> Profile:
     update: dict = {"stages": stages}
     ways = _pool_first_stage_ways(profiles)
     if ways is not None:
-        stages[0] = stages[0].model_copy(update=ways[0])
+        stages[0] = updated(stages[0], **ways[0])
     for name, how in (("t_comm", statistics.fmean), ("t_send", statistics.median), ("t_recv", statistics.median)):
         if getattr(first, name) is not None:
             update[name] = [how([p.comm(b, name) for p in profiles]) for b in range(first.num_stages - 1)]
@@ -67,11 +70,11 @@ def pool_profiles(profiles: Sequence[Profile]) -> Profile:
         update["measured"] = _pool_measured(profiles)
         if ways is not None:
             spreads = list(update["measured"].stages)
-            spreads[0] = spreads[0].model_copy(update=ways[1])
-            update["measured"] = update["measured"].model_copy(update={"stages": spreads})
+            spreads[0] = updated(spreads[0], **ways[1])
+            update["measured"] = updated(update["measured"], stages=spreads)
     if first.links is not None and all(p.links is not None for p in profiles):
         update["links"] = _pool_links(profiles)
-    return first.model_copy(update=update)
+    return updated(first, **update)
 
 
 def _pool_links(profiles: Sequence[Profile]) -> Links:
@@ -90,11 +93,15 @@ def _pool_links(profiles: Sequence[Profile]) -> Links:
 
 
 def _pool_stage(costs: list[StageCost]) -> StageCost:
-    med = {k: statistics.median(getattr(c, k) for c in costs) for k in ("t_f", "t_b", "t_w", "m_f", "m_b")}
-    opt = {k: [getattr(c, k) for c in costs] for k in _OPTIONAL}
-    opt_med = {k: statistics.median(xs) if all(x is not None for x in xs) else None for k, xs in opt.items()}
-    # memory is a measurement too; keep the deltas balanced as the format demands
-    return costs[0].model_copy(update={**med, **opt_med, "m_w": -(med["m_f"] + med["m_b"])})
+    """Each pass time's median over the rounds (an optional one only where every round has it),
+    and the memory deltas' medians, W's taken as what balances them as the format demands."""
+    med: dict[str, float | None] = {}
+    for k in (*PASSES, "m_f", "m_b"):
+        xs = [getattr(c, k) for c in costs]
+        med[k] = statistics.median(xs) if all(x is not None for x in xs) else None
+    m_f, m_b = med["m_f"], med["m_b"]
+    assert m_f is not None and m_b is not None  # required fields
+    return updated(costs[0], **med, m_w=-(m_f + m_b))
 
 
 def _pool_first_stage_ways(profiles: Sequence[Profile]) -> tuple[dict, dict] | None:
@@ -135,8 +142,8 @@ def _pool_measured(profiles: Sequence[Profile]):
         rows = [p.measured.stages[s] for p in profiles if p.measured is not None and s < len(p.measured.stages)]
         if len(rows) != len(profiles):
             return first  # a round without its spreads: keep the first as it is
-        fields = {k: _median_quartiles([getattr(r, k) for r in rows]) for k in PASSES}
-        spreads.append(rows[0].model_copy(update=fields))
+        fields = {k: _median_quartiles([getattr(r, k) for r in rows]) for k in PASSES if k in StageSpread.model_fields}
+        spreads.append(updated(rows[0], **fields))
     drifts = drift(profiles)
     warnings = list(dict.fromkeys(w for p in profiles if p.measured is not None for w in p.measured.warnings))
     drifted = sorted(((d, s, k) for s, row in enumerate(drifts) for k, d in row.items() if d > DRIFT_LIMIT), reverse=True)
@@ -149,7 +156,7 @@ def _pool_measured(profiles: Sequence[Profile]):
         )
     rounds = {"count": len(profiles), "drift": drifts,
               "stages": [[{k: getattr(c, k) for k in PASSES if getattr(c, k) is not None} for c in p.stages] for p in profiles]}
-    return first.model_copy(update={"stages": spreads, "warnings": warnings, "rounds": rounds})
+    return updated(first, stages=spreads, warnings=warnings, rounds=rounds)
 
 
 def _median_quartiles(qs: list[Quartiles | None]) -> Quartiles | None:

@@ -1,5 +1,5 @@
-"""Every command against bad input: exit 1 (130 for Ctrl-C), exactly one line on stderr, no
-traceback, and nothing written: the working folder is hashed before and after each case.
+"""Every command against bad input: exit 1 (2 for a usage error, 130 for Ctrl-C), exactly one line
+on stderr, no traceback, and nothing written: the working folder is hashed before and after each case.
 
 Runs ``main(argv)`` in this process (the real entry point, without a process start per case);
 a few cases at the end run the installed command to check what only a process shows (usage
@@ -144,19 +144,12 @@ CASES = [
     (["frontier", *P, "-o", "adir2"], None, "cannot tell the output format"),
     (["show", "good.json", "-o", "chart.gif"], None, "cannot tell the chart format"),
     (["export", "good.json", "--to", "bogus", "-o", "x.csv"], None, "unknown export format"),
-    # usage errors: one line, exit 1
-    (["schedule"], None, "Missing argument 'KIND'"),
-    (["schedule", "1f1b", "-m", "8"], None, "Missing option '--profile'"),
-    (["schedule", "1f1b", "-p", "unit-p4", "-m", "x"], None, "is not a valid integer"),
-    (["solve", *P, "-t", "0"], None, "--time-limit"),
     # a microbatch count no run could hold in memory is refused before any work
     (["schedule", "1f1b", "-p", "unit-p4", "-m", "1000000000"], None, "at most 2,000,000 per iteration"),
     (["schedule", "zb-v", "-p", "unit-p4", "-m", "0"], None, "at least 1"),
     (["solve", "-p", "unit-p4", "-m", "200000", "--no-milp"], None, "2,400,000 passes"),
     (["compare", "-p", "unit-p4", "-m", "10000000"], None, "at most 2,000,000"),
     (["frontier", "-p", "unit-p4", "-m", "10000000"], None, "at most 2,000,000"),
-    (["demo", "-p", "4"], None, "No such option"),
-    (["nosuchcommand"], None, "No such command"),
     (["schedule", "zb-h9", *P], None, "unknown schedule kind"),
     (["profile"], None, "give one of --model"),
     (["profile", "--builtin", "llama"], None, "unknown built-in model"),
@@ -164,14 +157,29 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("args, schedule, words", CASES, ids=[
-    " ".join(a + ([s] if s else [])) for a, s, _ in CASES])
+# usage errors (what typer itself refuses): one line, exit 2. The words are those every typer
+# release in the declared range prints.
+USAGE_CASES: list[tuple[list[str], str | None, str]] = [
+    (["schedule"], None, "Missing argument"),
+    (["schedule", "1f1b", "-m", "8"], None, "Missing option '--profile'"),
+    (["schedule", "1f1b", "-p", "unit-p4", "-m", "x"], None, "valid integer"),
+    (["solve", *P, "-t", "0"], None, "--time-limit"),
+    (["solve"], None, "Missing option"),
+    (["solve", *P, "--bogus"], None, "No such option"),
+    (["demo", "-p", "4"], None, "No such option"),
+    (["nosuchcommand"], None, "No such command"),
+]
+
+
+@pytest.mark.parametrize("args, schedule, words", CASES + USAGE_CASES, ids=[
+    " ".join(a + ([s] if s else [])) for a, s, _ in CASES + USAGE_CASES])
 def test_bad_input_is_one_line_and_writes_nothing(work, capsys, args, schedule, words):
+    expected_code = 2 if (args, schedule, words) in USAGE_CASES else 1
     if schedule is not None:
         args = [args[0], f"{schedule}.json", *args[1:]]
     before = _snapshot(work)
     code, out, err = _run(capsys, *args)
-    assert code == 1, (code, out, err)
+    assert code == expected_code, (code, out, err)
     lines = err.splitlines()
     assert len(lines) == 1 and words in lines[0], err
     assert "Traceback" not in err + out
@@ -287,7 +295,7 @@ def test_stage_extra_fields_are_kept(work):
 # -- as a process ----------------------------------------------------------------------------------
 def test_usage_error_from_the_command_is_one_line(tmp_path):
     r = subprocess.run([*cli_command(), "schedule", "1f1b", "--bogus"], capture_output=True, text=True, cwd=tmp_path)
-    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1 and "No such option" in r.stderr
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "No such option" in r.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -309,8 +317,8 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line(tmp_path):
 
 
 def test_importing_zbsearch_is_cheap_and_every_public_name_resolves():
-    # predict and placement are modules too: importing them must not hide the functions
-    probe = ("import sys, types, zbsearch; print('pydantic' in sys.modules); import zbsearch.predict, zbsearch.placement; "
+    # importing the submodules that hold the public names must not hide any of them
+    probe = ("import sys, types, zbsearch; print('pydantic' in sys.modules); import zbsearch.prediction, zbsearch.layout; "
              "print(not any(isinstance(getattr(zbsearch, n), types.ModuleType) for n in zbsearch.__all__))")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert r.stdout.split() == ["False", "True"]

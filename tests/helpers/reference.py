@@ -15,8 +15,8 @@ from zbsearch.actions import Action, Op
 from zbsearch.dependencies import predecessors
 from zbsearch.errors import ZbError
 from zbsearch.formats.schedule import Schedule
+from zbsearch.layout import placement
 from zbsearch.limits import fits
-from zbsearch.placement import placement
 from zbsearch.simulator import Deadlock
 
 __all__ = [

@@ -84,7 +84,10 @@ def test_rounds_are_pooled_into_the_profile():
     rounds = prof.measured.rounds
     assert rounds["count"] == 3 and len(rounds["stages"]) == 3
     for s, st in enumerate(prof.stages):
-        for k in ("t_f", "t_b", "t_w", "t_bw", "t_ff"):
+        # a first stage's F, B and W are pooled per way its W can run, and rounds may have
+        # taken different ways (tests/profiler/test_first_stage_w.py checks that pooling)
+        ways = s == 0 and prof.measured.stages[0].not_taken is not None
+        for k in ("t_bw", "t_ff") if ways else ("t_f", "t_b", "t_w", "t_bw", "t_ff"):
             assert getattr(st, k) == statistics.median(r[s][k] for r in rounds["stages"])
             assert rounds["drift"][s][k] >= 0
     once = profile_one_device(builtin_gpt(TINY), Settings(warmup=1, repeat=3, rounds=1), link=LINK)

@@ -29,7 +29,7 @@ from zbsearch.actions import Op
 from zbsearch.distributed import run_local
 from zbsearch.formats.edit import updated
 from zbsearch.formats.trace import load_trace, save_trace
-from zbsearch.placement import placement
+from zbsearch.layout import placement
 from zbsearch.runtime import (
     EmulatedStage,
     PipelineError,

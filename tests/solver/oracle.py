@@ -80,7 +80,7 @@ from zbsearch import CostModel, Profile, StageCost
 from zbsearch.actions import Action, Op
 from zbsearch.dependencies import predecessors
 from zbsearch.formats.schedule import Schedule
-from zbsearch.placement import placement
+from zbsearch.layout import placement
 from zbsearch.simulator import Deadlock, simulate
 from zbsearch.validator import find_problem
 

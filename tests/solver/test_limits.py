@@ -17,8 +17,8 @@ from zbsearch.bounds import memory_span_lower_bound, rank_chain_span_lower_bound
 from zbsearch.classic import KINDS
 from zbsearch.classic.zb_v import zb_v
 from zbsearch.compare import SOLVED_KINDS, compare
+from zbsearch.layout import placement
 from zbsearch.limits import parse_memory_limit
-from zbsearch.placement import placement
 from zbsearch.simulator import simulate
 from zbsearch.solver import frontier, solve
 from zbsearch.solver.heuristic import candidate_policies, list_schedule

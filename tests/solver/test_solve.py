@@ -192,7 +192,7 @@ def test_cli_frontier_json(tmp_path):
 
 
 def test_plain_list_policy_gives_a_valid_v_schedule_under_a_limit():
-    from zbsearch.placement import placement
+    from zbsearch.layout import placement
     from zbsearch.solver.heuristic import Policy, list_schedule
 
     prof = make_profile(4, stages=[(1.0, 1.2, 0.6), (1.5, 1.6, 0.8), (1.0, 1.0, 0.5), (2.0, 2.0, 1.0)])

@@ -1,8 +1,10 @@
 """zbsearch command line: parse arguments, call the library, print.
 
-Every user error surfaces as a ZbError and is printed as one line with exit status 1, and so
-are usage errors (click's multi-line box is replaced in ``main``); Ctrl-C prints "interrupted"
-and exits 130. Anything else is a bug and keeps its traceback.
+Every user error surfaces as a ZbError and is printed as one line with exit status 1; usage
+errors (an unknown option, a missing or malformed value) are one line with exit status 2, in
+place of typer's multi-line box (``main``); Ctrl-C prints "interrupted" and exits 130. Anything
+else is a bug and keeps its traceback. Only typer's public API is used, so the same code runs
+on typer releases that use click and on those that carry their own copy of it.
 
 One rule for inputs, in ``_load_schedule``: a schedule that does not validate is refused unless
 ``--force``; a profile given with ``--profile`` must fit the schedule's stages
@@ -18,7 +20,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -276,12 +277,30 @@ def _progress(bar, task):
     return update
 
 
+class _NoProgress:
+    """Stands in for the progress line where stderr is not a terminal: prints nothing at all
+    (a disabled rich Progress still writes an empty line on some rich releases)."""
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def add_task(self, *args, **kwargs) -> int:
+        return 0
+
+    def update(self, *args, **kwargs) -> None:
+        return None
+
+
 def _spinner():
     """The progress line of the long-running commands (on a terminal only), on stderr."""
+    if not err.is_terminal:
+        return _NoProgress()
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True,
-                    disable=not err.is_terminal)
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True)
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -537,7 +556,7 @@ def profile(
 
 def _pieces(placement: str, pieces: int) -> list[int]:
     """piece -> rank for 2 pieces per rank in a V or looped (interleaved) placement."""
-    from zbsearch.placement import placement as layout
+    from zbsearch.layout import placement as layout
 
     if placement not in ("v", "interleaved"):
         raise ZbError(f"--placement {placement!r}: use v or interleaved")
@@ -604,20 +623,44 @@ def demo(
     err.print(f"wrote {', '.join(str(f) for f in run.files)}", highlight=False, soft_wrap=True)
 
 
+def _usage_error_classes() -> tuple[type[Exception], type[Exception]]:
+    """typer's usage-error class and the base of its command-line errors. Both are bases of the
+    public ``typer.BadParameter``: click's classes where typer uses click, its own copy where
+    typer carries one, so they are found from it rather than imported from either."""
+    bases = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+    return bases["UsageError"], bases["ClickException"]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"zbsearch {zb.__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print the version and exit"),
+) -> None:
+    """Zero Bubble pipeline-parallel schedules: build, simulate, validate, compare, solve, replay."""
+
+
 def main(argv: list[str] | None = None) -> None:
+    """Run the command line on ``argv`` (default: the process's arguments) and exit."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args:  # bare ``zbsearch``: the help, exit 0
+        args = ["--help"]
+    usage_error, cli_error = _usage_error_classes()
     try:
-        code = app(args=argv, prog_name="zbsearch", standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError as e:  # bare ``zbsearch`` (or a group): the help
-        sys.stdout.write(e.ctx.get_help() + "\n")
-        raise SystemExit(0) from None
-    except click.UsageError as e:
-        hint = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
-        _fail(f"error: {e.format_message()}{hint}")
-    except click.ClickException as e:  # e.g. an unreadable file argument
-        _fail(f"error: {e.format_message()}")
+        code = app(args=args, prog_name="zbsearch", standalone_mode=False)
+    except usage_error as e:
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        _fail(f"error: {e.format_message()}{hint}", 2)  # type: ignore[attr-defined]
+    except cli_error as e:  # e.g. an unreadable file argument
+        _fail(f"error: {e.format_message()}")  # type: ignore[attr-defined]
     except ZbError as e:
         _fail(f"error: {e}")
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, typer.Abort):
         _fail("interrupted", 130)
     if code == 130:  # typer turns Ctrl-C inside a command into Exit(130), returned here
         _fail("interrupted", 130)

@@ -16,8 +16,8 @@ from ..costs import CostModel
 from ..errors import ZbError
 from ..formats.profile import Profile
 from ..formats.schedule import Schedule
-from ..placement import Layout, placement
-from ..predict import with_prediction
+from ..layout import Layout, placement
+from ..prediction import with_prediction
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
 from .one_f_one_b import one_f_one_b, one_f_one_b_split

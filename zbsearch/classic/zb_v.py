@@ -57,7 +57,7 @@ from ..actions import Action, Op
 from ..costs import CostModel
 from ..dependencies import input_arrival, type_graph
 from ..errors import ZbError
-from ..placement import placement
+from ..layout import placement
 
 _EPS = 1e-9
 

@@ -31,7 +31,7 @@ from .fileio import read_model, write_model
 
 __all__ = [
     "StageCost", "Quartiles", "WayNotTaken", "StageSpread", "Measurement", "Links", "Profile",
-    "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES", "profile_misfit",
+    "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES", "profile_misfit", "pass_time_fields",
 ]
 
 # Relative tolerance for "m_f + m_b + m_w ~ 0" (measured allocator deltas are noisy).
@@ -54,7 +54,11 @@ def _finite_in(v: float, limit: float) -> float:
 
 
 class StageCost(BaseModel):
-    """One stage's pass times and memory deltas; extra fields (measurement details) are kept."""
+    """One stage's pass times and memory deltas; extra fields (measurement details) are kept.
+
+    Fields named ``t_*`` are pass times in ms and ``m_*`` memory deltas: code that treats every
+    pass time alike (pooling rounds, drift) finds them by that prefix (``pass_time_fields``).
+    """
 
     model_config = ConfigDict(extra="allow")
 
@@ -102,7 +106,16 @@ class StageCost(BaseModel):
         return self
 
 
+def pass_time_fields() -> tuple[str, ...]:
+    """The names of ``StageCost``'s pass times, the required ones first (t_f, t_b, t_w, ...)."""
+    fields = StageCost.model_fields
+    times = [name for name in fields if name.startswith("t_")]
+    return tuple(sorted(times, key=lambda name: not fields[name].is_required()))
+
+
 class Quartiles(BaseModel):
+    """A measured time's median, first and third quartile (ms), and its mean where recorded."""
+
     median: float
     q1: float
     q3: float
@@ -277,29 +290,35 @@ class Profile(BaseModel):
         return self.model_copy(update={"t_send": None, "t_recv": None})
 
 
-def load_profile(path: str | os.PathLike) -> Profile:
-    return read_model(Profile, path)
-
-
-def save_profile(profile: Profile, path: str | os.PathLike) -> None:
-    write_model(profile, path)
-
-
 # Shipped inside the package (package data), so a wheel install has them too.
 BUNDLED_PROFILES = Path(str(resources.files("zbsearch") / "profiles"))
 
 
-def resolve_profile(name_or_path: str | os.PathLike) -> Profile:
-    """Load a profile from a path, or by name from the bundled ``zbsearch/profiles/`` folder."""
+def load_profile(name_or_path: str | os.PathLike) -> Profile:
+    """A profile from a JSON file, or by name from the profiles bundled with zbsearch
+    (``load_profile("1.5b-m24")``), as every command's ``--profile`` takes it.
+
+    Raises:
+        ZbError: no such file or bundled name, or a file that is not a valid profile.
+    """
     p = Path(name_or_path)
     if p.exists() or p.suffix == ".json" or len(p.parts) > 1:
-        return load_profile(p)
+        return read_model(Profile, p)
     bundled = sorted(BUNDLED_PROFILES.rglob("*.json"))
     matches = [x for x in bundled if x.stem == p.name]  # an exact name, never a glob
     if not matches:
         known = ", ".join(sorted(x.stem for x in bundled)) or "none"
         raise ZbError(f"no profile file {str(p)!r} and no bundled profile of that name (bundled: {known})")
-    return load_profile(matches[0])
+    return read_model(Profile, matches[0])
+
+
+# the name the command line has always used for load_profile
+resolve_profile = load_profile
+
+
+def save_profile(profile: Profile, path: str | os.PathLike) -> None:
+    """Write ``profile`` as JSON to ``path`` (atomically: a failed write leaves no partial file)."""
+    write_model(profile, path)
 
 
 def profile_misfit(profile_stages: int, num_stages: int, num_ranks: int) -> str | None:

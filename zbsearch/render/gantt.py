@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..actions import Action, Op, parse_action
 from ..formats.schedule import Schedule
-from ..predict import timeline
+from ..prediction import timeline
 from ..simulator import bubble_rate
 
 __all__ = [

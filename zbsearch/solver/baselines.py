@@ -20,8 +20,8 @@ from ..classic import KINDS
 from ..costs import CostModel
 from ..errors import ZbError
 from ..formats.profile import Profile
+from ..layout import placement
 from ..limits import parse_memory_limit
-from ..placement import placement
 from ..simulator import Timeline
 from .problem import Objective, Problem
 

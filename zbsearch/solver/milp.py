@@ -56,6 +56,14 @@ _INF = float("inf")
 _DUAL_MARGIN = 1e-6
 
 
+def _variable(lp: pulp.LpProblem, name: str, low: float | None, up: float | None, cat: str = pulp.LpContinuous):
+    """A new variable of ``lp``: PuLP 3.3 and later make it through the problem (and deprecate
+    free-standing variables), earlier releases only know free-standing ``LpVariable``."""
+    if hasattr(lp, "add_variable"):
+        return lp.add_variable(name, low, up, cat)
+    return pulp.LpVariable(name, low, up, cat)
+
+
 class _HiGHS(pulp.HiGHS):
     """PuLP's HiGHS interface plus a full warm-start solution and the MIP dual bound."""
 
@@ -288,13 +296,13 @@ class _WindowModel:
         tl, lp = self.tl, pulp.LpProblem("window", pulp.LpMinimize)
         self.lp = lp
         name = {k: f"s{k[0]}_{k[1]}" for k in self.passes}
-        self.start = {k: lp.add_variable(name[k], self.earliest[k], self.latest_end[k] - self.dlo(k)) for k in self.passes}
+        self.start = {k: _variable(lp, name[k], self.earliest[k], self.latest_end[k] - self.dlo(k)) for k in self.passes}
         rest = self.rest[None]
-        self.z = lp.add_variable("z", rest if rest > _NEG else None, self.value + self.slack)
+        self.z = _variable(lp, "z", rest if rest > _NEG else None, self.value + self.slack)
         self.warm_start = {name[k]: tl.start[k[0]][k[1]] for k in self.passes}
         self.warm_start["z"] = self.value
         # the start of each rank whose first pass is in the window
-        self.rank_start = {r: lp.add_variable(f"t{r}", 0.0, self.horizon) for r, o in enumerate(self.off) if o is None}
+        self.rank_start = {r: _variable(lp, f"t{r}", 0.0, self.horizon) for r, o in enumerate(self.off) if o is None}
         self.warm_start.update({f"t{r}": tl.start[r][0] for r in self.rank_start})
 
     def add_objective(self) -> None:
@@ -373,7 +381,7 @@ class _WindowModel:
                 lp += start[(r, i)] >= start[(r, k)] + dur((r, k))
                 before[i].append((k, 1))
             else:
-                v = lp.add_variable(f"o{r}_{i}_{k}", 0, 1, pulp.LpBinary)  # 1: i before k
+                v = _variable(lp, f"o{r}_{i}_{k}", 0, 1, pulp.LpBinary)  # 1: i before k
                 self.warm_start[v.name] = 1.0 if (tl.start[r][i], i) < (tl.start[r][k], k) else 0.0
                 self.binaries += 1
                 m1 = latest[(r, i)] - earliest[(r, k)]
@@ -518,7 +526,7 @@ class _ChoiceModel(_WindowModel):
         self.u = {}
         for s in sorted(self.choice):
             for j in range(self.problem.num_microbatches):
-                self.u[(s, j)] = lp.add_variable(f"u{s}_{j}", 0, 1, pulp.LpBinary)
+                self.u[(s, j)] = _variable(lp, f"u{s}_{j}", 0, 1, pulp.LpBinary)
                 self.warm_start[f"u{s}_{j}"] = 1.0 if (s, j) in self.fused0 else 0.0
         for k in self.passes:
             if self.chosen(k):  # the time bounds took the least duration: the end must still fit

@@ -32,9 +32,9 @@ from ..errors import ZbError
 from ..formats.edit import updated
 from ..formats.profile import Profile
 from ..formats.schedule import Schedule, SolverInfo
+from ..layout import placement
 from ..limits import parse_memory_limit
-from ..placement import placement
-from ..predict import with_prediction
+from ..prediction import with_prediction
 from ..simulator import Timeline
 from ..validator import validate
 from .baselines import Baseline, classic_baselines
