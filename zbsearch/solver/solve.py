@@ -42,11 +42,11 @@ from .feasibility import check_limit
 from .heuristic import Policy, candidate_policies, list_schedule, refine_waits, sequential_schedule
 from .local_search import local_search
 from .problem import Objective, Problem
+from .verdict import CLOSED as _CLOSED
+from .verdict import decide_status
 
 __all__ = ["SolverInfo", "SolveResult", "Progress", "progress_text", "solve", "uniform_profile", "solver_placement"]
 
-# Gap below which a schedule counts as optimal (float noise in sums of pass times).
-_CLOSED = 1e-6
 # Problems up to this many passes get the exact MILP first: it can prove optimality.
 _EXACT_PASSES = 120
 # Shares of the time left that the local search over orders may take: after the construction
@@ -370,7 +370,7 @@ def solve(
             if b.value < value:
                 construction, rows, tl, value, place, chosen_limit = b.kind, b.rows, b.timeline, b.value, b.stage_to_rank, b.limit
     gap = max(0.0, value / bound - 1) if bound > 0 else 0.0
-    status = "optimal" if gap <= _CLOSED else ("time_limit" if hit_limit else "feasible")
+    status = decide_status(gap, hit_limit)
     fused = sum(a.op is Op.BW for row in rows for a in row)
     info = SolverInfo(
         method=method, construction=construction, objective=objective, status=status, value=value,
