@@ -85,6 +85,7 @@ def test_schedules_are_valid_never_beat_the_mixed_optimum_and_the_classic_ones(v
     for _, _, v in verdicts:
         assert v.problem is None
         assert not v.below_optimum, (v.value, v.optimum)  # else the oracle missed a schedule
+        assert not v.classic or v.value <= min(v.classic.values()) * (1 + TOL)
 
 
 def test_the_local_search_reaches_mixed_optima(verdicts):
