@@ -61,6 +61,8 @@ class SolverInfo(BaseModel):
                                      "(non-FIFO included) improved the schedule")
     classic: dict[str, float] = Field(default_factory=dict, description="the objective of each classic "
                                       "schedule within the memory limit (the solver's candidates; older files lack it)")
+    classic_not_built: list[str] = Field(default_factory=list, description="classic kinds not built for want of "
+                                         "time (the time limit): not compared")
     fused_backwards: int = Field(0, description="backwards the schedule runs fused (one BW pass)")
     split_backwards: int = Field(0, description="backwards the schedule runs split (a B, then a W)")
 

@@ -7,12 +7,15 @@ ZB-H2; with two, ZB-V on the solver's V placement and interleaved 1F1B on its ow
 placement, whose schedules the solver's search does not range over: it stays a candidate as
 it is. A kind is left out where it does not apply (interleaved 1F1B needs m to be a multiple
 of p), where the profile's pieces were measured for another placement, or where its memory
-exceeds the limit (each placement's limit: ``<x>p`` counts that placement's M_B).
+exceeds the limit (each placement's limit: ``<x>p`` counts that placement's M_B). Each costs a
+build and a simulation, which at the largest sizes and shortest time limits may not fit: a
+kind not built in time is named, never silently left out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ..actions import Action
@@ -45,20 +48,29 @@ class Baseline:
 
 def classic_baselines(
     profile: Profile, m: int, mem_limit: str | Sequence[float] | None, chunks: int, objective: Objective,
-    deadline: float | None = None, built: dict[str, list[list[Action]]] | None = None,
-) -> list[Baseline]:
-    """Each classic kind for ``chunks`` that applies and fits ``mem_limit`` (text as the user
-    wrote it, per-rank values, or None), timed; ``built``: rows of kinds already built on their
-    placement (reused), ``deadline``: for kinds that repeat their construction (ZB-V)."""
-    out = []
+    deadline: float | None = None, until: float | None = None,
+    built: dict[str, tuple[list[list[Action]], Timeline | None]] | None = None, skip: Collection[str] = (),
+) -> tuple[list[Baseline], list[str]]:
+    """Each classic kind for ``chunks`` (but those in ``skip``) that applies and fits
+    ``mem_limit`` (text as the user wrote it, per-rank values, or None), timed, and the kinds
+    not built because ``until`` (a ``time.monotonic()`` instant) had passed. ``built``: kinds
+    already built on their placement under these costs, with their timelines where simulated
+    (None: over the limit); ``deadline``: for kinds that repeat their construction (ZB-V)."""
+    out, late = [], []
     for kind in CLASSIC_BY_CHUNKS.get(chunks, ()):
+        if kind in skip:
+            continue
+        done = built.get(kind) if built else None
+        if done is None and until is not None and time.monotonic() > until:
+            late.append(kind)
+            continue
         spec = KINDS[kind]
         stage_to_rank = placement(profile.num_ranks, spec.chunks, spec.layout)
         if profile.placement is not None and profile.placement != stage_to_rank:
             continue  # pieces measured for another placement
         try:
             cost = CostModel.from_profile(profile, stage_to_rank)
-            rows = built[kind] if built and kind in built else spec.build_by(cost, m, deadline)
+            rows = done[0] if done is not None else spec.build_by(cost, m, deadline)
         except ZbError:
             continue  # the kind does not apply here (e.g. m not a multiple of p)
         if mem_limit is None or isinstance(mem_limit, str):
@@ -66,8 +78,12 @@ def classic_baselines(
         else:
             limit = list(mem_limit)
         problem = Problem(cost, m, tuple(limit) if limit is not None else None, objective)
-        if not problem.fits_order(rows):
+        if done is not None and done[1] is not None:
+            value, tl = problem.value(done[1]), done[1]
+        elif not problem.fits_order(rows):
             continue
-        value, tl = problem.evaluate(rows)
-        out.append(Baseline(kind, value, rows, stage_to_rank, tl, limit))
-    return out
+        else:
+            value, tl = problem.evaluate(rows)
+        if problem.fits(tl):
+            out.append(Baseline(kind, value, rows, stage_to_rank, tl, limit))
+    return out, late

@@ -126,7 +126,7 @@ def _same(rows: list[list[Action]]) -> list[list[Action]]:
 def _construct(
     problem: Problem, deadline: float, hard: float, start=None, keep: int = 3, grid: float | None = None,
     report: Callable[[float], None] | None = None, target: float = float("-inf"),
-    built: dict[str, list[list[Action]]] | None = None,
+    built: dict[str, tuple[list[list[Action]], Timeline | None]] | None = None,
 ) -> tuple[str, list[list[Action]], Timeline, float, list[list[list[Action]]]]:
     """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
     by their own timing, only the best few simulated; the best ``_REFINED`` structures with
@@ -142,7 +142,7 @@ def _construct(
     schedule reaches ``target`` (a lower bound: nothing better exists). Also returns the runners-up (up to
     ``_STARTS - 1``: the best simulated candidate within the limit of each other origin, best
     first): further starts for the local search. ``built`` receives the classic schedules it
-    built, by kind."""
+    built, by kind, with their timelines where it simulated them (None: over the limit)."""
     found: list[tuple[float, str, list[list[Action]], Policy]] = []
     began = time.monotonic()
     for policy in candidate_policies(problem):
@@ -194,12 +194,14 @@ def _construct(
             break
         rows = build()
         if origin == "classic" and built is not None:
-            built[name] = rows
+            built[name] = (rows, None)
         if not problem.fits_order(rows):
             continue  # over the limit (e.g. ZB-H2 at 1p): no need to time it
         tick = time.monotonic()
         value, tl = problem.evaluate(rows)
         sim_s = max(sim_s, time.monotonic() - tick)
+        if origin == "classic" and built is not None:
+            built[name] = (rows, tl)
         if problem.fits(tl):
             timed.append((value, name, rows, tl, origin))
     assert timed  # the sequential schedule fits every limit check_limit accepts
@@ -274,7 +276,7 @@ def solve(
         if not uniform_costs:  # else the value is on other costs than the bound's
             report("constructing", v)
 
-    built: dict[str, list[list[Action]]] = {}
+    built: dict[str, tuple[list[list[Action]], Timeline | None]] = {}
     if milp:
         construction, rows, tl, sim_s, others = _construct(search, min(hard, t0 + time_limit / 3), hard, start,
                                                            report=building, target=target(), built=built)
@@ -282,9 +284,14 @@ def solve(
         construction, rows, tl, sim_s, others = _construct(search, hard, hard, start, report=building, target=target(),
                                                            grid=min(hard, t0 + time_limit * 2 / 3), built=built)
     value, tl = (true.value(tl), tl) if not uniform_costs else true.evaluate(rows)
-    # The classic schedules within the limit, on the true costs: candidates, and what to beat.
-    baselines = classic_baselines(profile, m, spec if spec is not None else limit, chunks, objective,
-                                  deadline=min(hard, t0 + time_limit / 3), built=None if uniform_costs else built)
+    # The classic schedules within the limit, on the true costs: candidates, and what to beat
+    # (those the construction built are reused). Each new one costs a build and a simulation:
+    # one is started only while as long as three simulations is left before the end's reserve.
+    # 1F1B is left out where splitting loses nothing: 1F1B with split backwards is never longer.
+    baselines, not_built = classic_baselines(
+        profile, m, spec if spec is not None else limit, chunks, objective, deadline=min(hard, t0 + time_limit / 3),
+        until=deadline - 5 * sim_s, built=None if uniform_costs else built,
+        skip=() if cost.fusing_may_pay() else ("1f1b",))
     for b in baselines:
         if b.stage_to_rank == stage_to_rank and b.value < value:
             construction, rows, tl, value = b.kind, b.rows, b.timeline, b.value
@@ -377,7 +384,7 @@ def solve(
         lower_bound=bound, gap=gap, time_s=round(time.monotonic() - t0, 3), time_limit_s=time_limit,
         memory_limit=spec if spec is not None else (None if limit is None else "per rank"),
         uniform_costs=uniform_costs, milp_windows=windows, milp_improvements=improvements,
-        search_improvements=searched, classic={b.kind: b.value for b in baselines},
+        search_improvements=searched, classic={b.kind: b.value for b in baselines}, classic_not_built=not_built,
         fused_backwards=fused, split_backwards=sum(a.op is Op.B for row in rows for a in row),
     )
     sched = Schedule.build(_kind(rows, baselines, place, fused, chunks, spec), profile, m, place, rows,

@@ -68,8 +68,11 @@ def explain(schedule: Schedule, info: SolverInfo) -> list[str]:
                        f"{kind} ({what} {best:.6g} ms)")
         else:
             out.append(f"as long as the best classic schedule within the limit, {kind} ({what} {best:.6g} ms)")
-    else:
+    elif not info.classic_not_built:
         out.append("no classic schedule fits the memory limit")
+    if info.classic_not_built:
+        out.append(f"not compared (no time left to build them): {', '.join(info.classic_not_built)}; "
+                   "a longer --time-limit builds them")
     cost = CostModel.from_profile(schedule.profile, schedule.stage_to_rank)
     fused, split = info.fused_backwards, info.split_backwards
     ratio = _ratios(cost)
