@@ -12,12 +12,13 @@ the best classic schedule within the limit. Generated instances have t_bw below 
 from __future__ import annotations
 
 import random
+import time
 from decimal import Decimal
 
 import pytest
 
 from tests.helpers import make_profile
-from zbsearch import CostModel, build_classic, find_problem, timeline
+from zbsearch import CostModel, Schedule, build_classic, find_problem, timeline
 from zbsearch.actions import Op
 from zbsearch.formats.edit import updated
 from zbsearch.solver import Problem, gap_text, solve
@@ -158,6 +159,52 @@ def test_solve_is_never_worse_than_the_best_classic_schedule(ratio):
     for limit in ("1p", "2p"):
         res = solve(prof, 8, limit, time_limit=1, milp=False)
         assert res.info.classic and res.info.value <= min(res.info.classic.values()) * (1 + TOL)
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_fused_list_policies_give_valid_schedules_timed_as_the_simulator_does(chunks):
+    from zbsearch.layout import placement
+    from zbsearch.solver.heuristic import candidate_policies, list_schedule
+
+    rng = random.Random(chunks)
+    prof = make_profile(4, stages=[(rng.uniform(0.5, 1.5), rng.uniform(0.8, 1.6), rng.uniform(0.5, 1.2)) for _ in range(4)],
+                        t_comm=0.05)
+    prof = updated(prof, stages=[updated(s, t_bw=0.7 * (s.t_b + s.t_w), t_ff=0.95 * s.t_f) for s in prof.stages])
+    stage_to_rank = placement(4, chunks, "v")
+    cost = CostModel.from_profile(prof, stage_to_rank)
+    built = 0
+    for limit in (1.0, 2.0):
+        problem = Problem(cost, 8, tuple(limit * 4 * cost.activation_unit(r) for r in range(4)))
+        for policy in [q for q in candidate_policies(problem) if q.fuse >= 0][:9]:
+            out = list_schedule(problem, policy)
+            if out is None:
+                continue
+            rows, own = out
+            value, tl = problem.evaluate(rows)
+            assert value <= own * (1 + 1e-9)  # the scheduler's own timing, never below the simulator's
+            assert problem.fits(tl)
+            sched = Schedule.build("x", prof, 8, stage_to_rank, rows, memory_limit=list(problem.limit))
+            assert find_problem(sched) is None
+            built += any(a.op is Op.BW for row in rows for a in row)
+    assert built
+
+
+def test_milp_windows_keep_mixed_schedules_valid_and_no_worse():
+    from zbsearch.solver.heuristic import candidate_policies, list_schedule
+    from zbsearch.solver.milp import improve
+
+    prof = _cpu_like(3)
+    cost = CostModel.from_profile(prof, [0, 1, 2])
+    problem = Problem(cost, 6, tuple(2 * 3 * cost.activation_unit(r) for r in range(3)))
+    policy = next(q for q in candidate_policies(problem) if q.fuse == 1.0)
+    rows = list_schedule(problem, policy)[0]
+    rows = [row[:] for row in rows]
+    assert any(a.op is Op.BW for row in rows for a in row) and any(a.op is Op.W for row in rows for a in row)
+    before = problem.evaluate(rows)[0]
+    new, stats = improve(problem, rows, time.monotonic() + 2.0)
+    value, tl = problem.evaluate(new)
+    assert stats.windows and value <= before * (1 + 1e-9) and problem.fits(tl)
+    assert find_problem(Schedule.build("x", prof, 6, [0, 1, 2], new, memory_limit=list(problem.limit))) is None
 
 
 def test_profiles_without_t_bw_get_split_schedules_and_the_split_bound():

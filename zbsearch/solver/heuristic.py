@@ -252,7 +252,7 @@ class _ListScheduler:
             end = apply(r, t, decision)
             for r2, delay in wakes[decision]:
                 heapq.heappush(heap, (max(free[r2], end + delay), r2))
-            remaining -= 1
+            remaining -= 2 if self.rows[r][-1].op is Op.BW else 1  # a BW does its W too
             heapq.heappush(heap, (end, r))
         if self.objective == "span":
             return self.rows, max(f - s for f, s in zip(self.free, self.first))
