@@ -50,7 +50,8 @@ class SolverInfo(BaseModel):
     lower_bound: float = Field(description="bound_under_limit: lower bound on the objective over every schedule "
                                "within the memory limit on the solver's placement, each backward fused or split, "
                                "and over the classic schedules on theirs (printed by solve, frontier)")
-    gap: float = Field(description="value / bound_under_limit - 1; status 'optimal' when it is at most 1e-6")
+    gap: float = Field(description="value / bound_under_limit - 1; status 'optimal' when it is at most 2e-6 "
+                       "(float noise and the MILP's tolerances)")
     time_s: float
     time_limit_s: float
     memory_limit: str | None

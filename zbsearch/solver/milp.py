@@ -477,13 +477,15 @@ class _ChoiceModel(_WindowModel):
     end, whose memory change happens there (a BW's memory changes at once); split, they are
     the B and the W. Durations are affine in u; time bounds and big-M constants use the least.
 
-    FIFO loses nothing in the idle relaxation here as well (``problem``) if F costs the same
-    either way: relabelling two microbatches swaps their backward work and its choices with
-    it, and the split W passes of a stage can be sorted among themselves. So with ``relaxed``
-    every F costs min(t_f, t_ff) (the caller's cost model) and the model is a relaxation of
-    every split, fused or mixed schedule, its dual bound a lower bound for all of them. The
-    forward and backward chains keep microbatch order; the W passes of a stage keep it among
-    the split ones only (a fused one sits at its BW's end, wherever that is).
+    FIFO loses nothing in the idle relaxation here as well (``problem``) once an F's price is
+    not tied to its own microbatch's choice: relabelling two microbatches on their backward work
+    (which sorts the backwards) swaps that work and its choices but not their earlier forwards.
+    So with ``relaxed`` each F has its own binary a (it costs t_ff, else t_f), and on each stage
+    as many F cost t_ff as backwards are fused: relabelling keeps both counts, so every split,
+    fused or mixed schedule maps onto a FIFO solution of this model, whose dual bound is then a
+    lower bound for all of them. The forward and backward chains keep microbatch order; the W
+    passes of a stage keep it among the split ones only (a fused one sits at its BW's end,
+    wherever that is).
 
     Without ``relaxed`` (span): each rank starts as soon as microbatch 0's forwards reach it,
     an affine expression in their choices, and F costs t_ff where fused: the best FIFO order
@@ -512,9 +514,10 @@ class _ChoiceModel(_WindowModel):
     def duration(self, k: Key):
         x = self.rows[k[0]][k[1]]
         split = self.cost_of(x, False)
-        if x.stage not in self.choice:
+        other = self.cost_of(x, True) - split
+        if x.stage not in self.choice or other == 0:
             return split
-        return split + (self.cost_of(x, True) - split) * self.u[(x.stage, x.mb)]
+        return split + other * (self.a if x.op is Op.F else self.u)[(x.stage, x.mb)]
 
     def dlo(self, k: Key) -> float:
         x = self.rows[k[0]][k[1]]
@@ -524,10 +527,20 @@ class _ChoiceModel(_WindowModel):
         super().add_variables()
         lp, start, c = self.lp, self.start, self.problem.cost
         self.u = {}
+        m = self.problem.num_microbatches
         for s in sorted(self.choice):
-            for j in range(self.problem.num_microbatches):
+            for j in range(m):
                 self.u[(s, j)] = _variable(lp, f"u{s}_{j}", 0, 1, pulp.LpBinary)
                 self.warm_start[f"u{s}_{j}"] = 1.0 if (s, j) in self.fused0 else 0.0
+        # which forwards cost t_ff: their own microbatch's choice, or (relaxed) as many per stage
+        self.a = self.u
+        if not self.asap:
+            self.a = {}
+            for s in sorted(x for x in self.choice if c.t_ff[x] != c.t_f[x]):
+                for j in range(m):
+                    self.a[(s, j)] = _variable(lp, f"a{s}_{j}", 0, 1, pulp.LpBinary)
+                    self.warm_start[f"a{s}_{j}"] = self.warm_start[f"u{s}_{j}"]
+                lp += pulp.lpSum(self.a[(s, j)] for j in range(m)) == pulp.lpSum(self.u[(s, j)] for j in range(m))
         for k in self.passes:
             if self.chosen(k):  # the time bounds took the least duration: the end must still fit
                 lp += start[k] + self.duration(k) <= self.latest_end[k]
@@ -687,22 +700,17 @@ def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed
 
     Where fusing may pay (``_choice_stages``) each backward there is fused or split as the
     model chooses (``_ChoiceModel``); elsewhere a BW is split into B then W, which loses
-    nothing. With ``relaxed`` every F costs min(t_f, t_ff), which the relabelling needs."""
+    nothing."""
     cost = problem.cost
-    if relaxed and cost.fusing_may_pay():
-        fwd = tuple(cost.forward(s) for s in range(cost.num_stages))
-        model_problem = replace(problem, cost=replace(cost, t_f=fwd, t_ff=fwd))
-    else:
-        model_problem = problem
-    choice = _choice_stages(model_problem.cost)
+    choice = _choice_stages(cost)
     rows = _fifo(problem, _split(rows, set(range(cost.num_stages)) - choice))
     _, tl = problem.evaluate(rows)
     if not choice:
-        res = solve_window(model_problem, rows, tl, 0.0, _INF, _INF, time_limit, secondary=False, relaxed=relaxed)
+        res = solve_window(problem, rows, tl, 0.0, _INF, _INF, time_limit, secondary=False, relaxed=relaxed)
     else:
         fused = {(x.stage, x.mb) for row in rows for x in row if x.op is Op.BW}
         form = _split_form(tl)
-        model = _ChoiceModel(model_problem, form.actions, form, fused, choice, relaxed)
+        model = _ChoiceModel(problem, form.actions, form, fused, choice, relaxed)
         res = model.solve(time_limit) if _build(model) else None
     if res is not None and not problem.fits_order(res.rows):
         # HiGHS's feasibility tolerance lets a memory row slip (a peak of 1.00000003 under 1.0):
