@@ -20,10 +20,10 @@ t_b + t_w, and the forward of that microbatch costs ``t_ff``: the runtime runs i
 deferral a split backward needs (``forward_pass(split=False)``), a few percent cheaper than t_f.
 So what an F costs depends on the schedule, not only on its type: ``durations`` is the one
 place that prices a concrete schedule's actions (the simulator and the pass-time comparison
-call it; emulated stages sleep t_ff exactly where the runtime runs such a forward). The solver's
-own schedules are split only, so ``time`` prices them. A schedule may run a microbatch either
-way, so anything that must hold for every schedule (busy time, lower bounds) takes the cheaper
-of the two for F and for the backward (``for_bounds``).
+call it; emulated stages sleep t_ff exactly where the runtime runs such a forward; the solver's
+searches price the fused and split backwards they choose the same way). A schedule may run a
+microbatch either way, so anything that must hold for every schedule (busy time, lower bounds)
+takes the cheaper of the two for F and for the backward (``for_bounds``).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ passes that start in [t1, t2) in the current schedule, a contiguous part of the 
   are max-plus linear in the window's end times, so the objective is exactly
   ``max(C, max_x E_x + tail(x))`` over window passes x, with tails and C from one pass over the
   rest of the schedule (``_tails``). No variable is spent on them.
-* Inside the window, passes of one (stage, op) keep their order (FIFO in the exact model, which
-  loses nothing in the idle relaxation, see ``problem``). Two passes of different chains get an order binary only when neither a
+* Inside the window, passes of one chain (a stage's forwards, its backwards, B or fused BW,
+  or its W passes) keep their order (FIFO in the exact model, which loses nothing in the idle
+  relaxation, see ``problem``). Two passes of different chains get an order binary only when neither a
   dependency nor their distance in the current schedule (more than ``band``) fixes their
   order, and a pass is linked only to the nearest fixed pass of each other chain: the chain
   order implies the rest.
@@ -25,7 +26,8 @@ The current schedule is the warm start (HiGHS gets it as a full solution), so a 
 returns anything worse, and the result is re-simulated before it is accepted. With the
 window covering the whole schedule and no band, each rank's span measured from its first pass
 (a variable), the model is the exact idle relaxation and HiGHS's dual bound, less a margin for
-its tolerances, is a lower bound for every schedule (``exact``).
+its tolerances, is a lower bound for every schedule (``exact``). Windows keep each backward
+fused or split as it is; the exact model chooses, where fusing may pay (``_ChoiceModel``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,28 @@
 """``solve``: the least-bubble schedule under a memory limit, with an honest gap.
 
-1. Construct: every ``candidate_policies`` list schedule, the best few of them with their wait
-   knobs refined (``refine_waits``), plus the classic and sequential ones, on the true
-   per-stage costs (or, with ``uniform_costs``, on their median across stages as the paper's
-   scheduler does, to show what per-stage costs buy). The best few by their own timing are
-   simulated and the best kept.
+Each microbatch's backward on each stage may run fused (one BW) or split (B, then W later);
+where a fused one costs less (``CostModel.fusing_may_pay``) every phase ranges over both.
+
+1. Construct: every ``candidate_policies`` list schedule (split, and where fusing pays fused
+   but for a cool-down tail), the best few of them with their wait knobs refined
+   (``refine_waits``), plus the classic and sequential ones, on the true per-stage costs (or,
+   with ``uniform_costs``, on their median across stages as the paper's scheduler does, to show
+   what per-stage costs buy). The best few by their own timing are simulated and the best
+   kept. Then every classic schedule within the limit (``baselines``) is a candidate too, and
+   where fusing may pay the best is also tried with its adjacent B, W fused and with every
+   backward fused.
 2. Prove: the lower bound is the largest of the one-machine bounds over any rank's passes
    (per pass type, and per pass with microbatch order and memory precedences) and the
-   memory-aware idle bound (``zbsearch.bounds``); on small problems the exact MILP may also
-   raise it or close it.
-3. Improve: a local search over per-rank orders (``local_search``: non-FIFO orders too, judged
-   by simulation) for a share of the time, before and after the exact MILP; then MILP windows
-   (``milp.improve``) until the gap closes or the time limit.
+   memory-aware idle bound (``zbsearch.bounds``, on costs no fused or split schedule beats);
+   on small problems the exact MILP, which chooses fused or split per backward, may also raise
+   it or close it. A classic schedule on another placement (interleaved 1F1B) caps it: the
+   bound covers it too.
+3. Improve: a local search over per-rank orders and fused or split backwards
+   (``local_search``: non-FIFO orders too, judged by simulation) for a share of the time, before
+   and after the exact MILP; then MILP windows (``milp.improve``) until the gap closes or the
+   time limit.
 4. Check: the final schedule is validated by the core validator, memory limit included,
-   before anything is returned.
+   before anything is returned; ``verdict`` says what it means.
 """
 
 from __future__ import annotations
