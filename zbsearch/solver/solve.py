@@ -321,7 +321,14 @@ def solve(
     method = "heuristic"
     windows = improvements = searched = 0
     hit_limit = False
-    if milp and value > bound * (1 + _CLOSED) and time.monotonic() < deadline:
+    # the best classic schedule on another placement: once the bound reaches it, nothing on
+    # the solver's placement can beat it and the search may stop
+    elsewhere = min((b.value for b in baselines if b.stage_to_rank != stage_to_rank), default=float("inf"))
+
+    def closed() -> bool:
+        return min(value, elsewhere) <= bound * (1 + _CLOSED)
+
+    if milp and not closed() and time.monotonic() < deadline:
         from .milp import exact, improve  # PuLP and HiGHS load only when needed
 
         method = "heuristic+milp"
@@ -335,7 +342,7 @@ def solve(
             nonlocal rows, value, searched
             before = value
             for begin in [rows, *others]:
-                if share <= 0 or value <= bound * (1 + _CLOSED) or uniform_costs or time.monotonic() >= deadline:
+                if share <= 0 or closed() or uniform_costs or time.monotonic() >= deadline:
                     break
                 stop = time.monotonic() + share * (deadline - time.monotonic())
                 found = local_search(true, begin, stop, target=target())
@@ -355,7 +362,7 @@ def solve(
             # the idle relaxation for the bound, then (span) the best FIFO order under ASAP;
             # both choose to fuse or split each backward where that may pay
             for relaxed in (True, False) if objective == "span" else (True,):
-                if value <= bound * (1 + _CLOSED) or time.monotonic() >= deadline:
+                if closed() or time.monotonic() >= deadline:
                     break
                 res = exact(true, rows, (deadline - time.monotonic()) / (2 if relaxed and objective == "span" else 1), relaxed)
                 if res is not None:
@@ -369,7 +376,7 @@ def solve(
                     windows += 1
                 report("exact MILP", value)
             search_orders(_SEARCH_SHARE[1])
-        if value > bound * (1 + _CLOSED) and time.monotonic() < deadline:
+        if not closed() and time.monotonic() < deadline:
             # windows: the exact model is the idle relaxation, whose solution ASAP may run worse
             rows, stats = improve(search, rows, deadline, lambda v, st: report("MILP windows", v), target())
             windows, improvements = windows + stats.windows, improvements + stats.improved
