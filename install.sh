@@ -5,8 +5,9 @@
 #   1. torch: an existing torch >= 2.5 (CPU or CUDA) is kept as it is. Without one, pip is asked
 #      for torch==2.13.0: on a machine that keeps a local CPU wheel of it (pip's find-links),
 #      that wheel, instead of the multi-GB CUDA build a plain "torch" would bring.
-#   2. zbsearch itself, editable, with the extras [dev] (pytest, hypothesis, ortools, ruff, mypy)
-#      and [hf] (transformers, for Hugging Face models), at the versions pinned in
+#   2. zbsearch itself, editable, with the extras [dev] (pytest, hypothesis, ortools, ruff, mypy),
+#      [hf] (transformers, for Hugging Face models) and [docs] (mkdocs, to build the documentation
+#      site), at the versions pinned in
 #      constraints.txt, known to work together. `bash install.sh --latest` takes the newest
 #      versions pyproject.toml allows instead.
 #
@@ -27,4 +28,4 @@ fi
 keep=$(mktemp)
 trap 'rm -f "$keep"' EXIT
 "$PY" -W ignore -c 'import torch; print("torch==" + torch.__version__)' > "$keep" 2>/dev/null
-"$PY" -m pip install -q -c "$keep" "${constraints[@]}" -e ".[dev,hf]"
+"$PY" -m pip install -q -c "$keep" "${constraints[@]}" -e ".[dev,hf,docs]"

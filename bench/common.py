@@ -1,14 +1,17 @@
 """What every benchmark shares: where results go, and the machine they were measured on.
 
 Every result file records the machine (CPU model, cores, load average before saving, Python and
-torch versions) so that a number is never read without the conditions it was taken under.
+torch versions), the commit and the date, so that a number is never read without the conditions
+it was taken under (``bench/report.py`` puts them at the top of the report).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,11 +30,24 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _commit() -> str | None:
+    """The checkout's commit, marked ``-dirty`` when files differ from it; None outside git."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=RESULTS.parent, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def machine() -> dict:
     torch = sys.modules.get("torch")
     return {
         "cpu": _cpu_model(), "cores": os.cpu_count(), "load_average": os.getloadavg(),
         "python": platform.python_version(), "torch": getattr(torch, "__version__", None),
+        "commit": _commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
 

@@ -2,7 +2,7 @@
 
 Settings (issue 3's targets):
   table5  ZB-1p and ZB-2p on the paper's profiled costs vs the paper's Table 5 values;
-  table8  --chunks 2 (V placement) at 1p vs the paper's ZB-V (Table 8);
+  table8  --placement v (V placement) at 1p vs the paper's ZB-V (Table 8);
   hetero  heterogeneous stages (first stage x1.2 with last x1.5 or x2, uneven layer splits):
           per-stage costs vs --uniform-costs (the paper's median), both judged on true costs;
   issue10 issue 10's held-out case, p=8 m=16 at 2p with unit pass times and comm 0.1: at most the

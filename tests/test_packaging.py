@@ -26,7 +26,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # package modules that belong to an optional extra (everything else in zbsearch/ uses only the base)
 EXTRA_MODULES = {"zbsearch/models/hf.py": "hf"}
 # folders outside the package: the extras they may use besides the base
-SUPPORT = {"tests": ("dev", "hf"), "bench": ("dev", "hf"), "examples": ("hf",), "cli.py": ()}
+SUPPORT = {"tests": ("dev", "hf"), "bench": ("dev", "hf"), "examples": ("hf",), "docs": ("docs",), "cli.py": ()}
 
 
 def _requirements(extra: str | None) -> list[Requirement]:

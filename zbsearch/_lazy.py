@@ -1,6 +1,7 @@
-"""Package names that load on first use (PEP 562), for ``zbsearch`` and ``zbsearch.runtime``.
+"""Package names that load on first use (PEP 562), for ``zbsearch``, ``zbsearch.runtime`` and
+``zbsearch.distributed``.
 
-Importing either package then costs nothing until a name is used: the command line can catch
+Importing any of them then costs nothing until a name is used: the command line can catch
 Ctrl-C from its first instant, and torch loads only when the runtime is used. Each package
 keeps its own ``__getattr__`` (so type checkers see the hook) and calls ``load``.
 """

@@ -17,6 +17,8 @@ __all__ = ["Op", "Action", "parse_action"]
 
 
 class Op(str, Enum):
+    """A pass type: F forward, B input gradient, W weight gradient, BW fused backward (B then W)."""
+
     F = "F"
     B = "B"
     W = "W"
@@ -28,6 +30,10 @@ class Op(str, Enum):
 
 @dataclass(frozen=True, slots=True, order=True)
 class Action:
+    """One pass of one microbatch on one stage, written ``{stage}{op}{mb}`` (``str(Action(2, Op.F, 0))``
+    is ``"2F0"``). Stages are virtual stages, numbered along the pipeline; which rank runs a
+    stage is the schedule's ``stage_to_rank``."""
+
     stage: int
     op: Op
     mb: int
@@ -45,6 +51,11 @@ _OPS = {op.value: op for op in Op}  # a dict lookup: Op(text) is slow, and sched
 
 
 def parse_action(text: str) -> Action:
+    """The action ``text`` spells, e.g. ``parse_action("0BW3")``.
+
+    Raises:
+        ZbError: ``text`` is not ``{stage}{F|B|W|BW}{microbatch}``.
+    """
     m = _ACTION_RE.match(text.strip()) if isinstance(text, str) else None
     if m is None:
         raise ZbError(f"bad action {text!r}: expected {{stage}}{{F|B|W|BW}}{{microbatch}}, e.g. '2F0'")

@@ -29,7 +29,7 @@ Progress = Callable[[str, float, float], None]  # (what is being done, best valu
 
 
 def compare(
-    profile: Profile, num_microbatches: int, *, chunks: int = 2, mem_limit: str | None = None, time_limit: float = 2.0,
+    profile: Profile, num_microbatches: int, *, chunks: int | None = None, mem_limit: str | None = None, time_limit: float = 2.0,
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """One row per kind (classic, then ``SOLVED_KINDS``): its prediction, whether it fits
@@ -37,7 +37,8 @@ def compare(
     from .solver import solve  # the solver pulls in more than the classic rows need
 
     m = num_microbatches
-    plain = CostModel.from_profile(profile, list(range(profile.num_stages)))
+    # the profile's own placement where its stages are pieces measured for one (a V, interleaved)
+    plain = CostModel.from_profile(profile, profile.placement or list(range(profile.num_stages)))
     plain.check_microbatches(m)  # else every row says it (rows with more stages still may)
     parse_memory_limit(mem_limit, profile, plain)  # bad text: fail now
     start = time.monotonic()

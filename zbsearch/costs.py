@@ -36,13 +36,21 @@ from .formats.profile import Profile, profile_misfit
 
 __all__ = ["CostModel", "MAX_PASSES"]
 
-# The most passes (3 per stage per microbatch) one iteration may have: about 1.7 GB of actions
-# and 40 s to build one schedule in Python. Beyond it a run would exhaust memory, not fail.
+# The most passes (3 per stage per microbatch) one iteration may have: beyond it a schedule's
+# actions take gigabytes to hold in Python, and a run would exhaust memory rather than fail.
 MAX_PASSES = 2_000_000
 
 
 @dataclass(frozen=True)
 class CostModel:
+    """What each pass costs on each virtual stage of one placement: times in ms, memory deltas
+    in the profile's unit, one entry per stage (see the module for how a profile maps onto it).
+
+    Made from a profile with ``CostModel.from_profile`` (or ``zbsearch.prediction.cost_model``
+    for a schedule's own). The simulator, validator, bounds, builders and solver read costs
+    from here only.
+    """
+
     stage_to_rank: tuple[int, ...]
     t_f: tuple[float, ...]
     t_b: tuple[float, ...]
@@ -54,8 +62,22 @@ class CostModel:
     m_w: tuple[float, ...]
     comm_next: tuple[float, ...]  # delay from stage s to s+1 (and back); 0 on the same rank
 
+    def __repr__(self) -> str:
+        S = self.num_stages
+        means = "/".join(f"{sum(t) / S:.4g}" for t in (self.t_f, self.t_b, self.t_w))
+        links = [c for c in self.comm_next if c > 0]
+        comm = f", mean link {sum(links) / len(links):.4g} ms" if links else ""
+        return f"CostModel(ranks={self.num_ranks}, stages={S}, mean F/B/W {means} ms{comm})"
+
     @classmethod
     def from_profile(cls, profile: Profile, stage_to_rank: list[int] | tuple[int, ...]) -> CostModel:
+        """The costs of ``profile`` with virtual stage s on rank ``stage_to_rank[s]``.
+
+        Raises:
+            ZbError: the profile cannot cost this placement (its stage count fits neither one
+                profile stage per virtual stage nor one per rank, or its pieces were measured
+                for another placement).
+        """
         S, P = len(stage_to_rank), profile.num_stages
         if profile.placement is not None and S != P:
             raise ZbError(
@@ -64,7 +86,11 @@ class CostModel:
                 f"not of {S}; for those, profile {S} stages"
             )
         if profile.placement is not None and max(stage_to_rank) + 1 != profile.num_ranks:
-            raise ZbError(f"profile {profile.name!r} was measured for {profile.num_ranks} ranks, not {max(stage_to_rank) + 1}")
+            raise ZbError(
+                f"profile {profile.name!r} holds {P} pieces measured for {profile.num_ranks} ranks "
+                f"({profile.chunks} per rank); a schedule that puts its {S} stages on {max(stage_to_rank) + 1} ranks "
+                f"needs a profile of {S} stages measured one per rank"
+            )
         misfit = profile_misfit(P, S, max(stage_to_rank) + 1)
         if misfit:
             raise ZbError(misfit)
@@ -106,13 +132,16 @@ class CostModel:
 
     @property
     def num_stages(self) -> int:
+        """Virtual stages."""
         return len(self.stage_to_rank)
 
     @property
     def num_ranks(self) -> int:
+        """Ranks the stages are placed on."""
         return max(self.stage_to_rank) + 1
 
     def rank_stages(self, rank: int) -> list[int]:
+        """The stages ``rank`` holds, in stage order."""
         return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
 
     def time(self, stage: int, op: Op) -> float:
@@ -138,6 +167,7 @@ class CostModel:
         return out
 
     def memory(self, stage: int, op: Op) -> float:
+        """How a pass of this type changes its rank's activation memory (BW: B's change then W's)."""
         return _by_op(op, stage, self.m_f, self.m_b, self.m_w)
 
     def forward(self, stage: int) -> float:

@@ -1,4 +1,4 @@
-"""Pass dependencies (REFERENCE section 1), on virtual stages: the one place that knows them.
+"""Pass dependencies (Qi et al., arXiv 2401.10241) on virtual stages: the one place that knows them.
 
 One microbatch flows F(0) -> ... -> F(S-1) -> B(S-1) -> ... -> B(0); W(s) needs only B(s).
 B(s) also needs F(s) of its own stage (its saved activations), which matters for the
@@ -231,6 +231,7 @@ class Transfer:
 
     @property
     def key(self) -> tuple[str, int, int]:
+        """(kind, boundary, microbatch): what names the message in the runtime's plan."""
         return (self.kind, self.boundary, self.mb)
 
 

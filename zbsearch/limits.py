@@ -24,11 +24,9 @@ from collections.abc import Sequence
 from .costs import CostModel
 from .errors import ZbError
 from .formats.profile import Profile
+from .tolerances import ABS_TOL, REL_TOL
 
 __all__ = ["parse_memory_limit", "fits", "peaks_fit", "allowance", "limit_for_profile"]
-
-# Tolerance of ``fits``: relative, plus absolute for limits near zero.
-_RTOL, _ATOL = 1e-9, 1e-12
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _NUMBER = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
@@ -91,7 +89,7 @@ def limit_for_profile(memory_limit: list[float] | None, spec: str | None, old: P
             return list(memory_limit)
         old_cost = CostModel.from_profile(old, stage_to_rank)
         units = [(old_cost.activation_unit(r), new_cost.activation_unit(r)) for r in range(new_cost.num_ranks)]
-        if all(math.isclose(a, b, rel_tol=1e-9) for a, b in units):
+        if all(math.isclose(a, b, rel_tol=REL_TOL) for a, b in units):
             return list(memory_limit)
     raise ZbError(
         f"the schedule's memory limit is in the units of profile {old.name!r} ({old.memory_unit}) and the "
@@ -101,7 +99,7 @@ def limit_for_profile(memory_limit: list[float] | None, spec: str | None, old: P
 
 def allowance(limit: float) -> float:
     """The most memory ``fits`` accepts under ``limit``."""
-    return limit * (1 + _RTOL) + _ATOL
+    return limit * (1 + REL_TOL) + ABS_TOL
 
 
 def fits(value: float, limit: float) -> bool:

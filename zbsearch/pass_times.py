@@ -31,6 +31,7 @@ class PassTimes:
 
     @property
     def ratio(self) -> float:
+        """Measured over predicted (inf where nothing was predicted)."""
         return self.measured_ms / self.predicted_ms if self.predicted_ms > 0 else float("inf")
 
 

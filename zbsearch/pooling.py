@@ -2,7 +2,7 @@
 
 A pass timed for one second says what the machine did in that second. On a shared machine
 (a VM with neighbours, a node whose clocks move) a stage's median over a few repetitions can
-move by a quarter within a minute, while a training run lasts far longer. So the profiler
+move far beyond its spread within a minute, while a training run lasts far longer. So the profiler
 measures in rounds, each round
 every stage and link once, and pools them here; a benchmark can interleave rounds of profiling
 with rounds of training steps so that the machine's drift falls on both alike.

@@ -11,10 +11,17 @@ __all__ = ["cost_model", "timeline", "predict", "with_prediction"]
 
 
 def cost_model(schedule: Schedule) -> CostModel:
+    """The cost model of the schedule's own profile and placement."""
     return CostModel.from_profile(schedule.profile, schedule.stage_to_rank)
 
 
 def timeline(schedule: Schedule) -> Timeline:
+    """The schedule's timeline on its own profile: when every action runs, what memory each rank holds.
+
+    Raises:
+        ZbError: the order cannot run (a deadlock, or a pass no rank runs); ``zbsearch.validate``
+            says why.
+    """
     return simulate(schedule.rank_actions, cost_model(schedule))
 
 
@@ -35,5 +42,7 @@ def predict(schedule: Schedule, tl: Timeline | None = None) -> Predicted:
 
 
 def with_prediction(schedule: Schedule, tl: Timeline | None = None) -> Schedule:
+    """``schedule`` with its ``predicted`` block set from ``tl`` (simulated here if not given);
+    the same object, returned for chaining."""
     schedule.predicted = predict(schedule, tl)
     return schedule

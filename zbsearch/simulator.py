@@ -36,39 +36,60 @@ class Deadlock(ZbError):
 
 @dataclass(frozen=True)
 class Timeline:
+    """When each action of a schedule runs and what memory each rank holds, as ``simulate`` finds.
+
+    ``start[r][i]`` and ``end[r][i]`` (ms) are those of rank r's i-th action, ``memory[r][i]``
+    the activation memory the rank holds after it, ``busy[r]`` the rank's compute time.
+    """
+
     actions: list[list[Action]]
     start: list[list[float]]
     end: list[list[float]]
     memory: list[list[float]]  # memory on the rank after each action
     busy: list[float]
 
+    def __repr__(self) -> str:
+        if not self.actions:
+            return "Timeline(ranks=0)"
+        return (f"Timeline(ranks={self.num_ranks}, actions={sum(map(len, self.actions))}, span={max(self.span):.4g} ms, "
+                f"bubble={self.bubble_rate:.2%}, peak_memory={max(self.peak_memory):.4g})")
+
     @property
     def num_ranks(self) -> int:
+        """Ranks in the schedule."""
         return len(self.actions)
 
     @property
     def span(self) -> list[float]:
+        """Per rank, its first action's start to its last action's end (ms): with no barrier
+        between iterations, the longest is the iteration period."""
         return [(e[-1] - s[0]) if s else 0.0 for s, e in zip(self.start, self.end)]
 
     @property
     def makespan(self) -> float:
+        """The first start on any rank to the last end on any rank (ms)."""
         ends = [e[-1] for e in self.end if e]
         starts = [s[0] for s in self.start if s]
         return max(ends) - min(starts) if ends else 0.0
 
     @property
     def peak_memory(self) -> list[float]:
+        """Per rank, the most activation memory it holds."""
         return peak_memory(self.memory)
 
     @property
     def bubble_rate(self) -> float:
+        """The share of the longest span that the busiest rank does not compute (see the module)."""
         return bubble_rate(max(self.span), max(self.busy))
 
     def bubble_rate_makespan(self) -> float:
+        """The bubble rate with the makespan as the period (a barrier between iterations)."""
         return bubble_rate(self.makespan, max(self.busy))
 
 
 def bubble_rate(period: float, busiest: float) -> float:
+    """``(period - busiest) / period``: the share of an iteration the busiest rank waits (0 for an
+    empty period)."""
     return (period - busiest) / period if period > 0 else 0.0
 
 

@@ -33,6 +33,19 @@ class InvalidSchedule(ZbError):
 
 def validate(schedule: Schedule, profile: Profile | None = None, memory_limit: list[float] | None = None,
              timeline: Timeline | None = None) -> None:
+    """Check that ``schedule`` can run as written; return quietly if it can.
+
+    Args:
+        schedule: the schedule to check.
+        profile: the costs to check it under (default: the schedule's own profile); its
+            memory deltas decide the memory check.
+        memory_limit: per-rank limit (default: the schedule's own ``memory_limit``; none if
+            that is None).
+        timeline: the schedule's timeline on that profile, if already simulated.
+
+    Raises:
+        InvalidSchedule: the first problem found, as one line naming the action that causes it.
+    """
     problem = find_problem(schedule, profile, memory_limit, timeline)
     if problem:
         raise InvalidSchedule(problem)

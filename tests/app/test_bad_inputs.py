@@ -153,6 +153,7 @@ CASES = [
     (["schedule", "zb-h9", *P], None, "unknown schedule kind"),
     (["profile"], None, "give one of --model"),
     (["profile", "--builtin", "llama"], None, "unknown built-in model"),
+    (["profile", "--builtin", "gpt", "--timeout", "0"], None, "--timeout must be a positive number"),
     (["demo", "--device", "tpu", "-o", "demo-out"], None, "not supported"),
 ]
 

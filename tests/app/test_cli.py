@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,58 @@ def test_compare_and_validate_agree_at_the_tolerance_edge(tmp_path, over):
     fits = {row["kind"]: row for row in json.loads(r.stdout)}["1f1b"]["fits"]
     valid = zbsearch("validate", tmp_path / "s.json", "--mem-limit", limit)
     assert fits == (valid.returncode == 0) == (over < 1e-12), valid.stderr
+
+
+def test_placement_and_chunks_mean_one_thing_each(tmp_path):
+    """solve and frontier take --placement one|v; schedule and compare take --chunks (interleaved
+    chunks per rank). The earlier spellings (-v, --chunks 1|2 on solve) still work, with a note."""
+    v, old = tmp_path / "v.json", tmp_path / "old.json"
+    r = zbsearch("solve", "-p", "unit-p4", "-m", "8", "--placement", "v", "--no-milp", "-o", v)
+    assert r.returncode == 0 and r.stderr.count("note:") == 0, r.stderr
+    r = zbsearch("solve", "-p", "unit-p4", "-m", "8", "--chunks", "2", "--no-milp", "-o", old)
+    assert r.returncode == 0 and "--chunks/-v 2 is now --placement v" in r.stderr, r.stderr
+    a, b = json.loads(v.read_text()), json.loads(old.read_text())
+    assert a["stage_to_rank"] == b["stage_to_rank"] == [0, 1, 2, 3, 3, 2, 1, 0] and a["actions"] == b["actions"]
+    r = zbsearch("solve", "-p", "unit-p4", "-m", "8", "--placement", "x", "--no-milp")
+    assert r.returncode == 1 and "use one" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    three, dash_v = tmp_path / "c3.json", tmp_path / "v3.json"
+    assert zbsearch("schedule", "interleaved-1f1b", "-p", "unit-p4", "-m", "8", "--chunks", "3", "-o", three).returncode == 0
+    r = zbsearch("schedule", "interleaved-1f1b", "-p", "unit-p4", "-m", "8", "-v", "3", "-o", dash_v)
+    assert r.returncode == 0 and "-v is now --chunks" in r.stderr
+    assert json.loads(three.read_text())["stage_to_rank"] == json.loads(dash_v.read_text())["stage_to_rank"] == [0, 1, 2, 3] * 3
+    r = zbsearch("compare", "-p", "unit-p4", "-m", "8", "--json")  # default: interleaved with 2 chunks, as schedule
+    rows = {row["kind"]: row for row in json.loads(r.stdout)}
+    built = zbsearch("schedule", "interleaved-1f1b", "-p", "unit-p4", "-m", "8").stdout
+    assert f"span {rows['interleaved-1f1b']['span']:.6g} ms" in built
+
+
+@pytest.mark.parametrize("columns", ["40", "80", "200"])
+def test_tables_never_cut_a_number(tmp_path, columns):
+    import os
+
+    import zbsearch as zb
+
+    sched = zb.build_classic("zb-h1", zb.load_profile("1.5b-m24"), 24)
+    path = tmp_path / "s.json"
+    zb.save_schedule(sched, path)
+    r = subprocess.run([*cli_command(), "simulate", str(path)], capture_output=True, text=True,
+                       env={**os.environ, "COLUMNS": columns})
+    assert r.returncode == 0, r.stderr
+    tl = zb.timeline(sched)
+    for rank in range(sched.num_ranks):
+        row = next(line for line in r.stdout.splitlines() if line.startswith(f"│ {rank:>4} │"))
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        assert cells[1] == f"{tl.span[rank]:.6g}" and cells[4] == f"{tl.peak_memory[rank]:.6g}", row
+    assert "…" not in r.stdout
+
+
+def test_compare_on_pieces_of_a_v_lists_the_kinds_that_do_not_apply(tmp_path):
+    doc = json.loads((Path(__file__).resolve().parents[2] / "zbsearch/profiles/unit-p4.json").read_text())
+    doc.update(placement=[0, 1, 1, 0], name="pieces")
+    (tmp_path / "pieces.json").write_text(json.dumps(doc))
+    r = zbsearch("compare", "-p", tmp_path / "pieces.json", "-m", "8")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split("│")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("│")}
+    assert "n/a" in rows["1f1b"] and "n/a" not in rows["zb-v"]
+    note = next(line for line in r.stdout.splitlines() if line.startswith("n/a for "))
+    assert "1f1b" in note and "zb-v" not in note.split(":")[0] and "measured for 2 ranks" in note

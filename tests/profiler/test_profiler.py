@@ -19,8 +19,8 @@ from torch import nn
 import zbsearch as zb
 from tests.helpers import cli_command
 from zbsearch.actions import Op
+from zbsearch.distributed import PEER_TIMEOUT_S, run_local
 from zbsearch.distributed import clock as device_clock
-from zbsearch.distributed import run_local
 from zbsearch.errors import ZbError
 from zbsearch.models import GPTConfig, gpt_batch
 from zbsearch.profiler import (
@@ -94,6 +94,18 @@ def test_rounds_are_pooled_into_the_profile():
     assert "rounds" not in once.measured.model_dump() and once.settings["rounds"] == 1
     with pytest.raises(ZbError, match="--rounds must be at least 1"):
         profile_one_device(builtin_gpt(TINY), Settings(rounds=0), link=LINK)
+
+
+@pytest.mark.parametrize("timeout", [0.0, -5.0, float("nan"), float("inf")])
+def test_peer_timeout_must_be_a_positive_number_of_seconds(timeout):
+    with pytest.raises(ZbError, match="--timeout must be a positive number of seconds"):
+        Settings(timeout=timeout).check()
+
+
+def test_peer_timeout_defaults_to_the_shared_one_and_is_not_recorded():
+    assert Settings().timeout == PEER_TIMEOUT_S
+    Settings(timeout=0.5).check()
+    assert "timeout" not in Settings(timeout=12.0).record()
 
 
 def test_matmul_heavy_block_backward_is_about_twice_the_forward(cpu_clock):

@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, cast
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 import zbsearch as zb
+from zbsearch.distributed.timeouts import PEER_TIMEOUT_S
 from zbsearch.errors import ZbError
 from zbsearch.formats.fileio import check_writable, parse_model, write_model, write_text
 from zbsearch.formats.profile import profile_misfit
@@ -44,12 +46,24 @@ app = typer.Typer(
 )
 out = Console()
 err = Console(stderr=True)
+# a figure this close to zero is rounding noise of a difference (a span less its busy time)
+EPS_PRINT = 1e-9
+# cells up to this wide (numbers, kind names) keep their width; longer text may wrap
+_SHORT_CELL = 16
 
 ProfileOpt = typer.Option(..., "--profile", "-p", help="profile JSON path, or a bundled profile name (e.g. 1.5b-m24)")
 MicrobatchOpt = typer.Option(..., "-m", "--microbatches", help="microbatches per iteration")
 OtherProfileOpt = typer.Option(None, "--profile", "-p", help="use this profile instead of the embedded one (same stages)")
 ForceOpt = typer.Option(False, "--force", help="go on with a schedule that does not validate")
 LimitOpt = typer.Option(None, "--mem-limit", help="memory limit instead of the schedule's (1p, 2p, 40GiB, capacity, none)")
+ChunksOpt = typer.Option(
+    None, "--chunks", min=1,
+    help="interleaved-1f1b's chunks per rank (default: the profile's pieces per rank, else 2)",
+)
+PlacementOpt = typer.Option("one", "--placement", help="one stage per rank, or v: two per rank in a V (the ZB-V family)")
+# the spellings of an earlier release: -v for --chunks; --chunks 1|2 for --placement one|v in solve and frontier
+OldChunksOpt = typer.Option(None, "-v", hidden=True)
+OldPlacementOpt = typer.Option(None, "--chunks", "-v", hidden=True)
 
 
 def _load_schedule(path: Path, profile: str | None, mem_limit: str | None = None, force: bool = False) -> zb.Schedule:
@@ -80,6 +94,29 @@ def _load_schedule(path: Path, profile: str | None, mem_limit: str | None = None
     return sched
 
 
+def _renamed_chunks(chunks: int | None, old: int | None) -> int | None:
+    """``--chunks``, or the earlier ``-v`` with a note on stderr."""
+    if old is None:
+        return chunks
+    if chunks is not None:
+        raise ZbError("give --chunks once (-v is its earlier spelling)")
+    err.print(f"note: -v is now --chunks (--chunks {old})", highlight=False, soft_wrap=True)
+    return old
+
+
+def _solver_chunks(placement: str, old: int | None) -> int:
+    """Chunks per rank for the solver from ``--placement`` (one or v), or from the earlier
+    ``--chunks 1|2`` (or ``-v``) with a note on stderr."""
+    if placement not in ("one", "v"):
+        raise ZbError(f"--placement {placement!r}: use one (one stage per rank) or v (two per rank in a V)")
+    if old is None:
+        return 2 if placement == "v" else 1
+    if old not in (1, 2):
+        raise ZbError(f"--chunks {old}: the solver places one stage per rank or two in a V (--placement one|v)")
+    err.print(f"note: --chunks/-v {old} is now --placement {'v' if old == 2 else 'one'}", highlight=False, soft_wrap=True)
+    return old
+
+
 def _output(text: str | None, suffixes: tuple[str, ...] = (), what: str = "output") -> Path | None:
     """An output path, checked before the work: '-' (stdout) as it is, else it must be writable
     (and, given ``suffixes``, name one of those formats). Taken as text: typer would read '' as '.'."""
@@ -106,7 +143,36 @@ def _write(model, path: Path) -> None:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.6g}"
+    """A time or memory figure: 6 significant digits; rounding noise around zero shows as 0."""
+    return "0" if abs(x) < EPS_PRINT else f"{x:.6g}"
+
+
+def _show(table: Table) -> None:
+    """Print a table whose short cells (numbers, names) are never cut: such a column gets a fixed
+    width, its widest cell or its header (its header's longest word where whole headers do not
+    fit the terminal, the header then wraps). Where even that is wider than the terminal, lines
+    run over rather than lose digits."""
+    cells = [[Text.from_markup(c).cell_len if isinstance(c, str) else _SHORT_CELL + 1 for c in col._cells]
+             for col in table.columns]
+    short = [all(w <= _SHORT_CELL for w in ws) for ws in cells]
+    headers = [str(col.header) for col in table.columns]
+    for whole in (True, False):
+        widths = [max([*ws, len(h) if whole else max(map(len, h.split() or [""]))]) for ws, h in zip(cells, headers)]
+        if sum(widths) + 3 * len(widths) + 1 <= out.width:
+            break
+    for col, ok, width in zip(table.columns, short, widths):
+        if ok:
+            col.width = width
+    fixed = [col.width for col in table.columns if col.width is not None]
+    need = sum(fixed) + 3 * len(table.columns) + 1  # cell padding and borders
+    title = str(table.title or "")
+    if len(title) > min(out.measure(table).maximum, out.width):  # on a line of its own rather than wrapped
+        table.title = None
+        out.print(title, highlight=False, soft_wrap=True)
+    if len(fixed) < len(table.columns) or need <= out.width:
+        out.print(table)
+    else:  # a console as wide as the table: rich would otherwise cut cells to the terminal's width
+        Console(file=out.file, width=need, force_terminal=out.is_terminal, no_color=out.no_color).print(table)
 
 
 def _rank_table(sched: zb.Schedule, tl: zb.Timeline) -> Table:
@@ -136,10 +202,12 @@ def schedule(
     kind: str = typer.Argument(..., help=f"one of: {', '.join(zb.CLASSIC_KINDS)}"),
     profile: str = ProfileOpt,
     m: int = MicrobatchOpt,
-    chunks: int | None = typer.Option(None, "--chunks", "-v", help="chunks per rank (interleaved-1f1b; zb-v is 2)"),
+    chunks: int | None = ChunksOpt,
     output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+    old_chunks: int | None = OldChunksOpt,
 ):
     """Build a classic schedule (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V) for a profile."""
+    chunks = _renamed_chunks(chunks, old_chunks)
     path = _output(output)
     sched = zb.build_classic(kind, zb.resolve_profile(profile), m, chunks)
     zb.validate(sched)
@@ -178,11 +246,11 @@ def simulate(
                      "predicted_ms": x.predicted_ms, "ratio": x.ratio} for x in passes]
             out.print_json(json.dumps({"predicted": pred.model_dump(), "passes": rows, "waits": [vars(w) for w in waits or []]}))
         return
-    out.print(_rank_table(sched, tl))
+    _show(_rank_table(sched, tl))
     out.print(_summary(sched, pred), soft_wrap=True)
     if passes is not None and waits is not None:
-        out.print(_pass_table(passes, len(traces)))
-        out.print(_wait_table(waits, len(traces)))
+        _show(_pass_table(passes, len(traces)))
+        _show(_wait_table(waits, len(traces)))
 
 
 def _pass_table(passes: list[PassTimes], steps: int) -> Table:
@@ -225,17 +293,19 @@ def compare(
     profile: str = ProfileOpt,
     m: int = MicrobatchOpt,
     mem_limit: str | None = typer.Option(None, "--mem-limit", help="mark schedules over this limit (1p, 2p, 40GiB)"),
-    chunks: int = typer.Option(2, "--chunks", "-v", help="chunks for interleaved-1f1b"),
+    chunks: int | None = ChunksOpt,
     time_limit: float = typer.Option(
         2.0, "--time-limit", "-t", min=0.1,
         help="seconds for the whole table: classic rows in the first half, the zb-1p and zb-2p rows (solver "
         "heuristics) in what is left; rows not built in time are listed as skipped",
     ),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON"),
+    old_chunks: int | None = OldChunksOpt,
 ):
     """All schedule kinds side by side on one profile."""
     from zbsearch.compare import compare as compare_kinds
 
+    chunks = _renamed_chunks(chunks, old_chunks)
     prof = zb.resolve_profile(profile)
     with _spinner() as bar:
         task = bar.add_task("building", total=None)
@@ -247,15 +317,19 @@ def compare(
     t = Table(title=f"{prof.name}: p={prof.num_stages}, m={m}" + (f", memory limit {mem_limit}" if mem_limit else ""))
     for col in ("schedule", "bubble rate", "span (ms)", "makespan (ms)", "peak memory", "fits limit"):
         t.add_column(col, justify="right")
+    errors: dict[str, list[str]] = {}  # reason -> kinds, printed under the table
     for row in rows:
         if "error" in row:
-            t.add_row(row["kind"], f"[dim]{row['error']}[/dim]", "", "", "", "")
+            errors.setdefault(row["error"], []).append(row["kind"])
+            t.add_row(row["kind"], "[dim]n/a[/dim]", "", "", "", "")
         elif "skipped" in row:
             t.add_row(row["kind"], "[dim]skipped[/dim]", "", "", "", "")
         else:
             t.add_row(row["kind"], f"{row['bubble_rate']:.4f}", _fmt(row["span"]), _fmt(row["makespan"]),
                       _fmt(row["peak_memory"]), "yes" if row["fits"] else "[red]no[/red]")
-    out.print(t)
+    _show(t)
+    for reason, kinds in errors.items():
+        out.print(f"n/a for {', '.join(kinds)}: {reason}", highlight=False, soft_wrap=True)
     skipped = [r["kind"] for r in rows if "skipped" in r]
     if skipped:
         out.print(f"skipped (not built: the time limit of {time_limit:g} s was spent): {', '.join(skipped)}; "
@@ -375,7 +449,7 @@ def solve(
     mem_limit: str = typer.Option(
         "2p", "--mem-limit", help="1p, 2p, <x>p (x*p*M_B per rank), a byte budget per rank (40GiB), or none"
     ),
-    chunks: int = typer.Option(1, "--chunks", "-v", help="1, or 2 for the V placement (the ZB-V family)"),
+    placement: str = PlacementOpt,
     time_limit: float = typer.Option(
         30.0, "--time-limit", "-t", min=0.1, help="seconds; the best schedule found by then is returned"
     ),
@@ -389,10 +463,12 @@ def solve(
     ),
     no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only (milliseconds to seconds)"),
     output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+    old_chunks: int | None = OldPlacementOpt,
 ):
     """Find the schedule with the least bubble under a memory limit, and how far from optimal it can be."""
     from zbsearch import solver
 
+    chunks = _solver_chunks(placement, old_chunks)
     path = _output(output)
     prof = zb.resolve_profile(profile)
     cost = zb.CostModel.from_profile(prof, solver.solver_placement(prof.num_ranks, chunks))
@@ -408,7 +484,7 @@ def solve(
         _write(res.schedule, path)
     if path is None or str(path) != "-":
         info = res.info
-        out.print(_rank_table(res.schedule, res.timeline))
+        _show(_rank_table(res.schedule, res.timeline))
         pred = res.schedule.predicted
         assert pred is not None  # solve predicts
         bubble = pred.bubble_rate if objective == "span" else pred.bubble_rate_makespan
@@ -424,7 +500,7 @@ def solve(
 def frontier(
     profile: str = ProfileOpt,
     m: int = MicrobatchOpt,
-    chunks: int = typer.Option(1, "--chunks", "-v", help="1, or 2 for the V placement"),
+    placement: str = PlacementOpt,
     objective: str = typer.Option("span", "--objective", help="span or makespan"),
     time_limit: float = typer.Option(
         20.0, "--time-limit", "-t", min=0.1, help="seconds for the whole sweep (shared by its points)"
@@ -434,8 +510,10 @@ def frontier(
     output: str | None = typer.Option(
         None, "-o", "--output", help="frontier.json ('-': JSON on stdout), or a plot: .png, .svg, .pdf"
     ),
+    old_chunks: int | None = OldPlacementOpt,
 ):
     """Bubble rate against memory limit, from the smallest feasible limit to where the bubble stops falling."""
+    chunks = _solver_chunks(placement, old_chunks)
 
     from zbsearch.formats.frontier import save_frontier
     from zbsearch.render.frontier import save_frontier_plot
@@ -450,7 +528,8 @@ def frontier(
             prof, m, chunks=chunks, time_limit=time_limit, milp=milp, uniform_costs=uniform_costs,
             objective=cast("Objective", objective), progress=_progress(bar, task),  # other text: ZbError in solve()
         )
-    t = Table(title=f"{prof.name}: m={m}, {chunks} chunk(s), {objective}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
+    where = "V placement" if chunks == 2 else "one stage per rank"
+    t = Table(title=f"{prof.name}: m={m}, {where}, {objective}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
     for col in ("limit (x p M_B)", "bubble rate", "bound allows", "gap", "status", "peak memory"):
         t.add_column(col, justify="right")
     for pt in fr.points:
@@ -465,7 +544,7 @@ def frontier(
     if path is not None and str(path) == "-":
         sys.stdout.write(fr.model_dump_json(indent=1) + "\n")
         return
-    out.print(t)
+    _show(t)
     if path is not None:
         if path.suffix.lower() == ".json":
             save_frontier(fr, path)
@@ -512,6 +591,8 @@ def profile(
     keep_heap: bool = typer.Option(
         True, "--keep-heap/--release-memory",
         help="keep freed host memory in the process, as the runtime does by default (else passes pay page faults)"),
+    timeout: float = typer.Option(
+        PEER_TIMEOUT_S, "--timeout", help="seconds a rank waits for another rank's message while links are timed"),
     name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
     output: str | None = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
 ):
@@ -541,7 +622,7 @@ def profile(
         spec = profiler.load_model(model, profiler.parse_model_args(model_arg)) if model else profiler.builtin_gpt(
             GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages))
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads,
-                                 keep_heap=keep_heap)
+                                 keep_heap=keep_heap, timeout=timeout)
     pieces = _pieces(placement, len(spec.stages)) if placement is not None else None
     if name is None and placement is not None:
         name = f"{spec.name}-{device.split(':')[0]}-{placement}"
@@ -617,7 +698,7 @@ def demo(
         assert sched.predicted is not None  # the demo's schedules are built or solved, so predicted
         t.add_row(sched.kind, f"{pred:.1f}", f"{meas:.1f}", f"{meas / pred:.2f}", f"{sched.predicted.bubble_rate:.3f}",
                   f"{max(sched.predicted.peak_memory) / 2**20:.1f} / {peak / 2**20:.1f}")
-    out.print(t)
+    _show(t)
     (p0, p1), (m0, m1) = run.predicted, run.measured
     out.print(f"speed-up of {run.schedules[1].kind} over 1F1B: predicted {p0 / p1:.2f}x, measured {m0 / m1:.2f}x")
     note = contention_note(cfg)

@@ -39,6 +39,9 @@ __all__ = ["DemoConfig", "DemoRun", "run_demo", "should_emulate", "contention_no
 
 @dataclass(frozen=True)
 class DemoConfig:
+    """What ``zbsearch demo`` runs: the model (one stage per rank), microbatches, steps, device,
+    the solver's time limit, the profiler's repetitions and where the files go."""
+
     gpt: GPTConfig = field(default_factory=GPTConfig)
     microbatches: int = 8
     emulate: bool = False
@@ -50,6 +53,7 @@ class DemoConfig:
     out: Path = Path("zbsearch-demo")
 
     def check(self) -> None:
+        """Raise a one-line ZbError for a configuration the demo cannot run here."""
         self.gpt.check()
         if self.microbatches < 1 or self.steps < 1:
             raise ZbError("the demo needs at least 1 microbatch and 1 step")
@@ -65,6 +69,9 @@ class DemoConfig:
 
 @dataclass
 class DemoRun:
+    """What the demo produced: the profile, the schedules with their traces and measured
+    iteration times (in the same order), and the files written."""
+
     profile: Profile
     schedules: list[Schedule]
     traces: list[Trace]
@@ -73,6 +80,7 @@ class DemoRun:
 
     @property
     def predicted(self) -> list[float]:
+        """Per schedule, the predicted iteration time (ms): its longest per-rank span."""
         spans = []
         for s in self.schedules:
             assert s.predicted is not None  # built or solved schedules carry their prediction

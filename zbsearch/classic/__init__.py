@@ -31,6 +31,8 @@ Builder = Callable[..., list[list[Action]]]  # (cost, m), and a deadline keyword
 
 @dataclass(frozen=True)
 class ClassicKind:
+    """A classic schedule kind: its builder and the placement it builds for."""
+
     build: Builder
     layout: Layout = "looped"
     chunks: int = 1

@@ -28,6 +28,11 @@ def _action(k: int, r: int, p: int, v: int, op: Op) -> Action:
 
 
 def interleaved_1f1b(cost: CostModel, m: int) -> list[list[Action]]:
+    """Interleaved 1F1B on the cost model's chunks per rank.
+
+    Raises:
+        ZbError: fewer than 2 chunks per rank, or m not a multiple of the rank count.
+    """
     p = cost.num_ranks
     v = cost.num_stages // p
     if v < 2:

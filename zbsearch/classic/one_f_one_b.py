@@ -11,6 +11,7 @@ from ..costs import CostModel
 
 
 def one_f_one_b(cost: CostModel, m: int) -> list[list[Action]]:
+    """1F1B's order on each rank, with fused backwards."""
     p = cost.num_ranks
     ranks = []
     for r in range(p):
@@ -24,6 +25,7 @@ def one_f_one_b(cost: CostModel, m: int) -> list[list[Action]]:
 
 
 def one_f_one_b_split(cost: CostModel, m: int) -> list[list[Action]]:
+    """1F1B's order with each backward split into B then W."""
     return [[x for a in row for x in _split(a)] for row in one_f_one_b(cost, m)]
 
 

@@ -24,6 +24,7 @@ from ..costs import CostModel
 
 
 def zb_h(p: int, m: int, level: int) -> list[list[Action]]:
+    """The order of the module's table on ``p`` ranks: ZB-H1 at ``level`` 1, ZB-H2 at 2."""
     ranks = []
     for r in range(p):
         warmup = min(m, (p - r) + (level - 1) * (p - 1 - r))
@@ -41,8 +42,10 @@ def zb_h(p: int, m: int, level: int) -> list[list[Action]]:
 
 
 def zb_h1(cost: CostModel, m: int) -> list[list[Action]]:
+    """ZB-H1: 1F1B's memory, W delayed by r on rank r."""
     return zb_h(cost.num_ranks, m, 1)
 
 
 def zb_h2(cost: CostModel, m: int) -> list[list[Action]]:
+    """ZB-H2: about twice 1F1B's memory, W delayed by 2r on rank r."""
     return zb_h(cost.num_ranks, m, 2)

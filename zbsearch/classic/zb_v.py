@@ -58,8 +58,8 @@ from ..costs import CostModel
 from ..dependencies import input_arrival, type_graph
 from ..errors import ZbError
 from ..layout import placement
-
-_EPS = 1e-9
+from ..limits import fits
+from ..tolerances import EPS_MS
 
 
 def zb_v(cost: CostModel, m: int, deadline: float | None = None) -> list[list[Action]]:
@@ -74,12 +74,12 @@ def zb_v(cost: CostModel, m: int, deadline: float | None = None) -> list[list[Ac
         slack, last = None, float("inf")
         while True:
             rows, span = _Builder(cost, m, limit, fill_b, fill_f, slack).build()
-            if max(span) < best - _EPS:
+            if max(span) < best - EPS_MS:
                 best_rows, best = rows, max(span)
             if deadline is not None and time.monotonic() > deadline:
                 assert best_rows is not None  # the first build beats inf
                 return best_rows
-            if max(span) >= last - _EPS:
+            if max(span) >= last - EPS_MS:
                 break
             last = max(span)
             slack = [last - s for s in span]
@@ -106,7 +106,7 @@ class _Builder:
         self.hold_w = [m_f[s] + m_b[s] + m_w[s] for s in range(S)]
         for r in range(p):
             need = self.hold_f[self.lo[r]] + self.hold_f[self.hi[r]]
-            if need > limit[r] + _EPS:
+            if not fits(need, limit[r]):
                 raise ZbError(f"zb-v: on rank {r} one microbatch needs {need:g} of memory, over the limit {limit[r]:g}")
         self.busy = [cost.rank_busy(r, m) for r in range(p)]
         self.count = {op: [0] * S for op in (Op.F, Op.B, Op.W)}
@@ -155,7 +155,7 @@ class _Builder:
             room = (r + 1) * self.hold_f[hi[r]] + r * self.hold_f[lo[r]]
             while (
                 f[lo[r]] < m
-                and self.free_at[r] + self.t[Op.F][lo[r]] <= arrival + _EPS
+                and self.free_at[r] + self.t[Op.F][lo[r]] <= arrival + EPS_MS
                 and all(self.can_f(q, lo[q], room if q == r else 0.0) for q in range(r + 1))
             ):
                 for q in range(r + 1):
@@ -215,11 +215,11 @@ class _Builder:
     def fill(self, r: int, arrival: float, eager: bool) -> None:
         """W passes for the wait until the next pass's input arrives."""
         w = self.pending_w[r]
-        while w and arrival >= self.free_at[r] + self.t[Op.W][w[0][0]] - _EPS:
+        while w and arrival >= self.free_at[r] + self.t[Op.W][w[0][0]] - EPS_MS:
             self.put_w(r)  # ends before the input arrives: free
         if eager and w and self.first[r] is not None:
             allowed = max(self.longest - self.busy[r], self.slack[r]) - self.idle[r]
-            if arrival - self.free_at[r] > allowed + _EPS:
+            if arrival - self.free_at[r] > allowed + EPS_MS:
                 self.put_w(r)  # waiting would make this rank the longest: delay the pass instead
 
     # ---- rules and bookkeeping ---------------------------------------------------------
@@ -232,14 +232,14 @@ class _Builder:
     def can_f(self, r: int, s: int, keep: float = 0.0) -> bool:
         """Whether an F on stage s fits on rank r with ``keep`` to spare; on chunk 0 it must also
         leave room for one chunk-1 forward beyond the microbatches still waiting for theirs."""
-        if self.held[r] + self.hold_f[s] + keep > self.limit[r] + _EPS:
+        if not fits(self.held[r] + self.hold_f[s] + keep, self.limit[r]):
             return False
         lo, hi, f, w = self.lo[r], self.hi[r], self.count[Op.F], self.count[Op.W]
         if s != lo:
             return True
         left_behind = w[lo] * self.hold_w[lo] + w[hi] * self.hold_w[hi]  # by completed microbatches
         waiting = (f[lo] - f[hi] + 1) * self.hold_f[lo]
-        return left_behind + waiting + self.hold_f[hi] <= self.limit[r] + _EPS
+        return fits(left_behind + waiting + self.hold_f[hi], self.limit[r])
 
     def put(self, r: int, op: Op, s: int, arrival: float | None = None) -> None:
         j = self.count[op][s]

@@ -22,6 +22,7 @@ class DeviceClock:
         self.device = device
 
     def mark(self):
+        """A mark at this point of the device's work (an event on CUDA, a time on CPU)."""
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
@@ -29,8 +30,10 @@ class DeviceClock:
         return time.perf_counter()
 
     def ms(self, a, b) -> float:
+        """Milliseconds from mark ``a`` to mark ``b`` (on CUDA, once both are reached: ``sync``)."""
         return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
 
     def sync(self) -> None:
+        """Wait until the device has reached every mark made so far (nothing to wait for on CPU)."""
         if self.cuda:
             torch.cuda.synchronize(self.device)

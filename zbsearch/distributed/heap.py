@@ -2,13 +2,11 @@
 
 glibc gives large blocks back to the kernel as they are freed (blocks above its mmap threshold
 are unmapped, a free top of the heap is trimmed), and the next pass that allocates as much
-faults every page in again, zeroed by the kernel. Measured on a GPT stage (hidden 256, one
-CPU thread, one process, repetitions alternating): with trimming 4,300 page faults per
-F/B/W/BW repetition and F 17.6 ms; with the heap kept 68 faults and F 13.4 ms. How much a
-pipeline rank faults depends on the schedule around its passes (2 ranks, same stages: 1F1B
-2,200-7,700 faults per step, ZB-H1 740-4,400), so without this a pass costs what the memory
-churn around it makes it cost, not what the profile measured, and the profiler (one
-microbatch at a time) churns differently from every schedule.
+faults every page in again, zeroed by the kernel: on CPU a visible share of a pass (figures in
+the profiler's bench report). How much a pipeline rank faults depends on the schedule around
+its passes, so without this a pass costs what the memory churn around it makes it cost, not
+what the profile measured, and the profiler (one microbatch at a time) churns differently
+from every schedule.
 
 The price: the process keeps its high-water mark of host memory, as CUDA's caching allocator
 does on the device. The profiler and the runtime apply it by default (``keep_heap=False`` in

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ZbError
+from .timeouts import CONNECT_TIMEOUT_S, LOCAL_RUN_TIMEOUT_S
 
 __all__ = ["run_local"]
 
@@ -32,7 +33,7 @@ def _worker(fn, rank, world, port, backend, results, args):
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=CONNECT_TIMEOUT_S))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world)
         out = fn(rank, world, lambda msg: results.put(("msg", rank, msg)), *args)
         results.put(("ok", rank, out))
@@ -52,7 +53,7 @@ def run_local(
     *args,
     backend: str = "gloo",
     on_message: Callable[[int, object], None] | None = None,
-    timeout: float = 600.0,
+    timeout: float = LOCAL_RUN_TIMEOUT_S,
 ) -> list:
     """``fn(rank, world, send, *args)`` on ``world`` spawned processes; their results by rank.
 

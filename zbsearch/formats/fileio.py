@@ -47,6 +47,11 @@ def _check_header(data: object, fmt: str, version: int, where: str) -> None:
 
 
 def parse_model(cls: type[M], data: object, where: str) -> M:
+    """``data`` (parsed JSON) as a ``cls``, checking its format and version first.
+
+    Raises:
+        ZbError: another format or version, or the first field error, prefixed by ``where``.
+    """
     fields = cls.model_fields
     _check_header(data, fields["format"].default, fields["version"].default, where)
     try:
@@ -75,14 +80,17 @@ def read_json(path: str | os.PathLike) -> object:
 
 
 def read_model(cls: type[M], path: str | os.PathLike) -> M:
+    """The ``cls`` in the JSON file at ``path``; every problem is one ZbError line naming the file."""
     return parse_model(cls, read_json(path), str(Path(path)))
 
 
 def write_model(model: BaseModel, path: str | os.PathLike) -> Path:
+    """Write ``model`` as indented JSON, atomically (``write_bytes``); the path written."""
     return write_text(path, model.model_dump_json(indent=1, exclude_none=False) + "\n")
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` as UTF-8, atomically (``write_bytes``); the path written."""
     return write_bytes(path, text.encode("utf-8"))
 
 

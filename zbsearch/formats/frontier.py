@@ -13,6 +13,8 @@ __all__ = ["FrontierPoint", "Frontier", "load_frontier", "save_frontier"]
 
 
 class FrontierPoint(BaseModel):
+    """The solved schedule at one memory limit: its bubble rate, the bound and the gap."""
+
     model_config = ConfigDict(extra="forbid")
 
     limit: float = Field(description="memory limit as x in x * p * M_B per rank")
@@ -27,6 +29,8 @@ class FrontierPoint(BaseModel):
 
 
 class Frontier(BaseModel):
+    """Bubble rate against memory limit for one profile and microbatch count (``zbsearch frontier``)."""
+
     model_config = ConfigDict(extra="forbid")
 
     format: Literal["zbsearch.frontier"] = "zbsearch.frontier"
@@ -41,8 +45,10 @@ class Frontier(BaseModel):
 
 
 def load_frontier(path: str | os.PathLike) -> Frontier:
+    """The frontier in a ``zbsearch.frontier`` file; every problem is one ZbError line."""
     return read_model(Frontier, path)
 
 
 def save_frontier(fr: Frontier, path: str | os.PathLike) -> None:
+    """Write ``fr`` as JSON to ``path``, atomically."""
     write_model(fr, path)

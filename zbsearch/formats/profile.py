@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import ZbError
+from ..tolerances import ABS_TOL
 from .fileio import read_model, write_model
 
 __all__ = [
@@ -86,19 +87,19 @@ class StageCost(BaseModel):
 
     @property
     def fused_backward(self) -> float:
-        """What a BW pass costs: measured, or the split's cost where the profile predates t_bw."""
+        """What a BW pass costs: measured, or the split's cost where the profile has no t_bw."""
         return self.t_b + self.t_w if self.t_bw is None else self.t_bw
 
     @property
     def fused_forward(self) -> float:
         """What the F of a microbatch with a fused backward costs: measured, or t_f where the
-        profile predates t_ff."""
+        profile has no t_ff."""
         return self.t_f if self.t_ff is None else self.t_ff
 
     @model_validator(mode="after")
     def _balanced(self) -> StageCost:
         total = self.m_f + self.m_b + self.m_w
-        if abs(total) > _MEMORY_BALANCE_RTOL * max(abs(self.m_f), 1e-9):
+        if abs(total) > _MEMORY_BALANCE_RTOL * abs(self.m_f) + ABS_TOL:
             raise ValueError(
                 f"memory deltas do not balance: m_f + m_b + m_w = {total:g} "
                 f"(what F allocates must be freed by B and W)"
@@ -173,8 +174,17 @@ class Links(BaseModel):
 
 
 class Profile(BaseModel):
-    """Per-stage costs, and (from the profiler) where and how they were measured. Other
-    top-level fields are kept as they are."""
+    """A model's measured costs per pipeline stage: what schedules are built from.
+
+    ``stages[s]`` holds stage s's pass times (ms) and activation memory deltas
+    (``memory_unit``: bytes, or activations where M_B = 1), ``t_comm`` the link time at each
+    boundary. The profiler also records where and how it measured (device, settings, the spread
+    of every pass); other top-level fields are kept as they are.
+
+    Load one with ``zbsearch.load_profile`` (a file or a bundled name such as ``"1.5b-m24"``),
+    measure one with ``zbsearch.profiler.profile_model``, write one with ``save_profile``
+    (the ``zbsearch.profile`` v1 format).
+    """
 
     model_config = ConfigDict(extra="allow")
 
@@ -260,6 +270,7 @@ class Profile(BaseModel):
 
     @property
     def num_stages(self) -> int:
+        """Stages measured (pieces, where the profile has a placement)."""
         return len(self.stages)
 
     @property
@@ -279,10 +290,22 @@ class Profile(BaseModel):
         return 0.0 if v is None else v[boundary] if isinstance(v, list) else v
 
     def mean_comm(self, kind: str = "t_comm") -> float:
+        """The mean of ``comm`` over all boundaries: what a boundary inside a profile stage costs
+        when a schedule cuts the stage finer."""
         v = getattr(self, kind)
         if not isinstance(v, list):
             return v or 0.0
         return sum(v) / len(v) if v else 0.0
+
+    def __repr__(self) -> str:
+        stages = f"stages={self.num_stages}"
+        if self.placement is not None:
+            stages += f" (pieces on {self.num_ranks} ranks)"
+        n = self.num_stages
+        means = "/".join(f"{sum(getattr(st, t) for st in self.stages) / n:.4g}" for t in ("t_f", "t_b", "t_w"))
+        return f"Profile({self.name!r}, {stages}, memory_unit={self.memory_unit!r}, mean F/B/W {means} ms)"
+
+    __str__ = __repr__
 
     def compute_only(self) -> Profile:
         """This profile without the host time of messages (``t_send``, ``t_recv``): what the
@@ -312,7 +335,7 @@ def load_profile(name_or_path: str | os.PathLike) -> Profile:
     return read_model(Profile, matches[0])
 
 
-# the name the command line has always used for load_profile
+# the name the command line uses for load_profile
 resolve_profile = load_profile
 
 

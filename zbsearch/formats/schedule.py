@@ -69,6 +69,20 @@ class SolverInfo(BaseModel):
 
 
 class Schedule(BaseModel):
+    """A pipeline schedule: per rank, the order in which it runs its passes.
+
+    ``actions[r]`` lists rank r's actions as text (``"2F0"``: stage 2, forward, microbatch 0;
+    parsed in ``rank_actions``), ``stage_to_rank`` says which rank holds each virtual stage, and
+    ``profile`` holds the costs the schedule was built for. Timeline, bubble and memory follow
+    from these through the simulator (``zbsearch.timeline``); ``predicted`` keeps their summary
+    in the file, and ``solver`` says how a solved schedule was found and how close to optimal
+    it is proven to be.
+
+    Make one with ``zbsearch.build_classic`` or ``zbsearch.solve``, or from your own actions
+    with ``Schedule.build``; check it with ``zbsearch.validate``; read and write it with
+    ``load_schedule`` and ``save_schedule`` (the ``zbsearch.schedule`` v1 format).
+    """
+
     model_config = ConfigDict(extra="forbid")
 
     format: Literal["zbsearch.schedule"] = "zbsearch.schedule"
@@ -139,7 +153,31 @@ class Schedule(BaseModel):
 
     @property
     def chunks(self) -> int:
+        """Stages per rank (2 for ZB-V and interleaved 1F1B, 1 otherwise)."""
         return self.num_stages // self.num_ranks
+
+    def __repr__(self) -> str:
+        parts = [f"{self.kind!r}", f"ranks={self.num_ranks}", f"stages={self.num_stages}",
+                 f"microbatches={self.num_microbatches}", f"limit={self._limit_text()}"]
+        if self.predicted is not None:
+            parts += [f"span={max(self.predicted.span):.4g} ms", f"bubble={self.predicted.bubble_rate:.2%}"]
+        if self.solver is not None:
+            parts.append(f"solver={self.solver.status} (gap {self.solver.gap:.2%})")
+        return f"Schedule({', '.join(parts)})"
+
+    __str__ = __repr__
+
+    def _limit_text(self) -> str:
+        """The memory limit as asked for, else its per-rank values in the profile's unit."""
+        if self.memory_limit_spec:
+            return self.memory_limit_spec
+        if self.memory_limit is None:
+            return "none"
+        lo, hi = min(self.memory_limit), max(self.memory_limit)
+        unit = self.profile.memory_unit
+        scale, name = (2**30, " GiB") if unit == "bytes" else (1, " activations")
+        text = f"{lo / scale:.4g}" if lo == hi else f"{lo / scale:.4g}-{hi / scale:.4g}"
+        return text + name
 
     @classmethod
     def build(
@@ -153,6 +191,26 @@ class Schedule(BaseModel):
         solver: SolverInfo | None = None,
         memory_limit_spec: str | None = None,
     ) -> Schedule:
+        """A schedule of ``actions`` (per rank, in order) on ``profile``, checked for shape.
+
+        Args:
+            kind: a name for the order, e.g. ``"zb-h1"`` or your own.
+            num_microbatches: microbatches per iteration.
+            stage_to_rank: the rank that holds each virtual stage.
+            actions: per rank, the actions it runs, in order.
+            memory_limit: per rank, the most activation memory it may hold (the profile's unit).
+            solver: how a solver found it.
+            memory_limit_spec: how the limit was asked for (``"2p"``), to recompute it for
+                another profile.
+
+        Raises:
+            pydantic.ValidationError: an action names a stage or microbatch that does not
+                exist, or the placement does not fit the ranks or the profile.
+
+        Nothing here checks that the order can run or stays within the limit: that is
+        ``zbsearch.validate``. The result carries no ``predicted`` block until
+        ``zbsearch.with_prediction`` adds it.
+        """
         fields = dict(
             kind=kind,
             num_ranks=max(stage_to_rank) + 1,
@@ -171,8 +229,14 @@ class Schedule(BaseModel):
 
 
 def load_schedule(path: str | os.PathLike) -> Schedule:
+    """The schedule in a ``zbsearch.schedule`` file.
+
+    Raises:
+        ZbError: no such file, or not a valid schedule file (one line naming the field).
+    """
     return read_model(Schedule, path)
 
 
 def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
+    """Write ``schedule`` as JSON to ``path`` (atomically: a failed write leaves no partial file)."""
     write_model(schedule, path)

@@ -20,6 +20,7 @@ TORCH_LETTERS = {Op.F: "F", Op.B: "I", Op.W: "W", Op.BW: "B"}
 
 
 def to_torch_csv(schedule: Schedule) -> str:
+    """The schedule's actions as torch's CSV text: one line per rank, torch's letters."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     for row in schedule.rank_actions:

@@ -23,6 +23,8 @@ __all__ = ["TraceArgs", "TraceEvent", "TraceInfo", "Trace", "load_trace", "save_
 
 
 class TraceArgs(BaseModel):
+    """The action an event times, and the rank's live activations after it."""
+
     model_config = ConfigDict(extra="allow")
 
     stage: int = Field(ge=0)
@@ -32,6 +34,8 @@ class TraceArgs(BaseModel):
 
 
 class TraceEvent(BaseModel):
+    """One action as it ran: a complete event of the Chrome trace format."""
+
     model_config = ConfigDict(extra="allow")
 
     name: str
@@ -44,10 +48,13 @@ class TraceEvent(BaseModel):
 
     @property
     def action(self) -> Action:
+        """The action this event times."""
         return Action(self.args.stage, self.args.op, self.args.mb)
 
 
 class TraceInfo(BaseModel):
+    """The ``zbsearch`` block: the format's name and version, the schedule kind and its ranks."""
+
     model_config = ConfigDict(extra="allow")
 
     format: Literal["zbsearch.trace"] = "zbsearch.trace"
@@ -57,6 +64,9 @@ class TraceInfo(BaseModel):
 
 
 class Trace(BaseModel):
+    """One measured step of a schedule on every rank (``zbsearch.trace`` v1); read it with
+    ``load_trace``."""
+
     model_config = ConfigDict(extra="allow")
 
     traceEvents: list[TraceEvent]
@@ -77,6 +87,7 @@ class Trace(BaseModel):
         return [((r[-1].ts + r[-1].dur) - r[0].ts) / 1e3 if r else 0.0 for r in self.rank_events()]
 
     def makespan_ms(self) -> float:
+        """The first start to the last end on any rank, in ms."""
         if not self.traceEvents:
             return 0.0
         return (max(e.ts + e.dur for e in self.traceEvents) - min(e.ts for e in self.traceEvents)) / 1e3
@@ -118,4 +129,5 @@ def load_trace(path: str | os.PathLike) -> Trace:
 
 
 def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
+    """Write ``trace`` as JSON to ``path``, atomically; the path written."""
     return write_model(trace, path)

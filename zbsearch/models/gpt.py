@@ -23,6 +23,9 @@ __all__ = ["GPTConfig", "gpt_stages", "gpt_batch", "gpt_loss"]
 
 @dataclass(frozen=True)
 class GPTConfig:
+    """Size of the built-in GPT (and Llama) model and how it is cut: ``stages`` pipeline stages
+    of ``layers`` transformer layers in all, microbatches of ``microbatch_size`` sequences."""
+
     layers: int = 8
     hidden: int = 128
     heads: int = 4
@@ -32,6 +35,7 @@ class GPTConfig:
     stages: int = 4
 
     def check(self) -> None:
+        """Raise a one-line ZbError for a size the model cannot take."""
         for name, value in asdict(self).items():
             if value < 1:
                 raise ZbError(f"gpt: {name} must be at least 1, not {value}")
@@ -41,11 +45,14 @@ class GPTConfig:
             raise ZbError(f"gpt: {self.layers} layers cannot fill {self.stages} stages (at least one layer per stage)")
 
     def layers_per_stage(self) -> list[int]:
+        """Transformer layers on each stage: as even as possible, earlier stages take the remainder."""
         q, r = divmod(self.layers, self.stages)
         return [q + (s < r) for s in range(self.stages)]
 
 
 class Attention(nn.Module):
+    """Causal multi-head self-attention."""
+
     def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
@@ -53,6 +60,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, hidden) -> the same shape."""
         b, s, h = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -70,27 +78,34 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, hidden) -> the same shape."""
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
 
 class Embedding(nn.Module):
+    """Token embedding plus a learned position embedding (the first stage's input)."""
+
     def __init__(self, vocab: int, hidden: int, seq: int) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, hidden)
         self.pos = nn.Parameter(torch.randn(seq, hidden) * 0.02)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids (batch, seq) -> (batch, seq, hidden)."""
         return self.tok(ids) + self.pos[: ids.shape[1]]
 
 
 class Head(nn.Module):
+    """Final LayerNorm and the LM head (the last stage's output)."""
+
     def __init__(self, vocab: int, hidden: int) -> None:
         super().__init__()
         self.ln = nn.LayerNorm(hidden)
         self.out = nn.Linear(hidden, vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, hidden) -> logits (batch, seq, vocab)."""
         return self.out(self.ln(x))
 
 
@@ -120,4 +135,5 @@ def gpt_batch(cfg: GPTConfig, microbatches: int = 1, seed: int = 1) -> tuple[tor
 
 
 def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of the last stage's logits against ``targets``."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -19,12 +19,15 @@ __all__ = ["llama_stages", "RMSNorm", "LlamaBlock"]
 
 
 class RMSNorm(nn.Module):
+    """Root-mean-square normalisation with a learned scale (no mean, no bias)."""
+
     def __init__(self, hidden: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise over the last dimension; same shape."""
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
@@ -54,6 +57,7 @@ class LlamaBlock(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, hidden) -> the same shape."""
         b, s, h = x.shape
         y = self.norm1(x)
         q, k, v = (proj(y).view(b, s, self.heads, h // self.heads).transpose(1, 2) for proj in (self.q, self.k, self.v))

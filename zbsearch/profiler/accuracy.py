@@ -28,6 +28,8 @@ NEGLIGIBLE = 0.01  # share of the stage's profiled F + B + W
 
 @dataclass(frozen=True)
 class PassAgreement:
+    """One pass type of one stage: its profiled time against the runtime's median."""
+
     stage: int
     op: Op
     profiled: float  # ms
@@ -35,6 +37,7 @@ class PassAgreement:
 
     @property
     def error(self) -> float:
+        """Measured over profiled, less 1 (0.05: the runtime took 5% longer)."""
         return self.measured / self.profiled - 1
 
 

@@ -4,9 +4,9 @@ Under torchrun each pair of neighbouring ranks ping-pongs the real boundary tens
 one-way time is half the mean round trip (activations go one way, their gradient of the same
 size comes back, so one number serves both directions). The mean, not the median: a rank
 waiting for a message sleeps in the transport, and waking it is sometimes fast and sometimes
-not (gloo over loopback on a 2-core VM: one-way 0.15 ms or 1.8 ms, in runs of either), so a
-median of a few round trips lands on one mode or the other, from one profile to the next, while
-a step, which pays every message on its critical path, pays the mean. On one device there is no link to time:
+an order of magnitude slower, in runs of either, so a median of a few round trips lands on
+one mode or the other, from one profile to the next, while a step, which pays every message
+on its critical path, pays the mean. On one device there is no link to time:
 two local processes measure latency (a 4-byte message) and bandwidth (a 16 MiB one) on the
 transport the runtime would use on this machine, and each boundary is estimated as
 latency + bytes / bandwidth. There the fastest round trip counts: the aim is the transport's
@@ -17,11 +17,10 @@ Under torchrun each pair also measures what a message costs the ranks' own time 
 compute (``busy_exchange``), through the runtime's own message path and in both directions
 (activations, then their gradient with its mask): the sender's call handing it over, the
 receiver's posting and collecting of its receive, and what the transfer then takes from the
-rank's compute, the profile's ``t_send`` and ``t_recv``. Timed with raw ``isend``/``irecv``
-of the activations alone, they read 0.11-0.32 ms, while the runtime's own send calls alone took
-0.39-0.51 ms per message in ZB-V steps on the same 2-core VM (gradients add a mask message); the
-runtime's way they read 0.27-0.44 ms over five runs, and ZB-V, which sends twice as many
-messages per pass as 1F1B, went from 1.05 to 1.01-1.03 of its prediction in ``bench/real.py``.
+rank's compute, the profile's ``t_send`` and ``t_recv``. Raw ``isend``/``irecv`` of the
+activations alone would miss what the runtime's own calls cost (headers, gradient masks,
+tags), which a step pays per message, most of all in ZB-V, which sends twice as many messages
+per pass as 1F1B (figures in the profiler's bench report).
 """
 
 from __future__ import annotations
@@ -34,6 +33,8 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import run_local
+from ..distributed.timeouts import LINK_ESTIMATE_TIMEOUT_S
+from ..formats.profile import MIN_TIME_MS
 from ..runtime.p2p import ACT, GRAD, P2P, Message
 from .measure import Stats
 
@@ -44,6 +45,8 @@ _LARGE = 16 * 2**20
 
 @dataclass(frozen=True)
 class LinkModel:
+    """A link estimated as latency plus bytes over bandwidth (``estimate_link``)."""
+
     latency_ms: float
     bandwidth_gb_s: float  # 1e9 bytes per second
     how: str
@@ -51,9 +54,11 @@ class LinkModel:
     spread: dict[str, dict] | None = None
 
     def time_ms(self, nbytes: float) -> float:
+        """One-way time of a message of ``nbytes`` bytes."""
         return self.latency_ms + nbytes / (self.bandwidth_gb_s * 1e6)
 
     def record(self) -> dict:
+        """The profile's ``links`` block for this estimate."""
         return {"method": "estimated", "latency_ms": self.latency_ms, "bandwidth_gb_s": self.bandwidth_gb_s, "how": self.how,
                 **({"one_way_spread_ms": self.spread} if self.spread else {})}
 
@@ -155,8 +160,9 @@ def estimate_link(device: torch.device) -> LinkModel:
     """Latency and bandwidth between two local processes: NCCL between two GPUs when there are
     two, else gloo through the host (then an upper bound on what a GPU interconnect takes)."""
     nccl = device.type == "cuda" and torch.cuda.device_count() >= 2
-    (smalls, larges), _ = run_local(_measure, 2, "cuda" if nccl else "cpu", backend="nccl" if nccl else "gloo", timeout=120)
+    (smalls, larges), _ = run_local(_measure, 2, "cuda" if nccl else "cpu", backend="nccl" if nccl else "gloo",
+                                   timeout=LINK_ESTIMATE_TIMEOUT_S)
     small, large = min(smalls), min(larges)
-    bandwidth = _LARGE / max(large - small, 1e-6) / 1e6
+    bandwidth = _LARGE / max(large - small, MIN_TIME_MS) / 1e6
     how = "2 local processes, NCCL between 2 GPUs" if nccl else "2 local processes, gloo over loopback TCP"
     return LinkModel(small, bandwidth, how, {"4 B": Stats.of(smalls).record(), "16 MiB": Stats.of(larges).record()})

@@ -53,15 +53,19 @@ class Stats:
 
     @classmethod
     def of(cls, samples: list[float]) -> Stats:
+        """The statistics of ``samples`` (at least 2); the median floored at ``MIN_TIME_MS``."""
         q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
         return cls(max(statistics.median(samples), MIN_TIME_MS), q1, q3, statistics.fmean(samples))
 
     def record(self) -> dict:
+        """As the profile records it (``Quartiles``)."""
         return {"median": self.median, "q1": self.q1, "q3": self.q3, "mean": self.mean}
 
 
 @dataclass(frozen=True)
 class StageMeasurement:
+    """What ``measure_stage`` found for one stage: each pass's times, memory, output size."""
+
     f: Stats
     b: Stats
     w: Stats
@@ -75,6 +79,7 @@ class StageMeasurement:
     not_taken: tuple[Stats, Stats, Stats] | None = None  # a first stage's F, B, W the other way
 
     def cost(self) -> StageCost:
+        """The stage's costs as the profile holds them: each pass at its mean, m_w balancing m_f + m_b."""
         return StageCost(
             t_f=_cost(self.f), t_b=_cost(self.b), t_w=_cost(self.w), t_bw=_cost(self.bw),
             t_ff=_cost(self.ff), m_f=self.m_f, m_b=self.m_b, m_w=-(self.m_f + self.m_b),
@@ -82,6 +87,7 @@ class StageMeasurement:
         )
 
     def record(self) -> dict:
+        """The spread of every pass, as the profile's ``measured.stages`` records it."""
         out = {
             "t_f": self.f.record(), "t_b": self.b.record(), "t_w": self.w.record(), "t_bw": self.bw.record(),
             "t_ff": self.ff.record(), "memory_residual": self.memory_residual, "output_bytes": self.output_bytes,
@@ -94,9 +100,7 @@ class StageMeasurement:
 
 def _cost(st: Stats) -> float:
     """What a pass costs a schedule: its mean, not its median. A step is a sum of passes and
-    pays the occasional slow one (a collection, an interrupt): over five quiet runs of
-    bench/real.py the runtime's passes averaged 1-5% over the profile's medians, and the
-    profile's own means were 0-5% over its medians."""
+    pays the occasional slow one (a collection, an interrupt), which a median leaves out."""
     return max(st.mean, MIN_TIME_MS)
 
 
@@ -114,8 +118,8 @@ def measure_stage(
     A first stage, whose W runs its whole backward, is timed both ways its W can run (one plain
     backward, or deferred: the split's fast path, see ``zbsearch.runtime.split_backward``), in
     alternating order, and keeps the way whose F + B + W costs less; the runtime follows the
-    profile's choice. Which is faster depends on the layers and the device (measured figures in
-    ``zbsearch.runtime.split_backward``)."""
+    profile's choice. Which is faster depends on the layers and the device (``bench/split.py``
+    measures both)."""
     clock = DeviceClock(device)
     meter = ActivationMeter()
 

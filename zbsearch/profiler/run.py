@@ -9,10 +9,9 @@ Two ways to run, the same measurements:
   and what a message costs each end's own time while both compute (``t_send``, ``t_recv``);
   rank 0 gathers everything and returns the profile. The ranks measure at once, as they will
   compute in the runtime: on CPU ranks with cores of their own still share the caches and the
-  memory bus (measured: GPT hidden 256, 2 ranks on 2 cores, every pass 0.5-2.4% slower than
-  with the other rank idle, mean 1.4%). Only when the ranks' threads outnumber the cores do they
-  take turns: at once they would time each other's share of a core, which in the runtime
-  depends on the schedule.
+  memory bus, so each pass runs slower than with the other ranks idle. Only when the ranks'
+  threads outnumber the cores do they take turns: at once they would time each other's share
+  of a core, which in the runtime depends on the schedule.
 
 With a ``placement`` (``--placement v``: 2 pieces per rank) the stages are pieces and each rank
 measures the pieces it will run, on the device it will run them on, with as many ranks as the
@@ -29,6 +28,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,8 +51,6 @@ __all__ = ["Progress", "profile_model", "profile_one_device", "profile_distribut
 _LINK_REPEAT = 40
 # Untimed pairs of each message kind before the timed ones (the first message carries a header).
 _BUSY_WARMUP = 2
-# How long a rank waits for a message of the profiler's exchange before it gives up (s).
-_TIMEOUT_S = 600.0
 
 Progress = Callable[[str, int, int], None]  # (what is being measured, done, total)
 
@@ -61,9 +59,24 @@ def profile_model(
     spec: ModelSpec, settings: Settings, *, placement: list[int] | None = None, name: str | None = None,
     progress: Progress | None = None,
 ) -> Profile | None:
-    """Under torchrun (WORLD_SIZE > 1) the distributed profile, returned on rank 0 only (None
-    elsewhere); otherwise the one-device profile. ``placement`` (piece -> rank): the stages are
-    pieces for that placement, several per rank (``--placement v``)."""
+    """Measure ``spec``'s stages into a profile, on this device or on one rank per pipeline rank.
+
+    Under torchrun (WORLD_SIZE > 1) each rank measures its own stages and times its links, and
+    rank 0 returns the profile (the other ranks None); otherwise every stage runs here, one
+    after the other (``profile_one_device``).
+
+    Args:
+        spec: the model (``load_model``, ``builtin_gpt`` or ``as_model``).
+        settings: how to measure.
+        placement: piece -> rank: the stages are pieces for that placement, several per rank
+            (``--placement v``).
+        name: the profile's name (default: the model's and the device type).
+        progress: called with (what is being measured, steps done, steps in all).
+
+    Raises:
+        ZbError: bad settings, a stage that cannot take its inputs, or ranks that do not fit
+            the placement.
+    """
     settings.check()
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return profile_one_device(spec, settings, placement=placement, name=name, progress=progress)
@@ -206,30 +219,65 @@ def profile_distributed(
         # holds a communicator for each direction)
         together = _at_once(device, world, group)
         boundaries = [(b, owner[b], owner[b + 1]) for b in range(p - 1) if crosses[b]]
-        comm = P2P(exchange_plan(boundaries, _BUSY_WARMUP + _busy_repeat(settings)), rank, group, device, _TIMEOUT_S)
+        comm = P2P(exchange_plan(boundaries, _BUSY_WARMUP + _busy_repeat(settings)), rank, group, device, settings.timeout)
+        ctx = _RoundContext(spec=spec, settings=settings, group=group, rank=rank, world=world, owner=owner, mine=mine,
+                            inputs=inputs, outs=outs, crosses=crosses, device=device, progress=progress, comm=comm,
+                            together=together)
         try:
-            rounds = [_round(spec, settings, group, rank, world, owner, mine, inputs, outs, crosses, device, r, progress, comm,
-                             together) for r in range(settings.rounds)]
+            rounds = [_round(ctx, r) for r in range(settings.rounds)]
         finally:
             comm.close()
     if rank != 0:
         return None
     layout = "one rank per stage" if placement is None else f"{p // world} pieces per rank, placement {owner}"
     mode = f"{layout}, {world} ranks" + ("" if together else ", in turns")
-    profiles = [_assemble(spec, recorded, device, measured, t_comm, links, mode, name, placement, world, link_stats,
-                          host_ms, host_stats)
-                for measured, t_comm, links, link_stats, host_ms, host_stats in (r for r in rounds if r is not None)]
+    profiles = [_assemble(spec, recorded, device, got.measured, got.t_comm, got.links, mode, name, placement, world,
+                          got.link_stats, got.host_ms, got.host_stats)
+                for got in rounds if got is not None]
     if progress is not None:
         progress("done", steps * settings.rounds, steps * settings.rounds)
     return pool_profiles(profiles)
 
 
-def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, owner: list[int], mine: list[int],
-           inputs: dict[int, tuple], outs: dict[int, tuple], crosses: list[bool], device: torch.device, r: int,
-           progress: Progress | None, comm: P2P, together: bool):
-    """One round of profile_distributed: every stage (all ranks at once, or in turns where their
-    threads outnumber the cores), then every link; what rank 0 needs to assemble the round's
-    profile (None elsewhere)."""
+@dataclass(frozen=True)
+class _RoundContext:
+    """What stays the same from one round of ``profile_distributed`` to the next."""
+
+    spec: ModelSpec
+    settings: Settings
+    group: dist.ProcessGroup | None
+    rank: int
+    world: int
+    owner: list[int]  # stage -> rank
+    mine: list[int]  # the stages this rank measures
+    inputs: dict[int, tuple]  # stage -> its inputs, for this rank's stages
+    outs: dict[int, tuple]  # stage -> its outputs, for this rank's stages
+    crosses: list[bool]  # per boundary: whether it joins two ranks
+    device: torch.device
+    progress: Progress | None
+    comm: P2P  # the runtime's message path, for the link exchange
+    together: bool  # whether the ranks measure their stages at once (else in turns)
+
+
+@dataclass(frozen=True)
+class _RoundResult:
+    """One round's measurements, gathered on rank 0: what ``_assemble`` makes a profile of."""
+
+    measured: list[StageMeasurement]  # per stage
+    t_comm: list[float]  # per boundary: the link's mean one-way time (ms), 0 inside a rank
+    links: dict  # the profile's links block
+    link_stats: list[Stats | None]  # per boundary: the one-way times, None inside a rank
+    host_ms: dict[str, list[float]]  # "send" / "recv" -> per boundary: host time per message (ms)
+    host_stats: list[tuple[str, int, Stats]]  # (end, boundary, host times) for the warnings
+
+
+def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
+    """Round ``r`` of profile_distributed: every stage (all ranks at once, or in turns where their
+    threads outnumber the cores), then every link; the round's measurements on rank 0 (None
+    elsewhere)."""
+    spec, settings, group, rank, world = ctx.spec, ctx.settings, ctx.group, ctx.rank, ctx.world
+    owner, mine, inputs, outs, crosses = ctx.owner, ctx.mine, ctx.inputs, ctx.outs, ctx.crosses
+    device, progress, comm = ctx.device, ctx.progress, ctx.comm
     p = len(spec.stages)
     steps = p + sum(crosses)
     done = r * steps
@@ -239,7 +287,7 @@ def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, ow
         return measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat)
 
     results: dict[int, StageMeasurement] = {}
-    if not together:
+    if not ctx.together:
         for s in range(p):
             if progress is not None:
                 progress(f"{tag}stage {s} (rank {owner[s]}): F, B, W", done + s, steps * settings.rounds)
@@ -303,8 +351,14 @@ def _round(spec: ModelSpec, settings: Settings, group, rank: int, world: int, ow
     # a link costs its mean one-way time, not its median: see zbsearch.profiler.links
     t_comm = [timed[b].mean if b in timed else 0.0 for b in range(p - 1)]
     host_ms = {k: [host[(k, b)].median if b in timed else 0.0 for b in range(p - 1)] for k in ("send", "recv")}
-    return ([measured[s] for s in range(p)], t_comm, links, [timed.get(b) for b in range(p - 1)], host_ms,
-            [(end, b, st) for (end, b), st in sorted(host.items())])
+    return _RoundResult(
+        measured=[measured[s] for s in range(p)],
+        t_comm=t_comm,
+        links=links,
+        link_stats=[timed.get(b) for b in range(p - 1)],
+        host_ms=host_ms,
+        host_stats=[(end, b, st) for (end, b), st in sorted(host.items())],
+    )
 
 
 def _at_once(device: torch.device, world: int, group) -> bool:

@@ -6,11 +6,13 @@ Kept apart so the one-device and torchrun paths read the same settings and recor
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass
 
 import torch
 
+from ..distributed.timeouts import PEER_TIMEOUT_S
 from ..errors import ZbError
 
 __all__ = ["Settings", "resolve_device", "resolve_dtype", "device_name", "cpu_cores"]
@@ -20,6 +22,13 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 @dataclass(frozen=True)
 class Settings:
+    """How the profiler measures; the same for every stage and rank, recorded in the profile.
+
+    ``warmup`` untimed and ``repeat`` timed repetitions of each stage's passes, in ``rounds``
+    over all stages and links. ``timeout``: seconds a rank waits for another rank's message
+    while links are timed under torchrun (not recorded: it changes no measurement).
+    """
+
     device: str = "cpu"  # "cpu", "cuda" or "cuda:<i>"; under torchrun "cuda" means cuda:LOCAL_RANK
     dtype: str | None = None  # None keeps the model's own dtype
     warmup: int = 3
@@ -31,8 +40,10 @@ class Settings:
     # Keep freed host memory in the process (zbsearch.distributed.heap), as the runtime does by
     # default: otherwise passes are timed with page faults the runtime does not pay.
     keep_heap: bool = True
+    timeout: float = PEER_TIMEOUT_S
 
     def check(self) -> None:
+        """Raise a one-line ZbError for a setting no measurement can use."""
         if self.warmup < 1:
             raise ZbError("--warmup must be at least 1 (the first pass of a stage is always slow)")
         if self.repeat < 3:
@@ -41,10 +52,15 @@ class Settings:
             raise ZbError("--rounds must be at least 1")
         if self.threads is not None and self.threads < 1:
             raise ZbError("--threads must be at least 1")
+        if not (math.isfinite(self.timeout) and self.timeout > 0):
+            raise ZbError(f"--timeout must be a positive number of seconds, not {self.timeout:g}")
         resolve_dtype(self.dtype)
 
     def record(self) -> dict:
-        return {**asdict(self), "threads": torch.get_num_threads()}
+        """The settings block of the profile: these settings with the threads actually used."""
+        out = {**asdict(self), "threads": torch.get_num_threads()}
+        del out["timeout"]
+        return out
 
 
 def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
@@ -69,6 +85,7 @@ def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
 
 
 def resolve_dtype(name: str | None) -> torch.dtype | None:
+    """The torch dtype for a name (float32, bfloat16, float16); None keeps the model's own."""
     if name is None:
         return None
     if name not in _DTYPES:
@@ -82,6 +99,7 @@ def cpu_cores() -> int:
 
 
 def device_name(device: torch.device) -> str:
+    """What the profile records as its device: the GPU's name, or the CPU model and core count."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     model = ""

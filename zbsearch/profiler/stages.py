@@ -46,6 +46,12 @@ _CONTRACT = "(stages, microbatch) or (stages, microbatch, loss_fn, target)"
 
 @dataclass
 class ModelSpec:
+    """A model to profile: its stages, an example microbatch and, optionally, the loss.
+
+    ``stages[s]`` takes stage s-1's outputs (stage 0: ``microbatch``); ``loss_fn(output, target)``
+    runs after the last stage's forward, as in the runtime.
+    """
+
     name: str
     stages: list[nn.Module]
     microbatch: tuple
@@ -141,6 +147,7 @@ def as_model(result: object, where: str) -> ModelSpec:
 
 
 def builtin_gpt(cfg: GPTConfig) -> ModelSpec:
+    """The built-in GPT of ``cfg`` with one microbatch of its synthetic data and its loss."""
     ids, targets = gpt_batch(cfg)
     name = f"gpt-l{cfg.layers}-h{cfg.hidden}-s{cfg.seq}-b{cfg.microbatch_size}-p{cfg.stages}"
     return ModelSpec(name, gpt_stages(cfg), (ids,), gpt_loss, targets, {"model": "builtin gpt", **asdict(cfg)})
@@ -159,6 +166,7 @@ def leaves(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
 
 
 def describe(tensors: Sequence[torch.Tensor]) -> str:
+    """Dtypes and shapes of ``tensors`` for a message, e.g. ``float32(4, 128, 256)``."""
     return ", ".join(f"{str(t.dtype).removeprefix('torch.')}{tuple(t.shape)}" for t in tensors)
 
 

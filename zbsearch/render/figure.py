@@ -50,6 +50,7 @@ def _draw_panel(ax, panel: Panel, end: float, axes_px: float, row_in: float) -> 
 
 
 def write_figure(panels: list[Panel], path: Path, title: str | None = None) -> None:
+    """Draw ``panels`` stacked on one time axis with matplotlib; the format follows the suffix (.png, .svg, ...)."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 

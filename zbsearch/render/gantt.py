@@ -16,6 +16,7 @@ from ..actions import Action, Op, parse_action
 from ..formats.schedule import Schedule
 from ..prediction import timeline
 from ..simulator import bubble_rate
+from ..tolerances import REL_TOL
 
 __all__ = [
     "Bar",
@@ -39,6 +40,8 @@ _OP_CHARS = {Op.F: "F", Op.B: "B", Op.W: "W", Op.BW: "X"}
 
 @dataclass(frozen=True, slots=True)
 class Bar:
+    """One action drawn on its rank's row."""
+
     action: Action
     chunk: int  # position of the action's stage among the stages its rank holds
     start: float  # ms from the panel's origin
@@ -58,24 +61,28 @@ class Panel:
 
     @property
     def num_ranks(self) -> int:
+        """Rows in the panel."""
         return len(self.rows)
 
     @property
     def span(self) -> float:
-        """Longest per-rank span (first start to last end): the iteration period (REFERENCE 4)."""
+        """Longest per-rank span (first start to last end): the iteration period (see ``zbsearch.simulator``)."""
         # max over the row, not the last bar: measured bars may overlap (async work on a rank).
         return max((max(b.end for b in row) - row[0].start for row in self.rows if row), default=0.0)
 
     @property
     def end(self) -> float:
+        """The last end on any rank (ms from the panel's origin): how wide the panel is drawn."""
         return max((b.end for row in self.rows for b in row), default=0.0)
 
     @property
     def bubble_rate(self) -> float:
+        """The bubble rate of the bars (as ``zbsearch.simulator`` defines it)."""
         busiest = max((sum(b.end - b.start for b in row) for row in self.rows), default=0.0)
         return bubble_rate(self.span, busiest)
 
     def title(self) -> str:
+        """The panel's summary line: source, kind, p, m, span, bubble rate and peak memory."""
         chunks = f" ({self.chunks} chunks/rank)" if self.chunks > 1 else ""
         mem = f"   peak memory {self.peak_memory}" if self.peak_memory else ""
         return (
@@ -111,6 +118,7 @@ def op_char(op: Op, chunk: int) -> str:
 
 
 def format_memory(value: float, unit: str) -> str:
+    """A memory amount for a title: GiB for bytes, M_B for activations."""
     if unit == "activations":
         return f"{value:.3g} M_B"
     return f"{value / 2**30:.3g} GiB"
@@ -123,10 +131,11 @@ def nice_ticks(end: float, target: int) -> list[float]:
     raw = end / target
     mag = 10 ** math.floor(math.log10(raw))
     step = next(k * mag for k in (1, 2, 5, 10) if k * mag >= raw)
-    return [i * step for i in range(int(end / step + 1e-9) + 1)]
+    return [i * step for i in range(int(end / step * (1 + REL_TOL)) + 1)]
 
 
 def tick_label(t: float) -> str:
+    """A tick position as text, without float noise."""
     return f"{round(t, 9):g}"  # round away float noise such as 0.6000000000000001
 
 

@@ -81,6 +81,7 @@ def _legend(panels: list[Panel]) -> str:
 
 
 def write_html(panels: list[Panel], path: Path, title: str | None = None) -> None:
+    """Write ``panels`` as one self-contained HTML page of SVG charts (hover a box for its times)."""
     end = max(p.end for p in panels) or 1.0
     row_h = max(6.0, min(22.0, 640.0 / sum(p.num_ranks for p in panels)))
     heading = title or "Pipeline schedules: " + ", ".join(p.kind for p in panels)

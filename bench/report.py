@@ -1,0 +1,615 @@
+"""Render a benchmark's saved results (``bench/results/*.json``) as a dated markdown report.
+
+A report records what its numbers were measured on: the machine, the load average, the commit
+and the date, each taken from the results file where it has them. Where a file lacks one, the
+report says so and gives what git knows instead: the commit that saved the file, and its date.
+Text below the notes marker of an existing report is kept, so comments written by hand
+survive a regeneration.
+
+Run: python bench/report.py TOPIC [RESULTS.json ...] [--hardware TAG] [--date YYYY-MM-DD] [-o FILE]
+     python bench/report.py --list
+The report goes to bench/reports/TOPIC_HARDWARE_DATE.md (or -o; '-' for stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RESULTS = BENCH / "results"
+REPORTS = BENCH / "reports"
+NOTES = "<!-- notes: text below this line is kept when the report is regenerated -->"
+
+
+# ---------------------------------------------------------------- provenance
+
+
+def _git(*args: str) -> str:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return out.stdout.strip()
+
+
+def _saved_in(path: Path) -> tuple[str, str]:
+    """(short commit, date) of the last commit that changed ``path``; empty where git does not know."""
+    line = _git("log", "-1", "--format=%h %ad", "--date=short", "--", str(path.relative_to(ROOT)))
+    commit, _, date = line.partition(" ")
+    return commit, date
+
+
+def _loads(values) -> str:
+    if isinstance(values, str):
+        found = re.search(r"load average:?\s*([\d.]+),?\s+([\d.]+),?\s+([\d.]+)", values) or re.match(
+            r"([\d.]+) ([\d.]+) ([\d.]+)", values)
+        return " / ".join(found.groups()) if found else values
+    return " / ".join(f"{v:.2f}" for v in values)
+
+
+@dataclass
+class Machine:
+    text: str  # what it was, in words
+    tag: str  # the hardware part of the report's file name
+    load: list[str]  # load averages, each with where it was read
+
+
+def _machine(doc: dict) -> Machine:
+    """What a results file says about its machine (older files say less, in other places)."""
+    m = doc.get("machine") if isinstance(doc.get("machine"), dict) else {}
+    named = [v for v in (doc.get("device"), doc.get("cpu")) if isinstance(v, str)]
+    cpu = m.get("cpu") or (named[0].removeprefix("cpu: ").split(",")[0] if named else None)
+    cores = m.get("cores") or doc.get("cores") or doc.get("cpus")
+    if cores is None and isinstance(doc.get("cpu"), int):
+        cores = doc["cpu"]
+    if cores is None and isinstance(doc.get("device"), str):
+        found = re.search(r"(\d+) cores", doc["device"])
+        cores = int(found.group(1)) if found else None
+    cpu = cpu if isinstance(cpu, str) else None
+    parts = [cpu or "CPU model not recorded", f"{cores} cores" if cores else "cores not recorded"]
+    torch = m.get("torch") or doc.get("torch")
+    python = m.get("python") or doc.get("python")
+    parts.append(f"Python {python}" if python else "Python not recorded")
+    parts.append(f"torch {torch}" if torch else "torch not recorded or not used")
+    if isinstance(doc.get("machine"), str):
+        parts.append(doc["machine"])
+    words = [w for w in re.sub(r"[^a-z0-9 ]", "", re.sub(r"\(r\)|\(tm\)", "", (cpu or "").lower())).split()
+             if w not in ("amd", "intel", "processor", "cpu")]
+    tag = f"{words[0] if words else 'cpu'}{cores or ''}{'c' if cores else ''}"
+    load = []
+    for key, where in (("load_before", "before the run"), ("load_per_round", "per round, 1-minute"),
+                       ("load_after", "after the run")):
+        if doc.get(key):
+            load.append(f"{_loads(doc[key])} ({where})")
+    if not load and doc.get("load_average") is not None:
+        load.append(f"{_loads(doc['load_average'])} (as the results file records it)")
+    for key in ("uptime", "v_costs_uptime"):
+        if doc.get(key):
+            load.append(f"{_loads(doc[key])} (1 / 5 / 15 minutes, `{key}`)")
+    if m.get("load_average"):
+        load.append(f"{_loads(m['load_average'])} (1 / 5 / 15 minutes, when the file was saved)")
+    return Machine(", ".join(parts), tag, load)
+
+
+@dataclass
+class Source:
+    """One results file: its content and where it was saved (a commit of this repository)."""
+
+    name: str  # bench/results/NAME
+    where: str  # the path or COMMIT:path it was read from
+    doc: dict
+    commit: str  # the commit that saved it; empty if git does not know
+    date: str  # that commit's date
+
+
+def source(spec: str) -> Source:
+    """A results file on disk, or ``COMMIT:bench/results/NAME.json`` as saved in an earlier commit."""
+    found = re.match(r"^([0-9a-f]{7,40}):(.+)$", spec)
+    if found:
+        commit, path = found.groups()
+        text = _git("show", f"{commit}:{path}")
+        if not text:
+            sys.exit(f"error: no {path} in commit {commit}")
+        date = _git("log", "-1", "--format=%ad", "--date=short", commit)
+        return Source(Path(path).name, spec, json.loads(text), commit, date)
+    path = Path(spec).resolve()
+    if not path.is_file():
+        sys.exit(f"error: no results file {spec}")
+    inside = path.is_relative_to(ROOT)
+    changed = inside and _git("status", "--porcelain", "--", str(path.relative_to(ROOT)))  # not committed as it is
+    commit, date = _saved_in(path) if inside and not changed else ("", "")
+    return Source(path.name, spec, json.loads(path.read_text()), commit, date)
+
+
+def header(title: str, command: str, sources: list[Source], duration: str) -> list[str]:
+    machine = _machine(sources[0].doc)
+    lines = [f"# {title}", "", "| | |", "|---|---|", f"| bench | `{command}` ({duration}) |",
+             f"| machine | {machine.text} |"]
+    lines.append("| load average | " + ("; ".join(machine.load) if machine.load else "not recorded") + " |")
+    for src in sources:
+        rec = src.doc.get("machine") if isinstance(src.doc.get("machine"), dict) else {}
+        saved = f"`{src.commit}`" if src.commit else "an uncommitted change"
+        lines.append(f"| commit measured ({src.name}) | " + (f"`{rec['commit']}`" if rec.get("commit") else
+                     f"not recorded in the file; it was saved in {saved}") + " |")
+        lines.append(f"| date ({src.name}) | " + (rec.get("date") or (f"{src.date} (the day the file was committed; "
+                     "the run's own date is not recorded)" if src.date else "not recorded")) + " |")
+        if _current(src):
+            lines.append(f"| data | [bench/results/{src.name}](../results/{src.name})"
+                         + (f" as saved in commit `{src.commit}`" if src.commit else "") + " |")
+        elif not src.commit:
+            lines.append(f"| data | `{src.where}` (not committed) |")
+        else:
+            lines.append(f"| data | `git show {src.commit}:bench/results/{src.name}` (replaced since by a later run) |")
+    return [*lines, ""]
+
+
+def _current(src: Source) -> bool:
+    """Whether the saved file in bench/results is the one this source was read from."""
+    path = RESULTS / src.name
+    return path.is_file() and json.loads(path.read_text()) == src.doc
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def _round(x: float, digits: int) -> str:
+    """``x`` to ``digits`` decimals, halves rounded up as written in decimal (0.00045 -> 0.0005)."""
+    q = Decimal(repr(float(x))).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
+    return f"{q:f}".replace("-0.", "0.") if q == 0 else f"{q:f}"
+
+
+def _rate(x: float) -> str:
+    """A bubble rate as the tables print it: .1585."""
+    return _round(x, 4).removeprefix("0")
+
+
+def _paper(x: float, digits: int = 3) -> str:
+    """A figure of the paper's tables, to the decimals it prints (3 for Table 5, 4 for ZB-2p and ZB-V)."""
+    return _round(x, digits).removeprefix("0")
+
+
+def _secs(t: float) -> str:
+    return f"{_round(t, 1)} s" if t < 9.95 else f"{_round(t, 0)} s"
+
+
+def _pct(x: float, digits: int = 2) -> str:
+    return f"{_round(100 * x, digits)}%"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows), ""]
+
+
+_MODELS = ["1.5b", "6.2b", "14.6b", "28.3b"]
+_KINDS = {"1f1b": "1F1B", "zb-h1": "ZB-H1", "zb-h2": "ZB-H2", "zb-v": "ZB-V", "zb-2p": "ZB-2p (solver)"}
+
+
+def _kind(name: str) -> str:
+    """'ours zb-h1' -> 'ours ZB-H1'; torch's class names stay as they are."""
+    return " ".join(_KINDS.get(word, word) for word in name.split())
+
+
+def _model(name: str) -> str:
+    return name.upper() if name.endswith("b") else name
+
+
+# ---------------------------------------------------------------- topics
+
+
+def classic(docs: list[dict]) -> list[str]:
+    rows = docs[0]["rows"]
+    out = ["## Table 5: bubble rates, ours / paper", ""]
+    t5 = [r for r in rows if r["table"] == 5]
+    keys = sorted({(r["model"], r["p"], r["m"]) for r in t5}, key=lambda k: (_MODELS.index(k[0]), k[2]))
+    body = []
+    for model, p, m in keys:
+        cells = {r["kind"].split()[0]: r for r in t5 if (r["model"], r["p"], r["m"]) == (model, p, m)}
+        inter = cells["interleaved-1f1b"]
+        v = inter["kind"].split()[1]
+        pair = {k: f"{_rate(r['ours'])} / {_paper(r['paper'])}" for k, r in cells.items()}
+        body.append([_model(model), str(p), str(m), pair["1f1b"], f"{pair['interleaved-1f1b']} ({v})", pair["zb-h1"],
+                     pair["zb-h2"]])
+    out += _table(["model", "p", "m", "1F1B", "1F1B-I", "ZB-H1", "ZB-H2"], body)
+    close = [abs(r["diff"]) for r in t5 if r["kind"] in ("1f1b", "zb-h1", "zb-h2")]
+    inter = [r["diff"] for r in t5 if r["kind"].startswith("interleaved")]
+    out += [f"1F1B, ZB-H1 and ZB-H2: largest difference from the paper {max(close):.4f} over {len(close)} cells.",
+            f"Interleaved 1F1B: {min(inter):+.4f} to {max(inter):+.4f}.", ""]
+    t8 = [r for r in rows if r["table"] == 8]
+    if t8:
+        out += ["## Table 8: ZB-V at p · M_B, ours / paper", ""]
+        body = [[_model(r["model"]), str(r["p"]), str(r["m"]), f"{_rate(r['ours'])} / {_paper(r['paper'], 4)}",
+                 f"{r['diff']:+.4f}", r.get("profile", "")] for r in t8]
+        out += _table(["model", "p", "m", "ZB-V", "difference", "profile"], body)
+    return out
+
+
+def _cell(r: dict) -> str:
+    state = "optimal" if r["status"] == "optimal" else f"gap {_pct(r['gap'])}"
+    digits = 3 if r["limit"] == "1p" else 4
+    return f"{_rate(r['bubble'])} / {_paper(r['paper'], digits)}, {state}, {_secs(r['time_s'])}"
+
+
+def solver(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    rows = doc["rows"]
+    out = []
+    rerun = doc.get("rerun")
+    if rerun:
+        out += [f"The file merges runs of its sections; the last re-ran `--only {','.join(rerun.get('only') or [])}`"
+                + (f" `--match {','.join(rerun['match'])}`" if rerun.get("match") else "") + ".", ""]
+    t5 = [r for r in rows if r["setting"] == "table5"]
+    if t5:
+        out += ["## Table 5 settings: ZB-1p and ZB-2p", "",
+                "Bubble rate (ours / paper), status or gap to our lower bound, solve time.", ""]
+        keys = sorted({(r["model"], r["m"]) for r in t5}, key=lambda k: (_MODELS.index(k[0]), k[1]))
+        body = []
+        for model, m in keys:
+            cell = {r["limit"]: r for r in t5 if (r["model"], r["m"]) == (model, m)}
+            body.append([f"{_model(model)} m{m}", *(_cell(cell[k]) if k in cell else "-" for k in ("1p", "2p"))])
+        out += _table(["setting", "ZB-1p", "ZB-2p"], body)
+        gaps = [r["gap"] for r in t5 if r["limit"] == "2p" and r["status"] != "optimal"]
+        worse = [r for r in t5 if r["limit"] == "2p" and float(_round(r["bubble"], 4)) > r["paper"]]
+        out += [f"At 2p: {sum(r['status'] == 'optimal' for r in t5 if r['limit'] == '2p')} of "
+                f"{sum(r['limit'] == '2p' for r in t5)} proven optimal" +
+                (f", the other gaps {_pct(min(gaps))}-{_pct(max(gaps))}" if gaps else "") +
+                f"; above the paper's ZB-2p: {len(worse)} of {sum(r['limit'] == '2p' for r in t5)}.", ""]
+    t8 = [r for r in rows if r["setting"] == "table8"]
+    if t8:
+        out += ["## Table 8 settings: V placement (`--placement v`) at 1p", ""]
+        body = [[_model(r["model"]), str(r["p"]), str(r["m"]), f"{_rate(r['bubble'])} / {_paper(r['paper'], 4)}",
+                 r["status"], _pct(r["gap"]), _secs(r["time_s"]), r["construction"]] for r in t8]
+        out += _table(["model", "p", "m", "bubble, ours / paper", "status", "gap", "time", "construction"], body)
+    het = [r for r in rows if r["setting"] == "hetero"]
+    if het:
+        out += ["## Heterogeneous stages: per-stage costs against `--uniform-costs`", ""]
+        body = [[r["variant"], r["limit"], f"{r['span']:.1f}", f"{r['uniform_costs_span']:.1f}",
+                 _pct(r["span_reduction"], 1), r["status"], _pct(r["gap"])] for r in het]
+        out += _table(["1.5B, m=24", "limit", "span (ms)", "span, uniform costs (ms)", "span cut", "status", "gap"], body)
+    for r in (r for r in rows if r["setting"] == "issue10"):
+        out += ["## Held-out case: p=8, m=16, 2p, unit pass times, comm 0.1", "",
+                *_table(["span", "lower bound", "optimum (CP-SAT)", "paper's scheduler", "first reached target", "status"],
+                        [[f"{r['span']}", f"{r['lower_bound']}", f"{r['optimum_span']}", f"{r['paper_span']}",
+                          _secs(r["time_to_target_s"]), f"{r['status']} after {_secs(r['time_s'])}"]])]
+    speed = [r for r in rows if r["setting"] == "speed"]
+    if speed:
+        out += ["## Speed at 2p", ""]
+        body = [[f"{_model(r['model'])} p={r['p']} m={r['m']}", _secs(r["time_to_first_s"]), _secs(r["time_to_1pct_s"]),
+                 _secs(r["time_s"]), _pct(r["gap"]), f"{r['target_s']} s"] for r in speed]
+        out += _table(["setting", "first valid schedule", "within 1% of the bound", "solve time", "final gap",
+                       "time limit"], body)
+    lim = [r for r in rows if r["setting"] == "limits"]
+    if lim:
+        out += ["## Time limits: wall time against `--time-limit` (target: 10% + 1 s)", ""]
+        body = []
+        for r in lim:
+            result = r["status"] if r["what"] != "solve" else f"{r['status']}, {r['construction']}, gap {_pct(r['gap'], 3)}"
+            body.append([f"{r['what']} {r['model']} p={r['p']} m={r['m']}", f"{r['time_limit_s']:g}",
+                         f"{r['elapsed_s']:.2f} s", result, f"{r['load_average']:.2f}",
+                         "yes" if r["target_met"] else "no"])
+        out += _table(["run", "-t", "wall", "result", "load", "within target"], body)
+    return out
+
+
+def solver_gap(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    s = doc["settings"]
+    out = [f"{s['count']} instances (seed {s['seed']}), each solved for span and makespan at `-t {s['time_limit']:g}`; "
+           f"the oracle had {s['oracle_time']:g} s of CP-SAT deterministic time per solve.", ""]
+    body = []
+    for key, v in doc["summary"].items():
+        objective, chunks, family = key.split()
+        place = "1 chunk" if chunks == "chunks=1" else "V"
+        body.append([objective, place, family, str(v["n"]), _pct(v["within_1pct"], 0), _pct(v["within_3pct"], 0),
+                     _pct(v["max_gap"]), f"{v['solve_time_mean_s']:.2f} / {v['solve_time_max_s']:.2f} s",
+                     str(v["unsound_bound"]), str(v["false_optimal"]), str(v["invalid"]), str(v["oracle_unproven"])])
+    out += _table(["objective", "placement", "family", "instances", "within 1%", "within 3%", "max gap",
+                   "mean / max solve time", "bound above optimum", "false `optimal`", "invalid", "oracle unproven"], body)
+    out += ["Gaps are to the oracle's optimum; where the oracle did not prove one (last column), to its best schedule.", ""]
+    return out
+
+
+def solver_family(docs: list[dict]) -> list[str]:
+    out = []
+    for doc in docs:
+        s = doc["settings"]
+        after = s.get("after") or "the checkout it ran in"
+        mode = "heuristics only (`--no-milp`)" if s.get("no_milp") else "full solve"
+        su = doc["summary"]
+        out += [f"## {s['before']} against {after}: {mode}", "",
+                f"{su['n']} instances (seed {s['seed']}), `-t {s['time_limit']:g}`; load average when saved: "
+                f"{_loads(doc['machine']['load_average'])}.", ""]
+        out += _table(["", "before", "after"], [
+            ["better / worse / same", "", f"{su['better']} / {su['worse']} / {su['same']}"],
+            ["mean gap to the bound", _pct(su["mean_gap_to_bound_before"]), _pct(su["mean_gap_to_bound_after"])],
+            ["at the bound", str(su["at_bound_before"]), str(su["at_bound_after"])],
+            ["mean time to the final span", f"{su['mean_time_to_final_before_s']:.2f} s",
+             f"{su['mean_time_to_final_after_s']:.2f} s"]])
+        changed = [r for r in doc["rows"] if abs(r["before"]["span"] - r["after"]["span"]) > 1e-9]
+        if changed:
+            body = [[str(r["p"]), str(r["m"]), r["limit"], f"{r['comm']:g}", "yes" if r["hetero"] else "no",
+                     f"{r['before']['span']:g}", f"{r['after']['span']:g}", f"{r['after']['bound']:g}"] for r in changed]
+            out += ["Instances whose span changed:", "",
+                    *_table(["p", "m", "limit", "comm", "hetero", "span before", "span after", "bound"], body)]
+    return out
+
+
+def runtime(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    ms = sorted(doc["emulated"], key=int)
+    out = [f"p={doc['p']}, emulated stages with the {_model(doc['model'])} paper costs, {doc['iters']} timed iterations "
+           f"after {doc['warmup']} of warm-up.", "",
+           "## Emulated passes: iteration time (ms), (measured / predicted makespan - 1)", ""]
+    names = list(doc["emulated"][ms[0]])
+    body = []
+    for name in names:
+        cells = []
+        for m in ms:
+            r = doc["emulated"][m][name]
+            extra = (f" ({r['measured_makespan_ms'] / r['predicted_makespan_ms'] - 1:+.1%})"
+                     if "predicted_makespan_ms" in r else "")
+            cells.append(f"{r['iteration_ms']:.1f}{extra}")
+        body.append([_kind(name), *cells])
+    out += _table(["schedule", *(f"m={m}" for m in ms)], body)
+    for m in ms:
+        t = doc["targets"][m]
+        e = doc["emulated"][m]
+        predicted = e["ours 1f1b"]["predicted_makespan_ms"] / e["ours zb-2p"]["predicted_makespan_ms"]
+        vs = ", ".join(f"{k} {v:.3f}" for k, v in t["ours vs torch, same kind (>= 1 is faster)"].items())
+        out.append(f"- m={m}: ZB-2p {t['zb-2p vs 1f1b']:.3f}x our 1F1B (predicted {predicted:.3f}x); "
+                   "largest |measured / predicted makespan - 1| "
+                   f"{t['max |measured/predicted makespan - 1|']:.1%}; ours against torch's of the same kind: {vs}.")
+    out.append("")
+    if doc.get("overhead"):
+        out += ["## Zero-time passes: the runtime's own time", ""]
+        body = [[_kind(name), f"{r['iteration_ms']:.1f}", str(r.get("actions_per_rank", "-"))]
+                for name, r in doc["overhead"].items()]
+        out += _table(["schedule", "iteration (ms)", "actions per rank"], body)
+    if doc.get("real"):
+        out += ["## Real compute: p=2, small GPT, one thread per rank", ""]
+        body = [[_kind(name), f"{r['iteration_ms']:.1f}", f"{r['measured_makespan_ms']:.1f}", f"{r['predicted_makespan_ms']:.1f}"]
+                for name, r in doc["real"].items()]
+        out += _table(["schedule", "iteration (ms)", "measured makespan (ms)", "predicted makespan (ms)"], body)
+    return out
+
+
+def real(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    c = doc["config"]
+    out = [f"GPT, hidden {c['hidden']}, {c['layers']} layers, seq {c['seq']}, microbatch {c['batch']}, m={c['m']}; "
+           f"{c['steps']} timed steps per schedule in {c['rounds']} rounds; busy: {'yes' if doc['busy'] else 'no'}.",
+           f"Profiling took {doc['profile_seconds']:.0f} s of the {doc['total_seconds']:.0f} s.", "",
+           "## Step time against the prediction", ""]
+    body = []
+    for name, r in doc["rows"].items():
+        w = r["wall_ms"]
+        mk = f"{r['makespan_ms']['median']:.1f}" if "makespan_ms" in r else "-"
+        ratio = (f"{r['measured_over_predicted']:.3f}" if "measured_over_predicted" in r
+                 else f"{r['wall_over_predicted']:.3f} (wall)")
+        body.append([_kind(name), f"{w['median']:.1f} ({w['q1']:.1f}-{w['q3']:.1f})", mk, f"{r['predicted_makespan_ms']:.1f}",
+                     f"{r['predicted_first_round_ms']:.1f}", ratio])
+    out += _table(["schedule", "wall ms median (q1-q3)", "makespan ms", "predicted ms", "1st round", "measured / predicted"],
+                  body)
+    out += ["\"1st round\" is what the first profiler round alone predicts; the prediction pools every round.", "",
+            "## Speed-up over our 1F1B", ""]
+    body = [[_kind(name), f"{v['predicted']:.3f}x", f"{v['measured_wall']:.3f}x"] for name, v in doc["speedups_vs_1f1b"].items()]
+    out += _table(["schedule", "predicted", "measured (wall)"], body)
+    out += ["## Targets", "", *_table(["target", "schedule", "met", "detail"],
+                                        [[v["target"], v["schedule"], "yes" if v["met"] else "no", v["detail"]]
+                                         for v in doc["verdicts"]]), doc["summary"], ""]
+    out += ["## Per-pass time, runtime against the pooled profile (measured / predicted)", ""]
+    body = []
+    for name, r in doc["rows"].items():
+        for p in r.get("passes", []):
+            body.append([_kind(name), str(p["rank"]), p["op"], f"{p['measured_ms']:.2f}", f"{p['predicted_ms']:.2f}",
+                         f"{p['ratio']:.3f}"])
+    out += _table(["schedule", "rank", "pass", "measured ms", "predicted ms", "ratio"], body)
+    out += ["## Where each rank's idle time went (ms per step)", ""]
+    body = []
+    for name, r in doc["rows"].items():
+        for w in r.get("waits", []):
+            body.append([_kind(name), str(w["rank"]), f"{w['idle_ms']:.1f}", f"{w['dependency_ms']:.1f}", f"{w['link_ms']:.1f}",
+                         f"{w['local_ms']:.1f}", f"{w['late_messages']:.1f}"])
+    out += _table(["schedule", "rank", "idle", "dependency", "link", "local", "late messages"], body)
+    return out
+
+
+def split(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    rows = doc["rows"]
+    out = [f"One layer per stage, seq {doc['seq']}, microbatch {doc['batch']}, {doc['microbatches']} microbatches per step, "
+           f"{doc['threads']} thread, {doc['steps']} steps. Ratios are a variant's backward time over a plain "
+           "`loss.backward()` of the same stage in the same step (thread CPU time), median over steps; "
+           "middle/last and fused are medians over the GPT and Llama-style models.", ""]
+    body = []
+    for h in sorted({r["hidden"] for r in rows}):
+        R = [r for r in rows if r["hidden"] == h]
+        rest = [r for r in R if r["stage"] != "first"]
+        first = {r["model"]: r for r in R if r["stage"] == "first"}
+        models = ("gpt", "llama")
+        body.append([
+            str(h), f"{statistics.median(r['cpu']['ratio']['zb'] for r in rest):.2f}",
+            f"{statistics.median(r['cpu']['ratio']['torch'] for r in rest):.2f}",
+            " / ".join(f"{first[m]['cpu']['ratio']['zb']:.3f}" for m in models),
+            " / ".join("deferred" if first[m]["first_stage_w"]["deferred"] else "plain" for m in models),
+            " / ".join(f"{first[m]['cpu']['ratio']['torch']:.3f}" for m in models),
+            " / ".join(f"{first[m]['cpu']['zb_over_torch']:.3f}" for m in models),
+            f"{statistics.median(r['cpu']['ratio']['fused'] for r in R):.2f}"])
+    out += _table(["hidden", "zb B+W, middle/last", "torch split, middle/last", "zb, first (GPT / Llama)",
+                   "first stage's W, as picked", "torch, first (plain backward)", "zb / torch, first", "zb fused BW"], body)
+    out += ["Targets, judged on CPU time and on wall time:", ""]
+    for clock, targets in doc["targets"].items():
+        out.append(f"- {clock}: " + "; ".join(f"{k}: {'met' if v is True else 'missed' if v is False else v}"
+                                             for k, v in targets.items()))
+    out.append("")
+    above = [r for r in rows if r["cpu"]["zb_over_torch"] > 1]
+    if above:
+        body = [[r["model"], str(r["hidden"]), r["stage"], f"{r['cpu']['zb_over_torch']:.3f}",
+                 "-".join(f"{x:.3f}" for x in r["cpu"]["zb_over_torch_95"])] for r in above]
+        out += ["Cells where zb took longer than torch (95% bootstrap interval of the median):", "",
+                *_table(["model", "hidden", "stage", "zb / torch", "95% interval"], body)]
+    return out
+
+
+def profiler(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    m = doc["model"]
+    out = [f"Built-in GPT: {m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads, seq {m['seq']}, microbatch "
+           f"{m['microbatch_size']}, {m['stages']} stages, m={m['microbatches']}; {m['steps']} steps, {m['rounds']} rounds.",
+           "", "## Runtime pass time against the profile (ms)", ""]
+    body = []
+    for p in doc["passes"]:
+        body.append([str(p["stage"]), p["op"], f"{p['profiled_ms']:.2f}", f"{p['one_process_ms']:.2f}",
+                     _pct(p["one_process_ms"] / p["profiled_ms"] - 1, 1), f"{p['processes_ms']:.2f}",
+                     _pct(p["processes_ms"] / p["profiled_ms"] - 1, 1)])
+    out += _table(["stage", "pass", "profile", "one process", "error", f"{m['stages']} processes", "error"], body)
+    out += [f"- {k}: mean error {_pct(v['mean_abs_error'], 1)}, worst {_pct(v['max_abs_error'], 1)}"
+            for k, v in doc["summary"].items()]
+    return [*out, ""]
+
+
+def hf(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    rows = doc["exactness"]
+    out = [f"transformers {doc.get('transformers')}, torch {doc.get('torch')}; took {doc.get('seconds', 0):.0f} s.", "",
+           "## Largest gradient difference from the unsplit model, after one step", ""]
+    schedules = list(dict.fromkeys(r["schedule"] for r in rows))
+    body = []
+    for model, p in dict.fromkeys((r["model"], r["p"]) for r in rows):
+        cell = {r["schedule"]: r for r in rows if (r["model"], r["p"]) == (model, p)}
+        tied = " (tied)" if next(iter(cell.values()))["tied"] else ""
+        body.append([f"{model}{tied}", str(p), *(_sci(cell[s]["max_grad_abs_err"]) if s in cell else "-" for s in schedules)])
+    out += _table(["model", "p", *schedules], body)
+    out += [f"Largest gradient entry {max(r['max_grad'] for r in rows):.2f}; largest loss difference "
+            f"{_sci(max(r['max_loss_abs_err'] for r in rows))}.", ""]
+    for v in doc.get("v_costs", []):
+        out += ["## Per-piece costs in a V", "",
+                *_table(["", "T_F per piece or stage (ms)", "predicted ZB-V span (ms)"],
+                        [[f"{len(v['piece_t_f_ms'])} pieces for {v['p']} ranks",
+                          " / ".join(f"{x:g}" for x in v["piece_t_f_ms"]), f"{v['zbv_span_pieces_ms']:.0f}"],
+                         [f"{len(v['stage_t_f_ms'])} stages, halved", " / ".join(f"{x:g}" for x in v["stage_t_f_ms"]),
+                          f"{v['zbv_span_halved_ms']:.0f}"]])]
+    return out
+
+
+def _sci(x: float) -> str:
+    return "0" if x == 0 else f"{x:.1e}".replace("e-0", "e-")
+
+
+def post_validation(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    out = [f"p={doc['p']}, m={doc['m']}; optimizer step {doc['t_step_ms']} ms, snapshot {doc['t_snapshot_ms']} ms "
+           "(emulated).", "", "## Predicted cost of a synchronous step (simulator)", ""]
+    body = [[k, f"{v['span_ms']:.1f}", f"{v['makespan_ms']:.1f}", _pct(v["sync_cost"], 1)] for k, v in doc["predicted"].items()]
+    out += _table(["schedule", "longest span (ms)", "makespan (ms)", "makespan / span - 1"], body)
+    out += ["## Measured iteration period", ""]
+    body = [[r["schedule"], r["mode"], "yes" if r["barrier"] else "no", f"{r['period_ms']:.1f}", f"{r['vs_sync']:+.1%}"]
+            for r in doc["rows"]]
+    out += _table(["schedule", "mode", "barrier before each step", "period (ms)", "against sync"], body)
+    return out
+
+
+def faults(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    out = [f"Runtime timeout {doc['timeout_s']:g} s; every case as expected: {'yes' if doc['all_ok'] else 'no'}.", ""]
+    body = []
+    for c in doc["cases"]:
+        case = c["case"]
+        ranks = [r for r in c["ranks"] if r]
+        times = [r["elapsed_s"] for r in ranks if r.get("elapsed_s") is not None]
+        outcomes = ", ".join(sorted({r["outcome"] for r in ranks}))
+        body.append([str(case["world"]), case["fault"], f"rank {case['rank']} at {c['action']}", outcomes,
+                     f"{min(times):.2f}-{max(times):.2f} s" if times else "-", f"{c['wall_s']:.1f} s",
+                     "yes" if c["ok"] else "no"])
+    out += _table(["p", "fault", "where", "outcome on the ranks", "fault to error", "case wall time", "as expected"], body)
+    return out
+
+
+@dataclass
+class Topic:
+    title: str
+    files: tuple[str, ...]
+    command: str | Callable[[dict], str]  # the command that made the results, or how to read it from them
+    duration: str
+    render: Callable[[list[dict]], list[str]]
+
+
+TOPICS = {
+    "classic": Topic("Classic schedules against the paper's Tables 5 and 8", ("classic.json",), "python bench/classic.py",
+                     "about 15 s", classic),
+    "solver": Topic("Solver on the paper's settings", ("solver.json",), "python bench/solver.py", "about 14 minutes",
+                    solver),
+    "solver-gap": Topic("Solver against the exact oracle", ("solver_gap.json",),
+                        lambda d: "PYTHONPATH=. python bench/solver_gap.py --count {count} --seed {seed} --time-limit "
+                        "{time_limit:g} --oracle-time {oracle_time:g}".format(**d["settings"]),
+                        "minutes; oracle optima are cached with --oracle-cache", solver_gap),
+    "solver-family": Topic("Solver before and after a change, on a generated family",
+                           ("solver_family.json", "solver_family_no_milp.json", "solver_family_d409d7c.json"),
+                           lambda d: "PYTHONPATH=. python bench/solver_family.py --before {before} --count {count} --seed "
+                           "{seed} --time-limit {time_limit:g} [--no-milp] [--after {before}]".format(**d["settings"]),
+                           "about 10 minutes per run", solver_family),
+    "runtime": Topic("Runtime with emulated passes", ("runtime.json",), "python bench/runtime.py", "a few minutes", runtime),
+    "real": Topic("Runtime with real passes, p=2", ("real.json",), "python bench/real.py",
+                  "about 2 minutes on 2 quiet cores", real),
+    "split": Topic("Cost of the split backward", ("split.json",), "python bench/split.py --steps 30", "about 10 minutes",
+                   split),
+    "profiler": Topic("Profiler accuracy", ("profiler.json",), "python bench/profiler.py", "about a minute", profiler),
+    "hf": Topic("Hugging Face models through the pipeline", ("hf.json",), "python bench/hf.py", "about 2 minutes", hf),
+    "post-validation": Topic("Optimizer post-validation", ("post_validation.json",), "python bench/post_validation.py",
+                             "about 4 minutes", post_validation),
+    "faults": Topic("The runtime under faults", ("faults.json",), "python bench/faults.py", "about 5 minutes", faults),
+}
+
+
+def render(name: str, sources: list[Source]) -> tuple[str, Machine, str]:
+    """The report's generated part, its machine and the date its name takes."""
+    topic = TOPICS[name]
+    docs = [src.doc for src in sources]
+    command = topic.command if isinstance(topic.command, str) else topic.command(docs[0])
+    lines = header(topic.title, command, sources, topic.duration) + topic.render(docs)
+    rec = docs[0].get("machine") if isinstance(docs[0].get("machine"), dict) else {}
+    date = (rec or {}).get("date") or sources[0].date or "undated"
+    return "\n".join(lines).rstrip() + "\n", _machine(docs[0]), date[:10]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("topic", nargs="?", choices=sorted(TOPICS))
+    ap.add_argument("results", nargs="*", help="results JSON, or COMMIT:bench/results/NAME.json as saved in a commit "
+                    "(default: the topic's files in bench/results)")
+    ap.add_argument("--name", help="report name in place of the topic, for a second run of a topic on one day")
+    ap.add_argument("--hardware", help="hardware part of the file name (default: from the CPU model and cores)")
+    ap.add_argument("--date", help="date part of the file name (default: the run's, else the file's commit date)")
+    ap.add_argument("-o", "--output", help="report file ('-': stdout; default: bench/reports/NAME_HARDWARE_DATE.md)")
+    ap.add_argument("--list", action="store_true", help="list the topics and their results files")
+    args = ap.parse_args()
+    if args.list or not args.topic:
+        for name, t in TOPICS.items():
+            print(f"{name:16} {', '.join(t.files)}")
+        return
+    sources = [source(s) for s in args.results or [str(RESULTS / f) for f in TOPICS[args.topic].files]]
+    text, machine, date = render(args.topic, sources)
+    if args.output == "-":
+        print(text, end="")
+        return
+    name = args.name or args.topic
+    out = Path(args.output) if args.output else REPORTS / f"{name}_{args.hardware or machine.tag}_{args.date or date}.md"
+    notes = ""
+    if out.is_file() and NOTES in out.read_text():
+        notes = out.read_text().split(NOTES, 1)[1].lstrip("\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n" + NOTES + "\n\n" + notes)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
