@@ -19,8 +19,7 @@ Three parts (``--parts``):
   ``--base DIR``, by the code in DIR (e.g. the solver before fused backwards), instance by
   instance in turn so that both see the same load: values, bounds and statuses side by side.
 
-Prints tables, saves bench/results/fused.json and writes a dated report
-bench/reports/fused_<hardware>_<date>.md.
+Prints tables and saves bench/results/fused.json; ``python bench/report.py fused`` renders it.
 Run: PYTHONPATH=. python bench/fused.py [--count 80] [--time-limit 3] [--large-time-limit 10]
      [--paper-time-limit 10] [--base DIR] [--oracle-cache FILE] [--parts oracle,large,paper]
 """
@@ -28,7 +27,6 @@ Run: PYTHONPATH=. python bench/fused.py [--count 80] [--time-limit 3] [--large-t
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import os
@@ -39,7 +37,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from bench.common import machine, save
+from bench.common import save
 from tests.solver.harness import TOL, judge
 from tests.solver.oracle import FAMILIES, cp_optimum_many, random_instance, with_fused
 from zbsearch import Profile, StageCost, resolve_profile
@@ -50,7 +48,6 @@ _SIZES = {1: [(2, 2), (2, 3), (2, 4), (3, 2), (3, 3), (4, 2)], 2: [(2, 2), (2, 3
 _LIMITS = ("min", "1p", "1.5p", "2p", "none")
 _RATIOS = (0.4, 0.55, 0.7, 0.85, 1.0)
 _PAPER = ("1.5b-m24", "1.5b-m32", "1.5b-m64", "6.2b-m24", "6.2b-m32", "6.2b-m64", "14.6b-m48", "28.3b-m96")
-REPORTS = Path(__file__).resolve().parent / "reports"
 
 
 # ---- oracle ---------------------------------------------------------------------------------
@@ -259,64 +256,6 @@ def paper_part(args) -> dict:
     return {"summary": summary, "cases": rows}
 
 
-# ---- report ---------------------------------------------------------------------------------
-
-def _report(doc: dict, path: Path) -> None:
-    m = doc["machine"]
-    lines = [f"# Fused and split backwards: certificates and schedules ({doc['date']})", "",
-             f"Machine: {m['cpu']}, {m['cores']} cores, load average {', '.join(f'{x:.2f}' for x in m['load_average'])} "
-             f"at the end (shared with other jobs). Settings: {doc['settings']}.", ""]
-    if "oracle" in doc:
-        o = doc["oracle"]
-        lines += ["## Against the exact optimum over mixed schedules", "",
-                  "Generated instances, t_bw/(t_b+t_w) from 0.4 to 1.0 per stage, t_ff up to 10% below t_f. "
-                  "Gap: solve's value over the proven mixed optimum. Unsound: a bound above the optimum. "
-                  ">classic: value above the best classic schedule within the limit. mixed<split: instances whose "
-                  "mixed optimum is below the split-only optimum.", "",
-                  "| group | n | proven | within 1% (proven) | max gap | unsound bounds | false optimal | >classic "
-                  "| mixed<split | 'optimal' claims | solve s (mean) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for k, s in o["summary"].items():
-            lines.append(f"| {k} | {s['n']} | {s['proven']} | {s['within_1pct_proven']:.1%} | {s['max_gap_proven']:.2%} | "
-                         f"{s['unsound_bound']} | {s['false_optimal']} | {s['worse_than_classic']} | "
-                         f"{s['mixed_below_split']} | {s['optimal_claims']} | {s['solve_time_mean_s']:.2f} |")
-        lines += ["", f"Oracle: {o['oracle_s']:.0f} s.", ""]
-    if "large" in doc:
-        lg = doc["large"]
-        s = lg["summary"]
-        lines += ["## Larger profiles against the classic schedules", "",
-                  f"{s['n']} solves: worse than the best classic kind {s['worse_than_classic']}, better "
-                  f"{s['beats_classic']}, equal {s['is_classic']}; bound above a classic schedule that fits "
-                  f"{s['bound_above_a_classic']}; 'optimal' claims {s['optimal_claims']}.", "",
-                  "| profile | t_bw/(t_b+t_w) | chunks | m | limit | value | bound | status | best classic | vs classic "
-                  "| BW / backwards | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in lg["cases"]:
-            lo, hi = r["ratio"]
-            ratio = f"{lo:.2f}" if abs(hi - lo) < 5e-3 else f"{lo:.2f}-{hi:.2f}"
-            vs = "" if r["vs_classic"] is None else f"{r['vs_classic']:+.2%}"
-            lines.append(f"| {r['profile']} | {ratio} | {r['chunks']} | {r['m']} | {r['limit']} | {r['value']:.5g} | "
-                         f"{r['lower_bound']:.5g} | {r['status']} | {r['best_classic_kind'] or '-'} | {vs} | "
-                         f"{r['fused_backwards']}/{r['fused_backwards'] + r['split_backwards']} | {r['time_s']:.1f} |")
-        lines.append("")
-    if "paper" in doc:
-        pp = doc["paper"]
-        s = pp["summary"]
-        lines += ["## The paper's profiles (no t_bw): before and after", "",
-                  f"{s['n']} solves; with a 'before' run: same value {s['same_value']}, better {s['better']}, "
-                  f"worse {s['worse']}, same bound {s['same_bound']}; fused backwards in any result: "
-                  f"{s['fused_backwards']}.", "",
-                  "| profile | chunks | limit | before: value | bound | status | after: value | bound | status |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for r in pp["cases"]:
-            b, a = r.get("before"), r["after"]
-            before = f"{b['value']:.7g} | {b['lower_bound']:.7g} | {b['status']}" if b else "- | - | -"
-            lines.append(f"| {r['profile']} | {r['chunks']} | {r['limit']} | {before} | {a['value']:.7g} | "
-                         f"{a['lower_bound']:.7g} | {a['status']} |")
-        lines.append("")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    print(f"wrote {path}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="oracle,large,paper")
@@ -329,14 +268,10 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=2, help="oracle processes")
     ap.add_argument("--oracle-cache", help="JSON file of oracle optima, read and extended (e.g. under /tmp)")
     ap.add_argument("--base", help="a checkout of the code to compare with on the paper's profiles")
-    ap.add_argument("--hardware", default=f"cpu-{os.cpu_count()}core", help="the report's file name part")
     ap.add_argument("--results", help="where to save the JSON (default bench/results/fused.json)")
-    ap.add_argument("--report", help="where to write the report (default bench/reports/fused_<hardware>_<date>.md)")
     args = ap.parse_args()
     parts = args.parts.split(",")
-    date = datetime.date.today().isoformat()
-    doc: dict = {"benchmark": "fused", "date": date, "settings": {k: v for k, v in vars(args).items()
-                                                                  if k not in ("results", "report")}}
+    doc: dict = {"benchmark": "fused", "settings": {k: v for k, v in vars(args).items() if k != "results"}}
     t0 = time.monotonic()
     if "oracle" in parts:
         doc["oracle"] = oracle_part(args)
@@ -346,8 +281,6 @@ def main() -> None:
         doc["paper"] = paper_part(args)
     doc["elapsed_s"] = round(time.monotonic() - t0, 1)
     save(doc, "fused", Path(args.results) if args.results else None)
-    doc["machine"] = machine()
-    _report(doc, Path(args.report) if args.report else REPORTS / f"fused_{args.hardware}_{date}.md")
 
 
 if __name__ == "__main__":
