@@ -565,6 +565,60 @@ def faults(docs: list[dict]) -> list[str]:
     return out
 
 
+def fused(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    s = doc["settings"]
+    out = []
+    if "oracle" in doc:
+        o = doc["oracle"]
+        out += ["## Against the exact optimum over mixed schedules", "",
+                f"{s['count']} generated instances (seed {s['seed']}; a quarter also for makespan), t_bw / (t_b + t_w) "
+                "from 0.4 to 1.0 per stage, t_ff up to 10% below t_f; `solve` at "
+                f"`-t {s['time_limit']:g}`; the oracle had {s['oracle_time']:g} s of CP-SAT deterministic time per "
+                "solve, over split, fused and mixed schedules and over split ones only.", ""]
+        body = [[k, str(v["n"]), str(v["proven"]), _pct(v["within_1pct_proven"], 0), _pct(v["max_gap_proven"]),
+                 str(v["unsound_bound"]), str(v["false_optimal"]), str(v["worse_than_classic"]),
+                 str(v["mixed_below_split"]), str(v["optimal_claims"]), f"{v['solve_time_mean_s']:.2f} s"]
+                for k, v in o["summary"].items()]
+        out += _table(["group", "instances", "oracle proven", "within 1% (proven)", "max gap", "bound above optimum",
+                       "false `optimal`", "longer than a classic kind", "mixed optimum below split",
+                       "`optimal` claims", "mean solve time"], body)
+    if "large" in doc:
+        lg = doc["large"]
+        su = lg["summary"]
+        out += ["## Larger profiles against the classic schedules", "",
+                f"m = 4p, limits 1p and 2p, one stage per rank (v=1) and the V (v=2), `-t {s['large_time_limit']:g}`: "
+                f"{su['n']} solves, longer than the best classic kind {su['worse_than_classic']}, shorter "
+                f"{su['beats_classic']}, as long {su['is_classic']}; a bound above a classic schedule that fits "
+                f"{su['bound_above_a_classic']}; `optimal` claims {su['optimal_claims']}.", ""]
+        body = []
+        for r in lg["cases"]:
+            lo, hi = r["ratio"]
+            ratio = f"{lo:.2f}" if abs(hi - lo) < 5e-3 else f"{lo:.2f}-{hi:.2f}"
+            vs = "" if r["vs_classic"] is None else f"{100 * r['vs_classic']:+.2f}%"
+            body.append([r["profile"], ratio, str(r["chunks"]), str(r["m"]), r["limit"], f"{r['value']:.5g}",
+                         f"{r['lower_bound']:.5g}", r["status"], r["best_classic_kind"] or "-", vs,
+                         f"{r['fused_backwards']}/{r['fused_backwards'] + r['split_backwards']}", _secs(r["time_s"])])
+        out += _table(["profile", "t_bw / (t_b + t_w)", "v", "m", "limit", "span", "bound", "status", "best classic",
+                       "against it", "fused / backwards", "time"], body)
+    if "paper" in doc:
+        pp = doc["paper"]
+        su = pp["summary"]
+        out += ["## The paper's profiles (no t_bw): before and after", "",
+                f"`-t {s['paper_time_limit']:g}`, the code before the change (`--base`) and after it in turn: "
+                f"{su['n']} solves, same span {su['same_value']}, shorter {su['better']}, longer {su['worse']}, same "
+                f"bound {su['same_bound']}; fused backwards in any result {su['fused_backwards']}.", ""]
+        body = []
+        for r in pp["cases"]:
+            b, a = r.get("before"), r["after"]
+            before = [f"{b['value']:.7g}", f"{b['lower_bound']:.7g}", b["status"]] if b else ["-", "-", "-"]
+            body.append([r["profile"], str(r["chunks"]), r["limit"], *before, f"{a['value']:.7g}",
+                         f"{a['lower_bound']:.7g}", a["status"]])
+        out += _table(["profile", "v", "limit", "before: span", "bound", "status", "after: span", "bound", "status"],
+                      body)
+    return out
+
+
 @dataclass
 class Topic:
     title: str
@@ -600,6 +654,11 @@ TOPICS = {
     "post-validation": Topic("Optimizer post-validation", ("post_validation.json",), "python bench/post_validation.py",
                              "about 4 minutes", post_validation),
     "faults": Topic("The runtime under faults", ("faults.json",), "python bench/faults.py", "about 5 minutes", faults),
+    "fused": Topic("Fused and split backwards: certificates and schedules", ("fused.json",),
+                   lambda d: "PYTHONPATH=. python bench/fused.py --count {count} --seed {seed} --time-limit {time_limit:g} "
+                   "--oracle-time {oracle_time:g} --large-time-limit {large_time_limit:g} --paper-time-limit "
+                   "{paper_time_limit:g} --base BEFORE".format(**d["settings"]),
+                   "about 30 minutes; oracle optima are cached with --oracle-cache", fused),
 }
 
 

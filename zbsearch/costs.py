@@ -20,10 +20,10 @@ t_b + t_w, and the forward of that microbatch costs ``t_ff``: the runtime runs i
 deferral a split backward needs (``forward_pass(split=False)``), a few percent cheaper than t_f.
 So what an F costs depends on the schedule, not only on its type: ``durations`` is the one
 place that prices a concrete schedule's actions (the simulator and the pass-time comparison
-call it; emulated stages sleep t_ff exactly where the runtime runs such a forward). The solver's
-own schedules are split only, so ``time`` prices them. A schedule may run a microbatch either
-way, so anything that must hold for every schedule (busy time, lower bounds) takes the cheaper
-of the two for F and for the backward (``for_bounds``).
+call it; emulated stages sleep t_ff exactly where the runtime runs such a forward; the solver's
+searches price the fused and split backwards they choose the same way). A schedule may run a
+microbatch either way, so anything that must hold for every schedule (busy time, lower bounds)
+takes the cheaper of the two for F and for the backward (``for_bounds``).
 """
 
 from __future__ import annotations
@@ -178,23 +178,38 @@ class CostModel:
         """Least time one microbatch's backward can take on ``stage``: fused or split."""
         return min(self.t_bw[stage], self.t_b[stage] + self.t_w[stage])
 
+    def fusing_may_pay(self) -> bool:
+        """Whether some schedule can gain from fused backwards over the same schedule split: a
+        BW cheaper than B + W, a forward before it cheaper than t_f, or a B that allocates
+        (m_b > 0) what its W frees (a BW never holds that peak: its memory changes at once).
+        Otherwise splitting every BW into B then W loses nothing, and split schedules suffice."""
+        return (
+            any(bw < b + w for b, w, bw in zip(self.t_b, self.t_w, self.t_bw))
+            or any(ff < f for f, ff in zip(self.t_f, self.t_ff))
+            or any(mb > 0 > mw for mb, mw in zip(self.m_b, self.m_w))
+        )
+
     def for_bounds(self) -> CostModel:
         """A split-only cost model that no schedule beats, fused BW passes included.
 
         F costs min(t_f, t_ff), B min(t_b, t_bw) and W min(t_w, backward - B): a BW pass maps
         onto such a B then W that end no later than it (B's output was only ready at BW's end
         anyway), and an F or a split pass onto one no longer, so every schedule maps onto a
-        schedule of this model with the same starts, no later ends and no more memory at any
-        time. Bounds computed on it hold for schedules that fuse, split or mix.
+        schedule of this model with the same starts and no later ends. B changes memory by
+        min(m_b, m_b + m_w) and W by the rest, so the mapped schedule holds no more memory after
+        any of its passes than the original after the pass it maps (a BW's memory changes at
+        once, with no peak between B and W). Bounds computed on it hold for schedules that
+        fuse, split or mix.
         """
-        if all(bw >= b + w for b, w, bw in zip(self.t_b, self.t_w, self.t_bw)) and all(
-            ff >= f for f, ff in zip(self.t_f, self.t_ff)
-        ):
+        if not self.fusing_may_pay():
             return self
         t_f = tuple(self.forward(s) for s in range(self.num_stages))
         t_b = tuple(min(b, bw) for b, bw in zip(self.t_b, self.t_bw))
         t_w = tuple(min(w, self.backward(s) - b) for s, (b, w) in enumerate(zip(t_b, self.t_w)))
-        return replace(self, t_f=t_f, t_ff=t_f, t_b=t_b, t_w=t_w, t_bw=tuple(b + w for b, w in zip(t_b, t_w)))
+        m_b = tuple(min(mb, mb + mw) for mb, mw in zip(self.m_b, self.m_w))
+        m_w = tuple(mb + mw - b for mb, mw, b in zip(self.m_b, self.m_w, m_b))
+        return replace(self, t_f=t_f, t_ff=t_f, t_b=t_b, t_w=t_w, t_bw=tuple(b + w for b, w in zip(t_b, t_w)),
+                       m_b=m_b, m_w=m_w)
 
     def comm(self, a: int, b: int) -> float:
         """Delay for a tensor passed between adjacent stages a and b (either direction)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -19,14 +20,17 @@ def test_demo_profiles_solves_replays_and_compares(tmp_path):
     seen = []
     run = run_demo(DemoConfig(gpt=TINY, microbatches=4, steps=1, time_limit=1.0, warmup=1, repeat=3, out=tmp_path),
                    lambda what, done, total: seen.append(what))
-    assert [s.kind for s in run.schedules] == ["1f1b", "zb-2p"]
+    # the solver's schedule: zero-bubble, fused or mixed, or a classic kind, whichever is shortest
+    solved = run.schedules[1].kind
+    assert run.schedules[0].kind == "1f1b" and run.schedules[1].solver is not None
     assert run.profile.num_stages == 2 and run.profile.memory_unit == "bytes"
     for sched, trace, measured in zip(run.schedules, run.traces, run.measured):
         assert sorted(e.name for e in trace.traceEvents) == sorted(a for row in sched.actions for a in row)
         assert measured > 0 and max(sched.predicted.span) > 0
+    name = solved if solved != "1f1b" else "1f1b-solved"
     assert {f.name for f in tmp_path.iterdir()} == {
-        "profile.json", "1f1b.json", "1f1b-trace.json", "zb-2p.json", "zb-2p-trace.json", "gantt.png"}
-    assert any(w.startswith("profiling") for w in seen) and any(w.startswith("replaying zb-2p") for w in seen)
+        "profile.json", "1f1b.json", "1f1b-trace.json", f"{name}.json", f"{name}-trace.json", "gantt.png"}
+    assert any(w.startswith("profiling") for w in seen) and any(w.startswith(f"replaying {solved}") for w in seen)
 
 
 @pytest.mark.slow
@@ -35,7 +39,7 @@ def test_demo_command_with_emulated_stages(tmp_path):
             "--emulate", "--steps", "1", "-t", "1", "-o", tmp_path / "out"]
     r = subprocess.run([*cli_command(), *map(str, args)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "speed-up of zb-2p over 1F1B: predicted" in r.stdout
+    assert re.search(r"speed-up of \S+ over 1F1B: predicted", r.stdout)
     assert "replay: emulated passes (each stage sleeps its profiled F, B, W and BW times)" in " ".join(r.stdout.split())
     assert (tmp_path / "out" / "gantt.png").stat().st_size > 0
 

@@ -32,6 +32,9 @@ class Verdict:
     optimum: float
     time_s: float
     components: dict[str, float] = field(default_factory=dict)
+    classic: dict[str, float] = field(default_factory=dict)  # SolverInfo.classic: the classic kinds within the limit
+    fused: int = 0  # backwards the schedule runs fused (BW)
+    split: int = 0  # ... and split (B, then W)
 
     @property
     def gap(self) -> float:
@@ -76,4 +79,5 @@ def judge(inst: Instance, objective: str, optimum: float, time_limit: float) -> 
         value=res.info.value, status=res.info.status, lower_bound=res.info.lower_bound,
         predicted_bound=predicted, problem=find_problem(res.schedule, memory_limit=inst.limit),
         optimum=optimum, time_s=elapsed, components=component_bounds(inst, objective),
+        classic=res.info.classic, fused=res.info.fused_backwards, split=res.info.split_backwards,
     )

@@ -13,6 +13,10 @@ delay when the dependency ran on another rank); memory after each pass, a functi
 order alone, must stay within the limit (the validator's tolerance). ``span`` = max over ranks
 of (last end - first start on that rank); ``makespan`` = last end - first start anywhere.
 The optimum is over all per-rank orders: non-FIFO microbatch orders and any first pass.
+With ``fused=True`` it is also over every way to run each microbatch's backward on each
+stage: one fused BW action (t_bw, and the F of that microbatch on that stage then costs t_ff,
+as ``CostModel.durations`` prices it) or a B then a W anywhere later on the rank; split,
+fused and mixed schedules alike.
 
 Two exact methods:
 
@@ -36,14 +40,20 @@ Two exact methods:
   ASAP timeline of a timed schedule's orders is pointwise no later and still starts at 0, so
   the idle model (smaller, faster) is used.
 
+  With ``fused``, each (stage, microbatch) has a literal "fused": its backward node is then a
+  BW (duration t_bw, memory m_b + m_w at once: two reservoir events at the same start), its W
+  node is absent (skipped by the circuit, an absent optional interval, no memory event) and its
+  F lasts t_ff instead of t_f.
+
   ``fifo=True`` restricts each stage's F, B and W passes to microbatch order, which is what
   zbsearch's MILP assumes; with ASAP semantics the FIFO optimum can be strictly worse than
   the optimum for ``span`` (``issue_counterexample``: 13.56 vs 12.56).
 
 * ``brute_force``: enumerate every per-rank order consistent with the rank's own
   dependencies, keep those within the memory limit, and simulate every combination with
-  ``zbsearch.simulator.simulate`` (deadlocks skipped). Only for tiny problems; it cross-checks
-  the CP model including its ASAP semantics.
+  ``zbsearch.simulator.simulate`` (deadlocks skipped); with ``fused``, for every subset of
+  fused (stage, microbatch) backwards. Only for tiny problems; it cross-checks the CP model
+  including its ASAP semantics and its pricing of fused passes.
 
 Exactness: CP-SAT works on integers. Times (pass times and comm delays of the cost model) and
 memory deltas are each multiplied by the least common denominator of their values written as
@@ -76,7 +86,7 @@ from zbsearch.validator import find_problem
 
 __all__ = [
     "OracleResult", "Instance", "cp_optimum", "cp_optimum_many", "brute_force", "schedule_value", "memory_level",
-    "random_instance", "issue_counterexample", "FAMILIES",
+    "random_instance", "with_fused", "issue_counterexample", "FAMILIES",
 ]
 
 _MEM_RTOL = 1e-9  # the validator's tolerance (validator._MEM_RTOL), restated: the oracle is its own
@@ -170,7 +180,8 @@ def _ancestors(cost: CostModel, m: int) -> dict[Pass, set[Pass]]:
 
 def cp_optimum(
     cost: CostModel, m: int, limit: list[float] | None, objective: str = "span", *,
-    rank: int | None = None, semantics: str = "asap", fifo: bool = False, time_limit: float = 60.0,
+    rank: int | None = None, semantics: str = "asap", fifo: bool = False, fused: bool = False,
+    time_limit: float = 60.0,
 ) -> OracleResult:
     """Least ``objective`` over all schedules within ``limit``.
 
@@ -181,10 +192,12 @@ def cp_optimum(
     does not depend on how busy the machine is.
     ``fifo``: only schedules running each stage's F, B and W passes in microbatch order (what
     zbsearch's MILP assumes), to tell a wrong assumption from a wrong solve.
+    ``fused``: over split, fused and mixed schedules (each backward one BW or a B then a W);
+    otherwise over split schedules only (B and W everywhere).
 
     CP-SAT runs in a separate process: ortools bundles its own libhighs.so.1 (HiGHS 1.12),
     which cannot share a process with highspy's (1.15), whichever is imported first."""
-    return cp_optimum_many([(cost, m, limit, objective, dict(rank=rank, semantics=semantics, fifo=fifo))],
+    return cp_optimum_many([(cost, m, limit, objective, dict(rank=rank, semantics=semantics, fifo=fifo, fused=fused))],
                            time_limit=time_limit)[0]
 
 
@@ -224,9 +237,10 @@ def _pool(processes: int) -> ProcessPoolExecutor:
 
 
 def _cp_solve(cost: CostModel, m: int, limit: list[float] | None, objective: str, *, rank: int | None = None,
-              semantics: str = "asap", fifo: bool = False, time_limit: float = 60.0):
+              semantics: str = "asap", fifo: bool = False, fused: bool = False, time_limit: float = 60.0):
     """The CP-SAT model (module docstring); runs in a worker process. Returns (value, rows,
-    optimal, bound)."""
+    optimal, bound). Nodes are basic passes (s, op, j); with ``fused`` the node (s, B, j) is the
+    backward, a B or (when fused) a BW, and (s, W, j) is absent when fused."""
     from ortools.sat.python import cp_model
 
     assert objective in ("span", "makespan") and semantics in ("asap", "idle")
@@ -236,25 +250,68 @@ def _cp_solve(cost: CostModel, m: int, limit: list[float] | None, objective: str
     passes = [_passes(cost, m, r) for r in range(R)]
     all_passes = [p for row in passes for p in row]
     times = [cost.time(s, op) for s, op, _ in all_passes] + list(cost.comm_next)
-    assert all(cost.time(s, op) > 0 for s, op, _ in all_passes), "pass times must be positive"
+    if fused:
+        times += list(cost.t_bw) + list(cost.t_ff)
+    assert all(t > 0 for t in times[:len(all_passes)]), "pass times must be positive"
+    assert not fused or min(cost.t_bw + cost.t_ff) > 0, "pass times must be positive"
     ts = _scale(times)
-    dur = {p: _to_int(cost.time(p[0], p[1]), ts) for p in all_passes}
-    horizon = sum(dur.values()) + sum(_to_int(c, ts) for c in cost.comm_next) * m * 2 + 1
     model = cp_model.CpModel()
+    # x[(s, j)]: the backward of microbatch j on stage s is fused (a constant 0 without ``fused``)
+    x = {(s, j): (model.new_bool_var(f"x{s}_{j}") if fused else 0) for s in range(cost.num_stages) for j in range(m)}
+
+    def scaled(v: float) -> int:
+        return _to_int(v, ts)
+
+    def duration(p: Pass):
+        """The pass's duration: a constant, or affine in its microbatch's fused literal."""
+        s, op, j = p
+        base = scaled(cost.time(s, op))
+        if not fused:
+            return base
+        other = {Op.F: scaled(cost.t_ff[s]), Op.B: scaled(cost.t_bw[s]), Op.W: 0}[op]
+        return base + (other - base) * x[(s, j)]
+
+    def longest(p: Pass) -> int:
+        s, op, _ = p
+        out = scaled(cost.time(s, op))
+        if fused and op is not Op.W:
+            out = max(out, scaled(cost.t_ff[s] if op is Op.F else cost.t_bw[s]))
+        return out
+
+    def present(p: Pass):
+        """1 where the pass runs, or the literal saying so (a fused microbatch has no W)."""
+        s, op, j = p
+        return 1 if op is not Op.W or not fused else x[(s, j)].Not()
+
+    dur = {p: duration(p) for p in all_passes}
+    horizon = sum(longest(p) for p in all_passes) + sum(scaled(c) for c in cost.comm_next) * m * 2 + 1
     start = {p: model.new_int_var(0, horizon, f"s{p}") for p in all_passes}
     end = {p: start[p] + dur[p] for p in all_passes}
+    if fused:  # an interval's end must be one variable (or a constant) plus a constant
+        for p in all_passes:
+            e = model.new_int_var(0, horizon + longest(p), f"e{p}")
+            model.add(e == start[p] + dur[p])
+            end[p] = e
     for p in all_passes:
         for d, delay in _deps(cost, p):
-            model.add(start[p] >= end[d] + _to_int(delay, ts))
+            model.add(start[p] >= end[d] + scaled(delay))
     if fifo:
         for s_, op, j in all_passes:
             if j:
                 model.add(start[(s_, op, j)] >= end[(s_, op, j - 1)])
     for r in range(R):
-        model.add_no_overlap([model.new_fixed_size_interval_var(start[p], dur[p], f"i{p}") for p in passes[r]])
-    hint = _sequential_hint(cost, m, dur, {p: {d: _to_int(c, ts) for d, c in _deps(cost, p)} for p in all_passes})
+        model.add_no_overlap([
+            model.new_optional_interval_var(start[p], dur[p], end[p], present(p), f"i{p}")
+            if fused and p[1] is Op.W else model.new_interval_var(start[p], dur[p], end[p], f"i{p}")
+            for p in passes[r]
+        ])
+    fixed = {p: scaled(cost.time(p[0], p[1])) for p in all_passes}
+    hint = _sequential_hint(cost, m, fixed, {p: {d: scaled(c) for d, c in _deps(cost, p)} for p in all_passes})
     for p in all_passes:
         model.add_hint(start[p], hint[p])
+    if fused:
+        for v in x.values():
+            model.add_hint(v, False)  # the hint is the split sequential schedule
     if semantics == "asap":
         anc = _ancestors(cost, m)
         for r in range(R):
@@ -262,13 +319,18 @@ def _cp_solve(cost: CostModel, m: int, limit: list[float] | None, objective: str
             arcs = []
             prev_end = {p: model.new_int_var(0, horizon, f"pe{p}") for p in nodes}
             for i, v in enumerate(nodes):
+                if fused and v[1] is Op.W:
+                    gone = x[(v[0], v[2])]
+                    arcs.append((i + 1, i + 1, gone))  # a fused microbatch's W is not visited
+                    # ... and then sits at its backward's end (below): no free variable left
+                    model.add(prev_end[v] == 0).only_enforce_if(gone)
                 first = model.new_bool_var(f"first{v}")
                 arcs.append((0, i + 1, first))
                 model.add(prev_end[v] == 0).only_enforce_if(first)
                 pred = [u for u in nodes if hint[u] < hint[v]]
                 hinted = max(pred, key=hint.get) if pred else None
                 model.add_hint(first, hinted is None)
-                model.add_hint(prev_end[v], hint[hinted] + dur[hinted] if hinted else 0)
+                model.add_hint(prev_end[v], hint[hinted] + fixed[hinted] if hinted else 0)
                 last_lit = model.new_bool_var(f"last{v}")
                 arcs.append((i + 1, 0, last_lit))
                 model.add_hint(last_lit, all(hint[u] <= hint[v] for u in nodes))
@@ -280,20 +342,38 @@ def _cp_solve(cost: CostModel, m: int, limit: list[float] | None, objective: str
                     model.add_hint(lit, u == hinted)
                     model.add(prev_end[v] == end[u]).only_enforce_if(lit)
                 # the simulator's recurrence: start = max(previous end on the rank, ready times)
-                model.add_max_equality(start[v], [prev_end[v], *(end[d] + _to_int(c, ts) for d, c in _deps(cost, v))])
+                model.add_max_equality(start[v], [prev_end[v], *(end[d] + scaled(c) for d, c in _deps(cost, v))])
             model.add_circuit(arcs)
+    elif fused:
+        for p in all_passes:  # an absent W sits at its backward's end, as under "asap"
+            if p[1] is Op.W:
+                model.add(start[p] == end[(p[0], Op.B, p[2])]).only_enforce_if(x[(p[0], p[2])])
     if limit is not None:
         ms = _scale([cost.memory(s, op) for s, op, _ in all_passes])
         for r in range(R):
-            deltas = [_to_int(cost.memory(s, op), ms) for s, op, _ in passes[r]]
+            # one event per pass at its start; a fused backward changes memory by its W's change
+            # as well, at once, and its absent W changes nothing
+            times_, deltas = [], []
+            for p in passes[r]:
+                s, op, j = p
+                delta = _to_int(cost.memory(s, op), ms)
+                times_.append(start[p])
+                if fused and op is not Op.F:
+                    w = _to_int(cost.memory(s, Op.W), ms)
+                    # the backward takes its W's change too when fused; an absent W none
+                    delta = delta + w * x[(s, j)] if op is Op.B else w - w * x[(s, j)]
+                deltas.append(delta)
             top = memory_level(limit[r], ms)
             if top < 0:
                 raise ValueError("no schedule meets the memory limit")
             # balanced memory never goes below 0; the floor only satisfies the API
-            model.add_reservoir_constraint([start[p] for p in passes[r]], deltas, -sum(abs(d) for d in deltas), top)
+            floor = -sum(abs(_to_int(cost.memory(s, op), ms)) for s, op, _ in passes[r])
+            model.add_reservoir_constraint(times_, deltas, floor, top)
     first = [model.new_int_var(0, horizon, f"first{r}") for r in range(R)]
     last = [model.new_int_var(0, horizon, f"last{r}") for r in range(R)]
     for r in range(R):
+        # an absent W starts and ends at its backward's end: it changes neither the first
+        # start nor the last end of its rank
         model.add_min_equality(first[r], [start[p] for p in passes[r]])
         model.add_max_equality(last[r], [end[p] for p in passes[r]])
         model.add(last[r] - first[r] >= sum(dur[p] for p in passes[r]))  # redundant: busy time
@@ -320,8 +400,13 @@ def _cp_solve(cost: CostModel, m: int, limit: list[float] | None, objective: str
     assert status in (cp_model.OPTIMAL, cp_model.FEASIBLE), solver.status_name(status)
     rows = []
     for r in range(R):
-        order = sorted(passes[r], key=lambda p: solver.value(start[p]))
-        rows.append([Action(s, op, j) for s, op, j in order])
+        row = []
+        for s, op, j in sorted(passes[r], key=lambda p: (solver.value(start[p]), p[1] is Op.W)):
+            is_fused = fused and solver.value(x[(s, j)])
+            if is_fused and op is Op.W:
+                continue
+            row.append(Action(s, Op.BW if is_fused and op is Op.B else op, j))
+        rows.append(row)
     return solver.objective_value / ts, rows, status == cp_model.OPTIMAL, solver.best_objective_bound / ts
 
 
@@ -352,54 +437,68 @@ def _profile_of(cost: CostModel) -> Profile:
     """A profile whose cost model under ``cost.stage_to_rank`` is ``cost`` (one profile stage per
     virtual stage, the comm list as it is), for the validator."""
     stages = [StageCost(t_f=cost.t_f[s], t_b=cost.t_b[s], t_w=cost.t_w[s], m_f=cost.m_f[s], m_b=cost.m_b[s],
-                        m_w=cost.m_w[s]) for s in range(cost.num_stages)]
+                        m_w=cost.m_w[s], t_bw=cost.t_bw[s], t_ff=cost.t_ff[s]) for s in range(cost.num_stages)]
     return Profile(name="oracle-check", memory_unit="activations", stages=stages,
                    t_comm=list(cost.comm_next) if cost.num_stages > 1 else 0.0)
 
 
-def _rank_orders(cost: CostModel, m: int, rank: int, limit: float | None):
-    """Every order of the rank's passes that respects its own dependencies and memory limit."""
-    nodes = _passes(cost, m, rank)
+def _rank_orders(cost: CostModel, m: int, rank: int, limit: float | None, fused: frozenset = frozenset()):
+    """Every order of the rank's actions that respects its own dependencies and memory limit;
+    the backward of each (stage, microbatch) in ``fused`` is one BW action, the others a B and a W."""
+    nodes = [p for p in _passes(cost, m, rank) if not (p[1] is Op.W and (p[0], p[2]) in fused)]
     anc = _ancestors(cost, m)
-    local = {p: anc[p] & set(nodes) for p in nodes}
+    mine = set(_passes(cost, m, rank))
+    local = {p: anc[p] & mine for p in nodes}
     allowed = None if limit is None else limit * (1 + _MEM_RTOL) + 1e-12
     out: list[list[Action]] = []
 
+    def action(p: Pass) -> Action:
+        s, op, j = p
+        return Action(s, Op.BW if op is Op.B and (s, j) in fused else op, j)
+
     def grow(prefix: list[Pass], done: set[Pass], mem: float) -> None:
         if len(prefix) == len(nodes):
-            out.append([Action(*p) for p in prefix])
+            out.append([action(p) for p in prefix])
             return
         for p in nodes:
             if p in done or not local[p] <= done:
                 continue
-            nxt = mem + cost.memory(p[0], p[1])
+            whole = p[1] is Op.B and (p[0], p[2]) in fused  # a BW: B and W at once
+            nxt = mem + cost.memory(p[0], p[1]) + (cost.memory(p[0], Op.W) if whole else 0.0)
             if allowed is not None and nxt > allowed:
                 continue
-            done.add(p)
+            added = [p] + ([(p[0], Op.W, p[2])] if whole else [])
+            done.update(added)
             prefix.append(p)
             grow(prefix, done, nxt)
             prefix.pop()
-            done.discard(p)
+            done.difference_update(added)
 
     grow([], set(), 0.0)
     return out
 
 
 def brute_force(cost: CostModel, m: int, limit: list[float] | None, objective: str = "span",
-                max_combinations: int = 300_000) -> tuple[float, list[list[Action]]]:
-    """Least ``objective`` over every combination of per-rank orders, each simulated."""
-    orders = [_rank_orders(cost, m, r, None if limit is None else limit[r]) for r in range(cost.num_ranks)]
-    total = math.prod(len(o) for o in orders)
-    assert 0 < total <= max_combinations, f"{total} combinations"
+                max_combinations: int = 300_000, fused: bool = False) -> tuple[float, list[list[Action]]]:
+    """Least ``objective`` over every combination of per-rank orders, each simulated; with
+    ``fused``, for every subset of fused (stage, microbatch) backwards as well."""
+    keys = [(s, j) for s in range(cost.num_stages) for j in range(m)]
+    subsets = [frozenset(k for k, bit in zip(keys, bits) if bit)
+               for bits in itertools.product((0, 1), repeat=len(keys) if fused else 0)]
     best, best_rows = math.inf, None
-    for combo in itertools.product(*orders):
-        rows = list(combo)
-        try:
-            value = schedule_value(rows, cost, objective)
-        except Deadlock:
-            continue
-        if value < best:
-            best, best_rows = value, rows
+    total = 0
+    for chosen in subsets:
+        orders = [_rank_orders(cost, m, r, None if limit is None else limit[r], chosen) for r in range(cost.num_ranks)]
+        total += math.prod(len(o) for o in orders)
+        assert total <= max_combinations, f"over {max_combinations} combinations"
+        for combo in itertools.product(*orders):
+            rows = list(combo)
+            try:
+                value = schedule_value(rows, cost, objective)
+            except Deadlock:
+                continue
+            if value < best:
+                best, best_rows = value, rows
     assert best_rows is not None
     _check(best_rows, cost, m, limit)
     return best, best_rows
@@ -460,6 +559,21 @@ def random_instance(rng: random.Random, family: str, p: int, m: int, chunks: int
         x = float(limit_name.removesuffix("p"))
         limit = [x * p * cost.activation_unit(r) for r in range(cost.num_ranks)]
     return Instance(family, prof, m, chunks, limit, limit_name)
+
+
+def with_fused(rng: random.Random, inst: Instance, saving: tuple[float, float] = (0.0, 0.6)) -> Instance:
+    """``inst`` with a fused backward on every stage cheaper than B + W by a share drawn from
+    ``saving`` (t_bw = (1 - x)(t_b + t_w), on the 1/16 grid, at least 1/16) and a forward
+    before it up to 10% cheaper than t_f (t_ff, on the grid too)."""
+    g = 1 / 16
+    stages = []
+    for st in inst.profile.stages:
+        x = rng.uniform(*saving)
+        t_bw = max(g, round((1 - x) * (st.t_b + st.t_w) / g) * g)
+        t_ff = max(g, st.t_f - _grid(rng, 0, 0.1 * st.t_f, g))
+        stages.append(st.model_copy(update={"t_bw": t_bw, "t_ff": t_ff}))
+    prof = inst.profile.model_copy(update={"stages": stages, "name": inst.profile.name + "-fused"})
+    return Instance(inst.family, prof, inst.m, inst.chunks, inst.limit, inst.limit_name)
 
 
 def issue_counterexample() -> Instance:

@@ -9,12 +9,12 @@ import time
 import pytest
 
 from zbsearch import Schedule, find_problem
-from zbsearch.actions import Op
+from zbsearch.actions import Action, Op
 from zbsearch.solver import Problem
 from zbsearch.solver.heuristic import candidate_policies, list_schedule, sequential_schedule
 from zbsearch.solver.local_search import local_search
 
-from .oracle import FAMILIES, cp_optimum, cp_optimum_many, issue_counterexample, random_instance
+from .oracle import FAMILIES, cp_optimum, cp_optimum_many, issue_counterexample, random_instance, with_fused
 from .test_oracle import _heavy_rank_instance
 
 _LIMITS = ("min", "1p", "1.5p", "2p", "none")
@@ -132,11 +132,14 @@ def test_reaches_the_proven_optimum_on_small_generated_instances():
 @pytest.mark.parametrize("seed", range(6))
 def test_its_fast_timing_is_the_core_simulators(seed):
     # the search times candidates with its own ASAP loop on pass ids: it must agree with
-    # zbsearch.simulate on every order, deadlocks included (random orders mostly deadlock)
+    # zbsearch.simulate on every order, deadlocks included (random orders mostly deadlock),
+    # split or with some backwards fused (their F at t_ff, the BW at t_bw)
     from zbsearch.simulator import Deadlock
     from zbsearch.solver.local_search import _Model
 
     inst = _generated(seed)
+    if seed % 2:
+        inst = with_fused(random.Random(seed), inst)
     rng = random.Random(seed)
     for objective in ("span", "makespan"):
         problem = _problem(inst, objective)
@@ -148,7 +151,13 @@ def test_its_fast_timing_is_the_core_simulators(seed):
                 for _ in range(trial % 4):
                     i, j = rng.randrange(len(row)), rng.randrange(len(row))
                     row[i], row[j] = row[j], row[i]
-            score = model.score([[model.id[(a.stage, a.op, a.mb)] for a in row] for row in rows])
+            if seed % 2:  # fuse a random choice of backwards (their W leaves the row)
+                fused = {(a.stage, a.mb) for row in rows for a in row if a.op is Op.B and rng.random() < 0.5}
+                rows = [[Action(a.stage, Op.BW, a.mb) if a.op is Op.B and (a.stage, a.mb) in fused else a
+                         for a in row if not (a.op is Op.W and (a.stage, a.mb) in fused)] for row in rows]
+            fused = frozenset((a.stage, a.mb) for row in rows for a in row if a.op is Op.BW)
+            ids = [[model.id[(a.stage, Op.B if a.op is Op.BW else a.op, a.mb)] for a in row] for row in rows]
+            score = model.score(ids, model.costs(fused)[0])
             try:
                 value, tl = problem.evaluate(rows)
             except Deadlock:

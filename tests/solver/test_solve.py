@@ -15,6 +15,7 @@ from zbsearch.solver import Problem, smallest_feasible_limit, solve
 from zbsearch.solver.frontier import frontier
 from zbsearch.solver.heuristic import candidate_policies, list_schedule, sequential_schedule
 from zbsearch.solver.milp import exact, solve_window
+from zbsearch.solver.verdict import CLOSED
 
 
 def _check(res, limit_spec):
@@ -33,7 +34,7 @@ def test_unit_costs_2p_large_m_is_zero_bubble_and_proven():
     res = solve(make_profile(4), 16, "2p", time_limit=5)
     _check(res, "2p")
     assert res.schedule.predicted.bubble_rate == pytest.approx(0.0, abs=1e-12)
-    assert res.info.status == "optimal" and res.info.gap <= 1e-6
+    assert res.info.status == "optimal" and res.info.gap <= CLOSED
 
 
 def test_1p_is_proven_optimal_on_a_paper_profile():
@@ -79,7 +80,7 @@ def test_exact_milp_closes_the_gap_on_a_small_case():
     prof = make_profile(3, stages=[(1.0, 1.5, 0.5), (1.0, 1.5, 0.5), (1.8, 2.4, 0.9)], t_comm=0.1)
     res = solve(prof, 4, "1p", time_limit=20)
     _check(res, "1p")
-    assert res.info.status == "optimal" and res.info.gap <= 1e-6
+    assert res.info.status == "optimal" and res.info.gap <= CLOSED
 
 
 def test_time_limit_returns_the_best_so_far_with_its_gap():

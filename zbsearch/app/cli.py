@@ -491,7 +491,9 @@ def solve(
         out.print(
             f"bubble rate {bubble:.4f}   {objective} {_fmt(info.value)} ms   bound (under limit) {_fmt(info.lower_bound)} ms"
         )
-        out.print(f"gap {info.gap:.2%}   status {info.status}   ({info.method}: {info.construction}; {info.time_s:.1f} s)")
+        out.print(f"{solver.status_text(info)}   ({info.method}: {info.construction}; {info.time_s:.1f} s)")
+        for line in solver.explain(res.schedule, info):
+            out.print(line)
 
 
 @app.command()
@@ -516,6 +518,7 @@ def frontier(
     from zbsearch.formats.frontier import save_frontier
     from zbsearch.render.frontier import save_frontier_plot
     from zbsearch.solver import frontier as sweep
+    from zbsearch.solver import gap_text
 
     path = _output(output, (".json", ".png", ".svg", ".pdf"))
     prof = zb.resolve_profile(profile)
@@ -534,7 +537,7 @@ def frontier(
             f"{pt.limit:.4g}p",
             f"{pt.bubble_rate:.4f}",
             f"{pt.bound_bubble_rate:.4f}",
-            f"{pt.gap:.2%}",
+            gap_text(pt.gap),
             pt.status,
             _fmt(max(pt.peak_memory)),
         )

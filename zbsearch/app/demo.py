@@ -167,11 +167,13 @@ def run_demo(cfg: DemoConfig, on_progress=None) -> DemoRun:
     save_profile(run.profile, out / "profile.json")
     run.files.append(out / "profile.json")
     panels = []
-    for sched, trace in zip(run.schedules, run.traces):
-        save_schedule(sched, out / f"{sched.kind}.json")
-        save_trace(trace, out / f"{sched.kind}-trace.json")
-        run.files += [out / f"{sched.kind}.json", out / f"{sched.kind}-trace.json"]
-        panels += render.with_measured(render.schedule_panel(sched), out / f"{sched.kind}-trace.json")[0]
+    for k, (sched, trace) in enumerate(zip(run.schedules, run.traces)):
+        # the solved schedule may be 1F1B itself (where a zero-bubble split does not pay)
+        name = sched.kind if k == 0 or sched.kind != run.schedules[0].kind else f"{sched.kind}-solved"
+        save_schedule(sched, out / f"{name}.json")
+        save_trace(trace, out / f"{name}-trace.json")
+        run.files += [out / f"{name}.json", out / f"{name}-trace.json"]
+        panels += render.with_measured(render.schedule_panel(sched), out / f"{name}-trace.json")[0]
     title = (f"predicted and measured, p={cfg.gpt.stages} m={cfg.microbatches}{' (emulated)' if cfg.emulate else ''}: "
              f"{run.schedules[1].kind} is {run.measured[0] / run.measured[1]:.2f}x as fast as 1F1B")
     run.files.append(render.write_chart(panels, out / "gantt.png", title))

@@ -48,8 +48,10 @@ class SolverInfo(BaseModel):
     status: Literal["optimal", "feasible", "time_limit"]
     value: float
     lower_bound: float = Field(description="bound_under_limit: lower bound on the objective over every schedule "
-                               "within the memory limit (printed by solve, frontier); at least bound_any_memory")
-    gap: float = Field(description="value / bound_under_limit - 1; 'optimal' when it is below 1e-6")
+                               "within the memory limit on the solver's placement, each backward fused or split, "
+                               "and over the classic schedules on theirs (printed by solve, frontier)")
+    gap: float = Field(description="value / bound_under_limit - 1; status 'optimal' when it is at most 2e-6 "
+                       "(float noise and the MILP's tolerances)")
     time_s: float
     time_limit_s: float
     memory_limit: str | None
@@ -58,6 +60,12 @@ class SolverInfo(BaseModel):
     milp_improvements: int = 0
     search_improvements: int = Field(0, description="times the local search over per-rank orders "
                                      "(non-FIFO included) improved the schedule")
+    classic: dict[str, float] = Field(default_factory=dict, description="the objective of each classic "
+                                      "schedule within the memory limit (the solver's candidates; older files lack it)")
+    classic_not_built: list[str] = Field(default_factory=list, description="classic kinds not built for want of "
+                                         "time (the time limit): not compared")
+    fused_backwards: int = Field(0, description="backwards the schedule runs fused (one BW pass)")
+    split_backwards: int = Field(0, description="backwards the schedule runs split (a B, then a W)")
 
 
 class Schedule(BaseModel):

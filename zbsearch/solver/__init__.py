@@ -9,6 +9,7 @@ from .feasibility import check_limit, smallest_feasible_limit
 from .frontier import frontier
 from .problem import Objective, Problem
 from .solve import Progress, SolveResult, SolverInfo, progress_text, solve, solver_placement, uniform_profile
+from .verdict import explain, gap_text, status_text
 
 __all__ = [
     "solve",
@@ -23,4 +24,7 @@ __all__ = [
     "frontier",
     "Progress",
     "progress_text",
+    "status_text",
+    "gap_text",
+    "explain",
 ]

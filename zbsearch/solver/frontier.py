@@ -83,6 +83,7 @@ def frontier(
 
     free = timed_solve(None, time_limit / 4, "no limit")
     hi = _scale(free.timeline.peak_memory, units, "holds")
+    place = list(cost.stage_to_rank)
     unlimited = bubble_rate(free.info.value, max(free.timeline.busy))
     points: list[FrontierPoint] = []
     best = None  # a schedule within a smaller limit is within this one too: the curve never rises
@@ -93,7 +94,8 @@ def frontier(
             break
         share = max(0.0, left / (len(grid) - i) - over)
         res = timed_solve([x * u for u in units], share, f"{x:.4g}p ({i + 1}/{len(grid)})", start=best)
-        best = res.schedule.rank_actions
+        if res.schedule.stage_to_rank == place:  # (not a classic schedule on another placement)
+            best = res.schedule.rank_actions
         pred, busy = res.schedule.predicted, max(res.timeline.busy)
         assert pred is not None  # solve always attaches the prediction
         pt = FrontierPoint(

@@ -14,7 +14,13 @@ next F, B and W of each of its stages (FIFO, see ``problem``) by a ``Policy``:
   fills gaps instead of delaying the critical path;
 * with ``wait_b`` > 0 a rank leaves an F for a B that arrives within wait_b * T_F, and for its
   very first B within ``wait_first`` * T_F: that B starts the flow of backwards up the
-  pipeline, and each rank that makes it wait delays every rank above it.
+  pipeline, and each rank that makes it wait delays every rank above it;
+* with ``fuse`` >= 0 the backwards on a stage where a fused one costs less than a split one
+  (t_ff + t_bw < t_f + t_b + t_w) run as one BW, but for the last ``fuse`` * (S - 1 - s) / v
+  microbatches of stage s (v chunks per rank): those are split, as the cool-down of 1F1B
+  leaves bubbles that their W passes fill, and their B passes carry the gradient down sooner
+  where t_b < t_bw. ``fuse`` = 0 is the 1F1B family's passes, with the warm-up depth and
+  memory awareness of the others. The local search then fuses or splits further.
 
 The knobs are the structure of the classic schedules (ZB-H1, ZB-H2, the paper's heuristic)
 made continuous; ``candidate_policies`` is the grid the solver tries, keeping the best, and
@@ -57,6 +63,7 @@ class Policy:
     fit: bool = False
     wait_b: float = 0.0
     wait_first: float = 0.0
+    fuse: float = -1.0  # < 0: every backward split; else fused but for a tail (module docstring)
 
     @property
     def name(self) -> str:
@@ -64,14 +71,39 @@ class Policy:
         g = "inf" if self.lag == _INF else f"{self.lag:g}"
         return (
             f"list(depth={d}, lag={g}{', fit' if self.fit else ''}{f', wait={self.wait_b:g}' if self.wait_b else ''}"
-            f"{f', first={self.wait_first:g}' if self.wait_first else ''})"
+            f"{f', first={self.wait_first:g}' if self.wait_first else ''}"
+            f"{'' if self.fuse < 0 else ', fused' if self.fuse == 0 else f', fused but tail {self.fuse:g}'})"
         )
 
 
-def candidate_policies() -> list[Policy]:
+def fused_pays(problem: Problem) -> list[bool]:
+    """Per stage, whether a fused backward (and the forward before it) costs less than a split one."""
+    c = problem.cost
+    return [c.t_ff[s] + c.t_bw[s] < c.t_f[s] + c.t_b[s] + c.t_w[s] for s in range(c.num_stages)]
+
+
+def candidate_policies(problem: Problem | None = None) -> list[Policy]:
     """The grid the solver tries, the most often best first (on the paper's profiles): ZB-H1-
     like shallow warm-ups with prompt W, deeper warm-ups with W deferred, with and without
-    waiting for backwards."""
+    waiting for backwards. Given a problem where a fused backward costs less than a split one
+    on some stage, each policy also fused (``fuse`` 0) and fused but for its cool-down tail
+    (``fuse`` 1; the most often best ones also 2), interleaved with the split ones: first
+    where fusing pays on every stage."""
+    grid = _grid()
+    pays = fused_pays(problem) if problem is not None else []
+    if not any(pays):
+        return grid
+    out = []
+    for k, p in enumerate(grid):
+        fused = [replace(p, fuse=x) for x in ((1.0, 0.0, 2.0) if k < _FIRST else (1.0, 0.0))]
+        out += fused + [p] if all(pays) else [p] + fused
+    return out
+
+
+_FIRST = 8  # the grid's first policies, the most often best
+
+
+def _grid() -> list[Policy]:
     first = [
         Policy(2.0, _INF, False, 0.0, 0.5), Policy(1.0, 1.0, True),
         Policy(2.0, _INF, False, 0.0, 1.0), Policy(1.0, 2.0, True),
@@ -131,10 +163,18 @@ class _ListScheduler:
     ``run`` pops the rank that is free earliest, asks ``choose`` what it does next and
     ``apply``s it. Each stage runs its passes of one kind in microbatch order, so its next
     F, B or W is ``n_f[s]``, ``n_b[s]``, ``n_w[s]``; ``forward_start`` and ``backward_start``
-    say when it can start."""
+    say when it can start. With ``policy.fuse`` >= 0 the backwards of microbatches below
+    ``fuse_below[s]`` on stage s run as one BW (t_bw, memory m_b + m_w, their W done with it)
+    and their F costs t_ff; the fused ones come first on each stage, so the W passes still pending
+    are the split ones, in microbatch order."""
 
     def __init__(self, problem: Problem, policy: Policy) -> None:
         c, m = problem.cost, problem.num_microbatches
+        self.fuse_below = [0] * c.num_stages  # microbatches below it fused, per stage
+        if policy.fuse >= 0:
+            chunks = c.num_stages // c.num_ranks
+            self.fuse_below = [max(0, m - math.ceil(policy.fuse * (c.num_stages - 1 - s) / chunks)) if pays else 0
+                               for s, pays in enumerate(fused_pays(problem))]
         S, R = c.num_stages, c.num_ranks
         self.cost, self.m, self.S, self.policy, self.objective = c, m, S, policy, problem.objective
         self.limit = problem.allowed()
@@ -212,7 +252,7 @@ class _ListScheduler:
             end = apply(r, t, decision)
             for r2, delay in wakes[decision]:
                 heapq.heappush(heap, (max(free[r2], end + delay), r2))
-            remaining -= 1
+            remaining -= 2 if self.rows[r][-1].op is Op.BW else 1  # a BW does its W too
             heapq.heappush(heap, (end, r))
         if self.objective == "span":
             return self.rows, max(f - s for f, s in zip(self.free, self.first))
@@ -248,24 +288,31 @@ class _ListScheduler:
     def apply(self, r: int, t: float, start: _Start) -> float:
         """Run the pass from t on rank r; its end time."""
         s, op, c = start.stage, start.op, self.cost
+        kind = op
         if op is _F:
             j = self.n_f[s]
-            end = self.end_f[s][j] = t + c.t_f[s]
+            end = self.end_f[s][j] = t + (c.t_ff[s] if j < self.fuse_below[s] else c.t_f[s])
             self.n_f[s] += 1
             self.deepest_f[j] = s
             self.memory[r] += c.m_f[s]
         elif op is _B:
             j = self.n_b[s]
-            end = self.end_b[s][j] = t + c.t_b[s]
             self.n_b[s] += 1
             self.lowest_b[j] = s
-            self.memory[r] += c.m_b[s]
+            if j < self.fuse_below[s]:  # a BW: its W is done with it
+                end = self.end_b[s][j] = t + c.t_bw[s]
+                self.n_w[s] += 1
+                self.memory[r] += c.m_b[s] + c.m_w[s]
+                kind = Op.BW
+            else:
+                end = self.end_b[s][j] = t + c.t_b[s]
+                self.memory[r] += c.m_b[s]
         else:
             j = self.n_w[s]
             end = t + c.t_w[s]
             self.n_w[s] += 1
             self.memory[r] += c.m_w[s]
-        self.rows[r].append(Action(s, op, j))
+        self.rows[r].append(Action(s, kind, j))
         self.first[r] = min(self.first[r], t)
         self.free[r] = end
         return end

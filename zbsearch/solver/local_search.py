@@ -19,6 +19,12 @@ into a gap, are longer ones), and every candidate is timed by ASAP simulation.
   without its bookkeeping: 5 to 10 times faster on 36 to 768 passes); the result is re-simulated by the core
   simulator (``Problem.evaluate``) and returned only if it is valid, within the limit and no
   worse than the input, so a discrepancy could cost quality, never correctness.
+* Where fusing a backward may pay (a BW cheaper than B + W, an F before it cheaper than t_f,
+  or a memory peak a BW avoids), a move also toggles one microbatch's backward on one stage:
+  fuse its B and W into one BW where its B runs, or split a BW into B there and a W placed
+  anywhere later on the rank. Its F then costs t_ff or t_f, as ``CostModel.durations`` says.
+  So the search ranges over split, fused and mixed schedules: it fuses where that pays and
+  splits where a W fills a bubble.
 * ``deadline`` (time.monotonic()) is checked between simulations: an expired one returns the
   input unchanged.
 """
@@ -40,14 +46,17 @@ _OPS = (Op.F, Op.B, Op.W)
 
 class _Model:
     """The problem on integer pass ids: durations, inputs with delays, memory deltas and, per
-    pass, the passes of its own rank it must follow or precede."""
+    pass, the passes of its own rank it must follow or precede. Each (stage, microbatch) has an
+    F, a backward (its B, or its BW when fused: one id either way, so that what depends on the
+    backward need not know which) and a W (absent from the rows when fused). Durations and
+    memory deltas depend on which backwards are fused: ``costs`` gives them for a set."""
 
     def __init__(self, problem: Problem) -> None:
         c, m, S = problem.cost, problem.num_microbatches, problem.cost.num_stages
+        self.cost = c
         self.actions = [Action(s, op, j) for s in range(S) for op in _OPS for j in range(m)]
         self.id = {(a.stage, a.op, a.mb): k for k, a in enumerate(self.actions)}
-        # split passes only (no BW, so no F before a fused backward): each costs its type's time,
-        # as CostModel.durations prices such a schedule
+        # split: each pass costs its type's time, as CostModel.durations prices a split schedule
         self.dur = [c.time(a.stage, a.op) for a in self.actions]
         self.mem = [c.memory(a.stage, a.op) for a in self.actions]
         self.deps = [
@@ -55,6 +64,7 @@ class _Model:
             for a in self.actions
         ]
         rank = [c.stage_to_rank[a.stage] for a in self.actions]
+        self.rank = rank
         self.before: list[frozenset[int]] = []  # same-rank passes that must run before pass k
         self.after: list[frozenset[int]] = []  # same-rank passes that must run after pass k
         for k, a in enumerate(self.actions):
@@ -64,10 +74,25 @@ class _Model:
             self.after.append(frozenset(x for t, x in own if must_precede(here, t, S)))
         self.allowed = [allowance(x) for x in problem.limits()]
         self.span = problem.objective == "span"
+        # stages where a backward may be fused or split (CostModel.fusing_may_pay, per stage)
+        self.choice = frozenset(
+            s for s in range(S)
+            if c.t_bw[s] < c.t_b[s] + c.t_w[s] or c.t_ff[s] < c.t_f[s] or c.m_b[s] > 0 > c.m_w[s])
 
-    def score(self, rows: list[list[int]]) -> tuple[float, float] | None:
+    def costs(self, fused: frozenset[tuple[int, int]]) -> tuple[list[float], list[float]]:
+        """(durations, memory deltas) by id when the backwards in ``fused`` are BW passes."""
+        if not fused:
+            return self.dur, self.mem
+        dur, mem, c, ident = list(self.dur), list(self.mem), self.cost, self.id
+        for s, j in fused:
+            dur[ident[(s, Op.F, j)]] = c.t_ff[s]
+            dur[ident[(s, Op.B, j)]] = c.t_bw[s]
+            mem[ident[(s, Op.B, j)]] = c.m_b[s] + c.m_w[s]
+        return dur, mem
+
+    def score(self, rows: list[list[int]], dur: list[float]) -> tuple[float, float] | None:
         """(objective, sum of rank spans) of the ASAP timeline, None on a deadlock."""
-        dur, deps = self.dur, self.deps
+        deps = self.deps
         end: list[float | None] = [None] * len(dur)
         R = len(rows)
         pos, free, first = [0] * R, [0.0] * R, [0.0] * R
@@ -105,11 +130,11 @@ class _Model:
             return max(spans), total
         return max(free) - min(first[r] for r in range(R) if rows[r]), total
 
-    def targets(self, row: list[int], i: int, prefix: list[float], limit: float, reach: int) -> list[int]:
+    def targets(self, row: list[int], i: int, prefix: list[float], limit: float, reach: int, mem: list[float]) -> list[int]:
         """Positions pass row[i] may move to (at most ``reach`` away) without passing a pass of
         its rank it depends on or that depends on it, and within the memory limit. ``prefix``:
-        memory after each pass of the row."""
-        k, d = row[i], self.mem[row[i]]
+        memory after each pass of the row (deltas ``mem``)."""
+        k, d = row[i], mem[row[i]]
         out = []
         # earlier: memory between the new and the old place rises by d
         peak = float("-inf")
@@ -131,11 +156,31 @@ class _Model:
             out.append(j)
         return out
 
+    def toggles(self, row: list[int], i: int, fused: frozenset[tuple[int, int]], limit: float,
+                reach: int) -> list[tuple[list[int], frozenset[tuple[int, int]]]]:
+        """The rows and fused sets that fusing or splitting the backward at row[i] gives (none
+        unless it is a backward on a stage where fusing may pay): fused, one; split, one per
+        place of its W within ``reach`` after it, within the memory limit."""
+        a = self.actions[row[i]]
+        if a.op is not Op.B or a.stage not in self.choice:
+            return []
+        key = (a.stage, a.mb)
+        w = self.id[(a.stage, Op.W, a.mb)]
+        if key in fused:
+            new = fused - {key}
+            base = row[:i + 1] + row[i + 1:]
+            cands = [base[:q] + [w] + base[q:] for q in range(i + 1, min(len(base), i + 1 + reach) + 1)]
+        else:
+            new = fused | {key}
+            cands = [[x for x in row if x != w]]
+        _, mem = self.costs(new)
+        return [(cand, new) for cand in cands if max(_prefix(mem, cand), default=0.0) <= limit]
 
-def _prefix(model: _Model, row: list[int]) -> list[float]:
+
+def _prefix(mem: list[float], row: list[int]) -> list[float]:
     out, cur = [], 0.0
     for k in row:
-        cur += model.mem[k]
+        cur += mem[k]
         out.append(cur)
     return out
 
@@ -163,7 +208,7 @@ def local_search(
 ) -> list[list[Action]]:
     """A schedule no worse than ``rows`` (valid, within the limit), searched until ``deadline``
     (time.monotonic()) or until the objective reaches ``target`` (a lower bound: nothing better
-    exists). ``rows`` must be a valid schedule of basic passes; fused BW is returned as given.
+    exists). ``rows``: a valid schedule, split, fused or mixed.
     ``reach``: how far a pass may move on its rank (default: anywhere). ``evaluations``: at
     most this many candidates simulated (a budget independent of the machine's speed)."""
     if time.monotonic() >= deadline:
@@ -171,13 +216,13 @@ def local_search(
     value0, tl0 = problem.evaluate(rows)
     if value0 <= target or not problem.fits(tl0):
         return rows
-    if any(a.op not in _OPS for row in rows for a in row):
-        return rows  # fused passes: not this search's domain
     model = _Model(problem)
-    ids = [[model.id[(a.stage, a.op, a.mb)] for a in row] for row in rows]
+    fused0 = frozenset((a.stage, a.mb) for row in rows for a in row if a.op is Op.BW)
+    ids = [[model.id[(a.stage, Op.B if a.op is Op.BW else a.op, a.mb)] for a in row] for row in rows]
     rng = random.Random(seed)
-    best = cur = ids
-    first = model.score(ids)
+    best, best_fused = cur, cur_fused = ids, fused0
+    cur_dur, cur_mem = model.costs(cur_fused)
+    first = model.score(ids, cur_dur)
     assert first is not None  # the core simulator just ran it
     best_score = cur_score = first
     R = len(ids)
@@ -191,21 +236,37 @@ def local_search(
     while not spent() and best_score[0] > target:
         improved, tried = False, used
         moves = [(r, i) for r in range(R) for i in range(len(cur[r]))]
+        moves += [(r, -1 - i) for r, i in moves if model.choice]  # toggles (negative: the backward at i)
         rng.shuffle(moves)  # positions on a rank shift as moves are kept: still valid ones
-        prefixes = [_prefix(model, row) for row in cur]
+        prefixes = [_prefix(cur_mem, row) for row in cur]
         for r, i in moves:
-            for j in model.targets(cur[r], i, prefixes[r], model.allowed[r], reach):
+            if i < 0:  # fuse or split the backward at -1 - i
+                if -1 - i >= len(cur[r]):
+                    continue
+                cands = model.toggles(cur[r], -1 - i, cur_fused, model.allowed[r], reach)
+            else:
+                if i >= len(cur[r]):
+                    continue
+                cands = [(_moved(cur[r], i, j), cur_fused)
+                         for j in model.targets(cur[r], i, prefixes[r], model.allowed[r], reach, cur_mem)]
+            for new_row, new_fused in cands:
                 if spent():
                     break
                 used += 1
                 cand = list(cur)
-                cand[r] = _moved(cur[r], i, j)
-                sc = model.score(cand)
+                cand[r] = new_row
+                dur = cur_dur if new_fused is cur_fused else model.costs(new_fused)[0]
+                sc = model.score(cand, dur)
                 if sc is not None and _better(sc, cur_score):
                     cur, cur_score, improved = cand, sc, True
-                    prefixes[r] = _prefix(model, cand[r])
+                    if new_fused is not cur_fused:
+                        cur_fused = new_fused
+                        cur_dur, cur_mem = model.costs(cur_fused)
+                        prefixes = [_prefix(cur_mem, row) for row in cur]
+                    else:
+                        prefixes[r] = _prefix(cur_mem, cand[r])
                     if _better(cur_score, best_score):
-                        best, best_score, misses = cur, cur_score, 0
+                        best, best_fused, best_score, misses = cur, cur_fused, cur_score, 0
                     break
             if spent() or best_score[0] <= target:
                 break
@@ -213,26 +274,40 @@ def local_search(
             break  # no move is allowed at all (e.g. the smallest memory limit)
         if not improved:  # a local optimum: perturb the best schedule, harder after each miss
             misses += 1
-            cur = _perturb(model, best, rng, reach, 2 + min(misses // 4, 10))
+            cur, cur_fused = _perturb(model, best, best_fused, rng, reach, 2 + min(misses // 4, 10))
+            cur_dur, cur_mem = model.costs(cur_fused)
             used += 1
-            sc = model.score(cur)
-            cur, cur_score = (cur, sc) if sc is not None else (best, best_score)
+            sc = model.score(cur, cur_dur)
+            if sc is not None:
+                cur_score = sc
+            else:
+                cur, cur_fused, cur_score = best, best_fused, best_score
+                cur_dur, cur_mem = model.costs(cur_fused)
     if best is ids:
         return rows
-    out = [[model.actions[k] for k in row] for row in best]
+    out = [[Action(a.stage, Op.BW, a.mb) if a.op is Op.B and (a.stage, a.mb) in best_fused else a
+            for a in (model.actions[k] for k in row)] for row in best]
     value, tl = problem.evaluate(out)
     return out if value <= value0 and problem.fits(tl) else rows
 
 
-def _perturb(model: _Model, rows: list[list[int]], rng: random.Random, reach: int, moves: int) -> list[list[int]]:
-    """``rows`` after a few random valid moves (within memory; may deadlock, then discarded)."""
+def _perturb(model: _Model, rows: list[list[int]], fused: frozenset[tuple[int, int]], rng: random.Random, reach: int,
+             moves: int) -> tuple[list[list[int]], frozenset[tuple[int, int]]]:
+    """``rows`` after a few random valid moves or toggles (within memory; may deadlock, then
+    discarded)."""
     out = list(rows)
     for _ in range(moves):
         r = rng.randrange(len(out))
         if not out[r]:
             continue
         i = rng.randrange(len(out[r]))
-        ok = model.targets(out[r], i, _prefix(model, out[r]), model.allowed[r], min(reach, 4))
+        if model.choice and rng.random() < 0.25:
+            options = model.toggles(out[r], i, fused, model.allowed[r], min(reach, 4))
+            if options:
+                out[r], fused = rng.choice(options)
+            continue
+        _, mem = model.costs(fused)
+        ok = model.targets(out[r], i, _prefix(mem, out[r]), model.allowed[r], min(reach, 4), mem)
         if ok:
             out[r] = _moved(out[r], i, rng.choice(ok))
-    return out
+    return out, fused

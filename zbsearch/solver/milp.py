@@ -10,8 +10,9 @@ passes that start in [t1, t2) in the current schedule, a contiguous part of the 
   are max-plus linear in the window's end times, so the objective is exactly
   ``max(C, max_x E_x + tail(x))`` over window passes x, with tails and C from one pass over the
   rest of the schedule (``_tails``). No variable is spent on them.
-* Inside the window, passes of one (stage, op) keep their order (FIFO in the exact model, which
-  loses nothing in the idle relaxation, see ``problem``). Two passes of different chains get an order binary only when neither a
+* Inside the window, passes of one chain (a stage's forwards, its backwards, B or fused BW,
+  or its W passes) keep their order (FIFO in the exact model, which loses nothing in the idle
+  relaxation, see ``problem``). Two passes of different chains get an order binary only when neither a
   dependency nor their distance in the current schedule (more than ``band``) fixes their
   order, and a pass is linked only to the nearest fixed pass of each other chain: the chain
   order implies the rest.
@@ -25,7 +26,8 @@ The current schedule is the warm start (HiGHS gets it as a full solution), so a 
 returns anything worse, and the result is re-simulated before it is accepted. With the
 window covering the whole schedule and no band, each rank's span measured from its first pass
 (a variable), the model is the exact idle relaxation and HiGHS's dual bound, less a margin for
-its tolerances, is a lower bound for every schedule (``exact``).
+its tolerances, is a lower bound for every schedule (``exact``). Windows keep each backward
+fused or split as it is; the exact model chooses, where fusing may pay (``_ChoiceModel``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ import highspy
 import pulp
 
 from ..actions import Action, Op
-from ..dependencies import PassType, action_index, earliest_starts, edge_delay, must_precede, predecessors
+from ..costs import CostModel
+from ..dependencies import PassType, action_index, action_predecessor_types, edge_delay, must_precede
 from ..simulator import Deadlock, Timeline
 from .heuristic import sequential_schedule
 from .problem import Problem
@@ -101,14 +104,23 @@ Key = tuple[int, int]  # a pass by (rank, position in the rank's list)
 
 
 def _inputs(problem: Problem, rows: list[list[Action]], index, r: int, i: int):
-    """(rank, position, edge delay) of each pass that pass (r, i) depends on."""
+    """(rank, position, edge delay) of each action that action (r, i) depends on (a fused BW
+    performs its B and its W: ``index`` maps both to it)."""
     x, c = rows[r][i], problem.cost
-    for st, op, j in predecessors(x.stage, x.op, x.mb, c.num_stages):
-        pr, pi = index[(st, op, j)]
+    for st, op in action_predecessor_types(x.stage, x.op, c.num_stages):
+        pr, pi = index[(st, op, x.mb)]
         yield pr, pi, edge_delay(c, st, x.stage)
 
 
-def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], index, off: list[float | None]):
+def _chain(x: Action) -> PassType:
+    """The chain an action belongs to: its stage's forwards, its backwards (B or a fused BW:
+    either one runs first of the microbatch's backward work, so they share one order) or its
+    W passes; named by the pass type that all the chain's precedences go through."""
+    return (x.stage, Op.B if x.op is Op.BW else x.op)
+
+
+def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], index, off: list[float | None],
+           dur: list[list[float]]):
     """(tail, rest) of the objective through the passes after the window.
 
     The objective is the largest (end of a rank's last pass - that rank's start ``off[r]``);
@@ -117,8 +129,7 @@ def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[in
     pass). Paths are grouped by label: None for ranks with a constant start (already
     subtracted), r for the rank r with a variable start. tail[(r, i)][label] = longest path
     from the end of window pass (r, i) to that label's objective; rest[label] = the part no
-    window pass reaches."""
-    c = problem.cost
+    window pass reaches. ``dur``: what each pass costs (``CostModel.durations``)."""
     R = len(rows)
     suffix = sorted((tl.start[r][i], r, i) for r in range(R) for i in range(stop[r], len(rows[r])))
     labels = [None] + [r for r in range(R) if off[r] is None]
@@ -140,8 +151,7 @@ def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[in
                 v = max(v, sink(label, r))
             if v == _NEG:
                 continue
-            x = rows[r][i]
-            w = v + c.time(x.stage, x.op)  # from the end of a predecessor, before delays
+            w = v + dur[r][i]  # from the end of a predecessor, before delays
             if i > stop[r]:
                 val[(r, i - 1)] = max(val.get((r, i - 1), _NEG), w)
             else:  # the first pass after the window follows every window pass of its rank
@@ -160,7 +170,6 @@ def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[in
     rest = {label: max((tl.end[r][-1] + sink(label, r) for r in ended), default=_NEG) for label in labels}
     base: dict = {}
     for _, r, i in suffix:
-        x = rows[r][i]
         if i > stop[r]:
             t = base[(r, i - 1)]
         elif begin[r] == stop[r]:
@@ -172,7 +181,7 @@ def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[in
                 t = max(t, tl.end[pr][pi] + delay)
             elif pi >= stop[pr]:
                 t = max(t, base[(pr, pi)] + delay)
-        base[(r, i)] = t + c.time(x.stage, x.op) if t > _NEG else _NEG
+        base[(r, i)] = t + dur[r][i] if t > _NEG else _NEG
         if i == len(rows[r]) - 1:
             for label in labels:
                 rest[label] = max(rest[label], base[(r, i)] + sink(label, r))
@@ -201,8 +210,9 @@ class _WindowModel:
         self.problem, self.rows, self.tl, self.begin, self.stop = problem, rows, tl, begin, stop
         self.band, self.secondary = band, secondary
         self.passes: list[Key] = [(r, i) for r in range(len(rows)) for i in range(begin[r], stop[r])]
-        index = action_index(rows)
+        self.index = index = action_index(rows)
         self.inputs = {k: list(_inputs(problem, rows, index, *k)) for k in self.passes}
+        self.dur = self.pass_durations()
         # Each rank's span runs from its first pass. When that pass is in the window its start
         # is, with ``relaxed``, a variable: the model is then the idle relaxation (a rank may
         # start late), valid over every order, FIFO or not (see ``problem``). Otherwise it is
@@ -212,18 +222,36 @@ class _WindowModel:
         if problem.objective == "makespan":
             self.off: list[float | None] = [0.0] * R
         else:
-            first = earliest_starts(problem.cost, (0, Op.F))
-            fifo_start = [first[(min(problem.cost.rank_stages(r)), Op.F)] for r in range(R)]
+            fifo_start = self.fifo_starts(index)
             self.off = [(None if relaxed else fifo_start[r]) if begin[r] == 0 < stop[r]
                         else (tl.start[r][0] if begin[r] > 0 else fifo_start[r]) for r in range(R)]
-        self.tail, self.rest = _tails(problem, rows, tl, begin, stop, index, self.off)
+        self.tail, self.rest = _tails(problem, rows, tl, begin, stop, index, self.off, self.dur)
         self.value = problem.value(tl)
         self.slack = 1e-7 * max(1.0, self.value)  # float noise between the simulator's sums and ours
         self.binaries = 0
 
-    def duration(self, k: Key) -> float:
-        x = self.rows[k[0]][k[1]]
-        return self.problem.cost.time(x.stage, x.op)
+    def pass_durations(self) -> list[list[float]]:
+        """What each pass of the schedule costs (``CostModel.durations``)."""
+        return self.problem.cost.durations(self.rows)
+
+    def fifo_starts(self, index) -> list[float]:
+        """Per rank, the ASAP start of its first pass under FIFO orders: when microbatch 0's
+        forwards reach its lowest stage (``earliest_starts``, on the schedule's own durations)."""
+        c = self.problem.cost
+        arrive, t = [], 0.0
+        for s in range(c.num_stages):
+            arrive.append(t)
+            r, i = index[(s, Op.F, 0)]
+            t = t + self.dur[r][i] + (edge_delay(c, s, s + 1) if s + 1 < c.num_stages else 0.0)
+        return [arrive[min(c.rank_stages(r))] for r in range(c.num_ranks)]
+
+    def duration(self, k: Key):
+        """How long pass k takes: a number here (an affine expression where the model chooses)."""
+        return self.dur[k[0]][k[1]]
+
+    def dlo(self, k: Key) -> float:
+        """The least pass k can take (what its time bounds use)."""
+        return self.dur[k[0]][k[1]]
 
     def memory_delta(self, r: int, i: int) -> float:
         x = self.rows[r][i]
@@ -240,7 +268,7 @@ class _WindowModel:
         for r, i in order:
             t = tl.end[r][begin[r] - 1] if begin[r] > 0 else 0.0
             for pr, pi, delay in self.inputs[(r, i)]:
-                t = max(t, (tl.end[pr][pi] if pi < begin[pr] else self.earliest[(pr, pi)] + self.duration((pr, pi))) + delay)
+                t = max(t, (tl.end[pr][pi] if pi < begin[pr] else self.earliest[(pr, pi)] + self.dlo((pr, pi))) + delay)
             self.earliest[(r, i)] = t
         # A horizon every pass can be assumed to end by: left-shift any schedule until its
         # ranks' busy intervals (each at most the objective long) and the messages between
@@ -260,8 +288,8 @@ class _WindowModel:
                     successors.setdefault((pr, pi), []).append((k, delay))
         for k in reversed(order):
             for sk, delay in successors.get(k, ()):
-                latest[k] = min(latest[k], latest[sk] - self.duration(sk) - delay)
-        return all(self.earliest[k] + self.duration(k) <= latest[k] + 1e-6 for k in self.passes)
+                latest[k] = min(latest[k], latest[sk] - self.dlo(sk) - delay)
+        return all(self.earliest[k] + self.dlo(k) <= latest[k] + 1e-6 for k in self.passes)
 
     # ---- the model -------------------------------------------------------------------------
 
@@ -270,7 +298,7 @@ class _WindowModel:
         tl, lp = self.tl, pulp.LpProblem("window", pulp.LpMinimize)
         self.lp = lp
         name = {k: f"s{k[0]}_{k[1]}" for k in self.passes}
-        self.start = {k: _variable(lp, name[k], self.earliest[k], self.latest_end[k] - self.duration(k)) for k in self.passes}
+        self.start = {k: _variable(lp, name[k], self.earliest[k], self.latest_end[k] - self.dlo(k)) for k in self.passes}
         rest = self.rest[None]
         self.z = _variable(lp, "z", rest if rest > _NEG else None, self.value + self.slack)
         self.warm_start = {name[k]: tl.start[k[0]][k[1]] for k in self.passes}
@@ -316,11 +344,10 @@ class _WindowModel:
                 self.add_memory(r, chains, limits[r])
 
     def add_chains(self, r: int) -> dict[PassType, list[int]]:
-        """Rank r's window passes by (stage, op), each chain in microbatch order (FIFO)."""
+        """Rank r's window passes by chain (``_chain``), each chain in microbatch order (FIFO)."""
         chains: dict[PassType, list[int]] = {}
         for i in range(self.begin[r], self.stop[r]):
-            x = self.rows[r][i]
-            chains.setdefault((x.stage, x.op), []).append(i)
+            chains.setdefault(_chain(self.rows[r][i]), []).append(i)
         for ids in chains.values():
             self.chain_position.update(((r, i), pos) for pos, i in enumerate(ids))
             for i0, i1 in zip(ids, ids[1:]):
@@ -330,24 +357,29 @@ class _WindowModel:
     def add_order(self, r: int, X: PassType, Y: PassType, i: int, others: list[int]) -> None:
         """Order pass i (chain X) against the passes of chain Y: fixed by a dependency, by the
         band or by the time bounds, else by a binary; linked to the nearest fixed pass on each
-        side (the chain order implies the rest)."""
+        side (the chain order implies the rest; where chain Y has no fixed order, to every one)."""
         lp, start, rows, tl, S = self.lp, self.start, self.rows, self.tl, self.problem.cost.num_stages
-        earliest, latest, dur, before = self.earliest, self.latest_end, self.duration, self.before[r]
+        earliest, latest, dur, lo, before = self.earliest, self.latest_end, self.duration, self.dlo, self.before[r]
         xi = rows[r][i]
         last_before = first_after = None
+        ordered = self.fifo_chain(Y)
         for k in others:
             yk = rows[r][k]
             if (xi.mb <= yk.mb and must_precede(X, Y, S)) or tl.start[r][k] - tl.start[r][i] > self.band:
                 first_after = k if first_after is None else first_after
                 before[k].append((i, 1))
+                if not ordered:
+                    lp += start[(r, k)] >= start[(r, i)] + dur((r, i))
             elif (yk.mb <= xi.mb and must_precede(Y, X, S)) or tl.start[r][i] - tl.start[r][k] > self.band:
                 last_before = k
                 before[i].append((k, 1))
-            elif earliest[(r, k)] + dur((r, k)) > latest[(r, i)] - dur((r, i)) + 1e-9:
+                if not ordered:
+                    lp += start[(r, i)] >= start[(r, k)] + dur((r, k))
+            elif earliest[(r, k)] + lo((r, k)) > latest[(r, i)] - lo((r, i)) + 1e-9:
                 # y cannot end before x must start: y's order is forced after x
                 lp += start[(r, k)] >= start[(r, i)] + dur((r, i))
                 before[k].append((i, 1))
-            elif earliest[(r, i)] + dur((r, i)) > latest[(r, k)] - dur((r, k)) + 1e-9:
+            elif earliest[(r, i)] + lo((r, i)) > latest[(r, k)] - lo((r, k)) + 1e-9:
                 lp += start[(r, i)] >= start[(r, k)] + dur((r, k))
                 before[i].append((k, 1))
             else:
@@ -360,10 +392,14 @@ class _WindowModel:
                 lp += start[(r, i)] >= start[(r, k)] + dur((r, k)) - m2 * v
                 before[k].append((i, v))
                 before[i].append((k, 1 - v))
-        if last_before is not None:
+        if last_before is not None and ordered:
             lp += start[(r, i)] >= start[(r, last_before)] + dur((r, last_before))
-        if first_after is not None:
+        if first_after is not None and ordered:
             lp += start[(r, first_after)] >= start[(r, i)] + dur((r, i))
+
+    def fifo_chain(self, chain: PassType) -> bool:
+        """Whether the chain's passes run in a fixed order (all of them here)."""
+        return True
 
     def add_memory(self, r: int, chains: dict[PassType, list[int]], allowed: float) -> None:
         """Memory after each allocating pass: memory before the window + deltas of what precedes."""
@@ -374,9 +410,16 @@ class _WindowModel:
                 d = delta(r, i)
                 if d <= 0:
                     continue
-                own = sum(delta(r, k) for k in ids[:pos])
                 expr = pulp.lpSum(delta(r, k) * w for k, w in self.before[r][i])
-                self.lp += expr + (mem_at_begin + own + d) <= allowed
+                own = self.own_memory(r, ids, pos)
+                if isinstance(own, (int, float)):
+                    self.lp += expr + (mem_at_begin + own + d) <= allowed
+                else:  # an expression in the model's choices
+                    self.lp += expr + own + (mem_at_begin + d) <= allowed
+
+    def own_memory(self, r: int, ids: list[int], pos: int):
+        """What the passes of its own chain that run before pass ``ids[pos]`` hold."""
+        return sum(self.memory_delta(r, k) for k in ids[:pos])
 
     # ---- solve and decode ------------------------------------------------------------------
 
@@ -422,25 +465,178 @@ def solve_window(
     if begin == stop:
         return None
     model = _WindowModel(problem, rows, tl, begin, stop, band, secondary, relaxed)
-    if not model.time_bounds():
+    if not _build(model):
         return None  # cannot happen for a consistent timeline; be safe rather than wrong
-    model.add_variables()
-    model.add_objective()
-    model.add_precedence()
-    model.add_order_and_memory()
     return model.solve(time_limit)
 
 
+class _ChoiceModel(_WindowModel):
+    """The exact model (the whole schedule, no band) where each microbatch's backward on each
+    stage of ``choice`` is fused or split: a binary u per (stage, microbatch).
+
+    The rows are in split form (a B and a W for every backward) and u says what they are: fused,
+    the B is the BW (t_bw, and then its F costs t_ff) and the W a pass of no length at the BW's
+    end, whose memory change happens there (a BW's memory changes at once); split, they are
+    the B and the W. Durations are affine in u; time bounds and big-M constants use the least.
+
+    FIFO loses nothing in the idle relaxation here as well (``problem``) once an F's price is
+    not tied to its own microbatch's choice: relabelling two microbatches on their backward work
+    (which sorts the backwards) swaps that work and its choices but not their earlier forwards.
+    So with ``relaxed`` each F has its own binary a (it costs t_ff, else t_f), and on each stage
+    as many F cost t_ff as backwards are fused: relabelling keeps both counts, so every split,
+    fused or mixed schedule maps onto a FIFO solution of this model, whose dual bound is then a
+    lower bound for all of them. The forward and backward chains keep microbatch order; the W
+    passes of a stage keep it among the split ones only (a fused one sits at its BW's end,
+    wherever that is).
+
+    Without ``relaxed`` (span): each rank starts as soon as microbatch 0's forwards reach it,
+    an affine expression in their choices, and F costs t_ff where fused: the best FIFO order
+    and choice under ASAP execution, as the simulator times it."""
+
+    def __init__(self, problem: Problem, rows, tl: Timeline, fused: set[tuple[int, int]], choice: set[int],
+                 relaxed: bool):
+        self.fused0, self.choice = fused, choice
+        self.asap = not relaxed and problem.objective == "span"
+        super().__init__(problem, rows, tl, [0] * len(rows), [len(row) for row in rows], _INF, False, relaxed=True)
+
+    def cost_of(self, x: Action, fused: bool) -> float:
+        c = self.problem.cost
+        if x.op is Op.F:
+            return c.t_ff[x.stage] if fused else c.t_f[x.stage]
+        if x.op is Op.B:
+            return c.t_bw[x.stage] if fused else c.t_b[x.stage]
+        return 0.0 if fused else c.t_w[x.stage]
+
+    def pass_durations(self) -> list[list[float]]:
+        return [[self.cost_of(x, (x.stage, x.mb) in self.fused0) for x in row] for row in self.rows]
+
+    def chosen(self, k: Key) -> bool:
+        return self.rows[k[0]][k[1]].stage in self.choice
+
+    def duration(self, k: Key):
+        x = self.rows[k[0]][k[1]]
+        split = self.cost_of(x, False)
+        other = self.cost_of(x, True) - split
+        if x.stage not in self.choice or other == 0:
+            return split
+        return split + other * (self.a if x.op is Op.F else self.u)[(x.stage, x.mb)]
+
+    def dlo(self, k: Key) -> float:
+        x = self.rows[k[0]][k[1]]
+        return min(self.cost_of(x, False), self.cost_of(x, True)) if x.stage in self.choice else self.cost_of(x, False)
+
+    def add_variables(self) -> None:
+        super().add_variables()
+        lp, start, c = self.lp, self.start, self.problem.cost
+        self.u = {}
+        m = self.problem.num_microbatches
+        for s in sorted(self.choice):
+            for j in range(m):
+                self.u[(s, j)] = _variable(lp, f"u{s}_{j}", 0, 1, pulp.LpBinary)
+                self.warm_start[f"u{s}_{j}"] = 1.0 if (s, j) in self.fused0 else 0.0
+        # which forwards cost t_ff: their own microbatch's choice, or (relaxed) as many per stage
+        self.a = self.u
+        if not self.asap:
+            self.a = {}
+            for s in sorted(x for x in self.choice if c.t_ff[x] != c.t_f[x]):
+                for j in range(m):
+                    self.a[(s, j)] = _variable(lp, f"a{s}_{j}", 0, 1, pulp.LpBinary)
+                    self.warm_start[f"a{s}_{j}"] = self.warm_start[f"u{s}_{j}"]
+                lp += pulp.lpSum(self.a[(s, j)] for j in range(m)) == pulp.lpSum(self.u[(s, j)] for j in range(m))
+        for k in self.passes:
+            if self.chosen(k):  # the time bounds took the least duration: the end must still fit
+                lp += start[k] + self.duration(k) <= self.latest_end[k]
+        for (s, j), u in self.u.items():  # a fused W: no length, at its BW's end
+            kb, kw = self.index[(s, Op.B, j)], self.index[(s, Op.W, j)]
+            big = max(0.0, self.latest_end[kw] - self.earliest[kb] - self.dlo(kb))
+            lp += start[kw] <= start[kb] + self.duration(kb) + big * (1 - u)
+        if self.asap:
+            for r, t0 in self.rank_start.items():
+                path = 0.0
+                for s in range(min(c.rank_stages(r))):
+                    path = path + self.duration(self.index[(s, Op.F, 0)]) + edge_delay(c, s, s + 1)
+                lp += t0 == path
+
+    def add_chains(self, r: int) -> dict[PassType, list[int]]:
+        chains: dict[PassType, list[int]] = {}
+        for i in range(self.begin[r], self.stop[r]):
+            chains.setdefault(_chain(self.rows[r][i]), []).append(i)
+        lp, start, c = self.lp, self.start, self.problem.cost
+        for key, ids in chains.items():
+            self.chain_position.update(((r, i), pos) for pos, i in enumerate(ids))
+            if self.fifo_chain(key):
+                for i0, i1 in zip(ids, ids[1:]):
+                    lp += start[(r, i1)] >= start[(r, i0)] + self.duration((r, i0))
+                continue
+            # split W passes in microbatch order: a pair where either is fused is free
+            s, tw = key[0], c.t_w[key[0]]
+            by_mb = sorted(ids, key=lambda i: self.rows[r][i].mb)
+            for n, i0 in enumerate(by_mb):
+                for i1 in by_mb[n + 1:]:
+                    j0, j1 = self.rows[r][i0].mb, self.rows[r][i1].mb
+                    big = max(0.0, self.latest_end[(r, i0)] + tw - self.earliest[(r, i1)])
+                    lp += start[(r, i1)] >= start[(r, i0)] + tw - big * (self.u[(s, j0)] + self.u[(s, j1)])
+        return chains
+
+    def fifo_chain(self, chain: PassType) -> bool:
+        return not (chain[1] is Op.W and chain[0] in self.choice)
+
+    def own_memory(self, r: int, ids: list[int], pos: int):
+        x = self.rows[r][ids[pos]]
+        if x.stage not in self.choice:
+            return super().own_memory(r, ids, pos)
+        u = self.u[(x.stage, x.mb)]
+        if x.op is Op.B:  # fused, its W's memory changes at the same instant
+            return super().own_memory(r, ids, pos) + self.problem.cost.m_w[x.stage] * u
+        if x.op is Op.W:  # (an allocating W) the earlier split ones before it; fewer counted is a relaxation
+            earlier = sum(1 for i in ids if self.rows[r][i].mb < x.mb)
+            return earlier * self.memory_delta(r, ids[pos]) * (1 - u)
+        return super().own_memory(r, ids, pos)
+
+    def decode(self) -> list[list[Action]]:
+        """Per rank, the passes that run (a fused W does not) in the model's order, each fused
+        backward as one BW."""
+        fused = {k for k, v in self.u.items() if round(pulp.value(v)) == 1}
+        out = []
+        for r, row in enumerate(self.rows):
+            here = {i for i, x in enumerate(row) if not (x.op is Op.W and (x.stage, x.mb) in fused)}
+            pos = {}
+            for i in here:
+                x = row[i]
+                if x.op is Op.W and x.stage in self.choice:
+                    own = sum(1 for k in here if row[k].op is Op.W and row[k].stage == x.stage and row[k].mb < x.mb)
+                else:
+                    own = self.chain_position[(r, i)]
+                pos[i] = own + sum(w if isinstance(w, int) else round(pulp.value(w))
+                                   for k, w in self.before[r][i] if k in here)
+            out.append([Action(row[i].stage, Op.BW, row[i].mb) if row[i].op is Op.B and (row[i].stage, row[i].mb) in fused
+                        else row[i] for i in sorted(here, key=lambda i: pos[i])])
+        return out
+
+
 def _fifo(problem: Problem, rows: list[list[Action]]) -> list[list[Action]]:
-    """``rows`` with each (stage, op) chain in microbatch order (the orders the exact model
-    ranges over); the sequential schedule if that order deadlocks or overflows memory."""
+    """``rows`` with each chain (``_chain``) in microbatch order, the orders the exact model
+    ranges over: a stage's forwards, its backwards (B or BW, each position keeping its kind) and
+    its split W passes (taking the split microbatches in order); the sequential schedule if
+    that order deadlocks or overflows memory."""
     out = []
     for row in rows:
         mbs: dict[PassType, list[int]] = {}
         for x in row:
-            mbs.setdefault((x.stage, x.op), []).append(x.mb)
-        nxt = {key: iter(sorted(v)) for key, v in mbs.items()}
-        out.append([Action(x.stage, x.op, next(nxt[(x.stage, x.op)])) for x in row])
+            mbs.setdefault(_chain(x), []).append(x.mb)
+        nxt = {key: iter(sorted(v)) for key, v in mbs.items() if key[1] is not Op.W}
+        relabelled: list[Action | None] = []
+        split: dict[int, list[int]] = {}  # stage -> the microbatches its B passes now take
+        for x in row:
+            if x.op is Op.W:
+                relabelled.append(None)
+                continue
+            j = next(nxt[_chain(x)])
+            if x.op is Op.B:
+                split.setdefault(x.stage, []).append(j)
+            relabelled.append(Action(x.stage, x.op, j))
+        w_next = {s: iter(sorted(v)) for s, v in split.items()}
+        out.append([a if a is not None else Action(x.stage, Op.W, next(w_next[x.stage])) for a, x in zip(relabelled, row)])
     if out == rows:
         return rows
     try:
@@ -451,20 +647,90 @@ def _fifo(problem: Problem, rows: list[list[Action]]) -> list[list[Action]]:
     return sequential_schedule(problem)
 
 
+def _split(rows: list[list[Action]], stages: set[int] | None = None) -> list[list[Action]]:
+    """``rows`` with each BW (on ``stages``; None: everywhere) run as its B then its W."""
+    out = []
+    for row in rows:
+        new: list[Action] = []
+        for x in row:
+            if x.op is Op.BW and (stages is None or x.stage in stages):
+                new += [Action(x.stage, Op.B, x.mb), Action(x.stage, Op.W, x.mb)]
+            else:
+                new.append(x)
+        out.append(new)
+    return out
+
+
+def _choice_stages(cost: CostModel) -> set[int]:
+    """The stages where fusing a backward may pay under ``cost``: a BW cheaper than B + W, an F
+    before it cheaper than t_f, or memory a BW never holds (``CostModel.fusing_may_pay``)."""
+    return {s for s in range(cost.num_stages)
+            if cost.t_bw[s] < cost.t_b[s] + cost.t_w[s] or cost.t_ff[s] < cost.t_f[s] or cost.m_b[s] > 0 > cost.m_w[s]}
+
+
+def _split_form(tl: Timeline) -> Timeline:
+    """``tl`` with each BW as its B (the BW's times) then a W of no length at the BW's end."""
+    rows, start, end, memory = [], [], [], []
+    for r, row in enumerate(tl.actions):
+        new, s0, e0, m0 = [], [], [], []
+        for i, x in enumerate(row):
+            if x.op is Op.BW:
+                new += [Action(x.stage, Op.B, x.mb), Action(x.stage, Op.W, x.mb)]
+                s0 += [tl.start[r][i], tl.end[r][i]]
+                e0 += [tl.end[r][i], tl.end[r][i]]
+                m0 += [tl.memory[r][i], tl.memory[r][i]]
+            else:
+                new.append(x)
+                s0.append(tl.start[r][i])
+                e0.append(tl.end[r][i])
+                m0.append(tl.memory[r][i])
+        rows.append(new)
+        start.append(s0)
+        end.append(e0)
+        memory.append(m0)
+    return Timeline(rows, start, end, memory, tl.busy)
+
+
 def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed: bool = True) -> WindowResult | None:
-    """The whole schedule as one window, with no band. ``relaxed``: every rank's start free, an
-    exact model of the idle relaxation (see ``problem``), whose dual bound is a lower bound for
-    every schedule; its solution, re-simulated, may be worse than its objective (a rank the
-    model starts late starts as early as it can). Otherwise: the best FIFO order under ASAP
-    execution exactly (its bound holds for FIFO orders only)."""
-    rows = _fifo(problem, rows)
+    """The whole schedule as one window, with no band, over split, fused and mixed schedules.
+
+    ``relaxed``: every rank's start free, an exact model of the idle relaxation (see
+    ``problem``), whose dual bound is a lower bound for every schedule, fused or split; its
+    solution, re-simulated, may be worse than its objective (a rank the model starts late
+    starts as early as it can). Otherwise: the best FIFO order under ASAP execution exactly
+    (its bound holds for FIFO orders only).
+
+    Where fusing may pay (``_choice_stages``) each backward there is fused or split as the
+    model chooses (``_ChoiceModel``); elsewhere a BW is split into B then W, which loses
+    nothing."""
+    cost = problem.cost
+    choice = _choice_stages(cost)
+    rows = _fifo(problem, _split(rows, set(range(cost.num_stages)) - choice))
     _, tl = problem.evaluate(rows)
-    res = solve_window(problem, rows, tl, 0.0, _INF, _INF, time_limit, secondary=False, relaxed=relaxed)
+    if not choice:
+        res = solve_window(problem, rows, tl, 0.0, _INF, _INF, time_limit, secondary=False, relaxed=relaxed)
+    else:
+        fused = {(x.stage, x.mb) for row in rows for x in row if x.op is Op.BW}
+        form = _split_form(tl)
+        model = _ChoiceModel(problem, form.actions, form, fused, choice, relaxed)
+        res = model.solve(time_limit) if _build(model) else None
     if res is not None and not problem.fits_order(res.rows):
         # HiGHS's feasibility tolerance lets a memory row slip (a peak of 1.00000003 under 1.0):
         # keep the given order; the dual bound is still a bound
         res = replace(res, rows=rows)
     return res
+
+
+def _build(model: _WindowModel) -> bool:
+    """Build the model's rows; False if its time bounds contradict (cannot happen for a
+    consistent timeline)."""
+    if not model.time_bounds():
+        return False
+    model.add_variables()
+    model.add_objective()
+    model.add_precedence()
+    model.add_order_and_memory()
+    return True
 
 
 @dataclass

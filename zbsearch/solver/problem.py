@@ -1,7 +1,8 @@
 """What the solver optimises: a cost model, m microbatches, per-rank memory limits, an objective.
 
-Schedules are per-rank action lists of basic passes (F, B, W; never fused BW), always judged
-by the core simulator, so every number the solver reports is the number ``simulate`` gives.
+Schedules are per-rank action lists of F, B, W and fused BW passes (each microbatch's backward
+on each stage one BW, or a B then a W), always judged by the core simulator, so every number the
+solver reports is the number ``simulate`` gives.
 
 Semantics and the relaxation every bound holds for. A schedule's value is that of its ASAP
 timeline (each pass as early as its rank and inputs allow). Its *idle relaxation* lets passes
@@ -13,7 +14,11 @@ time slot, dependency and memory count is kept, so the spans and peaks are too. 
 sorts F, then B (from the last stage down), then W: FIFO orders (each (stage, op) in
 microbatch order) lose nothing *in the idle model*, and every bound of ``zbsearch.bounds`` and
 the exact MILP's dual bound (which measures each rank's span from the start of its first pass,
-a variable) bound the idle optimum, hence every ASAP schedule.
+a variable) bound the idle optimum, hence every ASAP schedule. With fused backwards the swaps
+carry each backward's choice (fused or split) with its B and W, the split W passes of a stage
+sort among themselves, and an F keeps its own price: the exact model prices forwards apart
+from their microbatch's choice (``milp._ChoiceModel``), and the bounds at the cheaper of t_f
+and t_ff (``CostModel.for_bounds``).
 
 Under ASAP FIFO can lose for span (not for makespan): the relabelled schedule's first pass on a
 rank may have its input earlier, so ASAP starts the rank earlier and its span grows. A

@@ -1,19 +1,28 @@
 """``solve``: the least-bubble schedule under a memory limit, with an honest gap.
 
-1. Construct: every ``candidate_policies`` list schedule, the best few of them with their wait
-   knobs refined (``refine_waits``), plus the classic and sequential ones, on the true
-   per-stage costs (or, with ``uniform_costs``, on their median across stages as the paper's
-   scheduler does, to show what per-stage costs buy). The best few by their own timing are
-   simulated and the best kept.
+Each microbatch's backward on each stage may run fused (one BW) or split (B, then W later);
+where a fused one costs less (``CostModel.fusing_may_pay``) every phase ranges over both.
+
+1. Construct: every ``candidate_policies`` list schedule (split, and where fusing pays fused
+   but for a cool-down tail), the best few of them with their wait knobs refined
+   (``refine_waits``), plus the classic and sequential ones, on the true per-stage costs (or,
+   with ``uniform_costs``, on their median across stages as the paper's scheduler does, to show
+   what per-stage costs buy). The best few by their own timing are simulated and the best
+   kept. Then every classic schedule within the limit (``baselines``) is a candidate too, and
+   where fusing may pay the best is also tried with its adjacent B, W fused and with every
+   backward fused.
 2. Prove: the lower bound is the largest of the one-machine bounds over any rank's passes
    (per pass type, and per pass with microbatch order and memory precedences) and the
-   memory-aware idle bound (``zbsearch.bounds``); on small problems the exact MILP may also
-   raise it or close it.
-3. Improve: a local search over per-rank orders (``local_search``: non-FIFO orders too, judged
-   by simulation) for a share of the time, before and after the exact MILP; then MILP windows
-   (``milp.improve``) until the gap closes or the time limit.
+   memory-aware idle bound (``zbsearch.bounds``, on costs no fused or split schedule beats);
+   on small problems the exact MILP, which chooses fused or split per backward, may also raise
+   it or close it. A classic schedule on another placement (interleaved 1F1B) caps it: the
+   bound covers it too.
+3. Improve: a local search over per-rank orders and fused or split backwards
+   (``local_search``: non-FIFO orders too, judged by simulation) for a share of the time, before
+   and after the exact MILP; then MILP windows (``milp.improve``) until the gap closes or the
+   time limit.
 4. Check: the final schedule is validated by the core validator, memory limit included,
-   before anything is returned.
+   before anything is returned; ``verdict`` says what it means.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..actions import Action
+from ..actions import Action, Op
 from ..bounds import memory_makespan_lower_bound, memory_span_lower_bound
 from ..classic import KINDS
 from ..costs import CostModel
@@ -37,15 +46,16 @@ from ..limits import parse_memory_limit
 from ..prediction import with_prediction
 from ..simulator import Timeline
 from ..validator import validate
+from .baselines import Baseline, classic_baselines
 from .feasibility import check_limit
 from .heuristic import Policy, candidate_policies, list_schedule, refine_waits, sequential_schedule
 from .local_search import local_search
 from .problem import Objective, Problem
+from .verdict import CLOSED as _CLOSED
+from .verdict import decide_status
 
 __all__ = ["SolverInfo", "SolveResult", "Progress", "progress_text", "solve", "uniform_profile", "solver_placement"]
 
-# Gap below which a schedule counts as optimal (float noise in sums of pass times).
-_CLOSED = 1e-6
 # Problems up to this many passes get the exact MILP first: it can prove optimality.
 _EXACT_PASSES = 120
 # Shares of the time left that the local search over orders may take: after the construction
@@ -93,8 +103,13 @@ def solver_placement(num_ranks: int, chunks: int) -> list[int]:
 
 
 def uniform_profile(profile: Profile) -> Profile:
-    """Every stage with the median F, B and W time across stages (memory stays per stage)."""
+    """Every stage with the median F, B and W time across stages (memory stays per stage), and
+    the median fused backward and forward where the profile has them."""
     med = {k: statistics.median(getattr(st, k) for st in profile.stages) for k in ("t_f", "t_b", "t_w")}
+    if any(st.t_bw is not None for st in profile.stages):
+        med["t_bw"] = statistics.median(st.fused_backward for st in profile.stages)
+    if any(st.t_ff is not None for st in profile.stages):
+        med["t_ff"] = statistics.median(st.fused_forward for st in profile.stages)
     stages = [updated(st, **med) for st in profile.stages]
     return updated(profile, stages=stages, name=f"{profile.name}-uniform")
 
@@ -120,6 +135,7 @@ def _same(rows: list[list[Action]]) -> list[list[Action]]:
 def _construct(
     problem: Problem, deadline: float, hard: float, start=None, keep: int = 3, grid: float | None = None,
     report: Callable[[float], None] | None = None, target: float = float("-inf"),
+    built: dict[str, tuple[list[list[Action]], Timeline | None]] | None = None,
 ) -> tuple[str, list[list[Action]], Timeline, float, list[list[list[Action]]]]:
     """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
     by their own timing, only the best few simulated; the best ``_REFINED`` structures with
@@ -134,10 +150,11 @@ def _construct(
     below its simulated value), as soon as it is built. The refinement stops once a list
     schedule reaches ``target`` (a lower bound: nothing better exists). Also returns the runners-up (up to
     ``_STARTS - 1``: the best simulated candidate within the limit of each other origin, best
-    first): further starts for the local search."""
+    first): further starts for the local search. ``built`` receives the classic schedules it
+    built, by kind, with their timelines where it simulated them (None: over the limit)."""
     found: list[tuple[float, str, list[list[Action]], Policy]] = []
     began = time.monotonic()
-    for policy in candidate_policies():
+    for policy in candidate_policies(problem):
         until = (deadline if grid is None else grid) if found else hard
         if time.monotonic() > until:
             break
@@ -156,7 +173,7 @@ def _construct(
     refined: list[tuple[float, str, list[list[Action]]]] = []
     structures: set[tuple] = set()
     for value, _, _, policy in found:
-        shape = (policy.depth, policy.lag, policy.fit)
+        shape = (policy.depth, policy.lag, policy.fit, policy.fuse)
         so_far = min([found[0][0]] + [v for v, _, _ in refined])
         if len(structures) == _REFINED or time.monotonic() > until or shape in structures or so_far <= target:
             continue
@@ -185,11 +202,15 @@ def _construct(
         if timed and time.monotonic() > deadline:
             break
         rows = build()
+        if origin == "classic" and built is not None:
+            built[name] = (rows, None)
         if not problem.fits_order(rows):
             continue  # over the limit (e.g. ZB-H2 at 1p): no need to time it
         tick = time.monotonic()
         value, tl = problem.evaluate(rows)
         sim_s = max(sim_s, time.monotonic() - tick)
+        if origin == "classic" and built is not None:
+            built[name] = (rows, tl)
         if problem.fits(tl):
             timed.append((value, name, rows, tl, origin))
     assert timed  # the sequential schedule fits every limit check_limit accepts
@@ -264,13 +285,31 @@ def solve(
         if not uniform_costs:  # else the value is on other costs than the bound's
             report("constructing", v)
 
+    built: dict[str, tuple[list[list[Action]], Timeline | None]] = {}
     if milp:
         construction, rows, tl, sim_s, others = _construct(search, min(hard, t0 + time_limit / 3), hard, start,
-                                                           report=building, target=target())
+                                                           report=building, target=target(), built=built)
     else:
         construction, rows, tl, sim_s, others = _construct(search, hard, hard, start, report=building, target=target(),
-                                                           grid=min(hard, t0 + time_limit * 2 / 3))
+                                                           grid=min(hard, t0 + time_limit * 2 / 3), built=built)
     value, tl = (true.value(tl), tl) if not uniform_costs else true.evaluate(rows)
+    # The classic schedules within the limit, on the true costs: candidates, and what to beat
+    # (those the construction built are reused). Each new one costs a build and a simulation:
+    # one is started only while as long as three simulations is left before the end's reserve.
+    # 1F1B is left out where splitting loses nothing: 1F1B with split backwards is never longer.
+    baselines, not_built = classic_baselines(
+        profile, m, spec if spec is not None else limit, chunks, objective, deadline=min(hard, t0 + time_limit / 3),
+        until=deadline - 5 * sim_s, built=None if uniform_costs else built,
+        skip=() if cost.fusing_may_pay() else ("1f1b",))
+    for b in baselines:
+        if b.stage_to_rank == stage_to_rank and b.value < value:
+            construction, rows, tl, value = b.kind, b.rows, b.timeline, b.value
+    if cost.fusing_may_pay():  # each backward that its W follows at once fused, or every one
+        for variant in (_fuse_adjacent(cost, rows), _fuse_all(cost, rows)):
+            if variant != rows and true.fits_order(variant):
+                v2, tl2 = true.evaluate(variant)
+                if v2 < value:
+                    construction, rows, tl, value = construction + ", fused", variant, tl2, v2
     # Keep back time for the end: re-timing a schedule the MILP changed, then building and
     # validating the file (together about as long as a simulation; prediction reuses it).
     deadline -= 2 * sim_s
@@ -282,20 +321,28 @@ def solve(
     method = "heuristic"
     windows = improvements = searched = 0
     hit_limit = False
-    if milp and value > bound * (1 + _CLOSED) and time.monotonic() < deadline:
+    # the best classic schedule on another placement: once the bound reaches it, nothing on
+    # the solver's placement can beat it and the search may stop
+    elsewhere = min((b.value for b in baselines if b.stage_to_rank != stage_to_rank), default=float("inf"))
+
+    def closed() -> bool:
+        return min(value, elsewhere) <= bound * (1 + _CLOSED)
+
+    if milp and not closed() and time.monotonic() < deadline:
         from .milp import exact, improve  # PuLP and HiGHS load only when needed
 
         method = "heuristic+milp"
 
         def search_orders(share: float, others: Sequence[list[list[Action]]] = ()) -> None:
             """Local search over all orders, non-FIFO ones included (which neither MILP ranges
-            over), for ``share`` of the time left from the best schedule, then as much from
-            each of ``others`` (further starts) in turn until one reaches the bound; not with
-            uniform costs (not the true objective)."""
+            over), and over fusing or splitting each backward where that may pay, for ``share``
+            of the time left from the best schedule, then as much from each of ``others``
+            (further starts) in turn until one reaches the bound; not with uniform costs (not
+            the true objective)."""
             nonlocal rows, value, searched
             before = value
             for begin in [rows, *others]:
-                if share <= 0 or value <= bound * (1 + _CLOSED) or uniform_costs or time.monotonic() >= deadline:
+                if share <= 0 or closed() or uniform_costs or time.monotonic() >= deadline:
                     break
                 stop = time.monotonic() + share * (deadline - time.monotonic())
                 found = local_search(true, begin, stop, target=target())
@@ -312,9 +359,10 @@ def solve(
         search_orders(_SEARCH_SHARE[0] if small else _SEARCH_SHARE_LARGE if passes <= _SEARCH_PASSES else 0.0,
                       [] if small else others)
         if small and not uniform_costs:
-            # the idle relaxation for the bound, then (span) the best FIFO order under ASAP
+            # the idle relaxation for the bound, then (span) the best FIFO order under ASAP;
+            # both choose to fuse or split each backward where that may pay
             for relaxed in (True, False) if objective == "span" else (True,):
-                if value <= bound * (1 + _CLOSED) or time.monotonic() >= deadline:
+                if closed() or time.monotonic() >= deadline:
                     break
                 res = exact(true, rows, (deadline - time.monotonic()) / (2 if relaxed and objective == "span" else 1), relaxed)
                 if res is not None:
@@ -328,25 +376,75 @@ def solve(
                     windows += 1
                 report("exact MILP", value)
             search_orders(_SEARCH_SHARE[1])
-        if value > bound * (1 + _CLOSED) and time.monotonic() < deadline:
+        if not closed() and time.monotonic() < deadline:
             # windows: the exact model is the idle relaxation, whose solution ASAP may run worse
             rows, stats = improve(search, rows, deadline, lambda v, st: report("MILP windows", v), target())
             windows, improvements = windows + stats.windows, improvements + stats.improved
             hit_limit = not stats.converged
     if method != "heuristic":
         value, tl = true.evaluate(rows)
-    gap = max(0.0, value / bound - 1) if bound > 0 else 0.0
     hit_limit = hit_limit or time.monotonic() >= deadline  # a search was cut short
-    status = "optimal" if gap <= _CLOSED else ("time_limit" if hit_limit else "feasible")
+    # A classic schedule on another placement (interleaved 1F1B) is a candidate as it stands:
+    # the bound covers every schedule on the solver's placement and these.
+    place, chosen_limit = stage_to_rank, limit
+    for b in baselines:
+        if b.stage_to_rank != stage_to_rank:
+            bound = min(bound, b.value)
+            if b.value < value:
+                construction, rows, tl, value, place, chosen_limit = b.kind, b.rows, b.timeline, b.value, b.stage_to_rank, b.limit
+    gap = max(0.0, value / bound - 1) if bound > 0 else 0.0
+    status = decide_status(gap, hit_limit)
+    fused = sum(a.op is Op.BW for row in rows for a in row)
     info = SolverInfo(
         method=method, construction=construction, objective=objective, status=status, value=value,
         lower_bound=bound, gap=gap, time_s=round(time.monotonic() - t0, 3), time_limit_s=time_limit,
         memory_limit=spec if spec is not None else (None if limit is None else "per rank"),
         uniform_costs=uniform_costs, milp_windows=windows, milp_improvements=improvements,
-        search_improvements=searched,
+        search_improvements=searched, classic={b.kind: b.value for b in baselines}, classic_not_built=not_built,
+        fused_backwards=fused, split_backwards=sum(a.op is Op.B for row in rows for a in row),
     )
-    kind = "zb-" + ("v-" if chunks == 2 else "") + (spec.strip().lower() if spec else "solver")
-    sched = Schedule.build(kind, profile, m, stage_to_rank, rows, memory_limit=limit, memory_limit_spec=spec, solver=info)
+    sched = Schedule.build(_kind(rows, baselines, place, fused, chunks, spec), profile, m, place, rows,
+                           memory_limit=chosen_limit, memory_limit_spec=spec, solver=info)
     validate(sched, timeline=tl)  # tl: the final rows on the true costs, simulated once
     report("done", value)
     return SolveResult(with_prediction(sched, tl), info, tl)
+
+
+def _kind(rows: list[list[Action]], baselines: list[Baseline], place: list[int], fused: int, chunks: int,
+          spec: str | None) -> str:
+    """The schedule's name: the classic kind whose order it is, else zb-... where some backward
+    is split (zb-v-... on the V placement), fused-... where every one is fused, and the limit."""
+    for b in baselines:
+        if b.stage_to_rank == place and b.rows == rows:
+            return b.kind
+    split = any(a.op is Op.B for row in rows for a in row)
+    return ("zb" if split or not fused else "fused") + ("-v" if chunks == 2 else "") + "-" + (
+        spec.strip().lower() if spec else "solver")
+
+
+def _fuse_adjacent(cost: CostModel, rows: list[list[Action]]) -> list[list[Action]]:
+    """``rows`` with each B that its own W follows at once run as one BW, on the stages where a
+    fused backward may pay (``CostModel.fusing_may_pay``)."""
+    pays = [cost.t_bw[s] < cost.t_b[s] + cost.t_w[s] or cost.t_ff[s] < cost.t_f[s] for s in range(cost.num_stages)]
+    out = []
+    for row in rows:
+        new: list[Action] = []
+        i = 0
+        while i < len(row):
+            a = row[i]
+            if a.op is Op.B and pays[a.stage] and i + 1 < len(row) and row[i + 1] == Action(a.stage, Op.W, a.mb):
+                new.append(Action(a.stage, Op.BW, a.mb))
+                i += 2
+            else:
+                new.append(a)
+                i += 1
+        out.append(new)
+    return out
+
+
+def _fuse_all(cost: CostModel, rows: list[list[Action]]) -> list[list[Action]]:
+    """``rows`` with every backward fused where that costs less (t_ff + t_bw < t_f + t_b + t_w):
+    each B becomes a BW and its W goes. Memory is freed no later than before where W frees it."""
+    pays = [cost.t_ff[s] + cost.t_bw[s] < cost.t_f[s] + cost.t_b[s] + cost.t_w[s] for s in range(cost.num_stages)]
+    return [[Action(a.stage, Op.BW, a.mb) if a.op is Op.B and pays[a.stage] else a
+             for a in row if not (a.op is Op.W and pays[a.stage])] for row in rows]
