@@ -24,7 +24,7 @@ zbsearch's passes, so torch's split backward, which costs its own, is predicted 
 Reported per schedule: median and quartiles of the step's wall time (barrier to barrier) and of
 the makespan in the runtime's trace, the prediction (and, for ours, the prediction without the
 profile's host time per message, ``t_send`` / ``t_recv``), measured / predicted, per-pass times
-against the profile, where each rank's idle time went (``zbsearch.waits``: dependency, link,
+against the profile, where each rank's idle time went (``zbsearch.idle_time``: dependency, link,
 local), each ZB schedule's speed-up over 1F1B measured against predicted, and the
 verdict on each of issue 12's targets (``real_targets``), with the load average of every round:
 a load above the core count marks the run as busy, and then its verdicts settle nothing.
@@ -114,10 +114,10 @@ def worker(rank, world, send, args) -> dict | None:
     import torch
     import torch.distributed as dist
 
+    from zbsearch.idle_time import measure_idle_time
     from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
     from zbsearch.pass_times import compare_pass_times
     from zbsearch.profiler import Settings, builtin_gpt, profile_distributed
-    from zbsearch.waits import measure_waits
 
     torch.set_num_threads(1)
     cfg = GPTConfig(layers=args.layers, hidden=args.hidden, heads=max(2, args.hidden // 64), seq=args.seq,
@@ -201,7 +201,7 @@ def worker(rank, world, send, args) -> dict | None:
                 {"rank": x.rank, "op": x.op.value, "measured_ms": x.measured_ms, "predicted_ms": x.predicted_ms, "ratio": x.ratio}
                 for x in compare_pass_times(sched, traces)
             ]
-            row["waits"] = [vars(w) for w in measure_waits(sched, traces)]
+            row["waits"] = [vars(w) for w in measure_idle_time(sched, traces)]
             row["predicted_compute_only_ms"] = zb.simulate(sched.rank_actions, zb.CostModel.from_profile(
                 sched.profile.compute_only(), sched.stage_to_rank)).makespan
         else:

@@ -43,6 +43,7 @@ from .actions import Op
 from .costs import CostModel
 from .dependencies import earliest_starts, pass_types, type_graph
 from .limits import allowance
+from .tolerances import ABS_TOL, REL_TOL
 
 __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
@@ -160,8 +161,8 @@ def _memory_path(cost: CostModel, s: int, lag: float, m: int, limit: float) -> f
         # F(j) needs n_b earlier B passes done (every W done too at best) and n_w earlier W
         # passes done (every B done at best) for memory to stay within the limit.
         need = (j + 1) * mem_f - limit
-        n_b = 0 if need <= 0 else (math.ceil(need / -(mem_b + mem_w) - 1e-9) if mem_b + mem_w < 0 else j + 1)
-        n_w = 0 if need + j * mem_b <= 0 else (math.ceil((need + j * mem_b) / -mem_w - 1e-9) if mem_w < 0 else j + 1)
+        n_b = 0 if need <= 0 else (math.ceil(need / -(mem_b + mem_w) - REL_TOL) if mem_b + mem_w < 0 else j + 1)
+        n_w = 0 if need + j * mem_b <= 0 else (math.ceil((need + j * mem_b) / -mem_w - REL_TOL) if mem_w < 0 else j + 1)
         if n_b > j or n_w > j:
             return float("inf")  # memory cannot hold even this: no schedule exists
         sf = max(0.0 if j == 0 else sf + tf, end_b[n_b - 1] if n_b else 0.0, end_w[n_w - 1] if n_w else 0.0)
@@ -229,16 +230,16 @@ def _memory_counts(cost: CostModel, r: int, s: int, j: int, allowed: float) -> t
     M = sum(cost.m_f[t] for t in lower)  # held by a microbatch whose B(s) has not run
     b = cost.m_f[s] + cost.m_b[s]  # ... whose B(s) has run but not W(s)
     c = b + cost.m_w[s]  # ... whose W(s) has run
-    n_b = 0 if (j + 1) * M <= allowed else (math.ceil(((j + 1) * M - allowed) / (M - c) - 1e-9) if M > c else j + 1)
+    n_b = 0 if (j + 1) * M <= allowed else (math.ceil(((j + 1) * M - allowed) / (M - c) - REL_TOL) if M > c else j + 1)
     need = M + j * b - allowed
-    n_w = 0 if need <= 0 else (math.ceil(need / (b - c) - 1e-9) if b > c else j + 1)
+    n_w = 0 if need <= 0 else (math.ceil(need / (b - c) - REL_TOL) if b > c else j + 1)
     return None if n_b > j or n_w > j else (n_b, n_w)
 
 
 def _balanced_rank(cost: CostModel, r: int) -> bool:
     """F allocates, B and W only free, and never more than F allocated (per stage)."""
     return all(
-        cost.m_f[s] >= 0 and cost.m_b[s] <= 0 and cost.m_w[s] <= 0 and cost.m_f[s] + cost.m_b[s] + cost.m_w[s] >= -1e-12
+        cost.m_f[s] >= 0 and cost.m_b[s] <= 0 and cost.m_w[s] <= 0 and cost.m_f[s] + cost.m_b[s] + cost.m_w[s] >= -ABS_TOL
         for s in cost.rank_stages(r)
     )
 

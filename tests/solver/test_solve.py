@@ -256,3 +256,28 @@ def test_more_memory_is_never_worse_given_the_smaller_limits_schedule(seed):
         best = res.schedule.rank_actions
         values.append(res.info.value)
     assert not _rising(values)
+
+
+def test_the_milp_path_writes_nothing_to_stdout(capfd, tmp_path):
+    """HiGHS prints a banner from C when a model is made: neither a library call nor
+    ``solve -o -`` (whose stdout is the schedule JSON) may show it."""
+    import json
+    import subprocess
+
+    from tests.helpers import cli_command
+    from zbsearch import Profile, StageCost, save_profile
+
+    # two measured stages (a first stage whose backward is all W's, fused backwards cheaper):
+    # the MILP windows run, so HiGHS makes models
+    prof = Profile(name="two", memory_unit="bytes", t_comm=0.036, stages=[
+        StageCost(t_f=0.368, t_b=0.035, t_w=0.49, t_bw=0.465, t_ff=0.356, m_f=66816, m_b=0, m_w=-66816),
+        StageCost(t_f=0.882, t_b=0.517, t_w=0.229, t_bw=0.582, t_ff=0.488, m_f=140804, m_b=-108036, m_w=-32768),
+    ])
+    res = solve(prof, 4, "2p", time_limit=5)
+    assert res.info.milp_windows >= 1
+    assert capfd.readouterr().out == ""
+    save_profile(prof, tmp_path / "p.json")
+    r = subprocess.run([*cli_command(), "solve", "-p", str(tmp_path / "p.json"), "-m", "4", "-t", "5", "-o", "-"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["format"] == "zbsearch.schedule"

@@ -31,9 +31,10 @@ from zbsearch.errors import ZbError
 from zbsearch.formats.fileio import check_writable, parse_model, write_model, write_text
 from zbsearch.formats.profile import profile_misfit
 from zbsearch.formats.trace import load_trace
+from zbsearch.idle_time import RankIdleTime, measure_idle_time
 from zbsearch.limits import limit_for_profile
 from zbsearch.pass_times import PassTimes, compare_pass_times
-from zbsearch.waits import RankWaits, measure_waits
+from zbsearch.tolerances import EPS_MS
 
 if TYPE_CHECKING:
     from zbsearch.solver import Objective
@@ -47,7 +48,7 @@ app = typer.Typer(
 out = Console()
 err = Console(stderr=True)
 # a figure this close to zero is rounding noise of a difference (a span less its busy time)
-EPS_PRINT = 1e-9
+EPS_PRINT = EPS_MS
 # cells up to this wide (numbers, kind names) keep their width; longer text may wrap
 _SHORT_CELL = 16
 
@@ -237,7 +238,7 @@ def simulate(
     pred = zb.predict(sched, tl)
     traces = [load_trace(t) for t in measured] if measured else []
     passes = compare_pass_times(sched, traces) if traces else None
-    waits = measure_waits(sched, traces) if traces else None
+    waits = measure_idle_time(sched, traces) if traces else None
     if as_json:
         if passes is None:
             out.print_json(pred.model_dump_json())
@@ -262,7 +263,7 @@ def _pass_table(passes: list[PassTimes], steps: int) -> Table:
     return t
 
 
-def _wait_table(waits: list[RankWaits], steps: int) -> Table:
+def _wait_table(waits: list[RankIdleTime], steps: int) -> Table:
     t = Table(title=f"idle time per step, mean over {steps} measured step(s): dependency = the model's own waits on the "
                     "measured passes; link = beyond the modelled link time; local = between passes with no message")
     for col in ("rank", "idle (ms)", "dependency (ms)", "link (ms)", "local (ms)", "late messages", "beyond link q1-q3 (ms)"):

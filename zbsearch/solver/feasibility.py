@@ -7,6 +7,7 @@ import math
 from ..costs import CostModel
 from ..errors import ZbError
 from ..simulator import memory_trace, peak_memory
+from ..tolerances import REL_TOL
 from .heuristic import sequential_schedule
 from .problem import Problem
 
@@ -30,7 +31,7 @@ def _round_up(x: float, digits: int = 4) -> float:
     if x <= 0:
         return x
     scale = 10 ** (digits - 1 - math.floor(math.log10(x)))
-    return math.ceil(x * scale * (1 - 1e-12)) / scale
+    return math.ceil(x * scale * (1 - REL_TOL)) / scale
 
 
 def check_limit(cost: CostModel, num_microbatches: int, limit: list[float] | None, spec: str | None, unit: str) -> None:

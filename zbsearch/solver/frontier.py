@@ -23,6 +23,7 @@ from ..errors import ZbError
 from ..formats.frontier import Frontier, FrontierPoint
 from ..formats.profile import Profile
 from ..simulator import bubble_rate
+from ..tolerances import REL_TOL
 from .feasibility import smallest_feasible_limit
 from .problem import Objective
 from .solve import Progress, solve, solver_placement
@@ -105,7 +106,7 @@ def frontier(
             peak_memory=pred.peak_memory, lower_bound=res.info.lower_bound, gap=res.info.gap, status=res.info.status,
         )
         points.append(pt)
-        if pt.bubble_rate <= unlimited + 1e-9:
+        if pt.bubble_rate <= unlimited + REL_TOL:
             break
     unlimited = min([unlimited] + [pt.bubble_rate for pt in points])  # the unlimited solve may have found worse
     return Frontier(

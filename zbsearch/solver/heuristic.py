@@ -26,10 +26,9 @@ The knobs are the structure of the classic schedules (ZB-H1, ZB-H2, the paper's 
 made continuous; ``candidate_policies`` is the grid the solver tries, keeping the best, and
 ``refine_waits`` then tries every value of the two wait knobs that changes the schedule
 (``sweep_waits``): which ranks should let an F go for the first B depends on how the ranks' F
-streams are phased against the chain of backwards (p=8, m=16, 2p, unit costs, comm 0.1: the
-grid's best is 49.2, the sweep finds the proven optimum 48.6 at wait_first 0.6). Times are
-compared with a tolerance of 1e-9 of a pass: a B whose inputs arrive a rounding error after the
-rank frees is ready, not left behind an F or a W (that alone cost 2.0 on the same case). The
+streams are phased against the chain of backwards, which a fixed grid samples at random. Times
+are compared with a tolerance of ``REL_TOL`` of a pass: a B whose inputs arrive a rounding error
+after the rank frees is ready, not left behind an F or a W. The
 sequential schedule (one microbatch at a time through the whole pipeline) needs only one
 microbatch's activations per rank and is the fallback at the tightest limits.
 """
@@ -41,28 +40,30 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from ..actions import Action, Op
 from ..dependencies import earliest_starts, edge_delay, successors, type_graph
+from ..tolerances import REL_TOL
 from .problem import Problem
 
 __all__ = ["Policy", "list_schedule", "sweep_waits", "refine_waits", "sequential_schedule", "candidate_policies"]
 
 _INF = float("inf")
+WaitKnob = Literal["wait_first", "wait_b"]  # the Policy fields that say how long an F waits for a B
 _CHECK_EVERY = 512  # decisions between looks at the clock
 _F, _B, _W = Op.F, Op.B, Op.W  # bound once: the list scheduler's loop reads them a lot
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Policy:
-    """Knobs of the list scheduler (see the module docstring)."""
+    """Knobs of the list scheduler (see the module docstring); built by keyword."""
 
     depth: float = _INF  # warm-up depth as a multiple of the rank's round trip in microbatches
     lag: float = _INF  # pending-W allowance per rank position (lag[r] = lag * r)
-    fit: bool = False
-    wait_b: float = 0.0
-    wait_first: float = 0.0
+    fit: bool = False  # W also where it fits a gap before the next pass
+    wait_b: float = 0.0  # wait up to wait_b * T_F for a B rather than start an F
+    wait_first: float = 0.0  # the same for a rank's first B
     fuse: float = -1.0  # < 0: every backward split; else fused but for a tail (module docstring)
 
     @property
@@ -105,14 +106,14 @@ _FIRST = 8  # the grid's first policies, the most often best
 
 def _grid() -> list[Policy]:
     first = [
-        Policy(2.0, _INF, False, 0.0, 0.5), Policy(1.0, 1.0, True),
-        Policy(2.0, _INF, False, 0.0, 1.0), Policy(1.0, 2.0, True),
-        Policy(2.0, _INF, False, 0.15, 0.5), Policy(2.0, _INF, False, 0.15, 1.0),
-        Policy(1.5, _INF, True, 0.15, 0.5), Policy(1.5, _INF, True, 0.15, 1.0),
+        Policy(depth=2.0, wait_first=0.5), Policy(depth=1.0, lag=1.0, fit=True),
+        Policy(depth=2.0, wait_first=1.0), Policy(depth=1.0, lag=2.0, fit=True),
+        Policy(depth=2.0, wait_b=0.15, wait_first=0.5), Policy(depth=2.0, wait_b=0.15, wait_first=1.0),
+        Policy(depth=1.5, fit=True, wait_b=0.15, wait_first=0.5), Policy(depth=1.5, fit=True, wait_b=0.15, wait_first=1.0),
     ]
-    rest = [Policy(1.0, lag, fit) for lag in (1.0, 2.0, _INF) for fit in (False, True)]
+    rest = [Policy(depth=1.0, lag=lag, fit=fit) for lag in (1.0, 2.0, _INF) for fit in (False, True)]
     rest += [
-        Policy(depth, _INF, fit, wait_b, wait_first)
+        Policy(depth=depth, fit=fit, wait_b=wait_b, wait_first=wait_first)
         for depth in (1.5, 2.0, _INF) for fit in (False, True) for wait_b in (0.0, 0.15) for wait_first in (0.0, 0.5, 1.0)
     ]
     return first + [p for p in rest if p not in first]
@@ -138,7 +139,7 @@ def list_schedule(
     problem: Problem, policy: Policy, deadline: float | None = None
 ) -> tuple[list[list[Action]], float] | None:
     """Per-rank action lists built by ``policy`` and the objective of the times it assigned
-    (never below the simulated one but for the 1e-9 tolerance: the simulator starts each pass
+    (never below the simulated one but for that tolerance: the simulator starts each pass
     as early as the order allows), or None when the policy gets stuck on memory or is still running at ``deadline``
     (a ``time.monotonic()`` instant; None: no deadline)."""
     return _ListScheduler(problem, policy).run(deadline)
@@ -179,7 +180,7 @@ class _ListScheduler:
         self.cost, self.m, self.S, self.policy, self.objective = c, m, S, policy, problem.objective
         self.limit = problem.allowed()
         # inputs arriving within eps of now count as there: sums of pass and comm times round
-        self.eps = 1e-9 * max(max(c.t_f), max(c.t_b), max(c.t_w))
+        self.eps = REL_TOL * max(max(c.t_f), max(c.t_b), max(c.t_w))
         self.stages = [sorted(c.rank_stages(r)) for r in range(R)]
         self.rank_of = c.stage_to_rank
         # memory an F on stage s must leave room for: one F on it and each later stage of its rank
@@ -222,9 +223,9 @@ class _ListScheduler:
         self.first = [_INF] * R  # when each rank's first pass starts
         self.memory = [0.0] * R
         self.rows: list[list[Action]] = [[] for _ in range(R)]
-        # per wait knob (wait_first, wait_b): the least value that would have flipped one of
-        # this run's decisions from starting an F to waiting for a B
-        self.flips = [_INF, _INF]
+        # per wait knob: the least value that would have flipped one of this run's decisions
+        # from starting an F to waiting for a B
+        self.flips: dict[WaitKnob, float] = {"wait_first": _INF, "wait_b": _INF}
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -271,8 +272,8 @@ class _ListScheduler:
         if best_f is not None:
             if t < next_b < _INF:
                 stages, n_b, policy = self.stages[r], self.n_b, self.policy
-                knob = 0 if n_b[stages[0]] == 0 and n_b[stages[-1]] == 0 else 1  # wait_first, wait_b
-                wait = policy.wait_first if knob == 0 else policy.wait_b
+                knob: WaitKnob = "wait_first" if n_b[stages[0]] == 0 and n_b[stages[-1]] == 0 else "wait_b"
+                wait = getattr(policy, knob)
                 if next_b <= t + wait * self.cost.t_f[best_f]:
                     return _Wait(next_b)
                 # the least value of this knob that would have waited here (see ``sweep_waits``)
@@ -399,16 +400,16 @@ class _ListScheduler:
 
 # How far ``sweep_waits`` goes, per knob, in units of the F that would wait: a first B is worth
 # waiting up to about two forwards for (it starts the flow of backwards), a later one one.
-_SWEEP_UPTO = (2.0, 1.0)
+_SWEEP_UPTO: dict[WaitKnob, float] = {"wait_first": 2.0, "wait_b": 1.0}
 # Relative step past a breakpoint: the comparison at the breakpoint itself may round either way.
-_NUDGE = 1e-9
+_NUDGE = REL_TOL
 
 
 def sweep_waits(
-    problem: Problem, policy: Policy, knob: int, deadline: float | None = None
+    problem: Problem, policy: Policy, knob: WaitKnob, deadline: float | None = None
 ) -> Iterator[tuple[Policy, list[list[Action]], float]]:
-    """Every distinct list schedule of ``policy`` as its ``wait_first`` (knob 0) or ``wait_b``
-    (knob 1) runs over [0, upto], in increasing order of the knob: (policy, rows, value as
+    """Every distinct list schedule of ``policy`` as its ``knob`` (``wait_first`` or ``wait_b``)
+    runs over [0, upto], in increasing order of the knob: (policy, rows, value as
     ``list_schedule`` gives them).
 
     Why: how long a rank should leave an F for an arriving B depends on how the F streams of
@@ -422,7 +423,7 @@ def sweep_waits(
     memory is skipped."""
     x, upto = 0.0, _SWEEP_UPTO[knob]
     while True:
-        pol = replace(policy, wait_first=x) if knob == 0 else replace(policy, wait_b=x)
+        pol = replace(policy, wait_first=x) if knob == "wait_first" else replace(policy, wait_b=x)
         if deadline is not None and time.monotonic() > deadline:
             return
         run = _ListScheduler(problem, pol)
@@ -446,7 +447,8 @@ def refine_waits(
     ``target`` (a lower bound) or ``deadline`` passes. The best (policy, rows, value) found,
     None if nothing beat ``value``."""
     best: tuple[Policy, list[list[Action]], float] | None = None
-    knob, idle = 0, 0  # sweeps in a row that found nothing better
+    knob: WaitKnob = "wait_first"
+    idle = 0  # sweeps in a row that found nothing better
     while idle < 2 and value > target:
         base = best[0] if best is not None else policy
         better = False
@@ -458,7 +460,7 @@ def refine_waits(
         if deadline is not None and time.monotonic() > deadline:
             break
         idle = 0 if better else idle + 1
-        knob = 1 - knob
+        knob = "wait_b" if knob == "wait_first" else "wait_first"
     return best
 
 

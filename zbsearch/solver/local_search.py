@@ -37,6 +37,7 @@ import time
 from ..actions import Action, Op
 from ..dependencies import edge_delay, must_precede, predecessors
 from ..limits import allowance
+from ..tolerances import REL_TOL
 from .problem import Problem
 
 __all__ = ["local_search"]
@@ -192,7 +193,7 @@ def _moved(row: list[int], i: int, j: int) -> list[int]:
 
 
 def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    tol = 1e-9 * max(1.0, abs(b[0]))
+    tol = REL_TOL * max(1.0, abs(b[0]))
     return a[0] < b[0] - tol or (a[0] <= b[0] + tol and a[1] < b[1] - tol)
 
 

@@ -32,9 +32,12 @@ fused or split as it is; the exact model chooses, where fusing may pay (``_Choic
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import highspy
@@ -44,6 +47,7 @@ from ..actions import Action, Op
 from ..costs import CostModel
 from ..dependencies import PassType, action_index, action_predecessor_types, edge_delay, must_precede
 from ..simulator import Deadlock, Timeline
+from ..tolerances import EPS_MS, REL_TOL
 from .heuristic import sequential_schedule
 from .problem import Problem
 
@@ -66,6 +70,21 @@ def _variable(lp: pulp.LpProblem, name: str, low: float | None, up: float | None
     return pulp.LpVariable(name, low, up, cat)
 
 
+@contextlib.contextmanager
+def _stdout_muted() -> Iterator[None]:
+    """File descriptor 1 points at the null device inside the block (C code writes there
+    directly, past ``sys.stdout``)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 class _HiGHS(pulp.HiGHS):
     """PuLP's HiGHS interface plus a full warm-start solution and the MIP dual bound."""
 
@@ -74,6 +93,12 @@ class _HiGHS(pulp.HiGHS):
         self.start = start
         self.dual_bound = _NEG
         self.model_status = None
+
+    def createAndConfigureSolver(self, lp):
+        # HiGHS prints its banner to the process's stdout when a model is created, before any
+        # option can silence it; a library call and `solve -o -` must keep stdout their own
+        with _stdout_muted():
+            super().createAndConfigureSolver(lp)
 
     def callSolver(self, lp):
         h = lp.solverModel
@@ -375,11 +400,11 @@ class _WindowModel:
                 before[i].append((k, 1))
                 if not ordered:
                     lp += start[(r, i)] >= start[(r, k)] + dur((r, k))
-            elif earliest[(r, k)] + lo((r, k)) > latest[(r, i)] - lo((r, i)) + 1e-9:
+            elif earliest[(r, k)] + lo((r, k)) > latest[(r, i)] - lo((r, i)) + EPS_MS:
                 # y cannot end before x must start: y's order is forced after x
                 lp += start[(r, k)] >= start[(r, i)] + dur((r, i))
                 before[k].append((i, 1))
-            elif earliest[(r, i)] + lo((r, i)) > latest[(r, k)] - lo((r, k)) + 1e-9:
+            elif earliest[(r, i)] + lo((r, i)) > latest[(r, k)] - lo((r, k)) + EPS_MS:
                 lp += start[(r, i)] >= start[(r, k)] + dur((r, k))
                 before[i].append((k, 1))
             else:
@@ -780,7 +805,7 @@ def improve(
                 stats.binaries = max(stats.binaries, res.binaries)
                 v2, tl2 = problem.evaluate(res.rows)
                 new = (v2, sum(tl2.span))
-                better = new[0] < score[0] * (1 - 1e-9) or (new[0] <= score[0] and new[1] < score[1] * (1 - 1e-9))
+                better = new[0] < score[0] * (1 - REL_TOL) or (new[0] <= score[0] and new[1] < score[1] * (1 - REL_TOL))
                 if better and problem.fits(tl2):
                     rows, tl, score = res.rows, tl2, new
                     stats.improved += 1

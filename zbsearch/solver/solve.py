@@ -59,15 +59,15 @@ __all__ = ["SolverInfo", "SolveResult", "Progress", "progress_text", "solve", "u
 # Problems up to this many passes get the exact MILP first: it can prove optimality.
 _EXACT_PASSES = 120
 # Shares of the time left that the local search over orders may take: after the construction
-# (it often closes the gap in a fraction of a second) and after the exact MILP. Beyond the
-# exact MILP's size each candidate costs a simulation of hundreds of passes: the MILP windows
-# get most of the time, and beyond _SEARCH_PASSES all of it (at p=24, m=192 with V, a search
-# taking 3/4 of the time left the windows a schedule twice the paper's bubble).
+# (it often closes the gap quickly) and after the exact MILP. Beyond the exact MILP's size each
+# candidate costs a simulation of hundreds of passes, so the MILP windows, which improve many
+# passes at once, get most of the time, and beyond _SEARCH_PASSES nearly all of it.
 _SEARCH_SHARE = (0.25, 0.5)
 _SEARCH_SHARE_LARGE = 0.1
 _SEARCH_PASSES = 2000
 # List-scheduling policies of distinct structure whose wait knobs ``_construct`` refines, in at
-# most this many times as long as the grid took (p=8, m=16: 63 list schedules after the grid's 42).
+# most this many times as long as the grid took: the refinement is worth a second look at the
+# best few, not at all.
 _REFINED = 3
 _REFINE_TIME = 3.0
 # Starts of the first local search on problems beyond the exact MILP's size: the best
@@ -79,9 +79,22 @@ _STARTS = 3
 
 @dataclass
 class SolveResult:
+    """What ``solve`` returns.
+
+    Attributes:
+        schedule: the best schedule found, validated, with its prediction and ``solver`` block.
+        info: how it was found and how good it is: value, lower bound, gap, status.
+        timeline: the schedule simulated on the profile's costs.
+    """
+
     schedule: Schedule
     info: SolverInfo
     timeline: Timeline
+
+    def __repr__(self) -> str:
+        i = self.info
+        return (f"SolveResult({self.schedule.kind!r}, value={i.value:.6g} ms, bound={i.lower_bound:.6g} ms, "
+                f"gap={i.gap:.2%}, status={i.status}, {i.time_s:.1f} s)")
 
 
 Progress = Callable[[str, float, float], None]  # (phase, best value, lower bound)
@@ -98,7 +111,7 @@ def progress_text(phase: str, value: float, bound: float) -> str:
 def solver_placement(num_ranks: int, chunks: int) -> list[int]:
     """The placements the solver supports: one stage per rank, or the V (two chunks)."""
     if chunks not in (1, 2):
-        raise ZbError(f"--chunks must be 1 or 2 (V placement), not {chunks}")
+        raise ZbError(f"the solver places one stage per rank or two in a V (chunks 1 or 2), not {chunks} chunks")
     return placement(num_ranks, chunks, "v")
 
 

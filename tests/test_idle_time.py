@@ -1,4 +1,4 @@
-"""The split of a measured step's idle time (``zbsearch.waits``), checked on traces made from the
+"""The split of a measured step's idle time (``zbsearch.idle_time``), checked on traces made from the
 simulator's own timelines: a step that runs exactly as predicted waits only for dependencies,
 as long as the simulator's gaps; a pass held back afterwards shows up, to the microsecond, as
 a wait for its link (input from another rank) or as local overhead."""
@@ -14,7 +14,7 @@ from tests.helpers import make_profile
 from zbsearch.dependencies import remote_input, remote_outputs
 from zbsearch.errors import ZbError
 from zbsearch.formats.trace import Trace, TraceArgs, TraceEvent, TraceInfo
-from zbsearch.waits import measure_waits
+from zbsearch.idle_time import measure_idle_time
 
 KINDS = ["1f1b", "zb-h1", "zb-v", "gpipe"]
 
@@ -46,7 +46,7 @@ def _schedules(n: int):
 def test_a_step_as_simulated_waits_only_for_dependencies_as_long_as_the_simulator_gaps(sched):
     tl = zb.timeline(sched)
     t0 = min(s[0] for s in tl.start)
-    waits = measure_waits(sched, [_trace(sched)])
+    waits = measure_idle_time(sched, [_trace(sched)])
     for w, starts, ends in zip(waits, tl.start, tl.end):
         gaps = (starts[0] - t0) + sum(s - e for s, e in zip(starts[1:], ends[:-1]))
         assert w.idle_ms == pytest.approx(gaps, abs=1e-6)
@@ -57,12 +57,12 @@ def test_a_step_as_simulated_waits_only_for_dependencies_as_long_as_the_simulato
 
 @pytest.mark.parametrize("sched", list(_schedules(24)), ids=lambda s: f"{s.kind}-p{s.num_ranks}-m{s.num_microbatches}")
 def test_a_last_pass_held_back_is_a_link_wait_if_it_receives_from_another_rank_else_local(sched):
-    exact = measure_waits(sched, [_trace(sched)])
+    exact = measure_idle_time(sched, [_trace(sched)])
     for r, row in enumerate(sched.rank_actions):
         if remote_outputs(row[-1], sched.stage_to_rank):
             continue  # holding it back would hold back its receiver too
         d = 0.25 * (r + 1)
-        late = measure_waits(sched, [_trace(sched, {r: d}), _trace(sched, {r: d})])  # means over steps
+        late = measure_idle_time(sched, [_trace(sched, {r: d}), _trace(sched, {r: d})])  # means over steps
         remote = remote_input(row[-1], sched.stage_to_rank) is not None
         for q, (a, b) in enumerate(zip(exact, late)):
             held = d if q == r else 0.0
@@ -78,6 +78,6 @@ def test_a_trace_of_another_schedule_or_none_is_a_one_line_error():
     prof = make_profile(2)
     one, other = zb.build_classic("1f1b", prof, 4), zb.build_classic("zb-h1", prof, 4)
     with pytest.raises(ZbError, match="not a step of this schedule"):
-        measure_waits(one, [_trace(other)])
+        measure_idle_time(one, [_trace(other)])
     with pytest.raises(ZbError, match="no trace"):
-        measure_waits(one, [])
+        measure_idle_time(one, [])

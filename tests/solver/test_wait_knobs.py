@@ -44,12 +44,12 @@ def test_the_sweep_meets_every_schedule_its_knob_can_give(seed):
     inst, problem = _generated(seed)
     rng = random.Random(seed)
     for policy in candidate_policies()[:3]:
-        for knob, field in enumerate(("wait_first", "wait_b")):
+        for knob in ("wait_first", "wait_b"):
             swept = {_key(rows) for _, rows, _ in sweep_waits(problem, policy, knob)}
             for x in [rng.uniform(0, _SWEEP_UPTO[knob]) for _ in range(15)] + [0.0, _SWEEP_UPTO[knob]]:
-                out = list_schedule(problem, replace(policy, **{field: x}))
+                out = list_schedule(problem, replace(policy, **{knob: x}))
                 if out is not None:
-                    assert _key(out[0]) in swept, (policy, field, x)
+                    assert _key(out[0]) in swept, (policy, knob, x)
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -75,7 +75,7 @@ def test_a_past_deadline_stops_the_sweep_and_the_refinement():
     _, problem = _generated(1)
     policy = candidate_policies()[0]
     past = time.monotonic() - 1.0
-    assert list(sweep_waits(problem, policy, 0, past)) == []
+    assert list(sweep_waits(problem, policy, "wait_first", past)) == []
     assert refine_waits(problem, policy, float("inf"), past) is None
 
 

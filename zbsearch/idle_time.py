@@ -30,14 +30,14 @@ from .errors import ZbError
 from .formats.schedule import Schedule
 from .formats.trace import Trace
 
-__all__ = ["RankWaits", "measure_waits"]
+__all__ = ["RankIdleTime", "measure_idle_time"]
 
 # A wait shorter than this (ms) is no late message: the trace's own resolution (µs, and float sums).
 _RESOLUTION_MS = 1e-3
 
 
 @dataclass(frozen=True)
-class RankWaits:
+class RankIdleTime:
     """One rank's idle time per step (mean over the traces), in ms, split by cause."""
 
     rank: int
@@ -49,7 +49,7 @@ class RankWaits:
     link_excess_ms: tuple[float, float, float]  # quartiles of those waits beyond it (0s if none)
 
 
-def measure_waits(schedule: Schedule, traces: list[Trace]) -> list[RankWaits]:
+def measure_idle_time(schedule: Schedule, traces: list[Trace]) -> list[RankIdleTime]:
     """Per rank, the idle time of the measured steps split into dependency, link and local waits."""
     if not traces:
         raise ZbError("no trace to analyse")
@@ -91,7 +91,7 @@ def measure_waits(schedule: Schedule, traces: list[Trace]) -> list[RankWaits]:
                 prev = start + ev.dur / 1e3
     n = len(traces)
     return [
-        RankWaits(r, idle / n, dep / n, link / n, local / n, late / n, _quartiles(excess[r]))
+        RankIdleTime(r, idle / n, dep / n, link / n, local / n, late / n, _quartiles(excess[r]))
         for r, (idle, dep, link, local, late) in enumerate(sums)
     ]
 
