@@ -153,30 +153,65 @@ _CHEAP = frozenset({
 
 
 class _Record:
-    """One deferred ``F.linear``: what W needs to compute its weight gradient."""
+    """One deferred ``F.linear``: what B and W need of it.
 
-    __slots__ = ("weight", "bias", "x", "grad")
+    ``x`` holds the input as ``F.linear``'s matrix product reads it (a 2-D view of it, or the
+    contiguous copy that product makes of an input no view can fold), so that B and W compute
+    the gradients autograd would from the same tensors, and the meter counts what autograd
+    would have saved. ``fused``: ``F.linear`` adds the bias inside its product (``addmm``; else
+    the product, then an add whose bias gradient sums over every leading dimension)."""
 
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, x) -> None:
-        self.weight, self.bias, self.x = weight, bias, x
+    __slots__ = ("weight", "bias", "x", "grad", "fused", "version")
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, fused: bool) -> None:
+        self.weight, self.bias, self.fused = weight, bias, fused
+        self.x = None
         self.grad: torch.Tensor | None = None
+        self.version = weight._version
 
 
 class _LinearInputGrad(torch.autograd.Function):
     """``F.linear`` whose backward gives the input gradient only and leaves the output gradient
-    in ``rec`` for W. The weight comes in detached and ``anchor`` (a leaf) keeps the output in the
-    graph where the input needs no gradient (a Linear on data), and makes B run every deferred
-    Linear: B asks for the anchor's gradient."""
+    in ``rec`` for W. The weight is no input of the Function (its gradient is W's), and
+    ``anchor`` (a leaf) keeps the output in the graph where the input needs no gradient (a
+    Linear on data), and makes B run every deferred Linear: B asks for the anchor's gradient.
+
+    The forward is ``F.linear`` itself on the stage's own parameters, so its output is bit for
+    bit what the module computes unsplit. Where that output is a view (``F.linear`` folds an
+    input of more than two dimensions into a matrix and unfolds its product), the Function
+    returns the product and ``_Deferral.call`` unfolds it outside: autograd forbids in-place
+    changes to a view made inside a custom Function, and stage code does them
+    (``F.relu(h, inplace=True)``, ``h += x``)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, anchor, rec):
-        ctx.weight, ctx.rec = weight, rec
-        return F.linear(x, weight, bias)
+    def forward(ctx, x, anchor, rec, saved):
+        ctx.rec, ctx.shape = rec, x.shape
+        out = F.linear(x, rec.weight, rec.bias)
+        x2 = x.unsqueeze(0) if x.dim() == 1 else x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        rec.x = saved.hold(x2)
+        # the input gradient is computed as autograd's matrix-product backward does for this layout
+        ctx.column_major = x2.stride(0) == 1 and x2.stride(1) == x2.shape[0] and x2.shape[1] > 1
+        base = out._base
+        if base is not None:  # the product, whole and contiguous (checked by the caller)
+            return base
+        return out
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.rec.grad = grad
-        return (grad.matmul(ctx.weight) if ctx.needs_input_grad[0] else None), None, None, None, None
+        rec = ctx.rec
+        if rec.weight._version != rec.version:
+            raise RuntimeError(
+                f"one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"the weight {tuple(rec.weight.shape)} of a Linear is at version {rec.weight._version}; expected "
+                f"version {rec.version} instead"
+            )
+        rec.grad = grad
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        w = rec.weight.detach()
+        g2 = grad if grad.dim() == 2 else grad.reshape(-1, grad.shape[-1])
+        gx = w.t().mm(g2.t()).t() if ctx.column_major else g2.mm(w)
+        return gx.view(ctx.shape) if gx.shape != ctx.shape else gx, None, None, None
 
 
 def _bind(args: tuple, kwargs: dict, names: tuple[str, ...], defaults: tuple) -> list | None:
@@ -223,9 +258,14 @@ class _Deferral:
         if a is None or not self._mine(a[1]) or not (a[2] is None or self._mine(a[2])) or not isinstance(a[0], torch.Tensor):
             return None
         x, w, b = a
-        rec = _Record(w, b, self._saved.hold(x))
-        out = _LinearInputGrad.apply(x, w.detach(), None if b is None else b.detach(), self.anchor, rec)
+        if w.dim() != 2 or (b is not None and b.dim() != 1) or x.dim() == 0 or type(x) is not torch.Tensor:
+            return None
+        # as at::linear: the bias inside the product for a matrix or a contiguous input
+        rec = _Record(w, b, b is not None and (x.dim() == 2 or x.is_contiguous()))
+        out = _LinearInputGrad.apply(x, self.anchor, rec, self._saved)
         self.records.append(rec)
+        if out.dim() != x.dim():  # the product of a folded input: unfolded here, outside the Function
+            out = out.view(*x.shape[:-1], w.shape[0])
         return out
 
     def _mine(self, t) -> bool:
@@ -253,11 +293,26 @@ class _Deferral:
                         uses.add(r.bias, None)
                     continue
                 x = self._saved.read(r.x)
-                g2 = g.reshape(-1, g.shape[-1])
-                uses.add(r.weight, g2.t().mm(x.reshape(-1, x.shape[-1])), fresh=True)
+                g2 = g if g.dim() == 2 else g.reshape(-1, g.shape[-1])
+                # as autograd's matrix-product backward for the weight (``weight.t()`` is the operand)
+                w = r.weight
+                if w.stride(1) == 1 and w.stride(0) == w.shape[1]:
+                    uses.add(w, g2.t().mm(x), fresh=True)
+                else:
+                    uses.add(w, x.t().mm(g2).t(), fresh=True)
                 if r.bias is not None:
-                    uses.add(r.bias, g2.sum(0), fresh=True)
+                    uses.add(r.bias, _bias_grad(g, g2, r.fused), fresh=True)
         self.records = []
+
+
+def _bias_grad(g: torch.Tensor, g2: torch.Tensor, fused: bool) -> torch.Tensor:
+    """A Linear's bias gradient as autograd sums it: over the rows of the product's gradient
+    (``addmm``), or over every leading dimension of the output's (an add after the product)."""
+    if fused:
+        return g2.sum(0)
+    if g.dim() == 1:
+        return g.clone()
+    return g.sum(tuple(range(g.dim() - 1)))
 
 
 class _ViewPerUse(TorchFunctionMode):
