@@ -342,3 +342,35 @@ def test_linear_outputs_changed_in_place_are_exact_at_any_rank(rank, op, layout)
         order = oracle.pipeline_order(random.Random(rank), m, fuse=0.2)
         got = oracle.split(ours, inputs, grads, order)
         oracle.assert_same(got, oracle.reference(ref, inputs, grads), f"rank {rank} {op} {layout} bias={bias}")
+
+
+@pytest.mark.parametrize(("name", "deferred"), [(n, False) for n in CASES] + [(n, True) for n in DEFERRED_FIRST])
+def test_parameter_hooks_fire_as_in_loss_backward(name, deferred):
+    """``register_hook`` (doubling the gradient) and ``register_post_accumulate_grad_hook`` on
+    the parameters: each fires once per microbatch, on the gradient ``loss.backward()`` gives
+    it, whichever path the pass takes (generic split, fast path, first stage, fused BW)."""
+    import random
+
+    from tests.helpers import split_oracle as oracle
+
+    make, sample, _ = CASES[name]
+    torch.manual_seed(0)
+    ref = make()
+    ours = copy.deepcopy(ref)
+    m = 4
+    inputs = []
+    for _ in range(m):
+        x = sample()
+        inputs.append([x.requires_grad_() if x.is_floating_point() else x])
+    with torch.no_grad():
+        grads = [[torch.randn_like(ref(*[t.detach() for t in x]))] for x in inputs]
+    want = oracle.reference(ref, inputs, grads, hooks=oracle.Hooked(ref))
+    assert all(want.hooks)  # every microbatch fires some
+    for seed in range(2):
+        ours.zero_grad(set_to_none=True)
+        hooks = oracle.Hooked(ours)
+        got = oracle.split(ours, inputs, grads, oracle.pipeline_order(random.Random(seed), m, fuse=0.25), hooks=hooks,
+                           deferred_first=deferred)
+        for h in hooks.handles:
+            h.remove()
+        oracle.assert_same(got, want, name)
