@@ -144,6 +144,7 @@ def split(
     shadow_module = copy.deepcopy(module) if meter_check else None
     fused = {j for op, j in order if op == "BW"}
     passes, shadows = {}, {}
+    in_b: set[int] = set()
     for op, j in order:
         if op == "F":
             xs = [leaf(x) for x in inputs[j]]
@@ -161,14 +162,17 @@ def split(
             before = meter.bytes
             out.input_grads[j] = backward_input(passes[j], grads[j])
             assert meter.bytes <= before, f"B{j} grew the activations"
+            if passes[j].whole_in_b:
+                in_b.add(j)
         else:
             backward_weight(passes.pop(j))
-        if op in ("W", "BW"):
+        # after the pass that accumulated the microbatch's gradients: W, a BW, or a B that ran the
+        # whole backward (a reentrant checkpoint in the stage)
+        if op == "BW" or (op == "W" and j not in in_b) or (op == "B" and j in in_b):
             out.param_grads[j] = _snapshot(module)
             out.hooks[j] = hooks.take() if hooks is not None else []
-            if shadow_module is not None:
-                sh = shadows.pop(j)
-                sh.saved.free()
+        if shadow_module is not None and (op == "BW" or op == "W"):
+            shadows.pop(j).saved.free()
     assert not passes
     assert meter.bytes == 0, f"{meter.bytes} bytes of activations left after every W"
     return out

@@ -9,6 +9,9 @@ activation in a small holder. After B the split backward finds the holders W wil
 empties all the others; after W it empties the rest.
 
 Parameters and buffers are not activations: they are saved as they are, outside any holder.
+A holder keeps the tensor's version, and reading it back checks it as autograd checks a saved
+tensor (which it does not do for tensors saved through hooks): an activation changed in place
+after it was saved raises autograd's error instead of giving a wrong gradient.
 The meter counts live activation bytes per rank (each storage once, however many nodes save
 it), which the runtime records after every action.
 
@@ -63,11 +66,12 @@ class ActivationMeter:
 
 
 class _Holder:
-    __slots__ = ("tensor", "ptr")
+    __slots__ = ("tensor", "ptr", "version")
 
     def __init__(self, tensor: torch.Tensor, ptr: int) -> None:
         self.tensor: torch.Tensor | None = tensor
         self.ptr = ptr
+        self.version = tensor._version
 
 
 class SavedActivations:
@@ -95,6 +99,11 @@ class SavedActivations:
         self._saves = saves
         self._skip = {id(t) for t in (*self._module.parameters(), *self._module.buffers())}
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    @property
+    def pack_hook(self):
+        """The pack function ``hooks()`` installs (to tell its hooks from others)."""
+        return self._pack
 
     def charge(self, storages: dict[int, int]) -> None:
         """Count storages (key -> bytes) a forward saved without the hooks, until ``free()``."""
@@ -136,6 +145,11 @@ class SavedActivations:
         t = h.tensor
         if t is None:
             raise PipelineError("a saved activation was freed before the backward pass that needs it (run B before W, each once)")
+        if t._version != h.version:  # autograd's own check, which saved-tensor hooks turn off
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{t.type()} {list(t.shape)}] is at version {t._version}; expected version {h.version} instead"
+            )
         if self._consume:
             self._release(h)
         return t

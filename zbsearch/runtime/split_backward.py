@@ -86,6 +86,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch._C._autograd import _top_saved_tensors_default_hooks as _top_saved_tensors_hooks
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
@@ -161,18 +162,20 @@ class _Record:
     would have saved. ``fused``: ``F.linear`` adds the bias inside its product (``addmm``; else
     the product, then an add whose bias gradient sums over every leading dimension)."""
 
-    __slots__ = ("weight", "bias", "x", "grad", "fused", "version")
+    __slots__ = ("weight", "bias", "x", "grad", "fused", "version", "node", "deferral")
 
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, fused: bool) -> None:
-        self.weight, self.bias, self.fused = weight, bias, fused
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, fused: bool, deferral: _Deferral) -> None:
+        self.weight, self.bias, self.fused, self.deferral = weight, bias, fused, deferral
         self.x = None
         self.grad: torch.Tensor | None = None
         self.version = weight._version
+        self.node: Node | None = None  # the Function's node in the graph
 
 
 class _LinearInputGrad(torch.autograd.Function):
     """``F.linear`` whose backward gives the input gradient only and leaves the output gradient
-    in ``rec`` for W. The weight is no input of the Function (its gradient is W's), and
+    in ``rec`` for W (unless the pass's deferral says ``now``: then it returns the weight and
+    bias gradients too, and autograd accumulates them as it would an unsplit Linear's).
     ``anchor`` (a leaf) keeps the output in the graph where the input needs no gradient (a
     Linear on data), and makes B run every deferred Linear: B asks for the anchor's gradient.
 
@@ -184,9 +187,9 @@ class _LinearInputGrad(torch.autograd.Function):
     (``F.relu(h, inplace=True)``, ``h += x``)."""
 
     @staticmethod
-    def forward(ctx, x, anchor, rec, saved):
+    def forward(ctx, x, weight, bias, anchor, rec, saved):
         ctx.rec, ctx.shape = rec, x.shape
-        out = F.linear(x, rec.weight, rec.bias)
+        out = F.linear(x, weight, bias)
         x2 = x.unsqueeze(0) if x.dim() == 1 else x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         rec.x = saved.hold(x2)
         # the input gradient is computed as autograd's matrix-product backward does for this layout
@@ -205,13 +208,19 @@ class _LinearInputGrad(torch.autograd.Function):
                 f"the weight {tuple(rec.weight.shape)} of a Linear is at version {rec.weight._version}; expected "
                 f"version {rec.version} instead"
             )
-        rec.grad = grad
-        if not ctx.needs_input_grad[0]:
-            return None, None, None, None
-        w = rec.weight.detach()
         g2 = grad if grad.dim() == 2 else grad.reshape(-1, grad.shape[-1])
-        gx = w.t().mm(g2.t()).t() if ctx.column_major else g2.mm(w)
-        return gx.view(ctx.shape) if gx.shape != ctx.shape else gx, None, None, None
+        gx = None
+        if ctx.needs_input_grad[0]:
+            w = rec.weight.detach()
+            gx = w.t().mm(g2.t()).t() if ctx.column_major else g2.mm(w)
+            gx = gx.view(ctx.shape) if gx.shape != ctx.shape else gx
+        if not rec.deferral.now:
+            rec.grad = grad
+            return gx, None, None, None, None, None
+        # the whole backward in one autograd call: the weight's gradients go to autograd
+        x2 = rec.deferral.saved.read(rec.x)
+        gb = None if rec.bias is None else _bias_grad(grad, g2, rec.fused)
+        return gx, _weight_grad(rec.weight, g2, x2), gb, None, None, None
 
 
 def _bind(args: tuple, kwargs: dict, names: tuple[str, ...], defaults: tuple) -> list | None:
@@ -243,9 +252,18 @@ class _Deferral:
 
     def __init__(self, params: dict[int, nn.Parameter], saved: SavedActivations) -> None:
         self._params = params
-        self._saved = saved
+        self.saved = saved
+        self._pack = saved.pack_hook
         self.anchor = torch.empty(0, requires_grad=True)
         self.records: list[_Record] = []
+        self.now = False  # set by a backward that runs the pass whole: weight gradients to autograd
+
+    def ours(self) -> bool:
+        """Whether the activations saved now are the split's: inside other saved-tensor hooks
+        (``torch.utils.checkpoint``'s, ``save_on_cpu``) calls run as they are, since those
+        hooks (a checkpoint's recomputation, in backward) expect what the unsplit call saves."""
+        top = _top_saved_tensors_hooks(False)
+        return top is not None and top[0] == self._pack
 
     def call(self, func, args: tuple, kwargs: dict):
         """The output of ``func`` run deferred, or None when it is not a use this path takes
@@ -260,9 +278,12 @@ class _Deferral:
         x, w, b = a
         if w.dim() != 2 or (b is not None and b.dim() != 1) or x.dim() == 0 or type(x) is not torch.Tensor:
             return None
+        if not self.ours():
+            return None
         # as at::linear: the bias inside the product for a matrix or a contiguous input
-        rec = _Record(w, b, b is not None and (x.dim() == 2 or x.is_contiguous()))
-        out = _LinearInputGrad.apply(x, self.anchor, rec, self._saved)
+        rec = _Record(w, b, b is not None and (x.dim() == 2 or x.is_contiguous()), self)
+        out = _LinearInputGrad.apply(x, w, b, self.anchor, rec, self.saved)
+        rec.node = out.grad_fn
         self.records.append(rec)
         if out.dim() != x.dim():  # the product of a folded input: unfolded here, outside the Function
             out = out.view(*x.shape[:-1], w.shape[0])
@@ -272,7 +293,10 @@ class _Deferral:
         return isinstance(t, nn.Parameter) and self._params.get(id(t)) is t
 
     def holders(self) -> set[int]:
-        return {id(r.x) for r in self.records if self._saved.holds(r.x)}
+        return {id(r.x) for r in self.records if self.saved.holds(r.x)}
+
+    def nodes(self) -> set[Node]:
+        return {r.node for r in self.records if r.node is not None}
 
     def weight_grads(self, uses: _Uses) -> None:
         """W of the deferred uses: each weight's gradient from its input and output gradient,
@@ -292,17 +316,20 @@ class _Deferral:
                     if r.bias is not None:
                         uses.add(r.bias, None)
                     continue
-                x = self._saved.read(r.x)
+                x = self.saved.read(r.x)
                 g2 = g if g.dim() == 2 else g.reshape(-1, g.shape[-1])
-                # as autograd's matrix-product backward for the weight (``weight.t()`` is the operand)
-                w = r.weight
-                if w.stride(1) == 1 and w.stride(0) == w.shape[1]:
-                    uses.add(w, g2.t().mm(x), fresh=True)
-                else:
-                    uses.add(w, x.t().mm(g2).t(), fresh=True)
+                uses.add(r.weight, _weight_grad(r.weight, g2, x), fresh=True)
                 if r.bias is not None:
                     uses.add(r.bias, _bias_grad(g, g2, r.fused), fresh=True)
         self.records = []
+
+
+def _weight_grad(w: torch.Tensor, g2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """A Linear's weight gradient as autograd's matrix-product backward computes it from the
+    output gradient and the input as 2-D matrices (``weight.t()`` is the product's operand)."""
+    if w.stride(1) == 1 and w.stride(0) == w.shape[1]:
+        return g2.t().mm(x2)
+    return x2.t().mm(g2).t()
 
 
 def _bias_grad(g: torch.Tensor, g2: torch.Tensor, fused: bool) -> torch.Tensor:
@@ -328,12 +355,19 @@ class _ViewPerUse(TorchFunctionMode):
         self._data = data
         self._deferral = deferral
         self.heavy = False  # a parameter used by an op outside _CHEAP (and not deferred)
+        self.opaque = False  # calls ran inside other saved-tensor hooks (see ``_Deferral.ours``)
         self._func = ""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not torch.is_grad_enabled():  # grad-free code needs no split
             return func(*args, **kwargs)
+        if not self._deferral.ours():
+            self.opaque = True
+            out = func(*args, **kwargs)
+            if self._data is not None:
+                self._data.note(args, kwargs, out)
+            return out
         out = self._deferral.call(func, args, kwargs)
         if out is not None:
             if self._data is not None:
@@ -395,11 +429,13 @@ class ForwardPass:
     views: dict[Node, nn.Parameter]
     data: _DataFlow | None  # a first stage's data flow (its inputs need no gradient)
     deferral: _Deferral | None = None  # the deferred Linear uses (split only)
-    fast: bool = False  # every parameter use is deferred or cheap, as checked on this signature
+    fast: bool = False  # B takes the fast path: the signature checked, or calls inside other saved-tensor hooks
+    heavy: bool = False  # a parameter used by an op that is neither deferred nor cheap
     # a first stage: B keeps the output gradients, W runs the whole backward (B's and W's
     # parts of the fast path if ``deferral``)
     whole_in_w: bool = False
-    verdict: Callable[[bool], None] | None = None  # records the check when this pass is the first
+    whole_in_b: bool = False  # B runs the whole backward (a reentrant checkpoint), W nothing
+    verdict: Callable[[str], None] | None = None  # records how this signature runs, when this pass is its first
     # set by backward_input, consumed by backward_weight:
     groups: list[_WeightGroup] = field(default_factory=list)
     pending: tuple[Sequence, Sequence] = ((), ())  # whole_in_w: the outputs and their gradients
@@ -439,7 +475,9 @@ def forward_pass(
     whole = in_w and not deferred_first  # one plain backward in W
     sig = _signature(inputs, post)
     see_signature(module, (sig, torch.is_grad_enabled(), torch.is_autocast_enabled(), module.training))
-    if not split or whole:
+    in_b = split and not in_w and _CHECKED.get(module, {}).get(sig) == _WHOLE  # the whole backward in B
+    whole = whole or (in_w and _CHECKED.get(module, {}).get(sig) == _WHOLE)
+    if not split or whole or in_b:
 
         def run() -> tuple[torch.Tensor, ...]:
             token = _FUSED_FORWARD.set(not split)
@@ -457,18 +495,21 @@ def forward_pass(
         else:
             with saved.hooks():
                 outs = run()
-        return ForwardPass(tuple(inputs), outs, params, saved, views, None, whole_in_w=whole)
+        return ForwardPass(tuple(inputs), outs, params, saved, views, None, whole_in_w=whole, whole_in_b=in_b)
     deferral = _Deferral({id(p): p for p in params}, saved)
     known = _CHECKED.setdefault(module, {})
+    verdict = known.get(sig)
+    check = None if verdict is not None else (lambda v: known.__setitem__(sig, v))
     # The fast path, with a lean forward: where checked, or where B's part runs in W anyway (no
     # use done in B there can delay a B that another rank waits for, and the path is exact for
     # any use, see the module docstring)
-    if in_w or known.get(sig):
+    if (in_w and verdict != _WHOLE) or verdict == _FAST:
         with saved.hooks(), _DeferOnly(deferral):
             out = module(*inputs)
             if post is not None:
                 out = post(out)
-        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None, deferral, fast=True, whole_in_w=in_w)
+        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None, deferral, fast=True, whole_in_w=in_w,
+                           verdict=check)
     data = _DataFlow(inputs) if first else None
     mode = _ViewPerUse({id(p): p for p in params}, views, data, deferral)
     with saved.hooks(), mode:
@@ -479,12 +520,9 @@ def forward_pass(
     if data is not None:
         for t in outs:
             data.seen(t)  # an output's own place, in case no later call used it
-    fp = ForwardPass(tuple(inputs), outs, params, saved, views, data, deferral)
-    if mode.heavy:
-        known[sig] = False
-    elif sig not in known:
-        fp.verdict = lambda ok: known.__setitem__(sig, ok)
-    return fp
+    # calls inside other saved-tensor hooks: the fast path's B, which leaves their work to autograd
+    return ForwardPass(tuple(inputs), outs, params, saved, views, data, deferral, fast=mode.opaque, heavy=mode.heavy,
+                       verdict=check)
 
 
 def backward_in_w(module: nn.Module, inputs: Sequence) -> bool:
@@ -497,8 +535,11 @@ def _first(inputs: Sequence) -> bool:
     return not any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
 
 
-# module -> {input signature: whether its parameters are used only in ways the fast path takes}
-_CHECKED: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
+# module -> {input signature: how its split passes run}: the fast path (every parameter use
+# deferred or cheap, or inside other saved-tensor hooks), the generic split, or the whole backward
+# in one autograd call (a reentrant ``torch.utils.checkpoint``, which refuses ``autograd.grad``)
+_FAST, _GENERIC, _WHOLE = "fast", "generic", "whole"
+_CHECKED: weakref.WeakKeyDictionary[nn.Module, dict[tuple, str]] = weakref.WeakKeyDictionary()
 
 
 def _signature(inputs: Sequence, post: Callable | None) -> tuple:
@@ -565,6 +606,10 @@ def backward_input(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None])
     if fp.whole_in_w:
         fp.pending = (outs, grads)
         return [None] * len(fp.inputs)
+    if fp.whole_in_b:
+        result = _backward_accumulating(fp, outs, grads, _grad_inputs(fp))
+        _release(fp)
+        return result
     return _split_input(fp, outs, grads)
 
 
@@ -573,6 +618,11 @@ def _split_input(fp: ForwardPass, outs: list, grads: list) -> list[torch.Tensor 
     result: list[torch.Tensor | None] = [None] * len(fp.inputs)
     idx = _grad_inputs(fp)
     if fp.fast:
+        if fp.verdict is not None:  # the first microbatch of its kind on the fast path
+            whole = _reaches(outs, _REENTRANT)
+            fp.verdict(_WHOLE if whole else _FAST)
+            if whole:
+                return _whole_in_b(fp, outs, grads, idx)
         return _fast_backward_input(fp, outs, grads, idx)
     if fp.data is None:  # I: what reaches the inputs
         input_nodes = {get_gradient_edge(fp.inputs[i]).node for i in idx}
@@ -581,7 +631,9 @@ def _split_input(fp: ForwardPass, outs: list, grads: list) -> list[torch.Tensor 
     root_edges = [get_gradient_edge(o) for o in outs]
     graph = _Graph([e.node for e in root_edges], input_nodes, fp)
     if fp.verdict is not None:  # the first microbatch of its kind: may the next take the fast path?
-        fp.verdict(not graph.direct)
+        fp.verdict(_WHOLE if graph.reentrant else _GENERIC if fp.heavy or graph.direct else _FAST)
+    if graph.reentrant:
+        return _whole_in_b(fp, outs, grads, idx)
     # B also runs every deferred Linear (they lead to the anchor), leaving W their weights
     anchor = [fp.deferral.anchor] if fp.deferral is not None and fp.deferral.records else []
     # B stops at the inputs, or for a first stage at the lowest nodes of I, whose work is all W's
@@ -622,6 +674,44 @@ def _split_input(fp: ForwardPass, outs: list, grads: list) -> list[torch.Tensor 
     return result
 
 
+def _whole_in_b(fp: ForwardPass, outs: list, grads: list, idx: list[int]) -> list[torch.Tensor | None]:
+    """B of a pass whose graph holds a reentrant ``torch.utils.checkpoint``: it refuses any autograd
+    call that names its inputs (``autograd.grad``), so B runs the whole backward in one plain
+    call, its deferred Linears' weight gradients given to autograd, and W has nothing left."""
+    if fp.deferral is not None:
+        fp.deferral.now = True
+    try:
+        result = _backward_accumulating(fp, outs, grads, idx)
+    finally:
+        if fp.deferral is not None:
+            fp.deferral.now = False
+            fp.deferral.records = []
+    fp.saved.free()
+    fp.whole_in_b = True
+    fp.outputs = ()
+    fp.inputs = ()
+    return result
+
+
+# a reentrant torch.utils.checkpoint's node (its backward calls autograd again)
+_REENTRANT = "CheckpointFunctionBackward"
+
+
+def _reaches(outs: Sequence[torch.Tensor], name: str) -> bool:
+    """Whether the graph below ``outs`` has a node of that name."""
+    seen: set[Node] = set()
+    stack = [o.grad_fn for o in outs if o.grad_fn is not None]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.name() == name:
+            return True
+        stack.extend(c for c, _ in n.next_functions if c is not None and c not in seen)
+    return False
+
+
 def _fast_backward_input(fp: ForwardPass, outs: list, grads: list, idx: list[int]) -> list[torch.Tensor | None]:
     """B on the fast path: one autograd call, freeing the graph as it goes, for the input
     gradients, every deferred layer's output gradient and the gradients of the other parameter
@@ -647,6 +737,9 @@ def _fast_backward_input(fp: ForwardPass, outs: list, grads: list, idx: list[int
 
 def backward_weight(fp: ForwardPass) -> None:
     """W: accumulate the parameter gradients left by ``backward_input``."""
+    if fp.whole_in_b:
+        _release(fp)
+        return
     if fp.whole_in_w:
         outs, grads = fp.pending
         fp.pending = ((), ())
@@ -824,13 +917,20 @@ class _Graph:
         children: dict[Node, list[Node]] = {}
         order: list[Node] = []  # children before parents
         direct: set[int] = set()  # parameters some node uses without a per-use view
+        deferred = fp.deferral.nodes() if fp.deferral is not None else set()
+        self.reentrant = False
         stack = [(r, False) for r in roots]
         while stack:
             node, expanded = stack.pop()
             if expanded:
                 order.append(node)
             elif node not in children:
-                kids = children[node] = [c for c, _ in node.next_functions if c is not None]
+                kids = [c for c, _ in node.next_functions if c is not None]
+                if node in deferred:  # its weight and bias gradients are W's, not the graph's
+                    kids = [c for c in kids if c not in param_acc]
+                elif node.name() == _REENTRANT:
+                    self.reentrant = True
+                children[node] = kids
                 stack.append((node, True))
                 for c in kids:
                     if c not in children:
