@@ -149,11 +149,14 @@ def split(
         if op == "F":
             xs = [leaf(x) for x in inputs[j]]
             p = post[j] if post is not None else None
-            before = meter.bytes
+            before, rng = meter.bytes, torch.get_rng_state()
             passes[j] = forward_pass(module, xs, split=j not in fused, post=p, meter=meter, deferred_first=deferred_first)
             if shadow_module is not None:
                 shadow_before = shadow_meter.bytes
-                shadows[j] = forward_pass(shadow_module, [leaf(x) for x in inputs[j]], split=False, post=p, meter=shadow_meter)
+                with torch.random.fork_rng(devices=[]):  # the same random draws, and the next forward's unchanged
+                    torch.set_rng_state(rng)
+                    shadows[j] = forward_pass(shadow_module, [leaf(x) for x in inputs[j]], split=False, post=p,
+                                              meter=shadow_meter)
                 added, expected = meter.bytes - before, shadow_meter.bytes - shadow_before
                 assert added == expected, f"F{j} saved {added} bytes of activations, unsplit {expected}"
         elif op == "BW":

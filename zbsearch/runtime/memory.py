@@ -11,7 +11,8 @@ empties all the others; after W it empties the rest.
 Parameters and buffers are not activations: they are saved as they are, outside any holder.
 A holder keeps the tensor's version, and reading it back checks it as autograd checks a saved
 tensor (which it does not do for tensors saved through hooks): an activation changed in place
-after it was saved raises autograd's error instead of giving a wrong gradient.
+after it was saved raises autograd's error instead of giving a wrong gradient (parameters and
+buffers are kept with their version too).
 The meter counts live activation bytes per rank (each storage once, however many nodes save
 it), which the runtime records after every action.
 
@@ -74,6 +75,25 @@ class _Holder:
         self.version = tensor._version
 
 
+class _Kept:
+    """A parameter or buffer (or a view of one) saved for backward: not an activation, kept as it
+    is, but with its version, checked when it is read back."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.version = tensor._version
+
+
+def _check_version(t: torch.Tensor, version: int) -> None:
+    if t._version != version:  # autograd's own check, which saved-tensor hooks turn off
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an inplace operation: "
+            f"[{t.type()} {list(t.shape)}] is at version {t._version}; expected version {version} instead"
+        )
+
+
 class SavedActivations:
     """The activations one forward pass saved for backward.
 
@@ -114,7 +134,7 @@ class SavedActivations:
 
     def _pack(self, t: torch.Tensor):
         if id(t) in self._skip or (t._base is not None and id(t._base) in self._skip):
-            return t  # a parameter or buffer, or a view of one
+            return _Kept(t)  # a parameter or buffer, or a view of one
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         h = _Holder(t, ptr)
@@ -137,6 +157,10 @@ class SavedActivations:
         return isinstance(h, _Holder)
 
     def _unpack(self, h):
+        if isinstance(h, _Kept):
+            if self._recording is None:
+                _check_version(h.tensor, h.version)
+            return h.tensor
         if not isinstance(h, _Holder):
             return h
         if self._recording is not None:
@@ -145,11 +169,7 @@ class SavedActivations:
         t = h.tensor
         if t is None:
             raise PipelineError("a saved activation was freed before the backward pass that needs it (run B before W, each once)")
-        if t._version != h.version:  # autograd's own check, which saved-tensor hooks turn off
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an inplace operation: "
-                f"[{t.type()} {list(t.shape)}] is at version {t._version}; expected version {h.version} instead"
-            )
+        _check_version(t, h.version)
         if self._consume:
             self._release(h)
         return t

@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import math
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -153,6 +154,38 @@ _CHEAP = frozenset({
 })
 
 
+# The order in which autograd sums a parameter's gradients. ``loss.backward()`` runs the nodes
+# of a graph built in one thread in decreasing sequence number, so a parameter's uses reach it
+# in reverse call order (within one call, in argument order), and it sums them in that order:
+# ((g_last + g_before) + ...). With three uses or more another order rounds differently, so
+# every gradient W adds up carries a key (call, argument), summed in that order: calls from the
+# last, a call's arguments from the first. ``_PREFIX``: a sum autograd made itself (of uses that
+# all reach the parameter before the others).
+_PREFIX = (math.inf, 0)
+
+
+def _autograd_order(part: tuple) -> tuple:
+    call, argument = part[0]
+    return -call, argument
+
+
+@dataclass
+class _ParamUses:
+    """Where a forward used one parameter (call numbers): in a Linear the split may defer, or
+    otherwise."""
+
+    deferred: list[int] = field(default_factory=list)
+    other: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """How the split passes of one module and input signature run, from its first microbatch."""
+
+    kind: str  # _FAST, _GENERIC or _WHOLE
+    no_defer: frozenset[int] = frozenset()  # parameters whose Linears are not deferred
+
+
 class _Record:
     """One deferred ``F.linear``: what B and W need of it.
 
@@ -162,10 +195,10 @@ class _Record:
     would have saved. ``fused``: ``F.linear`` adds the bias inside its product (``addmm``; else
     the product, then an add whose bias gradient sums over every leading dimension)."""
 
-    __slots__ = ("weight", "bias", "x", "grad", "fused", "version", "node", "deferral")
+    __slots__ = ("weight", "bias", "x", "grad", "fused", "version", "node", "deferral", "key")
 
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, fused: bool, deferral: _Deferral) -> None:
-        self.weight, self.bias, self.fused, self.deferral = weight, bias, fused, deferral
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, fused: bool, deferral: _Deferral, key: tuple) -> None:
+        self.weight, self.bias, self.fused, self.deferral, self.key = weight, bias, fused, deferral, key
         self.x = None
         self.grad: torch.Tensor | None = None
         self.version = weight._version
@@ -247,50 +280,69 @@ def _bind(args: tuple, kwargs: dict, names: tuple[str, ...], defaults: tuple) ->
 _LINEAR_ARGS = (("input", "weight", "bias"), (None,))
 
 
+def _deferrable(func, args: tuple, kwargs: dict, params: dict[int, nn.Parameter]) -> tuple | None:
+    """``(x, weight, bias)`` of an ``F.linear`` call the split may defer: on the stage's own
+    parameters, a plain input, and not under autocast (its casts would have to be replayed in
+    W); else None."""
+    if func is not F.linear:
+        return None
+    a = _bind(args, kwargs, *_LINEAR_ARGS)
+    if a is None:
+        return None
+    x, w, b = a
+    if not isinstance(w, nn.Parameter) or params.get(id(w)) is not w or w.dim() != 2:
+        return None
+    if b is not None and (not isinstance(b, nn.Parameter) or params.get(id(b)) is not b or b.dim() != 1):
+        return None
+    if type(x) is not torch.Tensor or x.dim() == 0 or torch.is_autocast_enabled(x.device.type):
+        return None
+    return x, w, b
+
+
+def _ours(pack: Callable) -> bool:
+    """Whether the saved-tensor hooks in force are the split's (``pack`` theirs). Inside others
+    (``torch.utils.checkpoint``'s, ``save_on_cpu``) calls are not deferred: those hooks (a
+    checkpoint's recomputation, in backward) expect what the unsplit call saves."""
+    top = _top_saved_tensors_hooks(False)
+    return top is not None and top[0] == pack
+
+
 class _Deferral:
     """The deferred weight uses of one forward (``F.linear`` on a stage parameter)."""
 
-    def __init__(self, params: dict[int, nn.Parameter], saved: SavedActivations) -> None:
+    def __init__(self, params: dict[int, nn.Parameter], saved: SavedActivations, no_defer: frozenset[int]) -> None:
         self._params = params
+        self._no_defer = no_defer
         self.saved = saved
-        self._pack = saved.pack_hook
+        self.pack = saved.pack_hook
         self.anchor = torch.empty(0, requires_grad=True)
         self.records: list[_Record] = []
         self.now = False  # set by a backward that runs the pass whole: weight gradients to autograd
 
-    def ours(self) -> bool:
-        """Whether the activations saved now are the split's: inside other saved-tensor hooks
-        (``torch.utils.checkpoint``'s, ``save_on_cpu``) calls run as they are, since those
-        hooks (a checkpoint's recomputation, in backward) expect what the unsplit call saves."""
-        top = _top_saved_tensors_hooks(False)
-        return top is not None and top[0] == self._pack
+    def call(self, func, args: tuple, kwargs: dict, key: tuple | None = None):
+        """The output of ``func`` run deferred, or None when it is not a use this path takes.
+        ``key``: its place in the order of uses (default: after the records before it)."""
+        a = _deferrable(func, args, kwargs, self._params)
+        if a is None or not _ours(self.pack):
+            return None
+        return self.defer(a, (len(self.records), 0) if key is None else key)
 
-    def call(self, func, args: tuple, kwargs: dict):
-        """The output of ``func`` run deferred, or None when it is not a use this path takes
-        (under autocast too: its casts would have to be replayed in W)."""
-        if args and isinstance(args[0], torch.Tensor) and torch.is_autocast_enabled(args[0].device.type):
-            return None
-        if func is not F.linear:
-            return None
-        a = _bind(args, kwargs, *_LINEAR_ARGS)
-        if a is None or not self._mine(a[1]) or not (a[2] is None or self._mine(a[2])) or not isinstance(a[0], torch.Tensor):
-            return None
+    def may_defer(self, a: tuple) -> bool:
+        """Whether this signature defers a Linear on these parameters (``_Verdict.no_defer``)."""
+        return id(a[1]) not in self._no_defer and (a[2] is None or id(a[2]) not in self._no_defer)
+
+    def defer(self, a: tuple, key: tuple) -> torch.Tensor | None:
         x, w, b = a
-        if w.dim() != 2 or (b is not None and b.dim() != 1) or x.dim() == 0 or type(x) is not torch.Tensor:
-            return None
-        if not self.ours():
+        if not self.may_defer(a):
             return None
         # as at::linear: the bias inside the product for a matrix or a contiguous input
-        rec = _Record(w, b, b is not None and (x.dim() == 2 or x.is_contiguous()), self)
+        rec = _Record(w, b, b is not None and (x.dim() == 2 or x.is_contiguous()), self, key)
         out = _LinearInputGrad.apply(x, w, b, self.anchor, rec, self.saved)
         rec.node = out.grad_fn
         self.records.append(rec)
         if out.dim() != x.dim():  # the product of a folded input: unfolded here, outside the Function
             out = out.view(*x.shape[:-1], w.shape[0])
         return out
-
-    def _mine(self, t) -> bool:
-        return isinstance(t, nn.Parameter) and self._params.get(id(t)) is t
 
     def holders(self) -> set[int]:
         return {id(r.x) for r in self.records if self.saved.holds(r.x)}
@@ -312,15 +364,15 @@ class _Deferral:
             for r in self.records:
                 g = r.grad
                 if g is None:  # no gradient reached this use
-                    uses.add(r.weight, None)
+                    uses.add(r.weight, None, r.key)
                     if r.bias is not None:
-                        uses.add(r.bias, None)
+                        uses.add(r.bias, None, r.key)
                     continue
                 x = self.saved.read(r.x)
                 g2 = g if g.dim() == 2 else g.reshape(-1, g.shape[-1])
-                uses.add(r.weight, _weight_grad(r.weight, g2, x), fresh=True)
+                uses.add(r.weight, _weight_grad(r.weight, g2, x), r.key, fresh=True)
                 if r.bias is not None:
-                    uses.add(r.bias, _bias_grad(g, g2, r.fused), fresh=True)
+                    uses.add(r.bias, _bias_grad(g, g2, r.fused), r.key, fresh=True)
         self.records = []
 
 
@@ -344,62 +396,114 @@ def _bias_grad(g: torch.Tensor, g2: torch.Tensor, fused: bool) -> torch.Tensor:
 
 class _ViewPerUse(TorchFunctionMode):
     """Replace each stage parameter by a fresh identity view in every torch call that uses it,
-    and follow the inputs' data flow when ``data`` is given."""
+    numbering the uses (``keys``: view node -> (call, argument)), and follow the inputs' data
+    flow when ``data`` is given.
+
+    With a ``deferral``, Linears are deferred (outside other saved-tensor hooks, and unless
+    the signature's verdict says not to). Without one (``record``: the first microbatch of a
+    signature) nothing is deferred; the uses are recorded, those a deferral would take apart,
+    for the verdict. Views are made from the last argument to the first, so that autograd
+    (which runs later nodes first) sums a call's uses in argument order, as unsplit."""
 
     def __init__(
-        self, params: dict[int, nn.Parameter], views: dict[Node, nn.Parameter], data: _DataFlow | None, deferral: _Deferral,
+        self, params: dict[int, nn.Parameter], views: dict[Node, nn.Parameter], keys: dict[Node, tuple],
+        data: _DataFlow | None, deferral: _Deferral | None, pack: Callable, record: bool,
     ) -> None:
         super().__init__()
         self._params = params
         self._views = views
+        self._keys = keys
         self._data = data
         self._deferral = deferral
-        self.heavy = False  # a parameter used by an op outside _CHEAP (and not deferred)
-        self.opaque = False  # calls ran inside other saved-tensor hooks (see ``_Deferral.ours``)
-        self._func = ""
+        self._pack = pack
+        self.uses: dict[int, _ParamUses] | None = {} if record else None
+        self.heavy = False  # a parameter used by an op outside _CHEAP (and not a Linear the split defers)
+        self.opaque = False  # calls ran inside other saved-tensor hooks (see ``_ours``)
+        self._calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not torch.is_grad_enabled():  # grad-free code needs no split
             return func(*args, **kwargs)
-        if not self._deferral.ours():
+        self._calls += 1
+        call = self._calls
+        lin = None
+        if _ours(self._pack):
+            lin = _deferrable(func, args, kwargs, self._params)
+        else:
             self.opaque = True
-            out = func(*args, **kwargs)
-            if self._data is not None:
-                self._data.note(args, kwargs, out)
-            return out
-        out = self._deferral.call(func, args, kwargs)
-        if out is not None:
-            if self._data is not None:
-                self._data.note(args, kwargs, out)
-            return out
-        self._func = getattr(func, "__name__", "")
-        if self._func == "__get__":  # a property: p.shape is no use of p, p.T is
+        if lin is not None and self._deferral is not None:
+            out = self._deferral.defer(lin, (call, 0))
+            if out is not None:
+                if self._data is not None:
+                    self._data.note(args, kwargs, out)
+                return out
+        name = getattr(func, "__name__", "")
+        if name == "__get__":  # a property: p.shape is no use of p, p.T is
             out = func(*args)
             if isinstance(out, torch.Tensor) and id(args[0]) in self._params:
-                args = (self._swap(args[0]),)
+                args, kwargs = self._swap(args, {}, call, name, lin)
                 out = func(*args)
         else:
-            args = tuple(self._swap(a) for a in args)
-            kwargs = {k: self._swap(v) for k, v in kwargs.items()}
+            args, kwargs = self._swap(args, kwargs, call, name, lin)
             out = func(*args, **kwargs)
         if self._data is not None:
             self._data.note(args, kwargs, out)
         return out
 
-    def _swap(self, a):
-        if isinstance(a, nn.Parameter):
-            p = self._params.get(id(a))
-            if p is not None:
-                v = p.view_as(p)
-                assert v.grad_fn is not None  # a view of a leaf that requires grad has one
-                self._views[v.grad_fn] = p
-                self.heavy = self.heavy or self._func not in _CHEAP
-                return v
+    def _swap(self, args: tuple, kwargs: dict, call: int, name: str, lin: tuple | None) -> tuple[tuple, dict]:
+        found: list[nn.Parameter] = []
+        kept = False  # a parameter passed as it is, under autocast
+
+        def collect(a) -> None:
+            nonlocal kept
+            if isinstance(a, nn.Parameter):
+                if self._params.get(id(a)) is a:
+                    if torch.is_autocast_enabled(a.device.type):
+                        # autocast casts a parameter once and reuses the cast for all its uses
+                        # there, whose gradients autograd then sums before the cast back: a view
+                        # per use would give each its own cast
+                        kept = True
+                        if self.uses is not None:
+                            self.uses.setdefault(id(a), _ParamUses()).other.append(call)
+                    else:
+                        found.append(a)
+            elif isinstance(a, (list, tuple)):
+                for x in a:
+                    collect(x)
+
+        for a in (*args, *kwargs.values()):
+            collect(a)
+        if kept and name not in _CHEAP:
+            self.heavy = True
+        if not found:
+            return args, kwargs
+        views: list[torch.Tensor] = [found[0]] * len(found)
+        for i in reversed(range(len(found))):  # the first argument's view last (see the class docstring)
+            p = found[i]
+            v = p.view_as(p)
+            assert v.grad_fn is not None  # a view of a leaf that requires grad has one
+            self._views[v.grad_fn] = p
+            self._keys[v.grad_fn] = (call, i)
+            views[i] = v
+            linear_use = lin is not None and (p is lin[1] or p is lin[2])
+            if self.uses is not None:
+                u = self.uses.setdefault(id(p), _ParamUses())
+                (u.deferred if linear_use else u.other).append(call)
+            if not linear_use and name not in _CHEAP:
+                self.heavy = True
+        it = iter(views)
+
+        def replace(a):
+            if isinstance(a, nn.Parameter):
+                mine = self._params.get(id(a)) is a and not torch.is_autocast_enabled(a.device.type)
+                return next(it) if mine else a
+            if isinstance(a, (list, tuple)) and any(isinstance(x, nn.Parameter) for x in a):
+                return type(a)(replace(x) for x in a)
             return a
-        if isinstance(a, (list, tuple)) and any(isinstance(x, nn.Parameter) for x in a):
-            return type(a)(self._swap(x) for x in a)
-        return a
+
+        new_args = tuple(replace(a) for a in args)
+        return new_args, {k: replace(v) for k, v in kwargs.items()}
 
 
 class _DeferOnly(TorchFunctionMode):
@@ -426,20 +530,23 @@ class ForwardPass:
     outputs: tuple[torch.Tensor, ...]
     params: list[nn.Parameter]
     saved: SavedActivations
-    views: dict[Node, nn.Parameter]
-    data: _DataFlow | None  # a first stage's data flow (its inputs need no gradient)
+    views: dict[Node, nn.Parameter] = field(default_factory=dict)  # per-use views -> their parameter
+    keys: dict[Node, tuple] = field(default_factory=dict)  # per-use views -> their place in the order of uses
+    data: _DataFlow | None = None  # a first stage's data flow (its inputs need no gradient)
     deferral: _Deferral | None = None  # the deferred Linear uses (split only)
-    fast: bool = False  # B takes the fast path: the signature checked, or calls inside other saved-tensor hooks
+    fast: bool = False  # the lean forward of a checked signature: B takes the fast path
+    opaque: bool = False  # calls ran inside other saved-tensor hooks: B takes every parameter use
     heavy: bool = False  # a parameter used by an op that is neither deferred nor cheap
     # a first stage: B keeps the output gradients, W runs the whole backward (B's and W's
-    # parts of the fast path if ``deferral``)
+    # parts of the split if ``views`` or ``deferral``)
     whole_in_w: bool = False
     whole_in_b: bool = False  # B runs the whole backward (a reentrant checkpoint), W nothing
-    verdict: Callable[[str], None] | None = None  # records how this signature runs, when this pass is its first
+    uses: dict[int, _ParamUses] | None = None  # a signature's first microbatch: its uses, for the verdict
+    verdict: Callable[[_Verdict], None] | None = None  # records the verdict when this pass is its signature's first
     # set by backward_input, consumed by backward_weight:
     groups: list[_WeightGroup] = field(default_factory=list)
     pending: tuple[Sequence, Sequence] = ((), ())  # whole_in_w: the outputs and their gradients
-    early: list[tuple[nn.Parameter, torch.Tensor]] = field(default_factory=list)  # fast path: from B, for W
+    early: list[tuple[nn.Parameter, torch.Tensor, tuple]] = field(default_factory=list)  # from B, for W: (param, grad, key)
 
 
 @dataclass(eq=False)
@@ -466,17 +573,40 @@ def forward_pass(
     is true: its B has no gradient to send, so B does nothing and W runs the whole backward, as
     one plain backward or, with ``deferred_first``, as the split's B and W back to back.
     Outputs are returned as a tuple of tensors (``ForwardPass.outputs``).
+
+    A split pass refuses a forward that changes one of the stage's parameters in place (a
+    weight clamp, ``nn.Embedding(max_norm=...)``): its backward runs after other microbatches'
+    forwards, which would have changed what it needs.
     """
-    params = [p for p in module.parameters() if p.requires_grad]
+    every = list(module.parameters())
+    versions = [p._version for p in every] if split else None
+    fp = _forward(module, inputs, [p for p in every if p.requires_grad], split, post, meter, deferred_first)
+    if versions is not None:
+        changed = [p for p, v in zip(every, versions) if p._version != v]
+        if changed:
+            fp.saved.free()
+            names = [n for n, p in module.named_parameters() if any(p is q for q in changed)]
+            raise PipelineError(
+                f"the stage's forward changed parameter {', '.join(repr(n) for n in names)} in place (a weight clamp, "
+                "nn.Embedding(max_norm=...)): a split backward runs after other microbatches' forwards, which change "
+                "what it needs; change it outside the forward (after the optimizer step)"
+            )
+    return fp
+
+
+def _forward(
+    module: nn.Module, inputs: Sequence, params: list[nn.Parameter], split: bool, post: Callable | None,
+    meter: ActivationMeter | None, deferred_first: bool,
+) -> ForwardPass:
     saved = SavedActivations(meter, module)
-    views: dict[Node, nn.Parameter] = {}
     first = _first(inputs)
     in_w = split and backward_in_w(module, inputs)
-    whole = in_w and not deferred_first  # one plain backward in W
     sig = _signature(inputs, post)
     see_signature(module, (sig, torch.is_grad_enabled(), torch.is_autocast_enabled(), module.training))
-    in_b = split and not in_w and _CHECKED.get(module, {}).get(sig) == _WHOLE  # the whole backward in B
-    whole = whole or (in_w and _CHECKED.get(module, {}).get(sig) == _WHOLE)
+    known = _CHECKED.setdefault(module, {})
+    verdict = known.get(sig) if split else None
+    whole = in_w and (not deferred_first or (verdict is not None and verdict.kind == _WHOLE))  # one plain backward in W
+    in_b = split and not in_w and verdict is not None and verdict.kind == _WHOLE  # one plain backward in B
     if not split or whole or in_b:
 
         def run() -> tuple[torch.Tensor, ...]:
@@ -495,23 +625,22 @@ def forward_pass(
         else:
             with saved.hooks():
                 outs = run()
-        return ForwardPass(tuple(inputs), outs, params, saved, views, None, whole_in_w=whole, whole_in_b=in_b)
-    deferral = _Deferral({id(p): p for p in params}, saved)
-    known = _CHECKED.setdefault(module, {})
-    verdict = known.get(sig)
-    check = None if verdict is not None else (lambda v: known.__setitem__(sig, v))
-    # The fast path, with a lean forward: where checked, or where B's part runs in W anyway (no
-    # use done in B there can delay a B that another rank waits for, and the path is exact for
-    # any use, see the module docstring)
-    if (in_w and verdict != _WHOLE) or verdict == _FAST:
-        with saved.hooks(), _DeferOnly(deferral):
+        return ForwardPass(tuple(inputs), outs, params, saved, whole_in_w=whole, whole_in_b=in_b)
+    mine = {id(p): p for p in params}
+    if verdict is not None and (verdict.kind == _FAST or in_w):
+        # the fast path, with a lean forward: where checked, or where B's part runs in W anyway
+        lean = _Deferral(mine, saved, verdict.no_defer)
+        with saved.hooks(), _DeferOnly(lean):
             out = module(*inputs)
             if post is not None:
                 out = post(out)
-        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, views, None, deferral, fast=True, whole_in_w=in_w,
-                           verdict=check)
-    data = _DataFlow(inputs) if first else None
-    mode = _ViewPerUse({id(p): p for p in params}, views, data, deferral)
+        return ForwardPass(tuple(inputs), _as_tensors(out), params, saved, deferral=lean, fast=True, whole_in_w=in_w)
+    # the first microbatch of a signature (nothing deferred, every use recorded), or the generic split
+    views: dict[Node, nn.Parameter] = {}
+    keys: dict[Node, tuple] = {}
+    data = _DataFlow(inputs) if first and not in_w else None
+    deferral = None if verdict is None else _Deferral(mine, saved, verdict.no_defer)
+    mode = _ViewPerUse(mine, views, keys, data, deferral, saved.pack_hook, record=verdict is None)
     with saved.hooks(), mode:
         out = module(*inputs)
         if post is not None:
@@ -520,9 +649,10 @@ def forward_pass(
     if data is not None:
         for t in outs:
             data.seen(t)  # an output's own place, in case no later call used it
-    # calls inside other saved-tensor hooks: the fast path's B, which leaves their work to autograd
-    return ForwardPass(tuple(inputs), outs, params, saved, views, data, deferral, fast=mode.opaque, heavy=mode.heavy,
-                       verdict=check)
+    return ForwardPass(
+        tuple(inputs), outs, params, saved, views, keys, data, deferral, opaque=mode.opaque, heavy=mode.heavy,
+        whole_in_w=in_w, uses=mode.uses, verdict=None if verdict is not None else functools.partial(known.__setitem__, sig),
+    )
 
 
 def backward_in_w(module: nn.Module, inputs: Sequence) -> bool:
@@ -539,7 +669,7 @@ def _first(inputs: Sequence) -> bool:
 # deferred or cheap, or inside other saved-tensor hooks), the generic split, or the whole backward
 # in one autograd call (a reentrant ``torch.utils.checkpoint``, which refuses ``autograd.grad``)
 _FAST, _GENERIC, _WHOLE = "fast", "generic", "whole"
-_CHECKED: weakref.WeakKeyDictionary[nn.Module, dict[tuple, str]] = weakref.WeakKeyDictionary()
+_CHECKED: weakref.WeakKeyDictionary[nn.Module, dict[tuple, _Verdict]] = weakref.WeakKeyDictionary()
 
 
 def _signature(inputs: Sequence, post: Callable | None) -> tuple:
@@ -615,14 +745,8 @@ def backward_input(fp: ForwardPass, output_grads: Sequence[torch.Tensor | None])
 
 def _split_input(fp: ForwardPass, outs: list, grads: list) -> list[torch.Tensor | None]:
     """B's work on a split pass: the input gradients, and what W needs kept."""
-    result: list[torch.Tensor | None] = [None] * len(fp.inputs)
     idx = _grad_inputs(fp)
     if fp.fast:
-        if fp.verdict is not None:  # the first microbatch of its kind on the fast path
-            whole = _reaches(outs, _REENTRANT)
-            fp.verdict(_WHOLE if whole else _FAST)
-            if whole:
-                return _whole_in_b(fp, outs, grads, idx)
         return _fast_backward_input(fp, outs, grads, idx)
     if fp.data is None:  # I: what reaches the inputs
         input_nodes = {get_gradient_edge(fp.inputs[i]).node for i in idx}
@@ -630,10 +754,40 @@ def _split_input(fp: ForwardPass, outs: list, grads: list) -> list[torch.Tensor 
         input_nodes = {n for n, _ in fp.data.edges}
     root_edges = [get_gradient_edge(o) for o in outs]
     graph = _Graph([e.node for e in root_edges], input_nodes, fp)
-    if fp.verdict is not None:  # the first microbatch of its kind: may the next take the fast path?
-        fp.verdict(_WHOLE if graph.reentrant else _GENERIC if fp.heavy or graph.direct else _FAST)
+    if fp.verdict is not None:  # the first microbatch of its signature: how the next ones run
+        fp.verdict(_decide(fp, graph))
+        fp.verdict = None
     if graph.reentrant:
         return _whole_in_b(fp, outs, grads, idx)
+    if fp.opaque or fp.whole_in_w:
+        return _per_use_input(fp, outs, grads, idx, graph.direct)
+    return _cut_input(fp, outs, grads, idx, graph, root_edges)
+
+
+def _decide(fp: ForwardPass, graph: _Graph) -> _Verdict:
+    """The verdict on a signature from its first microbatch: the whole backward in B if a
+    reentrant checkpoint is in the graph; else the fast path unless a parameter is used by an
+    op that is neither a Linear nor cheap, or inside a custom autograd Function (outside other
+    saved-tensor hooks, where such uses are B's anyway); and the Linears of a parameter not
+    deferred where the fast path could not sum its uses in autograd's order: with three uses or
+    more, the fast path adds the deferred ones after a sum autograd made of the others, which
+    is that order only if every deferred use came before every other one (used inside a custom
+    autograd Function, a parameter's place in that order is unknown)."""
+    if graph.reentrant:
+        return _Verdict(_WHOLE)
+    no_defer = set()
+    for pid, u in (fp.uses or {}).items():
+        direct = pid in graph.direct
+        n = len(u.deferred) + len(u.other) + direct
+        if n >= 3 and u.deferred and (direct or (u.other and max(u.deferred) > min(u.other))):
+            no_defer.add(pid)
+    generic = (fp.heavy or graph.direct) and not fp.opaque
+    return _Verdict(_GENERIC if generic else _FAST, frozenset(no_defer))
+
+
+def _cut_input(fp: ForwardPass, outs: list, grads: list, idx: list[int], graph: _Graph, root_edges: list) -> list:
+    """B of the generic split: the graph cut in two (module docstring)."""
+    result: list[torch.Tensor | None] = [None] * len(fp.inputs)
     # B also runs every deferred Linear (they lead to the anchor), leaving W their weights
     anchor = [fp.deferral.anchor] if fp.deferral is not None and fp.deferral.records else []
     # B stops at the inputs, or for a first stage at the lowest nodes of I, whose work is all W's
@@ -664,11 +818,11 @@ def _split_input(fp: ForwardPass, outs: list, grads: list) -> list[torch.Tensor 
     fp.groups = graph.weight_groups(root_edges, grads, saved_grads)
     # Keep the activations W reads (those saved by the nodes it re-runs), free the others.
     with fp.saved.record() as keep:
-        for node in graph.weight_nodes(fp.groups):
-            _touch_saved(node)
+        known = all([_touch_saved(node) for node in graph.weight_nodes(fp.groups)])
     if fp.deferral is not None:
         keep |= fp.deferral.holders()
-    fp.saved.keep_only(keep)
+    if known:  # else W re-runs a node whose saved tensors cannot be read apart: keep them all
+        fp.saved.keep_only(keep)
     fp.outputs = ()
     fp.inputs = ()
     return result
@@ -697,19 +851,33 @@ def _whole_in_b(fp: ForwardPass, outs: list, grads: list, idx: list[int]) -> lis
 _REENTRANT = "CheckpointFunctionBackward"
 
 
-def _reaches(outs: Sequence[torch.Tensor], name: str) -> bool:
-    """Whether the graph below ``outs`` has a node of that name."""
-    seen: set[Node] = set()
-    stack = [o.grad_fn for o in outs if o.grad_fn is not None]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.name() == name:
-            return True
-        stack.extend(c for c, _ in n.next_functions if c is not None and c not in seen)
-    return False
+def _per_use_input(fp: ForwardPass, outs: list, grads: list, idx: list[int], direct: set[int]) -> list[torch.Tensor | None]:
+    """B taking every parameter use at once, in one autograd call that frees the graph as it
+    goes: the input gradients, each per-use view's gradient (a parameter also used without a
+    view: its accumulator's, the sum autograd makes of all its uses), for W to add up in
+    autograd's order. For passes whose graph W could not re-run: calls inside other
+    saved-tensor hooks (a checkpoint would recompute its region again, once per saved tensor
+    read outside a backward), and a first stage's first microbatch, all of whose backward is
+    W's anyway."""
+    result: list[torch.Tensor | None] = [None] * len(fp.inputs)
+    captures: list[tuple[GradientEdge, nn.Parameter, tuple]] = [
+        (GradientEdge(n, 0), p, fp.keys[n]) for n, p in fp.views.items() if id(p) not in direct
+    ]
+    captures += [(get_gradient_edge(p), p, _PREFIX) for p in fp.params if id(p) in direct]
+    anchor = [fp.deferral.anchor] if fp.deferral is not None and fp.deferral.records else []
+    targets = [fp.inputs[i] for i in idx] + anchor + [e for e, _, _ in captures]
+    if outs and targets:
+        with fp.saved.consuming(), _TensorHooksPaused(fp.params):
+            got = engine.grad(outs, targets, grads)
+        for i, g in zip(idx, got):
+            result[i] = g
+        start = len(idx) + len(anchor)
+        fp.early = [(p, g, key) for (_, p, key), g in zip(captures, got[start:]) if g is not None]
+    fp.saved.keep_only(fp.deferral.holders() if fp.deferral is not None else set())
+    fp.views = {}
+    fp.outputs = ()
+    fp.inputs = ()
+    return result
 
 
 def _fast_backward_input(fp: ForwardPass, outs: list, grads: list, idx: list[int]) -> list[torch.Tensor | None]:
@@ -720,15 +888,15 @@ def _fast_backward_input(fp: ForwardPass, outs: list, grads: list, idx: list[int
     microbatches in the same order whichever path each took (bit for bit ``loss.backward()``)."""
     assert fp.deferral is not None
     result: list[torch.Tensor | None] = [None] * len(fp.inputs)
-    # Every parameter is asked for: those only deferred are not reached (their weight comes in
-    # detached) and cost nothing.
+    # Every parameter is asked for: those only deferred get nothing from their Linears (the
+    # Function leaves their gradient to W) and cost nothing.
     targets = [fp.inputs[i] for i in idx] + [fp.deferral.anchor] + fp.params
     if outs:
         with fp.saved.consuming(), _TensorHooksPaused(fp.params):
             got = engine.grad(outs, targets, grads)
         for i, g in zip(idx, got):
             result[i] = g
-        fp.early = [(p, g) for p, g in zip(fp.params, got[len(idx) + 1:]) if g is not None]
+        fp.early = [(p, g, _PREFIX) for p, g in zip(fp.params, got[len(idx) + 1:]) if g is not None]
     fp.saved.keep_only(fp.deferral.holders())
     fp.outputs = ()
     fp.inputs = ()
@@ -743,20 +911,23 @@ def backward_weight(fp: ForwardPass) -> None:
     if fp.whole_in_w:
         outs, grads = fp.pending
         fp.pending = ((), ())
-        if fp.deferral is None:  # one plain backward: no deferred, early or grouped gradients
+        if fp.deferral is None and not fp.views:  # one plain backward: no deferred, early or grouped gradients
             _backward_accumulating(fp, outs, grads, [])
             _release(fp)
             return
         _split_input(fp, list(outs), list(grads))  # B's part first, then W's as on any split pass
+        if fp.whole_in_b:
+            _release(fp)
+            return
     records = fp.deferral.records if fp.deferral is not None else []
     uses = _Uses(
         [q for r in records for q in (r.weight, r.bias) if q is not None]
-        + [p for p, _ in fp.early] + [p for g in fp.groups for p in g.captures.values()]
+        + [p for p, _, _ in fp.early] + [p for g in fp.groups for p in g.captures.values()]
     )
     if fp.deferral is not None:
         fp.deferral.weight_grads(uses)
-    for p, g in fp.early:
-        uses.add(p, g)
+    for p, g, key in fp.early:
+        uses.add(p, g, key)
     for group in fp.groups:
         handles = [n.register_prehook(_pin(g)) for n, g in group.pinned] if len(group.pinned) > 1 else []
         try:
@@ -765,19 +936,18 @@ def backward_weight(fp: ForwardPass) -> None:
         finally:
             for h in handles:
                 h.remove()
-        for p, pg in zip(group.captures.values(), got):
-            uses.add(p, pg)
+        for (node, p), pg in zip(group.captures.items(), got):
+            uses.add(p, pg, fp.keys.get(node, _PREFIX))
     uses.finish()
     _release(fp)
 
 
 class _Uses:
     """Adds each parameter's gradients into its ``.grad`` as autograd does: the gradients of a
-    parameter's uses summed first, then one add (``.grad + (g1 + g2)``, not
-    ``(.grad + g1) + g2``, which rounds differently once ``.grad`` holds earlier microbatches).
-    A parameter used once is added at once, so no gradient waits in memory. Uses add up in the
-    order given: with more than two, autograd's order (the order gradients reach the
-    parameter) may differ.
+    parameter's uses summed first, in autograd's order (their keys), then one add
+    (``.grad + (g1 + g2)``, not ``(.grad + g1) + g2``, which rounds differently once ``.grad``
+    holds earlier microbatches). A parameter is added as soon as its last use is in, so no
+    gradient waits in memory longer than that.
 
     A parameter with gradient hooks of its own (``register_hook``,
     ``register_post_accumulate_grad_hook``) gets its microbatch's gradient through autograd's
@@ -790,29 +960,34 @@ class _Uses:
         self._left: dict[int, int] = {}  # uses still to come, per parameter
         for p in params:
             self._left[id(p)] = self._left.get(id(p), 0) + 1
-        self._sums: dict[int, tuple[torch.Tensor, bool]] = {}
+        self._parts: dict[int, list[tuple[tuple, torch.Tensor, bool]]] = {}
         self._hooked: list[tuple[nn.Parameter, torch.Tensor]] = []
 
-    def add(self, p: nn.Parameter, g: torch.Tensor | None, fresh: bool = False) -> None:
-        """One use's gradient (None: no gradient reached it); ``fresh``: a new tensor nothing
-        else holds."""
+    def add(self, p: nn.Parameter, g: torch.Tensor | None, key: tuple, fresh: bool = False) -> None:
+        """One use's gradient (None: no gradient reached it) at ``key`` in the order of uses;
+        ``fresh``: a new tensor nothing else holds."""
         k = id(p)
         self._left[k] -= 1
-        if k in self._sums:
-            if g is not None:
-                with torch.no_grad():
-                    g, fresh = self._sums[k][0] + g, True
-            else:
-                g, fresh = self._sums[k]
-            del self._sums[k]
-        if g is None:
-            return
+        if g is not None:
+            self._parts.setdefault(k, []).append((key, g, fresh))
         if self._left[k]:
-            self._sums[k] = (g, fresh)
-        elif _has_hooks(p):
-            self._hooked.append((p, g))
+            return
+        parts = self._parts.pop(k, None)
+        if not parts:
+            return
+        if len(parts) == 1:
+            _, total, fresh = parts[0]
         else:
-            _accumulate(p, g, fresh)
+            parts.sort(key=_autograd_order)
+            total = parts[0][1]
+            with torch.no_grad():
+                for _, part, _ in parts[1:]:
+                    total = total + part
+            fresh = True
+        if _has_hooks(p):
+            self._hooked.append((p, total))
+        else:
+            _accumulate(p, total, fresh)
 
     def finish(self) -> None:
         """Accumulate the gradients of the parameters with hooks, through autograd."""
@@ -853,6 +1028,7 @@ def _release(fp: ForwardPass) -> None:
     fp.early = []
     fp.deferral = None
     fp.views = {}
+    fp.keys = {}
     fp.data = None
     fp.outputs = ()
     fp.inputs = ()
@@ -880,10 +1056,19 @@ def _pin(saved: tuple):
     return lambda grad_outputs: saved
 
 
-def _touch_saved(node: Node) -> None:
+def _touch_saved(node: Node) -> bool:
+    """Read the tensors ``node`` saved (so that ``SavedActivations.record`` sees them); False
+    where they cannot be reached: an in-place change of a view (``CopySlices``) keeps its
+    operation's node, and what it saved, out of sight."""
+    if node.name() == _COPY_SLICES:
+        return False
     for name in _saved_names(type(node)):
         getattr(node, name)
     getattr(node, "saved_tensors", None)  # a custom autograd.Function's context
+    return True
+
+
+_COPY_SLICES = "torch::autograd::CopySlices"
 
 
 _SAVED_NAMES: dict[type, tuple[str, ...]] = {}
