@@ -143,7 +143,7 @@ def split(
     shadow_meter = ActivationMeter(replay=False)
     shadow_module = copy.deepcopy(module) if meter_check else None
     fused = {j for op, j in order if op == "BW"}
-    passes, shadows = {}, {}
+    passes, weights, shadows = {}, {}, {}
     in_b: set[int] = set()
     for op, j in order:
         if op == "F":
@@ -163,12 +163,13 @@ def split(
             out.input_grads[j] = backward_full(passes.pop(j), grads[j])
         elif op == "B":
             before = meter.bytes
-            out.input_grads[j] = backward_input(passes[j], grads[j])
+            fp = passes.pop(j)
+            out.input_grads[j], weights[j] = backward_input(fp, grads[j])
             assert meter.bytes <= before, f"B{j} grew the activations"
-            if passes[j].whole_in_b:
+            if fp.whole_in_b:
                 in_b.add(j)
         else:
-            backward_weight(passes.pop(j))
+            backward_weight(weights.pop(j))
         # after the pass that accumulated the microbatch's gradients: W, a BW, or a B that ran the
         # whole backward (a reentrant checkpoint in the stage)
         if op == "BW" or (op == "W" and j not in in_b) or (op == "B" and j in in_b):
@@ -176,7 +177,7 @@ def split(
             out.hooks[j] = hooks.take() if hooks is not None else []
         if shadow_module is not None and (op == "BW" or op == "W"):
             shadows.pop(j).saved.free()
-    assert not passes
+    assert not passes and not weights
     assert meter.bytes == 0, f"{meter.bytes} bytes of activations left after every W"
     return out
 
