@@ -14,9 +14,9 @@ O(activations). The fast path needs no graph analysis:
   added inside ``addmm`` or after the product), from the same 2-D input the product read (a
   view, or the copy ``F.linear`` makes of an input no view can fold: the meter then counts what
   autograd would have saved). Where ``F.linear``'s output is a view (an input of more than two
-  dimensions is folded into a matrix), the Function returns the product and the view is made
-  outside it: autograd forbids in-place changes (``F.relu(h, inplace=True)``, ``h += x``) to a
-  view made inside a custom Function.
+  dimensions is folded into a matrix), the Function returns the same tensor as no view
+  (``_unsafe_view``, as ``torch.matmul`` does): autograd forbids in-place changes
+  (``F.relu(h, inplace=True)``, ``h += x``) to a view made inside a custom Function.
 * B is one ``autograd.grad`` without ``retain_graph`` for the input gradients, every deferred
   Linear's output gradient and every parameter's gradient from its other uses: the graph, and
   every activation W does not read, is freed as it goes. W adds those gradients to ``.grad``
@@ -40,7 +40,6 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 from torch._C._autograd import _top_saved_tensors_default_hooks
-from torch.autograd.graph import Node
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
@@ -58,58 +57,50 @@ class _Record:
     bias inside its product (``addmm``; else the product, then an add whose bias gradient sums
     over every leading dimension). ``key``: its place in the order of the parameters' uses."""
 
-    __slots__ = ("weight", "bias", "x", "grad", "fused", "version", "node", "deferral", "key")
+    __slots__ = ("weight", "bias", "x", "grad", "fused", "version", "key")
 
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, fused: bool, deferral: Deferral, key: tuple) -> None:
-        self.weight, self.bias, self.fused, self.deferral, self.key = weight, bias, fused, deferral, key
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, fused: bool, key: tuple) -> None:
+        self.weight, self.bias, self.fused, self.key = weight, bias, fused, key
         self.x = None
         self.grad: torch.Tensor | None = None
         self.version = weight._version
-        self.node: Node | None = None  # the Function's node in the graph
 
 
 class LinearInputGrad(torch.autograd.Function):
     """``F.linear`` whose backward gives the input gradient only and leaves the output gradient
-    in ``rec`` for W (unless the pass's deferral says ``now``: then it returns the weight and
-    bias gradients too, and autograd accumulates them as it would an unsplit Linear's).
-    ``anchor`` (a leaf) keeps the output in the graph where the input needs no gradient (a
-    Linear on data), and makes B run every deferred Linear: B asks for the anchor's gradient."""
+    in ``rec`` for W. The weight and bias are no inputs of the Function (their gradients are
+    W's); ``anchor`` (a leaf) keeps the output in the graph where the input needs no gradient
+    (a Linear on data), and makes B run every deferred Linear: B asks for the anchor's gradient."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, anchor, rec, saved):
+    def forward(ctx, x, anchor, rec, saved):
         ctx.rec, ctx.shape = rec, x.shape
-        out = F.linear(x, weight, bias)
+        out = F.linear(x, rec.weight, rec.bias)  # the parameters themselves: the unsplit call's path
         x2 = x.unsqueeze(0) if x.dim() == 1 else x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         rec.x = saved.hold(x2)
         # the input gradient is computed as autograd's matrix-product backward does for this layout
         ctx.column_major = x2.stride(0) == 1 and x2.stride(1) == x2.shape[0] and x2.shape[1] > 1
-        base = out._base
-        if base is not None:  # the product, whole and contiguous; Deferral.defer makes the view
-            return base
+        if out._base is not None:  # F.linear's unfolded product: the same tensor, as no view
+            out = torch.ops.aten._unsafe_view(out._base, out.shape)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         rec = ctx.rec
-        if rec.weight._version != rec.version:
+        w = rec.weight  # no graph is built here: autograd runs backward without grad mode
+        if w._version != rec.version:
             raise RuntimeError(
                 f"one of the variables needed for gradient computation has been modified by an inplace operation: "
-                f"the weight {tuple(rec.weight.shape)} of a Linear is at version {rec.weight._version}; expected "
-                f"version {rec.version} instead"
+                f"the weight {tuple(w.shape)} of a Linear is at version {w._version}; expected version {rec.version} instead"
             )
-        g2 = grad if grad.dim() == 2 else grad.reshape(-1, grad.shape[-1])
-        gx = None
-        if ctx.needs_input_grad[0]:
-            w = rec.weight.detach()
-            gx = w.t().mm(g2.t()).t() if ctx.column_major else g2.mm(w)
-            gx = gx.view(ctx.shape) if gx.shape != ctx.shape else gx
-        if not rec.deferral.now:
-            rec.grad = grad
-            return gx, None, None, None, None, None
-        # the whole backward in one autograd call: the weight's gradients go to autograd
-        x2 = rec.deferral.saved.read(rec.x)
-        gb = None if rec.bias is None else bias_grad(grad, g2, rec.fused)
-        return gx, weight_grad(rec.weight, g2, x2), gb, None, None, None
+        rec.grad = grad
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        if ctx.column_major:  # a 2-D view of the input, column-major: as autograd computes it then
+            gx = w.t().mm(grad.reshape(-1, grad.shape[-1]).t()).t().reshape(ctx.shape)
+        else:
+            gx = grad.matmul(w)  # folds a gradient of more than two dimensions into one product
+        return gx, None, None, None
 
 
 def weight_grad(w: torch.Tensor, g2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
@@ -189,7 +180,6 @@ class Deferral:
         self.pack = saved.pack_hook
         self.anchor = torch.empty(0, requires_grad=True)
         self.records: list[_Record] = []
-        self.now = False  # set by a backward that runs the pass whole: weight gradients to autograd
 
     def call(self, func, args: tuple, kwargs: dict) -> torch.Tensor | None:
         """``func``'s output, deferred, or None when it is not a use this path takes."""
@@ -204,20 +194,14 @@ class Deferral:
         if id(w) in self._no_defer or (b is not None and id(b) in self._no_defer):
             return None
         # as at::linear: the bias inside the product for a matrix or a contiguous input
-        rec = _Record(w, b, b is not None and (x.dim() == 2 or x.is_contiguous()), self, key)
-        out = LinearInputGrad.apply(x, w, b, self.anchor, rec, self.saved)
-        rec.node = out.grad_fn
+        rec = _Record(w, b, b is not None and (x.dim() == 2 or x.is_contiguous()), key)
+        out = LinearInputGrad.apply(x, self.anchor, rec, self.saved)
         self.records.append(rec)
-        if out.dim() != x.dim():  # the product of a folded input: unfolded here, outside the Function
-            out = out.view(*x.shape[:-1], w.shape[0])
         return out
 
     def holders(self) -> set[int]:
         """The saved activations W reads."""
         return {id(r.x) for r in self.records if self.saved.holds(r.x)}
-
-    def nodes(self) -> set[Node]:
-        return {r.node for r in self.records if r.node is not None}
 
     def pieces(self) -> list[nn.Parameter]:
         """The parameters W's products give a gradient to, once per product."""

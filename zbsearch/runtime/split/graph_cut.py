@@ -187,24 +187,10 @@ class ViewPerUse(TorchFunctionMode):
 
     def _swap(self, args: tuple, kwargs: dict, call: int, name: str, lin: tuple | None) -> tuple[tuple, dict]:
         found: list[nn.Parameter] = []  # the stage's parameters in this call, in argument order
-        kept = False  # one passed as it is, under autocast
-
-        def collect(a) -> None:
-            nonlocal kept
-            if self._mine(a):
-                if torch.is_autocast_enabled(a.device.type):
-                    kept = True
-                    if self.uses is not None:
-                        self.uses.setdefault(id(a), ParamUses()).other.append(call)
-                else:
-                    found.append(a)
-            elif isinstance(a, (list, tuple)):
-                for x in a:
-                    collect(x)
-
+        kept = [False]  # one passed as it is, under autocast
         for a in (*args, *kwargs.values()):
-            collect(a)
-        if kept and name not in _CHEAP:
+            self._collect(a, found, kept, call)
+        if kept[0] and name not in _CHEAP:
             self.heavy = True
         if not found:
             return args, kwargs
@@ -223,15 +209,26 @@ class ViewPerUse(TorchFunctionMode):
             if not linear and name not in _CHEAP:
                 self.heavy = True
         it = iter(views)
+        return tuple(self._replace(a, it) for a in args), {k: self._replace(v, it) for k, v in kwargs.items()}
 
-        def replace(a):
-            if self._mine(a):
-                return a if torch.is_autocast_enabled(a.device.type) else next(it)
-            if isinstance(a, (list, tuple)) and any(isinstance(x, nn.Parameter) for x in a):
-                return type(a)(replace(x) for x in a)
-            return a
+    def _collect(self, a, found: list[nn.Parameter], kept: list[bool], call: int) -> None:
+        if self._mine(a):
+            if torch.is_autocast_enabled(a.device.type):
+                kept[0] = True
+                if self.uses is not None:
+                    self.uses.setdefault(id(a), ParamUses()).other.append(call)
+            else:
+                found.append(a)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                self._collect(x, found, kept, call)
 
-        return tuple(replace(a) for a in args), {k: replace(v) for k, v in kwargs.items()}
+    def _replace(self, a, views):
+        if self._mine(a):
+            return a if torch.is_autocast_enabled(a.device.type) else next(views)
+        if isinstance(a, (list, tuple)) and any(isinstance(x, nn.Parameter) for x in a):
+            return type(a)(self._replace(x, views) for x in a)
+        return a
 
 
 @dataclass(eq=False)
@@ -378,7 +375,6 @@ class Graph:
 
     def __init__(
         self, roots: list[Node], input_nodes: set[Node], views: dict[Node, nn.Parameter], params: list[nn.Parameter],
-        deferred: set[Node],
     ) -> None:
         # Each view's only child is its parameter's accumulator; unviewed parameters need a lookup.
         param_acc: dict[Node, nn.Parameter] = {}
@@ -398,12 +394,9 @@ class Graph:
             if expanded:
                 order.append(node)
             elif node not in children:
-                kids = [c for c, _ in node.next_functions if c is not None]
-                if node in deferred:  # its weight and bias gradients are W's, not the graph's
-                    kids = [c for c in kids if c not in param_acc]
-                elif node.name() == REENTRANT:
+                kids = children[node] = [c for c, _ in node.next_functions if c is not None]
+                if node.name() == REENTRANT:
                     self.reentrant = True
-                children[node] = kids
                 stack.append((node, True))
                 for c in kids:
                     if c not in children:

@@ -334,8 +334,7 @@ def _split(fp: ForwardPass, outs: list, grads: list) -> tuple[list[torch.Tensor 
             input_nodes = {get_gradient_edge(x).node for x in inputs}
         else:  # I: what depends on the inputs
             input_nodes = {n for n, _ in fp.data.edges}
-        deferred = fp.deferral.nodes() if fp.deferral is not None else set()
-        graph = Graph([get_gradient_edge(o).node for o in outs], input_nodes, fp.views, fp.params, deferred)
+        graph = Graph([get_gradient_edge(o).node for o in outs], input_nodes, fp.views, fp.params)
         if fp.verdict is not None:  # the first microbatch of its signature: how the next ones run
             fp.verdict(_decide(fp, graph))
         if graph.reentrant:
@@ -369,14 +368,15 @@ def _decide(fp: ForwardPass, graph: Graph) -> _Verdict:
 def _whole_in_b(fp: ForwardPass, outs: list, grads: list, idx: list[int]) -> tuple[list[torch.Tensor | None], WeightPass]:
     """B of a pass whose graph holds a reentrant ``torch.utils.checkpoint``: it refuses any
     autograd call that names its inputs (``autograd.grad``), so B runs the whole backward in one
-    plain call, its deferred Linears' weight gradients given to autograd, and W has nothing left."""
-    if fp.deferral is not None:
-        fp.deferral.now = True
-    try:
-        result = _backward_accumulating(fp, outs, grads, idx)
-    finally:
-        if fp.deferral is not None:
-            fp.deferral.now = False
+    plain call, and W has nothing left. Only a signature's first microbatch, which defers
+    nothing, can find one; the later ones run unsplit."""
+    if fp.deferral is not None and fp.deferral.records:
+        raise PipelineError(
+            "this microbatch's forward holds a reentrant torch.utils.checkpoint that the first microbatch of the same "
+            "input signature did not: the split cannot run it; use use_reentrant=False, or the same code path every "
+            "microbatch"
+        )
+    result = _backward_accumulating(fp, outs, grads, idx)
     fp.whole_in_b = True
     _spend(fp)
     return result, WeightPass(empty=True)
