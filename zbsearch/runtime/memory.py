@@ -86,12 +86,13 @@ class _Kept:
         self.version = tensor._version
 
 
-def _check_version(t: torch.Tensor, version: int) -> None:
-    if t._version != version:  # autograd's own check, which saved-tensor hooks turn off
-        raise RuntimeError(
-            "one of the variables needed for gradient computation has been modified by an inplace operation: "
-            f"[{t.type()} {list(t.shape)}] is at version {t._version}; expected version {version} instead"
-        )
+def _version_error(t: torch.Tensor, version: int) -> None:
+    """Autograd's own error for a saved tensor changed in place (its check is off for tensors
+    saved through hooks)."""
+    raise RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        f"[{t.type()} {list(t.shape)}] is at version {t._version}; expected version {version} instead"
+    )
 
 
 class SavedActivations:
@@ -157,22 +158,25 @@ class SavedActivations:
         return isinstance(h, _Holder)
 
     def _unpack(self, h):
-        if isinstance(h, _Kept):
-            if self._recording is None:
-                _check_version(h.tensor, h.version)
+        if type(h) is _Holder:
+            if self._recording is not None:
+                self._recording.add(id(h))
+                return h.tensor
+            t = h.tensor
+            if t is None:
+                raise PipelineError(
+                    "a saved activation was freed before the backward pass that needs it (run B before W, each once)"
+                )
+            if t._version != h.version:
+                _version_error(t, h.version)
+            if self._consume:
+                self._release(h)
+            return t
+        if type(h) is _Kept:
+            if self._recording is None and h.tensor._version != h.version:
+                _version_error(h.tensor, h.version)
             return h.tensor
-        if not isinstance(h, _Holder):
-            return h
-        if self._recording is not None:
-            self._recording.add(id(h))
-            return h.tensor
-        t = h.tensor
-        if t is None:
-            raise PipelineError("a saved activation was freed before the backward pass that needs it (run B before W, each once)")
-        _check_version(t, h.version)
-        if self._consume:
-            self._release(h)
-        return t
+        return h
 
     def consuming(self) -> contextlib.AbstractContextManager:
         """For a backward that runs each node once (no ``retain_graph``): an activation is freed

@@ -63,14 +63,20 @@ class Uses:
         """One piece (None: no gradient reached that use) at ``key`` in the order of uses;
         ``fresh``: a new tensor nothing else holds."""
         k = id(p)
-        self._left[k] -= 1
+        left = self._left[k] = self._left[k] - 1
+        parts = self._parts.get(k)
+        if not left and parts is None:  # its only piece (or the others had no gradient)
+            if g is not None:
+                self._done(p, g, fresh)
+            return
         if g is not None:
-            self._parts.setdefault(k, []).append((key, g, fresh))
-        if self._left[k]:
+            if parts is None:
+                parts = self._parts[k] = []
+            parts.append((key, g, fresh))
+        if left:
             return
-        parts = self._parts.pop(k, None)
-        if not parts:
-            return
+        assert parts is not None  # the last piece: the first branch took it unless others came before
+        del self._parts[k]
         if len(parts) == 1:
             _, total, fresh = parts[0]
         else:
@@ -80,7 +86,10 @@ class Uses:
                 for _, part, _ in parts[1:]:
                     total = total + part
             fresh = True
-        if _has_hooks(p):
+        self._done(p, total, fresh)
+
+    def _done(self, p: nn.Parameter, total: torch.Tensor, fresh: bool) -> None:
+        if p._backward_hooks or p._post_accumulate_grad_hooks:  # hooks registered from Python
             self._hooked.append((p, total))
         else:
             _accumulate(p, total, fresh)
@@ -90,11 +99,6 @@ class Uses:
         if self._hooked:
             engine.backward([p for p, _ in self._hooked], [g for _, g in self._hooked])
             self._hooked = []
-
-
-def _has_hooks(p: torch.Tensor) -> bool:
-    """Whether ``p`` has gradient hooks registered from Python."""
-    return bool(p._backward_hooks) or bool(p._post_accumulate_grad_hooks)
 
 
 def _accumulate(p: nn.Parameter, g: torch.Tensor, fresh: bool) -> None:

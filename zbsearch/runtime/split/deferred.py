@@ -106,7 +106,8 @@ class LinearInputGrad(torch.autograd.Function):
 def weight_grad(w: torch.Tensor, g2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     """A Linear's weight gradient as autograd's matrix-product backward computes it from the
     output gradient and the input as 2-D matrices (``weight.t()`` is the product's operand)."""
-    if w.stride(1) == 1 and w.stride(0) == w.shape[1]:
+    stride = w.stride()
+    if stride[1] == 1 and stride[0] == w.shape[1]:
         return g2.t().mm(x2)
     return x2.t().mm(g2).t()
 
