@@ -19,10 +19,9 @@ A parameter with gradient hooks of its own (``register_hook``,
 accumulator, in one engine call at the end of W, which runs them as ``loss.backward()`` would:
 the tensor hooks on the summed gradient, then the add, then the post-accumulate hooks. While B
 or W only capture a piece, its tensor hooks are paused (autograd would run them on the piece).
-Parameters without hooks are added directly, which costs several µs less per parameter than a
-pass through the engine. Hooks registered in C++ on a parameter's accumulator node are not
-seen: they fire only where a pass runs the accumulator itself (a fused BW, a first stage's plain
-backward).
+Parameters without hooks are added directly, which costs less than a pass through the engine.
+Hooks registered in C++ on a parameter's accumulator node are not seen: they fire only where a
+pass runs the accumulator itself (a fused BW, a first stage's plain backward).
 """
 
 from __future__ import annotations
