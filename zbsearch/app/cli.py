@@ -429,11 +429,15 @@ def export(
     output: str = typer.Option(..., "-o", "--output", help="file to write ('-' for stdout)"),
     force: bool = ForceOpt,
 ):
-    """Write a schedule for another tool: torch-csv is read by torch's _PipelineScheduleRuntime._load_csv."""
+    """Write a schedule for another tool: torch-csv is read by torch's _PipelineScheduleRuntime._load_csv;
+    torchtitan (a plan from zbsearch plan): -o names a folder for the CSV and torchtitan's overrides."""
     from zbsearch.formats.torch_csv import to_torch_csv  # pure Python: no torch import
 
-    if to != "torch-csv":
-        raise ZbError(f"unknown export format {to!r}; supported: torch-csv")
+    if to not in ("torch-csv", "torchtitan"):
+        raise ZbError(f"unknown export format {to!r}; supported: torch-csv, torchtitan")
+    if to == "torchtitan":
+        _export_torchtitan(schedule_path, output, force)
+        return
     path = _output(output)
     assert path is not None  # -o is required
     text = to_torch_csv(_load_schedule(schedule_path, None, force=force))
@@ -441,6 +445,24 @@ def export(
         sys.stdout.write(text)
     else:
         err.print(f"wrote {write_text(path, text)}", highlight=False, soft_wrap=True)
+
+
+def _export_torchtitan(schedule_path: Path, output: str, force: bool) -> None:
+    """The plan's CSV and torchtitan's overrides (``args.txt``) in the folder ``output``."""
+    from zbsearch.planner.torchtitan import torchtitan_export
+
+    if output in ("", "-"):
+        raise ZbError("-o: --to torchtitan writes a folder (schedule.csv and args.txt); name it")
+    folder = Path(output)
+    if folder.exists() and not folder.is_dir():
+        raise ZbError(f"{folder}: exists and is not a folder; -o names the folder for torchtitan's files")
+    csv_path, args_path = folder / "schedule.csv", folder / "args.txt"
+    check_writable(csv_path)
+    exported = torchtitan_export(_load_schedule(schedule_path, None, force=force), str(csv_path))
+    write_text(csv_path, exported.csv)
+    write_text(args_path, " ".join(exported.args) + "\n")
+    out.print(" ".join(exported.args), soft_wrap=True, highlight=False)
+    err.print(f"wrote {csv_path}, {args_path}", highlight=False, soft_wrap=True)
 
 
 @app.command()

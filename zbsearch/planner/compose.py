@@ -116,7 +116,8 @@ def stage_profile(layers: LayerProfile, cut: Cut) -> Profile:
     cut.check(layers.num_units)
     bounds = cut.bounds
     identity = (layers.model or {}).get("identity") or {}
-    model = {"layers": layers.name, "cut": str(cut),
+    source = {k: v for k, v in (layers.model or {}).items() if k not in ("identity", "stages")}
+    model = {**source, "layers": layers.name, "cut": str(cut),
              # the unit fingerprints are not the stages': only the microbatch shapes are checked
              **({"identity": {"stages": [], "inputs": identity.get("inputs"), "target": identity.get("target")}}
                 if identity else {})}
