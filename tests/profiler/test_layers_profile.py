@@ -82,3 +82,17 @@ def test_optimizer_state_follows_the_rule_torch_keeps():
         grads = sum(p.grad.nbytes for p in params)
         assert nbytes + grads + state == parameter_bytes(n, nbytes, name)
         block.zero_grad()
+
+
+def test_a_planned_cut_builds_the_built_in_models():
+    from zbsearch.errors import ZbError
+    from zbsearch.models import gpt_stages, llama_stages
+
+    cfg = GPTConfig(**{**CFG.__dict__, "layers": 3, "stages": 3, "cut": (0, 3, 0)})
+    for build in (gpt_stages, llama_stages):
+        stages = build(cfg)
+        assert [len(list(st.children())) for st in stages] == [1, 3, 1]  # embedding; 3 layers; head
+    with pytest.raises(ZbError, match=r"the cut \[1, 0, 2\] must be 3 layer counts adding up to 3"):
+        GPTConfig(**{**cfg.__dict__, "cut": (1, 0, 2)}).check()
+    with pytest.raises(ZbError, match="adding up to 3"):
+        GPTConfig(**{**cfg.__dict__, "cut": (1, 1, 0)}).check()
