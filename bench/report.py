@@ -741,7 +741,7 @@ TOPICS = {
                              "about 4 minutes", post_validation),
     "faults": Topic("The runtime under faults", ("faults.json",), "python bench/faults.py", "about 5 minutes", faults),
     "plan": Topic("Planning the cut, placement and schedule together", ("plan.json",),
-                  "PYTHONPATH=. python bench/plan.py --cut-time 0.5 --torchtitan-path DIR", "about 40 minutes", plan),
+                  "PYTHONPATH=. python bench/plan.py --cut-time 0.5 --torchtitan-path DIR", "about 15 minutes", plan),
     "fused": Topic("Fused and split backwards: certificates and schedules", ("fused.json",),
                    lambda d: "PYTHONPATH=. python bench/fused.py --count {count} --seed {seed} --time-limit {time_limit:g} "
                    "--oracle-time {oracle_time:g} --large-time-limit {large_time_limit:g} --paper-time-limit "
