@@ -705,6 +705,15 @@ def plan(docs: list[dict]) -> list[str]:
     return out
 
 
+def startup(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    out = [f"Each command run {doc['repeat']} times as a new process, commands alternating; wall time from start to exit. "
+           "`torch` marks a command that imports torch.", ""]
+    body = [[f"`{r['command']}`", f"{r['median_ms']:.0f}", f"{r['q1_ms']:.0f}-{r['q3_ms']:.0f}",
+             "yes" if r["imports_torch"] else "no"] for r in doc["rows"]]
+    return out + _table(["command", "median ms", "quartiles ms", "torch"], body)
+
+
 @dataclass
 class Topic:
     title: str
@@ -747,6 +756,8 @@ TOPICS = {
                    "--oracle-time {oracle_time:g} --large-time-limit {large_time_limit:g} --paper-time-limit "
                    "{paper_time_limit:g} --base BEFORE".format(**d["settings"]),
                    "about 30 minutes; oracle optima are cached with --oracle-cache", fused),
+    "startup": Topic("How long the command line takes to start", ("startup.json",),
+                     lambda d: f"python bench/startup.py --repeat {d['repeat']}", "under a minute", startup),
 }
 
 
