@@ -1,4 +1,4 @@
-"""zbsearch's solver against the exact oracle on generated small instances (issue 10).
+"""zbsearch's solver against the exact oracle on generated small instances.
 
 For each instance (families uniform / hetero / heavy, 1 chunk and V placement, per-link comm,
 memory limits from the smallest feasible to none) and each objective (span, makespan):
