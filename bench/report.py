@@ -423,19 +423,40 @@ def real(docs: list[dict]) -> list[str]:
     return out
 
 
+_SPLIT_MODELS = {"gpt": "GPT", "llama": "Llama", "moe": "MoE", "vit": "ViT"}
+
+
+def _split_built(doc: dict) -> list[str]:
+    """What the MoE and ViT stages were (files that name their models record it)."""
+    out = []
+    for model, sizes in doc.get("built", {}).items():
+        b = next(iter(sizes.values()))
+        if model == "moe":
+            out.append(f"MoE: Hugging Face `{b['hf_model_type']}` with random weights, {b['num_experts']} routed experts "
+                       f"of width hidden, top-{b['num_experts_per_tok']} routing, a shared expert of width 2 x hidden, "
+                       f"{b['tokens']} tokens.")
+        elif model == "vit":
+            out.append(f"ViT: {b['image']} x {b['image']} images in {b['patch']} x {b['patch']} patches, "
+                       f"{b['tokens']} tokens with the class token, {b['classes']} classes.")
+    return out
+
+
 def split(docs: list[dict]) -> list[str]:
     doc = docs[0]
     rows = doc["rows"]
+    models = doc.get("models", ["gpt", "llama"])
+    names = " / ".join(_SPLIT_MODELS[m] for m in models)
     out = [f"One layer per stage, seq {doc['seq']}, microbatch {doc['batch']}, {doc['microbatches']} microbatches per step, "
            f"{doc['threads']} thread, {doc['steps']} steps. Ratios are a variant's backward time over a plain "
            "`loss.backward()` of the same stage in the same step (thread CPU time), median over steps; "
-           "middle/last and fused are medians over the GPT and Llama-style models.", ""]
+           + ("middle/last and fused are medians over the GPT and Llama-style models." if "models" not in doc else
+              f"middle/last and fused are medians over the models ({names}), each model's own figures below."), ""]
+    out += [*_split_built(doc), ""] if "built" in doc else []
     body = []
     for h in sorted({r["hidden"] for r in rows}):
         R = [r for r in rows if r["hidden"] == h]
         rest = [r for r in R if r["stage"] != "first"]
         first = {r["model"]: r for r in R if r["stage"] == "first"}
-        models = ("gpt", "llama")
         body.append([
             str(h), f"{statistics.median(r['cpu']['ratio']['zb'] for r in rest):.2f}",
             f"{statistics.median(r['cpu']['ratio']['torch'] for r in rest):.2f}",
@@ -444,8 +465,18 @@ def split(docs: list[dict]) -> list[str]:
             " / ".join(f"{first[m]['cpu']['ratio']['torch']:.3f}" for m in models),
             " / ".join(f"{first[m]['cpu']['zb_over_torch']:.3f}" for m in models),
             f"{statistics.median(r['cpu']['ratio']['fused'] for r in R):.2f}"])
-    out += _table(["hidden", "zb B+W, middle/last", "torch split, middle/last", "zb, first (GPT / Llama)",
+    out += _table(["hidden", "zb B+W, middle/last", "torch split, middle/last",
+                   f"zb, first ({names if 'models' in doc else 'GPT / Llama'})",
                    "first stage's W, as picked", "torch, first (plain backward)", "zb / torch, first", "zb fused BW"], body)
+    if "models" in doc:
+        m = doc["microbatches"]
+        body = [[_SPLIT_MODELS[r["model"]], str(r["hidden"]), r["stage"], f"{r['cpu']['step_ms']['plain'] / m:.2f}",
+                 f"{r['cpu']['ratio']['zb']:.3f}", f"{r['cpu']['ratio']['torch']:.3f}", f"{r['cpu']['ratio']['fused']:.3f}",
+                 f"{r['cpu']['zb_over_torch']:.3f} ({'-'.join(f'{x:.3f}' for x in r['cpu']['zb_over_torch_95'])})",
+                 f"{r['load_1min']:.2f}"] for name in models for r in rows if r["model"] == name]
+        out += ["Per model and stage (thread CPU time; plain: ms per microbatch; zb / torch with the 95% bootstrap "
+                "interval of its median):", "",
+                *_table(["model", "hidden", "stage", "plain ms", "zb", "torch", "fused", "zb / torch", "load"], body)]
     out += ["Targets, judged on CPU time and on wall time:", ""]
     for clock, targets in doc["targets"].items():
         out.append(f"- {clock}: " + "; ".join(f"{k}: {'met' if v is True else 'missed' if v is False else v}"
@@ -719,7 +750,7 @@ class Topic:
     title: str
     files: tuple[str, ...]
     command: str | Callable[[dict], str]  # the command that made the results, or how to read it from them
-    duration: str
+    duration: str | Callable[[dict], str]  # how long it takes, or how to say it from the results
     render: Callable[[list[dict]], list[str]]
 
 
@@ -740,8 +771,13 @@ TOPICS = {
     "runtime": Topic("Runtime with emulated passes", ("runtime.json",), "python bench/runtime.py", "a few minutes", runtime),
     "real": Topic("Runtime with real passes, p=2", ("real.json",), "python bench/real.py",
                   "about 2 minutes on 2 quiet cores", real),
-    "split": Topic("Cost of the split backward", ("split.json",), "python bench/split.py --steps 30", "about 10 minutes",
-                   split),
+    "split": Topic("Cost of the split backward", ("split.json",),
+                   lambda d: "python bench/split.py --steps 30" if "models" not in d else
+                   "python bench/split.py --models {} --hidden {} --steps {}".format(
+                       " ".join(d["models"]), " ".join(str(h) for h in dict.fromkeys(r["hidden"] for r in d["rows"])),
+                       d["steps"]),
+                   lambda d: "about 10 minutes" if "models" not in d else "about 10 minutes at the defaults; "
+                   "MoE and ViT at three sizes, 10 steps: about 5 minutes at load 4", split),
     "profiler": Topic("Profiler accuracy", ("profiler.json",), "python bench/profiler.py", "about a minute", profiler),
     "hf": Topic("Hugging Face models through the pipeline", ("hf.json",), "python bench/hf.py", "about 2 minutes", hf),
     "hf-families": Topic("Every causal-LM type of transformers, cut and checked", ("hf_families.json",),
@@ -766,7 +802,8 @@ def render(name: str, sources: list[Source]) -> tuple[str, Machine, str]:
     topic = TOPICS[name]
     docs = [src.doc for src in sources]
     command = topic.command if isinstance(topic.command, str) else topic.command(docs[0])
-    lines = header(topic.title, command, sources, topic.duration) + topic.render(docs)
+    duration = topic.duration if isinstance(topic.duration, str) else topic.duration(docs[0])
+    lines = header(topic.title, command, sources, duration) + topic.render(docs)
     rec = docs[0].get("machine") if isinstance(docs[0].get("machine"), dict) else {}
     date = (rec or {}).get("date") or sources[0].date or "undated"
     return "\n".join(lines).rstrip() + "\n", _machine(docs[0]), date[:10]

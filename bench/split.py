@@ -11,9 +11,17 @@ each microbatch so that load on a shared machine hits all four alike:
           ``measure_stage`` is run on the stage first, as ``zbsearch profile`` would)
   fused   zbsearch's ``backward_full`` (BW, what 1F1B runs)
 
-on the built-in GPT (``zbsearch.models.gpt``) and the Llama-style model (``zbsearch.models.llama``:
-RMSNorm, rotary, SwiGLU), one layer per stage, first (embedding + layer), middle (layer) and
-last stage (layer + norm + head + loss), one CPU thread, at several hidden sizes.
+on one layer per stage, first (embedding + layer), middle (layer) and last stage (layer + norm +
+head + loss), one CPU thread, at several hidden sizes, of these models (``--models``):
+
+  gpt     the built-in GPT (``zbsearch.models.gpt``)
+  llama   the built-in Llama-style decoder (``zbsearch.models.llama``: RMSNorm, rotary, SwiGLU)
+  moe     a Hugging Face Qwen2-MoE decoder (random weights, ``zbsearch.models.hf``): 8 routed
+          experts of width ``hidden``, top-2 routing (the experts' outputs summed with
+          ``index_add_``), a shared expert of width 2 x ``hidden``; cut by ``hf_stages``, whose
+          boundaries carry (hidden, attention mask); needs transformers
+  vit     the built-in ViT (``zbsearch.models.vit``): patch embedding (8 x 8 patches, as many as
+          fit in ``--seq`` tokens with the class token), encoder blocks, classifier head
 
 Each variant has its own copy of the stage and runs steps as a pipeline rank does: ``.grad``
 set to None, then m microbatches whose gradients accumulate (the first creates ``.grad``, the
@@ -34,20 +42,24 @@ of that median: where zb's median is above torch's but the interval reaches 1, t
 of a stage checks the graph before taking its fast path: it is in the warm-up. Load average is
 recorded.
 
-Targets (issue 12): zb/plain <= torch/plain at every size and <= 1.05 from hidden 256 up, and the
-first stage no worse than the others. Prints a table and saves bench/results/split.json.
+Targets (set on the GPT and Llama-style stages, judged on every model run): zb/plain <=
+torch/plain at every size and <= 1.05 from hidden 256 up, and the first stage no worse than the
+others. Prints a table and saves bench/results/split.json.
 
-Run: python bench/split.py [--hidden 64 128 256 512 1024] [--seq 128] [-b 1] [-m 4] [--steps 10]
+Run: python bench/split.py [--models gpt llama moe vit] [--hidden 64 128 256 512 1024] [--seq 128] [-b 1] [-m 4]
+     [--steps 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -57,7 +69,17 @@ from torch.distributed.pipelining._backward import (
     stage_backward_weight,
 )
 
-from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages, llama_stages
+from zbsearch.models import (
+    GPTConfig,
+    ViTConfig,
+    gpt_batch,
+    gpt_loss,
+    gpt_stages,
+    image_batch,
+    image_loss,
+    llama_stages,
+    vit_stages,
+)
 from zbsearch.profiler import measure_stage
 from zbsearch.runtime import (
     backward_full,
@@ -70,39 +92,77 @@ from zbsearch.runtime.split import backward_in_w
 
 VARIANTS = ("plain", "torch", "zb", "fused")
 CLOCKS = ("wall", "cpu")
+MODELS = ("gpt", "llama", "moe", "vit")
 
 
-def _stage_input(stages, s: int, ids: torch.Tensor) -> torch.Tensor:
-    x = ids
+def _model(model: str, hidden: int, seq: int, batch: int) -> tuple[list, tuple, Callable, dict]:
+    """Three stages of one layer each, stage 0's inputs, the loss on the last stage's output,
+    and what was built (saved with the results)."""
+    heads = max(2, hidden // 64)
+    if model in ("gpt", "llama"):
+        cfg = GPTConfig(layers=3, hidden=hidden, heads=heads, seq=seq, vocab=512, microbatch_size=batch, stages=3)
+        ids, targets = gpt_batch(cfg)
+        return ((gpt_stages if model == "gpt" else llama_stages)(cfg), (ids,), lambda o: gpt_loss(o, targets),
+                {"heads": heads, "tokens": seq, "vocab": 512})
+    if model == "vit":
+        patch = 8
+        image = patch * math.isqrt(seq - 1)  # (image / patch)^2 patches and the class token: at most seq tokens
+        vcfg = ViTConfig(image=image, patch=patch, hidden=hidden, heads=heads, layers=3, classes=10,
+                         microbatch_size=batch, stages=3)
+        images, labels = image_batch(image, vcfg.channels, vcfg.classes, batch, 1)
+        return (vit_stages(vcfg), (images,), lambda o: image_loss(o, labels),
+                {"heads": heads, "tokens": (image // patch) ** 2 + 1, "image": image, "patch": patch, "classes": 10})
+    if model == "moe":
+        from zbsearch.models.hf import hf_batch, hf_loss, hf_model, hf_stages, tiny_config
+
+        experts = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": hidden,
+                   "shared_expert_intermediate_size": 2 * hidden}
+        hcfg = tiny_config("qwen2_moe", layers=3, hidden_size=hidden, num_attention_heads=heads,
+                           num_key_value_heads=heads, head_dim=hidden // heads, vocab_size=512,
+                           max_position_embeddings=seq, **experts)
+        (ids, mask), labels = hf_batch(hcfg, batch, seq, 1)
+        return (hf_stages(hf_model(hcfg), 3).stages, (ids, mask), lambda o: hf_loss(o, labels),
+                {"hf_model_type": "qwen2_moe", "heads": heads, "tokens": seq, "vocab": 512, **experts})
+    raise ValueError(f"unknown model {model!r}")
+
+
+def _stage_input(stages, s: int, inputs: tuple) -> tuple:
+    x = inputs
     with torch.no_grad():
         for st in stages[:s]:
-            x = st(x)
+            x = st(*x)
+            x = x if isinstance(x, tuple) else (x,)
     return x
 
 
 def _backward(
-    variant: str, stage, x: torch.Tensor, post, meter: ActivationMeter, deferred_first: bool = False,
+    variant: str, stage, xs: tuple, post, meter: ActivationMeter, deferred_first: bool = False, first: bool = False,
 ) -> tuple[float, float]:
     """One forward (untimed) and one backward of ``variant``: seconds of the backward, wall
     clock and this thread's CPU time (with one torch thread all compute is on this thread, so
-    CPU time does not count waiting for a core on a busy machine)."""
-    inp = x.detach().requires_grad_(x.is_floating_point())
+    CPU time does not count waiting for a core on a busy machine). Floating-point inputs of a
+    stage other than the first need a gradient, as in a pipeline."""
+    inp = [t.detach().requires_grad_(not first and t.is_floating_point()) for t in xs]
     if variant in ("plain", "torch"):
-        out = stage(inp)
-        out = post(out) if post is not None else out
-        grad = torch.ones_like(out) if post is None else None
-        t0, c0 = time.perf_counter(), time.thread_time()
-        if variant == "plain" or not inp.requires_grad:  # torch's runtime: a first stage's whole backward in W
-            torch.autograd.backward(out, grad)
+        out = stage(*inp)
+        if post is not None:
+            outs, grads = [post(out)], None
         else:
-            _, groups = stage_backward_input([out], None if grad is None else [grad], [inp], iter(stage.parameters()))
+            outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad]
+            grads = [torch.ones_like(o) for o in outs]
+        needs = [t for t in inp if t.requires_grad]
+        t0, c0 = time.perf_counter(), time.thread_time()
+        if variant == "plain" or not needs:  # torch's runtime: a first stage's whole backward in W
+            torch.autograd.backward(outs, grads)
+        else:
+            _, groups = stage_backward_input(outs, grads, needs, iter(stage.parameters()))
             stage_backward_weight(iter(stage.parameters()), groups)
             del groups
-        del out  # the pass's graph dies in the timed region, as zbsearch's W drops its pass (see the docstring)
+        del out, outs  # the pass's graph dies in the timed region, as zbsearch's W drops its pass (see the docstring)
         return time.perf_counter() - t0, time.thread_time() - c0
     # metered, as in the runtime
-    fp = forward_pass(stage, [inp], split=variant == "zb", post=post, meter=meter, deferred_first=deferred_first)
-    grads = [torch.ones_like(fp.outputs[0])]
+    fp = forward_pass(stage, inp, split=variant == "zb", post=post, meter=meter, deferred_first=deferred_first)
+    grads = [torch.ones_like(o) if o.requires_grad else None for o in fp.outputs]
     t0, c0 = time.perf_counter(), time.thread_time()
     if variant == "zb":
         _, w = backward_input(fp, grads)
@@ -112,22 +172,21 @@ def _backward(
     return time.perf_counter() - t0, time.thread_time() - c0
 
 
-def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, steps: int) -> dict:
-    heads = max(2, hidden // 64)
-    cfg = GPTConfig(layers=3, hidden=hidden, heads=heads, seq=seq, vocab=512, microbatch_size=batch, stages=3)
-    stages = (gpt_stages if model == "gpt" else llama_stages)(cfg)
-    ids, targets = gpt_batch(cfg)
+def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, steps: int) -> tuple[dict, dict]:
+    """Per stage (first, middle, last), the variants' backward times (``_summary``); and what
+    was built."""
+    stages, inputs, loss, built = _model(model, hidden, seq, batch)
     out = {}
     for s, where in enumerate(("first", "middle", "last")):
-        x = _stage_input(stages, s, ids)
-        post = (lambda o: gpt_loss(o, targets)) if s == 2 else None
+        x = _stage_input(stages, s, inputs)
+        post = loss if s == 2 else None
         own = {v: copy.deepcopy(stages[s]) for v in VARIANTS}  # each variant accumulates its own .grad
         meter = ActivationMeter()
         # how a first stage's W runs: as the profiler would choose for this stage (a copy of it);
         # other stages have no choice to make
-        inp = x.detach().requires_grad_(x.is_floating_point())
-        chosen = (measure_stage(copy.deepcopy(stages[s]), (inp,), post, torch.device("cpu"), warmup=2, repeat=10)
-                  if backward_in_w(stages[s], (inp,)) else None)
+        inp = tuple(t.detach().requires_grad_(s > 0 and t.is_floating_point()) for t in x)
+        chosen = (measure_stage(copy.deepcopy(stages[s]), inp, post, torch.device("cpu"), warmup=2, repeat=10)
+                  if backward_in_w(stages[s], inp) else None)
         deferred = chosen is not None and chosen.deferred_first
         # samples[clock][v]: per step, the m microbatches' backward times (the first one creates .grad)
         samples: dict[str, dict[str, list[list[float]]]] = {c: {v: [] for v in VARIANTS} for c in CLOCKS}
@@ -137,7 +196,7 @@ def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, 
             times = {c: {v: [] for v in VARIANTS} for c in CLOCKS}
             for k in range(m):
                 for v in _rotated(step * m + k):
-                    w, c = _backward(v, own[v], x, post, meter, deferred)
+                    w, c = _backward(v, own[v], x, post, meter, deferred, first=s == 0)
                     times["wall"][v].append(w * 1e3)
                     times["cpu"][v].append(c * 1e3)
             if step >= warmup:
@@ -151,7 +210,7 @@ def measure(model: str, hidden: int, seq: int, batch: int, m: int, warmup: int, 
                 "profiled_ms": {("deferred" if deferred else "plain"): chosen.w.mean,
                                 ("plain" if deferred else "deferred"): chosen.not_taken[2].mean},
             }
-    return out
+    return out, built
 
 
 def _rotated(k: int) -> tuple[str, ...]:
@@ -207,7 +266,7 @@ def _versus_torch(rows: list[dict], clock: str) -> str:
     return "within noise" if all(lo <= 1 for lo, _ in above) else "MISSED"
 
 
-def _targets(rows: list[dict], clock: str, hiddens: list[int]) -> dict[str, str]:
+def _targets(rows: list[dict], clock: str, hiddens: list[int], models: list[str]) -> dict[str, str]:
     def zb(r):
         return r[clock]["ratio"]["zb"]
 
@@ -222,12 +281,14 @@ def _targets(rows: list[dict], clock: str, hiddens: list[int]) -> dict[str, str]
     return {
         "zb <= torch everywhere": _versus_torch(rows, clock),
         "zb <= 1.05 from hidden 256": verdict(all(zb(r) <= 1.05 for r in rows if r["hidden"] >= 256)),
-        "first stage no worse (2%)": verdict(all(first_ok(m, h) for m in ("gpt", "llama") for h in hiddens)),
+        "first stage no worse (2%)": verdict(all(first_ok(m, h) for m in models for h in hiddens)),
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", choices=MODELS, default=["gpt", "llama"],
+                    help="models whose stages are measured (moe needs transformers)")
     ap.add_argument("--hidden", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("-b", "--batch", type=int, default=1)
@@ -242,11 +303,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     rows = []
+    built: dict[str, dict[int, dict]] = {}
     print(f"{'':20} {'wall clock':^44}  {'CPU time of the thread':^44}")
     print(f"{'model hidden stage':20} " + f"{'plain ms':>9} {'zb':>7} {'torch':>7} {'fused':>7} {'zb/tor':>7}  " * 2 + "load")
     for hidden in args.hidden:
-        for model in ("gpt", "llama"):
-            res = measure(model, hidden, args.seq, args.batch, args.microbatches, args.warmup, args.steps)
+        for model in args.models:
+            res, built.setdefault(model, {})[hidden] = measure(model, hidden, args.seq, args.batch, args.microbatches,
+                                                               args.warmup, args.steps)
             load = os.getloadavg()[0]
             for where, r in res.items():
                 rows.append({"model": model, "hidden": hidden, "stage": where, **r, "load_1min": load})
@@ -255,12 +318,13 @@ def main() -> None:
                                for c in CLOCKS)
                 way = ("  W deferred" if r["first_stage_w"]["deferred"] else "  W plain") if "first_stage_w" in r else ""
                 print(f"{model:6} {hidden:5} {where:7} {cols}{load:.2f}{way}")
-    meets = {clock: _targets(rows, clock, args.hidden) for clock in CLOCKS}
+    meets = {clock: _targets(rows, clock, args.hidden, args.models) for clock in CLOCKS}
     for clock, m in meets.items():
         print(f"targets ({clock}): " + ", ".join(f"{k}: {v}" for k, v in m.items()))
     result = {
         "what": "backward time per step of m microbatches (.grad created by the first, added to by the others), "
                 "median over steps; ratios to plain loss.backward() of the same stage in the same step, median over steps",
+        "models": args.models, "built": built,
         "threads": args.threads, "seq": args.seq, "batch": args.batch, "microbatches": args.microbatches,
         "steps": args.steps, "load_before": load_before, "load_after": os.getloadavg(), "targets": meets, "rows": rows,
     }
