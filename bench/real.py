@@ -26,7 +26,7 @@ the makespan in the runtime's trace, the prediction (and, for ours, the predicti
 profile's host time per message, ``t_send`` / ``t_recv``), measured / predicted, per-pass times
 against the profile, where each rank's idle time went (``zbsearch.idle_time``: dependency, link,
 local), each ZB schedule's speed-up over 1F1B measured against predicted, and the
-verdict on each of issue 12's targets (``real_targets``), with the load average of every round:
+verdict on each of the targets (``real_targets``), with the load average of every round:
 a load above the core count marks the run as busy, and then its verdicts settle nothing.
 
 Run (the quiet-machine run of the README): python bench/real.py
