@@ -31,6 +31,15 @@ The makespan bound is the same with releases measured from the global start and 
 the last pass anywhere. Communication is a latency on dependency edges between ranks, as in
 the simulator. Every bound is computed on ``CostModel.for_bounds``, where B and W cost no more
 than a fused BW pass does, so the bounds hold for schedules that fuse, split or mix.
+
+Recomputation. Where the costs offer it, a schedule may checkpoint any microbatch's forward
+and recompute it: it holds less memory, and its rank does more work. ``for_bounds`` prices an
+F at its cheapest (checkpointed or not) and recompute passes at nothing, so the memory-blind
+bounds hold over every choice. The memory-aware ones reason from what a microbatch holds
+between its F and its B and are left out where recomputation is offered; the *area* bound
+(``rank_area_span_lower_bounds``) takes their place: it weighs what a microbatch holds by how
+long it must hold it against the limit times the span, and the recompute passes that free
+memory against the time they add.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from .tolerances import ABS_TOL, REL_TOL
 __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
     "memory_span_lower_bound", "memory_makespan_lower_bound", "rank_memory_span_lower_bounds",
+    "rank_area_span_lower_bounds",
 ]
 
 _NEG = float("-inf")
@@ -374,6 +384,84 @@ def rank_chain_span_lower_bounds(
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# The area bound: memory held over time, against the limit times the span.
+
+
+def _hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The lower-left convex chain of (extra time, area) options: from the least extra time,
+    each next point the one that saves the most area per extra time (points saving none left out)."""
+    pts = sorted(set(points))
+    chain = [min(pts, key=lambda p: (p[0], p[1]))]
+    while True:
+        x0, y0 = chain[-1]
+        nxt = [(x, y) for x, y in pts if x > x0 and y < y0]
+        if not nxt:
+            return chain
+        chain.append(min(nxt, key=lambda p: ((p[1] - y0) / (p[0] - x0), p[0])))
+
+
+def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float]) -> list[float]:
+    """Per rank, a lower bound on its span for schedules within ``limit``, over every choice of
+    which microbatches to recompute (none where the costs offer no recomputation).
+
+    Memory on a rank is a step function of time that never exceeds the limit M, so over the
+    rank's span T its integral (the *area*) is at most M * T. Each microbatch adds its own share:
+    from the start of F(s, j) to that of B(s, j), at least L_s apart (the dependency path
+    through the later stages), it holds m_f, or, checkpointed, keep until its recompute pass and
+    m_f from there to B, at least the recompute time t_r before B starts, so at least
+    keep * L_s + (m_f - keep) * t_r (after B it may hold nothing: a fused BW frees it all at
+    once). A checkpointed microbatch also costs its rank t_r, and its F the
+    checkpointed time instead of the cheapest. So T >= busy + X and M * T >= A, with X the extra
+    time and A the area of the choice; the bound is the least max(busy + X, A / M) over every
+    choice, fractional ones included (a relaxation), found exactly by taking the recomputations
+    that save the most area per extra time first.
+
+    Only for ranks whose memory never drops below zero per microbatch (F allocates, B and W
+    free, within what F allocated); elsewhere the busy time."""
+    bc = cost.for_bounds()
+    m = num_microbatches
+    preds = type_graph(bc)
+    out = []
+    for r in range(cost.num_ranks):
+        busy = cost.rank_busy(r, m)
+        allowed = allowance(limit[r])
+        if not _balanced_rank(bc, r) or allowed <= 0 or not math.isfinite(allowed):
+            out.append(busy)
+            continue
+        base_x, base_a = 0.0, 0.0
+        segments: list[tuple[float, float]] = []  # (area saved per extra time, extra time available)
+        for s in cost.rank_stages(r):
+            lag = earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)]
+            least_f = cost.forward(s)
+            options = [(min(cost.t_f[s], cost.t_ff[s]) - least_f, cost.m_f[s] * lag)]
+            for op in cost.recompute_ops(s):
+                o = cost.offer(s, op)
+                assert o is not None
+                options.append((o.t_r + o.t_f - least_f, o.keep * lag + (cost.m_f[s] - o.keep) * o.t_r))
+            chain = _hull(options)
+            base_x += m * chain[0][0]
+            base_a += m * chain[0][1]
+            segments += [((y1 - y0) / (x1 - x0), m * (x1 - x0)) for (x0, y0), (x1, y1) in zip(chain, chain[1:])]
+        segments.sort()  # the most area saved per extra time first
+        t, area = busy + base_x, base_a
+        best = None
+        for slope, room in segments:
+            if area <= allowed * t:
+                best = t
+                break
+            # along this segment area(t') = area + slope * (t' - t): the first t' with area <= M t'
+            cross = (area - slope * t) / (allowed - slope)
+            if cross <= t + room:
+                best = cross
+                break
+            t, area = t + room, area + slope * room
+        if best is None:
+            best = max(t, area / allowed)
+        out.append(max(busy, best * (1 - REL_TOL)))  # rounding: never above the exact crossing
+    return out
+
+
 def _late(step: int, deadline: float | None) -> bool:
     """Whether ``deadline`` has passed, looked at every 256 steps of a long loop."""
     return deadline is not None and not step & 255 and time.monotonic() > deadline
@@ -391,13 +479,17 @@ def memory_span_lower_bound(
 def _rank_bounds(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> list[float]:
-    """Per rank, the best of the bounds in this module (``quick``: all but the chain bound)."""
+    """Per rank, the best of the bounds in this module (``quick``: all but the chain bound); where
+    the costs offer recomputation, the memory-aware ones replaced by the area bound."""
     out = rank_span_lower_bounds(cost, num_microbatches)
-    chain = None if quick else rank_chain_span_lower_bounds(cost, num_microbatches, limit, deadline)
+    memory = None if cost.can_recompute else limit  # their memory reasoning assumes no recomputation
+    chain = None if quick else rank_chain_span_lower_bounds(cost, num_microbatches, memory, deadline)
     if chain is not None:
         out = [max(a, b) for a, b in zip(out, chain)]
+    if memory is not None:
+        out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, memory))]
     if limit is not None:
-        out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, limit))]
+        out = [max(a, b) for a, b in zip(out, rank_area_span_lower_bounds(cost, num_microbatches, limit))]
     return out
 
 
