@@ -388,37 +388,49 @@ def rank_chain_span_lower_bounds(
 # The area bound: memory held over time, against the limit times the span.
 
 
-def _hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The lower-left convex chain of (extra time, area) options: from the least extra time,
-    each next point the one that saves the most area per extra time (points saving none left out)."""
-    pts = sorted(set(points))
-    chain = [min(pts, key=lambda p: (p[0], p[1]))]
-    while True:
-        x0, y0 = chain[-1]
-        nxt = [(x, y) for x, y in pts if x > x0 and y < y0]
-        if not nxt:
-            return chain
-        chain.append(min(nxt, key=lambda p: ((p[1] - y0) / (p[0] - x0), p[0])))
+# The LP's answer is trusted to this share less (HiGHS solves to tolerances, not exactly).
+_LP_MARGIN = 1e-6
 
 
 def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float]) -> list[float]:
     """Per rank, a lower bound on its span for schedules within ``limit``, over every choice of
-    which microbatches to recompute (none where the costs offer no recomputation).
+    which microbatches to recompute (plain only where the costs offer no recomputation).
 
-    Memory on a rank is a step function of time that never exceeds the limit M, so over the
-    rank's span T its integral (the *area*) is at most M * T. Each microbatch adds its own share:
-    from the start of F(s, j) to that of B(s, j), at least L_s apart (the dependency path
-    through the later stages), it holds m_f, or, checkpointed, keep until its recompute pass and
-    m_f from there to B, at least the recompute time t_r before B starts, so at least
-    keep * L_s + (m_f - keep) * t_r (after B it may hold nothing: a fused BW frees it all at
-    once). A checkpointed microbatch also costs its rank t_r, and its F the
-    checkpointed time instead of the cheapest. So T >= busy + X and M * T >= A, with X the extra
-    time and A the area of the choice; the bound is the least max(busy + X, A / M) over every
-    choice, fractional ones included (a relaxation), found exactly by taking the recomputations
-    that save the most area per extra time first.
+    Each microbatch j of each stage s of the rank runs plain or checkpointed for a recompute
+    pass o: this costs the rank x_o more time than its cheapest forward would (the recompute
+    pass and the checkpointed forward's extra), 0 for plain. Three facts hold in every schedule:
+
+    * Busy time: the span is at least busy + the extras chosen (busy: ``CostModel.rank_busy``).
+    * Area: memory is a step function of time that never exceeds the limit M, so over the span
+      T its integral is at most M * T. From the start of F(s, j) to that of B(s, j), at least
+      L_s apart (the dependency path through later stages), microbatch j holds m_f, or,
+      checkpointed, ``keep`` until its recompute pass and m_f from there, at least t_r before B:
+      at least keep * L_s + (m_f - keep) * t_r (after B it may hold nothing: a fused BW frees
+      it all at once).
+    * Start: before the rank's first B (at least ``lag`` after its first pass starts) it runs
+      forwards and recompute passes only, and nothing frees memory: what the forwards started
+      there keep, and the recompute passes started there rebuild, fits M. A pass started there
+      covers at most its own time of that window: the rank idles at least lag less that. A
+      forward's time and its recompute pass's counted there cancel against the same time in the
+      busy sum, so the span is at least busy + the extras of the other microbatches + lag, less
+      the cheapest forward time per microbatch started in the window, plus t_r for each one
+      checkpointed there whose recompute pass runs later.
+
+    The least span these allow over every choice, fractional ones included (a relaxation), is a
+    small LP per rank (HiGHS).
+
+    In flight: a microbatch is in flight on a stage from the start of its F to that of its B.
+    When a B starts, its microbatch holds m_f there and every other microbatch in flight on the
+    rank at least what the least keeping way keeps, k > 0; so at most c = 1 + (M - m_f) / k are
+    in flight then. Only a B start lowers the count, so it never exceeds c (a schedule that
+    let it could start no B again), and the time in flight, at least L_s per microbatch and
+    stage, sums to at most c * T. At the least limit with one stage per rank (c = 1) this is
+    the sequential schedule's m * L_s, with recomputation or without.
 
     Only for ranks whose memory never drops below zero per microbatch (F allocates, B and W
     free, within what F allocated); elsewhere the busy time."""
+    from ._highs import quiet_highs
+
     bc = cost.for_bounds()
     m = num_microbatches
     preds = type_graph(bc)
@@ -429,37 +441,59 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
         if not _balanced_rank(bc, r) or allowed <= 0 or not math.isfinite(allowed):
             out.append(busy)
             continue
-        base_x, base_a = 0.0, 0.0
-        segments: list[tuple[float, float]] = []  # (area saved per extra time, extra time available)
-        for s in cost.rank_stages(r):
-            lag = earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)]
+        stages = cost.rank_stages(r)
+        first = earliest_starts(bc, (min(stages), Op.F), preds)
+        lag = min(first[(s, Op.B)] for s in stages)
+        # columns: T, then per stage and way of holding a microbatch, its count outside the
+        # window (n), in the window (w) and, checkpointed, in the window with its recompute
+        # pass there too (v); each with (extra time, area, window memory, window term)
+        cols: list[tuple[int, float, float, float, float]] = []  # (stage, extra, area, memory, window)
+        for s in stages:
+            lag_s = earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)]
             least_f = cost.forward(s)
-            options = [(min(cost.t_f[s], cost.t_ff[s]) - least_f, cost.m_f[s] * lag)]
+            plain = min(cost.t_f[s], cost.t_ff[s]) - least_f
+            cols += [(s, plain, cost.m_f[s] * lag_s, math.inf, 0.0), (s, plain, cost.m_f[s] * lag_s, cost.m_f[s], -least_f)]
             for op in cost.recompute_ops(s):
                 o = cost.offer(s, op)
                 assert o is not None
-                options.append((o.t_r + o.t_f - least_f, o.keep * lag + (cost.m_f[s] - o.keep) * o.t_r))
-            chain = _hull(options)
-            base_x += m * chain[0][0]
-            base_a += m * chain[0][1]
-            segments += [((y1 - y0) / (x1 - x0), m * (x1 - x0)) for (x0, y0), (x1, y1) in zip(chain, chain[1:])]
-        segments.sort()  # the most area saved per extra time first
-        t, area = busy + base_x, base_a
-        best = None
-        for slope, room in segments:
-            if area <= allowed * t:
-                best = t
-                break
-            # along this segment area(t') = area + slope * (t' - t): the first t' with area <= M t'
-            cross = (area - slope * t) / (allowed - slope)
-            if cross <= t + room:
-                best = cross
-                break
-            t, area = t + room, area + slope * room
-        if best is None:
-            best = max(t, area / allowed)
-        out.append(max(busy, best * (1 - REL_TOL)))  # rounding: never above the exact crossing
+                extra = o.t_r + o.t_f - least_f
+                area = o.keep * lag_s + (cost.m_f[s] - o.keep) * o.t_r
+                cols += [(s, extra, area, math.inf, 0.0), (s, extra, area, o.keep, o.t_r - least_f),
+                         (s, extra, area, cost.m_f[s], -least_f)]
+        bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed)
+        least_keep = min(min([cost.m_f[s], *(cost.offer(s, op).keep for op in cost.recompute_ops(s))])  # type: ignore[union-attr]
+                         for s in stages)
+        if least_keep > 0:
+            c = 1 + math.floor((allowed - min(cost.m_f[s] for s in stages)) / least_keep * (1 + REL_TOL))
+            in_flight = sum(m * earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)] for s in stages)
+            bound = max(bound, in_flight / max(1, c))
+        out.append(max(busy, bound))
     return out
+
+
+def _area_lp(h, cols, stages: list[int], m: int, busy: float, lag: float, allowed: float) -> float:
+    """The least T of ``rank_area_span_lower_bounds``'s LP (``cols``: per count variable its
+    stage, extra time, area, window memory (inf: outside the window) and window term)."""
+    inf = math.inf
+    n = len(cols)
+    h.addVars(n + 1, [0.0] * (n + 1), [inf] * (n + 1))
+    h.changeColsCost(1, [n], [1.0])  # minimise T (the last column)
+    counts = list(range(n))
+    for s in stages:  # every microbatch is held one way: m per stage
+        idx = [k for k in counts if cols[k][0] == s]
+        h.addRow(m, m, len(idx), idx, [1.0] * len(idx))
+    window = [k for k in counts if cols[k][3] < inf]
+    h.addRow(-inf, allowed, len(window), window, [cols[k][3] for k in window])  # the window fits memory
+    # T - sum extra >= busy
+    h.addRow(busy, inf, n + 1, counts + [n], [-cols[k][1] for k in counts] + [1.0])
+    # T - sum (extra outside the window, window term inside) >= busy + lag
+    h.addRow(busy + lag, inf, n + 1, counts + [n], [-(cols[k][1] if cols[k][3] == inf else cols[k][4]) for k in counts] + [1.0])
+    # M T - sum area >= 0
+    h.addRow(0.0, inf, n + 1, counts + [n], [-cols[k][2] for k in counts] + [allowed])
+    h.run()
+    if h.getModelStatus() != h.getModelStatus().kOptimal:
+        return busy  # cannot happen (every all-plain choice is feasible for a large enough T); be safe
+    return h.getInfo().objective_function_value * (1 - _LP_MARGIN)
 
 
 def _late(step: int, deadline: float | None) -> bool:

@@ -37,7 +37,7 @@ from zbsearch.pass_times import PassTimes, compare_pass_times
 from zbsearch.tolerances import EPS_MS
 
 if TYPE_CHECKING:
-    from zbsearch.solver import Objective
+    from zbsearch.solver import Objective, Recomputation
 
 app = typer.Typer(
     help="Zero Bubble pipeline-parallel schedules: build, simulate, validate, compare, solve, replay.",
@@ -65,6 +65,11 @@ PlacementOpt = typer.Option("one", "--placement", help="one stage per rank, or v
 # the spellings of an earlier release: -v for --chunks; --chunks 1|2 for --placement one|v in solve and frontier
 OldChunksOpt = typer.Option(None, "-v", hidden=True)
 OldPlacementOpt = typer.Option(None, "--chunks", "-v", hidden=True)
+RecomputeOpt = typer.Option(
+    "none", "--recompute",
+    help="none; auto: the solver checkpoints and recomputes microbatches where that pays under the limit; "
+         "full: every one (the profile's recomputation costs)",
+)
 
 
 def _load_schedule(path: Path, profile: str | None, mem_limit: str | None = None, force: bool = False) -> zb.Schedule:
@@ -463,6 +468,7 @@ def solve(
         help="schedule with the median stage costs as the paper's scheduler does (results on the true costs)",
     ),
     no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only (milliseconds to seconds)"),
+    recompute: str = RecomputeOpt,
     output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
     old_chunks: int | None = OldPlacementOpt,
 ):
@@ -480,6 +486,7 @@ def solve(
             prof, m, mem_limit, chunks=chunks, time_limit=time_limit,
             objective=cast("Objective", objective),  # solve() rejects any other text with a ZbError
             uniform_costs=uniform_costs, milp=not no_milp, progress=_progress(bar, task),
+            recompute=cast("Recomputation", recompute),  # solve() rejects any other text with a ZbError
         )
     if path is not None:
         _write(res.schedule, path)
@@ -508,6 +515,7 @@ def frontier(
     ),
     milp: bool = typer.Option(False, "--milp", help="also improve each point with MILP windows (slower)"),
     uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs (paper behaviour)"),
+    recompute: str = RecomputeOpt,
     output: str | None = typer.Option(
         None, "-o", "--output", help="frontier.json ('-': JSON on stdout), or a plot: .png, .svg, .pdf"
     ),
@@ -528,10 +536,13 @@ def frontier(
         fr = sweep(
             prof, m, chunks=chunks, time_limit=time_limit, milp=milp, uniform_costs=uniform_costs,
             objective=cast("Objective", objective), progress=_progress(bar, task),  # other text: ZbError in solve()
+            recompute=cast("Recomputation", recompute),
         )
     where = "V placement" if chunks == 2 else "one stage per rank"
-    t = Table(title=f"{prof.name}: m={m}, {where}, {objective}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
-    for col in ("limit (x p M_B)", "bubble rate", "bound allows", "gap", "status", "peak memory"):
+    how = "" if recompute == "none" else f", recompute {recompute}"
+    t = Table(title=f"{prof.name}: m={m}, {where}, {objective}{how}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
+    cols = ["limit (x p M_B)", "bubble rate", "bound allows", "gap", "status", "peak memory"]
+    for col in cols + (["recomputed"] if recompute != "none" else []):
         t.add_column(col, justify="right")
     for pt in fr.points:
         t.add_row(
@@ -541,6 +552,7 @@ def frontier(
             gap_text(pt.gap),
             pt.status,
             _fmt(max(pt.peak_memory)),
+            *([str(pt.recomputed)] if recompute != "none" else []),
         )
     if path is not None and str(path) == "-":
         sys.stdout.write(fr.model_dump_json(indent=1) + "\n")
