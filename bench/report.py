@@ -619,6 +619,92 @@ def fused(docs: list[dict]) -> list[str]:
     return out
 
 
+def plan(docs: list[dict]) -> list[str]:
+    d = docs[0]
+    out: list[str] = []
+
+    def x(v, digits=3):
+        return "-" if v is None else f"{v:.{digits}f}"
+
+    if "units" in d:
+        u = d["units"]
+        out += ["## Per-layer sums against the stage profiler", "",
+                f"Built-in GPT {u['model']}; each stage's costs composed from its units over what the stage profiler "
+                "measured for the same cut (one device, one thread). 1.000 is exact.", ""]
+        out += _table(["cut", "stage", "F", "B", "W", "BW", "F+BW", "M_B"],
+                      [[str(r["cut"]), str(r["stage"]), x(r["t_f"]), x(r["t_b"]), x(r["t_w"]), x(r["t_bw"]), x(r["fb_w"]),
+                        x(r["m_f"])] for r in u["rows"]])
+        out += ["", f"Load average while measuring: {x(u['load_average'][0], 1)}.", ""]
+    if "exact" in d:
+        e = d["exact"]
+        out += ["## Exactness against every cut", "",
+                f"A generated Llama-like model of 12 units, 4 ranks, m=8, mixed precision; every cut solved by the solver "
+                f"({e['cut_time_s']:g} s each), against the plan ({e['plan_time_s']:g} s).", ""]
+        out += _table(["placement", "budget GiB", "cuts", "feasible", "proven optimal", "best over cuts", "best cut",
+                       "plan", "plan's cut", "plan / best", "plan's bound", "bound <= best", "plan s"],
+                      [[r["placement"], f"{r['budget_gib']:g}", str(r["cuts"]), str(r["feasible"]), str(r["optimal"]),
+                        f"{r['best']:.6g}", str(r["best_cut"]), f"{r['plan']:.6g}", str(r["plan_cut"]),
+                        f"{r['plan'] / r['best']:.4f}", f"{r['plan_bound']:.6g}", "yes" if r["bound_ok"] else "NO",
+                        f"{r['plan_s']:.1f}"] for r in e["rows"]])
+        out.append("")
+    if "baselines" in d:
+        b = d["baselines"]
+        out += ["## Against the baselines", "",
+                f"Generated Llama-like models, 32 layers, hidden 4096, {b['budget_gib']} GiB per rank, {b['optimizer']}; "
+                f"plan time limit {b['time_limit_s']:g} s. Speed-up = baseline's span / plan's span (predicted).", ""]
+        rows = []
+        for r in b["rows"]:
+            base = r["baselines"]
+            rows.append([f"{r['vocab'] // 1000}k", str(r["p"]), str(r["m"]), r["placement"], f"{r['plan']:.6g}",
+                         x(r["vs_even"]), x(r["vs_best_baseline"]),
+                         ", ".join(f"{k}: {v:.6g}" if v else f"{k}: -" for k, v in base.items()), _pct(r["gap"]),
+                         "yes" if r["exhaustive"] else "no", f"{r['time_s']:.0f}"])
+        out += _table(["vocab", "p", "m", "placement", "plan (ms)", "vs even", "vs best baseline", "baselines (ms)",
+                       "gap to bound", "every cut priced", "s"], rows)
+        out.append("")
+    if "emulated" in d:
+        em = d["emulated"]
+        out += ["## Emulated runs (p=4)", "", f"Median of {em['iters']} steps per schedule, round-robin.", ""]
+        out += _table(["vocab", "m", "plan cut", "plan measured / predicted", "even cut", "even measured / predicted",
+                       "speed-up predicted", "measured"],
+                      [[f"{r['vocab'] // 1000}k", str(r["m"]), str(r["plan_cut"]), x(r["plan"]["ratio"]),
+                        str(r["even_cut"]), x(r["even"]["ratio"]), x(r["speedup_predicted"]), x(r["speedup_measured"])]
+                       for r in em["rows"]])
+        out += ["", f"Load average at the end: {x(em['load_average'][0], 1)}.", ""]
+    if "real" in d:
+        r = d["real"]
+        out += ["## Real passes (CPU, p=2)", "", f"Built-in GPT {r['model']}, m={r['m']}.", ""]
+        out += _table(["schedule", "cut", "predicted ms", "measured ms (median)", "measured / predicted"],
+                      [["plan", str(r["plan_cut"]), f"{r['plan']['predicted_ms']:.1f}", f"{r['plan']['measured_ms']:.1f}",
+                        x(r["plan"]["ratio"])],
+                       ["even", str(r["even_cut"]), f"{r['even']['predicted_ms']:.1f}", f"{r['even']['measured_ms']:.1f}",
+                        x(r["even"]["ratio"])]])
+        out += ["", f"Speed-up over the even split: predicted {x(r['speedup_predicted'])}, measured "
+                f"{x(r['speedup_measured'])} ({r['speedup_error']:+.1%}). Load average at the end: "
+                f"{x(r['load_average'][0], 1)}.", ""]
+    if "time" in d:
+        out += ["## Solve time", ""]
+        out += _table(["layers", "p", "m", "time limit s", "wall s", "plan ms", "bound ms", "gap", "placement",
+                       "cuts solved", "cuts bounded", "vs best baseline"],
+                      [[str(r["layers"]), str(r["p"]), str(r["m"]), f"{r['time_limit_s']:g}", f"{r['wall_s']:.1f}",
+                        f"{r['value']:.6g}", f"{r['bound']:.6g}", _pct(r["gap"]), r["placement"], str(r["solved"]),
+                        str(r["bounded"]), x(r["vs_best_baseline"])] for r in d["time"]["rows"]])
+        out.append("")
+    if "torchtitan" in d:
+        t = d["torchtitan"]
+        out += ["## torchtitan", ""]
+        if "error" in t:
+            out += [f"Not checked: {t['error']}", ""]
+        else:
+            out += [f"torchtitan baseline against torchtitan's `_generate_llm_fqn_per_model_part`: {t['rule_equal']} of "
+                    f"{t['rule_cases']} (layers, stages) cases equal.", ""]
+            out += _table(["schedule name", "module FQNs as parsed = exported", "stage mapping = plan's"],
+                          [[e["schedule"], "yes" if e["fqns_equal"] else "NO", "yes" if e["placement_equal"] else "NO"]
+                           for e in t["exports"]])
+            out.append("")
+    return out
+
+
 @dataclass
 class Topic:
     title: str
@@ -654,6 +740,8 @@ TOPICS = {
     "post-validation": Topic("Optimizer post-validation", ("post_validation.json",), "python bench/post_validation.py",
                              "about 4 minutes", post_validation),
     "faults": Topic("The runtime under faults", ("faults.json",), "python bench/faults.py", "about 5 minutes", faults),
+    "plan": Topic("Planning the cut, placement and schedule together", ("plan.json",),
+                  "PYTHONPATH=. python bench/plan.py --cut-time 0.5 --torchtitan-path DIR", "about 15 minutes", plan),
     "fused": Topic("Fused and split backwards: certificates and schedules", ("fused.json",),
                    lambda d: "PYTHONPATH=. python bench/fused.py --count {count} --seed {seed} --time-limit {time_limit:g} "
                    "--oracle-time {oracle_time:g} --large-time-limit {large_time_limit:g} --paper-time-limit "

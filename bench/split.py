@@ -66,7 +66,7 @@ from zbsearch.runtime import (
     forward_pass,
 )
 from zbsearch.runtime.memory import ActivationMeter
-from zbsearch.runtime.split_backward import backward_in_w
+from zbsearch.runtime.split import backward_in_w
 
 VARIANTS = ("plain", "torch", "zb", "fused")
 CLOCKS = ("wall", "cpu")
@@ -105,8 +105,8 @@ def _backward(
     grads = [torch.ones_like(fp.outputs[0])]
     t0, c0 = time.perf_counter(), time.thread_time()
     if variant == "zb":
-        backward_input(fp, grads)
-        backward_weight(fp)
+        _, w = backward_input(fp, grads)
+        backward_weight(w)
     else:
         backward_full(fp, grads)
     return time.perf_counter() - t0, time.thread_time() - c0

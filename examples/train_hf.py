@@ -4,11 +4,18 @@
     zbsearch solve -p gpt2-v.json -m 8 --chunks 2 -o plan.json                # 2 pieces per rank
     torchrun --nproc-per-node 2 examples/train_hf.py plan.json --hf gpt2-tiny --steps 20 --check
 
+or with the cut planned too:
+
+    zbsearch profile --hf gpt2-tiny --per-layer -o gpt2-layers.json
+    zbsearch plan -l gpt2-layers.json -r 2 -m 8 --memory 1GiB -o plan.json
+    torchrun --nproc-per-node 2 examples/train_hf.py plan.json --steps 20 --check
+
 Every rank builds the same randomly initialised model from one seed (``--hf``: a preset such
 as gpt2-tiny / llama-tiny, ``tiny:MODEL_TYPE`` or a config JSON; to train real weights, load
 them instead in ``build``), cuts it into the schedule's stages (``zbsearch.models.hf``) and
 keeps its own. ``--hf``, ``--seq``, ``-b`` and ``--layers-per-stage`` default to what the
-plan's profile measured; the runtime refuses a model or shapes other than those. A tied
+plan's profile measured (a plan from ``zbsearch plan`` gives its cut); the runtime refuses a
+model or shapes other than those. A tied
 embedding/LM head is summed across ranks by the runtime and counted once by the optimizer,
 which clips by the global gradient norm with post-validation (no barrier before the step).
 ``--check``: before training, every rank compares its gradients of one step with the
@@ -57,7 +64,14 @@ def settle(args) -> None:
     """Fill the model options from the plan's profile (what it measured), then check them."""
     if not args.schedule.is_file():
         raise ZbError(f"{args.schedule}: no such schedule file")
-    profile = zb.load_schedule(args.schedule).profile
+    sched = zb.load_schedule(args.schedule)
+    profile = sched.profile
+    if sched.partition is not None:  # a plan: its cut of the layers, piece by piece for a V
+        planned = sched.partition.layers_per_stage
+        given = parse_counts(args.layers_per_stage)
+        if given is not None and given != planned:
+            raise ZbError(f"--layers-per-stage {args.layers_per_stage} differs from the plan's cut {planned}")
+        args.layers_per_stage = planned
     measured = dict(profile.model or {})
     source = str(measured.get("model", ""))
     if source == "zbsearch.models.hf:build":  # profiled with --model ...hf:build --model-arg k=v

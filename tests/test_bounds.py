@@ -131,8 +131,16 @@ _TIGHT_V = CostModel(
 )
 
 
+# two stages whose W frees 1.2e-7: HiGHS's order runs the next F before it, 1.00000012 under 1.0
+_TIGHT_TWO = CostModel(
+    stage_to_rank=(0, 1), t_f=(1.0,) * 2, t_b=(1.0,) * 2, t_w=(1.0,) * 2, t_bw=(2.0,) * 2, t_ff=(1.0,) * 2, m_f=(1.0,) * 2,
+    m_b=(-0.9999998807907104,) * 2, m_w=(-1.192092896e-07,) * 2, comm_next=(0.0,),
+)
+
+
 @given(small())
 @example(case=(_TIGHT_V, 2, [1.0, 1.0]))
+@example(case=(_TIGHT_TWO, 4, [1.0, 1.0]))
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_bounds_never_exceed_the_exact_milp_optimum(case):
     cost, m, limit = case
@@ -143,7 +151,12 @@ def test_bounds_never_exceed_the_exact_milp_optimum(case):
     assert problem.fits(tl)
     bound = memory_span_lower_bound(cost, m, limit)
     assert bound <= value + EPS
-    if res.optimal:  # HiGHS's dual bound of the exact model is a bound too: ours may not pass the optimum
+    # HiGHS's dual bound of the exact model is the optimum when it proved one: ours may not pass
+    # it. Unless HiGHS's own order slipped over a memory row within its feasibility tolerance
+    # (its order then does not fit and the given one is kept): its optimum is then of a looser
+    # problem, below the true one, and only a weaker bound.
+    slipped = res.model_value < value - 1e-6 * value
+    if res.optimal and not slipped:
         assert bound <= res.dual_bound + 1e-5 * value
 
 

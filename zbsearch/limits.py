@@ -26,7 +26,7 @@ from .errors import ZbError
 from .formats.profile import Profile
 from .tolerances import ABS_TOL, REL_TOL
 
-__all__ = ["parse_memory_limit", "fits", "peaks_fit", "allowance", "limit_for_profile"]
+__all__ = ["parse_memory_limit", "parse_bytes", "fits", "peaks_fit", "allowance", "limit_for_profile"]
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _NUMBER = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
@@ -72,6 +72,18 @@ def parse_memory_limit(text: str | None, profile: Profile, cost: CostModel) -> l
             )
         return [_positive(float(m.group(1)) * _UNITS[m.group(2) or ""], text)] * p
     raise ZbError(f"cannot read memory limit {text!r}: {_HELP}")
+
+
+def parse_bytes(text: str) -> float | None:
+    """A byte budget as users write it (``80GiB``, ``7.5e10``, ``512MB``), or None for ``none``."""
+    t = text.strip().lower()
+    if t in ("none", "inf", "unlimited"):
+        return None
+    m = re.fullmatch(_NUMBER + r"\s*([kmgt]i?b|b)?", t)
+    if not m:
+        raise ZbError(f"cannot read the byte budget {text!r}: use e.g. 80GiB, 512MiB, 7.5e10 or none")
+    value = float(m.group(1)) * _UNITS[m.group(2) or ""]
+    return _positive(value, text)
 
 
 def limit_for_profile(memory_limit: list[float] | None, spec: str | None, old: Profile, new: Profile,

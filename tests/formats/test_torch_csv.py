@@ -33,7 +33,7 @@ def test_cli_export(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "v.csv").read_text() == to_torch_csv(zb.load_schedule(sched))
     r = run("export", sched, "--to", "json", "-o", "-")
-    assert r.returncode == 1 and r.stderr.strip() == "error: unknown export format 'json'; supported: torch-csv"
+    assert r.returncode == 1 and r.stderr.strip() == "error: unknown export format 'json'; supported: torch-csv, torchtitan"
 
 
 def _ours_and_torch(rank: int, world: int, send, kind: str, m: int, csv_path: str) -> None:

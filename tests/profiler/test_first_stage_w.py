@@ -33,11 +33,16 @@ def test_the_faster_way_is_kept_and_the_other_recorded(monkeypatch, plain_w, def
             return out
         return run
 
-    def w_time(fp):
-        assert fp.whole_in_w  # a first stage
-        return deferred_w if fp.fast else plain_w
+    way = []  # how the last forward's W will run
 
-    monkeypatch.setattr(measure, "forward_pass", advancing(measure.forward_pass, lambda *a, **kw: 5.0))
+    def f_time(*args, **kw):
+        way.append(kw.get("deferred_first", False))
+        return 5.0
+
+    def w_time(w):
+        return deferred_w if way[-1] else plain_w
+
+    monkeypatch.setattr(measure, "forward_pass", advancing(measure.forward_pass, f_time))
     monkeypatch.setattr(measure, "backward_input", advancing(measure.backward_input, lambda *a: 0.5))
     monkeypatch.setattr(measure, "backward_weight", advancing(measure.backward_weight, w_time))
     monkeypatch.setattr(measure, "backward_full", advancing(measure.backward_full, lambda *a: 4.0))

@@ -30,8 +30,8 @@ _PROBE = textwrap.dedent("""
         for i in range(8):
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             fp = forward_pass(stage, (x.requires_grad_(),), post=lambda y: y.square().mean())
-            backward_input(fp, [torch.ones(())])
-            backward_weight(fp)
+            _, w = backward_input(fp, [torch.ones(())])
+            backward_weight(w)
             del fp
             if i >= 3:
                 out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)

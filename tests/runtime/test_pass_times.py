@@ -35,8 +35,8 @@ def test_emulated_fused_backward_sleeps_t_ff_then_t_bw_and_split_sleeps_t_f_t_b_
     assert slept == [0.0, 0.5, 2.0, 2.0]  # Weight's F, Act's F (t_ff), Act's B, then t_bw - t_b
     slept.clear()
     fp = forward_pass(stage, (x,))
-    backward_input(fp, grad)
-    backward_weight(fp)
+    _, w = backward_input(fp, grad)
+    backward_weight(w)
     assert slept == [0.0, 1.0, 2.0, 3.0]
     slept.clear()
     backward_full(forward_pass(EmulatedStage(1.0, 2.0, 3.0), (x,), split=False), grad)

@@ -310,3 +310,74 @@ def test_global_norm_mixed_dtypes_and_stage_order_match_clip_grad_norm(one_rank)
         assert verdict.clipped and verdict.total_norm == float(total), seed
         for p, q in zip([p for m in mods for p in m.parameters()], ref_params):
             assert torch.equal(p, q), seed
+
+
+# ---------------------------------------------------------------------------------------------
+# a rank whose parameters are all frozen
+
+FROZEN_STAGE = 1
+
+
+def _frozen_stages(n: int) -> list[nn.Module]:
+    stages = [make_stage(s) for s in range(n)]
+    for p in stages[FROZEN_STAGE].parameters():
+        p.requires_grad_(False)
+    return stages
+
+
+def _frozen_worker(rank: int, world: int, send, mode: str):
+    from zbsearch.runtime import PipelineRuntime
+    from zbsearch.runtime.post_validation import PostValidatedOptimizer, SyncClippedOptimizer
+
+    profile = Profile(name="unit", memory_unit="activations",
+                      stages=[StageCost(t_f=1.0, t_b=1.0, t_w=1.0, m_f=1.0, m_b=-0.5, m_w=-0.5)] * world)
+    schedule = build_classic("zb-h1", profile, M)
+    all_stages = _frozen_stages(world)
+    stages = {rank: all_stages[rank]}
+    runtime = PipelineRuntime(schedule, stages, nn.functional.mse_loss if rank == world - 1 else None, timeout=30)
+    trainable = [p for p in stages[rank].parameters() if p.requires_grad]
+    inner = torch.optim.SGD(trainable, lr=0.1, momentum=0.9) if trainable else None  # torch refuses []
+    cls = SyncClippedOptimizer if mode == "sync" else PostValidatedOptimizer
+    opt = cls(inner, MAX_NORM, stages=stages, timeout=30)
+    if mode != "sync":
+        opt.attach(runtime)
+    verdicts = []
+    for k in range(3):
+        if mode != "sync":
+            verdicts.append(opt.validate())
+        x, y = batch(k)
+        runtime.step(x if rank == 0 else None, y if rank == world - 1 else None)
+        if mode == "sync":
+            verdicts.append(opt.step())
+            opt.zero_grad()
+    if mode != "sync":
+        verdicts.append(opt.validate())
+    # plain lists: tensors would travel through shared memory, which a finished worker takes along
+    return [p.tolist() for p in stages[rank].parameters()], [dataclasses.astuple(v)[:3] for v in verdicts if v]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["validate", "sync"])
+def test_a_rank_with_every_parameter_frozen_takes_part(mode):
+    """Its optimizer is None (torch.optim refuses an empty parameter list); the others step
+    as the synchronous loop on the whole model with that stage frozen, and nobody waits."""
+    world = 3
+    got = run_local(_frozen_worker, world, mode, timeout=300)
+    stages = _frozen_stages(world)
+    model = nn.Sequential(*stages)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(trainable, lr=0.1, momentum=0.9)
+    decisions = []
+    for k in range(3):
+        x, y = batch(k)
+        for xm, ym in zip(x.chunk(M), y.chunk(M)):
+            (nn.functional.mse_loss(model(xm), ym) / M).backward()
+        total = nn.utils.clip_grad_norm_(trainable, MAX_NORM)
+        decisions.append((False, float(total), bool(MAX_NORM / (total + 1e-6) < 1.0)))
+        opt.step()
+        opt.zero_grad()
+    assert any(d[2] for d in decisions)  # some step clipped
+    for rank, (params, verdicts) in enumerate(got):
+        assert verdicts == decisions, rank
+        for p, q in zip(params, stages[rank].parameters()):
+            assert torch.equal(torch.tensor(p, dtype=q.dtype), q), rank

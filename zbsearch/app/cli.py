@@ -434,11 +434,15 @@ def export(
     output: str = typer.Option(..., "-o", "--output", help="file to write ('-' for stdout)"),
     force: bool = ForceOpt,
 ):
-    """Write a schedule for another tool: torch-csv is read by torch's _PipelineScheduleRuntime._load_csv."""
+    """Write a schedule for another tool: torch-csv is read by torch's _PipelineScheduleRuntime._load_csv;
+    torchtitan (a plan from zbsearch plan): -o names a folder for the CSV and torchtitan's overrides."""
     from zbsearch.formats.torch_csv import to_torch_csv  # pure Python: no torch import
 
-    if to != "torch-csv":
-        raise ZbError(f"unknown export format {to!r}; supported: torch-csv")
+    if to not in ("torch-csv", "torchtitan"):
+        raise ZbError(f"unknown export format {to!r}; supported: torch-csv, torchtitan")
+    if to == "torchtitan":
+        _export_torchtitan(schedule_path, output, force)
+        return
     path = _output(output)
     assert path is not None  # -o is required
     text = to_torch_csv(_load_schedule(schedule_path, None, force=force))
@@ -446,6 +450,24 @@ def export(
         sys.stdout.write(text)
     else:
         err.print(f"wrote {write_text(path, text)}", highlight=False, soft_wrap=True)
+
+
+def _export_torchtitan(schedule_path: Path, output: str, force: bool) -> None:
+    """The plan's CSV and torchtitan's overrides (``args.txt``) in the folder ``output``."""
+    from zbsearch.planner.torchtitan import torchtitan_export
+
+    if output in ("", "-"):
+        raise ZbError("-o: --to torchtitan writes a folder (schedule.csv and args.txt); name it")
+    folder = Path(output)
+    if folder.exists() and not folder.is_dir():
+        raise ZbError(f"{folder}: exists and is not a folder; -o names the folder for torchtitan's files")
+    csv_path, args_path = folder / "schedule.csv", folder / "args.txt"
+    check_writable(csv_path)
+    exported = torchtitan_export(_load_schedule(schedule_path, None, force=force), str(csv_path))
+    write_text(csv_path, exported.csv)
+    write_text(args_path, " ".join(exported.args) + "\n")
+    out.print(" ".join(exported.args), soft_wrap=True, highlight=False)
+    err.print(f"wrote {csv_path}, {args_path}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -502,6 +524,85 @@ def solve(
         out.print(f"{solver.status_text(info)}   ({info.method}: {info.construction}; {info.time_s:.1f} s)")
         for line in solver.explain(res.schedule, info):
             out.print(line)
+
+
+@app.command()
+def plan(
+    layers: str = typer.Option(..., "--layers", "-l", help="per-layer profile JSON (zbsearch profile --per-layer)"),
+    ranks: int = typer.Option(..., "--ranks", "-r", help="pipeline ranks P"),
+    m: int = MicrobatchOpt,
+    memory: str = typer.Option(
+        "none", "--memory", help="bytes per rank for parameters, gradients, optimizer state and activations (80GiB, none)"),
+    placement: str = typer.Option("auto", "--placement", help="one (P stages), v (2P pieces in a V) or auto (both)"),
+    optimizer: str = typer.Option(
+        "adamw", "--optimizer", help="what the static memory counts: sgd (momentum), adamw (as profiled), mixed (16 B/param)"),
+    time_limit: float = typer.Option(60.0, "--time-limit", "-t", min=0.5, help="seconds; the best plan found by then"),
+    objective: str = typer.Option("span", "--objective", help="span (iteration period) or makespan"),
+    no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only when polishing the best cuts"),
+    as_json: bool = typer.Option(False, "--json", help="print the partition section as JSON"),
+    output: str | None = typer.Option(None, "-o", "--output", help="write the planned schedule JSON here ('-' for stdout)"),
+):
+    """Cut the model's units into stages, place them and schedule them together under a per-rank byte budget."""
+    from zbsearch.formats.layers import load_layers
+    from zbsearch.limits import parse_bytes
+    from zbsearch.planner import plan as make_plan
+
+    path = _output(output)
+    found = load_layers(layers)
+    budget = parse_bytes(memory)
+    with _spinner() as bar:
+        task = bar.add_task("starting", total=None)
+        res = make_plan(found, ranks, m, budget, placement=placement, optimizer=optimizer, time_limit=time_limit,
+                        objective=objective, milp=not no_milp, progress=_progress(bar, task))
+    if path is not None:
+        _write(res.schedule, path)
+    if path is not None and str(path) == "-":
+        return
+    if as_json:
+        out.print_json(res.partition.model_dump_json())
+        return
+    for table in _plan_tables(res.schedule):
+        _show(table)
+    part = res.partition
+    assert part is not None and res.schedule.predicted is not None
+    how = ("every cut priced" if part.exhaustive else "cuts searched locally, the bound from a relaxation over all cuts")
+    out.print(f"plan: {objective} {_fmt(part.value)} ms, bubble {res.schedule.predicted.bubble_rate:.4f}; "
+              f"bound over every cut ({'/'.join(part.placements_searched)}) and schedule {_fmt(part.lower_bound)} ms, "
+              f"gap {part.gap:.2%}; {part.cuts_solved} cuts solved, {part.cuts_bounded} bounded ({how}); "
+              f"{part.time_s:.1f} s", soft_wrap=True)
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / 2**30:.4g}"
+
+
+def _plan_tables(sched: zb.Schedule) -> list[Table]:
+    part = sched.partition
+    assert part is not None
+    kinds = dict(zip(part.units, part.kinds))
+    t = Table(title=f"plan: {len(part.stages)} stages on {sched.num_ranks} ranks ({part.placement}), m={sched.num_microbatches}")
+    for col in ("stage", "rank", "units", "layers"):
+        t.add_column(col, justify="right")
+    for s, names in enumerate(part.stages):
+        ends = [n for n in names if kinds[n] != "layer"]
+        what = f"{names[0]} .. {names[-1]}" if len(names) > 1 else names[0]
+        t.add_row(str(s), str(sched.stage_to_rank[s]), what, str(sum(kinds[n] == "layer" for n in names))
+                  + (f" + {', '.join(ends)}" if ends else ""))
+    pred = sched.predicted
+    assert pred is not None
+    r = Table(title=f"per rank, GiB (budget {_gib(part.budget_bytes) if part.budget_bytes else 'none'}; {part.optimizer})")
+    for col in ("rank", "params+grads+optimizer", "activations", "peak", "span (ms)"):
+        r.add_column(col, justify="right")
+    for k, (st, act) in enumerate(zip(part.static_bytes, part.activation_bytes)):
+        r.add_row(str(k), _gib(st), _gib(act), _gib(st + act), _fmt(pred.span[k]))
+    b = Table(title="baselines, solved at the same budget")
+    for col in ("cut", "layers per stage", f"{part.objective} (ms)", "plan's speed-up", "peak (GiB)", "note"):
+        b.add_column(col, justify="right")
+    for x in part.baselines:
+        speed = f"{x.value / part.value:.3f}x" if x.value else "-"
+        b.add_row(x.name, ",".join(map(str, x.layers_per_stage)) or "-", _fmt(x.value) if x.value else "-", speed,
+                  _gib(max(x.peak_bytes)) if x.peak_bytes else "-", x.note or "")
+    return [t, r, b]
 
 
 @app.command()
@@ -610,12 +711,19 @@ def profile(
     timeout: float = typer.Option(
         PEER_TIMEOUT_S, "--timeout", help="seconds a rank waits for another rank's message while links are timed"),
     name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
+    per_layer: bool = typer.Option(
+        False, "--per-layer",
+        help="measure each unit (the embedding, every layer, the head; for --model each module it returns) on one "
+             "device and write a per-layer profile (zbsearch.layers) for zbsearch plan"),
     output: str | None = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
 ):
     """Measure per-stage F, B, W times, activation memory and link times; write a profile (bytes).
 
     One device: stage after stage, links estimated. Under torchrun (one rank per stage): each
-    rank measures its stage and its link to the next, rank 0 writes the file."""
+    rank measures its stage and its link to the next, rank 0 writes the file. With --per-layer:
+    every unit on one device, for zbsearch plan."""
+    import os
+
     from zbsearch import profiler
     from zbsearch.models import GPTConfig
 
@@ -628,23 +736,54 @@ def profile(
         check_writable(Path("profiles") / "profile.json")  # that folder must be writable too
     if layers_per_stage is not None and hf is None:
         raise ZbError("--layers-per-stage applies to --hf (with --model, pass --model-arg layers_per_stage=3,3,2)")
+    if per_layer and (placement is not None or layers_per_stage is not None):
+        raise ZbError("--per-layer measures every unit apart: --placement and --layers-per-stage do not apply "
+                      "(zbsearch plan chooses the cut)")
+    if per_layer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ZbError("--per-layer measures on one device: run it without torchrun")
+    kinds = None
     if hf is not None:
         from zbsearch.models import hf as hf_models
 
         seq, microbatch_size = hf_models.profile_shape(hf, seq, microbatch_size)
-        built = hf_models.build(hf, stages=stages, microbatch_size=microbatch_size, seq=seq, layers_per_stage=layers_per_stage)
+        built = hf_models.build(hf, stages=stages, microbatch_size=microbatch_size, seq=seq, layers_per_stage=layers_per_stage,
+                                units=per_layer)
         spec = profiler.as_model(built, f"--hf {hf!r}")
-        spec.name = f"hf-{Path(hf).stem.replace(':', '-')}-s{seq}-b{microbatch_size}-p{stages}"
-        spec.settings = {"model": f"hf {hf}", "stages": stages, "seq": seq, "microbatch_size": microbatch_size,
+        shape = "units" if per_layer else f"p{stages}"
+        spec.name = f"hf-{Path(hf).stem.replace(':', '-')}-s{seq}-b{microbatch_size}-{shape}"
+        spec.settings = {"model": f"hf {hf}", "stages": len(spec.stages), "seq": seq, "microbatch_size": microbatch_size,
                          **({"layers_per_stage": layers_per_stage} if layers_per_stage else {})}
+        if per_layer:
+            kinds = profiler.unit_kinds([0, *([1] * (len(spec.stages) - 2)), 0])
     else:
         if model_arg and not model:
             raise ZbError("--model-arg applies to --model")
-        spec = profiler.load_model(model, profiler.parse_model_args(model_arg)) if model else profiler.builtin_gpt(
-            GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=128 if seq is None else seq,
-                      microbatch_size=4 if microbatch_size is None else microbatch_size, stages=stages))
+        if model:
+            args = profiler.parse_model_args(model_arg)
+            spec = profiler.load_model(model, args)
+            if per_layer and "layers_per_stage" in args:  # the build function's cut into units names their kinds
+                text = str(args["layers_per_stage"])
+                counts = [int(x) for x in text.split(",")] if all(x.strip().isdigit() for x in text.split(",")) else []
+                if len(counts) == len(spec.stages):
+                    kinds = profiler.unit_kinds(counts)
+        else:
+            cfg = GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=128 if seq is None else seq,
+                            microbatch_size=4 if microbatch_size is None else microbatch_size, stages=stages)
+            if per_layer:
+                cfg = cfg.units()
+                kinds = profiler.unit_kinds(list(cfg.cut or ()))
+            spec = profiler.builtin_gpt(cfg)
+            if per_layer:
+                spec.name = f"gpt-l{cfg.layers}-h{cfg.hidden}-s{cfg.seq}-b{cfg.microbatch_size}-units"
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads,
                                  keep_heap=keep_heap, timeout=timeout)
+    if per_layer:
+        with profiler.progress_bar(err) as bar:
+            found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar)
+        if target is None or str(target) != "-":
+            out.print(profiler.layers_table(found))
+        _write(found, target or Path("profiles") / f"{found.name}.json")
+        return
     pieces = _pieces(placement, len(spec.stages)) if placement is not None else None
     if name is None and placement is not None:
         name = f"{spec.name}-{device.split(':')[0]}-{placement}"

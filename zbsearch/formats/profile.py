@@ -6,7 +6,7 @@ call for both, what GPipe/1F1B run; older files lack it and BW then costs t_b + 
 of the forward of a microbatch whose backward is fused (``t_ff``: no split deferral to set up,
 so a little cheaper than the F a split backward needs; older files lack it: t_f), whether the
 first stage's W runs deferred (``deferred_first``: how its times were measured, see
-``zbsearch.runtime.split_backward``; older files lack it: one plain backward), and the
+``zbsearch.runtime.split``; older files lack it: one plain backward), and the
 activation memory each pass allocates (m_f > 0)
 or frees (m_b, m_w, normally negative). Optionally, what recomputation costs: a forward run
 checkpointed (``t_fc``, keeping ``m_fc`` instead of m_f) and the recompute pass R that rebuilds

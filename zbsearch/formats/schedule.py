@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 from ..actions import Action, parse_action
 from ..errors import ZbError
 from .fileio import read_model, write_model
+from .partition import Partition
 from .profile import Profile, profile_misfit
 
 __all__ = ["Objective", "Predicted", "SolverInfo", "Schedule", "load_schedule", "save_schedule"]
@@ -102,6 +103,8 @@ class Schedule(BaseModel):
     profile: Profile
     predicted: Predicted | None = None
     solver: SolverInfo | None = None
+    # how a planned schedule's stages were cut from the model's units (``zbsearch plan``)
+    partition: Partition | None = None
 
     # (id of the actions list it was parsed from, parsed lists); model_copy keeps private
     # attributes, so the id guards against a stale cache after ``update={"actions": ...}``.
@@ -145,6 +148,8 @@ class Schedule(BaseModel):
         misfit = profile_misfit(self.profile.num_stages, S, R)
         if misfit:
             raise ValueError(misfit)
+        if self.partition is not None and len(self.partition.stages) != S:
+            raise ValueError(f"partition has {len(self.partition.stages)} stages for the schedule's {S}")
         return self
 
     @property

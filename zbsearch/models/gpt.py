@@ -10,7 +10,7 @@ one tensor of shape (microbatch, seq, hidden).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
@@ -24,7 +24,9 @@ __all__ = ["GPTConfig", "gpt_stages", "gpt_batch", "gpt_loss"]
 @dataclass(frozen=True)
 class GPTConfig:
     """Size of the built-in GPT (and Llama) model and how it is cut: ``stages`` pipeline stages
-    of ``layers`` transformer layers in all, microbatches of ``microbatch_size`` sequences."""
+    of ``layers`` transformer layers in all, microbatches of ``microbatch_size`` sequences.
+    ``cut``: the transformer layers of each stage (e.g. a plan's ``layers_per_stage``); the first
+    and last stage may hold none (only the embedding, only the head); None shares them evenly."""
 
     layers: int = 8
     hidden: int = 128
@@ -33,21 +35,36 @@ class GPTConfig:
     vocab: int = 512
     microbatch_size: int = 4
     stages: int = 4
+    cut: tuple[int, ...] | None = None
 
     def check(self) -> None:
         """Raise a one-line ZbError for a size the model cannot take."""
         for name, value in asdict(self).items():
-            if value < 1:
+            if name != "cut" and value < 1:
                 raise ZbError(f"gpt: {name} must be at least 1, not {value}")
         if self.hidden % self.heads:
             raise ZbError(f"gpt: hidden size {self.hidden} is not a multiple of the {self.heads} heads")
-        if self.layers < self.stages:
+        if self.cut is not None:
+            c = list(self.cut)
+            if len(c) != self.stages or sum(c) != self.layers or min(c) < 0 or (len(c) > 2 and min(c[1:-1]) < 1):
+                raise ZbError(f"gpt: the cut {c} must be {self.stages} layer counts adding up to {self.layers}, "
+                              "each stage but the first and last holding at least one")
+            if self.stages == 1 and not c[0]:
+                raise ZbError("gpt: a single stage needs at least one layer")
+        elif self.layers < self.stages:
             raise ZbError(f"gpt: {self.layers} layers cannot fill {self.stages} stages (at least one layer per stage)")
 
     def layers_per_stage(self) -> list[int]:
-        """Transformer layers on each stage: as even as possible, earlier stages take the remainder."""
+        """Transformer layers on each stage: the cut, else as even as possible, earlier stages
+        taking the remainder."""
+        if self.cut is not None:
+            return list(self.cut)
         q, r = divmod(self.layers, self.stages)
         return [q + (s < r) for s in range(self.stages)]
+
+    def units(self) -> GPTConfig:
+        """This model cut into its units: the embedding, each layer, the head (``layers + 2`` stages)."""
+        return replace(self, stages=self.layers + 2, cut=(0, *([1] * self.layers), 0))
 
 
 class Attention(nn.Module):

@@ -13,15 +13,17 @@ pass leaves, and the time to pass the stage's outputs to the next rank. The resu
 ``profile_distributed``
 ``measure_stage``        F, B, W of one stage (``measure``)
 ``estimate_link``        latency and bandwidth between two local processes (``links``)
+``profile_layers``       every unit of a model apart: a per-layer profile (``layers``)
 ``summary_table``        the profile as a rich table (``report``)
 ``runtime_vs_profile``   per-pass times of runtime traces against the profile (``accuracy``)
 =======================  ===============================================================
 """
 
 from .accuracy import PassAgreement, runtime_vs_profile
+from .layers import profile_layers, unit_kinds, unit_names
 from .links import LinkModel, estimate_link, pingpong
 from .measure import StageMeasurement, Stats, measure_stage
-from .report import progress_bar, summary_table
+from .report import layers_table, progress_bar, summary_table
 from .run import profile_distributed, profile_model, profile_one_device
 from .settings import Settings, resolve_device
 from .stages import ModelSpec, as_model, builtin_gpt, load_model, parse_model_args
@@ -44,6 +46,10 @@ __all__ = [
     "estimate_link",
     "pingpong",
     "summary_table",
+    "layers_table",
+    "profile_layers",
+    "unit_kinds",
+    "unit_names",
     "progress_bar",
     "runtime_vs_profile",
     "PassAgreement",

@@ -1,6 +1,6 @@
 """Time F, B, W and the fused backward BW of one stage and measure the activation memory.
 
-The passes are the runtime's own (``zbsearch.runtime.split_backward``), so the profile times
+The passes are the runtime's own (``zbsearch.runtime.split``), so the profile times
 exactly what a schedule will run, graph analysis of the B/W split included. Each repetition is
 one microbatch: F, then B from the gradient the next stage would send (1 for a loss), then W
 (on a first stage twice: its W runs plain or deferred, whichever measures faster); then F
@@ -32,7 +32,7 @@ from torch import nn
 from ..distributed.clock import DeviceClock
 from ..formats.profile import MIN_TIME_MS, StageCost
 from ..runtime.memory import ActivationMeter
-from ..runtime.split_backward import backward_full, backward_in_w, backward_input, backward_weight, forward_pass
+from ..runtime.split import backward_full, backward_in_w, backward_input, backward_weight, forward_pass
 from .settings import cpu_cores
 
 __all__ = ["Stats", "StageMeasurement", "measure_stage", "disturbances", "SPREAD_LIMIT"]
@@ -116,7 +116,7 @@ def measure_stage(
     """``warmup`` untimed then ``repeat`` timed repetitions of F, B, W, and F, BW on ``inputs``.
 
     A first stage, whose W runs its whole backward, is timed both ways its W can run (one plain
-    backward, or deferred: the split's fast path, see ``zbsearch.runtime.split_backward``), in
+    backward, or deferred: the split's fast path, see ``zbsearch.runtime.split``), in
     alternating order, and keeps the way whose F + B + W costs less; the runtime follows the
     profile's choice. Which is faster depends on the layers and the device (``bench/split.py``
     measures both)."""
@@ -141,11 +141,11 @@ def measure_stage(
             if grads is None:  # first (warm-up) repetition: what the next stage would send back
                 grads = [torch.ones_like(o) if o.requires_grad else None for o in fp.outputs]
                 output_bytes = sum(o.nbytes for o in fp.outputs)
-            input_grads = backward_input(fp, grads)
+            input_grads, weight_pass = backward_input(fp, grads)
             e2 = clock.mark()
             del input_grads
             a2 = live()
-            backward_weight(fp)
+            backward_weight(weight_pass)
             e3, a3 = clock.mark(), live()
             del fp
             marks[deferred] = (e0, e1, e2, e3, (a1 - a0, a2 - a1, a3 - a0))

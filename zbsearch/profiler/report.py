@@ -12,9 +12,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from ..formats.layers import LayerProfile
 from ..formats.profile import Profile, StageSpread
 
-__all__ = ["progress_bar", "summary_table"]
+__all__ = ["progress_bar", "summary_table", "layers_table"]
 
 
 @contextlib.contextmanager
@@ -88,3 +89,19 @@ def _spread(stats: StageSpread | None) -> str:
     if stats is None:
         return "-"
     return f"{max((q.q3 - q.q1) / 2 / q.median for q in (stats.t_f, stats.t_b, stats.t_w)):.0%}"
+
+
+def layers_table(layers: LayerProfile) -> Group:
+    """Per unit: kind, pass times, activation memory, what it sends and its parameters; then
+    the link estimate and the profiler's warnings."""
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0), title=layers.name)
+    for col in ("unit", "kind", "T_F\nms", "T_B\nms", "T_W\nms", "T_BW\nms", "M_B\nMiB", "sends\nKiB", "params\nM", "tied"):
+        t.add_column(col, justify="right")
+    for u in layers.units:
+        t.add_row(u.name, u.kind, f"{u.t_f:.3g}", f"{u.t_b:.3g}", f"{u.t_w:.3g}", f"{u.fused_backward:.3g}",
+                  f"{u.m_f / 2**20:.3g}", f"{u.output_bytes / 2**10:.0f}", f"{u.params / 1e6:.3g}", ",".join(u.tied) or "-")
+    link = layers.link
+    where = Text(f"{layers.device or '?'}, {layers.dtype or '?'}; link {link.method}: {link.latency_ms:.3g} ms + bytes at "
+                 f"{link.bandwidth_gb_s:.3g} GB/s", style="dim")
+    warnings = [Text(f"warning: {w}", style="yellow") for w in (layers.measured.warnings if layers.measured else [])]
+    return Group(t, where, *warnings)

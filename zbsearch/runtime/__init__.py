@@ -5,10 +5,11 @@ Names load on first use, so importing the package costs nothing until a name is 
 =====================  ==============================================================
 ``PipelineRuntime``    one rank's replay of a schedule (``runtime``)
 ``PipelineError``      a step that cannot go on, naming rank and action (``errors``)
-``forward_pass``       the split backward, reusable on its own (``split_backward``):
-``backward_input``     F, then B (input gradient), then W (weight gradient),
-``backward_weight``    or BW (``backward_full``)
+``forward_pass``       the split backward, reusable on its own (``split``):
+``backward_input``     F, then B (input gradient, and W's work: ``WeightPass``),
+``backward_weight``    then W (weight gradient), or BW (``backward_full``)
 ``backward_full``
+``WeightPass``
 ``EmulatedStage``      a stage whose passes take set times (``emulation``)
 ``emulated_stages``
 ``emulated_loss``
@@ -35,6 +36,7 @@ __all__ = [
     "backward_input",
     "backward_weight",
     "backward_full",
+    "WeightPass",
     "EmulatedStage",
     "emulated_stages",
     "emulated_loss",
@@ -46,10 +48,11 @@ __all__ = [
 _WHERE = {
     "PipelineRuntime": ".runtime",
     "PipelineError": ".errors",
-    "forward_pass": ".split_backward",
-    "backward_input": ".split_backward",
-    "backward_weight": ".split_backward",
-    "backward_full": ".split_backward",
+    "forward_pass": ".split",
+    "backward_input": ".split",
+    "backward_weight": ".split",
+    "backward_full": ".split",
+    "WeightPass": ".split",
     "EmulatedStage": ".emulation",
     "emulated_stages": ".emulation",
     "emulated_loss": ".emulation",

@@ -34,7 +34,7 @@ from torch import nn
 
 from ..costs import CostModel
 from ..formats.profile import Profile
-from .split_backward import fused_forward
+from .split import fused_forward
 
 __all__ = ["EmulatedStage", "emulated_stages", "emulated_loss"]
 
@@ -102,7 +102,7 @@ class EmulatedStage(nn.Module):
         self.weight = nn.Parameter(torch.zeros(width))
 
     # A first stage's B runs Act, as the profile says: without this the split backward would
-    # leave a first stage's whole backward to W (see ``zbsearch.runtime.split_backward``).
+    # leave a first stage's whole backward to W (see ``zbsearch.runtime.split``).
     split_first_stage = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

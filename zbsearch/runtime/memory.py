@@ -9,6 +9,10 @@ activation in a small holder. After B the split backward finds the holders W wil
 empties all the others; after W it empties the rest.
 
 Parameters and buffers are not activations: they are saved as they are, outside any holder.
+A holder keeps the tensor's version, and reading it back checks it as autograd checks a saved
+tensor (which it does not do for tensors saved through hooks): an activation changed in place
+after it was saved raises autograd's error instead of giving a wrong gradient (parameters and
+buffers are kept with their version too).
 The meter counts live activation bytes per rank (each storage once, however many nodes save
 it), which the runtime records after every action.
 
@@ -63,11 +67,32 @@ class ActivationMeter:
 
 
 class _Holder:
-    __slots__ = ("tensor", "ptr")
+    __slots__ = ("tensor", "ptr", "version")
 
     def __init__(self, tensor: torch.Tensor, ptr: int) -> None:
         self.tensor: torch.Tensor | None = tensor
         self.ptr = ptr
+        self.version = tensor._version
+
+
+class _Kept:
+    """A parameter or buffer (or a view of one) saved for backward: not an activation, kept as it
+    is, but with its version, checked when it is read back."""
+
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.version = tensor._version
+
+
+def _version_error(t: torch.Tensor, version: int) -> None:
+    """Autograd's own error for a saved tensor changed in place (its check is off for tensors
+    saved through hooks)."""
+    raise RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        f"[{t.type()} {list(t.shape)}] is at version {t._version}; expected version {version} instead"
+    )
 
 
 class SavedActivations:
@@ -96,6 +121,11 @@ class SavedActivations:
         self._skip = {id(t) for t in (*self._module.parameters(), *self._module.buffers())}
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
+    @property
+    def pack_hook(self):
+        """The pack function ``hooks()`` installs (to tell its hooks from others)."""
+        return self._pack
+
     def charge(self, storages: dict[int, int]) -> None:
         """Count storages (key -> bytes) a forward saved without the hooks, until ``free()``."""
         if self._meter is not None:
@@ -105,7 +135,7 @@ class SavedActivations:
 
     def _pack(self, t: torch.Tensor):
         if id(t) in self._skip or (t._base is not None and id(t._base) in self._skip):
-            return t  # a parameter or buffer, or a view of one
+            return _Kept(t)  # a parameter or buffer, or a view of one
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         h = _Holder(t, ptr)
@@ -128,17 +158,25 @@ class SavedActivations:
         return isinstance(h, _Holder)
 
     def _unpack(self, h):
-        if not isinstance(h, _Holder):
-            return h
-        if self._recording is not None:
-            self._recording.add(id(h))
+        if type(h) is _Holder:
+            if self._recording is not None:
+                self._recording.add(id(h))
+                return h.tensor
+            t = h.tensor
+            if t is None:
+                raise PipelineError(
+                    "a saved activation was freed before the backward pass that needs it (run B before W, each once)"
+                )
+            if t._version != h.version:
+                _version_error(t, h.version)
+            if self._consume:
+                self._release(h)
+            return t
+        if type(h) is _Kept:
+            if self._recording is None and h.tensor._version != h.version:
+                _version_error(h.tensor, h.version)
             return h.tensor
-        t = h.tensor
-        if t is None:
-            raise PipelineError("a saved activation was freed before the backward pass that needs it (run B before W, each once)")
-        if self._consume:
-            self._release(h)
-        return t
+        return h
 
     def consuming(self) -> contextlib.AbstractContextManager:
         """For a backward that runs each node once (no ``retain_graph``): an activation is freed

@@ -68,6 +68,7 @@ import contextlib
 import copy
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -75,6 +76,7 @@ from torch import nn
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype as _torch_grouping
 from torch.utils._foreach_utils import _has_foreach_support
 
+from ..distributed.timeouts import PEER_TIMEOUT_S
 from .errors import PipelineError
 from .groups import PrivateGloo
 from .tied import secondary_copies
@@ -87,6 +89,38 @@ def _group_tensors_by_device_and_dtype(
 ) -> dict[tuple[torch.device, torch.dtype], tuple[list[list[torch.Tensor]], list[int]]]:
     """torch's grouping, typed for tensors (its annotations allow None entries, which we never pass)."""
     return _torch_grouping(lists, with_indices)  # type: ignore[arg-type,return-value]  # see docstring
+
+
+class _Optimizer(Protocol):
+    """What this module uses of a ``torch.optim.Optimizer``."""
+
+    param_groups: list[dict[str, Any]]
+    state: Any
+
+    def step(self) -> Any: ...
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+class _NoParameters:
+    """The optimizer of a rank whose parameters are all frozen (``optimizer=None``; torch.optim
+    refuses an empty parameter list): nothing to step, but the rank takes part in every
+    exchange, which is collective."""
+
+    def __init__(self) -> None:
+        self.param_groups: list[dict[str, Any]] = []
+        self.state: dict = {}
+
+    def step(self) -> None:
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": {}, "param_groups": []}
 
 
 @dataclass(frozen=True)
@@ -110,20 +144,20 @@ class _GlobalGradState:
 
     def __init__(
         self,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | None,
         max_norm: float | None,
         norm_type: float,
         group: dist.ProcessGroup | None,
         stages: Mapping[int, nn.Module] | None,
         scaler: torch.amp.GradScaler | None,
         tied: Sequence[Sequence[str]] | None = None,
-        timeout: float = 300.0,
+        timeout: float = PEER_TIMEOUT_S,
     ) -> None:
-        self.optimizer = optimizer
+        self.optimizer: _Optimizer = _NoParameters() if optimizer is None else optimizer
         self.max_norm = None if max_norm is None else float(max_norm)
         self.norm_type = float(norm_type)
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
-        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self._device = self._params[0].device if self._params else torch.device("cpu")
         ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
         # A private gloo group: our collectives never queue behind the runtime's transfers, and a
@@ -260,7 +294,7 @@ class SyncClippedOptimizer(_GlobalGradState):
 
     def __init__(
         self,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | None,
         max_norm: float | None = None,
         *,
         norm_type: float = 2.0,
@@ -268,7 +302,7 @@ class SyncClippedOptimizer(_GlobalGradState):
         stages: Mapping[int, nn.Module] | None = None,
         scaler: torch.amp.GradScaler | None = None,
         tied: Sequence[Sequence[str]] | None = None,
-        timeout: float = 300.0,
+        timeout: float = PEER_TIMEOUT_S,
     ) -> None:
         super().__init__(optimizer, max_norm, norm_type, group, stages, scaler, tied, timeout)
         self.last: Verdict | None = None
@@ -302,7 +336,9 @@ class _Pending:
 
 
 class PostValidatedOptimizer(_GlobalGradState):
-    """Wraps any ``torch.optim`` optimizer of one pipeline rank (module docstring: how and why).
+    """Wraps any ``torch.optim`` optimizer of one pipeline rank (module docstring: how and why);
+    None on a rank whose parameters are all frozen, which steps nothing but must take part
+    (construction and every exchange are collective).
 
     ``max_norm``/``norm_type``: as ``clip_grad_norm_`` on the whole model (None: no clipping,
     NaN/Inf skip only). ``group``: the pipeline ranks (default: all). ``stages``: the stage
@@ -351,7 +387,7 @@ class PostValidatedOptimizer(_GlobalGradState):
 
     def __init__(
         self,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | None,
         max_norm: float | None = None,
         *,
         norm_type: float = 2.0,
@@ -360,7 +396,7 @@ class PostValidatedOptimizer(_GlobalGradState):
         scaler: torch.amp.GradScaler | None = None,
         defer: bool = False,
         tied: Sequence[Sequence[str]] | None = None,
-        timeout: float = 300.0,
+        timeout: float = PEER_TIMEOUT_S,
     ) -> None:
         super().__init__(optimizer, max_norm, norm_type, group, stages, scaler, tied, timeout)
         self.defer = defer
@@ -473,7 +509,7 @@ class _Snapshot:
     """Copies of what ``optimizer.step()`` overwrites for ``params``: their values and their
     optimizer state (absent state stays absent on restore). Restored by copying, in place."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
+    def __init__(self, optimizer: _Optimizer, params: Sequence[torch.Tensor]) -> None:
         self.optimizer = optimizer
         self.values = [(p, p.detach().clone()) for p in params]
         self.states = []
@@ -504,14 +540,14 @@ class _Snapshot:
                     cur[k] = v
 
 
-def _hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict]:
+def _hyperparameters(optimizer: _Optimizer) -> list[dict]:
     """Each param group's settings (lr, ...) as the step saw them; an LR scheduler may change
     them before ``validate()``, whose redo must use these."""
     return [{k: v.clone() if torch.is_tensor(v) else v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
 
 
 @contextlib.contextmanager
-def _hyperparameters_of(optimizer: torch.optim.Optimizer, saved: list[dict]) -> Iterator[None]:
+def _hyperparameters_of(optimizer: _Optimizer, saved: list[dict]) -> Iterator[None]:
     current = [{k: g[k] for k in s} for g, s in zip(optimizer.param_groups, saved)]
     for g, s in zip(optimizer.param_groups, saved):
         g.update(s)

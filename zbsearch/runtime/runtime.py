@@ -4,7 +4,7 @@ Each rank runs its action list in order. F receives the previous stage's activat
 another rank, or handed over locally when the previous stage lives on this rank, as in V
 placement), runs the stage and passes its outputs on; the last stage applies the loss. B and
 BW receive the gradient of the stage outputs and pass back the gradient of the stage inputs;
-W finishes the weight gradients (``split_backward``). Transfers follow ``p2p``'s plan.
+W finishes the weight gradients (``split``). Transfers follow ``p2p``'s plan.
 
 Loss scaling: the last stage computes ``loss_fn(output, target)`` per microbatch and backward
 starts from ``1/m`` of it, so after ``step`` every ``param.grad`` holds the gradient of the
@@ -48,6 +48,7 @@ from torch import nn
 from ..actions import Action, Op
 from ..dependencies import remote_input
 from ..distributed import heap
+from ..distributed.timeouts import PEER_TIMEOUT_S
 from ..formats.schedule import Schedule
 from ..formats.trace import Trace
 from ..validator import find_problem
@@ -56,7 +57,7 @@ from .errors import PipelineError, first_line, post, wait
 from .identity import check_batch, check_stage
 from .memory import ActivationMeter
 from .p2p import ACT, GRAD, P2P, comm_plan
-from .split_backward import ForwardPass, backward_full, backward_input, backward_weight, forward_pass
+from .split import ForwardPass, WeightPass, backward_full, backward_input, backward_weight, forward_pass
 from .tied import TiedParameters
 from .trace import StepTimer, clock_offset, gather_trace
 
@@ -97,7 +98,7 @@ class PipelineRuntime:
         *,
         group: dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
-        timeout: float = 300.0,
+        timeout: float = PEER_TIMEOUT_S,
         tied: Sequence[Sequence[str]] = (),
         loss_normalization: str = "mean",
         count_tokens: Callable[[torch.Tensor], int | torch.Tensor] | None = None,
@@ -238,7 +239,8 @@ class PipelineRuntime:
         self._timer.start()
         self.meter.reset_peak()
         losses: list[torch.Tensor | None] = [None] * m
-        passes: dict[tuple[int, int], ForwardPass] = {}
+        passes: dict[tuple[int, int], ForwardPass] = {}  # F done, B to come
+        weights: dict[tuple[int, int], WeightPass] = {}  # B done, W to come
         local: dict[tuple[str, int, int], list] = {}
         for pos, a in enumerate(self._actions):
             self._comm.action = self.schedule.actions[self.rank][pos]
@@ -249,10 +251,10 @@ class PipelineRuntime:
                 self._forward(a, passes, local, mb_inputs, mb_targets, losses)
             elif a.op is Op.W:
                 self._timer.begin()
-                self._run_stage(a, backward_weight, passes.pop((a.stage, a.mb)))
+                self._run_stage(a, backward_weight, weights.pop((a.stage, a.mb)))
                 self._timer.end(a, self.meter.bytes)
             else:
-                self._backward(a, passes, local)
+                self._backward(a, passes, weights, local)
             if pos in self._done_at and not (self._tied and self._done_at[pos] in self._tied.stages):
                 for hook in self._hooks:
                     hook(self._done_at[pos])
@@ -304,9 +306,9 @@ class PipelineRuntime:
         else:
             self._comm.send(ACT, s, j, list(fp.outputs))
 
-    def _backward(self, a: Action, passes, local) -> None:
+    def _backward(self, a: Action, passes, weights, local) -> None:
         s, j = a.stage, a.mb
-        fp = passes[(s, j)]
+        fp = passes.pop((s, j))
         grads: list[torch.Tensor | None]
         if s == self.last:
             grads = [torch.full_like(fp.outputs[0], self._seed)]
@@ -318,9 +320,9 @@ class PipelineRuntime:
         inputs = fp.inputs
         self._timer.begin()
         if a.op is Op.BW:
-            input_grads = self._run_stage(a, backward_full, passes.pop((s, j)), grads)
+            input_grads = self._run_stage(a, backward_full, fp, grads)
         else:
-            input_grads = self._run_stage(a, backward_input, fp, grads)
+            input_grads, weights[(s, j)] = self._run_stage(a, backward_input, fp, grads)
         self._timer.end(a, self.meter.bytes)
         if s == 0:
             return

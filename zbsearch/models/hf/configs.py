@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ...errors import ZbError
-from .anatomy import max_positions
+from .anatomy import anatomy, max_positions
 from .data import hf_batch, hf_loss
 from .stages import hf_stages
 
@@ -215,17 +215,23 @@ def check_length(config, seq: int) -> None:
 
 def build(config: str = DEFAULTS["config"], stages: int = DEFAULTS["stages"],
           microbatch_size: int = DEFAULTS["microbatch_size"], seq: int = DEFAULTS["seq"], seed: int = DEFAULTS["seed"],
-          attn: str = DEFAULTS["attn"], layers_per_stage: str | list[int] | None = None):
+          attn: str = DEFAULTS["attn"], layers_per_stage: str | list[int] | None = None, units: bool = False):
     """``--model zbsearch.models.hf:build`` (``--hf CONFIG`` calls it too): a random model from
     a preset, ``tiny:TYPE`` or a config JSON, cut into ``stages``, with one microbatch, the loss
-    and labels. ``layers_per_stage``: counts, as a list or a comma-separated string."""
+    and labels. ``layers_per_stage``: counts, as a list or a comma-separated string. ``units``:
+    cut into its units instead (the embedding side, each layer, the head side: what
+    ``zbsearch profile --per-layer`` measures)."""
     for name, value in (("stages", stages), ("microbatch_size", microbatch_size), ("seq", seq)):
         if int(value) < 1:
             raise ZbError(f"{name} must be at least 1, not {value}")
     cfg = hf_config(config)
     check_length(cfg, int(seq))
     counts = parse_counts(layers_per_stage)
-    cut = hf_stages(hf_model(cfg, int(seed), attn), int(stages), counts)
+    model = hf_model(cfg, int(seed), attn)
+    if units:
+        n = len(anatomy(model).layers)
+        stages, counts = n + 2, [0, *([1] * n), 0]
+    cut = hf_stages(model, int(stages), counts)
     microbatch, labels = hf_batch(cfg, int(microbatch_size), int(seq), int(seed) + 1)
     return cut.stages, microbatch, hf_loss, labels
 

@@ -1,0 +1,350 @@
+"""The planner: exactness, baselines, predictions against runs, solve time, per-layer sums.
+
+Sections (``--only`` runs some; each is saved into bench/results/plan.json as it finishes):
+
+* ``units``: a per-layer profile of the built-in GPT (large vocabulary) against the stage
+  profiler on the same cuts: each stage's F, B, W, BW and activation memory composed from its
+  units (``zbsearch.planner.compose``) over what the stage measured.
+* ``exact``: a generated Llama-like model of 12 units (10 layers), 4 ranks, m=8, one stage per
+  rank and V: every cut solved by the solver, against the plan (value within 1% of the best,
+  bound never above it).
+* ``baselines``: generated Llama-like models (32 layers, hidden 4096, vocabularies 32k, 128k,
+  256k), p = 4 and 8, m = 2p, 4p, 8p, 80 GiB per rank, mixed precision: the plan against the even
+  split, torchtitan's default and Megatron's, each solved at the same budget.
+* ``emulated``: plan and even split run by the runtime with emulated stages (p=4), measured
+  against predicted.
+* ``real``: real passes on CPU, p=2, a GPT whose head costs several layers: per-layer profile,
+  plan, plan and even split run round-robin; measured speed-up against predicted.
+* ``time``: 32 layers on p=8 at m=32 (60 s), 80 layers on p=16 at m=64 (300 s).
+* ``torchtitan`` (with ``--torchtitan-path``): the torchtitan baseline against torchtitan's own
+  ``_generate_llm_fqn_per_model_part``, an exported plan's overrides through torchtitan's
+  ``ConfigManager``, and its stage-to-rank mapping against torchtitan's.
+
+Run: PYTHONPATH=. python bench/plan.py [--only units,exact,...] [--torchtitan-path DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import RESULTS, save
+from pipeline import launch, ours, round_robin
+
+import zbsearch as zb
+from zbsearch.planner import Cut, baseline_cuts, llama_layers, plan, stage_profile
+from zbsearch.planner.compose import activation_need, static_bytes
+from zbsearch.planner.search import compositions
+
+OUT = RESULTS / "plan.json"
+GIB = 2**30
+LLAMA = dict(hidden=4096, heads=32, kv_heads=8, ffn=14336, seq=4096, microbatch_size=1)
+
+
+def _load() -> dict:
+    return json.loads(OUT.read_text()) if OUT.is_file() else {}
+
+
+def _store(key: str, value) -> None:
+    doc = _load()
+    doc.pop("machine", None)
+    doc[key] = value
+    save(doc, path=OUT)
+
+
+def _solve_cut(layers, cut, m, budget, optimizer, seconds, milp=True):
+    limit = [budget - s for s in static_bytes(layers, cut, optimizer)]
+    if any(n > x for n, x in zip(activation_need(layers, cut), limit)):
+        return None
+    try:
+        return zb.solve(stage_profile(layers, cut), m, limit, chunks=cut.chunks, time_limit=seconds, milp=milp)
+    except zb.ZbError:
+        return None
+
+
+# -- units -----------------------------------------------------------------------------------------
+def units(args) -> dict:
+    from zbsearch.models import GPTConfig
+    from zbsearch.profiler import Settings, builtin_gpt, profile_layers, profile_one_device, unit_kinds
+
+    cfg = GPTConfig(layers=6, hidden=128, heads=4, seq=64, vocab=6144, microbatch_size=4, stages=2)
+    settings = Settings(threads=1, repeat=args.repeat, rounds=args.rounds)
+    u = cfg.units()
+    layers = profile_layers(builtin_gpt(u), settings, kinds=unit_kinds(list(u.cut or ())))
+    rows = []
+    for counts in ((4, 4), (6, 2), (2, 2, 2, 2)):
+        per = [k - (s == 0) - (s == len(counts) - 1) for s, k in enumerate(counts)]
+        stage_cfg = GPTConfig(**{**cfg.__dict__, "stages": len(counts), "cut": tuple(per)})
+        measured = profile_one_device(builtin_gpt(stage_cfg), settings)
+        composed = stage_profile(layers, Cut(counts, "one"))
+        for s, (a, b) in enumerate(zip(composed.stages, measured.stages)):
+            rows.append({"cut": list(counts), "stage": s, **{k: getattr(a, k) / getattr(b, k) if getattr(b, k) else None
+                                                           for k in ("t_f", "t_b", "t_w", "m_f")},
+                         "t_bw": a.fused_backward / b.fused_backward,
+                         "fb_w": (a.t_f + a.fused_backward) / (b.t_f + b.fused_backward)})
+    return {"model": cfg.__dict__, "units": layers.names, "rows": rows, "warnings": (layers.measured.warnings
+                                                                                  if layers.measured else [])}
+
+
+# -- exact -----------------------------------------------------------------------------------------
+def exact(args) -> dict:
+    L = llama_layers(10, vocab=128256, name="llama-l10-v128k", **LLAMA)
+    out = []
+    for placement, budget in (("one", 40 * GIB), ("v", 40 * GIB)):
+        stages = 4 * (2 if placement == "v" else 1)
+        t0 = time.monotonic()
+        every = {}
+        for counts in compositions(L.num_units, stages):
+            res = _solve_cut(L, Cut(counts, placement), 8, budget, "mixed", args.cut_time)
+            if res is not None:
+                every[counts] = (res.info.value, res.info.status, res.info.lower_bound)
+        enum_s = time.monotonic() - t0
+        best = min(v for v, _, _ in every.values())
+        best_cut = min(every, key=lambda c: every[c][0])
+        p = plan(L, 4, 8, budget, placement=placement, optimizer="mixed", time_limit=args.exact_time)
+        out.append({"placement": placement, "budget_gib": budget / GIB, "cuts": math.comb(L.num_units - 1, stages - 1),
+                    "feasible": len(every), "optimal": sum(s == "optimal" for _, s, _ in every.values()),
+                    "enumeration_s": enum_s, "best": best, "best_cut": list(best_cut),
+                    "least_cut_bound": min(b for _, _, b in every.values()),
+                    "plan": p.partition.value, "plan_cut": list(p.cut.counts), "plan_bound": p.partition.lower_bound,
+                    "plan_gap": p.partition.gap, "plan_s": p.partition.time_s, "plan_solved": p.partition.cuts_solved,
+                    "within_1pct": p.partition.value <= best * 1.01,
+                    "bound_ok": p.partition.lower_bound <= best * (1 + 1e-9)})
+        print(out[-1])
+    return {"cut_time_s": args.cut_time, "plan_time_s": args.exact_time, "rows": out}
+
+
+# -- baselines -------------------------------------------------------------------------------------
+def baselines(args) -> dict:
+    rows = []
+    for vocab in (32000, 128256, 256000):
+        L = llama_layers(32, vocab=vocab, name=f"llama-l32-v{vocab}", **LLAMA)
+        for p in (4, 8):
+            for m in (2 * p, 4 * p, 8 * p):
+                res = plan(L, p, m, 80 * GIB, optimizer="mixed", time_limit=args.baseline_time)
+                part = res.partition
+                base = {b.name: b.value for b in part.baselines}
+                values = [v for v in base.values() if v is not None]
+                even = min((b.value for b in part.baselines if b.name.startswith("even") and b.value), default=None)
+                row = {"vocab": vocab, "p": p, "m": m, "plan": part.value, "placement": part.placement,
+                       "cut": part.units_per_stage, "bound": part.lower_bound, "gap": part.gap, "baselines": base,
+                       "best_baseline": min(values) if values else None,
+                       "vs_best_baseline": min(values) / part.value if values else None,
+                       "vs_even": even / part.value if even else None, "time_s": part.time_s,
+                       "solved": part.cuts_solved, "exhaustive": part.exhaustive}
+                rows.append(row)
+                print({k: row[k] for k in ("vocab", "p", "m", "placement", "vs_best_baseline", "vs_even", "gap")})
+    return {"time_limit_s": args.baseline_time, "budget_gib": 80, "optimizer": "mixed", "rows": rows}
+
+
+# -- emulated --------------------------------------------------------------------------------------
+def _emulated_worker(rank, world, send, scheds, iters, warmup):
+    import torch
+
+    from zbsearch.runtime import emulated_loss, emulated_stages
+
+    torch.set_num_threads(1)
+    runners = {}
+    for name, path in scheds.items():
+        sched = zb.load_schedule(path)
+        x = torch.zeros(sched.num_microbatches, 16)
+        stages = emulated_stages(sched.profile, sched.stage_to_rank, 1e-6, 16, 1.0)
+        runners[name] = ours(rank, sched, stages, x, x, emulated_loss)
+    got = round_robin(runners, iters, warmup)
+    return {name: walls for name, (walls, _) in got.items()}
+
+
+def emulated(args, tmp: Path) -> dict:
+    rows = []
+    for vocab, m in ((256000, 8), (128256, 16)):
+        L = llama_layers(16, vocab=vocab, latency_ms=0.3, bandwidth_gb_s=1e6, name=f"llama-l16-v{vocab}", **LLAMA)
+        res = plan(L, 4, m, 80 * GIB, optimizer="mixed", placement="one", time_limit=args.baseline_time)
+        even = next(b for b in baseline_cuts(L, 4, "one") if b.name == "even")
+        assert even.cut is not None
+        ev = _solve_cut(L, even.cut, m, 80 * GIB, "mixed", args.baseline_time)
+        assert ev is not None
+        paths = {"plan": tmp / f"plan-{vocab}.json", "even": tmp / f"even-{vocab}.json"}
+        zb.save_schedule(res.schedule, paths["plan"])
+        zb.save_schedule(ev.schedule, paths["even"])
+        walls = launch(_emulated_worker, 4, {k: str(v) for k, v in paths.items()}, args.iters, 2)
+        pred = {"plan": res.partition.value, "even": ev.info.value}
+        row = {"vocab": vocab, "m": m, "plan_cut": res.partition.units_per_stage, "even_cut": list(even.cut.counts)}
+        for k in ("plan", "even"):
+            med = statistics.median(walls[k])
+            row[k] = {"predicted_ms": pred[k], "measured_ms": med, "ratio": med / pred[k]}
+        row["speedup_predicted"] = pred["even"] / pred["plan"]
+        row["speedup_measured"] = row["even"]["measured_ms"] / row["plan"]["measured_ms"]
+        rows.append(row)
+        print(row)
+    return {"iters": args.iters, "rows": rows}
+
+
+# -- real ------------------------------------------------------------------------------------------
+def _real_worker(rank, world, send, cfg_kw, scheds, iters, warmup):
+    import torch
+
+    from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
+
+    torch.set_num_threads(1)
+    runners = {}
+    for name, (path, cut) in scheds.items():
+        sched = zb.load_schedule(path)
+        cfg = GPTConfig(**{**cfg_kw, "stages": sched.num_stages, "cut": tuple(cut)})
+        x, y = gpt_batch(cfg, sched.num_microbatches)
+        runners[name] = ours(rank, sched, gpt_stages(cfg), x, y, gpt_loss)
+    got = round_robin(runners, iters, warmup)
+    return {name: walls for name, (walls, _) in got.items()}
+
+
+def real(args, tmp: Path) -> dict:
+    from zbsearch.models import GPTConfig
+    from zbsearch.profiler import Settings, builtin_gpt, profile_layers, unit_kinds
+
+    cfg = GPTConfig(layers=6, hidden=128, heads=4, seq=64, vocab=6144, microbatch_size=4, stages=2)
+    u = cfg.units()
+    layers = profile_layers(builtin_gpt(u), Settings(threads=1, repeat=args.repeat, rounds=args.rounds),
+                            kinds=unit_kinds(list(u.cut or ())))
+    m, budget = 8, None
+    res = plan(layers, 2, m, budget, placement=args.real_placement, time_limit=20)
+    even = next(b for b in baseline_cuts(layers, 2, "one") if b.name == "even")
+    assert even.cut is not None
+    ev = zb.solve(stage_profile(layers, even.cut), m, None, time_limit=10)
+    paths = {"plan": (str(tmp / "real-plan.json"), res.partition.layers_per_stage),
+             "even": (str(tmp / "real-even.json"), [k - (s == 0) - (s == 1) for s, k in enumerate(even.cut.counts)])}
+    zb.save_schedule(res.schedule, paths["plan"][0])
+    zb.save_schedule(ev.schedule, paths["even"][0])
+    kw = {k: v for k, v in cfg.__dict__.items() if k not in ("stages", "cut")}
+    walls = launch(_real_worker, 2, kw, paths, args.iters, 3)
+    pred = {"plan": res.partition.value, "even": ev.info.value}
+    row = {"model": kw, "m": m, "plan_cut": res.partition.units_per_stage, "plan_placement": res.partition.placement,
+           "even_cut": list(even.cut.counts), "warnings": layers.measured.warnings if layers.measured else []}
+    for k in ("plan", "even"):
+        med = statistics.median(walls[k])
+        row[k] = {"predicted_ms": pred[k], "measured_ms": med, "ratio": med / pred[k],
+                  "q1_q3": statistics.quantiles(walls[k], n=4)[::2]}
+    row["speedup_predicted"] = pred["even"] / pred["plan"]
+    row["speedup_measured"] = row["even"]["measured_ms"] / row["plan"]["measured_ms"]
+    row["speedup_error"] = row["speedup_measured"] / row["speedup_predicted"] - 1
+    print(row)
+    return row
+
+
+# -- time ------------------------------------------------------------------------------------------
+def solve_time(args) -> dict:
+    rows = []
+    for layers, p, m, limit in ((32, 8, 32, 60.0), (80, 16, 64, 300.0)):
+        L = llama_layers(layers, vocab=128256, name=f"llama-l{layers}-v128k", **LLAMA)
+        t0 = time.monotonic()
+        res = plan(L, p, m, 80 * GIB, optimizer="mixed", time_limit=limit)
+        wall = time.monotonic() - t0
+        part = res.partition
+        values = [b.value for b in part.baselines if b.value is not None]
+        rows.append({"layers": layers, "p": p, "m": m, "time_limit_s": limit, "wall_s": wall, "value": part.value,
+                     "bound": part.lower_bound, "gap": part.gap, "placement": part.placement, "solved": part.cuts_solved,
+                     "bounded": part.cuts_bounded, "vs_best_baseline": min(values) / part.value if values else None})
+        print(rows[-1])
+    return {"rows": rows}
+
+
+# -- torchtitan ------------------------------------------------------------------------------------
+_TT_CHECK = r'''
+import json, sys
+from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _get_pp_rank_to_stage_indices_mapping
+from torchtitan.config.manager import ConfigManager
+cases, exports = json.loads(sys.stdin.read())
+out = {"rules": [], "exports": []}
+for L, S, ours in cases:
+    theirs = _generate_llm_fqn_per_model_part(S, L, 1, 1)
+    out["rules"].append([L, S, [len([n for n in st if n.startswith("layers.")]) for st in theirs] == ours])
+for args, fqns, stage_to_rank, P in exports:
+    cfg = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel", *args])
+    par = cfg.parallelism
+    mapping = {}
+    for r in range(P):
+        for s in _get_pp_rank_to_stage_indices_mapping(r, P, par.pipeline_parallel_schedule, len(fqns)):
+            mapping[s] = r
+    out["exports"].append({"fqns_equal": par.module_fqns_per_model_part == fqns,
+                           "placement_equal": [mapping[s] for s in range(len(fqns))] == stage_to_rank,
+                           "schedule": par.pipeline_parallel_schedule, "csv": par.pipeline_parallel_schedule_csv})
+print(json.dumps(out))
+'''
+
+
+def torchtitan(args, tmp: Path) -> dict:
+    from zbsearch.planner.torchtitan import torchtitan_export
+
+    cases = []
+    for L in range(2, 41, 3):
+        for S in (2, 3, 4, 8, 16):
+            layers = llama_layers(L, vocab=1000, hidden=64, heads=4, seq=16)
+            b = next(x for x in baseline_cuts(layers, S, "one") if x.name == "torchtitan")
+            if b.cut is not None:
+                cases.append([L, S, [k - (s == 0) - (s == S - 1) for s, k in enumerate(b.cut.counts)]])
+    exports = []
+    for placement in ("one", "v"):
+        L = llama_layers(12, vocab=128256, **LLAMA)
+        res = plan(L, 4, 8, 80 * GIB, placement=placement, optimizer="mixed", time_limit=10)
+        ex = torchtitan_export(res.schedule, str(tmp / f"{placement}.csv"))
+        (tmp / f"{placement}.csv").write_text(ex.csv)
+        exports.append([ex.args, ex.module_fqns_per_model_part, res.schedule.stage_to_rank, 4])
+    env = {**os.environ, "PYTHONPATH": args.torchtitan_path}
+    r = subprocess.run([sys.executable, "-c", _TT_CHECK], input=json.dumps([cases, exports]), capture_output=True,
+                       text=True, env=env, cwd=tmp)
+    if r.returncode:
+        return {"error": r.stderr.strip().splitlines()[-1]}
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"rule_cases": len(got["rules"]), "rule_equal": sum(ok for _, _, ok in got["rules"]),
+            "rule_mismatches": [[L, S] for L, S, ok in got["rules"] if not ok], "exports": got["exports"],
+            "torchtitan_path": args.torchtitan_path}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="units,real,emulated,exact,baselines,time,torchtitan")
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--cut-time", type=float, default=1.0, help="seconds per cut when enumerating")
+    ap.add_argument("--exact-time", type=float, default=60.0)
+    ap.add_argument("--baseline-time", type=float, default=20.0)
+    ap.add_argument("--real-placement", default="one")
+    ap.add_argument("--torchtitan-path", default=None, help="PYTHONPATH with torchtitan and its imports")
+    args = ap.parse_args()
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for name in args.only.split(","):
+            t0 = time.monotonic()
+            if name == "units":
+                got = units(args)
+            elif name == "exact":
+                got = exact(args)
+            elif name == "baselines":
+                got = baselines(args)
+            elif name == "emulated":
+                got = emulated(args, tmp)
+            elif name == "real":
+                got = real(args, tmp)
+            elif name == "time":
+                got = solve_time(args)
+            elif name == "torchtitan":
+                if not args.torchtitan_path:
+                    continue
+                got = torchtitan(args, tmp)
+            else:
+                raise SystemExit(f"unknown section {name!r}")
+            got["section_s"] = time.monotonic() - t0
+            got["load_average"] = os.getloadavg()
+            _store(name, got)
+
+
+if __name__ == "__main__":
+    main()

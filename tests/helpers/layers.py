@@ -1,0 +1,30 @@
+"""Per-layer profiles for planner tests: random units with an embedding, layers and a head."""
+
+from __future__ import annotations
+
+import random
+
+from zbsearch.formats.layers import LayerProfile, LinkEstimate, TiedParams, Unit
+
+
+def random_layers(seed: int, layers: int, *, head: float = 3.0, tied: bool = False, comm: float = 0.05) -> LayerProfile:
+    """``layers`` decoder layers of random costs between an embedding and a head about ``head``
+    times a layer's; memory in bytes (a layer keeps about 1 MB per microbatch)."""
+    rng = random.Random(seed)
+
+    def unit(name: str, kind: str, scale: float, mem: float, params: int, **extra) -> Unit:
+        t_f = scale * rng.uniform(0.7, 1.3)
+        t_b = scale * rng.uniform(0.8, 1.5)
+        t_w = scale * rng.uniform(0.4, 1.0)
+        m_f = mem * rng.uniform(0.8, 1.2)
+        m_w = -m_f * rng.uniform(0.3, 0.9)
+        return Unit(name=name, kind=kind, t_f=t_f, t_b=t_b, t_w=t_w, t_bw=(t_b + t_w) * rng.uniform(0.9, 1.0),
+                    m_f=m_f, m_b=-(m_f + m_w), m_w=m_w, output_bytes=1e5, params=params, param_bytes=4.0 * params,
+                    **extra)
+
+    units = [unit("embedding", "embedding", 0.1, 0.0 + 1e3, 0 if tied else 50_000, tied=["embedding"] if tied else [])]
+    units += [unit(f"layer.{i}", "layer", 1.0, 1e6, 100_000) for i in range(layers)]
+    units.append(unit("head", "head", head, 2e6, 1_000 if tied else 51_000, tied=["embedding"] if tied else []))
+    return LayerProfile(name=f"random-{seed}", units=units,
+                        tied={"embedding": TiedParams(params=50_000, param_bytes=2e5)} if tied else {},
+                        link=LinkEstimate(latency_ms=comm, bandwidth_gb_s=10.0), microbatch_size=1)

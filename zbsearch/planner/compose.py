@@ -1,0 +1,147 @@
+"""A cut of the units into stages, and the stage profile, memory and limits it gives.
+
+A ``Cut`` is the number of consecutive units on each stage, in stage order, and a placement:
+``one`` (P stages, stage s on rank s) or ``v`` (2P pieces, piece s on rank s going down and on
+rank 2P-1-s coming back, as ZB-V places them). Every unit is on exactly one stage, in model
+order, so a cut can neither drop, repeat nor reorder a unit (``check_names`` says which a list
+of unit names per stage does).
+
+A stage's costs follow from its units' (each measured as a stage of its own):
+
+* F, the forward before a fused backward (t_ff), the fused backward (t_bw) and the memory F
+  allocates add up over the units;
+* on later stages B and W add up too: the stage's input gradient runs each unit's input
+  gradient in turn, and its weight gradient each unit's;
+* the first stage needs no input gradient: its B is its first unit's (nothing to do) and its W
+  is the whole backward, one plain backward through its units: the first unit's W and the
+  fused backward of the others. What B frees is its first unit's, W frees the rest.
+
+Links cost the boundary unit's ``LayerProfile.comm``; a hand-over between two pieces of one
+rank costs nothing (the cost model sees to it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import ZbError
+from ..formats.layers import LayerProfile
+from ..formats.partition import check_names
+from ..formats.profile import MIN_TIME_MS, Profile, StageCost
+from ..layout import placement as layout
+from .memory import rank_static_bytes
+
+__all__ = ["Placement", "Cut", "check_names", "stage_cost", "stage_profile", "activation_need"]
+
+Placement = Literal["one", "v"]
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Units per stage (``counts``, stage order) under ``placement`` on ``num_ranks`` ranks."""
+
+    counts: tuple[int, ...]
+    placement: Placement
+
+    @property
+    def chunks(self) -> int:
+        """Stages per rank: 1 (one) or 2 (v)."""
+        return 2 if self.placement == "v" else 1
+
+    @property
+    def num_ranks(self) -> int:
+        """Ranks: one stage each, or two pieces each in a V."""
+        return len(self.counts) // self.chunks
+
+    @property
+    def bounds(self) -> list[tuple[int, int]]:
+        """Per stage, its units ``[lo, hi)``."""
+        out, lo = [], 0
+        for k in self.counts:
+            out.append((lo, lo + k))
+            lo += k
+        return out
+
+    @property
+    def stage_to_rank(self) -> list[int]:
+        """The rank of each stage."""
+        return layout(self.num_ranks, self.chunks, "v")
+
+    def rank_units(self) -> list[list[int]]:
+        """Per rank, the indices of the units it holds."""
+        out: list[list[int]] = [[] for _ in range(self.num_ranks)]
+        for (lo, hi), r in zip(self.bounds, self.stage_to_rank):
+            out[r].extend(range(lo, hi))
+        return out
+
+    def check(self, num_units: int) -> None:
+        """One line if the cut does not hold ``num_units`` units, each stage at least one."""
+        if len(self.counts) % self.chunks or not self.counts:
+            raise ZbError(f"a {self.placement} cut needs a multiple of {self.chunks} stages, not {len(self.counts)}")
+        empty = [s for s, k in enumerate(self.counts) if k < 1]
+        if empty:
+            raise ZbError(f"stage {empty[0]} of the cut {list(self.counts)} holds no unit")
+        if sum(self.counts) != num_units:
+            raise ZbError(f"the cut {list(self.counts)} holds {sum(self.counts)} units but the model has {num_units}")
+
+    def names(self, layers: LayerProfile) -> list[list[str]]:
+        """The unit names of each stage."""
+        return [layers.names[lo:hi] for lo, hi in self.bounds]
+
+    def __str__(self) -> str:
+        return f"{self.placement}:{','.join(map(str, self.counts))}"
+
+
+def stage_cost(layers: LayerProfile, lo: int, hi: int) -> StageCost:
+    """The costs of one stage holding units ``[lo, hi)`` (see the module for the rule)."""
+    us = layers.units[lo:hi]
+    t_f = sum(u.t_f for u in us)
+    t_ff = sum(u.fused_forward for u in us)
+    t_bw = sum(u.fused_backward for u in us)
+    m_f = sum(u.m_f for u in us)
+    if lo == 0:  # the first stage: no input gradient, its W is the whole backward
+        first = us[0]
+        t_b, m_b = first.t_b, first.m_b
+        t_w = first.t_w + sum(u.fused_backward for u in us[1:])
+    else:
+        t_b, t_w, m_b = sum(u.t_b for u in us), sum(u.t_w for u in us), sum(u.m_b for u in us)
+    return StageCost(t_f=max(t_f, MIN_TIME_MS), t_b=max(t_b, MIN_TIME_MS), t_w=max(t_w, 0.0), m_f=m_f, m_b=m_b,
+                     m_w=-(m_f + m_b), t_bw=max(t_bw, MIN_TIME_MS), t_ff=max(t_ff, MIN_TIME_MS))
+
+
+def stage_profile(layers: LayerProfile, cut: Cut) -> Profile:
+    """The ``zbsearch.profile`` of ``layers`` cut by ``cut``: what the solver, simulator and
+    runtime take (pieces for the V, with their placement)."""
+    cut.check(layers.num_units)
+    bounds = cut.bounds
+    identity = (layers.model or {}).get("identity") or {}
+    source = {k: v for k, v in (layers.model or {}).items() if k not in ("identity", "stages")}
+    model = {**source, "layers": layers.name, "cut": str(cut),
+             # the unit fingerprints are not the stages': only the microbatch shapes are checked
+             **({"identity": {"stages": [], "inputs": identity.get("inputs"), "target": identity.get("target")}}
+                if identity else {})}
+    return Profile(
+        name=f"{layers.name}-{cut}",
+        memory_unit="bytes",
+        stages=[stage_cost(layers, lo, hi) for lo, hi in bounds],
+        t_comm=[layers.comm(hi - 1) for _, hi in bounds[:-1]],
+        placement=cut.stage_to_rank if cut.placement == "v" else None,
+        microbatch_size=layers.microbatch_size,
+        device=layers.device,
+        torch=layers.torch,
+        dtype=layers.dtype,
+        mode=f"composed from the per-layer profile {layers.name!r}",
+        model=model,
+    )
+
+
+def activation_need(layers: LayerProfile, cut: Cut) -> list[float]:
+    """Per rank, the least activation memory any schedule holds: one microbatch's forwards
+    through all its stages (the sum of their m_f)."""
+    return [sum(layers.units[i].m_f for i in units) for units in cut.rank_units()]
+
+
+def static_bytes(layers: LayerProfile, cut: Cut, optimizer: str) -> list[float]:
+    """Per rank, parameters, gradients and optimizer state (``zbsearch.planner.memory``)."""
+    return rank_static_bytes(layers, cut.rank_units(), optimizer)

@@ -1,0 +1,187 @@
+"""The cuts of one placement: each priced by a bound, the feasible ones found, the best searched.
+
+For a cut, ``CutEval`` holds its stage profile, its per-rank activation limit (the budget less
+parameters, gradients and optimizer state) and its *key*: the solver's quick lower bound for
+that cut under that limit (``zbsearch.bounds``), valid for every schedule of the cut. The
+planner solves cuts in order of their key and stops once the next key reaches the best value
+found: no cut left can beat it.
+
+Which cuts: every one where there are few enough (``comb(N - 1, S - 1)`` for N units on S
+stages); otherwise a local search over cuts from the baselines' and the most balanced one,
+moving one stage boundary at a time while the per-rank bounds, sorted from the largest, get
+smaller (a plateau of equal largest bounds is left by the next largest).
+
+``relaxed_bound`` holds for every cut of a placement at once: m times the least, over all
+cuts, of the busiest rank's compute (each unit at its cheapest forward and backward), exact by
+dynamic programming for one stage per rank, and for the V the larger of the mean over ranks
+and rank 0's first and last units.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ..bounds import memory_makespan_lower_bound, rank_memory_span_lower_bounds, rank_span_lower_bounds
+from ..costs import CostModel
+from ..formats.layers import LayerProfile
+from ..formats.profile import Profile
+from ..limits import allowance
+from .compose import Cut, Placement, activation_need, stage_profile, static_bytes
+
+__all__ = ["CutEval", "Cuts", "compositions", "relaxed_bound"]
+
+
+@dataclass
+class CutEval:
+    """One cut, priced: feasible under the budget or not, and its bound."""
+
+    cut: Cut
+    static: list[float]  # per rank: parameters, gradients, optimizer state (bytes)
+    limit: list[float] | None  # per rank: what activations may hold (None: no budget)
+    feasible: bool
+    over: float = 0.0  # the most any rank's least memory exceeds the budget (bytes; <= 0 when it fits)
+    profile: Profile | None = None
+    key: float = math.inf  # the solver's quick bound for this cut (ms); inf when infeasible
+    ranks: tuple[float, ...] = ()  # per-rank bounds, largest first (ties broken by the next)
+    bound: float = 0.0  # the best bound known for this cut: the key, or a solver's if larger
+    value: float | None = None  # the best objective a solve found (ms)
+    solves: list[float] = field(default_factory=list)
+
+
+def compositions(n: int, parts: int) -> Iterator[tuple[int, ...]]:
+    """Every way to cut ``n`` units into ``parts`` non-empty consecutive groups."""
+    for cuts in itertools.combinations(range(1, n), parts - 1):
+        bounds = (0, *cuts, n)
+        yield tuple(b - a for a, b in zip(bounds, bounds[1:]))
+
+
+class Cuts:
+    """The cuts of ``layers`` on ``num_ranks`` ranks under one placement, priced on demand."""
+
+    def __init__(self, layers: LayerProfile, num_ranks: int, placement: Placement, m: int, budget: float | None,
+                 optimizer: str, objective: str) -> None:
+        self.layers, self.num_ranks, self.placement, self.m = layers, num_ranks, placement, m
+        self.budget, self.optimizer, self.objective = budget, optimizer, objective
+        self.num_stages = num_ranks * (2 if placement == "v" else 1)
+        self.seen: dict[tuple[int, ...], CutEval] = {}
+
+    @property
+    def total(self) -> int:
+        """How many cuts there are."""
+        return math.comb(self.layers.num_units - 1, self.num_stages - 1)
+
+    def evaluate(self, counts: tuple[int, ...]) -> CutEval:
+        """The cut's evaluation (cached): static memory, limits, feasibility and key."""
+        got = self.seen.get(counts)
+        if got is not None:
+            return got
+        cut = Cut(counts, self.placement)
+        static = static_bytes(self.layers, cut, self.optimizer)
+        limit = None if self.budget is None else [self.budget - s for s in static]
+        need = activation_need(self.layers, cut)
+        feasible = limit is None or all(x > 0 and n <= allowance(x) for n, x in zip(need, limit))
+        over = -math.inf if limit is None else max(n - x for n, x in zip(need, limit))
+        ev = CutEval(cut, static, limit, feasible, over)
+        if feasible:
+            ev.profile = stage_profile(self.layers, cut)
+            cost = CostModel.from_profile(ev.profile, cut.stage_to_rank)
+            ranks = rank_span_lower_bounds(cost, self.m)
+            if limit is not None:
+                ranks = [max(a, b) for a, b in zip(ranks, rank_memory_span_lower_bounds(cost, self.m, limit))]
+            ev.ranks = tuple(sorted(ranks, reverse=True))
+            ev.key = max(ranks) if self.objective == "span" else memory_makespan_lower_bound(cost, self.m, limit,
+                                                                                               quick=True)
+            ev.bound = ev.key
+        self.seen[counts] = ev
+        return ev
+
+    def neighbours(self, counts: tuple[int, ...], steps: tuple[int, ...] = (1, 2)) -> Iterator[tuple[int, ...]]:
+        """The cuts with one stage boundary moved by one of ``steps`` units either way."""
+        for b in range(len(counts) - 1):
+            for d in steps:
+                for sign in (1, -1):
+                    left, right = counts[b] + sign * d, counts[b + 1] - sign * d
+                    if left >= 1 and right >= 1:
+                        yield counts[:b] + (left, right) + counts[b + 2:]
+
+    def descend(self, start: tuple[int, ...], deadline: float) -> CutEval:
+        """Local search from ``start``: the best neighbour while it improves the per-rank bounds
+        (largest first); infeasible cuts are left behind as soon as a feasible one is found."""
+        cur = self.evaluate(start)
+        while time.monotonic() < deadline:
+            best = cur
+            for nb in self.neighbours(cur.cut.counts):
+                ev = self.evaluate(nb)
+                if _better(ev, best):
+                    best = ev
+                if time.monotonic() >= deadline:
+                    break
+            if best is cur:
+                break
+            cur = best
+        return cur
+
+    def balanced(self) -> tuple[int, ...]:
+        """The cut whose busiest stage computes least (each unit at its cheapest passes), by
+        dynamic programming; ties go to the cut with later boundaries."""
+        w = unit_work(self.layers)
+        return _min_max_cut(w, self.num_stages)
+
+
+def _better(a: CutEval, b: CutEval) -> bool:
+    """Whether ``a`` is a better cut to search from than ``b``: feasible first, then smaller
+    per-rank bounds (largest first), then less static memory on the fullest rank."""
+    if a.feasible != b.feasible:
+        return a.feasible
+    if not a.feasible:
+        return a.over < b.over  # nearer to fitting
+    if a.ranks != b.ranks:
+        return a.ranks < b.ranks
+    return max(a.static) < max(b.static)
+
+
+def unit_work(layers: LayerProfile) -> list[float]:
+    """Per unit, the least compute one microbatch needs there: the cheaper forward and backward."""
+    return [min(u.t_f, u.fused_forward) + min(u.t_b + u.t_w, u.fused_backward) for u in layers.units]
+
+
+def _min_max_cut(w: list[float], stages: int) -> tuple[int, ...]:
+    """The contiguous cut of ``w`` into ``stages`` non-empty groups whose largest sum is least."""
+    n = len(w)
+    pre = [0.0]
+    for x in w:
+        pre.append(pre[-1] + x)
+    inf = math.inf
+    # best[k][i]: least largest sum cutting w[:i] into k groups; arg for the cut
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    arg = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n - (stages - k) + 1):
+            for j in range(k - 1, i):
+                v = max(best[k - 1][j], pre[i] - pre[j])
+                if v <= best[k][i]:
+                    best[k][i], arg[k][i] = v, j
+    counts, i = [], n
+    for k in range(stages, 0, -1):
+        j = arg[k][i]
+        counts.append(i - j)
+        i = j
+    return tuple(reversed(counts))
+
+
+def relaxed_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: int) -> float:
+    """A lower bound on the span of every schedule of every cut of this placement (see the module)."""
+    w = unit_work(layers)
+    if placement == "one":
+        counts = _min_max_cut(w, num_ranks)
+        lo, worst = 0, 0.0
+        for k in counts:
+            worst = max(worst, sum(w[lo:lo + k]))
+            lo += k
+        return m * worst
+    return m * max(sum(w) / num_ranks, w[0] + w[-1], max(w))
