@@ -710,6 +710,9 @@ def profile(
         help="keep freed host memory in the process, as the runtime does by default (else passes pay page faults)"),
     timeout: float = typer.Option(
         PEER_TIMEOUT_S, "--timeout", help="seconds a rank waits for another rank's message while links are timed"),
+    recompute: bool = typer.Option(
+        False, "--recompute",
+        help="also time each stage's forward checkpointed and its recompute pass, and what it keeps (for solve --recompute)"),
     name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
     per_layer: bool = typer.Option(
         False, "--per-layer",
@@ -776,7 +779,7 @@ def profile(
             if per_layer:
                 spec.name = f"gpt-l{cfg.layers}-h{cfg.hidden}-s{cfg.seq}-b{cfg.microbatch_size}-units"
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads,
-                                 keep_heap=keep_heap, timeout=timeout)
+                                 keep_heap=keep_heap, timeout=timeout, recompute=recompute)
     if per_layer:
         with profiler.progress_bar(err) as bar:
             found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar)

@@ -180,6 +180,8 @@ class StageSpread(BaseModel):
     t_w: Quartiles
     t_bw: Quartiles | None = None
     t_ff: Quartiles | None = None
+    t_fc: Quartiles | None = None
+    t_r: Quartiles | None = None
     memory_residual: float | None = None
     output_bytes: int | None = None
     not_taken: WayNotTaken | None = None
