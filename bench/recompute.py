@@ -22,6 +22,12 @@ Parts (``--parts``):
   claims (value, bound, a false ``optimal``).
 * frontier: ``zbsearch frontier`` on the 1.5B profile, one stage per rank and the V, with and
   without recomputation.
+* real: real passes on 2 local ranks (CPU, the built-in GPT): profiled with recomputation
+  (``Settings(recompute=True)``, a profiler round before and after each round of steps, pooled),
+  ``solve --recompute auto`` at 0.75p and ``zb-h1-recompute`` run by the runtime; per schedule
+  the measured iteration (the trace's makespan) against the prediction (target: within 5%),
+  each rank's peak activation bytes against the prediction, and the gradients of one step
+  against the same schedule without its recompute passes, from the same weights (target: equal).
 
 Prints tables and saves bench/results/recompute.json; ``python bench/report.py recompute``
 renders it. Run: PYTHONPATH=. python bench/recompute.py [--time-limit 30] [--count 40]
@@ -119,6 +125,101 @@ def scale_part(args) -> dict:
     return {"cases": rows}
 
 
+def _real_worker(rank, world, send, args) -> dict | None:
+    import os
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    from bench.pipeline import ours, round_robin
+    from zbsearch import Schedule
+    from zbsearch.actions import Op
+    from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
+    from zbsearch.pooling import pool_profiles
+    from zbsearch.profiler import Settings, builtin_gpt, profile_distributed
+    from zbsearch.runtime import PipelineRuntime
+
+    torch.set_num_threads(1)
+    cfg = GPTConfig(layers=args.real_layers, hidden=args.real_hidden, heads=max(2, args.real_hidden // 64),
+                    seq=args.real_seq, vocab=256, microbatch_size=args.real_batch, stages=world)
+    settings = Settings(warmup=2, repeat=args.real_repeat, rounds=1, threads=1, recompute=True)
+
+    def profile_round() -> Profile:
+        got = profile_distributed(builtin_gpt(cfg), settings)
+        box = [got.model_dump_json() if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return Profile.model_validate_json(box[0])
+
+    taken = [profile_round()]
+    m = args.real_m
+    box = [None]
+    if rank == 0:
+        res = solve(taken[0], m, "0.75p", recompute="auto", time_limit=args.real_solve_time)
+        box = [res.schedule.model_dump_json()]
+    dist.broadcast_object_list(box, src=0)
+    schedules = {"zb auto 0.75p": Schedule.model_validate_json(box[0]),
+                 "zb-h1-recompute": build_classic("zb-h1-recompute", taken[0], m),
+                 "1f1b-recompute": build_classic("1f1b-recompute", taken[0], m)}
+    inputs, targets = gpt_batch(cfg, m, seed=0)
+    runners = {name: ours(rank, sched, gpt_stages(cfg), inputs, targets, gpt_loss) for name, sched in schedules.items()}
+    got: dict[str, tuple[list, list]] = {name: ([], []) for name in runners}
+    loads = []
+    for r in range(args.real_rounds):
+        part = round_robin(runners, args.real_steps, 2 if r == 0 else 0)
+        loads.append(os.getloadavg()[0])
+        for name, (walls, traces) in part.items():
+            got[name][0].extend(walls)
+            got[name][1].extend(traces)
+        taken.append(profile_round())
+    pooled = pool_profiles(taken)
+
+    # gradients: one step of each schedule and of it without its recompute passes, same weights
+    exact = {}
+    for name, sched in schedules.items():
+        plain = Schedule.build(sched.kind + "-plain", sched.profile, m, list(sched.stage_to_rank),
+                               [[a for a in row if a.op is not Op.R] for row in sched.rank_actions])
+        grads = []
+        for sc in (sched, plain):
+            stages = gpt_stages(cfg)
+            mine = {s: stages[s] for s in range(sc.num_stages) if sc.stage_to_rank[s] == rank}
+            with PipelineRuntime(sc, mine, gpt_loss, timeout=120) as rt:
+                rt.step(inputs if 0 in mine else None, targets if sc.num_stages - 1 in mine else None)
+            grads.append([q.grad for st in mine.values() for q in st.parameters()])
+        same = all(a is not None and b is not None and torch.equal(a, b) for a, b in zip(*grads))
+        box = [None] * world
+        dist.all_gather_object(box, same)
+        exact[name] = all(box)
+    if rank != 0:
+        return None
+    rows = {}
+    for name, (walls, traces) in got.items():
+        sched = schedules[name].model_copy(update={"profile": pooled})
+        tl = timeline(sched)
+        spans = [t.makespan_ms() for t in traces]
+        peaks = [max(e.args.activations for e in r) for r in traces[-1].rank_events()]
+        rows[name] = {"makespan_ms": statistics.median(spans), "wall_ms": statistics.median(walls),
+                      "predicted_ms": tl.makespan, "measured_over_predicted": statistics.median(spans) / tl.makespan,
+                      "peak_bytes": peaks, "predicted_peak_bytes": list(tl.peak_memory),
+                      "limit_bytes": schedules[name].memory_limit, "gradients_exact": exact[name],
+                      "recomputed": sum(a.op is Op.R for row in sched.rank_actions for a in row)}
+    return {"config": {"layers": cfg.layers, "hidden": cfg.hidden, "seq": cfg.seq, "microbatch": cfg.microbatch_size,
+                       "m": m, "steps": args.real_steps * args.real_rounds}, "loads": loads, "rows": rows,
+            "profile": pooled.model_dump(mode="json", exclude={"measured"})}
+
+
+def real_part(args) -> dict:
+    from bench.pipeline import launch
+
+    res = launch(_real_worker, 2, args)
+    for name, r in res["rows"].items():
+        print(f"real {name:<16} measured {r['makespan_ms']:.2f} ms predicted {r['predicted_ms']:.2f} ms "
+              f"(x{r['measured_over_predicted']:.3f}); peak bytes {r['peak_bytes']} predicted "
+              f"{[round(x) for x in r['predicted_peak_bytes']]}; gradients exact {r['gradients_exact']}; "
+              f"{r['recomputed']} recomputed", flush=True)
+    return res
+
+
 def _oracle_instance(seed: int):
     rng = random.Random(seed)
     chunks = 1 if seed % 3 else 2
@@ -182,7 +283,7 @@ def frontier_part(args) -> dict:
 
 
 _PARTS = {"controllable": controllable_part, "recompute": recompute_part, "scale": scale_part, "oracle": oracle_part,
-          "frontier": frontier_part}
+          "frontier": frontier_part, "real": real_part}
 
 
 def main() -> None:
@@ -195,6 +296,15 @@ def main() -> None:
     ap.add_argument("--oracle-solve-time", type=float, default=5.0)
     ap.add_argument("--frontier-time", type=float, default=60.0)
     ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--real-layers", type=int, default=4)
+    ap.add_argument("--real-hidden", type=int, default=128)
+    ap.add_argument("--real-seq", type=int, default=64)
+    ap.add_argument("--real-batch", type=int, default=4)
+    ap.add_argument("--real-m", type=int, default=8)
+    ap.add_argument("--real-steps", type=int, default=8, help="timed steps per schedule and round")
+    ap.add_argument("--real-rounds", type=int, default=2)
+    ap.add_argument("--real-repeat", type=int, default=8, help="profiler repetitions per pass")
+    ap.add_argument("--real-solve-time", type=float, default=10.0)
     ap.add_argument("-o", "--output", default="recompute")
     args = ap.parse_args()
     doc: dict = {"settings": {k: v for k, v in vars(args).items() if k != "output"}}
