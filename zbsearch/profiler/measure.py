@@ -245,7 +245,8 @@ def disturbances(
                 f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): times include waiting for a core"
             )
     for s, r in enumerate(results):
-        for name, st in (("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw), ("FF", r.ff)):
+        passes = [("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw), ("FF", r.ff), ("FC", r.fc), ("R", r.r)]
+        for name, st in ((n, x) for n, x in passes if x is not None):
             spread = (st.q3 - st.q1) / 2 / st.median
             if spread > SPREAD_LIMIT:
                 found.append(
