@@ -82,7 +82,7 @@ def controllable_part(args) -> dict:
         # the same costs (the published rates are rounded to 3 digits, and serve as a check of it)
         row["met"] = res.info.value <= row["built_span"] * (1 + TOL)
         rows.append(row)
-        print(f"{kind:<7} {prof.name:<16} p={p:<2} m={m:<3} memory {peak / p:.4g}p  published "
+        print(f"{kind:<7} {prof.name:<16} p={p:<2} m={m:<3} memory {row['memory_p']:.4g}p  published "
               f"{'-' if published is None else f'{published:.3f}'}  built {row['built_bubble']:.4f} span "
               f"{row['built_span']:.6g}  solve {res.info.value:.6g} bound {res.info.lower_bound:.6g} "
               f"({res.info.gap:.2%}, {res.info.status})  {'met' if row['met'] else 'MISSED'}", flush=True)
