@@ -110,19 +110,14 @@ def schedules(profile: zb.Profile, p: int) -> list[zb.Schedule]:
         out.append(solve(profile, m, limit, recompute="auto", time_limit=2, milp=False).schedule)
     rng = random.Random(p)
     for kind, seed in (("zb-h1", 0), ("1f1b", 1), ("zb-v", 2), ("zb-v", 3), ("zb-h2", 4)):
-        base = zb.build_classic(kind, profile if kind != "zb-v" else profile_v(profile, p), m)
+        base = zb.build_classic(kind, profile if kind != "zb-v" else _PROFILES[2 * p], m)  # the V: its 2p pieces
         rows = base.rank_actions if seed % 2 == 0 else fuse_some(base.rank_actions, rng)
         rows = random_recompute(rows, rng, 0.6)
         out.append(zb.Schedule.build(f"{kind}-random-r{seed}", base.profile, m, list(base.stage_to_rank), rows))
     return out
 
 
-def profile_v(profile: zb.Profile, p: int) -> zb.Profile:
-    """The same stages cut for V placement: 2p stages measured (``measured_profile(2p)``)."""
-    return _PROFILES[2 * p]
-
-
-_PROFILES: dict[int, zb.Profile] = {}
+_PROFILES: dict[int, zb.Profile] = {}  # stage count -> measured profile (p stages, or 2p pieces of a V)
 
 
 def _plain(sched: zb.Schedule) -> zb.Schedule:
