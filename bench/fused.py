@@ -27,7 +27,6 @@ Run: PYTHONPATH=. python bench/fused.py [--count 80] [--time-limit 3] [--large-t
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -38,8 +37,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench.common import save
+from bench.oracle_cache import cached_optima
 from tests.solver.harness import TOL, judge
-from tests.solver.oracle import FAMILIES, cp_optimum_many, random_instance, with_fused
+from tests.solver.oracle import FAMILIES, random_instance, with_fused
 from zbsearch import Profile, StageCost, resolve_profile
 from zbsearch.formats.profile import BUNDLED_PROFILES
 from zbsearch.solver import solve
@@ -64,23 +64,8 @@ def _instances(count: int, seed: int):
 
 
 def _optima(jobs, args) -> list[tuple[float, bool]]:
-    """(value, proven) of ``cp_optimum_many`` per (instance, objective, options), through
-    ``--oracle-cache`` when given (keyed by everything the oracle reads)."""
-    def key(inst, obj, opts) -> str:
-        blob = [inst.profile.model_dump(mode="json"), inst.m, inst.chunks, inst.limit, obj, opts, args.oracle_time]
-        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
-
-    path = Path(args.oracle_cache) if args.oracle_cache else None
-    cache = json.loads(path.read_text()) if path is not None and path.exists() else {}
-    keys = [key(*j) for j in jobs]
-    todo = [(j, k) for j, k in zip(jobs, keys) if k not in cache]
-    found = cp_optimum_many([(i.cost, i.m, i.limit, o, opts) for (i, o, opts), _ in todo],
-                            time_limit=args.oracle_time, processes=args.processes)
-    for (_, k), res in zip(todo, found):
-        cache[k] = [res.value, res.optimal]
-    if path is not None and todo:
-        path.write_text(json.dumps(cache))
-    return [tuple(cache[k]) for k in keys]
+    """(value, proven) of the oracle per (instance, objective, options), through ``--oracle-cache``."""
+    return [(r.value, r.optimal) for r in cached_optima(jobs, args.oracle_time, args.processes, args.oracle_cache)]
 
 
 def _ratio(profile: Profile) -> tuple[float, float]:

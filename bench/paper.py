@@ -1,4 +1,4 @@
-"""The paper's published numbers (REFERENCE.md section 5) that the benchmarks compare with."""
+"""The published numbers of Zero Bubble Pipeline Parallelism (arXiv 2401.10241) that the benchmarks compare with."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from zbsearch.formats.edit import updated
 
 __all__ = ["TABLE5", "KINDS5", "CHUNKS_1F1B_I", "TABLE8", "BASE_M", "rescaled"]
 
-# REFERENCE.md section 5, Table 5 (bubble rate): model -> m -> kind -> paper value
+# the paper's Table 5 (bubble rate): model -> m -> kind -> paper value
 TABLE5 = {
     "1.5b": {24: (.243, .106, .159, .108), 32: (.199, .082, .124, .084), 64: (.124, .044, .067, .044)},
     "6.2b": {24: (.235, .081, .132, .070), 32: (.190, .063, .105, .056), 64: (.109, .032, .055, .029)},
@@ -16,7 +16,7 @@ TABLE5 = {
 }
 KINDS5 = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-h2")
 # The paper does not state its 1F1B-I chunk count. One transformer layer per chunk
-# (layers / p, REFERENCE Table 3: 22/8, 30/8, 46/16, 62/32) reproduces its numbers;
+# (layers / p, the paper's Table 3: 22/8, 30/8, 46/16, 62/32) reproduces its numbers;
 # v = 2 everywhere does not (it is +0.015..+0.05 above the paper for the p = 8 and 16 models).
 CHUNKS_1F1B_I = {"1.5b": 3, "6.2b": 4, "14.6b": 3, "28.3b": 2}
 # Table 8 (ZB-V): (model, p, m) -> paper bubble; the profile behind p comes from the model's Table 5 profile.

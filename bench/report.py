@@ -275,7 +275,7 @@ def solver(docs: list[dict]) -> list[str]:
         body = [[r["variant"], r["limit"], f"{r['span']:.1f}", f"{r['uniform_costs_span']:.1f}",
                  _pct(r["span_reduction"], 1), r["status"], _pct(r["gap"])] for r in het]
         out += _table(["1.5B, m=24", "limit", "span (ms)", "span, uniform costs (ms)", "span cut", "status", "gap"], body)
-    for r in (r for r in rows if r["setting"] == "issue10"):
+    for r in (r for r in rows if r["setting"] in ("held-out", "issue10")):
         out += ["## Held-out case: p=8, m=16, 2p, unit pass times, comm 0.1", "",
                 *_table(["span", "lower bound", "optimum (CP-SAT)", "paper's scheduler", "first reached target", "status"],
                         [[f"{r['span']}", f"{r['lower_bound']}", f"{r['optimum_span']}", f"{r['paper_span']}",
@@ -827,6 +827,15 @@ def recompute(docs: list[dict]) -> list[str]:
     return out
 
 
+def startup(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    out = [f"Each command run {doc['repeat']} times as a new process, commands alternating; wall time from start to exit. "
+           "`torch` marks a command that imports torch.", ""]
+    body = [[f"`{r['command']}`", f"{r['median_ms']:.0f}", f"{r['q1_ms']:.0f}-{r['q3_ms']:.0f}",
+             "yes" if r["imports_torch"] else "no"] for r in doc["rows"]]
+    return out + _table(["command", "median ms", "quartiles ms", "torch"], body)
+
+
 @dataclass
 class Topic:
     title: str
@@ -874,6 +883,8 @@ TOPICS = {
                         "recompute_checks.json"),
                        "PYTHONPATH=. python bench/recompute.py --parts PARTS -o recompute_NAME (four runs, see the notes)",
                        "about 20 minutes in all", recompute),
+    "startup": Topic("How long the command line takes to start", ("startup.json",),
+                     lambda d: f"python bench/startup.py --repeat {d['repeat']}", "under a minute", startup),
 }
 
 

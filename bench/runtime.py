@@ -39,7 +39,7 @@ UNIT = 2**20  # bytes of emulated activations per M_B
 
 
 def paper_profile(model: str, p: int) -> zb.Profile:
-    """The paper's profiled per-stage costs of ``model`` (REFERENCE section 5), on p stages."""
+    """The paper's profiled per-stage costs of ``model`` (the paper's Table 5 profiles), on p stages."""
     base = zb.resolve_profile(f"{model}-m24")
     return zb.Profile(
         name=f"{model}-p{p}", memory_unit=base.memory_unit, stages=[base.stages[0]] * p, t_comm=base.t_comm,

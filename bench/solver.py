@@ -1,11 +1,11 @@
 """The schedule solver against the paper and against its own lower bound.
 
-Settings (issue 3's targets):
+Settings:
   table5  ZB-1p and ZB-2p on the paper's profiled costs vs the paper's Table 5 values;
   table8  --placement v (V placement) at 1p vs the paper's ZB-V (Table 8);
   hetero  heterogeneous stages (first stage x1.2 with last x1.5 or x2, uneven layer splits):
           per-stage costs vs --uniform-costs (the paper's median), both judged on true costs;
-  issue10 issue 10's held-out case, p=8 m=16 at 2p with unit pass times and comm 0.1: at most the
+  held-out a case held out from tuning, p=8 m=16 at 2p with unit pass times and comm 0.1: at most the
           paper's official scheduler (48.8; the CP-SAT oracle proves 48.6 optimal), with the time
           the solve first reached 48.8;
   speed   time to the first valid schedule, time until the best is within 1% of the lower
@@ -19,7 +19,7 @@ Every row has the bubble rate, the lower bound, the gap and the solve time. Time
 per setting (10 s at p=8, 30 s at p=16, 45 s at p=24, 60 s at p=32); --scale multiplies them.
 
 Prints a table and saves bench/results/solver.json.
-Run: python bench/solver.py [--scale 0.2] [--only table5,table8,hetero,issue10,limits,speed] [--match 1.5b/24,6.2b] [--limits 2p]
+Run: python bench/solver.py [--scale 0.2] [--only table5,table8,hetero,held-out,limits,speed] [--match 1.5b/24,6.2b] [--limits 2p]
 With --only, --match or --limits only those runs are made and merged into the saved results
 (rows of the same setting, model, m, limit and variant are replaced; the rest are kept).
 """
@@ -39,14 +39,14 @@ from zbsearch import Profile, StageCost, resolve_profile
 from zbsearch.formats.edit import updated
 from zbsearch.solver import solve
 
-# REFERENCE.md section 5, Table 5: ZB-2p bubble rate (ZB-1p is the ZB-H1 column of TABLE5)
+# the paper's Table 5 (arXiv 2401.10241): ZB-2p bubble rate (ZB-1p is the ZB-H1 column of TABLE5)
 ZB2P = {
     "1.5b": {24: .0433, 32: .0039, 64: .0026},
     "6.2b": {24: .0029, 32: .0022, 64: .0010},
     "14.6b": {48: .0066, 64: .0054, 128: .0028},
     "28.3b": {96: .0038, 128: .0029, 256: .0018},
 }
-ALL_SECTIONS = ("table5", "table8", "hetero", "issue10", "limits")  # and "speed": the table5 runs of SPEED_TARGETS only
+ALL_SECTIONS = ("table5", "table8", "hetero", "held-out", "limits")  # and "speed": the table5 runs of SPEED_TARGETS only
 # (model, m, limit, seconds): the table5 runs the speed targets are read from
 SPEED_TARGETS = (("1.5b", 24, "2p", 10), ("6.2b", 24, "2p", 10), ("14.6b", 64, "2p", 30), ("28.3b", 256, "2p", 60))
 LIMIT_S = {8: 10.0, 16: 30.0, 24: 45.0, 32: 60.0}
@@ -55,7 +55,7 @@ LIMIT_S = {8: 10.0, 16: 30.0, 24: 45.0, 32: 60.0}
 HETERO = {
     "first x1.2, last x1.5": ([1.2] + [1.0] * 6 + [1.5], False),
     "first x1.2, last x2": ([1.2] + [1.0] * 6 + [2.0], False),
-    # 22 layers on 8 stages (REFERENCE Table 3): the paper's split, and one with the short stages last
+    # 22 layers on 8 stages (the paper's Table 3): the paper's split, and one with the short stages last
     "layers 2,3,3,3,3,3,3,2": ([x / 2.75 for x in (2, 3, 3, 3, 3, 3, 3, 2)], True),
     "layers 3,3,3,3,3,3,2,2": ([x / 2.75 for x in (3, 3, 3, 3, 3, 3, 2, 2)], True),
 }
@@ -77,8 +77,8 @@ def at_most(ours: float, paper: float) -> bool:
     return round(ours, digits) <= paper
 
 
-# issue 10's held-out case: (p, m, comm, limit, the paper's official scheduler, the CP-SAT optimum)
-ISSUE10 = (8, 16, 0.1, "2p", 48.8, 48.6)
+# the held-out case: (p, m, comm, limit, the paper's official scheduler, the CP-SAT optimum)
+HELD_OUT = (8, 16, 0.1, "2p", 48.8, 48.6)
 
 
 def run(prof: Profile, m: int, limit: str, chunks: int, time_limit: float, uniform: bool = False,
@@ -183,16 +183,16 @@ def hetero(scale: float, pick: Pick | None = None) -> list[dict]:
     return rows
 
 
-def issue10(scale: float) -> list[dict]:
-    p, m, comm, limit, paper, optimum = ISSUE10
+def held_out(scale: float) -> list[dict]:
+    p, m, comm, limit, paper, optimum = HELD_OUT
     prof = Profile(name="unit-comm0.1", memory_unit="activations", t_comm=comm,
                    stages=[StageCost(t_f=1.0, t_b=1.0, t_w=1.0, m_f=1.0, m_b=-0.5, m_w=-0.5)] * p)
     r = run(prof, m, limit, 1, LIMIT_S[p] * scale, target=paper)
-    row = {"setting": "issue10", "model": prof.name, "p": p, "m": m, "limit": limit, "paper_span": paper,
+    row = {"setting": "held-out", "model": prof.name, "p": p, "m": m, "limit": limit, "paper_span": paper,
            "optimum_span": optimum}
     rows = [{**row, **r, "target_met": r["span"] <= paper * (1 + 1e-9)}]
     print_row(rows[0])
-    print(f"  issue10: span {r['span']} (paper's scheduler {paper}, optimum {optimum}), reached "
+    print(f"  held-out: span {r['span']} (paper's scheduler {paper}, optimum {optimum}), reached "
           f"{paper} after {r['time_to_target_s']} s, construction {r['construction']}")
     return rows
 
@@ -299,8 +299,8 @@ def main() -> None:
         rows += table8(args.scale, pick)
     if "hetero" in sections:
         rows += hetero(args.scale, pick)
-    if "issue10" in sections:
-        rows += issue10(args.scale)
+    if "held-out" in sections:
+        rows += held_out(args.scale)
     if "limits" in sections:
         rows += limits()
     out = RESULTS / "solver.json"

@@ -1,4 +1,4 @@
-"""zbsearch's solver against the exact oracle on generated small instances (issue 10).
+"""zbsearch's solver against the exact oracle on generated small instances.
 
 For each instance (families uniform / hetero / heavy, 1 chunk and V placement, per-link comm,
 memory limits from the smallest feasible to none) and each objective (span, makespan):
@@ -18,7 +18,6 @@ Run: PYTHONPATH=. python bench/solver_gap.py [--count 300] [--seed 0] [--time-li
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import platform
 import random
@@ -26,8 +25,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from bench.oracle_cache import cached_optima
 from tests.solver.harness import TOL, judge
-from tests.solver.oracle import FAMILIES, OracleResult, cp_optimum_many, random_instance
+from tests.solver.oracle import FAMILIES, OracleResult, random_instance
 
 # (p, m) per placement: small enough for the oracle to prove optimality in seconds
 _SIZES = {
@@ -49,24 +49,9 @@ def _instances(count: int, seed: int):
 
 
 def _oracle(jobs, args) -> list[OracleResult]:
-    """``cp_optimum_many`` for (instance, objective, options) jobs, through ``--oracle-cache``
-    when given: a JSON file of optima keyed by everything the oracle reads (the cached results
-    have no schedule; this bench reads only the values)."""
-    def key(inst, obj, opts) -> str:
-        blob = [inst.profile.model_dump(mode="json"), inst.m, inst.chunks, inst.limit, obj, opts, args.oracle_time]
-        return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
-
-    path = Path(args.oracle_cache) if args.oracle_cache else None
-    cache = json.loads(path.read_text()) if path is not None and path.exists() else {}
-    keys = [key(*j) for j in jobs]
-    todo = [(j, k) for j, k in zip(jobs, keys) if k not in cache]
-    found = cp_optimum_many([(i.cost, i.m, i.limit, o, opts) for (i, o, opts), _ in todo],
-                            time_limit=args.oracle_time, processes=args.processes)
-    for (_, k), res in zip(todo, found):
-        cache[k] = [res.value, res.optimal, res.bound]
-    if path is not None and todo:
-        path.write_text(json.dumps(cache))
-    return [OracleResult(v, [], opt, b) for v, opt, b in (cache[k] for k in keys)]
+    """The oracle's results for (instance, objective, options) jobs, through ``--oracle-cache``
+    (cached results have no schedule; this bench reads only the values)."""
+    return cached_optima(jobs, args.oracle_time, args.processes, args.oracle_cache)
 
 
 def _summary(rows: list[dict]) -> dict:

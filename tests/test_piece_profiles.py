@@ -83,7 +83,7 @@ def test_piece_profile_refuses_other_stage_counts():
     _, pieces = _profiles(2, 0, placement(2, 2, "v"))
     with pytest.raises(ZbError, match="holds 4 pieces measured for 2 ranks"):
         build_classic("1f1b", pieces, 4)
-    with pytest.raises(ZbError, match="measured for 2 ranks, not 4"):
+    with pytest.raises(ZbError, match="on 4 ranks needs a profile of 4 stages measured one per rank"):
         CostModel.from_profile(pieces, list(range(4)))
 
 

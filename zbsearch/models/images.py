@@ -30,15 +30,18 @@ def image_batch(image: int, channels: int, classes: int, size: int, seed: int = 
 
 
 def image_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of class logits against integer labels."""
     return F.cross_entropy(logits, labels)
 
 
 def shares(blocks: int, stages: int) -> list[int]:
+    """``blocks`` split over ``stages`` as evenly as possible, the first stages taking one more."""
     q, r = divmod(blocks, stages)
     return [q + (s < r) for s in range(stages)]
 
 
 def check_positive(kind: str, values: dict) -> None:
+    """Refuse, in one line, any integer field of a model config below 1."""
     for name, value in values.items():
         if isinstance(value, int) and value < 1:
             raise ZbError(f"{kind}: {name} must be at least 1, not {value}")

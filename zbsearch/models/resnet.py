@@ -25,6 +25,7 @@ __all__ = ["ResNetConfig", "resnet_stages", "build_resnet"]
 
 @dataclass(frozen=True)
 class ResNetConfig:
+    """Shape of the built-in ResNet-style conv stack and how it is cut into stages."""
     image: int = 32
     channels: int = 3
     width: int = 16  # channels of the first group; each later group doubles them and halves the size
@@ -36,9 +37,11 @@ class ResNetConfig:
 
     @property
     def blocks(self) -> int:
+        """Basic blocks in all groups together."""
         return self.groups * self.blocks_per_group
 
     def check(self) -> None:
+        """Refuse, in one line, a config that cannot be built or cut as asked."""
         check_positive("resnet", asdict(self))
         if self.image % 2 ** (self.groups - 1):
             raise ZbError(f"resnet: image size {self.image} cannot be halved {self.groups - 1} times")
@@ -60,16 +63,19 @@ class BasicBlock(nn.Module):
                      if stride != 1 or cin != cout else nn.Identity())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Two 3x3 conv + BatchNorm layers with a residual (projected where the shape changes)."""
         y = F.relu(self.bn1(self.conv1(x)))
         return F.relu(self.bn2(self.conv2(y)) + self.skip(x))
 
 
 class PoolHead(nn.Module):
+    """Global average pooling and a linear classifier: the last stage's head."""
     def __init__(self, channels: int, classes: int) -> None:
         super().__init__()
         self.out = nn.Linear(channels, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits of a batch of feature maps."""
         return self.out(x.mean(dim=(2, 3)))
 
 

@@ -25,6 +25,7 @@ __all__ = ["ViTConfig", "vit_stages", "build_vit"]
 
 @dataclass(frozen=True)
 class ViTConfig:
+    """Shape of the built-in Vision Transformer and how it is cut into stages."""
     image: int = 32
     patch: int = 8
     channels: int = 3
@@ -36,6 +37,7 @@ class ViTConfig:
     stages: int = 4
 
     def check(self) -> None:
+        """Refuse, in one line, a config that cannot be built or cut as asked."""
         check_positive("vit", asdict(self))
         if self.image % self.patch:
             raise ZbError(f"vit: image size {self.image} is not a multiple of the patch size {self.patch}")
@@ -56,6 +58,7 @@ class PatchEmbedding(nn.Module):
         self.pos = nn.Parameter(torch.randn(1, (cfg.image // cfg.patch) ** 2 + 1, cfg.hidden) * 0.02)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Patch tokens of a batch of images, a class token first, positions added."""
         x = self.proj(images).flatten(2).transpose(1, 2)
         return torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
 
@@ -72,6 +75,7 @@ class EncoderBlock(nn.Module):
         self.fc1, self.fc2 = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attention then MLP, each on the normalised input and added back."""
         b, t, h = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
         x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, h))
@@ -87,6 +91,7 @@ class ClassHead(nn.Module):
         self.out = nn.Linear(hidden, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits from the class token."""
         return self.out(self.ln(x[:, 0]))
 
 

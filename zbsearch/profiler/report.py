@@ -25,9 +25,11 @@ def progress_bar(console: Console) -> Iterator:
     if int(os.environ.get("RANK", "0")) != 0:
         yield None
         return
-    # drawn on a terminal only: elsewhere (logs, pipes) rich would leave an empty line behind
+    if not console.is_terminal:  # logs, pipes: no bar (a disabled one still writes an empty line on some rich releases)
+        yield lambda description, done, total: None
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as bar:
+                  console=console, transient=True) as bar:
         task = bar.add_task("starting", total=None)
 
         def update(description: str, done: int, total: int) -> None:

@@ -114,6 +114,7 @@ class EmulatedStage(nn.Module):
     split_first_stage = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """F: sleep the forward's time and pass ``x`` on; its backward sleeps B's and W's times."""
         fusion = _Fusion()
         w = _Timed.apply(self.weight, 0.0, self.t_w, self.w_bytes, fusion, max(self.t_bw - self.t_b, 0.0))  # Weight
         mode = recompute_mode()

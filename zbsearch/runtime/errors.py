@@ -27,6 +27,7 @@ class PipelineError(ZbError):
 
 
 def first_line(err: BaseException) -> str:
+    """An exception's first line (or its type name when it has no message), for one-line errors."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
 

@@ -4,8 +4,7 @@ The activation meter (``memory``) counts what a forward saves through ``saved_te
 a Python call for every tensor saved in forward and again for every one unpacked in backward.
 For the split backward the hooks do work (B frees what W does not read); for a pass whose
 backward is one ordinary autograd call (a fused BW, a first stage's whole backward) they only
-count, and that costs what plain autograd does not pay (measured at hidden 64 on one CPU thread:
-about 20% of the forward and 6-9% of the backward).
+count, and at small sizes that Python call per tensor is a visible share of the pass.
 
 So such a pass is counted from a *footprint*: two forwards of the same module on the same input
 signature run under the hooks, each recording what it saved (storage pointer, bytes, a weak

@@ -55,6 +55,7 @@ atexit.register(close_all)
 
 
 def default_store() -> dist.Store:
+    """The store of the default process group, on which private groups are rendezvoused."""
     # Private in torch, but the store every process group is built on; a fresh one would
     # need an address and a port the caller would have to provide.
     return dist.distributed_c10d._get_default_store()
@@ -121,6 +122,7 @@ class PrivateGloo:
         return self._store(f"counting {key}", self.store.add, key, amount)
 
     def delete(self, key: str) -> None:
+        """Remove a key this group wrote to the store."""
         self._store(f"deleting {key}", self.store.delete_key, key)
 
     def close(self) -> None:
@@ -135,6 +137,7 @@ class PrivateGloo:
 
     @property
     def size(self) -> int:
+        """Members in the group."""
         return len(self.ranks)
 
     def exchange(self, name: str, obj: object) -> list:

@@ -44,6 +44,7 @@ def model_identity(stages: Sequence[nn.Module], microbatch: Any, target: Any = N
 
 
 def check_stage(identity: dict | None, stage: int, module: nn.Module, profile: str) -> None:
+    """Refuse a stage whose parameters (names and shapes) differ from those the profile recorded."""
     if not identity or stage >= len(identity.get("stages") or []):
         return
     if stage_fingerprint(module) != identity["stages"][stage]:

@@ -47,6 +47,7 @@ class ActivationMeter:
         self._refs: dict[int, list[int]] = {}  # storage pointer -> [holders, nbytes]
 
     def add(self, ptr: int, nbytes: int) -> None:
+        """Count a storage once, however many saved tensors share it."""
         entry = self._refs.get(ptr)
         if entry is None:
             self._refs[ptr] = [1, nbytes]
@@ -56,6 +57,7 @@ class ActivationMeter:
             entry[0] += 1
 
     def remove(self, ptr: int) -> None:
+        """Drop one reference to a storage; its bytes leave the count with the last one."""
         entry = self._refs[ptr]
         entry[0] -= 1
         if entry[0] == 0:
@@ -63,6 +65,7 @@ class ActivationMeter:
             self.bytes -= entry[1]
 
     def reset_peak(self) -> None:
+        """Start a new peak from the bytes held now."""
         self.peak = self.bytes
 
 
@@ -152,9 +155,11 @@ class SavedActivations:
         return self._pack(t)
 
     def read(self, h) -> torch.Tensor:
+        """The tensor behind a saved-tensor handle."""
         return self._unpack(h)
 
     def holds(self, h) -> bool:
+        """Whether a handle is one of this pass's saved activations."""
         return isinstance(h, _Holder)
 
     def _unpack(self, h):
@@ -184,9 +189,11 @@ class SavedActivations:
         return _Consuming(self) if self._holders else contextlib.nullcontext()
 
     def record(self) -> _Recording:
+        """A context that records which saved activations a backward reads."""
         return _Recording(self)
 
     def keep_only(self, keep: set[int]) -> None:
+        """Release every saved activation except those in ``keep`` (what W still reads after B)."""
         kept = []
         for h in self._holders:
             if id(h) in keep:
@@ -196,6 +203,7 @@ class SavedActivations:
         self._holders = kept
 
     def free(self) -> None:
+        """Release every saved activation and its bytes on the meter."""
         for h in self._holders:
             self._release(h)
         self._holders = []

@@ -68,20 +68,24 @@ class Message:
 
     @property
     def key(self) -> tuple[str, int, int]:
+        """The (kind, stage, microbatch) that identifies this message within a step."""
         return (self.kind, self.stage, self.mb)
 
     def describe(self) -> str:
+        """The message in words, for errors."""
         return f"{self.kind} of stage {self.stage} microbatch {self.mb}"
 
 
 @dataclass(frozen=True)
 class TensorMeta:
+    """What a receiver must know to allocate a tensor before it arrives."""
     shape: tuple[int, ...]
     dtype: torch.dtype
     requires_grad: bool
 
     @classmethod
     def of(cls, t: torch.Tensor) -> TensorMeta:
+        """The metadata of ``t``."""
         return cls(tuple(t.shape), t.dtype, t.requires_grad)
 
 
@@ -175,9 +179,11 @@ class P2P:
         return self._group if self.rank < peer else self._down
 
     def group_from(self, peer: int) -> dist.ProcessGroup | None:
+        """The process group messages from ``peer`` travel on."""
         return self._group if peer < self.rank else self._down
 
     def start_step(self) -> None:
+        """Reset the per-step message cursors before a step's first action."""
         self._step += 1
         self._cursor = {peer: 0 for peer in self._incoming}  # next incoming message to post
         self._recvs: dict[tuple[str, int, int], _Recv] = {}

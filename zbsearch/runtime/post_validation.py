@@ -309,6 +309,7 @@ class SyncClippedOptimizer(_GlobalGradState):
 
     @torch.no_grad()
     def step(self) -> Verdict:
+        """Agree with every rank on inf/NaN and the global gradient norm, then step or skip; returns the verdict."""
         grads, payload = self._local()
         work, gathered = self._group.all_gather(payload)
         self._group.wait(work, "the post-validation exchange")

@@ -39,16 +39,20 @@ class StepTimer:
         self.rows: list[tuple[Action, float, float, float]] = []  # action, start us, end us, activation bytes
 
     def start(self) -> None:
+        """Forget the previous step's rows."""
         self.rows = []
         self._marks: list = []
 
     def begin(self) -> None:
+        """Mark the start of the next action."""
         self._begin = self._clock.mark()
 
     def end(self, action: Action, activation_bytes: float) -> None:
+        """Mark the end of ``action`` and the activation bytes held after it."""
         self._marks.append((action, self._begin, self._clock.mark(), activation_bytes))
 
     def finish(self) -> None:
+        """Turn the step's marks into rows on rank 0's clock (waits for the device first)."""
         if self._clock.cuda:
             ref = self._clock.mark()
             ref.synchronize()  # the step's events have completed too: they precede it on the stream

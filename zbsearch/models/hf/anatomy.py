@@ -38,6 +38,7 @@ _POSITION_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "max_seq_le
 
 
 def refuse(model: nn.Module, reason: str) -> ZbError:
+    """The one-line error for a model the Hugging Face path cannot cut, naming its type and why."""
     kind = getattr(getattr(model, "config", None), "model_type", None)
     return ZbError(f"hf_stages: {kind or type(model).__name__} ({type(model).__name__}): {reason}")
 
@@ -111,6 +112,7 @@ def _first_param(module: nn.Module) -> str:
 
 
 def logits_of(out: Any) -> torch.Tensor:
+    """The logits of a model's output, whether a ModelOutput or a plain tuple."""
     logits = getattr(out, "logits", None)
     if logits is None and isinstance(out, (tuple, list)):
         logits = out[0]
@@ -120,6 +122,7 @@ def logits_of(out: Any) -> torch.Tensor:
 
 
 def call_kwargs(model: nn.Module) -> dict[str, Any]:
+    """Keyword arguments for calling the whole model as a pipeline would: no cache, a dict output."""
     kw: dict[str, Any] = {}
     for name, value in (("use_cache", False), ("return_dict", True)):
         if _accepts(model.forward, name):

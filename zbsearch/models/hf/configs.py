@@ -50,6 +50,7 @@ PRESETS: dict[str, dict] = {
 
 
 def transformers_module():
+    """The transformers package, or a one-line error naming the extra that installs it."""
     try:
         import transformers
     except ImportError:

@@ -20,6 +20,7 @@ def hf_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean")
 
 
 def hf_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``hf_loss`` summed over tokens (the last stage's loss; the runtime divides by the token count)."""
     return hf_loss(logits, labels, "sum")
 
 

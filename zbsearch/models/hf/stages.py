@@ -254,6 +254,7 @@ class HFStage(nn.Module):
         self.first, self.last = runner.first, runner.last
 
     def forward(self, *args):
+        """Run this stage's part of the model on what the previous stage handed on."""
         return self.__dict__["_runner"](*args)
 
     def _apply(self, fn, recurse=True):
@@ -267,6 +268,7 @@ class HFStage(nn.Module):
         return self
 
     def extra_repr(self) -> str:
+        """Which layers of which model this stage runs."""
         r = self.__dict__["_runner"]
         return f"stage {r.index}: layers {r.lo}-{r.hi - 1} of {r.a.path}" if r.hi > r.lo else f"stage {r.index}: no layer"
 

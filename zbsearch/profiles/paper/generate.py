@@ -1,4 +1,5 @@
-"""Writes the bundled paper profiles (the Zero Bubble paper's profiled times and memory formulas).
+"""Writes the bundled paper profiles (arXiv 2401.10241: Table 5's
+profiled times, its memory model).
 
 One file per (model, m) because the paper profiled each setting separately. Memory is in units
 of M_B: F allocates 1, B frees 1 - M_W/M_B, W frees M_W/M_B = 32h / (34h + 5as), s = 1024.

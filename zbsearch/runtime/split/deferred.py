@@ -74,6 +74,7 @@ class LinearInputGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, anchor, rec, saved):
+        """The Linear's output, with its input kept for W and its weight gradient deferred."""
         ctx.rec, ctx.shape = rec, x.shape
         out = F.linear(x, rec.weight, rec.bias)  # the parameters themselves: the unsplit call's path
         x2 = x.unsqueeze(0) if x.dim() == 1 else x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
@@ -86,6 +87,7 @@ class LinearInputGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        """B's part: the input gradient only, checked against in-place changes to the weight."""
         rec = ctx.rec
         w = rec.weight  # no graph is built here: autograd runs backward without grad mode
         if w._version != rec.version:

@@ -101,6 +101,7 @@ class DataFlow:
 
 
 def tensors_in(x) -> list[torch.Tensor]:
+    """Every tensor in a nest of lists, tuples and dicts."""
     found, stack = [], [x]
     while stack:
         y = stack.pop()
@@ -419,6 +420,7 @@ class Graph:
         self.frontier = [n for n in order if reach_i[n] and any(c in self.q for c in children[n])]
 
     def in_i(self, node: Node) -> bool:
+        """Whether ``node`` leads to a stage input (part of B)."""
         return self.reach_i.get(node, False)
 
     def bottom(self) -> list[Node]:
@@ -461,6 +463,7 @@ class Graph:
         return below
 
     def weight_groups(self, root_edges: list[GradientEdge], grads: list, saved_grads: dict[Node, tuple]) -> list[WeightGroup]:
+        """W's units of work: each frontier node with the gradients B saved for it, plus an all-weight first-stage graph."""
         # Units of W work: each frontier node, plus the outputs whose graph is all Q (first stage).
         units: list[tuple[list[GradientEdge], list[torch.Tensor], Node | None, set[Node]]] = []
         q_roots = [(e, g) for e, g in zip(root_edges, grads) if e.node in self.q]
