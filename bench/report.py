@@ -736,6 +736,128 @@ def plan(docs: list[dict]) -> list[str]:
     return out
 
 
+def recompute(docs: list[dict]) -> list[str]:
+    """The recompute bench's parts, from however many runs saved them (one part per file)."""
+    parts: dict[str, dict] = {}
+    settings: dict[str, dict] = {}
+    for d in docs:
+        for k, v in d.items():
+            if k not in ("settings", "machine"):
+                parts[k], settings[k] = v, d["settings"]
+    out: list[str] = []
+    targets: list[list[str]] = []
+    if "controllable" in parts:
+        c, st = parts["controllable"], settings["controllable"]
+        out += ["## V-Half and V-Min against zbsearch at their own memory", "",
+                "V-Half and V-Min built from the building blocks of arXiv 2405.15362 and timed by the simulator "
+                "(unit costs: F = B = W = 1 per chunk pass, no communication, B frees nothing, W frees all; the "
+                "paper's profiles: their own costs). `solve` on the V at the schedule's own peak memory, "
+                f"`-t {st['time_limit']:g}`. \"published\": the bubble rate printed for the authors' generator; memory in "
+                "p M_B per rank, M_B one microbatch's activations on a rank.", ""]
+        body = []
+        for r in c["cases"]:
+            pub = "-" if r["published_bubble"] is None else _rate(r["published_bubble"])
+            ref = r["built_span"]
+            body.append([r["kind"], r["profile"], str(r["p"]), str(r["m"]), f"{r['memory_p']:.4g}p", pub,
+                         _rate(r["built_bubble"]), f"{r['built_span']:.6g}", f"{r['solve_span']:.6g}",
+                         f"{r['solve_span'] / ref:.3f}", f"{r['bound']:.6g}", _pct(r["gap"]), r["status"],
+                         "yes" if r["met"] else "no"])
+        out += _table(["schedule", "profile", "p", "m", "memory", "published bubble", "built bubble", "built span",
+                       "zbsearch span", "zbsearch / built", "bound", "gap", "status", "span <= built"], body)
+        targets.append(["zbsearch's span at most V-Half's / V-Min's at their memory", f"{c['met']} of {c['n']}",
+                        "yes" if c["met"] == c["n"] else "no"])
+    if "recompute" in parts:
+        rc, st = parts["recompute"], settings["recompute"]
+        out += ["## Recomputation at 0.5p and 1p (p = 8, m = 24, one stage per rank)", "",
+                "The paper's 1.5B and 6.2B profiles with recomputation costs derived from the paper's formulas "
+                f"(`zbsearch/profiles/paper/generate.py`); `solve --recompute MODE`, `-t {st['time_limit']:g}`. "
+                "Classic spans at no limit of their own: 1F1B with full recomputation (`1f1b-recompute`), the "
+                "reference of the targets.", ""]
+        body = []
+        for r in rc["cases"]:
+            body.append([r["profile"], r["mode"], r["limit"], f"{r['span']:.6g}", f"{r['bound']:.6g}", _pct(r["gap"]),
+                         r["status"], str(r["recomputed"]), f"{r['classic']['1f1b-recompute']:.6g}",
+                         f"{r['speedup_vs_1f1b_recompute']:.3f}x", f"{r['speedup_vs_zb_h1_recompute']:.3f}x",
+                         _secs(r["time_s"])])
+            if r["mode"] == "auto" and r["limit"] == "0.5p":
+                targets.append([f"{r['profile']} auto 0.5p: >= 1.2x 1F1B with full recomputation",
+                                f"{r['speedup_vs_1f1b_recompute']:.3f}x", "yes" if r["speedup_vs_1f1b_recompute"] >= 1.2
+                                else "no"])
+                targets.append([f"{r['profile']} auto 0.5p: gap <= 3%", _pct(r["gap"]), "yes" if r["gap"] <= 0.03 else "no"])
+                targets.append([f"{r['profile']} auto 0.5p: solved within 30 s", _secs(r["wall_s"]),
+                                "yes" if r["wall_s"] <= 30 * 1.05 else "no"])
+        out += _table(["profile", "recompute", "limit", "span", "bound", "gap", "status", "recomputed passes",
+                       "1f1b-recompute span", "vs 1f1b-recompute", "vs zb-h1-recompute", "time"], body)
+    if "scale" in parts:
+        out += ["## Scale: p = 32, m = 256 (28.3B profile), `--recompute auto`, `-t 5`", ""]
+        body = [[r["limit"], f"{r['span']:.6g}", f"{r['bound']:.6g}", _pct(r["gap"]), str(r["recomputed"]),
+                 _secs(r["time_s"]), _secs(r["wall_s"]), "yes" if r["valid"] else "no"] for r in parts["scale"]["cases"]]
+        out += _table(["limit", "span", "bound", "gap", "recomputed", "solve time", "call time", "valid"], body)
+        for r in parts["scale"]["cases"]:
+            targets.append([f"p=32 m=256 {r['limit']}: a valid schedule in 5 s", _secs(r["wall_s"]),
+                            "yes" if r["valid"] and r["wall_s"] <= 5.0 else "no"])
+    if "oracle" in parts:
+        o, st = parts["oracle"]["summary"], settings["oracle"]
+        out += ["## Bounds and claims against the exact optimum with recomputation", "",
+                f"{st['count']} generated instances (seed {st['seed']}), span and makespan, full recomputation offered "
+                "and selective on every other one, limits from the least memory any schedule needs with "
+                f"recomputation up to 1.5 times the least without; CP-SAT with {st['oracle_time']:g} s deterministic "
+                f"time per solve; `solve --recompute auto -t {st['oracle_solve_time']:g}`.", ""]
+        out += _table(["solves", "oracle proven", "optimum recomputes", "bound above optimum", "solve bound above optimum",
+                       "solve below optimum", "false `optimal`", "`optimal` claims", "at the optimum",
+                       "max gap to optimum", "mean bound / optimum"],
+                      [[str(o["n"]), str(o["proven"]), str(o["optimum_recomputes"]), str(o["unsound_bound"]),
+                        str(o["unsound_solve_bound"]), str(o["below_optimum"]), str(o["false_optimal"]),
+                        str(o["optimal_claims"]), str(o["at_optimum"]), _pct(o["max_gap_to_optimum"]),
+                        f"{o['mean_bound_share']:.3f}"]])
+    if "frontier" in parts:
+        st = settings["frontier"]
+        out += ["## Frontier on the 1.5B profile (m = 24)", "",
+                f"`zbsearch frontier`, `-t {st['frontier_time']:g}` per sweep: bubble rate at each limit (multiples "
+                "of p M_B per rank).", ""]
+        body = []
+        for run in parts["frontier"]["runs"]:
+            pts = ", ".join(f"{p['limit']:.3g}p {_rate(p['bubble'])}" for p in run["points"])
+            body.append([str(run["chunks"]), run["mode"], pts])
+        out += _table(["chunks", "recompute", "limit: bubble"], body)
+    if "real" in parts:
+        rl = parts["real"]
+        c = rl["config"]
+        out += ["## Real passes, p = 2 (built-in GPT, CPU)", "",
+                f"GPT hidden {c['hidden']}, {c['layers']} layers, seq {c['seq']}, microbatch {c['microbatch']}, "
+                f"m = {c['m']}, {c['steps']} timed steps per schedule; profiled with recomputation before and after "
+                f"each round (pooled); load average after each round {', '.join(f'{x:.1f}' for x in rl['loads'])}.", ""]
+        body = []
+        for name, r in rl["rows"].items():
+            body.append([name, str(r["recomputed"]), f"{r['makespan_ms']:.1f}", f"{r['predicted_ms']:.1f}",
+                         f"{r['measured_over_predicted']:.3f}", " / ".join(f"{b:.0f}" for b in r["peak_bytes"]),
+                         " / ".join(f"{b:.0f}" for b in r["predicted_peak_bytes"]),
+                         "yes" if r["gradients_exact"] else "no"])
+            targets.append([f"real {name}: iteration within 5% of prediction", f"{r['measured_over_predicted']:.3f}",
+                            "yes" if abs(r["measured_over_predicted"] - 1) <= 0.05 else "no"])
+            same = all(abs(a - b) < 0.5 for a, b in zip(r["peak_bytes"], r["predicted_peak_bytes"]))
+            targets.append([f"real {name}: peak activation bytes as predicted",
+                            " / ".join(f"{a - b:+.0f}" for a, b in zip(r["peak_bytes"], r["predicted_peak_bytes"])),
+                            "yes" if same else "no"])
+            targets.append([f"real {name}: gradients exact", "", "yes" if r["gradients_exact"] else "no"])
+        out += _table(["schedule", "recomputed passes", "makespan ms (median)", "predicted ms", "measured / predicted",
+                       "peak activation bytes per rank", "predicted", "gradients = without R"], body)
+        body = [[name, str(x["rank"]), x["op"], str(x["count"]), f"{x['measured_ms']:.2f}", f"{x['predicted_ms']:.2f}",
+                 f"{x['measured_ms'] / x['predicted_ms']:.3f}"] for name, r in rl["rows"].items() for x in r.get("passes", [])]
+        if body:
+            out += ["Per pass type and rank, the runtime's trace against the pooled profile (mean ms per pass):", ""]
+            out += _table(["schedule", "rank", "pass", "count", "measured ms", "predicted ms", "ratio"], body)
+        body = [[name, str(w["rank"]), f"{w['idle_ms']:.1f}", f"{w['dependency_ms']:.1f}", f"{w['link_ms']:.1f}",
+                 f"{w['local_ms']:.1f}", f"{w['late_messages']:.1f}"] for name, r in rl["rows"].items()
+                for w in r.get("waits", [])]
+        if body:
+            out += ["Where each rank's idle time went (ms per step):", ""]
+            out += _table(["schedule", "rank", "idle", "dependency", "link", "local", "late messages"], body)
+    if targets:
+        out = ["## Targets", "", *_table(["target", "measured", "met"], targets), *out]
+    return out
+
+
 def startup(docs: list[dict]) -> list[str]:
     doc = docs[0]
     out = [f"Each command run {doc['repeat']} times as a new process, commands alternating; wall time from start to exit. "
@@ -792,6 +914,11 @@ TOPICS = {
                    "--oracle-time {oracle_time:g} --large-time-limit {large_time_limit:g} --paper-time-limit "
                    "{paper_time_limit:g} --base BEFORE".format(**d["settings"]),
                    "about 30 minutes; oracle optima are cached with --oracle-cache", fused),
+    "recompute": Topic("Memory below 1F1B: V-Half, V-Min and recomputation",
+                       ("recompute_real.json", "recompute_recompute.json", "recompute_controllable.json",
+                        "recompute_checks.json"),
+                       "PYTHONPATH=. python bench/recompute.py --parts PARTS -o recompute_NAME (four runs, see the notes)",
+                       "about 20 minutes in all", recompute),
     "startup": Topic("How long the command line takes to start", ("startup.json",),
                      lambda d: f"python bench/startup.py --repeat {d['repeat']}", "under a minute", startup),
 }

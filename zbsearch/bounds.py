@@ -31,6 +31,15 @@ The makespan bound is the same with releases measured from the global start and 
 the last pass anywhere. Communication is a latency on dependency edges between ranks, as in
 the simulator. Every bound is computed on ``CostModel.for_bounds``, where B and W cost no more
 than a fused BW pass does, so the bounds hold for schedules that fuse, split or mix.
+
+Recomputation. Where the costs offer it, a schedule may checkpoint any microbatch's forward
+and recompute it: it holds less memory, and its rank does more work. ``for_bounds`` prices an
+F at its cheapest (checkpointed or not) and recompute passes at nothing, so the memory-blind
+bounds hold over every choice. The memory-aware ones reason from what a microbatch holds
+between its F and its B and are left out where recomputation is offered; the *area* bound
+(``rank_area_span_lower_bounds``) takes their place: it weighs what a microbatch holds by how
+long it must hold it against the limit times the span, and the recompute passes that free
+memory against the time they add.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from .tolerances import ABS_TOL, REL_TOL
 __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
     "memory_span_lower_bound", "memory_makespan_lower_bound", "rank_memory_span_lower_bounds",
+    "rank_area_span_lower_bounds",
 ]
 
 _NEG = float("-inf")
@@ -374,6 +384,118 @@ def rank_chain_span_lower_bounds(
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# The area bound: memory held over time, against the limit times the span.
+
+
+# The LP's answer is trusted to this share less (HiGHS solves to tolerances, not exactly).
+_LP_MARGIN = 1e-6
+
+
+def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float]) -> list[float]:
+    """Per rank, a lower bound on its span for schedules within ``limit``, over every choice of
+    which microbatches to recompute (plain only where the costs offer no recomputation).
+
+    Each microbatch j of each stage s of the rank runs plain or checkpointed for a recompute
+    pass o: this costs the rank x_o more time than its cheapest forward would (the recompute
+    pass and the checkpointed forward's extra), 0 for plain. Three facts hold in every schedule:
+
+    * Busy time: the span is at least busy + the extras chosen (busy: ``CostModel.rank_busy``).
+    * Area: memory is a step function of time that never exceeds the limit M, so over the span
+      T its integral is at most M * T. From the start of F(s, j) to that of B(s, j), at least
+      L_s apart (the dependency path through later stages), microbatch j holds m_f, or,
+      checkpointed, ``keep`` until its recompute pass and m_f from there, at least t_r before B:
+      at least keep * L_s + (m_f - keep) * t_r (after B it may hold nothing: a fused BW frees
+      it all at once).
+    * Start: before the rank's first B (at least ``lag`` after its first pass starts) it runs
+      forwards and recompute passes only, and nothing frees memory: what the forwards started
+      there keep, and the recompute passes started there rebuild, fits M. A pass started there
+      covers at most its own time of that window: the rank idles at least lag less that. A
+      forward's time and its recompute pass's counted there cancel against the same time in the
+      busy sum, so the span is at least busy + the extras of the other microbatches + lag, less
+      the cheapest forward time per microbatch started in the window, plus t_r for each one
+      checkpointed there whose recompute pass runs later.
+
+    The least span these allow over every choice, fractional ones included (a relaxation), is a
+    small LP per rank (HiGHS).
+
+    In flight: a microbatch is in flight on a stage from the start of its F to that of its B.
+    When a B starts, its microbatch holds m_f there and every other microbatch in flight on the
+    rank at least what the least keeping way keeps, k > 0; so at most c = 1 + (M - m_f) / k are
+    in flight then. Only a B start lowers the count, so it never exceeds c (a schedule that
+    let it could start no B again), and the time in flight, at least L_s per microbatch and
+    stage, sums to at most c * T. At the least limit with one stage per rank (c = 1) this is
+    the sequential schedule's m * L_s, with recomputation or without.
+
+    Only for ranks whose memory never drops below zero per microbatch (F allocates, B and W
+    free, within what F allocated); elsewhere the busy time."""
+    from ._highs import quiet_highs
+
+    bc = cost.for_bounds()
+    m = num_microbatches
+    preds = type_graph(bc)
+    out = []
+    for r in range(cost.num_ranks):
+        busy = cost.rank_busy(r, m)
+        allowed = allowance(limit[r])
+        if not _balanced_rank(bc, r) or allowed <= 0 or not math.isfinite(allowed):
+            out.append(busy)
+            continue
+        stages = cost.rank_stages(r)
+        first = earliest_starts(bc, (min(stages), Op.F), preds)
+        lag = min(first[(s, Op.B)] for s in stages)
+        # columns: T, then per stage and way of holding a microbatch, its count outside the
+        # window (n), in the window (w) and, checkpointed, in the window with its recompute
+        # pass there too (v); each with (extra time, area, window memory, window term)
+        cols: list[tuple[int, float, float, float, float]] = []  # (stage, extra, area, memory, window)
+        for s in stages:
+            lag_s = earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)]
+            least_f = cost.forward(s)
+            plain = min(cost.t_f[s], cost.t_ff[s]) - least_f
+            cols += [(s, plain, cost.m_f[s] * lag_s, math.inf, 0.0), (s, plain, cost.m_f[s] * lag_s, cost.m_f[s], -least_f)]
+            for op in cost.recompute_ops(s):
+                o = cost.offer(s, op)
+                assert o is not None
+                extra = o.t_r + o.t_f - least_f
+                area = o.keep * lag_s + (cost.m_f[s] - o.keep) * o.t_r
+                cols += [(s, extra, area, math.inf, 0.0), (s, extra, area, o.keep, o.t_r - least_f),
+                         (s, extra, area, cost.m_f[s], -least_f)]
+        bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed)
+        least_keep = min(min([cost.m_f[s], *(cost.offer(s, op).keep for op in cost.recompute_ops(s))])  # type: ignore[union-attr]
+                         for s in stages)
+        if least_keep > 0:
+            c = 1 + math.floor((allowed - min(cost.m_f[s] for s in stages)) / least_keep * (1 + REL_TOL))
+            in_flight = sum(m * earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)] for s in stages)
+            bound = max(bound, in_flight / max(1, c))
+        out.append(max(busy, bound))
+    return out
+
+
+def _area_lp(h, cols, stages: list[int], m: int, busy: float, lag: float, allowed: float) -> float:
+    """The least T of ``rank_area_span_lower_bounds``'s LP (``cols``: per count variable its
+    stage, extra time, area, window memory (inf: outside the window) and window term)."""
+    inf = math.inf
+    n = len(cols)
+    h.addVars(n + 1, [0.0] * (n + 1), [inf] * (n + 1))
+    h.changeColsCost(1, [n], [1.0])  # minimise T (the last column)
+    counts = list(range(n))
+    for s in stages:  # every microbatch is held one way: m per stage
+        idx = [k for k in counts if cols[k][0] == s]
+        h.addRow(m, m, len(idx), idx, [1.0] * len(idx))
+    window = [k for k in counts if cols[k][3] < inf]
+    h.addRow(-inf, allowed, len(window), window, [cols[k][3] for k in window])  # the window fits memory
+    # T - sum extra >= busy
+    h.addRow(busy, inf, n + 1, counts + [n], [-cols[k][1] for k in counts] + [1.0])
+    # T - sum (extra outside the window, window term inside) >= busy + lag
+    h.addRow(busy + lag, inf, n + 1, counts + [n], [-(cols[k][1] if cols[k][3] == inf else cols[k][4]) for k in counts] + [1.0])
+    # M T - sum area >= 0
+    h.addRow(0.0, inf, n + 1, counts + [n], [-cols[k][2] for k in counts] + [allowed])
+    h.run()
+    if h.getModelStatus() != h.getModelStatus().kOptimal:
+        return busy  # cannot happen (every all-plain choice is feasible for a large enough T); be safe
+    return h.getInfo().objective_function_value * (1 - _LP_MARGIN)
+
+
 def _late(step: int, deadline: float | None) -> bool:
     """Whether ``deadline`` has passed, looked at every 256 steps of a long loop."""
     return deadline is not None and not step & 255 and time.monotonic() > deadline
@@ -391,13 +513,17 @@ def memory_span_lower_bound(
 def _rank_bounds(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> list[float]:
-    """Per rank, the best of the bounds in this module (``quick``: all but the chain bound)."""
+    """Per rank, the best of the bounds in this module (``quick``: all but the chain bound); where
+    the costs offer recomputation, the memory-aware ones replaced by the area bound."""
     out = rank_span_lower_bounds(cost, num_microbatches)
-    chain = None if quick else rank_chain_span_lower_bounds(cost, num_microbatches, limit, deadline)
+    memory = None if cost.can_recompute else limit  # their memory reasoning assumes no recomputation
+    chain = None if quick else rank_chain_span_lower_bounds(cost, num_microbatches, memory, deadline)
     if chain is not None:
         out = [max(a, b) for a, b in zip(out, chain)]
+    if memory is not None:
+        out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, memory))]
     if limit is not None:
-        out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, limit))]
+        out = [max(a, b) for a, b in zip(out, rank_area_span_lower_bounds(cost, num_microbatches, limit))]
     return out
 
 

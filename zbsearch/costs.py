@@ -24,21 +24,45 @@ call it; emulated stages sleep t_ff exactly where the runtime runs such a forwar
 searches price the fused and split backwards they choose the same way). A schedule may run a
 microbatch either way, so anything that must hold for every schedule (busy time, lower bounds)
 takes the cheaper of the two for F and for the backward (``for_bounds``).
+
+Recomputation. Where the profile offers it, a microbatch's F on a stage may run checkpointed:
+it keeps only what recomputation needs (``Recompute.keep``: the stage input and RNG state, or,
+for selective recomputation, all but the selected modules' activations), and a recompute pass
+(R full, RS selective) re-runs the forward before the backward and allocates the rest. A
+schedule says which microbatches it recomputes by holding their R or RS passes; the F of such
+a microbatch then costs ``Recompute.t_f`` and allocates ``keep`` (``durations`` and
+``memory_deltas`` price a concrete schedule). Where a profile stage is cut into k virtual
+stages, times and selective memory take 1/k each, but what a fully checkpointed forward keeps
+is its stage's input, whose size does not depend on how many layers follow it: each piece
+keeps the profile stage's ``m_fc`` (the first piece) or their mean (a cut inside a stage, as
+for communication), at most the piece's m_f.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
-from .actions import Action, Op
+from .actions import RECOMPUTES, Action, Op
 from .errors import ZbError
 from .formats.profile import Profile, profile_misfit
 
-__all__ = ["CostModel", "MAX_PASSES"]
+__all__ = ["CostModel", "Recompute", "MAX_PASSES"]
 
 # The most passes (3 per stage per microbatch) one iteration may have: beyond it a schedule's
 # actions take gigabytes to hold in Python, and a run would exhaust memory rather than fail.
 MAX_PASSES = 2_000_000
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """What recomputing one microbatch on one stage costs: the checkpointed forward's time
+    ``t_f``, the recompute pass's time ``t_r`` and the memory ``keep`` the checkpointed forward
+    allocates (the recompute pass allocates the rest, m_f - keep)."""
+
+    t_f: float
+    t_r: float
+    keep: float
 
 
 @dataclass(frozen=True)
@@ -61,6 +85,8 @@ class CostModel:
     m_b: tuple[float, ...]
     m_w: tuple[float, ...]
     comm_next: tuple[float, ...]  # delay from stage s to s+1 (and back); 0 on the same rank
+    # per stage, (full, selective) recomputation where the profile offers it (empty: nowhere)
+    recompute: tuple[tuple[Recompute | None, Recompute | None], ...] = ()
 
     def __repr__(self) -> str:
         S = self.num_stages
@@ -105,10 +131,23 @@ class CostModel:
             ]
 
         comm, send, recv = boundaries("t_comm"), boundaries("t_send"), boundaries("t_recv")
+        kept = [c.m_fc for c in profile.stages if c.m_fc is not None]
+        mean_kept = sum(kept) / len(kept) if kept else 0.0
         # host time of messages, on the passes that send or receive them: F gets its input from
         # stage s-1 and sends to s+1; B (and BW) gets its gradient from s+1 and sends to s-1
         fwd = [(send[s] if s < S - 1 else 0.0) + (recv[s - 1] if s else 0.0) for s in range(S)]
         bwd = [(send[s - 1] if s else 0.0) + (recv[s] if s < S - 1 else 0.0) for s in range(S)]
+        def recompute(s: int, selective: bool) -> Recompute | None:
+            got = st[s].recompute(selective)
+            if got is None:
+                return None
+            t_fc, t_r, keep = got
+            if not selective and s % k:  # a cut inside the profile stage: activations between layers
+                keep = mean_kept
+            keep = keep / k if selective else keep
+            return Recompute(t_fc / k + fwd[s], t_r / k, min(keep, st[s].m_f / k))
+
+        offers = tuple((recompute(s, False), recompute(s, True)) for s in range(S))
         return cls(
             stage_to_rank=tuple(stage_to_rank),
             t_f=tuple(c.t_f / k + h for c, h in zip(st, fwd)),
@@ -120,6 +159,7 @@ class CostModel:
             m_b=tuple(c.m_b / k for c in st),
             m_w=tuple(c.m_w / k for c in st),
             comm_next=tuple(comm),
+            recompute=offers if any(a or b for a, b in offers) else (),
         )
 
     def check_microbatches(self, m: int) -> None:
@@ -146,13 +186,44 @@ class CostModel:
 
     def time(self, stage: int, op: Op) -> float:
         """What a pass of this type costs, F as the split forward (t_f): the cost of every pass of
-        a split-only schedule. A schedule with fused backwards is priced by ``durations``."""
-        return self.t_bw[stage] if op is Op.BW else _by_op(op, stage, self.t_f, self.t_b, self.t_w)
+        a split-only schedule without recomputation. A schedule with fused backwards or
+        recomputation is priced by ``durations``. A recompute pass the profile does not offer on
+        the stage costs inf (the validator rejects it)."""
+        if op is Op.BW:
+            return self.t_bw[stage]
+        if op in RECOMPUTES:
+            offer = self.offer(stage, op)
+            return math.inf if offer is None else offer.t_r
+        return _by_op(op, stage, self.t_f, self.t_b, self.t_w)
+
+    def offer(self, stage: int, op: Op) -> Recompute | None:
+        """What recomputing a microbatch on ``stage`` with ``op`` (R or RS) costs, None where the
+        profile does not offer it."""
+        if not self.recompute:
+            return None
+        return self.recompute[stage][0 if op is Op.R else 1]
+
+    def recompute_ops(self, stage: int) -> tuple[Op, ...]:
+        """The recompute passes the profile offers on ``stage`` (R, RS, both or none)."""
+        return tuple(op for op in RECOMPUTES if self.offer(stage, op) is not None)
+
+    @property
+    def can_recompute(self) -> bool:
+        """Whether the profile offers recomputation on some stage."""
+        return bool(self.recompute)
+
+    def without_recompute(self, keep: tuple[Op, ...] = ()) -> CostModel:
+        """These costs with only the recompute passes in ``keep`` offered (none by default)."""
+        if not self.recompute:
+            return self
+        offers = tuple((full if Op.R in keep else None, sel if Op.RS in keep else None) for full, sel in self.recompute)
+        return replace(self, recompute=offers if any(a or b for a, b in offers) else ())
 
     def durations(self, rank_actions: list[list[Action]]) -> list[list[float]]:
         """What each action of a schedule costs (ms), as the runtime runs it: ``time``, except
         that the F of microbatch j on stage s costs t_ff[s] when its rank's actions hold a BW of
-        (s, j), because the runtime then runs that forward without the split's deferral."""
+        (s, j), because the runtime then runs that forward without the split's deferral, and
+        the checkpointed forward's time when they hold a recompute pass of (s, j)."""
         by_type = {op: [self.time(s, op) for s in range(self.num_stages)] for op in Op}  # tables: schedules are long
         f, bw = Op.F, Op.BW  # bound once: an enum member's lookup is slow
         out = []
@@ -163,16 +234,57 @@ class CostModel:
                 for i, a in enumerate(row):
                     if a.op is f and (a.stage, a.mb) in fused:  # every such F, as the runtime runs it
                         row_durations[i] = self.t_ff[a.stage]
+            if self.recompute:
+                checkpointed = self._checkpointed(row)
+                if checkpointed:
+                    for i, a in enumerate(row):
+                        offer = checkpointed.get((a.stage, a.mb)) if a.op is f else None
+                        if offer is not None:
+                            row_durations[i] = offer.t_f
             out.append(row_durations)
         return out
 
+    def _checkpointed(self, row: list[Action]) -> dict[tuple[int, int], Recompute]:
+        """(stage, microbatch) -> its recompute offer, for each recompute pass in ``row`` that
+        the profile offers."""
+        out = {}
+        for a in row:
+            if a.op in RECOMPUTES:
+                offer = self.offer(a.stage, a.op)
+                if offer is not None:
+                    out[(a.stage, a.mb)] = offer
+        return out
+
     def memory(self, stage: int, op: Op) -> float:
-        """How a pass of this type changes its rank's activation memory (BW: B's change then W's)."""
+        """How a pass of this type changes its rank's activation memory (BW: B's change then W's;
+        a recompute pass: what the checkpointed forward did not keep)."""
+        if op in RECOMPUTES:
+            offer = self.offer(stage, op)
+            return 0.0 if offer is None else self.m_f[stage] - offer.keep
         return _by_op(op, stage, self.m_f, self.m_b, self.m_w)
 
+    def memory_deltas(self, rank_actions: list[list[Action]]) -> list[list[float]]:
+        """How each action of a schedule changes its rank's memory: ``memory``, except that the
+        F of a microbatch its rank recomputes allocates only what the checkpointed forward keeps."""
+        by_type = {op: [self.memory(s, op) for s in range(self.num_stages)] for op in Op}
+        f = Op.F
+        out = []
+        for row in rank_actions:
+            deltas = [by_type[a.op][a.stage] for a in row]
+            if self.recompute:
+                checkpointed = self._checkpointed(row)
+                if checkpointed:
+                    for i, a in enumerate(row):
+                        offer = checkpointed.get((a.stage, a.mb)) if a.op is f else None
+                        if offer is not None:
+                            deltas[i] = offer.keep
+            out.append(deltas)
+        return out
+
     def forward(self, stage: int) -> float:
-        """Least time one microbatch's forward can take on ``stage``: before a fused or a split backward."""
-        return min(self.t_f[stage], self.t_ff[stage])
+        """Least time one microbatch's forward can take on ``stage``: before a fused or a split
+        backward, checkpointed or not."""
+        return min([self.t_f[stage], self.t_ff[stage], *(self.offer(stage, op).t_f for op in self.recompute_ops(stage))])  # type: ignore[union-attr]
 
     def backward(self, stage: int) -> float:
         """Least time one microbatch's backward can take on ``stage``: fused or split."""
@@ -189,6 +301,11 @@ class CostModel:
             or any(mb > 0 > mw for mb, mw in zip(self.m_b, self.m_w))
         )
 
+    def fuse_saves(self, stage: int) -> bool:
+        """Whether a fused backward on ``stage`` may pay (``fusing_may_pay``, on one stage)."""
+        return (self.t_bw[stage] < self.t_b[stage] + self.t_w[stage] or self.t_ff[stage] < self.t_f[stage]
+                or self.m_b[stage] > 0 > self.m_w[stage])
+
     def for_bounds(self) -> CostModel:
         """A split-only cost model that no schedule beats, fused BW passes included.
 
@@ -200,8 +317,14 @@ class CostModel:
         any of its passes than the original after the pass it maps (a BW's memory changes at
         once, with no peak between B and W). Bounds computed on it hold for schedules that
         fuse, split or mix.
+
+        A checkpointed forward's time counts in F's least time too, and recompute passes cost
+        nothing here: dropping a pass's time from a schedule ends no pass later. Memory keeps
+        the uncheckpointed deltas and the recompute offers stay on: a bound that reasons about
+        memory must look at ``can_recompute`` (``zbsearch.bounds``).
         """
-        if not self.fusing_may_pay():
+        cheaper_f = any(self.forward(s) < self.t_f[s] for s in range(self.num_stages))
+        if not self.fusing_may_pay() and not cheaper_f:
             return self
         t_f = tuple(self.forward(s) for s in range(self.num_stages))
         t_b = tuple(min(b, bw) for b, bw in zip(self.t_b, self.t_bw))

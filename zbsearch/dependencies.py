@@ -4,6 +4,13 @@ One microbatch flows F(0) -> ... -> F(S-1) -> B(S-1) -> ... -> B(0); W(s) needs 
 B(s) also needs F(s) of its own stage (its saved activations), which matters for the
 per-rank order even though the chain implies it in time.
 
+A recompute pass R(s) (or RS(s), selective) needs F(s), and it must run before the backward of
+its stage and microbatch (B or BW) on their rank, since it rebuilds the activations that
+backward reads: an order within one rank (``runs_before_backward``), which its list keeps, not
+a wait for another rank. Recomputation is optional, so the per-microbatch graph of pass types
+(``pass_types``, ``type_graph``), which the bounds and heuristics walk for every schedule, holds
+no recompute pass: a recompute pass only lengthens the paths it lies on.
+
 Everything else derives from ``predecessors``: successors, the delay on an edge (a
 communication latency between different stages, none within a stage), the per-microbatch
 graph of pass types that the bounds and the MILP walk, which pass type must precede which,
@@ -20,7 +27,7 @@ from functools import cache
 from operator import attrgetter
 from typing import Literal
 
-from .actions import Action, Op
+from .actions import RECOMPUTES, Action, Op
 from .costs import CostModel
 
 __all__ = [
@@ -35,8 +42,10 @@ __all__ = [
     "earliest_starts",
     "input_arrival",
     "must_precede",
+    "runs_before_backward",
     "action_index",
     "pass_positions",
+    "recompute_positions",
     "action_predecessors",
     "action_predecessor_types",
     "ACT",
@@ -67,12 +76,23 @@ def predecessors(stage: int, op: Op, mb: int, num_stages: int) -> list[Pass]:
         return deps
     if op is Op.W:
         return [(stage, Op.B, mb)]
+    if op in RECOMPUTES:
+        return [(stage, Op.F, mb)]
     raise ValueError(f"{op} is not a basic pass")
 
 
 def successors(stage: int, op: Op, mb: int, num_stages: int) -> list[Pass]:
-    """Basic passes that wait for the basic pass (stage, op, mb)."""
+    """Basic passes that wait for the basic pass (stage, op, mb) (none wait for a recompute
+    pass: its backward follows it on the same rank, ``runs_before_backward``)."""
+    if op in RECOMPUTES:
+        return []
     return [(s, o, mb) for s, o in _successor_types(num_stages)[(stage, op)]]
+
+
+def runs_before_backward(op: Op) -> bool:
+    """Whether a pass of this type must come before the backward (B or BW) of its stage and
+    microbatch on their rank: a recompute pass rebuilds the activations that backward reads."""
+    return op in RECOMPUTES
 
 
 def edge_delay(cost: CostModel, from_stage: int, to_stage: int) -> float:
@@ -129,7 +149,7 @@ def input_arrival(
 
 def must_precede(a: PassType, b: PassType, num_stages: int) -> bool:
     """Whether pass type a of a microbatch must precede pass type b of the same microbatch
-    (a path of dependencies leads from a to b)."""
+    (a path of dependencies, or a recompute pass's order before its backward, leads from a to b)."""
     return b in _descendants(num_stages)[a]
 
 
@@ -148,11 +168,19 @@ def _descendants(num_stages: int) -> dict[PassType, frozenset[PassType]]:
     out: dict[PassType, frozenset[PassType]] = {}
     for t in reversed(pass_types(num_stages)):  # successors first
         out[t] = frozenset(succ[t]).union(*(out[u] for u in succ[t]))
+    for s in range(num_stages):  # F -> recompute -> its backward and all that follows it
+        for op in RECOMPUTES:
+            out[(s, op)] = out[(s, Op.B)] | {(s, Op.B)}
+            out[(s, Op.F)] = out[(s, Op.F)] | {(s, op)}
+    for s in range(num_stages):  # every F before F(s) precedes its recompute passes too
+        for before in range(s):
+            out[(before, Op.F)] = out[(before, Op.F)] | {(s, op) for op in RECOMPUTES}
     return out
 
 
 def action_index(rank_actions: list[list[Action]]) -> dict[Pass, tuple[int, int]]:
-    """Basic pass -> (rank, position) of the action performing it (BW performs two)."""
+    """Basic pass -> (rank, position) of the action performing it (BW performs two; a recompute
+    pass is its own)."""
     index: dict[Pass, tuple[int, int]] = {}
     B, W, BW = Op.B, Op.W, Op.BW  # the simulator indexes every schedule it times: keep this loop tight
     for r, row in enumerate(rank_actions):
@@ -171,7 +199,8 @@ def pass_positions(
     """``action_index`` as tables: ``[op][stage][mb]`` -> (rank, position) of the action performing
     that basic pass (the first, if several do), None where none does; for ``num_microbatches``
     microbatches (default: up to the highest in the schedule). Lists, not a dict of tuples:
-    the simulator looks up every dependency of every action in them."""
+    the simulator looks up every dependency of every action in them. Only F, B and W: no
+    pass waits for a recompute pass (``recompute_positions`` finds those)."""
     m = num_microbatches
     if m is None:
         m = 1 + max((max(map(_MB, row)) for row in rank_actions if row), default=-1)
@@ -185,11 +214,24 @@ def pass_positions(
                 for op in (B, W):
                     if table[op][a.stage][a.mb] is None:
                         table[op][a.stage][a.mb] = (r, i)
+            elif a.op in RECOMPUTES:
+                continue
             else:
                 slot = table[a.op][a.stage]
                 if slot[a.mb] is None:
                     slot[a.mb] = (r, i)
     return table
+
+
+def recompute_positions(rank_actions: list[list[Action]]) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(stage, microbatch) -> (rank, position) of each recompute pass (R or RS) of it, in rank and
+    position order (a valid schedule has at most one)."""
+    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for r, row in enumerate(rank_actions):
+        for i, a in enumerate(row):
+            if a.op in RECOMPUTES:
+                out.setdefault((a.stage, a.mb), []).append((r, i))
+    return out
 
 
 def action_predecessors(a: Action, num_stages: int) -> list[Pass]:

@@ -96,7 +96,7 @@ def _pool_stage(costs: list[StageCost]) -> StageCost:
     """Each pass time's median over the rounds (an optional one only where every round has it),
     and the memory deltas' medians, W's taken as what balances them as the format demands."""
     med: dict[str, float | None] = {}
-    for k in (*PASSES, "m_f", "m_b"):
+    for k in (*PASSES, "m_f", "m_b", "m_fc", "m_fs"):
         xs = [getattr(c, k) for c in costs]
         med[k] = statistics.median(xs) if all(x is not None for x in xs) else None
     m_f, m_b = med["m_f"], med["m_b"]

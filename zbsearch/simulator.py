@@ -5,20 +5,24 @@ action on its rank has finished and every pass it depends on has finished (plus 
 communication delay when that pass ran on another rank). Communication is modelled as a
 latency that does not occupy either rank, which is what asynchronous P2P achieves when
 transfers overlap compute. An action takes what ``CostModel.durations`` gives it (the F of a
-microbatch whose backward its rank runs fused takes t_ff, not t_f). Memory on a rank changes
-only through its own actions, so the memory curve depends on the order alone, not on timing.
+microbatch whose backward its rank runs fused takes t_ff, not t_f; that of a microbatch it
+recomputes the checkpointed forward's time). Memory on a rank changes only through its own
+actions (``CostModel.memory_deltas``), so the memory curve depends on the order alone, not on
+timing.
 
 Bubble rate generalises the paper's (span - m(T_F+T_B+T_W)) / span to unequal stages as
 (T - max_r busy_r) / T with T = max_r span_r: the time the slowest rank's period exceeds the
 compute of the busiest rank, the part of the iteration a schedule can remove. It equals the
-paper's formula when stages are uniform.
+paper's formula when stages are uniform. A rank's busy time counts its F, B and W passes, not
+its recompute passes: recomputation is work a schedule with more memory would not do, so the
+bubble rate counts it with the idle time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .actions import Action, Op
+from .actions import RECOMPUTES, Action, Op
 from .costs import CostModel
 from .dependencies import action_predecessor_types, edge_delay, pass_positions
 from .errors import ZbError
@@ -39,7 +43,8 @@ class Timeline:
     """When each action of a schedule runs and what memory each rank holds, as ``simulate`` finds.
 
     ``start[r][i]`` and ``end[r][i]`` (ms) are those of rank r's i-th action, ``memory[r][i]``
-    the activation memory the rank holds after it, ``busy[r]`` the rank's compute time.
+    the activation memory the rank holds after it, ``busy[r]`` the rank's compute time in F, B
+    and W passes (recompute passes not counted, see the module).
     """
 
     actions: list[list[Action]]
@@ -155,19 +160,18 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
     if any(d < len(row) for d, row in zip(done, rank_actions)):
         raise Deadlock(_waits(rank_actions, done, _resolve(rank_actions, where, S)))
 
-    busy = [sum(row) for row in durations]
+    busy = [sum(d for a, d in zip(row, dur) if a.op not in RECOMPUTES) for row, dur in zip(rank_actions, durations)]
     return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy)
 
 
 def memory_trace(rank_actions: list[list[Action]], cost: CostModel) -> list[list[float]]:
     """Memory on each rank after each of its actions (``Timeline.memory``): it depends on the
     order alone, so it needs no timing, and no check that the order can run."""
-    deltas = {op: [cost.memory(s, op) for s in range(cost.num_stages)] for op in Op}
     memory = []
-    for row in rank_actions:
+    for deltas in cost.memory_deltas(rank_actions):
         cur, trace = 0.0, []
-        for a in row:
-            cur += deltas[a.op][a.stage]
+        for d in deltas:
+            cur += d
             trace.append(cur)
         memory.append(trace)
     return memory

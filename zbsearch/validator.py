@@ -2,7 +2,9 @@
 
 Checks, in this order, and reports the first failure with the action that causes it:
 placement (each action on the rank that owns its stage), completeness (each F, B and W of
-each stage and microbatch exactly once, BW counting as B and W), same-rank order (no pass
+each stage and microbatch exactly once, BW counting as B and W), recomputation (at most one
+recompute pass per stage and microbatch, one the profile offers on that stage, before that
+microbatch's backward on the rank), same-rank order (no pass
 before a pass of its own rank it depends on), deadlock (a cycle through the ranks' orders and
 the cross-rank dependencies, found with networkx and printed as the chain of waits), and
 memory (the running activation total on each rank never exceeds the rank's limit).
@@ -15,9 +17,9 @@ and none when the caller hands in the timeline it has already simulated.
 
 from __future__ import annotations
 
-from .actions import Action, Op
+from .actions import RECOMPUTES, Action, Op
 from .costs import CostModel
-from .dependencies import action_predecessor_types, pass_positions
+from .dependencies import action_predecessor_types, pass_positions, recompute_positions
 from .errors import ZbError
 from .formats.profile import Profile
 from .formats.schedule import Schedule
@@ -68,10 +70,12 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
 
     where = pass_positions(rows, S, m)  # the first action performing each pass
     BW = Op.BW
-    performed = sum(len(row) + sum(1 for a in row if a.op is BW) for row in rows)
+    performed = sum(len(row) + sum(1 for a in row if a.op is BW) - sum(1 for a in row if a.op in RECOMPUTES) for row in rows)
     if performed != sum(len(slot) - slot.count(None) for by_stage in where.values() for slot in by_stage):
         for r, row in enumerate(rows):  # some pass is performed twice: name the first repeat
             for i, a in enumerate(row):
+                if a.op in RECOMPUTES:
+                    continue
                 for op in a.parts():
                     pr, pi = where[op][a.stage][a.mb]  # type: ignore[misc]  # the first performer
                     if (pr, pi) != (r, i):
@@ -84,8 +88,14 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
                     if where[op][s][j] is None:
                         return f"{s}{op.value}{j} is missing (rank {schedule.stage_to_rank[s]} never runs it)"
 
-    if timeline is None:
+    cost = None
+    if any(a.op in RECOMPUTES for row in rows for a in row):
         cost = CostModel.from_profile(profile or schedule.profile, schedule.stage_to_rank)
+        problem = _recompute_problem(rows, where, cost)
+        if problem:
+            return problem
+    if timeline is None:
+        cost = cost or CostModel.from_profile(profile or schedule.profile, schedule.stage_to_rank)
         try:
             timeline = simulate(rows, cost)
         except Deadlock as dead:  # a pass before one of its own rank it needs, or a cycle across ranks
@@ -106,6 +116,25 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
                         f"rank {r}: memory reaches {cur:.6g} after {a} (position {i}), "
                         f"over its limit {limit[r]:.6g}"
                     )
+    return None
+
+
+def _recompute_problem(rows: list[list[Action]], where, cost: CostModel) -> str | None:
+    """The first recompute pass that repeats one, that the profile does not offer, or that
+    comes after the backward it rebuilds activations for."""
+    for (s, j), places in recompute_positions(rows).items():
+        r, i = places[0]
+        a = rows[r][i]
+        if len(places) > 1:
+            r2, i2 = places[1]
+            return f"{s}F{j} is recomputed twice: {a} at rank {r} position {i} and {rows[r2][i2]} at rank {r2} position {i2}"
+        if cost.offer(s, a.op) is None:
+            what = "full recomputation (t_r, m_fc)" if a.op is Op.R else "selective recomputation (t_rs, m_fs)"
+            return f"{a} on rank {r}: the profile offers no {what} on stage {s}"
+        br, bi = where[Op.B][s][j]  # complete: the backward exists
+        if br == r and bi < i:
+            return (f"rank {r}: {a} at position {i} comes after {rows[br][bi]} at position {bi}, "
+                    f"whose activations it rebuilds")
     return None
 
 

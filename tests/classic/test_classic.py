@@ -67,7 +67,7 @@ def test_zb_v_zero_bubble_at_1f1b_memory(p):
 
 @pytest.mark.parametrize("kind", CLASSIC_KINDS)
 def test_every_classic_kind_validates_with_comm(kind):
-    prof = make_profile(4, 1.3, 1.1, 0.7, t_comm=0.05)
+    prof = make_profile(4, 1.3, 1.1, 0.7, t_comm=0.05, keep=0.125)
     sched = build_classic(kind, prof, 8)
     assert find_problem(sched) is None
     tl = timeline(sched)

@@ -168,7 +168,7 @@ def _bad_traces(schedule: zb.Schedule) -> dict[str, tuple[object, str]]:
         "no header": ({"traceEvents": []}, "not a zbsearch trace"),
         "version": ({**good, "zbsearch": {**good["zbsearch"], "version": 7}}, "version 7 is not supported"),
         "rank": (wrong_rank, "is on rank 9 but the trace has 4 ranks"),
-        "op": (bad_op, "traceEvents[0].args.op: Input should be 'F', 'B', 'W' or 'BW'"),
+        "op": (bad_op, "traceEvents[0].args.op: Input should be 'F', 'B', 'W', 'BW', 'R' or 'RS'"),
         "empty": ({**good, "traceEvents": []}, "holds no actions"),
         "other schedule": (other, "not a trace of this schedule"),
     }

@@ -214,10 +214,11 @@ def test_what_each_action_receives_is_what_the_plan_sends(p):
     m = 2 * p
     skew = zb.Profile(
         name="skew", memory_unit="activations",
-        stages=[zb.StageCost(t_f=1 + r, t_b=2, t_w=0.5 + r / 2, m_f=1, m_b=-0.6, m_w=-0.4) for r in range(p)],
+        stages=[zb.StageCost(t_f=1 + r, t_b=2, t_w=0.5 + r / 2, m_f=1, m_b=-0.6, m_w=-0.4, t_r=1 + r, m_fc=0.1)
+                for r in range(p)],
         t_comm=0.1,
     )
-    schedules = [zb.build_classic(k, skew, m) for k in zb.CLASSIC_KINDS]
+    schedules = [zb.build_classic(k, skew, m) for k in zb.CLASSIC_KINDS]  # recompute passes receive nothing
     schedules += [solve(skew, m, lim, chunks=c, time_limit=1, milp=False).schedule for lim in ("1p", "2p") for c in (1, 2)]
     for sched in schedules:
         rows, owner = sched.rank_actions, sched.stage_to_rank

@@ -45,6 +45,13 @@ Two exact methods:
   node is absent (skipped by the circuit, an absent optional interval, no memory event) and its
   F lasts t_ff instead of t_f.
 
+  With ``recompute``, each (stage, microbatch) also has a literal per recompute pass the costs
+  offer there (R full, RS selective; at most one true): its recompute node is then present
+  (an optional interval of t_r, skipped by the circuit otherwise, sitting at its F's end with no
+  length), starts after its F ends and ends before its backward starts; its F lasts the
+  checkpointed time (which takes precedence over t_ff, as ``CostModel.durations`` prices it)
+  and allocates only ``keep`` at its start, the recompute node the rest at its own.
+
   ``fifo=True`` restricts each stage's F, B and W passes to microbatch order, which is what
   zbsearch's MILP assumes; with ASAP semantics the FIFO optimum can be strictly worse than
   the optimum for ``span`` (``issue_counterexample``: 13.56 vs 12.56).
@@ -52,7 +59,9 @@ Two exact methods:
 * ``brute_force``: enumerate every per-rank order consistent with the rank's own
   dependencies, keep those within the memory limit, and simulate every combination with
   ``zbsearch.simulator.simulate`` (deadlocks skipped); with ``fused``, for every subset of
-  fused (stage, microbatch) backwards. Only for tiny problems; it cross-checks the CP model
+  fused (stage, microbatch) backwards; with ``recompute``, for every choice of recomputation
+  per (stage, microbatch), the recompute pass anywhere between its F and its backward. Only
+  for tiny problems; it cross-checks the CP model
   including its ASAP semantics and its pricing of fused passes.
 
 Exactness: CP-SAT works on integers. Times (pass times and comm delays of the cost model) and
@@ -77,7 +86,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from zbsearch import CostModel, Profile, StageCost
-from zbsearch.actions import Action, Op
+from zbsearch.actions import RECOMPUTES, Action, Op
 from zbsearch.dependencies import predecessors
 from zbsearch.formats.schedule import Schedule
 from zbsearch.layout import placement
@@ -86,7 +95,7 @@ from zbsearch.validator import find_problem
 
 __all__ = [
     "OracleResult", "Instance", "cp_optimum", "cp_optimum_many", "brute_force", "schedule_value", "memory_level",
-    "random_instance", "with_fused", "issue_counterexample", "FAMILIES",
+    "random_instance", "with_fused", "with_recompute", "issue_counterexample", "FAMILIES",
 ]
 
 _MEM_RTOL = 1e-9  # the validator's tolerance (validator._MEM_RTOL), restated: the oracle is its own
@@ -154,8 +163,12 @@ def _to_int(v: float, scale: int) -> int:
     return x
 
 
-def _passes(cost: CostModel, m: int, rank: int) -> list[Pass]:
-    return [(s, op, j) for s in cost.rank_stages(rank) for op in _OPS for j in range(m)]
+def _passes(cost: CostModel, m: int, rank: int, recompute: bool = False) -> list[Pass]:
+    """The rank's F, B, W nodes and, with ``recompute``, one node per recompute pass offered."""
+    out = [(s, op, j) for s in cost.rank_stages(rank) for op in _OPS for j in range(m)]
+    if recompute:
+        out += [(s, op, j) for s in cost.rank_stages(rank) for op in cost.recompute_ops(s) for j in range(m)]
+    return out
 
 
 def _deps(cost: CostModel, p: Pass) -> list[tuple[Pass, float]]:
@@ -166,14 +179,21 @@ def _deps(cost: CostModel, p: Pass) -> list[tuple[Pass, float]]:
 
 
 def _ancestors(cost: CostModel, m: int) -> dict[Pass, set[Pass]]:
-    order = [(s, Op.F, j) for j in range(m) for s in range(cost.num_stages)]
-    order += [(s, Op.B, j) for j in range(m) for s in reversed(range(cost.num_stages))]
-    order += [(s, Op.W, j) for j in range(m) for s in range(cost.num_stages)]
+    """Per node, the nodes that must come before it: its dependencies and, for a backward, the
+    recompute nodes of its own (stage, microbatch) (before it where present)."""
+    S = cost.num_stages
+    order = [(s, Op.F, j) for j in range(m) for s in range(S)]
+    order += [(s, op, j) for j in range(m) for s in range(S) for op in RECOMPUTES]
+    order += [(s, Op.B, j) for j in range(m) for s in reversed(range(S))]
+    order += [(s, Op.W, j) for j in range(m) for s in range(S)]
     anc: dict[Pass, set[Pass]] = {}
     for p in order:
         a: set[Pass] = set()
         for d, _ in _deps(cost, p):
             a |= anc[d] | {d}
+        if p[1] is Op.B:
+            for op in RECOMPUTES:
+                a |= anc[(p[0], op, p[2])] | {(p[0], op, p[2])}
         anc[p] = a
     return anc
 
@@ -181,7 +201,7 @@ def _ancestors(cost: CostModel, m: int) -> dict[Pass, set[Pass]]:
 def cp_optimum(
     cost: CostModel, m: int, limit: list[float] | None, objective: str = "span", *,
     rank: int | None = None, semantics: str = "asap", fifo: bool = False, fused: bool = False,
-    time_limit: float = 60.0,
+    recompute: bool = False, time_limit: float = 60.0,
 ) -> OracleResult:
     """Least ``objective`` over all schedules within ``limit``.
 
@@ -194,11 +214,13 @@ def cp_optimum(
     zbsearch's MILP assumes), to tell a wrong assumption from a wrong solve.
     ``fused``: over split, fused and mixed schedules (each backward one BW or a B then a W);
     otherwise over split schedules only (B and W everywhere).
+    ``recompute``: over every choice of recomputation the costs offer, per (stage, microbatch);
+    otherwise none.
 
     CP-SAT runs in a separate process: ortools bundles its own libhighs.so.1 (HiGHS 1.12),
     which cannot share a process with highspy's (1.15), whichever is imported first."""
-    return cp_optimum_many([(cost, m, limit, objective, dict(rank=rank, semantics=semantics, fifo=fifo, fused=fused))],
-                           time_limit=time_limit)[0]
+    return cp_optimum_many([(cost, m, limit, objective, dict(rank=rank, semantics=semantics, fifo=fifo, fused=fused,
+                                                               recompute=recompute))], time_limit=time_limit)[0]
 
 
 def cp_optimum_many(jobs, *, time_limit: float = 60.0, processes: int = 1) -> list[OracleResult]:
@@ -237,7 +259,8 @@ def _pool(processes: int) -> ProcessPoolExecutor:
 
 
 def _cp_solve(cost: CostModel, m: int, limit: list[float] | None, objective: str, *, rank: int | None = None,
-              semantics: str = "asap", fifo: bool = False, fused: bool = False, time_limit: float = 60.0):
+              semantics: str = "asap", fifo: bool = False, fused: bool = False, recompute: bool = False,
+              time_limit: float = 60.0):
     """The CP-SAT model (module docstring); runs in a worker process. Returns (value, rows,
     optimal, bound). Nodes are basic passes (s, op, j); with ``fused`` the node (s, B, j) is the
     backward, a B or (when fused) a BW, and (s, W, j) is absent when fused."""
@@ -247,99 +270,150 @@ def _cp_solve(cost: CostModel, m: int, limit: list[float] | None, objective: str
     if objective == "makespan":
         semantics = "idle"  # equal optimum (module docstring), smaller model
     R = cost.num_ranks
-    passes = [_passes(cost, m, r) for r in range(R)]
+    passes = [_passes(cost, m, r, recompute) for r in range(R)]
     all_passes = [p for row in passes for p in row]
     times = [cost.time(s, op) for s, op, _ in all_passes] + list(cost.comm_next)
     if fused:
         times += list(cost.t_bw) + list(cost.t_ff)
+    offers = {(s, op): cost.offer(s, op) for s, op, _ in all_passes if op in RECOMPUTES}
+    times += [o.t_f for o in offers.values()]  # type: ignore[union-attr]
     assert all(t > 0 for t in times[:len(all_passes)]), "pass times must be positive"
     assert not fused or min(cost.t_bw + cost.t_ff) > 0, "pass times must be positive"
     ts = _scale(times)
     model = cp_model.CpModel()
     # x[(s, j)]: the backward of microbatch j on stage s is fused (a constant 0 without ``fused``)
     x = {(s, j): (model.new_bool_var(f"x{s}_{j}") if fused else 0) for s in range(cost.num_stages) for j in range(m)}
+    # y[(s, op, j)]: microbatch j is recomputed on stage s by ``op`` (R or RS), at most one per (s, j)
+    y = {p: model.new_bool_var(f"y{p}") for p in all_passes if p[1] in RECOMPUTES}
+    for s in range(cost.num_stages):
+        for j in range(m):
+            lits = [y[(s, op, j)] for op in RECOMPUTES if (s, op, j) in y]
+            if len(lits) > 1:
+                model.add_at_most_one(lits)
+    # z[(s, j)]: fused and not checkpointed, the only case where F costs t_ff
+    z = {}
+    if fused:
+        for (s, j), lit in x.items():
+            ys = [y[(s, op, j)] for op in RECOMPUTES if (s, op, j) in y]
+            if not ys:
+                z[(s, j)] = lit
+                continue
+            z[(s, j)] = model.new_bool_var(f"z{s}_{j}")
+            model.add_implication(z[(s, j)], lit)
+            for v in ys:
+                model.add_implication(z[(s, j)], v.Not())
+            model.add_bool_or([lit.Not(), *ys, z[(s, j)]])
 
     def scaled(v: float) -> int:
         return _to_int(v, ts)
 
     def duration(p: Pass):
-        """The pass's duration: a constant, or affine in its microbatch's fused literal."""
+        """The pass's duration: a constant, or affine in its microbatch's literals."""
         s, op, j = p
+        if op in RECOMPUTES:
+            return scaled(cost.time(s, op)) * y[p]
         base = scaled(cost.time(s, op))
-        if not fused:
-            return base
-        other = {Op.F: scaled(cost.t_ff[s]), Op.B: scaled(cost.t_bw[s]), Op.W: 0}[op]
-        return base + (other - base) * x[(s, j)]
+        out = base
+        if fused:
+            other = {Op.F: scaled(cost.t_ff[s]), Op.B: scaled(cost.t_bw[s]), Op.W: 0}[op]
+            out = base + (other - base) * (z[(s, j)] if op is Op.F else x[(s, j)])
+        if op is Op.F:
+            for r_op in RECOMPUTES:
+                if (s, r_op, j) in y:
+                    out = out + (scaled(offers[(s, r_op)].t_f) - base) * y[(s, r_op, j)]  # type: ignore[union-attr]
+        return out
 
     def longest(p: Pass) -> int:
         s, op, _ = p
         out = scaled(cost.time(s, op))
-        if fused and op is not Op.W:
+        if fused and op in (Op.F, Op.B):
             out = max(out, scaled(cost.t_ff[s] if op is Op.F else cost.t_bw[s]))
+        if op is Op.F:
+            out = max([out] + [scaled(offers[(s, r_op)].t_f) for r_op in RECOMPUTES if (s, r_op) in offers])  # type: ignore[union-attr]
         return out
 
     def present(p: Pass):
-        """1 where the pass runs, or the literal saying so (a fused microbatch has no W)."""
+        """1 where the pass runs, or the literal saying so (a fused microbatch has no W, a
+        microbatch not recomputed no recompute pass)."""
         s, op, j = p
+        if op in RECOMPUTES:
+            return y[p]
         return 1 if op is not Op.W or not fused else x[(s, j)].Not()
+
+    def optional(p: Pass) -> bool:
+        return p[1] in RECOMPUTES or (fused and p[1] is Op.W)
 
     dur = {p: duration(p) for p in all_passes}
     horizon = sum(longest(p) for p in all_passes) + sum(scaled(c) for c in cost.comm_next) * m * 2 + 1
     start = {p: model.new_int_var(0, horizon, f"s{p}") for p in all_passes}
     end = {p: start[p] + dur[p] for p in all_passes}
-    if fused:  # an interval's end must be one variable (or a constant) plus a constant
+    if fused or y:  # an interval's size and end must each be one variable (or a constant) plus a constant
         for p in all_passes:
+            if not isinstance(dur[p], int):
+                d = model.new_int_var(0, longest(p), f"d{p}")
+                model.add(d == dur[p])
+                dur[p] = d
             e = model.new_int_var(0, horizon + longest(p), f"e{p}")
             model.add(e == start[p] + dur[p])
             end[p] = e
     for p in all_passes:
         for d, delay in _deps(cost, p):
             model.add(start[p] >= end[d] + scaled(delay))
+    for (s_, op, j), lit in y.items():  # a recompute pass before its backward, on their rank
+        model.add(start[(s_, Op.B, j)] >= end[(s_, op, j)]).only_enforce_if(lit)
+        model.add(start[(s_, op, j)] == end[(s_, Op.F, j)]).only_enforce_if(lit.Not())  # absent: no length, at F's end
     if fifo:
         for s_, op, j in all_passes:
-            if j:
+            if j and op not in RECOMPUTES:
                 model.add(start[(s_, op, j)] >= end[(s_, op, j - 1)])
     for r in range(R):
         model.add_no_overlap([
             model.new_optional_interval_var(start[p], dur[p], end[p], present(p), f"i{p}")
-            if fused and p[1] is Op.W else model.new_interval_var(start[p], dur[p], end[p], f"i{p}")
+            if optional(p) else model.new_interval_var(start[p], dur[p], end[p], f"i{p}")
             for p in passes[r]
         ])
-    fixed = {p: scaled(cost.time(p[0], p[1])) for p in all_passes}
+    fixed = {p: scaled(cost.time(p[0], p[1])) if p[1] not in RECOMPUTES else 0 for p in all_passes}
     hint = _sequential_hint(cost, m, fixed, {p: {d: scaled(c) for d, c in _deps(cost, p)} for p in all_passes})
     for p in all_passes:
+        if p[1] in RECOMPUTES:  # absent in the hint: at its F's end, no length
+            f = (p[0], Op.F, p[2])
+            hint[p] = hint[f] + fixed[f]
         model.add_hint(start[p], hint[p])
     if fused:
         for v in x.values():
             model.add_hint(v, False)  # the hint is the split sequential schedule
+    for v in y.values():
+        model.add_hint(v, False)  # ... without recomputation
     if semantics == "asap":
         anc = _ancestors(cost, m)
         for r in range(R):
             nodes = passes[r]
             arcs = []
             prev_end = {p: model.new_int_var(0, horizon, f"pe{p}") for p in nodes}
+            hinted_nodes = [u for u in nodes if u[1] not in RECOMPUTES]  # the hint has no recompute pass
             for i, v in enumerate(nodes):
-                if fused and v[1] is Op.W:
-                    gone = x[(v[0], v[2])]
-                    arcs.append((i + 1, i + 1, gone))  # a fused microbatch's W is not visited
-                    # ... and then sits at its backward's end (below): no free variable left
+                if optional(v):
+                    gone = x[(v[0], v[2])] if v[1] is Op.W else y[v].Not()
+                    arcs.append((i + 1, i + 1, gone))  # a fused W or an absent recompute pass is not visited
+                    # ... and then sits at its backward's (its F's) end: no free variable left
                     model.add(prev_end[v] == 0).only_enforce_if(gone)
+                in_hint = v[1] not in RECOMPUTES
                 first = model.new_bool_var(f"first{v}")
                 arcs.append((0, i + 1, first))
                 model.add(prev_end[v] == 0).only_enforce_if(first)
-                pred = [u for u in nodes if hint[u] < hint[v]]
+                pred = [u for u in hinted_nodes if hint[u] < hint[v]] if in_hint else []
                 hinted = max(pred, key=hint.get) if pred else None
-                model.add_hint(first, hinted is None)
+                model.add_hint(first, in_hint and hinted is None)
                 model.add_hint(prev_end[v], hint[hinted] + fixed[hinted] if hinted else 0)
                 last_lit = model.new_bool_var(f"last{v}")
                 arcs.append((i + 1, 0, last_lit))
-                model.add_hint(last_lit, all(hint[u] <= hint[v] for u in nodes))
+                model.add_hint(last_lit, in_hint and all(hint[u] <= hint[v] for u in hinted_nodes))
                 for k, u in enumerate(nodes):
                     if u == v or v in anc[u]:  # v must come before u: no arc u -> v
                         continue
                     lit = model.new_bool_var(f"a{u}{v}")
                     arcs.append((k + 1, i + 1, lit))
-                    model.add_hint(lit, u == hinted)
+                    model.add_hint(lit, in_hint and u == hinted)
                     model.add(prev_end[v] == end[u]).only_enforce_if(lit)
                 # the simulator's recurrence: start = max(previous end on the rank, ready times)
                 model.add_max_equality(start[v], [prev_end[v], *(end[d] + scaled(c) for d, c in _deps(cost, v))])
@@ -349,7 +423,7 @@ def _cp_solve(cost: CostModel, m: int, limit: list[float] | None, objective: str
             if p[1] is Op.W:
                 model.add(start[p] == end[(p[0], Op.B, p[2])]).only_enforce_if(x[(p[0], p[2])])
     if limit is not None:
-        ms = _scale([cost.memory(s, op) for s, op, _ in all_passes])
+        ms = _scale([cost.memory(s, op) for s, op, _ in all_passes] + [o.keep for o in offers.values()])  # type: ignore[union-attr]
         for r in range(R):
             # one event per pass at its start; a fused backward changes memory by its W's change
             # as well, at once, and its absent W changes nothing
@@ -358,10 +432,22 @@ def _cp_solve(cost: CostModel, m: int, limit: list[float] | None, objective: str
                 s, op, j = p
                 delta = _to_int(cost.memory(s, op), ms)
                 times_.append(start[p])
-                if fused and op is not Op.F:
+                if op in RECOMPUTES:
+                    delta = delta * y[p]  # what the checkpointed F did not keep, if recomputed
+                elif op is Op.F:
+                    for r_op in RECOMPUTES:
+                        if (s, r_op, j) in y:
+                            keep = _to_int(offers[(s, r_op)].keep, ms)  # type: ignore[union-attr]
+                            delta = delta + (keep - _to_int(cost.m_f[s], ms)) * y[(s, r_op, j)]
+                elif fused:
                     w = _to_int(cost.memory(s, Op.W), ms)
                     # the backward takes its W's change too when fused; an absent W none
                     delta = delta + w * x[(s, j)] if op is Op.B else w - w * x[(s, j)]
+                if not isinstance(delta, int):  # a level change may hold one variable only
+                    bound = sum(abs(_to_int(cost.memory(s, o), ms)) for o in (Op.F, Op.B, Op.W))
+                    v = model.new_int_var(-bound, bound, f"dm{p}")
+                    model.add(v == delta)
+                    delta = v
                 deltas.append(delta)
             top = memory_level(limit[r], ms)
             if top < 0:
@@ -401,9 +487,12 @@ def _cp_solve(cost: CostModel, m: int, limit: list[float] | None, objective: str
     rows = []
     for r in range(R):
         row = []
-        for s, op, j in sorted(passes[r], key=lambda p: (solver.value(start[p]), p[1] is Op.W)):
+        def order(p: Pass):  # at one instant: an F before an absent recompute pass, a fused W last
+            return solver.value(start[p]), p[1] is Op.W, p[1] is not Op.F
+
+        for s, op, j in sorted(passes[r], key=order):
             is_fused = fused and solver.value(x[(s, j)])
-            if is_fused and op is Op.W:
+            if (is_fused and op is Op.W) or (op in RECOMPUTES and not solver.value(y[(s, op, j)])):
                 continue
             row.append(Action(s, Op.BW if is_fused and op is Op.B else op, j))
         rows.append(row)
@@ -436,19 +525,32 @@ def _check(rows: list[list[Action]], cost: CostModel, m: int, limit: list[float]
 def _profile_of(cost: CostModel) -> Profile:
     """A profile whose cost model under ``cost.stage_to_rank`` is ``cost`` (one profile stage per
     virtual stage, the comm list as it is), for the validator."""
+    def offers(s: int) -> dict:
+        out = {}
+        for op, (t_fc, t_r, m_fc) in ((Op.R, ("t_fc", "t_r", "m_fc")), (Op.RS, ("t_fs", "t_rs", "m_fs"))):
+            o = cost.offer(s, op)
+            if o is not None:
+                out.update({t_fc: o.t_f, t_r: o.t_r, m_fc: o.keep})
+        return out
+
     stages = [StageCost(t_f=cost.t_f[s], t_b=cost.t_b[s], t_w=cost.t_w[s], m_f=cost.m_f[s], m_b=cost.m_b[s],
-                        m_w=cost.m_w[s], t_bw=cost.t_bw[s], t_ff=cost.t_ff[s]) for s in range(cost.num_stages)]
+                        m_w=cost.m_w[s], t_bw=cost.t_bw[s], t_ff=cost.t_ff[s], **offers(s)) for s in range(cost.num_stages)]
     return Profile(name="oracle-check", memory_unit="activations", stages=stages,
                    t_comm=list(cost.comm_next) if cost.num_stages > 1 else 0.0)
 
 
-def _rank_orders(cost: CostModel, m: int, rank: int, limit: float | None, fused: frozenset = frozenset()):
+def _rank_orders(cost: CostModel, m: int, rank: int, limit: float | None, fused: frozenset = frozenset(),
+                 recomputed: frozenset = frozenset()):
     """Every order of the rank's actions that respects its own dependencies and memory limit;
-    the backward of each (stage, microbatch) in ``fused`` is one BW action, the others a B and a W."""
-    nodes = [p for p in _passes(cost, m, rank) if not (p[1] is Op.W and (p[0], p[2]) in fused)]
+    the backward of each (stage, microbatch) in ``fused`` is one BW action, the others a B and a W;
+    each (stage, op, microbatch) in ``recomputed`` a recompute pass (its F checkpointed)."""
+    stages = set(cost.rank_stages(rank))
+    mine_r = {p for p in recomputed if p[0] in stages}
+    nodes = [p for p in _passes(cost, m, rank) if not (p[1] is Op.W and (p[0], p[2]) in fused)] + sorted(mine_r)
     anc = _ancestors(cost, m)
-    mine = set(_passes(cost, m, rank))
+    mine = set(_passes(cost, m, rank)) | mine_r
     local = {p: anc[p] & mine for p in nodes}
+    keep = {(s, j): cost.offer(s, op).keep for s, op, j in mine_r}  # type: ignore[union-attr]
     allowed = None if limit is None else limit * (1 + _MEM_RTOL) + 1e-12
     out: list[list[Action]] = []
 
@@ -464,7 +566,8 @@ def _rank_orders(cost: CostModel, m: int, rank: int, limit: float | None, fused:
             if p in done or not local[p] <= done:
                 continue
             whole = p[1] is Op.B and (p[0], p[2]) in fused  # a BW: B and W at once
-            nxt = mem + cost.memory(p[0], p[1]) + (cost.memory(p[0], Op.W) if whole else 0.0)
+            delta = keep[(p[0], p[2])] if p[1] is Op.F and (p[0], p[2]) in keep else cost.memory(p[0], p[1])
+            nxt = mem + delta + (cost.memory(p[0], Op.W) if whole else 0.0)
             if allowed is not None and nxt > allowed:
                 continue
             added = [p] + ([(p[0], Op.W, p[2])] if whole else [])
@@ -479,16 +582,23 @@ def _rank_orders(cost: CostModel, m: int, rank: int, limit: float | None, fused:
 
 
 def brute_force(cost: CostModel, m: int, limit: list[float] | None, objective: str = "span",
-                max_combinations: int = 300_000, fused: bool = False) -> tuple[float, list[list[Action]]]:
+                max_combinations: int = 300_000, fused: bool = False,
+                recompute: bool = False) -> tuple[float, list[list[Action]]]:
     """Least ``objective`` over every combination of per-rank orders, each simulated; with
-    ``fused``, for every subset of fused (stage, microbatch) backwards as well."""
+    ``fused``, for every subset of fused (stage, microbatch) backwards as well; with
+    ``recompute``, for every choice of recomputation (none or an offered pass) per (stage,
+    microbatch)."""
     keys = [(s, j) for s in range(cost.num_stages) for j in range(m)]
     subsets = [frozenset(k for k, bit in zip(keys, bits) if bit)
                for bits in itertools.product((0, 1), repeat=len(keys) if fused else 0)]
+    choices = [[None, *(cost.recompute_ops(s) if recompute else ())] for s, _ in keys]
+    plans = [frozenset((s, op, j) for (s, j), op in zip(keys, pick) if op is not None)
+             for pick in itertools.product(*choices)]
     best, best_rows = math.inf, None
     total = 0
-    for chosen in subsets:
-        orders = [_rank_orders(cost, m, r, None if limit is None else limit[r], chosen) for r in range(cost.num_ranks)]
+    for chosen, plan in itertools.product(subsets, plans):
+        orders = [_rank_orders(cost, m, r, None if limit is None else limit[r], chosen, plan)
+                  for r in range(cost.num_ranks)]
         total += math.prod(len(o) for o in orders)
         assert total <= max_combinations, f"over {max_combinations} combinations"
         for combo in itertools.product(*orders):
@@ -573,6 +683,24 @@ def with_fused(rng: random.Random, inst: Instance, saving: tuple[float, float] =
         t_ff = max(g, st.t_f - _grid(rng, 0, 0.1 * st.t_f, g))
         stages.append(st.model_copy(update={"t_bw": t_bw, "t_ff": t_ff}))
     prof = inst.profile.model_copy(update={"stages": stages, "name": inst.profile.name + "-fused"})
+    return Instance(inst.family, prof, inst.m, inst.chunks, inst.limit, inst.limit_name)
+
+
+def with_recompute(rng: random.Random, inst: Instance, selective: bool = False) -> Instance:
+    """``inst`` with full recomputation offered on every stage (keeping 1/32 to half of m_f,
+    the checkpointed F up to 1/8 slower, the recompute pass 1/2 to 3/2 of t_f), and with
+    ``selective`` selective recomputation too (keeping half to all but 1/32 of m_f, its pass 1/16
+    to 1/2 of t_f), all on the instance's grids."""
+    g = 1 / 16
+    stages = []
+    for st in inst.profile.stages:
+        extra = {"t_fc": st.t_f + _grid(rng, 0, st.t_f / 8, g), "t_r": max(g, _grid(rng, st.t_f / 2, 1.5 * st.t_f, g)),
+                 "m_fc": _grid(rng, 1 / 32, st.m_f / 2, 1 / 32)}
+        if selective:
+            extra.update({"t_rs": max(g, _grid(rng, st.t_f / 16, st.t_f / 2, g)),
+                          "m_fs": _grid(rng, st.m_f / 2, st.m_f - 1 / 32, 1 / 32)})
+        stages.append(st.model_copy(update=extra))
+    prof = inst.profile.model_copy(update={"stages": stages, "name": inst.profile.name + "-recompute"})
     return Instance(inst.family, prof, inst.m, inst.chunks, inst.limit, inst.limit_name)
 
 

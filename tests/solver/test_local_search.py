@@ -157,7 +157,7 @@ def test_its_fast_timing_is_the_core_simulators(seed):
                          for a in row if not (a.op is Op.W and (a.stage, a.mb) in fused)] for row in rows]
             fused = frozenset((a.stage, a.mb) for row in rows for a in row if a.op is Op.BW)
             ids = [[model.id[(a.stage, Op.B if a.op is Op.BW else a.op, a.mb)] for a in row] for row in rows]
-            score = model.score(ids, model.costs(fused)[0])
+            score = model.score(ids, model.costs((fused, frozenset()))[0])
             try:
                 value, tl = problem.evaluate(rows)
             except Deadlock:

@@ -37,7 +37,7 @@ from zbsearch.pass_times import PassTimes, compare_pass_times
 from zbsearch.tolerances import EPS_MS
 
 if TYPE_CHECKING:
-    from zbsearch.solver import Objective
+    from zbsearch.solver import Objective, Recomputation
 
 app = typer.Typer(
     help="Zero Bubble pipeline-parallel schedules: build, simulate, validate, compare, solve, replay.",
@@ -65,6 +65,11 @@ PlacementOpt = typer.Option("one", "--placement", help="one stage per rank, or v
 # the spellings of an earlier release: -v for --chunks; --chunks 1|2 for --placement one|v in solve and frontier
 OldChunksOpt = typer.Option(None, "-v", hidden=True)
 OldPlacementOpt = typer.Option(None, "--chunks", "-v", hidden=True)
+RecomputeOpt = typer.Option(
+    "none", "--recompute",
+    help="none; auto: the solver checkpoints and recomputes microbatches where that pays under the limit; "
+         "full: every one (the profile's recomputation costs)",
+)
 
 
 def _load_schedule(path: Path, profile: str | None, mem_limit: str | None = None, force: bool = False) -> zb.Schedule:
@@ -485,6 +490,7 @@ def solve(
         help="schedule with the median stage costs as the paper's scheduler does (results on the true costs)",
     ),
     no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only (milliseconds to seconds)"),
+    recompute: str = RecomputeOpt,
     output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
     old_chunks: int | None = OldPlacementOpt,
 ):
@@ -502,6 +508,7 @@ def solve(
             prof, m, mem_limit, chunks=chunks, time_limit=time_limit,
             objective=cast("Objective", objective),  # solve() rejects any other text with a ZbError
             uniform_costs=uniform_costs, milp=not no_milp, progress=_progress(bar, task),
+            recompute=cast("Recomputation", recompute),  # solve() rejects any other text with a ZbError
         )
     if path is not None:
         _write(res.schedule, path)
@@ -609,6 +616,7 @@ def frontier(
     ),
     milp: bool = typer.Option(False, "--milp", help="also improve each point with MILP windows (slower)"),
     uniform_costs: bool = typer.Option(False, "--uniform-costs", help="schedule with the median stage costs (paper behaviour)"),
+    recompute: str = RecomputeOpt,
     output: str | None = typer.Option(
         None, "-o", "--output", help="frontier.json ('-': JSON on stdout), or a plot: .png, .svg, .pdf"
     ),
@@ -629,10 +637,13 @@ def frontier(
         fr = sweep(
             prof, m, chunks=chunks, time_limit=time_limit, milp=milp, uniform_costs=uniform_costs,
             objective=cast("Objective", objective), progress=_progress(bar, task),  # other text: ZbError in solve()
+            recompute=cast("Recomputation", recompute),
         )
     where = "V placement" if chunks == 2 else "one stage per rank"
-    t = Table(title=f"{prof.name}: m={m}, {where}, {objective}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
-    for col in ("limit (x p M_B)", "bubble rate", "bound allows", "gap", "status", "peak memory"):
+    how = "" if recompute == "none" else f", recompute {recompute}"
+    t = Table(title=f"{prof.name}: m={m}, {where}, {objective}{how}; no limit: bubble {fr.unlimited_bubble_rate:.4f}")
+    cols = ["limit (x p M_B)", "bubble rate", "bound allows", "gap", "status", "peak memory"]
+    for col in cols + (["recomputed"] if recompute != "none" else []):
         t.add_column(col, justify="right")
     for pt in fr.points:
         t.add_row(
@@ -642,6 +653,7 @@ def frontier(
             gap_text(pt.gap),
             pt.status,
             _fmt(max(pt.peak_memory)),
+            *([str(pt.recomputed)] if recompute != "none" else []),
         )
     if path is not None and str(path) == "-":
         sys.stdout.write(fr.model_dump_json(indent=1) + "\n")
@@ -698,6 +710,9 @@ def profile(
         help="keep freed host memory in the process, as the runtime does by default (else passes pay page faults)"),
     timeout: float = typer.Option(
         PEER_TIMEOUT_S, "--timeout", help="seconds a rank waits for another rank's message while links are timed"),
+    recompute: bool = typer.Option(
+        False, "--recompute",
+        help="also time each stage's forward checkpointed and its recompute pass, and what it keeps (for solve --recompute)"),
     name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
     per_layer: bool = typer.Option(
         False, "--per-layer",
@@ -764,7 +779,7 @@ def profile(
             if per_layer:
                 spec.name = f"gpt-l{cfg.layers}-h{cfg.hidden}-s{cfg.seq}-b{cfg.microbatch_size}-units"
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads,
-                                 keep_heap=keep_heap, timeout=timeout)
+                                 keep_heap=keep_heap, timeout=timeout, recompute=recompute)
     if per_layer:
         with profiler.progress_bar(err) as bar:
             found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar)

@@ -18,9 +18,12 @@ from ..formats.profile import Profile
 from ..formats.schedule import Schedule
 from ..layout import Layout, placement
 from ..prediction import with_prediction
+from .controllable import v_half, v_min
+from .dualpipe_v import dualpipe_v
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
 from .one_f_one_b import one_f_one_b, one_f_one_b_split
+from .recompute import one_f_one_b_recompute, zb_h1_recompute
 from .zb_h import zb_h1, zb_h2
 from .zb_v import zb_v
 
@@ -38,6 +41,7 @@ class ClassicKind:
     chunks: int = 1
     any_chunks: bool = False  # whether ``--chunks`` may change ``chunks``
     timed: bool = False  # the builder repeats its construction, as far as a ``deadline`` keyword allows
+    recompute: bool = False  # every microbatch recomputed: needs the profile's recomputation costs
 
     def build_by(self, cost: CostModel, m: int, deadline: float | None = None) -> list[list[Action]]:
         """``build``, cut at ``deadline`` (a ``time.monotonic()`` instant) where the builder can be."""
@@ -52,9 +56,15 @@ KINDS: dict[str, ClassicKind] = {
     "zb-h1": ClassicKind(zb_h1),
     "zb-h2": ClassicKind(zb_h2),
     "zb-v": ClassicKind(zb_v, layout="v", chunks=2, timed=True),
+    "v-half": ClassicKind(v_half, layout="v", chunks=2),
+    "v-min": ClassicKind(v_min, layout="v", chunks=2),
+    "dualpipe-v": ClassicKind(dualpipe_v, layout="v", chunks=2),
+    "1f1b-recompute": ClassicKind(one_f_one_b_recompute, recompute=True),
+    "zb-h1-recompute": ClassicKind(zb_h1_recompute, recompute=True),
 }
 CLASSIC_KINDS = tuple(KINDS)
-_ALIASES = {"1f1b-i": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "zbv": "zb-v", "zbh1": "zb-h1", "zbh2": "zb-h2"}
+_ALIASES = {"1f1b-i": "interleaved-1f1b", "interleaved": "interleaved-1f1b", "zbv": "zb-v", "zbh1": "zb-h1", "zbh2": "zb-h2",
+            "vhalf": "v-half", "vmin": "v-min", "dualpipev": "dualpipe-v"}
 
 
 def build_classic(

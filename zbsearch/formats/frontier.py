@@ -26,6 +26,7 @@ class FrontierPoint(BaseModel):
     lower_bound: float
     gap: float
     status: str
+    recomputed: int = Field(0, description="recompute passes in the point's schedule")
 
 
 class Frontier(BaseModel):
@@ -40,6 +41,7 @@ class Frontier(BaseModel):
     chunks: int
     objective: Literal["span", "makespan"]
     uniform_costs: bool
+    recompute: Literal["none", "auto", "full"] = "none"
     unlimited_bubble_rate: float
     points: list[FrontierPoint]
 

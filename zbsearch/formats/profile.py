@@ -8,9 +8,13 @@ so a little cheaper than the F a split backward needs; older files lack it: t_f)
 first stage's W runs deferred (``deferred_first``: how its times were measured, see
 ``zbsearch.runtime.split``; older files lack it: one plain backward), and the
 activation memory each pass allocates (m_f > 0)
-or frees (m_b, m_w, normally negative). What F allocates must be freed by B and W, so the
-three memory deltas sum to zero per stage; a profile that breaks this is rejected because it
-would make every memory prediction drift with the number of microbatches.
+or frees (m_b, m_w, normally negative). Optionally, what recomputation costs: a forward run
+checkpointed (``t_fc``, keeping ``m_fc`` instead of m_f) and the recompute pass R that rebuilds
+the rest before the backward (``t_r``); the same for selective recomputation of some modules
+only (``t_fs``, ``m_fs``, ``t_rs``); older files lack them: no recomputation on those stages.
+What F allocates must be freed by B and W, so the three memory deltas sum to zero per stage; a
+profile that breaks this is rejected because it would make every memory prediction drift with
+the number of microbatches.
 Per boundary between stages: ``t_comm``, the link's latency (it occupies neither rank), and
 optionally ``t_send`` / ``t_recv``, the host time a message takes from the rank at each end
 (older files lack them: 0).
@@ -71,19 +75,31 @@ class StageCost(BaseModel):
     m_w: float = Field(description="memory change of W (normally negative)")
     t_bw: float | None = Field(default=None, gt=0, description="fused backward (BW) time; absent: t_b + t_w")
     t_ff: float | None = Field(default=None, gt=0, description="forward time before a fused backward; absent: t_f")
+    t_fc: float | None = Field(default=None, gt=0, description=(
+        "forward time when checkpointed for full recomputation (keeps only what recomputation needs); absent: t_f"))
+    t_r: float | None = Field(default=None, gt=0, description=(
+        "full recomputation (R) time: re-running the stage's forward before its backward; absent: not measured"))
+    m_fc: float | None = Field(default=None, ge=0, description=(
+        "memory a checkpointed forward keeps (the stage input, RNG state); R allocates m_f - m_fc"))
+    t_fs: float | None = Field(default=None, gt=0, description=(
+        "forward time when checkpointed for selective recomputation; absent: t_f"))
+    t_rs: float | None = Field(default=None, gt=0, description=(
+        "selective recomputation (RS) time: re-running the selected modules only; absent: not offered"))
+    m_fs: float | None = Field(default=None, ge=0, description=(
+        "memory a forward checkpointed for selective recomputation keeps; RS allocates m_f - m_fs"))
     deferred_first: bool = Field(default=False, description=(
         "a first stage whose W (its whole backward) runs the split's fast path, deferred Linear weight "
         "gradients, rather than one plain backward: measured faster by the profiler; the runtime follows it"))
 
-    @field_validator("t_f", "t_b", "t_w", "t_bw", "t_ff")
+    @field_validator("t_f", "t_b", "t_w", "t_bw", "t_ff", "t_fc", "t_r", "t_fs", "t_rs")
     @classmethod
     def _time_range(cls, v: float | None) -> float | None:
         return None if v is None else _finite_in(v, MAX_TIME_MS)
 
-    @field_validator("m_f", "m_b", "m_w")
+    @field_validator("m_f", "m_b", "m_w", "m_fc", "m_fs")
     @classmethod
-    def _memory_range(cls, v: float) -> float:
-        return _finite_in(v, MAX_MEMORY)
+    def _memory_range(cls, v: float | None) -> float | None:
+        return None if v is None else _finite_in(v, MAX_MEMORY)
 
     @property
     def fused_backward(self) -> float:
@@ -95,6 +111,28 @@ class StageCost(BaseModel):
         """What the F of a microbatch with a fused backward costs: measured, or t_f where the
         profile has no t_ff."""
         return self.t_f if self.t_ff is None else self.t_ff
+
+    def recompute(self, selective: bool = False) -> tuple[float, float, float] | None:
+        """(checkpointed F time, recompute time, memory the checkpointed F keeps) of full (or
+        ``selective``) recomputation, None where the profile does not offer it."""
+        t_fc, t_r, m_fc = (self.t_fs, self.t_rs, self.m_fs) if selective else (self.t_fc, self.t_r, self.m_fc)
+        if t_r is None or m_fc is None:
+            return None
+        return (self.t_f if t_fc is None else t_fc), t_r, m_fc
+
+    @model_validator(mode="after")
+    def _recompute_fields(self) -> StageCost:
+        for what, (t_fc, t_r, m_fc) in (("full", ("t_fc", "t_r", "m_fc")), ("selective", ("t_fs", "t_rs", "m_fs"))):
+            given = [getattr(self, k) is not None for k in (t_r, m_fc)]
+            if any(given) and not all(given):
+                raise ValueError(f"{what} recomputation needs both {t_r} and {m_fc}")
+            if getattr(self, t_fc) is not None and not all(given):
+                raise ValueError(f"{t_fc} is given without {t_r} and {m_fc}")
+            kept = getattr(self, m_fc)
+            if kept is not None and kept > self.m_f * (1 + _MEMORY_BALANCE_RTOL) + ABS_TOL:
+                raise ValueError(f"{m_fc} = {kept:g} is more than m_f = {self.m_f:g}: a checkpointed forward keeps "
+                                 f"part of what a plain one does")
+        return self
 
     @model_validator(mode="after")
     def _balanced(self) -> StageCost:
@@ -142,6 +180,8 @@ class StageSpread(BaseModel):
     t_w: Quartiles
     t_bw: Quartiles | None = None
     t_ff: Quartiles | None = None
+    t_fc: Quartiles | None = None
+    t_r: Quartiles | None = None
     memory_residual: float | None = None
     output_bytes: int | None = None
     not_taken: WayNotTaken | None = None

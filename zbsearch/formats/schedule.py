@@ -67,6 +67,9 @@ class SolverInfo(BaseModel):
                                          "time (the time limit): not compared")
     fused_backwards: int = Field(0, description="backwards the schedule runs fused (one BW pass)")
     split_backwards: int = Field(0, description="backwards the schedule runs split (a B, then a W)")
+    recompute: Literal["none", "auto", "full"] = Field("none", description="the recomputation the solver "
+                                                       "could choose: none, per microbatch (auto) or every one (full)")
+    recomputed: int = Field(0, description="recompute passes (R, RS) in the schedule: forwards run checkpointed")
 
 
 class Schedule(BaseModel):

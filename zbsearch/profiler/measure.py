@@ -9,6 +9,10 @@ split analysis, one autograd call), so a schedule that fuses is predicted at wha
 second F is timed too (``t_ff``): the forward of a microbatch whose backward is fused sets up
 no deferral for a split and costs a little less than the split one.
 
+With ``recompute``, each repetition also runs F checkpointed (``runtime.recompute``) and its
+recompute pass R, then B and W: their times (``t_fc``, ``t_r``) and what the checkpointed F keeps
+(``m_fc``: the stage's inputs and the generators' state, as the runtime keeps them).
+
 Clocks: on CPU ``perf_counter`` around each pass; on CUDA events on the current stream, read
 after one synchronisation per repetition, so the passes are not separated by host stalls.
 
@@ -32,6 +36,7 @@ from torch import nn
 from ..distributed.clock import DeviceClock
 from ..formats.profile import MIN_TIME_MS, StageCost
 from ..runtime.memory import ActivationMeter
+from ..runtime.recompute import checkpointed_forward, recompute
 from ..runtime.split import backward_full, backward_in_w, backward_input, backward_weight, forward_pass
 from .settings import cpu_cores
 
@@ -77,13 +82,18 @@ class StageMeasurement:
     output_bytes: int  # what the stage sends to the next one per microbatch
     deferred_first: bool = False  # a first stage whose W runs deferred (f, b, w are that way's)
     not_taken: tuple[Stats, Stats, Stats] | None = None  # a first stage's F, B, W the other way
+    fc: Stats | None = None  # the checkpointed forward (measured with ``recompute``)
+    r: Stats | None = None  # the recompute pass
+    m_fc: float | None = None  # bytes the checkpointed forward keeps
 
     def cost(self) -> StageCost:
         """The stage's costs as the profile holds them: each pass at its mean, m_w balancing m_f + m_b."""
+        rc = {} if self.fc is None or self.r is None or self.m_fc is None else {
+            "t_fc": _cost(self.fc), "t_r": _cost(self.r), "m_fc": min(self.m_fc, self.m_f)}
         return StageCost(
             t_f=_cost(self.f), t_b=_cost(self.b), t_w=_cost(self.w), t_bw=_cost(self.bw),
             t_ff=_cost(self.ff), m_f=self.m_f, m_b=self.m_b, m_w=-(self.m_f + self.m_b),
-            deferred_first=self.deferred_first,
+            deferred_first=self.deferred_first, **rc,
         )
 
     def record(self) -> dict:
@@ -92,6 +102,8 @@ class StageMeasurement:
             "t_f": self.f.record(), "t_b": self.b.record(), "t_w": self.w.record(), "t_bw": self.bw.record(),
             "t_ff": self.ff.record(), "memory_residual": self.memory_residual, "output_bytes": self.output_bytes,
         }
+        if self.fc is not None and self.r is not None:
+            out.update({"t_fc": self.fc.record(), "t_r": self.r.record()})
         if self.not_taken is not None:
             way = "plain" if self.deferred_first else "deferred"
             out["not_taken"] = {"w": way, **{k: st.record() for k, st in zip(("t_f", "t_b", "t_w"), self.not_taken)}}
@@ -112,6 +124,7 @@ def measure_stage(
     warmup: int,
     repeat: int,
     tick: Callable[[], None] | None = None,
+    recompute_too: bool = False,
 ) -> StageMeasurement:
     """``warmup`` untimed then ``repeat`` timed repetitions of F, B, W, and F, BW on ``inputs``.
 
@@ -119,7 +132,7 @@ def measure_stage(
     backward, or deferred: the split's fast path, see ``zbsearch.runtime.split``), in
     alternating order, and keeps the way whose F + B + W costs less; the runtime follows the
     profile's choice. Which is faster depends on the layers and the device (``bench/split.py``
-    measures both)."""
+    measures both). ``recompute_too``: also the checkpointed F and its recompute pass (module)."""
     clock = DeviceClock(device)
     meter = ActivationMeter()
 
@@ -173,8 +186,38 @@ def measure_stage(
     bw, ff = (Stats.of(list(col)) for col in zip(*fused))
     m_f, m_b, residual = (statistics.median(col) for col in zip(*mem[deferred]))
     m_f = max(m_f, 0.0)
+    fc = r = m_fc = None
+    if recompute_too:
+        assert grads is not None
+        fc, r, m_fc = _measure_recompute(module, inputs, post, device, clock, meter, live, grads, deferred, warmup,
+                                         repeat)
     return StageMeasurement(f, b, w, bw, ff, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes,
-                            deferred, stats[not deferred] if len(ways) == 2 else None)
+                            deferred, stats[not deferred] if len(ways) == 2 else None, fc, r, m_fc)
+
+
+def _measure_recompute(module, inputs, post, device, clock, meter, live, grads, deferred: bool, warmup: int,
+                       repeat: int) -> tuple[Stats, Stats, float]:
+    """Times of the checkpointed F and its recompute pass, and what the checkpointed F keeps
+    (bytes, median), over ``warmup`` untimed and ``repeat`` timed repetitions (each then B and W)."""
+    times: list[tuple[float, float]] = []
+    kept: list[float] = []
+    for rep in range(warmup + repeat):
+        a0, e0 = live(), clock.mark()
+        outs, ckpt = checkpointed_forward(module, inputs, post=post, meter=meter, device=device)
+        e1, a1 = clock.mark(), live()
+        del outs
+        fp = recompute(ckpt, module, post=post, meter=meter, deferred_first=deferred)
+        e2 = clock.mark()
+        input_grads, weight_pass = backward_input(fp, grads)
+        del input_grads
+        backward_weight(weight_pass)
+        del fp, weight_pass
+        clock.sync()
+        if rep >= warmup:
+            times.append((clock.ms(e0, e1), clock.ms(e1, e2)))
+            kept.append(a1 - a0)
+    fc, r = (Stats.of(list(col)) for col in zip(*times))
+    return fc, r, max(statistics.median(kept), 0.0)
 
 
 def disturbances(
@@ -202,7 +245,8 @@ def disturbances(
                 f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): times include waiting for a core"
             )
     for s, r in enumerate(results):
-        for name, st in (("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw), ("FF", r.ff)):
+        passes = [("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw), ("FF", r.ff), ("FC", r.fc), ("R", r.r)]
+        for name, st in ((n, x) for n, x in passes if x is not None):
             spread = (st.q3 - st.q1) / 2 / st.median
             if spread > SPREAD_LIMIT:
                 found.append(

@@ -129,7 +129,7 @@ def profile_one_device(
             tag = f"round {r + 1}/{settings.rounds}: " if settings.rounds > 1 else ""
             rounds.append([
                 measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat,
-                              functools.partial(tick, f"{tag}stage {s}: F, B, W"))
+                              functools.partial(tick, f"{tag}stage {s}: F, B, W"), recompute_too=settings.recompute)
                 for s in range(p)
             ])
         if progress is not None:
@@ -285,7 +285,8 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
     tag = f"round {r + 1}/{settings.rounds}: " if settings.rounds > 1 else ""
 
     def measure(s: int) -> StageMeasurement:
-        return measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat)
+        return measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat,
+                             recompute_too=settings.recompute)
 
     results: dict[int, StageMeasurement] = {}
     if not ctx.together:

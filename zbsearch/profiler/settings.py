@@ -40,6 +40,9 @@ class Settings:
     # Keep freed host memory in the process (zbsearch.distributed.heap), as the runtime does by
     # default: otherwise passes are timed with page faults the runtime does not pay.
     keep_heap: bool = True
+    # Also time each stage's forward checkpointed and its recompute pass, and measure what the
+    # checkpointed forward keeps (t_fc, t_r, m_fc): what solve --recompute needs.
+    recompute: bool = False
     timeout: float = PEER_TIMEOUT_S
 
     def check(self) -> None:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..actions import Action, Op, parse_action
+from ..actions import RECOMPUTES, Action, Op, parse_action
 from ..formats.schedule import Schedule
 from ..prediction import timeline
 from ..simulator import bubble_rate
@@ -31,11 +31,14 @@ __all__ = [
     "op_char",
 ]
 
-OP_NAMES = {Op.F: "forward", Op.B: "input grad", Op.W: "weight grad", Op.BW: "fused B+W"}
+OP_NAMES = {Op.F: "forward", Op.B: "input grad", Op.W: "weight grad", Op.BW: "fused B+W", Op.R: "recompute",
+            Op.RS: "selective recompute"}
 # Hues in the spirit of the paper's figures; chunks of one op share a hue, later ones lighter.
-_BASE_COLOURS = {Op.F: (0x4E, 0x79, 0xA7), Op.B: (0xF2, 0x8E, 0x2B), Op.W: (0x59, 0xA1, 0x4F), Op.BW: (0xB0, 0x7A, 0xA1)}
-# Text rendering: BW gets its own letter because "BW" would not fit in one cell.
-_OP_CHARS = {Op.F: "F", Op.B: "B", Op.W: "W", Op.BW: "X"}
+# Recomputation is red: work a schedule does only for want of memory.
+_BASE_COLOURS = {Op.F: (0x4E, 0x79, 0xA7), Op.B: (0xF2, 0x8E, 0x2B), Op.W: (0x59, 0xA1, 0x4F), Op.BW: (0xB0, 0x7A, 0xA1),
+                 Op.R: (0xE1, 0x57, 0x59), Op.RS: (0x9C, 0x75, 0x5F)}
+# Text rendering: BW and RS get their own letters because two would not fit in one cell.
+_OP_CHARS = {Op.F: "F", Op.B: "B", Op.W: "W", Op.BW: "X", Op.R: "R", Op.RS: "S"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +80,10 @@ class Panel:
 
     @property
     def bubble_rate(self) -> float:
-        """The bubble rate of the bars (as ``zbsearch.simulator`` defines it)."""
-        busiest = max((sum(b.end - b.start for b in row) for row in self.rows), default=0.0)
+        """The bubble rate of the bars (as ``zbsearch.simulator`` defines it: recompute passes
+        count with the idle time)."""
+        busiest = max((sum(b.end - b.start for b in row if b.action.op not in RECOMPUTES) for row in self.rows),
+                      default=0.0)
         return bubble_rate(self.span, busiest)
 
     def title(self) -> str:

@@ -21,7 +21,7 @@ _MIXED = "#"
 _DOMINANT = 0.6  # share of a column's busy time one op needs to name the column
 _MIN_COLUMNS = 10
 _MAX_ROWS = 64  # per panel; beyond this the middle ranks are elided
-_ANSI = {Op.F: 34, Op.B: 33, Op.W: 32, Op.BW: 35}  # odd chunks use the bright variant (+60)
+_ANSI = {Op.F: 34, Op.B: 33, Op.W: 32, Op.BW: 35, Op.R: 31, Op.RS: 31}  # odd chunks use the bright variant (+60)
 
 
 def _row_cells(bars, ncols: int, dt: float) -> tuple[list[str], list[tuple[Op, int] | None]]:

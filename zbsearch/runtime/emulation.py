@@ -19,7 +19,10 @@ A fused backward (BW: one autograd call for both paths) costs the profile's ``t_
 t_b + t_w: Weight sees that Act ran in the same autograd call (same graph task) and then sleeps
 t_bw - t_b instead of t_w. The forward of that microbatch, which the runtime runs without the
 split's deferral (``forward_pass(split=False)``, seen through ``fused_forward()``), sleeps the
-profile's t_ff instead of t_f, as ``CostModel.durations`` prices it.
+profile's t_ff instead of t_f, as ``CostModel.durations`` prices it. A checkpointed forward
+sleeps the profile's checkpointed time and a recompute pass (R) the recompute time (seen through
+``recompute_mode()``); what a checkpointed emulated forward keeps is its input and the
+generators' state, not the profile's ``m_fc``.
 
 A sleep overshoots by the OS's wake-up latency; the overshoot is taken off the next pass's
 sleep, so each rank's total busy time is the profile's (see ``_sleep``).
@@ -32,8 +35,10 @@ import time
 import torch
 from torch import nn
 
+from ..actions import Op
 from ..costs import CostModel
 from ..formats.profile import Profile
+from .recompute import recompute_mode
 from .split import fused_forward
 
 __all__ = ["EmulatedStage", "emulated_stages", "emulated_loss"]
@@ -85,19 +90,22 @@ class _Timed(torch.autograd.Function):
 
 class EmulatedStage(nn.Module):
     """A stage of ``width`` features whose passes sleep ``t_f``, ``t_b``, ``t_w`` seconds
-    (``t_bw`` for a fused backward, None: t_b + t_w; ``t_ff`` for the forward before it, None: t_f).
+    (``t_bw`` for a fused backward, None: t_b + t_w; ``t_ff`` for the forward before it, None: t_f;
+    ``t_fc`` checkpointed, None: t_f; ``t_r`` for its recompute pass, None: t_f).
 
     ``b_bytes`` of activations live from F to B, ``w_bytes`` from F to W.
     """
 
     def __init__(
         self, t_f: float, t_b: float, t_w: float, b_bytes: float = 0, w_bytes: float = 0, width: int = 16,
-        t_bw: float | None = None, t_ff: float | None = None,
+        t_bw: float | None = None, t_ff: float | None = None, t_fc: float | None = None, t_r: float | None = None,
     ) -> None:
         super().__init__()
         self.t_f, self.t_b, self.t_w = t_f, t_b, t_w
         self.t_bw = t_b + t_w if t_bw is None else t_bw
         self.t_ff = t_f if t_ff is None else t_ff
+        self.t_fc = t_f if t_fc is None else t_fc
+        self.t_r = t_f if t_r is None else t_r
         self.b_bytes, self.w_bytes = int(b_bytes), int(w_bytes)
         self.weight = nn.Parameter(torch.zeros(width))
 
@@ -109,7 +117,9 @@ class EmulatedStage(nn.Module):
         """F: sleep the forward's time and pass ``x`` on; its backward sleeps B's and W's times."""
         fusion = _Fusion()
         w = _Timed.apply(self.weight, 0.0, self.t_w, self.w_bytes, fusion, max(self.t_bw - self.t_b, 0.0))  # Weight
-        t_fwd = self.t_ff if fused_forward() else self.t_f
+        mode = recompute_mode()
+        t_fwd = (self.t_fc if mode == "checkpointed" else self.t_r if mode == "recompute"
+                 else self.t_ff if fused_forward() else self.t_f)
         return _Timed.apply(x + w, t_fwd, self.t_b, self.b_bytes, fusion, None)  # Act
 
 
@@ -127,11 +137,13 @@ def emulated_stages(
     """
     cost = CostModel.from_profile(profile.compute_only(), stage_to_rank)  # the runtime does the messages
     ms = time_scale / 1e3
+    full = [(None, None) if (o := cost.offer(s, Op.R)) is None else (o.t_f * ms, o.t_r * ms) for s in range(cost.num_stages)]
     return [
         EmulatedStage(
             cost.t_f[s] * ms, cost.t_b[s] * ms, cost.t_w[s] * ms,
             b_bytes=max(-cost.m_b[s], 0.0) * bytes_per_unit, w_bytes=max(-cost.m_w[s], 0.0) * bytes_per_unit,
             width=width, t_bw=cost.t_bw[s] * ms, t_ff=cost.t_ff[s] * ms,
+            t_fc=full[s][0], t_r=full[s][1],
         )
         for s in range(cost.num_stages)
     ]

@@ -4,7 +4,9 @@ Each rank runs its action list in order. F receives the previous stage's activat
 another rank, or handed over locally when the previous stage lives on this rank, as in V
 placement), runs the stage and passes its outputs on; the last stage applies the loss. B and
 BW receive the gradient of the stage outputs and pass back the gradient of the stage inputs;
-W finishes the weight gradients (``split``). Transfers follow ``p2p``'s plan.
+W finishes the weight gradients (``split``). Transfers follow ``p2p``'s plan. Where the schedule
+recomputes a microbatch (an R pass), its F runs checkpointed and R rebuilds its activations
+before its backward (``recompute``).
 
 Loss scaling: the last stage computes ``loss_fn(output, target)`` per microbatch and backward
 starts from ``1/m`` of it, so after ``step`` every ``param.grad`` holds the gradient of the
@@ -57,6 +59,7 @@ from .errors import PipelineError, first_line, post, wait
 from .identity import check_batch, check_stage
 from .memory import ActivationMeter
 from .p2p import ACT, GRAD, P2P, comm_plan
+from .recompute import Checkpoint, checkpointed_forward, recompute
 from .split import ForwardPass, WeightPass, backward_full, backward_input, backward_weight, forward_pass
 from .tied import TiedParameters
 from .trace import StepTimer, clock_offset, gather_trace
@@ -147,6 +150,12 @@ class PipelineRuntime:
         self.meter = ActivationMeter()
         self._actions = schedule.rank_actions[self.rank]
         self._fused = {(a.stage, a.mb) for a in self._actions if a.op is Op.BW}
+        if any(a.op is Op.RS for a in self._actions):
+            raise PipelineError(
+                f"rank {self.rank}: the schedule recomputes selectively (RS passes), which the runtime does not run; "
+                "solve with a profile without selective recomputation costs (t_rs, m_fs), or with --recompute full"
+            )
+        self._recomputed = {(a.stage, a.mb) for a in self._actions if a.op is Op.R}
         # how the first stage's W runs, as the profile measured it (the faster way)
         self._deferred_first = schedule.profile.stages[0].deferred_first
         self._owner = schedule.stage_to_rank
@@ -241,6 +250,7 @@ class PipelineRuntime:
         losses: list[torch.Tensor | None] = [None] * m
         passes: dict[tuple[int, int], ForwardPass] = {}  # F done, B to come
         weights: dict[tuple[int, int], WeightPass] = {}  # B done, W to come
+        ckpts: dict[tuple[int, int], Checkpoint] = {}  # F done checkpointed, R to come
         local: dict[tuple[str, int, int], list] = {}
         for pos, a in enumerate(self._actions):
             self._comm.action = self.schedule.actions[self.rank][pos]
@@ -248,7 +258,14 @@ class PipelineRuntime:
             for key in self._ahead[pos]:
                 self._comm.prepost(*key)
             if a.op is Op.F:
-                self._forward(a, passes, local, mb_inputs, mb_targets, losses)
+                self._forward(a, passes, ckpts, local, mb_inputs, mb_targets, losses)
+            elif a.op is Op.R:
+                self._timer.begin()
+                post = functools.partial(self._loss, mb_targets[a.mb]) if a.stage == self.last else None
+                passes[(a.stage, a.mb)] = self._run_stage(
+                    a, recompute, ckpts.pop((a.stage, a.mb)), self.stages[a.stage], split=(a.stage, a.mb) not in self._fused,
+                    post=post, meter=self.meter, deferred_first=a.stage == 0 and self._deferred_first)
+                self._timer.end(a, self.meter.bytes)
             elif a.op is Op.W:
                 self._timer.begin()
                 self._run_stage(a, backward_weight, weights.pop((a.stage, a.mb)))
@@ -284,7 +301,7 @@ class PipelineRuntime:
         return self.meter.peak
 
     # -- actions -------------------------------------------------------------------------------
-    def _forward(self, a: Action, passes, local, mb_inputs, mb_targets, losses) -> None:
+    def _forward(self, a: Action, passes, ckpts, local, mb_inputs, mb_targets, losses) -> None:
         s, j = a.stage, a.mb
         if s == 0:
             args = mb_inputs[j] if isinstance(mb_inputs[j], tuple) else (mb_inputs[j],)
@@ -295,16 +312,21 @@ class PipelineRuntime:
             args = [_leaf(t, meta.requires_grad) for t, meta in zip(got, self._comm.meta[s - 1])]
         post = functools.partial(self._loss, mb_targets[j]) if s == self.last else None
         self._timer.begin()
-        fp = self._run_stage(a, forward_pass, self.stages[s], args, split=(s, j) not in self._fused, post=post,
-                             meter=self.meter, deferred_first=s == 0 and self._deferred_first)
-        self._timer.end(a, self.meter.bytes)
-        passes[(s, j)] = fp
-        if s == self.last:
-            losses[j] = fp.outputs[0].detach()
-        elif self._owner[s + 1] == self.rank:
-            local[(ACT, s, j)] = list(fp.outputs)
+        if (s, j) in self._recomputed:  # checkpointed: R rebuilds the activations before the backward
+            outputs, ckpts[(s, j)] = self._run_stage(a, checkpointed_forward, self.stages[s], args, post=post,
+                                                     meter=self.meter, device=self.device)
         else:
-            self._comm.send(ACT, s, j, list(fp.outputs))
+            fp = self._run_stage(a, forward_pass, self.stages[s], args, split=(s, j) not in self._fused, post=post,
+                                 meter=self.meter, deferred_first=s == 0 and self._deferred_first)
+            passes[(s, j)] = fp
+            outputs = fp.outputs
+        self._timer.end(a, self.meter.bytes)
+        if s == self.last:
+            losses[j] = outputs[0].detach()
+        elif self._owner[s + 1] == self.rank:
+            local[(ACT, s, j)] = list(outputs)
+        else:
+            self._comm.send(ACT, s, j, list(outputs))
 
     def _backward(self, a: Action, passes, weights, local) -> None:
         s, j = a.stage, a.mb

@@ -7,7 +7,7 @@ costs, improves them with MILP windows (PuLP + HiGHS), and reports a provable lo
 
 from .feasibility import check_limit, smallest_feasible_limit
 from .frontier import frontier
-from .problem import Objective, Problem
+from .problem import RECOMPUTATIONS, Objective, Problem, Recomputation
 from .solve import Progress, SolveResult, SolverInfo, progress_text, solve, solver_placement, uniform_profile
 from .verdict import explain, gap_text, status_text
 
@@ -17,6 +17,8 @@ __all__ = [
     "SolverInfo",
     "Problem",
     "Objective",
+    "Recomputation",
+    "RECOMPUTATIONS",
     "smallest_feasible_limit",
     "check_limit",
     "solver_placement",

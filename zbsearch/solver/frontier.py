@@ -1,8 +1,10 @@
 """Bubble rate against memory limit: the sweep (file format in ``formats.frontier``, plot in ``render``).
 
-The sweep runs from the smallest feasible limit up to the peak memory of the best schedule
-found without a limit: past that peak a larger limit cannot change anything, and the sweep
-stops earlier once a point's bubble is as low as the unlimited one.
+The sweep runs from the smallest feasible limit (with recomputation, where it is allowed: for the
+V placement that is below one microbatch's activations per rank) up to the peak memory of the
+best schedule found without a limit (about 2p for the paper's profiles): past that peak a larger
+limit cannot change anything, and the sweep stops earlier once a point's bubble is as low as the
+unlimited one. Recomputation counts as bubble (``zbsearch.simulator``).
 
 ``time_limit`` is the total for the sweep: the unlimited solve gets a quarter, then each point
 the time left divided by the points left, less what a solve has needed beyond its own limit
@@ -25,7 +27,7 @@ from ..formats.profile import Profile
 from ..simulator import bubble_rate
 from ..tolerances import REL_TOL
 from .feasibility import smallest_feasible_limit
-from .problem import Objective
+from .problem import Objective, Recomputation
 from .solve import Progress, solve, solver_placement
 
 __all__ = ["frontier"]
@@ -59,19 +61,22 @@ def frontier(
     time_limit: float = 2.0,
     milp: bool = False,
     uniform_costs: bool = False,
+    recompute: Recomputation = "none",
     progress: Progress | None = None,
 ) -> Frontier:
     """Solve at each limit of the sweep within ``time_limit`` seconds in all; ``progress`` hears
-    each solve's progress, its phase prefixed with the limit being solved."""
+    each solve's progress, its phase prefixed with the limit being solved. ``recompute``: as for
+    ``solve``; the sweep then starts from the least memory any schedule needs with it."""
     deadline = time.monotonic() + time_limit
     m = num_microbatches
     cost = CostModel.from_profile(profile, solver_placement(profile.num_ranks, chunks))
     cost.check_microbatches(m)
     p = cost.num_ranks
     units = [p * cost.activation_unit(r) for r in range(p)]
-    need = smallest_feasible_limit(cost, m)
+    need = smallest_feasible_limit(cost, m, recompute)
     lo = _scale(need, units, "needs")
-    kw: dict[str, Any] = dict(chunks=chunks, objective=objective, milp=milp, uniform_costs=uniform_costs)
+    kw: dict[str, Any] = dict(chunks=chunks, objective=objective, milp=milp, uniform_costs=uniform_costs,
+                              recompute=recompute)
     over = 0.0  # the most a solve has taken beyond its own time limit
 
     def timed_solve(limit: list[float] | None, share: float, what: str, **more):
@@ -104,6 +109,7 @@ def frontier(
             bound_bubble_rate=max(0.0, bubble_rate(res.info.lower_bound, busy)),
             span=max(pred.span), makespan=pred.makespan,
             peak_memory=pred.peak_memory, lower_bound=res.info.lower_bound, gap=res.info.gap, status=res.info.status,
+            recomputed=res.info.recomputed,
         )
         points.append(pt)
         if pt.bubble_rate <= unlimited + REL_TOL:
@@ -111,5 +117,5 @@ def frontier(
     unlimited = min([unlimited] + [pt.bubble_rate for pt in points])  # the unlimited solve may have found worse
     return Frontier(
         profile=profile.name, num_microbatches=m, chunks=chunks, objective=objective, uniform_costs=uniform_costs,
-        unlimited_bubble_rate=unlimited, points=points,
+        recompute=recompute, unlimited_bubble_rate=unlimited, points=points,
     )

@@ -22,6 +22,18 @@ next F, B and W of each of its stages (FIFO, see ``problem``) by a ``Policy``:
   where t_b < t_bw. ``fuse`` = 0 is the 1F1B family's passes, with the warm-up depth and
   memory awareness of the others. The local search then fuses or splits further.
 
+Where the problem allows recomputation (``Problem.recompute``), each rank plans how its
+microbatches in flight hold their activations (``_plan``): of the N in flight on a stage (its
+warm-up depth, or its round trip in microbatches; ``plan_depth`` scales it), how many run
+plain, checkpointed for selective or for full recomputation, for the least recompute time
+whose memory fits the limit. Microbatch j takes the plan's (j mod N)-th choice, or, where that
+does not fit at the time, the choice that keeps less. "full" checkpoints every forward. Each F
+leaves room for rebuilding the oldest checkpointed microbatch of each stage of its rank, so it
+can always be rebuilt. A recompute pass runs for the microbatch whose B comes next on its
+stage: at once when that B's input is there, ahead of it when the input is due within
+``prefetch`` times the pass's time (so the B starts as soon as the input arrives), or
+whenever the rank would otherwise wait.
+
 The knobs are the structure of the classic schedules (ZB-H1, ZB-H2, the paper's heuristic)
 made continuous; ``candidate_policies`` is the grid the solver tries, keeping the best, and
 ``refine_waits`` then tries every value of the two wait knobs that changes the schedule
@@ -38,11 +50,12 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
-from ..actions import Action, Op
+from ..actions import RECOMPUTES, Action, Op
 from ..dependencies import earliest_starts, edge_delay, successors, type_graph
 from ..tolerances import REL_TOL
 from .problem import Problem
@@ -65,6 +78,8 @@ class Policy:
     wait_b: float = 0.0  # wait up to wait_b * T_F for a B rather than start an F
     wait_first: float = 0.0  # the same for a rank's first B
     fuse: float = -1.0  # < 0: every backward split; else fused but for a tail (module docstring)
+    plan_depth: float = 1.0  # recomputation: plan for this multiple of the microbatches in flight
+    prefetch: float = 1.0  # recomputation: rebuild when the B's input is due within this many recompute times
 
     @property
     def name(self) -> str:
@@ -73,8 +88,46 @@ class Policy:
         return (
             f"list(depth={d}, lag={g}{', fit' if self.fit else ''}{f', wait={self.wait_b:g}' if self.wait_b else ''}"
             f"{f', first={self.wait_first:g}' if self.wait_first else ''}"
-            f"{'' if self.fuse < 0 else ', fused' if self.fuse == 0 else f', fused but tail {self.fuse:g}'})"
+            f"{'' if self.fuse < 0 else ', fused' if self.fuse == 0 else f', fused but tail {self.fuse:g}'}"
+            f"{f', plan {self.plan_depth:g}' if self.plan_depth != 1 else ''}"
+            f"{f', prefetch {self.prefetch:g}' if self.prefetch != 1 else ''})"
         )
+
+
+def _cheapest_mix(cost, s: int, ways: list[Op | None], n: int, budget: float) -> list[Op | None]:
+    """n choices among ``ways`` (plain first, then recompute passes keeping less and less) with
+    the least recompute time whose memory (what each keeps, plus room to rebuild the one that
+    keeps least) fits ``budget``; all of the way that keeps least where none fits. Ordered
+    plain first, then by the memory kept."""
+    def held(op: Op | None) -> float:
+        return cost.m_f[s] if op is None else cost.offer(s, op).keep
+
+    def extra(op: Op | None) -> float:
+        return 0.0 if op is None else cost.offer(s, op).t_r + cost.offer(s, op).t_f - cost.t_f[s]
+
+    best: tuple[float, float, list[Op | None]] | None = None
+    k = len(ways)
+    # counts of the ways, as compositions of n into k parts (k <= 3)
+    for split in _compositions(n, k):
+        mix = [w for w, c in zip(ways, split) for _ in range(c)]
+        ckpt = [w for w in mix if w is not None]
+        mem = sum(held(w) for w in mix) + (max(cost.m_f[s] - held(w) for w in ckpt) if ckpt else 0.0)
+        if mem > budget:
+            continue
+        key = (sum(extra(w) for w in mix), mem, mix)
+        if best is None or key[:2] < best[:2]:
+            best = key
+    return best[2] if best is not None else [ways[-1]] * n
+
+
+def _compositions(n: int, k: int) -> Iterator[tuple[int, ...]]:
+    """Every way to write n as k counts >= 0."""
+    if k == 1:
+        yield (n,)
+        return
+    for first in range(n + 1):
+        for rest in _compositions(n - first, k - 1):
+            yield (first, *rest)
 
 
 def fused_pays(problem: Problem) -> list[bool]:
@@ -91,6 +144,9 @@ def candidate_policies(problem: Problem | None = None) -> list[Policy]:
     (``fuse`` 1; the most often best ones also 2), interleaved with the split ones: first
     where fusing pays on every stage."""
     grid = _grid()
+    if problem is not None and problem.recompute != "none" and problem.cost.can_recompute:
+        # checkpoint only past a share of the limit, and rebuild just in time or ahead
+        grid = [replace(p, plan_depth=depth, prefetch=pre) for p in grid for depth, pre in _RECOMPUTE_KNOBS]
     pays = fused_pays(problem) if problem is not None else []
     if not any(pays):
         return grid
@@ -102,6 +158,7 @@ def candidate_policies(problem: Problem | None = None) -> list[Policy]:
 
 
 _FIRST = 8  # the grid's first policies, the most often best
+_RECOMPUTE_KNOBS = ((1.0, 1.0), (1.0, 0.0), (1.5, 1.0))  # (plan_depth, prefetch) tried with each policy
 
 
 def _grid() -> list[Policy]:
@@ -146,10 +203,11 @@ def list_schedule(
 
 
 class _Start(NamedTuple):
-    """Start the next pass of (stage, op) now."""
+    """Start the next pass of (stage, op) now (an F checkpointed for recompute pass ``ckpt``)."""
 
     stage: int
     op: Op
+    ckpt: Op | None = None
 
 
 class _Wait(NamedTuple):
@@ -183,8 +241,9 @@ class _ListScheduler:
         self.eps = REL_TOL * max(max(c.t_f), max(c.t_b), max(c.t_w))
         self.stages = [sorted(c.rank_stages(r)) for r in range(R)]
         self.rank_of = c.stage_to_rank
-        # memory an F on stage s must leave room for: one F on it and each later stage of its rank
-        self.room = [sum(c.m_f[t] for t in self.stages[self.rank_of[s]] if t >= s) for s in range(S)]
+        # memory an F on stage s must leave room for beyond its own: one F on each later stage of
+        # its rank (so that the oldest microbatch can always finish its forwards: no deadlock)
+        self.later = [sum(c.m_f[t] for t in self.stages[self.rank_of[s]] if t > s) for s in range(S)]
         trip = _round_trip(problem)
         self.cap: list[float] = []  # warm-up depth per rank (microbatches in flight)
         self.lag: list[float] = []  # pending-W allowance per rank
@@ -194,14 +253,28 @@ class _ListScheduler:
             self.lag.append(math.inf if policy.lag == _INF else round(policy.lag * r))
         # ranks other than the pass's own that wait for it, with the edge delay: (rank, delay)
         self.wakes = {
-            _Start(s, op): [
+            (s, op): [
                 (self.rank_of[t], edge_delay(c, s, t))
                 for t, _, _ in successors(s, op, 0, S)
                 if self.rank_of[t] != self.rank_of[s]
             ]
-            for s in range(S) for op in (Op.F, Op.B, Op.W)
+            for s in range(S) for op in (Op.F, Op.B, Op.W, *RECOMPUTES)
         }
-        self.b_feeds_other_rank = [bool(self.wakes[_Start(s, Op.B)]) for s in range(S)]
+        self.b_feeds_other_rank = [bool(self.wakes[(s, Op.B)]) for s in range(S)]
+        # recomputation: per stage the ways to hold a microbatch, plain (None) first, then the
+        # recompute passes offered, the least memory kept last; the plan; per microbatch the
+        # way chosen; per stage the checkpointed microbatches not yet rebuilt, oldest first
+        self.full = problem.recompute == "full"
+        self.ways: list[list[Op | None]] = []
+        for s in range(S):
+            plain: list[Op | None] = [] if self.full else [None]
+            passes = sorted(c.recompute_ops(s), key=lambda op: -c.offer(s, op).keep)  # type: ignore[union-attr]
+            self.ways.append(plain + list(passes))
+        self.offers_any = any(len(w) > 1 or w[0] is not None for w in self.ways if w)
+        self.plan = self._plan() if self.offers_any else [[None] for _ in range(S)]
+        self.ckpt: list[list[Op | None]] = [[None] * m for _ in range(S)]
+        self.rebuilt = [[False] * m for _ in range(S)]
+        self.waiting: list[deque[Op]] = [deque() for _ in range(S)]
         # Offsets along one microbatch's chain with no waiting: F(s) starts f_offset[s] after
         # F(0), B(s) starts b_offset[s] after B(S-1).
         graph = type_graph(c)
@@ -251,20 +324,35 @@ class _ListScheduler:
                     heapq.heappush(heap, (decision.until, r))
                 continue
             end = apply(r, t, decision)
-            for r2, delay in wakes[decision]:
+            for r2, delay in wakes[(decision.stage, decision.op)]:
                 heapq.heappush(heap, (max(free[r2], end + delay), r2))
-            remaining -= 2 if self.rows[r][-1].op is Op.BW else 1  # a BW does its W too
+            done = self.rows[r][-1].op
+            remaining -= 2 if done is Op.BW else 0 if done in RECOMPUTES else 1  # a BW does its W too
             heapq.heappush(heap, (end, r))
         if self.objective == "span":
             return self.rows, max(f - s for f, s in zip(self.free, self.first))
         return self.rows, max(self.free)
 
     def choose(self, r: int, t: float) -> _Start | _Wait:
-        """What rank r does at time t: a ready B first, then W if the policy or memory says so,
-        then F (unless a B is about to arrive), then W, else wait."""
+        """What rank r does at time t: a ready B first (its recompute pass first where it has
+        one), then W if the policy or memory says so, then a recompute pass due soon, then F
+        (unless a B is about to arrive), then W, else a recompute pass, else wait."""
         best_b, next_b = self.ready_backward(r, t)
+        soon = None
+        if self.offers_any:
+            urgent, soon = self.due_recompute(r, t)
+            if urgent is not None:  # its B's input is here: rebuild its activations now
+                start = self.recompute_pass(urgent)
+                if start is not None:
+                    return start
+                best_w, _ = self.oldest_weight(r)
+                return _Start(best_w, _W) if best_w is not None else _Wait(_INF)  # W frees the room
         if best_b is not None:
             return _Start(best_b, _B)
+        if soon is not None and soon[1] <= t + self.policy.prefetch * self.r_time(soon[0]):
+            start = self.recompute_pass(soon[0])
+            if start is not None:
+                return start
         best_f, f_blocked, next_f = self.ready_forward(r, t)
         best_w, pending_w = self.oldest_weight(r)
         if best_w is not None and (f_blocked or pending_w > self.lag[r]):
@@ -274,23 +362,123 @@ class _ListScheduler:
                 stages, n_b, policy = self.stages[r], self.n_b, self.policy
                 knob: WaitKnob = "wait_first" if n_b[stages[0]] == 0 and n_b[stages[-1]] == 0 else "wait_b"
                 wait = getattr(policy, knob)
-                if next_b <= t + wait * self.cost.t_f[best_f]:
+                if next_b <= t + wait * self.cost.t_f[best_f[0]]:
                     return _Wait(next_b)
                 # the least value of this knob that would have waited here (see ``sweep_waits``)
-                self.flips[knob] = min(self.flips[knob], (next_b - t) / self.cost.t_f[best_f])
-            return _Start(best_f, _F)
+                self.flips[knob] = min(self.flips[knob], (next_b - t) / self.cost.t_f[best_f[0]])
+            return _Start(best_f[0], _F, best_f[1])
         nxt = min(next_b, next_f)
         if best_w is not None:
             if self.policy.fit and t < nxt < t + self.cost.t_w[best_w]:
                 return _Wait(nxt)
             return _Start(best_w, _W)
+        if soon is not None:  # nothing else to do: rebuild ahead
+            start = self.recompute_pass(soon[0])
+            if start is not None:
+                return start
         return _Wait(nxt if nxt > t else _INF)
+
+    # ---- recomputation ---------------------------------------------------------------
+
+    def r_time(self, s: int) -> float:
+        """Time of the recompute pass the next B on stage s needs."""
+        op = self.ckpt[s][self.n_b[s]]
+        assert op is not None
+        return self.cost.time(s, op)
+
+    def due_recompute(self, r: int, t: float) -> tuple[int | None, tuple[int, float] | None]:
+        """(a stage whose next B has its input but not its activations, or None; (stage, when
+        its input is due) of the soonest such B whose input is not there yet, or None)."""
+        urgent, soon = None, None
+        n_b, n_f, inputs = self.n_b, self.n_f, self.inputs[_B]
+        for s in self.stages[r]:
+            j = n_b[s]
+            if j >= self.m or n_f[s] <= j or self.ckpt[s][j] is None or self.rebuilt[s][j]:
+                continue
+            arrival = self.arrival(inputs[s], j)
+            if arrival is not None and arrival <= t + self.eps:
+                if urgent is None or (j, -s) < (n_b[urgent], -urgent):
+                    urgent = s
+            else:
+                eta = max(self.backward_start(s, j, arrival), t)
+                if soon is None or eta < soon[1]:
+                    soon = (s, eta)
+        return urgent, soon
+
+    def recompute_pass(self, s: int) -> _Start | None:
+        """Rebuild the activations of the next B on stage s, if they fit."""
+        op = self.ckpt[s][self.n_b[s]]
+        assert op is not None
+        r = self.rank_of[s]
+        if self.memory[r] + self.cost.memory(s, op) > self.limit[r]:
+            return None
+        return _Start(s, op)
+
+    def need(self, s: int, op: Op | None = None) -> float:
+        """Room the oldest checkpointed microbatch waiting on stage s needs to be rebuilt (or,
+        where none waits, one checkpointed for ``op``; 0 for none)."""
+        if self.waiting[s]:
+            op = self.waiting[s][0]
+        return 0.0 if op is None else self.cost.memory(s, op)
+
+    def forward_kind(self, r: int, s: int) -> tuple[bool, Op | None]:
+        """(whether the next F on stage s fits, the recompute pass it is checkpointed for or None):
+        the plan's choice for its microbatch, else the first that keeps less and fits."""
+        c, mem, lim = self.cost, self.memory[r], self.limit[r]
+        if not self.offers_any:
+            return mem + c.m_f[s] + self.later[s] <= lim, None
+        others = sum(self.need(t) for t in self.stages[r] if t != s)
+        ways = self.ways[s]
+        planned = self.plan[s][self.n_f[s] % len(self.plan[s])]
+        for op in ways[ways.index(planned):] if planned in ways else ways:
+            held = c.m_f[s] if op is None else c.offer(s, op).keep  # type: ignore[union-attr]
+            if mem + held + self.later[s] + others + self.need(s, op) <= lim:
+                return True, op
+        return False, None
+
+    def _plan(self) -> list[list[Op | None]]:
+        """Per stage, how the microbatches in flight hold their activations: N choices, N the
+        microbatches in flight on the stage (its round trip in microbatches of the rank, times
+        ``plan_depth``, at most the rank's warm-up depth), as many of each way (plain, or checkpointed for a
+        recompute pass) as give the least recompute time within the rank's limit, its memory
+        shared among its stages in proportion to what their microbatches in flight hold plain;
+        the cheapest ways first."""
+        c, m = self.cost, self.m
+        graph = type_graph(c)
+        plan: list[list[Op | None]] = [[] for _ in range(self.S)]
+        for r, stages in enumerate(self.stages):
+            per_mb = sum(c.t_f[s] + c.t_b[s] for s in stages)
+            count = {}
+            for s in stages:
+                lag = earliest_starts(c, (s, Op.F), graph)[(s, Op.B)] + c.t_b[s]
+                count[s] = int(max(1, min(m, self.cap[r], round(self.policy.plan_depth * lag / per_mb))))
+            total = sum(count[s] * c.m_f[s] for s in stages) or 1.0
+            for s in stages:
+                budget = self.limit[r] * count[s] * c.m_f[s] / total
+                plan[s] = _cheapest_mix(c, s, self.ways[s], count[s], budget)
+        return plan
 
     def apply(self, r: int, t: float, start: _Start) -> float:
         """Run the pass from t on rank r; its end time."""
         s, op, c = start.stage, start.op, self.cost
         kind = op
-        if op is _F:
+        if op is _F and start.ckpt is not None:
+            j = self.n_f[s]
+            offer = c.offer(s, start.ckpt)
+            assert offer is not None
+            end = self.end_f[s][j] = t + offer.t_f
+            self.n_f[s] += 1
+            self.deepest_f[j] = s
+            self.memory[r] += offer.keep
+            self.ckpt[s][j] = start.ckpt
+            self.waiting[s].append(start.ckpt)
+        elif op in RECOMPUTES:
+            j = self.n_b[s]
+            end = t + c.time(s, op)
+            self.memory[r] += c.memory(s, op)
+            self.rebuilt[s][j] = True
+            self.waiting[s].popleft()
+        elif op is _F:
             j = self.n_f[s]
             end = self.end_f[s][j] = t + (c.t_ff[s] if j < self.fuse_below[s] else c.t_f[s])
             self.n_f[s] += 1
@@ -322,12 +510,15 @@ class _ListScheduler:
 
     def ready_backward(self, r: int, t: float) -> tuple[int | None, float]:
         """(stage of the B to start at t, oldest microbatch first, or None; the earliest
-        start of a B that another rank waits for, inf if none)."""
+        start of a B that another rank waits for, inf if none). A B whose microbatch is
+        checkpointed is ready once its activations are rebuilt."""
         best, next_b = None, _INF
         n_b, n_f, inputs = self.n_b, self.n_f, self.inputs[_B]
         for s in self.stages[r]:
             j = n_b[s]
             if j >= self.m or n_f[s] <= j:
+                continue
+            if self.ckpt[s][j] is not None and not self.rebuilt[s][j]:
                 continue
             arrival = self.arrival(inputs[s], j)
             if arrival is not None and arrival <= t + self.eps:
@@ -337,23 +528,26 @@ class _ListScheduler:
                 next_b = min(next_b, max(self.backward_start(s, j, arrival), t))
         return best, next_b
 
-    def ready_forward(self, r: int, t: float) -> tuple[int | None, bool, float]:
-        """(stage of the F to start at t, oldest microbatch first, or None; whether memory
-        blocks an F; the earliest start of an F not ready yet, inf if none)."""
-        best, blocked, next_f = None, False, _INF
+    def ready_forward(self, r: int, t: float) -> tuple[tuple[int, Op | None] | None, bool, float]:
+        """((stage, recompute pass it is checkpointed for or None) of the F to start at t,
+        oldest microbatch first, or None; whether memory blocks an F; the earliest start of an
+        F not ready yet, inf if none)."""
+        best: tuple[int, Op | None] | None = None
+        blocked, next_f = False, _INF
         s0, n_f, inputs = self.stages[r][0], self.n_f, self.inputs[_F]
         for s in self.stages[r]:
             j = n_f[s]
             if j >= self.m or (s == s0 and j - self.n_b[s0] >= self.cap[r]):
                 continue
-            if self.memory[r] + self.room[s] > self.limit[r]:
+            fits, ckpt = self.forward_kind(r, s)
+            if not fits:
                 blocked = True
                 continue
             arrival = self.arrival(inputs[s], j)
             if arrival is None or arrival > t + self.eps:
                 next_f = min(next_f, max(self.forward_start(s, j, arrival), t))
-            elif best is None or (j, -s) < (n_f[best], -best):
-                best = s
+            elif best is None or (j, -s) < (n_f[best[0]], -best[0]):
+                best = (s, ckpt)
         return best, blocked, next_f
 
     def oldest_weight(self, r: int) -> tuple[int | None, int]:
@@ -467,15 +661,55 @@ def refine_waits(
 def sequential_schedule(problem: Problem) -> list[list[Action]]:
     """One microbatch at a time through the whole pipeline: each rank runs, per microbatch, its
     forwards, then its B passes each followed at once by its W. Peak memory per rank is one
-    microbatch's activations, the least any schedule needs."""
+    microbatch's activations, the least any schedule needs without recomputation.
+
+    With recomputation ("auto"), a rank with several stages runs the forwards of all but its
+    last checkpointed (by the offer that keeps least) wherever that lowers its peak, each
+    recomputed just before its B: while the last stage's backward runs, the others hold only
+    what they keep, the least any schedule needs. With "full", every forward is checkpointed
+    and recomputed just before its B."""
     c, m = problem.cost, problem.num_microbatches
     rows = []
     for r in range(c.num_ranks):
         st = sorted(c.rank_stages(r))
+        ckpt = _sequential_checkpoints(problem, st)
         row = []
         for j in range(m):
             row += [Action(s, Op.F, j) for s in st]
             for s in reversed(st):
+                if s in ckpt:
+                    row.append(Action(s, ckpt[s], j))
                 row += [Action(s, Op.B, j), Action(s, Op.W, j)]
         rows.append(row)
     return rows
+
+
+def _sequential_checkpoints(problem: Problem, stages: list[int]) -> dict[int, Op]:
+    """Stage -> the recompute pass the sequential schedule uses on it (see there)."""
+    c = problem.cost
+    if problem.recompute == "full":
+        return {s: Op.R for s in stages}
+    if problem.recompute == "none" or len(stages) < 2:
+        return {}
+    ckpt: dict[int, Op] = {}
+    for s in stages[:-1]:
+        offers = [(c.offer(s, op).keep, op) for op in c.recompute_ops(s)]  # type: ignore[union-attr]
+        if offers:
+            ckpt[s] = min(offers)[1]
+
+    def peak(chosen: dict[int, Op]) -> float:
+        held, top = 0.0, 0.0
+        keep = {s: c.offer(s, op).keep for s, op in chosen.items()}  # type: ignore[union-attr]
+        for s in stages:
+            held += keep.get(s, c.m_f[s])
+            top = max(top, held)
+        for s in reversed(stages):
+            held += c.m_f[s] - keep.get(s, c.m_f[s])
+            top = max(top, held)
+            held += c.m_b[s]
+            top = max(top, held)
+            held += c.m_w[s]
+            top = max(top, held)
+        return top
+
+    return ckpt if ckpt and peak(ckpt) < peak({}) else {}

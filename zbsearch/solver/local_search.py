@@ -25,6 +25,11 @@ into a gap, are longer ones), and every candidate is timed by ASAP simulation.
   anywhere later on the rank. Its F then costs t_ff or t_f, as ``CostModel.durations`` says.
   So the search ranges over split, fused and mixed schedules: it fuses where that pays and
   splits where a W fills a bubble.
+* Where the problem allows recomputation ("auto"), a move also toggles one microbatch's
+  recomputation on one stage: insert its recompute pass (R, or RS where offered) anywhere
+  between its F and its backward, take it out, or trade one for the other in place. Its F then
+  costs and keeps what a checkpointed forward does. Recompute passes move like any other pass,
+  within their F and their backward. With "full" every forward stays recomputed.
 * ``deadline`` (time.monotonic()) is checked between simulations: an expired one returns the
   input unchanged.
 """
@@ -34,7 +39,7 @@ from __future__ import annotations
 import random
 import time
 
-from ..actions import Action, Op
+from ..actions import RECOMPUTES, Action, Op
 from ..dependencies import edge_delay, must_precede, predecessors
 from ..limits import allowance
 from ..tolerances import REL_TOL
@@ -43,19 +48,24 @@ from .problem import Problem
 __all__ = ["local_search"]
 
 _OPS = (Op.F, Op.B, Op.W)
+# which backwards are fused, which forwards are checkpointed for which recompute pass
+State = tuple[frozenset[tuple[int, int]], frozenset[tuple[int, int, Op]]]
+_PLAIN: State = (frozenset(), frozenset())
 
 
 class _Model:
     """The problem on integer pass ids: durations, inputs with delays, memory deltas and, per
     pass, the passes of its own rank it must follow or precede. Each (stage, microbatch) has an
     F, a backward (its B, or its BW when fused: one id either way, so that what depends on the
-    backward need not know which) and a W (absent from the rows when fused). Durations and
-    memory deltas depend on which backwards are fused: ``costs`` gives them for a set."""
+    backward need not know which), a W (absent from the rows when fused) and a recompute pass
+    per one offered (absent but where it is recomputed). Durations and memory deltas depend on
+    which backwards are fused and which forwards checkpointed: ``costs`` gives them for a state."""
 
     def __init__(self, problem: Problem) -> None:
         c, m, S = problem.cost, problem.num_microbatches, problem.cost.num_stages
         self.cost = c
-        self.actions = [Action(s, op, j) for s in range(S) for op in _OPS for j in range(m)]
+        ops = {s: (*_OPS, *c.recompute_ops(s)) for s in range(S)}
+        self.actions = [Action(s, op, j) for s in range(S) for op in ops[s] for j in range(m)]
         self.id = {(a.stage, a.op, a.mb): k for k, a in enumerate(self.actions)}
         # split: each pass costs its type's time, as CostModel.durations prices a split schedule
         self.dur = [c.time(a.stage, a.op) for a in self.actions]
@@ -70,7 +80,7 @@ class _Model:
         self.after: list[frozenset[int]] = []  # same-rank passes that must run after pass k
         for k, a in enumerate(self.actions):
             here = (a.stage, a.op)
-            own = [((s, op), self.id[(s, op, a.mb)]) for s in c.rank_stages(rank[k]) for op in _OPS]
+            own = [((s, op), self.id[(s, op, a.mb)]) for s in c.rank_stages(rank[k]) for op in ops[s]]
             self.before.append(frozenset(x for t, x in own if must_precede(t, here, S)))
             self.after.append(frozenset(x for t, x in own if must_precede(here, t, S)))
         self.allowed = [allowance(x) for x in problem.limits()]
@@ -79,16 +89,26 @@ class _Model:
         self.choice = frozenset(
             s for s in range(S)
             if c.t_bw[s] < c.t_b[s] + c.t_w[s] or c.t_ff[s] < c.t_f[s] or c.m_b[s] > 0 > c.m_w[s])
+        # stages where a move may recompute or not (with "full", none: every forward is)
+        self.recompute = {s: c.recompute_ops(s) for s in range(S)} if problem.recompute == "auto" else {}
+        self.any_recompute = any(self.recompute.values())
 
-    def costs(self, fused: frozenset[tuple[int, int]]) -> tuple[list[float], list[float]]:
-        """(durations, memory deltas) by id when the backwards in ``fused`` are BW passes."""
-        if not fused:
+    def costs(self, state: State) -> tuple[list[float], list[float]]:
+        """(durations, memory deltas) by id when the backwards in ``state[0]`` are BW passes and
+        the forwards in ``state[1]`` are checkpointed (a checkpointed F's price first)."""
+        fused, ckpt = state
+        if not fused and not ckpt:
             return self.dur, self.mem
         dur, mem, c, ident = list(self.dur), list(self.mem), self.cost, self.id
         for s, j in fused:
             dur[ident[(s, Op.F, j)]] = c.t_ff[s]
             dur[ident[(s, Op.B, j)]] = c.t_bw[s]
             mem[ident[(s, Op.B, j)]] = c.m_b[s] + c.m_w[s]
+        for s, j, op in ckpt:
+            offer = c.offer(s, op)
+            assert offer is not None
+            dur[ident[(s, Op.F, j)]] = offer.t_f
+            mem[ident[(s, Op.F, j)]] = offer.keep
         return dur, mem
 
     def score(self, rows: list[list[int]], dur: list[float]) -> tuple[float, float] | None:
@@ -157,12 +177,17 @@ class _Model:
             out.append(j)
         return out
 
-    def toggles(self, row: list[int], i: int, fused: frozenset[tuple[int, int]], limit: float,
-                reach: int) -> list[tuple[list[int], frozenset[tuple[int, int]]]]:
-        """The rows and fused sets that fusing or splitting the backward at row[i] gives (none
-        unless it is a backward on a stage where fusing may pay): fused, one; split, one per
-        place of its W within ``reach`` after it, within the memory limit."""
+    def toggles(self, row: list[int], i: int, state: State, limit: float,
+                reach: int) -> list[tuple[list[int], State]]:
+        """The rows and states that fusing or splitting the backward at row[i] gives (a backward
+        on a stage where fusing may pay: fused, one; split, one per place of its W within
+        ``reach`` after it), or recomputing the microbatch of the F at row[i] or not (a stage
+        that offers it: each recompute pass at each place within ``reach`` after the F and
+        before its backward; out; the other pass in its place); each within the memory limit."""
         a = self.actions[row[i]]
+        fused, ckpt = state
+        if a.op is Op.F and self.recompute.get(a.stage):
+            return self._recompute_toggles(row, i, state, limit, reach)
         if a.op is not Op.B or a.stage not in self.choice:
             return []
         key = (a.stage, a.mb)
@@ -174,8 +199,38 @@ class _Model:
         else:
             new = fused | {key}
             cands = [[x for x in row if x != w]]
-        _, mem = self.costs(new)
-        return [(cand, new) for cand in cands if max(_prefix(mem, cand), default=0.0) <= limit]
+        _, mem = self.costs((new, ckpt))
+        return [(cand, (new, ckpt)) for cand in cands if max(_prefix(mem, cand), default=0.0) <= limit]
+
+    def _recompute_toggles(self, row: list[int], i: int, state: State, limit: float,
+                           reach: int) -> list[tuple[list[int], State]]:
+        a = self.actions[row[i]]
+        fused, ckpt = state
+        s, j = a.stage, a.mb
+        now = next((op for op in self.recompute[s] if (s, j, op) in ckpt), None)
+        out: list[tuple[list[int], State]] = []
+        if now is not None:
+            rid = self.id[(s, now, j)]
+            gone = (fused, ckpt - {(s, j, now)})
+            out.append(([x for x in row if x != rid], gone))
+            for op in self.recompute[s]:
+                if op is not now:
+                    other = self.id[(s, op, j)]
+                    out.append(([other if x == rid else x for x in row], (fused, gone[1] | {(s, j, op)})))
+        else:
+            b = self.id[(s, Op.B, j)]
+            end = row.index(b) if b in row else len(row)
+            for op in self.recompute[s]:
+                rid = self.id[(s, op, j)]
+                new = (fused, ckpt | {(s, j, op)})
+                for q in range(i + 1, min(end, i + 1 + reach) + 1):
+                    out.append((row[:q] + [rid] + row[q:], new))
+        checked = []
+        for cand, new in out:
+            _, mem = self.costs(new)
+            if max(_prefix(mem, cand), default=0.0) <= limit:
+                checked.append((cand, new))
+        return checked
 
 
 def _prefix(mem: list[float], row: list[int]) -> list[float]:
@@ -218,10 +273,11 @@ def local_search(
     if value0 <= target or not problem.fits(tl0):
         return rows
     model = _Model(problem)
-    fused0 = frozenset((a.stage, a.mb) for row in rows for a in row if a.op is Op.BW)
+    state0: State = (frozenset((a.stage, a.mb) for row in rows for a in row if a.op is Op.BW),
+                     frozenset((a.stage, a.mb, a.op) for row in rows for a in row if a.op in RECOMPUTES))
     ids = [[model.id[(a.stage, Op.B if a.op is Op.BW else a.op, a.mb)] for a in row] for row in rows]
     rng = random.Random(seed)
-    best, best_fused = cur, cur_fused = ids, fused0
+    best, best_fused = cur, cur_fused = ids, state0
     cur_dur, cur_mem = model.costs(cur_fused)
     first = model.score(ids, cur_dur)
     assert first is not None  # the core simulator just ran it
@@ -237,7 +293,7 @@ def local_search(
     while not spent() and best_score[0] > target:
         improved, tried = False, used
         moves = [(r, i) for r in range(R) for i in range(len(cur[r]))]
-        moves += [(r, -1 - i) for r, i in moves if model.choice]  # toggles (negative: the backward at i)
+        moves += [(r, -1 - i) for r, i in moves if model.choice or model.any_recompute]  # toggles (negative: at i)
         rng.shuffle(moves)  # positions on a rank shift as moves are kept: still valid ones
         prefixes = [_prefix(cur_mem, row) for row in cur]
         for r, i in moves:
@@ -286,14 +342,14 @@ def local_search(
                 cur_dur, cur_mem = model.costs(cur_fused)
     if best is ids:
         return rows
-    out = [[Action(a.stage, Op.BW, a.mb) if a.op is Op.B and (a.stage, a.mb) in best_fused else a
+    out = [[Action(a.stage, Op.BW, a.mb) if a.op is Op.B and (a.stage, a.mb) in best_fused[0] else a
             for a in (model.actions[k] for k in row)] for row in best]
     value, tl = problem.evaluate(out)
     return out if value <= value0 and problem.fits(tl) else rows
 
 
-def _perturb(model: _Model, rows: list[list[int]], fused: frozenset[tuple[int, int]], rng: random.Random, reach: int,
-             moves: int) -> tuple[list[list[int]], frozenset[tuple[int, int]]]:
+def _perturb(model: _Model, rows: list[list[int]], fused: State, rng: random.Random, reach: int,
+             moves: int) -> tuple[list[list[int]], State]:
     """``rows`` after a few random valid moves or toggles (within memory; may deadlock, then
     discarded)."""
     out = list(rows)
@@ -302,7 +358,7 @@ def _perturb(model: _Model, rows: list[list[int]], fused: frozenset[tuple[int, i
         if not out[r]:
             continue
         i = rng.randrange(len(out[r]))
-        if model.choice and rng.random() < 0.25:
+        if (model.choice or model.any_recompute) and rng.random() < 0.25:
             options = model.toggles(out[r], i, fused, model.allowed[r], min(reach, 4))
             if options:
                 out[r], fused = rng.choice(options)

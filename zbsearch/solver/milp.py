@@ -28,21 +28,22 @@ window covering the whole schedule and no band, each rank's span measured from i
 (a variable), the model is the exact idle relaxation and HiGHS's dual bound, less a margin for
 its tolerances, is a lower bound for every schedule (``exact``). Windows keep each backward
 fused or split as it is; the exact model chooses, where fusing may pay (``_ChoiceModel``).
+Windows keep each microbatch's recomputation as it is too (a recompute pass orders against the
+others like any pass, before its backward by ``dependencies.must_precede``); the exact model has
+no recompute choice, so where the costs offer recomputation it is no bound (``exact`` refuses).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import highspy
 import pulp
 
+from .._highs import stdout_muted
 from ..actions import Action, Op
 from ..costs import CostModel
 from ..dependencies import PassType, action_index, action_predecessor_types, edge_delay, must_precede
@@ -70,21 +71,6 @@ def _variable(lp: pulp.LpProblem, name: str, low: float | None, up: float | None
     return pulp.LpVariable(name, low, up, cat)
 
 
-@contextlib.contextmanager
-def _stdout_muted() -> Iterator[None]:
-    """File descriptor 1 points at the null device inside the block (C code writes there
-    directly, past ``sys.stdout``)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 class _HiGHS(pulp.HiGHS):
     """PuLP's HiGHS interface plus a full warm-start solution and the MIP dual bound."""
 
@@ -97,7 +83,7 @@ class _HiGHS(pulp.HiGHS):
     def createAndConfigureSolver(self, lp):
         # HiGHS prints its banner to the process's stdout when a model is created, before any
         # option can silence it; a library call and `solve -o -` must keep stdout their own
-        with _stdout_muted():
+        with stdout_muted():
             super().createAndConfigureSolver(lp)
 
     def callSolver(self, lp):
@@ -234,6 +220,7 @@ class _WindowModel:
                  relaxed: bool = False):
         self.problem, self.rows, self.tl, self.begin, self.stop = problem, rows, tl, begin, stop
         self.band, self.secondary = band, secondary
+        self.deltas: list[list[float]] | None = None
         self.passes: list[Key] = [(r, i) for r in range(len(rows)) for i in range(begin[r], stop[r])]
         self.index = index = action_index(rows)
         self.inputs = {k: list(_inputs(problem, rows, index, *k)) for k in self.passes}
@@ -279,8 +266,11 @@ class _WindowModel:
         return self.dur[k[0]][k[1]]
 
     def memory_delta(self, r: int, i: int) -> float:
-        x = self.rows[r][i]
-        return self.problem.cost.memory(x.stage, x.op)
+        """How pass i of rank r changes its memory (``CostModel.memory_deltas``: the window keeps
+        each microbatch's recomputation as it is, so what each pass allocates is fixed)."""
+        if self.deltas is None:
+            self.deltas = self.problem.cost.memory_deltas(self.rows)
+        return self.deltas[r][i]
 
     # ---- time bounds -----------------------------------------------------------------------
 
@@ -729,6 +719,8 @@ def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed
     model chooses (``_ChoiceModel``); elsewhere a BW is split into B then W, which loses
     nothing."""
     cost = problem.cost
+    if cost.can_recompute:
+        raise ValueError("the exact model has no recomputation choice: no bound where recomputation is offered")
     choice = _choice_stages(cost)
     rows = _fifo(problem, _split(rows, set(range(cost.num_stages)) - choice))
     _, tl = problem.evaluate(rows)

@@ -24,28 +24,48 @@ Under ASAP FIFO can lose for span (not for makespan): the relabelled schedule's 
 rank may have its input earlier, so ASAP starts the rank earlier and its span grows. A
 non-FIFO order (a rank starting with a later microbatch) can then be strictly better than every
 FIFO one; the solver's schedules are judged by the simulator, never by the model.
+
+Recomputation (``recompute``): "none", no recompute pass (the cost model offers none); "auto",
+any microbatch on any stage may be checkpointed and recomputed by a pass the cost model offers;
+"full", every microbatch on every stage is, by full recomputation (R), as Megatron's
+``--recompute-granularity full`` does. The relabelling above does not carry over (a microbatch's
+recomputation is decided at its F, on a stage before the ones the swap relabels), so no bound
+of the solver relies on FIFO orders where recomputation is offered (``zbsearch.bounds``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from ..actions import Action
+from ..actions import RECOMPUTES, Action, Op
 from ..costs import CostModel
 from ..formats.schedule import Objective
 from ..limits import allowance, peaks_fit
 from ..simulator import Timeline, memory_trace, peak_memory, simulate
 
-__all__ = ["Objective", "Problem"]
+__all__ = ["Objective", "Problem", "Recomputation", "RECOMPUTATIONS"]
 
-
+Recomputation = Literal["none", "auto", "full"]
+RECOMPUTATIONS: tuple[str, ...] = ("none", "auto", "full")
 
 @dataclass(frozen=True)
 class Problem:
+    """The costs (offering only the recomputation ``recompute`` allows: none for "none", full
+    recomputation only for "full"), m, per-rank limits and the objective."""
+
     cost: CostModel
     num_microbatches: int
     limit: tuple[float, ...] | None = None  # per rank, in the profile's memory unit
     objective: Objective = "span"
+    recompute: Recomputation = "none"
+
+    @classmethod
+    def make(cls, cost: CostModel, num_microbatches: int, limit: tuple[float, ...] | None = None,
+             objective: Objective = "span", recompute: Recomputation = "none") -> Problem:
+        """The problem with ``cost`` restricted to the recomputation ``recompute`` allows."""
+        keep = {"none": (), "auto": RECOMPUTES, "full": (Op.R,)}[recompute]
+        return cls(cost.without_recompute(keep), num_microbatches, limit, objective, recompute)
 
     @property
     def num_ranks(self) -> int:
@@ -69,6 +89,13 @@ class Problem:
     def fits(self, tl: Timeline) -> bool:
         """Whether every rank's memory stays within its limit."""
         return peaks_fit(tl.peak_memory, self.limit)
+
+    def complete_recomputation(self, rows: list[list[Action]]) -> bool:
+        """Whether ``rows`` recomputes as ``recompute`` requires: every microbatch on every
+        stage for "full" (anything goes otherwise: the costs offer only what is allowed)."""
+        if self.recompute != "full":
+            return True
+        return sum(a.op is Op.R for row in rows for a in row) == self.cost.num_stages * self.num_microbatches
 
     def fits_order(self, rows: list[list[Action]]) -> bool:
         """``fits`` before any simulation: memory depends on the order alone."""

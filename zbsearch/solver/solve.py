@@ -1,41 +1,45 @@
 """``solve``: the least-bubble schedule under a memory limit, with an honest gap.
 
 Each microbatch's backward on each stage may run fused (one BW) or split (B, then W later);
-where a fused one costs less (``CostModel.fusing_may_pay``) every phase ranges over both.
+where a fused one costs less (``CostModel.fusing_may_pay``) every phase ranges over both. With
+``recompute`` "auto", each microbatch's forward on each stage may also run checkpointed and be
+recomputed before its backward, where the profile offers it: every phase ranges over that too.
 
-1. Construct: every ``candidate_policies`` list schedule (split, and where fusing pays fused
-   but for a cool-down tail), the best few of them with their wait knobs refined
-   (``refine_waits``), plus the classic and sequential ones, on the true per-stage costs (or,
-   with ``uniform_costs``, on their median across stages as the paper's scheduler does, to show
-   what per-stage costs buy). The best few by their own timing are simulated and the best
-   kept. Then every classic schedule within the limit (``baselines``) is a candidate too, and
-   where fusing may pay the best is also tried with its adjacent B, W fused and with every
-   backward fused.
-2. Prove: the lower bound is the largest of the one-machine bounds over any rank's passes
-   (per pass type, and per pass with microbatch order and memory precedences) and the
-   memory-aware idle bound (``zbsearch.bounds``, on costs no fused or split schedule beats);
-   on small problems the exact MILP, which chooses fused or split per backward, may also raise
-   it or close it. A classic schedule on another placement (interleaved 1F1B) caps it: the
-   bound covers it too.
-3. Improve: a local search over per-rank orders and fused or split backwards
-   (``local_search``: non-FIFO orders too, judged by simulation) for a share of the time, before
-   and after the exact MILP; then MILP windows (``milp.improve``) until the gap closes or the
-   time limit.
-4. Check: the final schedule is validated by the core validator, memory limit included,
+A solve is a ``SolveRun`` going through named phases, all timed by one ``Budget``
+(``budget``: the shares of the time limit each phase may take):
+
+1. ``construct``: every ``candidate_policies`` list schedule (split, and where fusing pays
+   fused but for a cool-down tail; with recomputation, each rank's plan of which microbatches
+   to checkpoint), the best few with their wait knobs refined (``refine_waits``), plus the
+   handcrafted orders (ZB-H1/H2, ZB-V, the V building blocks V-Half and V-Min below 1F1B's
+   memory, recomputing ones where allowed) and the sequential one, on the true per-stage costs
+   (or, with ``uniform_costs``, on their median across stages as the paper's scheduler does,
+   to show what per-stage costs buy).
+2. ``compare_classics``: every classic schedule within the limit (``baselines``) is a candidate
+   and a figure to beat; ``try_fusing``: where fusing may pay, the best with its adjacent B, W
+   fused and with every backward fused.
+3. ``prove``: the lower bound is the largest of the one-machine bounds over any rank's passes
+   (per pass type, and per pass with microbatch order and memory precedences), the
+   memory-aware idle bound and the area bound (``zbsearch.bounds``, on costs no fused, split or
+   recomputing schedule beats); on small problems without recomputation the exact MILP may also
+   raise it or close it. A classic schedule on another placement (interleaved 1F1B) caps it:
+   the bound covers it too.
+4. ``improve``: the search engines in turn (``engines``; the seam where another one plugs in):
+   a local search over per-rank orders, fused or split backwards and recomputation (non-FIFO
+   orders too, judged by simulation), the exact MILP on small problems, the local search
+   again, then MILP windows until the gap closes or the time limit.
+5. ``finish``: the final schedule is validated by the core validator, memory limit included,
    before anything is returned; ``verdict`` says what it means.
 """
 
 from __future__ import annotations
 
-import functools
 import statistics
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..actions import Action, Op
+from ..actions import RECOMPUTES, Action, Op
 from ..bounds import memory_makespan_lower_bound, memory_span_lower_bound
-from ..classic import KINDS
 from ..costs import CostModel
 from ..errors import ZbError
 from ..formats.edit import updated
@@ -47,34 +51,16 @@ from ..prediction import with_prediction
 from ..simulator import Timeline
 from ..validator import validate
 from .baselines import Baseline, classic_baselines
+from .budget import Budget
+from .construct import construct
+from .engines import Engine, default_engines
 from .feasibility import check_limit
-from .heuristic import Policy, candidate_policies, list_schedule, refine_waits, sequential_schedule
-from .local_search import local_search
-from .problem import Objective, Problem
+from .problem import RECOMPUTATIONS, Objective, Problem, Recomputation
 from .verdict import CLOSED as _CLOSED
 from .verdict import decide_status
 
-__all__ = ["SolverInfo", "SolveResult", "Progress", "progress_text", "solve", "uniform_profile", "solver_placement"]
-
-# Problems up to this many passes get the exact MILP first: it can prove optimality.
-_EXACT_PASSES = 120
-# Shares of the time left that the local search over orders may take: after the construction
-# (it often closes the gap quickly) and after the exact MILP. Beyond the exact MILP's size each
-# candidate costs a simulation of hundreds of passes, so the MILP windows, which improve many
-# passes at once, get most of the time, and beyond _SEARCH_PASSES nearly all of it.
-_SEARCH_SHARE = (0.25, 0.5)
-_SEARCH_SHARE_LARGE = 0.1
-_SEARCH_PASSES = 2000
-# List-scheduling policies of distinct structure whose wait knobs ``_construct`` refines, in at
-# most this many times as long as the grid took: the refinement is worth a second look at the
-# best few, not at all.
-_REFINED = 3
-_REFINE_TIME = 3.0
-# Starts of the first local search on problems beyond the exact MILP's size: the best
-# construction and the best of up to two other origins, each with the search's share of the
-# time left. A start whose waits are tightly phased (a refined one) can sit in a local optimum
-# that single moves do not leave while a slightly worse one leads further.
-_STARTS = 3
+__all__ = ["SolverInfo", "SolveResult", "SolveRun", "Progress", "progress_text", "solve", "uniform_profile",
+           "solver_placement"]
 
 
 @dataclass
@@ -127,117 +113,194 @@ def uniform_profile(profile: Profile) -> Profile:
     return updated(profile, stages=stages, name=f"{profile.name}-uniform")
 
 
-# Handcrafted orders tried as further candidates, by placement; the least bubble first (when time
-# is short only the first within the memory limit is timed: ZB-H2 needs about 2p, ZB-H1 1p).
-_CLASSIC_CANDIDATES = {1: ("zb-h2", "zb-h1", "1f1b-split"), 2: ("zb-v",)}
+@dataclass
+class SolveRun:
+    """One solve in progress: what its phases and engines read and improve.
 
+    ``problem`` is judged on the true costs, ``search`` on the costs the heuristics build with
+    (the same, or the median stage's with ``uniform_costs``); ``rows``/``value``/``timeline``
+    the best schedule so far, ``bound`` the best lower bound. Engines offer schedules through
+    ``offer`` and bounds through ``raise_bound`` (``zbsearch.solver.engines``)."""
 
-def _classic_kinds(problem: Problem) -> tuple[str, ...]:
-    """The handcrafted schedules that apply to the placement, as further candidates."""
-    c = problem.cost
-    chunks = c.num_stages // c.num_ranks
-    if chunks not in _CLASSIC_CANDIDATES or list(c.stage_to_rank) != placement(c.num_ranks, chunks, "v"):
-        return ()
-    return _CLASSIC_CANDIDATES[chunks]
+    profile: Profile
+    problem: Problem
+    search: Problem
+    budget: Budget
+    spec: str | None
+    limit: list[float] | None
+    chunks: int
+    milp: bool
+    uniform_costs: bool
+    progress: Progress | None = None
+    rows: list[list[Action]] = field(default_factory=list)
+    value: float = float("inf")
+    timeline: Timeline | None = None
+    construction: str = ""
+    bound: float = 0.0
+    others: list[list[list[Action]]] = field(default_factory=list)
+    baselines: list[Baseline] = field(default_factory=list)
+    not_built: list[str] = field(default_factory=list)
+    method: str = "heuristic"
+    windows: int = 0
+    improvements: int = 0
+    searched: int = 0
+    hit_limit: bool = False
+    stale: bool = False  # rows adopted without timing on the true costs (MILP windows)
+    sim_s: float = 0.0  # the longest simulation seen
+    built: dict[str, tuple[list[list[Action]], Timeline | None]] = field(default_factory=dict)  # classic, by kind
 
+    # ---- what engines use ----------------------------------------------------------------
 
-def _same(rows: list[list[Action]]) -> list[list[Action]]:
-    return rows
+    @property
+    def num_passes(self) -> int:
+        c = self.problem.cost
+        return 3 * c.num_stages * self.problem.num_microbatches
 
+    def report(self, phase: str, value: float | None = None) -> None:
+        if self.progress is not None:
+            self.progress(phase, self.value if value is None else value, self.bound)
 
-def _construct(
-    problem: Problem, deadline: float, hard: float, start=None, keep: int = 3, grid: float | None = None,
-    report: Callable[[float], None] | None = None, target: float = float("-inf"),
-    built: dict[str, tuple[list[list[Action]], Timeline | None]] | None = None,
-) -> tuple[str, list[list[Action]], Timeline, float, list[list[list[Action]]]]:
-    """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
-    by their own timing, only the best few simulated; the best ``_REFINED`` structures with
-    their wait knobs refined, within the grid's deadline), the classic schedules and the
-    sequential one, as far as ``deadline`` allows: once it has passed, the first candidate
-    within the limit is kept (the sequential schedule, last, always is: it needs the least
-    memory of any schedule). Until one list schedule is found the grid runs to ``hard`` (the
-    solve's deadline less what its end needs), where a list schedule still running is cut: then
-    the first classic schedule within the limit (built in milliseconds), or else the sequential
-    one, is kept. ``grid``: when the grid stops once one list schedule is found (default
-    ``deadline``). ``report`` hears each better list schedule's value by its own timing (never
-    below its simulated value), as soon as it is built. The refinement stops once a list
-    schedule reaches ``target`` (a lower bound: nothing better exists). Also returns the runners-up (up to
-    ``_STARTS - 1``: the best simulated candidate within the limit of each other origin, best
-    first): further starts for the local search. ``built`` receives the classic schedules it
-    built, by kind, with their timelines where it simulated them (None: over the limit)."""
-    found: list[tuple[float, str, list[list[Action]], Policy]] = []
-    began = time.monotonic()
-    for policy in candidate_policies(problem):
-        until = (deadline if grid is None else grid) if found else hard
-        if time.monotonic() > until:
-            break
-        out = list_schedule(problem, policy, until)
-        if out is not None:
-            if report is not None and all(out[1] < v for v, _, _, _ in found):
-                report(out[1])
-            found.append((out[1], policy.name, out[0], policy))
-    found.sort(key=lambda x: x[0])
-    # The best few policies of distinct structure (depth, lag, fit), their wait knobs refined
-    # over every value that changes the schedule: the grid samples them at a few points only.
-    # Their schedules are candidates next to the grid's best, not instead of them: the grid's
-    # are often better starts for the local search (their waits are less tightly phased).
-    until = (deadline if grid is None else grid) if found else hard
-    until = min(until, time.monotonic() + _REFINE_TIME * (time.monotonic() - began))
-    refined: list[tuple[float, str, list[list[Action]]]] = []
-    structures: set[tuple] = set()
-    for value, _, _, policy in found:
-        shape = (policy.depth, policy.lag, policy.fit, policy.fuse)
-        so_far = min([found[0][0]] + [v for v, _, _ in refined])
-        if len(structures) == _REFINED or time.monotonic() > until or shape in structures or so_far <= target:
-            continue
-        structures.add(shape)
-        better = refine_waits(problem, policy, value, until, target)
-        if better is not None:
-            if report is not None and better[2] < so_far:
-                report(better[2])
-            refined.append((better[2], better[0].name, better[1]))
-    refined.sort(key=lambda x: x[0])
-    # the given start first: within a smaller limit, it is what makes results monotone in memory
-    given = start
-    # (origin, name, builder): the origin tells the runners-up apart (see below)
-    cands: list[tuple[str, str, Callable[[], list[list[Action]]]]] = []
-    if given is not None:
-        cands.append(("given", "given", lambda: given))
-    cost, m = problem.cost, problem.num_microbatches
-    cands += [("refined", name, functools.partial(_same, rows)) for _, name, rows in refined[:keep]]
-    cands += [("grid", name, functools.partial(_same, rows)) for _, name, rows, _ in found[:keep]]
-    for kind in _classic_kinds(problem):
-        cands.append(("classic", kind, functools.partial(KINDS[kind].build_by, cost, m, deadline)))
-    cands.append(("sequential", "sequential", lambda: sequential_schedule(problem)))
-    timed: list[tuple[float, str, list[list[Action]], Timeline, str]] = []
-    sim_s = 0.0
-    for origin, name, build in cands:
-        if timed and time.monotonic() > deadline:
-            break
-        rows = build()
-        if origin == "classic" and built is not None:
-            built[name] = (rows, None)
-        if not problem.fits_order(rows):
-            continue  # over the limit (e.g. ZB-H2 at 1p): no need to time it
-        tick = time.monotonic()
-        value, tl = problem.evaluate(rows)
-        sim_s = max(sim_s, time.monotonic() - tick)
-        if origin == "classic" and built is not None:
-            built[name] = (rows, tl)
-        if problem.fits(tl):
-            timed.append((value, name, rows, tl, origin))
-    assert timed  # the sequential schedule fits every limit check_limit accepts
-    timed.sort(key=lambda x: x[0])  # stable: of equal values the earlier candidate
-    best = timed[0]
-    # runners-up: the best of each other origin (a refined list schedule, the grid's, a classic
-    # one...), which tend to lie in other basins of the local search than the best
-    others: list[list[list[Action]]] = []
-    origins = {best[4]}
-    for _, _, rows, _, origin in timed[1:]:
-        if len(others) < _STARTS - 1 and origin not in origins and rows != best[2]:
-            origins.add(origin)
-            others.append(rows)
-    return best[1], best[2], best[3], sim_s, others
+    def target(self) -> float:
+        """Where a search may stop: at the bound as it stands (nothing better exists); with
+        uniform costs never (the search's values are on other costs than the bound's)."""
+        return float("-inf") if self.uniform_costs else self.bound * (1 + _CLOSED)
+
+    def elsewhere(self) -> float:
+        """The best classic schedule on another placement: once the bound reaches it, nothing
+        on the solver's placement can beat it."""
+        place = list(self.problem.cost.stage_to_rank)
+        return min((b.value for b in self.baselines if b.stage_to_rank != place), default=float("inf"))
+
+    def closed(self) -> bool:
+        return min(self.value, self.elsewhere()) <= self.bound * (1 + _CLOSED)
+
+    def offer(self, rows: list[list[Action]], name: str | None = None) -> bool:
+        """Keep ``rows`` if the simulator times it shorter on the true costs, within the limit and
+        recomputing as asked; whether it was kept."""
+        if rows is self.rows or not self.problem.complete_recomputation(rows):
+            return False
+        value, tl = self.problem.evaluate(rows)
+        if value < self.value and self.problem.fits(tl):
+            self.rows, self.value, self.timeline = rows, value, tl
+            if name is not None:
+                self.construction = name
+            return True
+        return False
+
+    def adopt_unchecked(self, rows: list[list[Action]]) -> None:
+        """Take ``rows`` as they are (MILP windows, which keep only what the simulator confirms
+        on the search's costs); timed on the true costs at the end."""
+        if rows is not self.rows:
+            self.rows, self.stale = rows, True
+
+    def raise_bound(self, bound: float) -> None:
+        self.bound = max(self.bound, bound)
+
+    # ---- the phases ----------------------------------------------------------------------
+
+    def construct(self, start: list[list[Action]] | None) -> None:
+        """The best of the heuristics' schedules (``construct``), timed on the true costs."""
+        sh, b = self.budget.shares, self.budget
+
+        def building(v: float) -> None:
+            if not self.uniform_costs:  # else the value is on other costs than the bound's
+                self.report("constructing", v)
+
+        built: dict[str, tuple[list[list[Action]], Timeline | None]] = {}
+        hard = b.deadline
+        if self.milp:
+            out = construct(self.search, b.at(sh.construct), hard, start, report=building, target=self.target(),
+                            built=built, refine=sh.refine)
+        else:
+            out = construct(self.search, hard, hard, start, report=building, target=self.target(),
+                            grid=b.at(sh.grid), built=built, refine=sh.refine)
+        self.construction, self.rows, tl, self.sim_s, self.others = out
+        self.value, self.timeline = (self.problem.value(tl), tl) if not self.uniform_costs else self.problem.evaluate(self.rows)
+        self.built.update(built)
+
+    def compare_classics(self) -> None:
+        """The classic schedules within the limit, on the true costs: candidates, and what to
+        beat (those the construction built are reused). Each new one costs a build and a
+        simulation: one is started only while ``Shares.classic_sims`` simulations' time is left
+        before the end's reserve. 1F1B is left out where splitting loses nothing: 1F1B with split
+        backwards is never longer."""
+        sh, b = self.budget.shares, self.budget
+        cost = self.problem.cost
+        self.baselines, self.not_built = classic_baselines(
+            self.profile, self.problem.num_microbatches, self.spec if self.spec is not None else self.limit, self.chunks,
+            self.problem.objective, deadline=b.at(sh.classics), until=b.deadline - sh.classic_sims * self.sim_s,
+            built=None if self.uniform_costs else self.built, skip=() if cost.fusing_may_pay() else ("1f1b",),
+            recompute=self.problem.recompute)
+        place = list(cost.stage_to_rank)
+        for base in self.baselines:
+            if base.stage_to_rank == place and base.value < self.value:
+                self.construction, self.rows, self.timeline, self.value = base.kind, base.rows, base.timeline, base.value
+
+    def try_fusing(self) -> None:
+        """Where fusing may pay: the best with each backward that its W follows at once fused,
+        and with every backward fused."""
+        cost = self.problem.cost
+        if not cost.fusing_may_pay():
+            return
+        for variant in (_fuse_adjacent(cost, self.rows), _fuse_all(cost, self.rows)):
+            if variant != self.rows and self.problem.fits_order(variant):
+                self.offer(variant, self.construction + ", fused")
+
+    def prove(self, bound_fn) -> None:
+        """The full lower bound: its slow part gets ``Shares.bound`` of the time left, and is left
+        out if it needs more."""
+        b = self.budget
+        if not b.expired():
+            self.raise_bound(bound_fn(self.problem.cost, self.problem.num_microbatches, self.limit,
+                                      deadline=b.share(b.shares.bound)))
+            self.report("lower bound")
+
+    def improve(self, engines: Sequence[tuple[Engine, float | None]]) -> None:
+        """Each engine in turn until it is done, its share of the time left or the deadline."""
+        if not engines or self.closed() or self.budget.expired():
+            return
+        self.method = "heuristic+milp"
+        for engine, share in engines:
+            if self.closed() or self.budget.expired():
+                break
+            engine.improve(self, self.budget.deadline if share is None else self.budget.share(share))
+
+    def finish(self) -> SolveResult:
+        """The result: timed on the true costs, the classic schedules on other placements as
+        candidates (the bound covers them), validated, with its prediction and verdict."""
+        if self.stale or self.timeline is None:
+            self.value, self.timeline = self.problem.evaluate(self.rows)
+        self.hit_limit = self.hit_limit or self.budget.expired()  # a search was cut short
+        place, chosen_limit = list(self.problem.cost.stage_to_rank), self.limit
+        rows, tl, value = self.rows, self.timeline, self.value
+        for base in self.baselines:
+            if base.stage_to_rank != place:
+                self.bound = min(self.bound, base.value)
+                if base.value < value:
+                    self.construction, rows, tl, value, place, chosen_limit = (base.kind, base.rows, base.timeline,
+                                                                               base.value, base.stage_to_rank, base.limit)
+        gap = max(0.0, value / self.bound - 1) if self.bound > 0 else 0.0
+        status = decide_status(gap, self.hit_limit)
+        fused = sum(a.op is Op.BW for row in rows for a in row)
+        recomputed = sum(a.op in RECOMPUTES for row in rows for a in row)
+        info = SolverInfo(
+            method=self.method, construction=self.construction, objective=self.problem.objective, status=status,
+            value=value, lower_bound=self.bound, gap=gap, time_s=round(self.budget.elapsed(), 3),
+            time_limit_s=self.budget.limit,
+            memory_limit=self.spec if self.spec is not None else (None if self.limit is None else "per rank"),
+            uniform_costs=self.uniform_costs, milp_windows=self.windows, milp_improvements=self.improvements,
+            search_improvements=self.searched, classic={b.kind: b.value for b in self.baselines},
+            classic_not_built=self.not_built, fused_backwards=fused,
+            split_backwards=sum(a.op is Op.B for row in rows for a in row),
+            recompute=self.problem.recompute, recomputed=recomputed,
+        )
+        m = self.problem.num_microbatches
+        sched = Schedule.build(_kind(rows, self.baselines, place, fused, recomputed, self.chunks, self.spec), self.profile,
+                               m, place, rows, memory_limit=chosen_limit, memory_limit_spec=self.spec, solver=info)
+        validate(sched, timeline=tl)  # tl: the final rows on the true costs, simulated once
+        assert self.problem.complete_recomputation(rows) or place != list(self.problem.cost.stage_to_rank)
+        self.report("done", value)
+        return SolveResult(with_prediction(sched, tl), info, tl)
 
 
 def solve(
@@ -250,188 +313,82 @@ def solve(
     objective: Objective = "span",
     uniform_costs: bool = False,
     milp: bool = True,
+    recompute: Recomputation = "none",
     start: list[list[Action]] | None = None,
     progress: Progress | None = None,
+    engines: Sequence[Engine] | None = None,
 ) -> SolveResult:
     """Best schedule found within ``time_limit`` seconds, validated, with its gap to a lower bound.
 
-    ``start``: a schedule (per-rank action lists of F, B and W) to consider as well, e.g. the
-    best one at a smaller memory limit."""
-    t0 = time.monotonic()
-    deadline = t0 + time_limit
+    ``recompute``: "none" (no microbatch recomputed), "auto" (the solver decides per stage and
+    microbatch, together with the order, under the limit) or "full" (every microbatch recomputed,
+    as Megatron's full recomputation); "auto" and "full" need the profile's recomputation costs.
+    ``start``: a schedule (per-rank action lists) to consider as well, e.g. the best one at a
+    smaller memory limit. ``engines``: the searches that follow the construction, each until the
+    deadline (default: ``engines.default_engines``; ``[]`` for heuristics only)."""
+    budget = Budget(time_limit)
     m = num_microbatches
     if objective not in ("span", "makespan"):
         raise ZbError(f"objective must be 'span' or 'makespan', not {objective!r}")
+    if recompute not in RECOMPUTATIONS:
+        raise ZbError(f"recompute must be one of {', '.join(RECOMPUTATIONS)}, not {recompute!r}")
     stage_to_rank = solver_placement(profile.num_ranks, chunks)
     cost = CostModel.from_profile(profile, stage_to_rank)
     cost.check_microbatches(m)
+    _check_recompute(profile, cost, recompute)
     spec = None if isinstance(mem_limit, list) else mem_limit
     limit = list(mem_limit) if isinstance(mem_limit, list) else parse_memory_limit(mem_limit, profile, cost)
     if limit is not None and len(limit) != cost.num_ranks:
         raise ZbError(f"memory limit has {len(limit)} values for {cost.num_ranks} ranks")
-    check_limit(cost, m, limit, spec, "bytes" if profile.memory_unit == "bytes" else "M_B")
+    check_limit(cost, m, limit, spec, "bytes" if profile.memory_unit == "bytes" else "M_B", recompute)
 
-    true = Problem(cost, m, tuple(limit) if limit is not None else None, objective)
+    true = Problem.make(cost, m, tuple(limit) if limit is not None else None, objective, recompute)
     build_cost = CostModel.from_profile(uniform_profile(profile), stage_to_rank) if uniform_costs else cost
-    search = Problem(build_cost, m, true.limit, objective)
+    search = Problem.make(build_cost, m, true.limit, objective, recompute)
+    run = SolveRun(profile, true, search, budget, spec, limit, chunks, milp, uniform_costs, progress)
     bound_fn = memory_span_lower_bound if objective == "span" else memory_makespan_lower_bound
-    bound = bound_fn(cost, m, limit, quick=True)  # the full bound once a schedule is in hand
-
-    def report(phase: str, value: float) -> None:
-        if progress is not None:
-            progress(phase, value, bound)
-
-    report("constructing", float("inf"))
-    # What no deadline cuts comes after construction: one simulation (of the fallback, if a list
-    # schedule is cut), building and validating the result. Each is a pass over the schedule, like
-    # the feasibility check and quick bound above, so as long as those took is kept back for it.
-    # With the MILP to follow, construction gets a third of the limit; without, all of it, two
-    # thirds for the policy grid and the rest for timing the best of them and the classic orders.
-    hard = deadline - (time.monotonic() - t0)
-
-    def target() -> float:
-        """Where a search may stop: at the bound as it stands (nothing better exists); with
-        uniform costs never (the search's values are on other costs than the bound's)."""
-        return float("-inf") if uniform_costs else bound * (1 + _CLOSED)
-
-    def building(v: float) -> None:
-        if not uniform_costs:  # else the value is on other costs than the bound's
-            report("constructing", v)
-
-    built: dict[str, tuple[list[list[Action]], Timeline | None]] = {}
-    if milp:
-        construction, rows, tl, sim_s, others = _construct(search, min(hard, t0 + time_limit / 3), hard, start,
-                                                           report=building, target=target(), built=built)
-    else:
-        construction, rows, tl, sim_s, others = _construct(search, hard, hard, start, report=building, target=target(),
-                                                           grid=min(hard, t0 + time_limit * 2 / 3), built=built)
-    value, tl = (true.value(tl), tl) if not uniform_costs else true.evaluate(rows)
-    # The classic schedules within the limit, on the true costs: candidates, and what to beat
-    # (those the construction built are reused). Each new one costs a build and a simulation:
-    # one is started only while as long as three simulations is left before the end's reserve.
-    # 1F1B is left out where splitting loses nothing: 1F1B with split backwards is never longer.
-    baselines, not_built = classic_baselines(
-        profile, m, spec if spec is not None else limit, chunks, objective, deadline=min(hard, t0 + time_limit / 3),
-        until=deadline - 5 * sim_s, built=None if uniform_costs else built,
-        skip=() if cost.fusing_may_pay() else ("1f1b",))
-    for b in baselines:
-        if b.stage_to_rank == stage_to_rank and b.value < value:
-            construction, rows, tl, value = b.kind, b.rows, b.timeline, b.value
-    if cost.fusing_may_pay():  # each backward that its W follows at once fused, or every one
-        for variant in (_fuse_adjacent(cost, rows), _fuse_all(cost, rows)):
-            if variant != rows and true.fits_order(variant):
-                v2, tl2 = true.evaluate(variant)
-                if v2 < value:
-                    construction, rows, tl, value = construction + ", fused", variant, tl2, v2
-    # Keep back time for the end: re-timing a schedule the MILP changed, then building and
-    # validating the file (together about as long as a simulation; prediction reuses it).
-    deadline -= 2 * sim_s
-    report("constructed", value)
-    now = time.monotonic()
-    if now < deadline:  # its slow part gets half the time left, and is left out if it needs more
-        bound = max(bound, bound_fn(cost, m, limit, deadline=now + (deadline - now) / 2))
-        report("lower bound", value)
-    method = "heuristic"
-    windows = improvements = searched = 0
-    hit_limit = False
-    # the best classic schedule on another placement: once the bound reaches it, nothing on
-    # the solver's placement can beat it and the search may stop
-    elsewhere = min((b.value for b in baselines if b.stage_to_rank != stage_to_rank), default=float("inf"))
-
-    def closed() -> bool:
-        return min(value, elsewhere) <= bound * (1 + _CLOSED)
-
-    if milp and not closed() and time.monotonic() < deadline:
-        from .milp import exact, improve  # PuLP and HiGHS load only when needed
-
-        method = "heuristic+milp"
-
-        def search_orders(share: float, others: Sequence[list[list[Action]]] = ()) -> None:
-            """Local search over all orders, non-FIFO ones included (which neither MILP ranges
-            over), and over fusing or splitting each backward where that may pay, for ``share``
-            of the time left from the best schedule, then as much from each of ``others``
-            (further starts) in turn until one reaches the bound; not with uniform costs (not
-            the true objective)."""
-            nonlocal rows, value, searched
-            before = value
-            for begin in [rows, *others]:
-                if share <= 0 or closed() or uniform_costs or time.monotonic() >= deadline:
-                    break
-                stop = time.monotonic() + share * (deadline - time.monotonic())
-                found = local_search(true, begin, stop, target=target())
-                v, tl2 = true.evaluate(found)
-                if v < value and true.fits(tl2):
-                    rows, value = found, v
-                report("local search", value)
-            searched += value < before
-
-        passes = 3 * cost.num_stages * m
-        small = passes <= _EXACT_PASSES
-        # further starts only where no exact model follows: on small problems it needs the time
-        # (at -t 2 under load, V p=3 m=3 1p lost its optimum to three searches before it)
-        search_orders(_SEARCH_SHARE[0] if small else _SEARCH_SHARE_LARGE if passes <= _SEARCH_PASSES else 0.0,
-                      [] if small else others)
-        if small and not uniform_costs:
-            # the idle relaxation for the bound, then (span) the best FIFO order under ASAP;
-            # both choose to fuse or split each backward where that may pay
-            for relaxed in (True, False) if objective == "span" else (True,):
-                if closed() or time.monotonic() >= deadline:
-                    break
-                res = exact(true, rows, (deadline - time.monotonic()) / (2 if relaxed and objective == "span" else 1), relaxed)
-                if res is not None:
-                    v2, tl2 = true.evaluate(res.rows)
-                    if v2 < value and true.fits(tl2):
-                        rows, value = res.rows, v2
-                        improvements += 1
-                    if relaxed:
-                        bound = max(bound, res.dual_bound)
-                    hit_limit = not res.optimal
-                    windows += 1
-                report("exact MILP", value)
-            search_orders(_SEARCH_SHARE[1])
-        if not closed() and time.monotonic() < deadline:
-            # windows: the exact model is the idle relaxation, whose solution ASAP may run worse
-            rows, stats = improve(search, rows, deadline, lambda v, st: report("MILP windows", v), target())
-            windows, improvements = windows + stats.windows, improvements + stats.improved
-            hit_limit = not stats.converged
-    if method != "heuristic":
-        value, tl = true.evaluate(rows)
-    hit_limit = hit_limit or time.monotonic() >= deadline  # a search was cut short
-    # A classic schedule on another placement (interleaved 1F1B) is a candidate as it stands:
-    # the bound covers every schedule on the solver's placement and these.
-    place, chosen_limit = stage_to_rank, limit
-    for b in baselines:
-        if b.stage_to_rank != stage_to_rank:
-            bound = min(bound, b.value)
-            if b.value < value:
-                construction, rows, tl, value, place, chosen_limit = b.kind, b.rows, b.timeline, b.value, b.stage_to_rank, b.limit
-    gap = max(0.0, value / bound - 1) if bound > 0 else 0.0
-    status = decide_status(gap, hit_limit)
-    fused = sum(a.op is Op.BW for row in rows for a in row)
-    info = SolverInfo(
-        method=method, construction=construction, objective=objective, status=status, value=value,
-        lower_bound=bound, gap=gap, time_s=round(time.monotonic() - t0, 3), time_limit_s=time_limit,
-        memory_limit=spec if spec is not None else (None if limit is None else "per rank"),
-        uniform_costs=uniform_costs, milp_windows=windows, milp_improvements=improvements,
-        search_improvements=searched, classic={b.kind: b.value for b in baselines}, classic_not_built=not_built,
-        fused_backwards=fused, split_backwards=sum(a.op is Op.B for row in rows for a in row),
-    )
-    sched = Schedule.build(_kind(rows, baselines, place, fused, chunks, spec), profile, m, place, rows,
-                           memory_limit=chosen_limit, memory_limit_spec=spec, solver=info)
-    validate(sched, timeline=tl)  # tl: the final rows on the true costs, simulated once
-    report("done", value)
-    return SolveResult(with_prediction(sched, tl), info, tl)
+    run.bound = bound_fn(true.cost, m, limit, quick=True)  # the full bound once a schedule is in hand
+    run.report("constructing")
+    # What no deadline cuts (a simulation of the fallback, building and validating the result)
+    # is as long as a pass over the schedule, like the checks and quick bound above: keep back
+    # as long as those took.
+    budget.keep_back(budget.elapsed())
+    run.construct(start)
+    run.compare_classics()
+    run.try_fusing()
+    # keep back time for re-timing a schedule an engine changed, then building and validating
+    # the file (together about as long as a simulation; the prediction reuses it)
+    budget.keep_back(budget.shares.end_sims * run.sim_s)
+    run.report("constructed")
+    run.prove(bound_fn)
+    run.improve(default_engines(run) if engines is None else [(e, None) for e in engines])
+    return run.finish()
 
 
-def _kind(rows: list[list[Action]], baselines: list[Baseline], place: list[int], fused: int, chunks: int,
-          spec: str | None) -> str:
+def _check_recompute(profile: Profile, cost: CostModel, recompute: Recomputation) -> None:
+    """One line where the profile cannot recompute as asked."""
+    if recompute == "none":
+        return
+    if recompute == "full":
+        missing = [s for s in range(cost.num_stages) if cost.offer(s, Op.R) is None]
+        if missing:
+            raise ZbError(f"--recompute full: profile {profile.name!r} has no full recomputation costs (t_r, m_fc) "
+                          f"for stage {missing[0]}; measure them with zbsearch profile")
+    elif not cost.can_recompute:
+        raise ZbError(f"--recompute auto: profile {profile.name!r} has no recomputation costs (t_r and m_fc, or "
+                      f"t_rs and m_fs, per stage); measure them with zbsearch profile")
+
+
+def _kind(rows: list[list[Action]], baselines: list[Baseline], place: list[int], fused: int, recomputed: int,
+          chunks: int, spec: str | None) -> str:
     """The schedule's name: the classic kind whose order it is, else zb-... where some backward
-    is split (zb-v-... on the V placement), fused-... where every one is fused, and the limit."""
+    is split (zb-v-... on the V placement), fused-... where every one is fused, -r- where it
+    recomputes, and the limit."""
     for b in baselines:
         if b.stage_to_rank == place and b.rows == rows:
             return b.kind
     split = any(a.op is Op.B for row in rows for a in row)
-    return ("zb" if split or not fused else "fused") + ("-v" if chunks == 2 else "") + "-" + (
+    return ("zb" if split or not fused else "fused") + ("-v" if chunks == 2 else "") + ("-r" if recomputed else "") + "-" + (
         spec.strip().lower() if spec else "solver")
 
 

@@ -3,6 +3,14 @@ profiled times, its memory model).
 
 One file per (model, m) because the paper profiled each setting separately. Memory is in units
 of M_B: F allocates 1, B frees 1 - M_W/M_B, W frees M_W/M_B = 32h / (34h + 5as), s = 1024.
+
+Recomputation is derived, not measured: the paper's models hold n transformer layers per stage
+(the layers plus the embedding and output layers, spread evenly; the first and last stage hold
+one fewer). Full recomputation re-runs the stage's forward (t_r = t_f) and a checkpointed
+forward keeps the stage's input, 2sbh bytes in fp16, of the n * sb(34h + 5as) the stage's
+activations take. Selective recomputation (Korthikanti et al., arXiv 2205.05198) recomputes the
+attention cores only: the checkpointed forward keeps 34sbh of each layer's sb(34h + 5as), and
+the recompute pass costs their share of the forward's FLOPs, 4s / (24h + 4s).
 Run: python zbsearch/profiles/paper/generate.py
 """
 
@@ -36,17 +44,26 @@ MODELS = {  # name: (hidden, heads, p, {m: (t_f, t_b, t_w, t_comm)})
     ),
 }
 SEQ = 1024
+LAYERS = {"1.5b": 22, "6.2b": 30, "14.6b": 46, "28.3b": 62}  # transformer layers (paper Table 3)
 
 for name, (h, a, p, runs) in MODELS.items():
     mw = 32 * h / (34 * h + 5 * a * SEQ)
+    n = (LAYERS[name] + 2) // p  # layers per stage: the first and last stage hold one fewer
+    per_layer = 34 * h + 5 * a * SEQ  # activation bytes per layer, over sb
+    kept_full = 2 * h / (n * per_layer)  # the stage input, fp16
+    kept_selective = 34 * h / per_layer
+    attention_share = 4 * SEQ / (24 * h + 4 * SEQ)
     for m, (tf, tb, tw, tc) in runs.items():
-        stage = {"t_f": tf, "t_b": tb, "t_w": tw, "m_f": 1.0, "m_b": -(1.0 - mw), "m_w": -mw}
+        stage = {"t_f": tf, "t_b": tb, "t_w": tw, "m_f": 1.0, "m_b": -(1.0 - mw), "m_w": -mw,
+                 "t_r": tf, "m_fc": kept_full, "t_rs": round(tf * attention_share, 4), "m_fs": kept_selective}
         doc = {
             "format": "zbsearch.profile", "version": 1, "name": f"paper-{name}-m{m}",
             "time_unit": "ms", "memory_unit": "activations", "stages": [stage] * p, "t_comm": tc,
             "memory_capacity": None,
             "source": f"Zero Bubble paper (arXiv 2401.10241) profiled times for the {name} model, p={p}, m={m}; "
-                      f"memory from M_B = sb(34h+5as), M_W = 32sbh with h={h}, a={a}, s={SEQ}",
+                      f"memory from M_B = sb(34h+5as), M_W = 32sbh with h={h}, a={a}, s={SEQ}; recomputation "
+                      f"derived from {n} layers per stage (full: t_r = t_f, keeps the stage input 2sbh; selective: "
+                      f"keeps 34sbh per layer, t_rs = t_f * 4s/(24h+4s))",
             "num_microbatches": m,
         }
         Path(__file__).with_name(f"{name}-m{m}.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -1,0 +1,88 @@
+"""Recomputation against the exact oracle: bounds sound over every choice, the least memory exact.
+
+The oracle (``oracle.py``) ranges over every per-rank order and, with ``recompute=True``, every
+choice of recomputation per (stage, microbatch) (none, full, or selective where offered). It is
+checked first against brute-force enumeration on tiny instances, then used to judge zbsearch's
+bounds (which must never exceed the optimum over every choice), its smallest feasible limit
+with recomputation (a schedule exists there, none just below) and the solver's claims.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from zbsearch.bounds import memory_makespan_lower_bound, memory_span_lower_bound
+from zbsearch.solver import smallest_feasible_limit, solve
+
+from .harness import TOL
+from .oracle import FAMILIES, brute_force, cp_optimum_many, random_instance, with_recompute
+
+pytestmark = pytest.mark.slow
+
+
+def _instance(seed: int, tiny: bool = False):
+    """An instance with recomputation offered (selective too on every other seed) and a limit
+    between the least any schedule needs with recomputation and 1.5 times the least without,
+    where recomputation can matter."""
+    rng = random.Random(seed)
+    chunks = 1 if seed % 2 else 2
+    p = 2 if tiny or chunks == 2 else rng.choice([2, 3])
+    m = 1 if chunks == 2 else 2  # the V with recomputation takes CP-SAT seconds at m = 2
+    inst = with_recompute(rng, random_instance(rng, FAMILIES[seed % 3], p, m, chunks, "none"), selective=seed % 4 < 2)
+    low = smallest_feasible_limit(inst.cost, m, "auto")
+    high = smallest_feasible_limit(inst.cost, m)
+    x = rng.choice([0.0, 0.5, 1.0])
+    limit = [lo + x * (1.5 * hi - lo) for lo, hi in zip(low, high)]
+    return inst, limit
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_cp_oracle_with_recomputation_equals_brute_force(seed):
+    inst, limit = _instance(seed, tiny=True)
+    exact, rows = brute_force(inst.cost, inst.m, limit, "span", recompute=True, max_combinations=400_000)
+    (cp,) = cp_optimum_many([(inst.cost, inst.m, limit, "span", {"recompute": True})], time_limit=20)
+    assert cp.optimal and cp.value == pytest.approx(exact, rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def optima():
+    cases = [_instance(100 + k) for k in range(10)]
+    jobs = [(inst.cost, inst.m, limit, obj, {"recompute": True}) for inst, limit in cases for obj in ("span", "makespan")]
+    results = cp_optimum_many(jobs, time_limit=20, processes=2)
+    return [(inst, limit, obj, res) for (inst, limit), pair in zip(cases, zip(results[::2], results[1::2]))
+            for obj, res in zip(("span", "makespan"), pair)]
+
+
+def test_bounds_never_exceed_the_optimum_over_every_recomputation(optima):
+    assert all(res.optimal for *_, res in optima)
+    for inst, limit, objective, res in optima:
+        bound = (memory_span_lower_bound if objective == "span" else memory_makespan_lower_bound)(inst.cost, inst.m, limit)
+        assert bound <= res.value * (1 + TOL), (inst.profile.name, objective, bound, res.value)
+
+
+def test_some_optimum_recomputes(optima):
+    """The sample exercises recomputation: some optimal schedules hold recompute passes."""
+    assert any(any(a.op.value.startswith("R") for row in res.rows for a in row) for _, _, _, res in optima)
+
+
+def test_smallest_limit_with_recomputation_is_exact():
+    """A schedule exists at zbsearch's smallest feasible limit with recomputation, none 1% below
+    it on the V, where recomputation lowers it (one chunk: one microbatch's activations either way)."""
+    for seed in (0, 2, 4):
+        inst, _ = _instance(seed, tiny=True)
+        least = smallest_feasible_limit(inst.cost, inst.m, "auto")
+        assert least[0] < smallest_feasible_limit(inst.cost, inst.m)[0] * (1 - 1e-9)
+        (res,) = cp_optimum_many([(inst.cost, inst.m, least, "span", {"recompute": True})], time_limit=20)
+        assert res.optimal
+        with pytest.raises(ValueError, match="no schedule meets the memory limit"):
+            cp_optimum_many([(inst.cost, inst.m, [x * 0.99 for x in least], "span", {"recompute": True})], time_limit=20)
+
+
+def test_solver_claims_hold_with_recomputation(optima):
+    for inst, limit, objective, res in optima[:8]:
+        out = solve(inst.profile, inst.m, limit, chunks=inst.chunks, objective=objective, recompute="auto", time_limit=4)
+        assert out.info.value >= res.value * (1 - TOL)  # else the oracle missed a schedule
+        assert out.info.lower_bound <= res.value * (1 + TOL)
+        assert out.info.status != "optimal" or out.info.value <= res.value * (1 + TOL)

@@ -1,0 +1,99 @@
+"""The time a solve may take, and how its phases share it: the one owner of the time budget.
+
+A solve runs in phases (``zbsearch.solver.solve``): construct, compare with the classic
+schedules, prove a bound, improve with search engines, finish. Each phase asks the ``Budget``
+until when it may run; none keeps its own clock arithmetic. The shares are the ``Shares`` below,
+named and documented in one place.
+
+What no deadline cuts (simulating the result, building and validating the schedule file) is
+kept back: ``keep_back`` moves the deadline earlier by what such a step has been seen to take.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["Shares", "Budget"]
+
+
+@dataclass(frozen=True)
+class Shares:
+    """How a solve's phases share its time limit (fractions of the limit, or of the time left).
+
+    Attributes:
+        construct: with search engines to follow, the list-scheduling grid and the timing of
+            its best candidates end by this share of the limit; the engines get the rest.
+        grid: without engines (``milp=False``), the grid stops by this share of the limit and
+            the rest goes to timing its best candidates and the classic orders.
+        refine: the wait knobs of the grid's best policies are refined for at most this many
+            times as long as the grid took.
+        classics: the classic baselines are built by this share of the limit; one is started
+            only while ``classic_sims`` simulations' time is left before the end's reserve.
+        classic_sims: see ``classics``.
+        end_sims: simulations' time kept back for the end (re-timing, building, validating).
+        bound: the slow (chain) bound gets this share of the time left, and is left out where
+            it needs more.
+        search_first, search_second: on problems small enough for the exact MILP, the local
+            search's share of the time left before and after it.
+        search_large: beyond the exact MILP's size, the local search's share (then the MILP
+            windows); beyond ``search_passes`` passes, none: each candidate costs a
+            simulation of thousands of passes and the windows improve many at once.
+        exact_relaxed: for the span, the exact idle relaxation's share of the time left before
+            the exact ASAP model.
+    """
+
+    construct: float = 1 / 3
+    grid: float = 2 / 3
+    refine: float = 3.0
+    classics: float = 1 / 3
+    classic_sims: int = 5
+    end_sims: int = 2
+    bound: float = 0.5
+    search_first: float = 0.25
+    search_second: float = 0.5
+    search_large: float = 0.1
+    search_passes: int = 2000
+    exact_relaxed: float = 0.5
+
+
+@dataclass
+class Budget:
+    """A solve's clock: its start, its limit, its deadline (the limit less what the end keeps
+    back) and the phases' ``shares``."""
+
+    limit: float
+    shares: Shares = field(default_factory=Shares)
+    start: float = field(default_factory=time.monotonic)
+    kept: float = 0.0  # seconds kept back for the end
+
+    @property
+    def deadline(self) -> float:
+        """When the searches must stop (``time.monotonic()``)."""
+        return self.start + self.limit - self.kept
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def left(self) -> float:
+        """Seconds until the deadline (0 once passed)."""
+        return max(0.0, self.deadline - time.monotonic())
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def at(self, fraction: float) -> float:
+        """The instant ``fraction`` of the limit after the start, no later than the deadline."""
+        return min(self.deadline, self.start + fraction * self.limit)
+
+    def share(self, fraction: float) -> float:
+        """The instant ``fraction`` of the time left from now, before the deadline."""
+        now = time.monotonic()
+        return now + fraction * max(0.0, self.deadline - now)
+
+    def keep_back(self, seconds: float) -> None:
+        """Keep ``seconds`` more for the end: the deadline moves earlier."""
+        self.kept += max(0.0, seconds)

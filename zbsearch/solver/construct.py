@@ -1,0 +1,154 @@
+"""Construction: the best schedule the heuristics build, and runners-up to search from.
+
+Candidates: a given start (the best schedule at a smaller limit, for a monotone frontier), the
+list-scheduling grid (``heuristic``) with the wait knobs of its best few policies refined, the
+handcrafted orders that apply to the placement (ZB-H1/H2, 1F1B split; ZB-V, and the V
+building blocks V-Half and V-Min, which reach below 1F1B's memory; with recomputation, 1F1B and
+ZB-H1 recomputing every microbatch) and the sequential schedule, which fits every feasible limit.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+
+from ..actions import Action
+from ..classic import KINDS
+from ..errors import ZbError
+from ..layout import placement
+from ..simulator import Timeline
+from .heuristic import Policy, candidate_policies, list_schedule, refine_waits, sequential_schedule
+from .problem import Problem
+
+__all__ = ["construct", "classic_candidates"]
+
+# The best few list-scheduling policies of distinct structure whose wait knobs are refined.
+_REFINED = 3
+# Starts for the first local search beyond the exact MILP's size: the best construction and the
+# best of up to two other origins. A start whose waits are tightly phased (a refined one) can sit
+# in a local optimum that single moves do not leave while a slightly worse one leads further.
+_STARTS = 3
+
+# Handcrafted orders tried as further candidates, by placement; the least bubble first (when time
+# is short only the first within the memory limit is timed: ZB-H2 needs about 2p, ZB-H1 1p, ZB-V
+# 1p, V-Half about p/2 + 1 microbatches, V-Min about p/3 + 1); with recomputation allowed, the
+# classic orders recomputing every microbatch (about one microbatch's activations).
+_CLASSIC_CANDIDATES = {1: ("zb-h2", "zb-h1", "1f1b-split"), 2: ("zb-v", "v-half", "v-min")}
+_RECOMPUTING = {1: ("zb-h1-recompute", "1f1b-recompute"), 2: ()}
+
+
+def classic_candidates(problem: Problem) -> tuple[str, ...]:
+    """The handcrafted schedules that apply to the placement and the recomputation allowed, as
+    further candidates ("full": only those that recompute every microbatch)."""
+    c = problem.cost
+    chunks = c.num_stages // c.num_ranks
+    if chunks not in _CLASSIC_CANDIDATES or list(c.stage_to_rank) != placement(c.num_ranks, chunks, "v"):
+        return ()
+    recomputing = _RECOMPUTING[chunks] if problem.recompute != "none" else ()
+    if problem.recompute == "full":
+        return recomputing
+    return _CLASSIC_CANDIDATES[chunks] + recomputing
+
+
+def _same(rows: list[list[Action]]) -> list[list[Action]]:
+    return rows
+
+
+def construct(
+    problem: Problem, deadline: float, hard: float, start=None, keep: int = 3, grid: float | None = None,
+    report: Callable[[float], None] | None = None, target: float = float("-inf"),
+    built: dict[str, tuple[list[list[Action]], Timeline | None]] | None = None, refine: float = 3.0,
+) -> tuple[str, list[list[Action]], Timeline, float, list[list[list[Action]]]]:
+    """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
+    by their own timing, only the best few simulated; the best ``_REFINED`` structures with
+    their wait knobs refined, within the grid's deadline), the classic schedules and the
+    sequential one, as far as ``deadline`` allows: once it has passed, the first candidate
+    within the limit is kept (the sequential schedule, last, always is: it needs the least
+    memory of any schedule). Until one list schedule is found the grid runs to ``hard`` (the
+    solve's deadline less what its end needs), where a list schedule still running is cut: then
+    the first classic schedule within the limit (built in milliseconds), or else the sequential
+    one, is kept. ``grid``: when the grid stops once one list schedule is found (default
+    ``deadline``). ``report`` hears each better list schedule's value by its own timing (never
+    below its simulated value), as soon as it is built. The refinement stops once a list
+    schedule reaches ``target`` (a lower bound: nothing better exists). Also returns the runners-up (up to
+    ``_STARTS - 1``: the best simulated candidate within the limit of each other origin, best
+    first): further starts for the local search. ``built`` receives the classic schedules it
+    built, by kind, with their timelines where it simulated them (None: over the limit).
+    ``refine``: the refinement takes at most this many times as long as the grid took."""
+    found: list[tuple[float, str, list[list[Action]], Policy]] = []
+    began = time.monotonic()
+    for policy in candidate_policies(problem):
+        until = (deadline if grid is None else grid) if found else hard
+        if time.monotonic() > until:
+            break
+        out = list_schedule(problem, policy, until)
+        if out is not None:
+            if report is not None and all(out[1] < v for v, _, _, _ in found):
+                report(out[1])
+            found.append((out[1], policy.name, out[0], policy))
+    found.sort(key=lambda x: x[0])
+    # The best few policies of distinct structure (depth, lag, fit), their wait knobs refined
+    # over every value that changes the schedule: the grid samples them at a few points only.
+    # Their schedules are candidates next to the grid's best, not instead of them: the grid's
+    # are often better starts for the local search (their waits are less tightly phased).
+    until = (deadline if grid is None else grid) if found else hard
+    until = min(until, time.monotonic() + refine * (time.monotonic() - began))
+    refined: list[tuple[float, str, list[list[Action]]]] = []
+    structures: set[tuple] = set()
+    for value, _, _, policy in found:
+        shape = (policy.depth, policy.lag, policy.fit, policy.fuse)
+        so_far = min([found[0][0]] + [v for v, _, _ in refined])
+        if len(structures) == _REFINED or time.monotonic() > until or shape in structures or so_far <= target:
+            continue
+        structures.add(shape)
+        better = refine_waits(problem, policy, value, until, target)
+        if better is not None:
+            if report is not None and better[2] < so_far:
+                report(better[2])
+            refined.append((better[2], better[0].name, better[1]))
+    refined.sort(key=lambda x: x[0])
+    # the given start first: within a smaller limit, it is what makes results monotone in memory
+    given = start
+    # (origin, name, builder): the origin tells the runners-up apart (see below)
+    cands: list[tuple[str, str, Callable[[], list[list[Action]]]]] = []
+    if given is not None:
+        cands.append(("given", "given", lambda: given))
+    cost, m = problem.cost, problem.num_microbatches
+    cands += [("refined", name, functools.partial(_same, rows)) for _, name, rows in refined[:keep]]
+    cands += [("grid", name, functools.partial(_same, rows)) for _, name, rows, _ in found[:keep]]
+    for kind in classic_candidates(problem):
+        cands.append(("classic", kind, functools.partial(KINDS[kind].build_by, cost, m, deadline)))
+    cands.append(("sequential", "sequential", lambda: sequential_schedule(problem)))
+    timed: list[tuple[float, str, list[list[Action]], Timeline, str]] = []
+    sim_s = 0.0
+    for origin, name, build in cands:
+        if timed and time.monotonic() > deadline:
+            break
+        try:
+            rows = build()
+        except ZbError:  # the kind does not apply here (e.g. DualPipeV below 2p microbatches)
+            continue
+        if origin == "classic" and built is not None:
+            built[name] = (rows, None)
+        if not problem.fits_order(rows) or not problem.complete_recomputation(rows):
+            continue  # over the limit (e.g. ZB-H2 at 1p), or not recomputing as asked: no need to time it
+        tick = time.monotonic()
+        value, tl = problem.evaluate(rows)
+        sim_s = max(sim_s, time.monotonic() - tick)
+        if origin == "classic" and built is not None:
+            built[name] = (rows, tl)
+        if problem.fits(tl):
+            timed.append((value, name, rows, tl, origin))
+    assert timed  # the sequential schedule fits every limit check_limit accepts
+    timed.sort(key=lambda x: x[0])  # stable: of equal values the earlier candidate
+    best = timed[0]
+    # runners-up: the best of each other origin (a refined list schedule, the grid's, a classic
+    # one...), which tend to lie in other basins of the local search than the best
+    others: list[list[list[Action]]] = []
+    origins = {best[4]}
+    for _, _, rows, _, origin in timed[1:]:
+        if len(others) < _STARTS - 1 and origin not in origins and rows != best[2]:
+            origins.add(origin)
+            others.append(rows)
+    return best[1], best[2], best[3], sim_s, others

@@ -1,0 +1,133 @@
+"""Search engines: what improves a solve's schedule, and maybe its bound, once it is constructed.
+
+An engine gets the solve's state (``SolveRun``: the problem, the best schedule so far, the
+bound) and an instant to stop by, and offers the schedules it finds through ``SolveRun.offer``,
+which keeps one only if the core simulator says it is valid, within the limit, recomputes as
+asked and is better. So an engine cannot make a result worse or wrong, only better; a bound it
+proves goes through ``SolveRun.raise_bound``. This is the seam where another engine (a CP
+solver, say) plugs in: pass ``solve(engines=[...])``.
+
+The default engines, in order (``default_engines``): the local search over per-rank orders
+(``local_search``), the exact MILP on small problems without recomputation (``milp.exact``,
+which can prove optimality), the local search again, then MILP windows (``milp.improve``)
+until the deadline. The ``Budget``'s shares say how long each may take.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from ..actions import Action
+from .local_search import local_search
+
+if TYPE_CHECKING:
+    from .solve import SolveRun
+
+__all__ = ["Engine", "LocalSearch", "ExactMILP", "MILPWindows", "default_engines", "EXACT_PASSES"]
+
+# Problems up to this many passes get the exact MILP: it can prove optimality.
+EXACT_PASSES = 120
+
+
+class Engine(Protocol):
+    """Improves a solve's schedule (and maybe its bound) until ``until`` (``time.monotonic()``)."""
+
+    name: str
+
+    def improve(self, run: SolveRun, until: float) -> None:
+        ...
+
+
+@dataclass
+class LocalSearch:
+    """The local search over every per-rank order (non-FIFO too), fused or split backwards and,
+    where allowed, recomputation: for ``share`` of the time left from the best schedule, then
+    as long from each of the solve's further starts in turn (``with_starts``), until one
+    reaches the bound; not with uniform costs (not the true objective)."""
+
+    share: float
+    with_starts: bool = False
+    name: str = "local search"
+
+    def improve(self, run: SolveRun, until: float) -> None:
+        before = run.value
+        starts: Sequence[list[list[Action]]] = run.others if self.with_starts else ()
+        for begin in [run.rows, *starts]:
+            if self.share <= 0 or run.closed() or run.uniform_costs or time.monotonic() >= until:
+                break
+            stop = time.monotonic() + self.share * (until - time.monotonic())
+            found = local_search(run.problem, begin, stop, target=run.target())
+            run.offer(found)
+            run.report(self.name)
+        run.searched += run.value < before
+
+
+@dataclass
+class ExactMILP:
+    """The exact MILP of the whole schedule: the idle relaxation (its dual bound is a lower bound
+    for every schedule, fused, split or mixed) and, for the span, the best FIFO order under ASAP
+    execution; only without recomputation, over which it has no choice."""
+
+    relaxed_share: float = 0.5
+    name: str = "exact MILP"
+
+    def improve(self, run: SolveRun, until: float) -> None:
+        from .milp import exact  # PuLP and HiGHS load only when needed
+
+        if run.uniform_costs or run.problem.cost.can_recompute:
+            return
+        span = run.problem.objective == "span"
+        for relaxed in (True, False) if span else (True,):
+            if run.closed() or time.monotonic() >= until:
+                break
+            left = until - time.monotonic()
+            res = exact(run.problem, run.rows, left * (self.relaxed_share if relaxed and span else 1.0), relaxed)
+            if res is not None:
+                if run.offer(res.rows):
+                    run.improvements += 1
+                if relaxed:
+                    run.raise_bound(res.dual_bound)
+                run.hit_limit = not res.optimal
+                run.windows += 1
+            run.report(self.name)
+
+
+@dataclass
+class MILPWindows:
+    """MILP windows over the schedule (``milp.improve``) until the gap closes or ``until``; the
+    windows' model is the idle relaxation, whose solutions the simulator then times."""
+
+    name: str = "MILP windows"
+
+    def improve(self, run: SolveRun, until: float) -> None:
+        from .milp import improve
+
+        if run.closed() or time.monotonic() >= until:
+            return
+        rows, stats = improve(run.search, run.rows, until, lambda v, st: run.report(self.name, v), run.target())
+        run.windows += stats.windows
+        run.improvements += stats.improved
+        run.hit_limit = not stats.converged
+        run.adopt_unchecked(rows)
+
+
+def default_engines(run: SolveRun) -> list[tuple[Engine, float | None]]:
+    """The default engines for this solve, each with the share of the time left it stops by
+    (None: the deadline); none without the MILP (``milp=False``)."""
+    if not run.milp:
+        return []
+    sh = run.budget.shares
+    passes = run.num_passes
+    small = passes <= EXACT_PASSES
+    out: list[tuple[Engine, float | None]] = []
+    # further starts only where no exact model follows: on small problems it needs the time
+    first = sh.search_first if small else sh.search_large if passes <= sh.search_passes else 0.0
+    out.append((LocalSearch(first, with_starts=not small), None))
+    if small:
+        out.append((ExactMILP(sh.exact_relaxed), None))
+        out.append((LocalSearch(sh.search_second), None))
+    out.append((MILPWindows(), None))
+    return out
