@@ -184,6 +184,7 @@ class PipelineRuntime:
 
     @timeout.setter
     def timeout(self, seconds: float) -> None:
+        """Refuse anything but a positive finite number of seconds; the P2P layer follows."""
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
             raise PipelineError(f"timeout must be a positive finite number of seconds, not {seconds!r}")
         self._timeout = float(seconds)

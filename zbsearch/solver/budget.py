@@ -73,9 +73,11 @@ class Budget:
         return self.start + self.limit - self.kept
 
     def now(self) -> float:
+        """The clock every phase reads (monotonic seconds)."""
         return time.monotonic()
 
     def elapsed(self) -> float:
+        """Seconds since the solve started."""
         return time.monotonic() - self.start
 
     def left(self) -> float:
@@ -83,6 +85,7 @@ class Budget:
         return max(0.0, self.deadline - time.monotonic())
 
     def expired(self) -> bool:
+        """Whether the time limit has passed."""
         return time.monotonic() >= self.deadline
 
     def at(self, fraction: float) -> float:

@@ -38,6 +38,7 @@ class Engine(Protocol):
     name: str
 
     def improve(self, run: SolveRun, until: float) -> None:
+        """Search for a schedule better than ``run``'s until ``until`` (monotonic seconds), offering it to ``run``."""
         ...
 
 
@@ -53,6 +54,7 @@ class LocalSearch:
     name: str = "local search"
 
     def improve(self, run: SolveRun, until: float) -> None:
+        """Local search from the best schedule (and, if asked, the other constructions), each start a share of the time left."""
         before = run.value
         starts: Sequence[list[list[Action]]] = run.others if self.with_starts else ()
         for begin in [run.rows, *starts]:
@@ -75,6 +77,7 @@ class ExactMILP:
     name: str = "exact MILP"
 
     def improve(self, run: SolveRun, until: float) -> None:
+        """The exact MILP over whole per-rank orders, where its size allows; its optimum and dual bound go to ``run``."""
         from .milp import exact  # PuLP and HiGHS load only when needed
 
         if run.uniform_costs or run.problem.cost.can_recompute:
@@ -103,6 +106,7 @@ class MILPWindows:
     name: str = "MILP windows"
 
     def improve(self, run: SolveRun, until: float) -> None:
+        """Re-order windows of the best schedule with the MILP until no window improves or time runs out."""
         from .milp import improve
 
         if run.closed() or time.monotonic() >= until:

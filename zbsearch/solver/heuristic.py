@@ -83,6 +83,7 @@ class Policy:
 
     @property
     def name(self) -> str:
+        """The policy's knobs in words, as ``solve`` reports which construction won."""
         d = "mem" if self.depth == _INF else f"{self.depth:g}"
         g = "inf" if self.lag == _INF else f"{self.lag:g}"
         return (

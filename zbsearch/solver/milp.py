@@ -104,6 +104,7 @@ class _HiGHS(pulp.HiGHS):
 
 @dataclass
 class WindowResult:
+    """One window's MILP solution: the new rows, the model's objective and bound, and its size."""
     rows: list[list[Action]]
     model_value: float  # objective of the model's solution (an upper bound on the simulated one)
     dual_bound: float  # HiGHS's bound on this window's objective
@@ -752,6 +753,7 @@ def _build(model: _WindowModel) -> bool:
 
 @dataclass
 class ImproveStats:
+    """What the window search did: windows solved, improvements kept, the largest model, and whether it converged."""
     windows: int = 0
     improved: int = 0
     binaries: int = 0

@@ -69,9 +69,11 @@ class Problem:
 
     @property
     def num_ranks(self) -> int:
+        """Ranks of the cost model's placement."""
         return self.cost.num_ranks
 
     def limits(self) -> list[float]:
+        """Per rank, the memory limit (infinite where none)."""
         return list(self.limit) if self.limit is not None else [float("inf")] * self.num_ranks
 
     def allowed(self) -> list[float]:
@@ -83,6 +85,7 @@ class Problem:
         return max(tl.span) if self.objective == "span" else tl.makespan
 
     def evaluate(self, rows: list[list[Action]]) -> tuple[float, Timeline]:
+        """The objective's value of ``rows`` and their timeline, on the true costs."""
         tl = simulate(rows, self.cost)
         return self.value(tl), tl
 

@@ -153,10 +153,12 @@ class SolveRun:
 
     @property
     def num_passes(self) -> int:
+        """Passes in one step (F, B and W per stage and microbatch): the size the phases scale with."""
         c = self.problem.cost
         return 3 * c.num_stages * self.problem.num_microbatches
 
     def report(self, phase: str, value: float | None = None) -> None:
+        """Tell the progress callback the phase, the value (the best so far unless given) and the bound."""
         if self.progress is not None:
             self.progress(phase, self.value if value is None else value, self.bound)
 
@@ -172,6 +174,7 @@ class SolveRun:
         return min((b.value for b in self.baselines if b.stage_to_rank != place), default=float("inf"))
 
     def closed(self) -> bool:
+        """Whether the best schedule is within the closing tolerance of the bound: nothing left to search for."""
         return min(self.value, self.elsewhere()) <= self.bound * (1 + _CLOSED)
 
     def offer(self, rows: list[list[Action]], name: str | None = None) -> bool:
@@ -194,6 +197,7 @@ class SolveRun:
             self.rows, self.stale = rows, True
 
     def raise_bound(self, bound: float) -> None:
+        """Keep the larger of the bound held and ``bound`` (every bound is sound, so the largest holds)."""
         self.bound = max(self.bound, bound)
 
     # ---- the phases ----------------------------------------------------------------------
