@@ -161,8 +161,36 @@ def _emulated_worker(rank, world, send, scheds, iters, warmup):
     return {name: walls for name, (walls, _) in got.items()}
 
 
+def _makespan(sched, profile=None) -> float:
+    """The predicted first start to last end of ``sched`` (on ``profile``, default its own): what
+    a step timed barrier to barrier takes, as ``round_robin`` times it."""
+    from zbsearch.costs import CostModel
+    from zbsearch.simulator import simulate
+
+    prof = sched.profile if profile is None else profile
+    return simulate(sched.rank_actions, CostModel.from_profile(prof, sched.stage_to_rank)).makespan
+
+
+def _emulated_profile(sched, settings):
+    """The emulated stages of ``sched`` as the stage profiler measures them (one process, one
+    thread, the link between two local processes): what each sleeping pass costs with the
+    runtime's own work around it."""
+    import torch
+
+    from zbsearch.profiler import ModelSpec, profile_one_device
+    from zbsearch.runtime import emulated_loss, emulated_stages
+
+    stages = emulated_stages(sched.profile, sched.stage_to_rank, 1e-6, 16, 1.0)
+    x = torch.zeros(1, 16)
+    spec = ModelSpec("emulated", list(stages), (x,), emulated_loss, x)
+    return profile_one_device(spec, settings, placement=sched.profile.placement)
+
+
 def emulated(args, tmp: Path) -> dict:
+    from zbsearch.profiler import Settings
+
     rows = []
+    settings = Settings(threads=1, repeat=args.repeat, rounds=args.rounds)
     for vocab, m in ((256000, 8), (128256, 16)):
         L = llama_layers(16, vocab=vocab, latency_ms=0.3, bandwidth_gb_s=1e6, name=f"llama-l16-v{vocab}", **LLAMA)
         res = plan(L, 4, m, 80 * GIB, optimizer="mixed", placement="one", time_limit=args.baseline_time)
@@ -173,17 +201,34 @@ def emulated(args, tmp: Path) -> dict:
         paths = {"plan": tmp / f"plan-{vocab}.json", "even": tmp / f"even-{vocab}.json"}
         zb.save_schedule(res.schedule, paths["plan"])
         zb.save_schedule(ev.schedule, paths["even"])
+        scheds = {"plan": res.schedule, "even": ev.schedule}
+        # what the emulated passes cost as profiled, measured before the runs
+        measured_profile = {k: _emulated_profile(s, settings) for k, s in scheds.items()}
         walls = launch(_emulated_worker, 4, {k: str(v) for k, v in paths.items()}, args.iters, 2)
-        pred = {"plan": res.partition.value, "even": ev.info.value}
+        span = {"plan": res.partition.value, "even": ev.info.value}
         row = {"vocab": vocab, "m": m, "plan_cut": res.partition.units_per_stage, "even_cut": list(even.cut.counts)}
-        for k in ("plan", "even"):
+        for k, sched in scheds.items():
             med = statistics.median(walls[k])
-            row[k] = {"predicted_ms": pred[k], "measured_ms": med, "ratio": med / pred[k]}
-        row["speedup_predicted"] = pred["even"] / pred["plan"]
+            pred = _makespan(sched)
+            prof = measured_profile[k]
+            profiled = _makespan(sched, prof)
+            row[k] = {"predicted_span_ms": span[k], "predicted_ms": pred, "measured_ms": med, "ratio": med / pred,
+                      "q1_q3": statistics.quantiles(walls[k], n=4)[::2], "span_ratio": med / span[k],
+                      "profiled_ms": profiled, "profiled_ratio": med / profiled,
+                      "profiled_link_ms": prof.t_comm, "pass_excess_ms": _excess(sched.profile, prof)}
+        row["speedup_predicted"] = row["even"]["predicted_ms"] / row["plan"]["predicted_ms"]
+        row["speedup_profiled"] = row["even"]["profiled_ms"] / row["plan"]["profiled_ms"]
         row["speedup_measured"] = row["even"]["measured_ms"] / row["plan"]["measured_ms"]
         rows.append(row)
         print(row)
     return {"iters": args.iters, "rows": rows}
+
+
+def _excess(set_profile, measured) -> dict[str, float]:
+    """Mean over stages of what each pass measured beyond the time it was set to sleep (ms)."""
+    keys = ("t_f", "t_b", "t_w", "t_bw", "t_ff")
+    a, b = set_profile.compute_only().stages, measured.stages
+    return {k: statistics.fmean(getattr(y, k) - getattr(x, k) for x, y in zip(a, b)) for k in keys}
 
 
 # -- real ------------------------------------------------------------------------------------------
