@@ -3,18 +3,22 @@
 Sections (``--only`` runs some; each is saved into bench/results/plan.json as it finishes):
 
 * ``units``: a per-layer profile of the built-in GPT (large vocabulary) against the stage
-  profiler on the same cuts: each stage's F, B, W, BW and activation memory composed from its
-  units (``zbsearch.planner.compose``) over what the stage measured.
+  profiler on the same cuts, measured in interleaved rounds and pooled: each stage's F, B, W,
+  BW and activation memory composed from its units (``zbsearch.planner.compose``) over what
+  the stage measured.
 * ``exact``: a generated Llama-like model of 12 units (10 layers), 4 ranks, m=8, one stage per
   rank and V: every cut solved by the solver, against the plan (value within 1% of the best,
   bound never above it).
 * ``baselines``: generated Llama-like models (32 layers, hidden 4096, vocabularies 32k, 128k,
   256k), p = 4 and 8, m = 2p, 4p, 8p, 80 GiB per rank, mixed precision: the plan against the even
   split, torchtitan's default and Megatron's, each solved at the same budget.
-* ``emulated``: plan and even split run by the runtime with emulated stages (p=4), measured
-  against predicted.
-* ``real``: real passes on CPU, p=2, a GPT whose head costs several layers: per-layer profile,
-  plan, plan and even split run round-robin; measured speed-up against predicted.
+* ``emulated``: plan and even split run by the runtime with emulated stages (p=4), each step
+  timed barrier to barrier against the predicted makespan: on the generated profile, and on
+  the emulated stages as the stage profiler measures them (what a sleeping pass costs with the
+  runtime's work around it).
+* ``real``: real passes on CPU, p=2, a GPT whose head costs several layers: both ranks measure
+  the per-layer profile at once, in rounds interleaved with steps of the plan and the even
+  split (round-robin); measured speed-up against the one predicted on the pooled rounds.
 * ``time``: 32 layers on p=8 at m=32 (60 s), 80 layers on p=16 at m=64 (300 s).
 * ``torchtitan`` (with ``--torchtitan-path``): the torchtitan baseline against torchtitan's own
   ``_generate_llm_fqn_per_model_part``, an exported plan's overrides through torchtitan's
