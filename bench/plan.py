@@ -3,18 +3,22 @@
 Sections (``--only`` runs some; each is saved into bench/results/plan.json as it finishes):
 
 * ``units``: a per-layer profile of the built-in GPT (large vocabulary) against the stage
-  profiler on the same cuts: each stage's F, B, W, BW and activation memory composed from its
-  units (``zbsearch.planner.compose``) over what the stage measured.
+  profiler on the same cuts, measured in interleaved rounds and pooled: each stage's F, B, W,
+  BW and activation memory composed from its units (``zbsearch.planner.compose``) over what
+  the stage measured.
 * ``exact``: a generated Llama-like model of 12 units (10 layers), 4 ranks, m=8, one stage per
   rank and V: every cut solved by the solver, against the plan (value within 1% of the best,
   bound never above it).
 * ``baselines``: generated Llama-like models (32 layers, hidden 4096, vocabularies 32k, 128k,
   256k), p = 4 and 8, m = 2p, 4p, 8p, 80 GiB per rank, mixed precision: the plan against the even
   split, torchtitan's default and Megatron's, each solved at the same budget.
-* ``emulated``: plan and even split run by the runtime with emulated stages (p=4), measured
-  against predicted.
-* ``real``: real passes on CPU, p=2, a GPT whose head costs several layers: per-layer profile,
-  plan, plan and even split run round-robin; measured speed-up against predicted.
+* ``emulated``: plan and even split run by the runtime with emulated stages (p=4), each step
+  timed barrier to barrier against the predicted makespan: on the generated profile, and on
+  the emulated stages as the stage profiler measures them (what a sleeping pass costs with the
+  runtime's work around it).
+* ``real``: real passes on CPU, p=2, a GPT whose head costs several layers: both ranks measure
+  the per-layer profile at once, in rounds interleaved with steps of the plan and the even
+  split (round-robin); measured speed-up against the one predicted on the pooled rounds.
 * ``time``: 32 layers on p=8 at m=32 (60 s), 80 layers on p=16 at m=64 (300 s).
 * ``torchtitan`` (with ``--torchtitan-path``): the torchtitan baseline against torchtitan's own
   ``_generate_llm_fqn_per_model_part``, an exported plan's overrides through torchtitan's
@@ -39,9 +43,12 @@ from common import RESULTS, save
 from pipeline import launch, ours, round_robin
 
 import zbsearch as zb
+from zbsearch.formats.layers import LayerProfile
+from zbsearch.formats.trace import Trace
 from zbsearch.planner import Cut, baseline_cuts, llama_layers, plan, stage_profile
 from zbsearch.planner.compose import activation_need, static_bytes
 from zbsearch.planner.search import compositions
+from zbsearch.pooling import pool_layers
 
 OUT = RESULTS / "plan.json"
 GIB = 2**30
@@ -69,28 +76,59 @@ def _solve_cut(layers, cut, m, budget, optimizer, seconds, milp=True):
         return None
 
 
-# -- units -----------------------------------------------------------------------------------------
-def units(args) -> dict:
-    from zbsearch.models import GPTConfig
-    from zbsearch.profiler import Settings, builtin_gpt, profile_layers, profile_one_device, unit_kinds
+_REAL_GPT = dict(layers=6, hidden=128, heads=4, seq=64, vocab=6144, microbatch_size=4)
 
-    cfg = GPTConfig(layers=6, hidden=128, heads=4, seq=64, vocab=6144, microbatch_size=4, stages=2)
-    settings = Settings(threads=1, repeat=args.repeat, rounds=args.rounds)
+
+# -- units -----------------------------------------------------------------------------------------
+_UNIT_CUTS = ((4, 4), (6, 2), (2, 2, 2, 2))
+
+
+def units(args) -> dict:
+    """The per-layer profile and the stage profiler on the same cuts, in interleaved rounds (each
+    round every measurement once, the order reversed every other round) so that the machine's
+    drift falls on both alike; each pooled over the rounds (medians), then composed against
+    measured."""
+    import torch
+
+    from zbsearch.models import GPTConfig
+    from zbsearch.pooling import pool_profiles
+    from zbsearch.profiler import Settings, builtin_gpt, profile_layers, profile_one_device, unit_kinds
+    from zbsearch.profiler.links import estimate_link
+
+    cfg = GPTConfig(**_REAL_GPT, stages=2)
+    settings = Settings(threads=1, repeat=args.repeat, rounds=1)
     u = cfg.units()
-    layers = profile_layers(builtin_gpt(u), settings, kinds=unit_kinds(list(u.cut or ())))
-    rows = []
-    for counts in ((4, 4), (6, 2), (2, 2, 2, 2)):
+    link = estimate_link(torch.device("cpu"))
+    specs = {"units": u}
+    for counts in _UNIT_CUTS:
         per = [k - (s == 0) - (s == len(counts) - 1) for s, k in enumerate(counts)]
-        stage_cfg = GPTConfig(**{**cfg.__dict__, "stages": len(counts), "cut": tuple(per)})
-        measured = profile_one_device(builtin_gpt(stage_cfg), settings)
+        specs[counts] = GPTConfig(**_REAL_GPT, stages=len(counts), cut=tuple(per))
+    taken: dict = {k: [] for k in specs}
+    for r in range(args.rounds):
+        for key in (list(specs) if r % 2 == 0 else list(specs)[::-1]):
+            if key == "units":
+                taken[key].append(profile_layers(builtin_gpt(u), settings, kinds=unit_kinds(list(u.cut or ())), link=link))
+            else:
+                taken[key].append(profile_one_device(builtin_gpt(specs[key]), settings, link=link))
+    layers = pool_layers(taken["units"])
+    keys = ("t_f", "t_b", "t_w", "t_bw", "t_ff")
+    rows = []
+    for counts in _UNIT_CUTS:
+        measured = pool_profiles(taken[counts])
         composed = stage_profile(layers, Cut(counts, "one"))
+        per_round = [stage_profile(lp, Cut(counts, "one")) for lp in taken["units"]]
         for s, (a, b) in enumerate(zip(composed.stages, measured.stages)):
-            rows.append({"cut": list(counts), "stage": s, **{k: getattr(a, k) / getattr(b, k) if getattr(b, k) else None
-                                                           for k in ("t_f", "t_b", "t_w", "m_f")},
-                         "t_bw": a.fused_backward / b.fused_backward,
-                         "fb_w": (a.t_f + a.fused_backward) / (b.t_f + b.fused_backward)})
-    return {"model": cfg.__dict__, "units": layers.names, "rows": rows, "warnings": (layers.measured.warnings
-                                                                                  if layers.measured else [])}
+            ratio = {k: getattr(a, k) / getattr(b, k) for k in keys}
+            rounds = {k: [getattr(c.stages[s], k) / getattr(m.stages[s], k) for c, m in zip(per_round, taken[counts])]
+                      for k in keys}
+            rows.append({"cut": list(counts), "stage": s, **ratio, "m_f": a.m_f / b.m_f if b.m_f else None,
+                         "fb_w": (a.t_f + a.t_bw) / (b.t_f + b.t_bw),
+                         "composed_ms": {k: getattr(a, k) for k in keys}, "measured_ms": {k: getattr(b, k) for k in keys},
+                         "per_round": rounds})
+            print(rows[-1]["cut"], s, {k: round(ratio[k], 3) for k in keys})
+    return {"model": {**_REAL_GPT, "stages": 2}, "rounds": args.rounds, "units": layers.names, "rows": rows,
+            "units_ms": {x.name: {k: getattr(x, k) for k in keys} for x in layers.units},
+            "warnings": sorted({w for lp in taken["units"] for w in (lp.measured.warnings if lp.measured else [])})}
 
 
 # -- exact -----------------------------------------------------------------------------------------
@@ -161,8 +199,36 @@ def _emulated_worker(rank, world, send, scheds, iters, warmup):
     return {name: walls for name, (walls, _) in got.items()}
 
 
+def _makespan(sched, profile=None) -> float:
+    """The predicted first start to last end of ``sched`` (on ``profile``, default its own): what
+    a step timed barrier to barrier takes, as ``round_robin`` times it."""
+    from zbsearch.costs import CostModel
+    from zbsearch.simulator import simulate
+
+    prof = sched.profile if profile is None else profile
+    return simulate(sched.rank_actions, CostModel.from_profile(prof, sched.stage_to_rank)).makespan
+
+
+def _emulated_profile(sched, settings):
+    """The emulated stages of ``sched`` as the stage profiler measures them (one process, one
+    thread, the link between two local processes): what each sleeping pass costs with the
+    runtime's own work around it."""
+    import torch
+
+    from zbsearch.profiler import ModelSpec, profile_one_device
+    from zbsearch.runtime import emulated_loss, emulated_stages
+
+    stages = emulated_stages(sched.profile, sched.stage_to_rank, 1e-6, 16, 1.0)
+    x = torch.zeros(1, 16)
+    spec = ModelSpec("emulated", list(stages), (x,), emulated_loss, x)
+    return profile_one_device(spec, settings, placement=sched.profile.placement)
+
+
 def emulated(args, tmp: Path) -> dict:
+    from zbsearch.profiler import Settings
+
     rows = []
+    settings = Settings(threads=1, repeat=args.repeat, rounds=args.rounds)
     for vocab, m in ((256000, 8), (128256, 16)):
         L = llama_layers(16, vocab=vocab, latency_ms=0.3, bandwidth_gb_s=1e6, name=f"llama-l16-v{vocab}", **LLAMA)
         res = plan(L, 4, m, 80 * GIB, optimizer="mixed", placement="one", time_limit=args.baseline_time)
@@ -173,66 +239,139 @@ def emulated(args, tmp: Path) -> dict:
         paths = {"plan": tmp / f"plan-{vocab}.json", "even": tmp / f"even-{vocab}.json"}
         zb.save_schedule(res.schedule, paths["plan"])
         zb.save_schedule(ev.schedule, paths["even"])
+        scheds = {"plan": res.schedule, "even": ev.schedule}
+        # what the emulated passes cost as profiled, measured before the runs
+        measured_profile = {k: _emulated_profile(s, settings) for k, s in scheds.items()}
         walls = launch(_emulated_worker, 4, {k: str(v) for k, v in paths.items()}, args.iters, 2)
-        pred = {"plan": res.partition.value, "even": ev.info.value}
+        span = {"plan": res.partition.value, "even": ev.info.value}
         row = {"vocab": vocab, "m": m, "plan_cut": res.partition.units_per_stage, "even_cut": list(even.cut.counts)}
-        for k in ("plan", "even"):
+        for k, sched in scheds.items():
             med = statistics.median(walls[k])
-            row[k] = {"predicted_ms": pred[k], "measured_ms": med, "ratio": med / pred[k]}
-        row["speedup_predicted"] = pred["even"] / pred["plan"]
+            pred = _makespan(sched)
+            prof = measured_profile[k]
+            profiled = _makespan(sched, prof)
+            row[k] = {"predicted_span_ms": span[k], "predicted_ms": pred, "measured_ms": med, "ratio": med / pred,
+                      "q1_q3": statistics.quantiles(walls[k], n=4)[::2], "span_ratio": med / span[k],
+                      "profiled_ms": profiled, "profiled_ratio": med / profiled,
+                      "profiled_link_ms": prof.t_comm, "pass_excess_ms": _excess(sched.profile, prof)}
+        row["speedup_predicted"] = row["even"]["predicted_ms"] / row["plan"]["predicted_ms"]
+        row["speedup_profiled"] = row["even"]["profiled_ms"] / row["plan"]["profiled_ms"]
         row["speedup_measured"] = row["even"]["measured_ms"] / row["plan"]["measured_ms"]
         rows.append(row)
         print(row)
     return {"iters": args.iters, "rows": rows}
 
 
+def _excess(set_profile, measured) -> dict[str, float]:
+    """Mean over stages of what each pass measured beyond the time it was set to sleep (ms)."""
+    keys = ("t_f", "t_b", "t_w", "t_bw", "t_ff")
+    a, b = set_profile.compute_only().stages, measured.stages
+    return {k: statistics.fmean(getattr(y, k) - getattr(x, k) for x, y in zip(a, b)) for k in keys}
+
+
 # -- real ------------------------------------------------------------------------------------------
-def _real_worker(rank, world, send, cfg_kw, scheds, iters, warmup):
+def _real_worker(rank, world, send, args, link):
+    """Each rank: rounds of (a per-layer profile, both ranks measuring every unit at once, as
+    the pipeline's two ranks compute at once; then one step of each schedule, round-robin).
+    The plan and the even split are solved on the first profile round; every round is pooled
+    for the prediction. Rank 0 returns the profiles, the schedules and the steps."""
     import torch
+    import torch.distributed as dist
 
     from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
+    from zbsearch.profiler import Settings, builtin_gpt, profile_layers, unit_kinds
+    from zbsearch.profiler.links import LinkModel
 
     torch.set_num_threads(1)
-    runners = {}
-    for name, (path, cut) in scheds.items():
-        sched = zb.load_schedule(path)
-        cfg = GPTConfig(**{**cfg_kw, "stages": sched.num_stages, "cut": tuple(cut)})
-        x, y = gpt_batch(cfg, sched.num_microbatches)
-        runners[name] = ours(rank, sched, gpt_stages(cfg), x, y, gpt_loss)
-    got = round_robin(runners, iters, warmup)
-    return {name: walls for name, (walls, _) in got.items()}
+    cfg = GPTConfig(**_REAL_GPT, stages=2)
+    u = cfg.units()
+    settings = Settings(threads=1, repeat=args.repeat, rounds=1)
+    kinds = unit_kinds(list(u.cut or ()))
+
+    def profile_round():
+        mine = profile_layers(builtin_gpt(u), settings, kinds=kinds, link=LinkModel(**link))
+        both = [None] * world
+        dist.all_gather_object(both, mine.model_dump_json())
+        return [LayerProfile.model_validate_json(x) for x in both]
+
+    taken = profile_round()
+    box = [None]
+    if rank == 0:
+        first = pool_layers(taken)
+        res = plan(first, 2, args.real_m, None, placement=args.real_placement, time_limit=20)
+        even = next(b for b in baseline_cuts(first, 2, "one") if b.name == "even")
+        assert even.cut is not None
+        ev = zb.solve(stage_profile(first, even.cut), args.real_m, None, time_limit=10)
+        box = [{"plan": (res.schedule.model_dump_json(), list(res.partition.units_per_stage),
+                         res.partition.placement, res.partition.value),
+                "even": (ev.schedule.model_dump_json(), list(even.cut.counts), "one", ev.info.value)}]
+    dist.broadcast_object_list(box, src=0)
+    chosen = box[0]
+    runners, cuts = {}, {}
+    for name, (doc, counts, placement, _) in chosen.items():
+        sched = zb.Schedule.model_validate_json(doc)
+        ends = (0, len(counts) - 1)
+        per = [k - (s in ends[:1]) - (s == ends[1]) for s, k in enumerate(counts)]
+        stage_cfg = GPTConfig(**_REAL_GPT, stages=sched.num_stages, cut=tuple(per))
+        x, y = gpt_batch(stage_cfg, sched.num_microbatches)
+        runners[name] = ours(rank, sched, gpt_stages(stage_cfg), x, y, gpt_loss)
+        cuts[name] = (Cut(tuple(counts), placement), sched)
+    got = {name: ([], []) for name in runners}
+    loads = []
+    for r in range(args.real_rounds):
+        part = round_robin(runners, max(1, args.iters // args.real_rounds), 3 if r == 0 else 0)
+        loads.append(os.getloadavg()[0])
+        for name, (walls, traces) in part.items():
+            got[name][0].extend(walls)
+            got[name][1].extend(traces)
+        taken.extend(profile_round())
+    if rank != 0:
+        return None
+    return {"profiles": [p.model_dump_json() for p in taken], "chosen": chosen, "loads": loads,
+            "walls": {k: w for k, (w, _) in got.items()},
+            "traces": {k: [t.model_dump_json() for t in tr] for k, (_, tr) in got.items()}}
 
 
 def real(args, tmp: Path) -> dict:
-    from zbsearch.models import GPTConfig
-    from zbsearch.profiler import Settings, builtin_gpt, profile_layers, unit_kinds
+    import torch
 
-    cfg = GPTConfig(layers=6, hidden=128, heads=4, seq=64, vocab=6144, microbatch_size=4, stages=2)
-    u = cfg.units()
-    layers = profile_layers(builtin_gpt(u), Settings(threads=1, repeat=args.repeat, rounds=args.rounds),
-                            kinds=unit_kinds(list(u.cut or ())))
-    m, budget = 8, None
-    res = plan(layers, 2, m, budget, placement=args.real_placement, time_limit=20)
-    even = next(b for b in baseline_cuts(layers, 2, "one") if b.name == "even")
-    assert even.cut is not None
-    ev = zb.solve(stage_profile(layers, even.cut), m, None, time_limit=10)
-    paths = {"plan": (str(tmp / "real-plan.json"), res.partition.layers_per_stage),
-             "even": (str(tmp / "real-even.json"), [k - (s == 0) - (s == 1) for s, k in enumerate(even.cut.counts)])}
-    zb.save_schedule(res.schedule, paths["plan"][0])
-    zb.save_schedule(ev.schedule, paths["even"][0])
-    kw = {k: v for k, v in cfg.__dict__.items() if k not in ("stages", "cut")}
-    walls = launch(_real_worker, 2, kw, paths, args.iters, 3)
-    pred = {"plan": res.partition.value, "even": ev.info.value}
-    row = {"model": kw, "m": m, "plan_cut": res.partition.units_per_stage, "plan_placement": res.partition.placement,
-           "even_cut": list(even.cut.counts), "warnings": layers.measured.warnings if layers.measured else []}
-    for k in ("plan", "even"):
-        med = statistics.median(walls[k])
-        row[k] = {"predicted_ms": pred[k], "measured_ms": med, "ratio": med / pred[k],
-                  "q1_q3": statistics.quantiles(walls[k], n=4)[::2]}
-    row["speedup_predicted"] = pred["even"] / pred["plan"]
+    from zbsearch.pass_times import compare_pass_times
+    from zbsearch.profiler.links import estimate_link
+
+    link = estimate_link(torch.device("cpu"))
+    got = launch(_real_worker, 2, args, {"latency_ms": link.latency_ms, "bandwidth_gb_s": link.bandwidth_gb_s,
+                                         "how": link.how})
+    profiles = [LayerProfile.model_validate_json(x) for x in got["profiles"]]
+    pooled = pool_layers(profiles)
+    row = {"model": _REAL_GPT, "m": args.real_m, "profile_rounds": len(profiles) // 2, "loads": got["loads"],
+           "link": {"latency_ms": link.latency_ms, "bandwidth_gb_s": link.bandwidth_gb_s},
+           "warnings": sorted({w for p in profiles for w in (p.measured.warnings if p.measured else [])})}
+    for name, (doc, counts, placement, value) in got["chosen"].items():
+        sched = zb.Schedule.model_validate_json(doc)
+        cut = Cut(tuple(counts), placement)
+        on_pooled = sched.model_copy(update={"profile": stage_profile(pooled, cut)})
+        walls = got["walls"][name]
+        traces = [Trace.model_validate_json(t) for t in got["traces"][name]]
+        pred, first_pred = _makespan(on_pooled), _makespan(sched)
+        med = statistics.median(walls)
+        row[name] = {"cut": list(counts), "placement": placement, "predicted_ms": pred,
+                     "predicted_first_round_ms": first_pred, "predicted_span_first_round_ms": value,
+                     "measured_ms": med, "ratio": med / pred, "ratio_first_round": med / first_pred,
+                     "q1_q3": statistics.quantiles(walls, n=4)[::2],
+                     "passes": [{"rank": x.rank, "op": x.op.value, "measured_ms": x.measured_ms,
+                                 "predicted_ms": x.predicted_ms, "ratio": x.ratio}
+                                for x in compare_pass_times(on_pooled, traces)]}
+    row["plan_cut"], row["even_cut"] = row["plan"]["cut"], row["even"]["cut"]
+    row["speedup_predicted"] = row["even"]["predicted_ms"] / row["plan"]["predicted_ms"]
+    row["speedup_predicted_first_round"] = row["even"]["predicted_first_round_ms"] / row["plan"]["predicted_first_round_ms"]
     row["speedup_measured"] = row["even"]["measured_ms"] / row["plan"]["measured_ms"]
     row["speedup_error"] = row["speedup_measured"] / row["speedup_predicted"] - 1
-    print(row)
+    row["units_pooled"] = {u.name: {k: getattr(u, k) for k in ("t_f", "t_b", "t_w", "t_bw", "t_ff")} for u in pooled.units}
+    print({k: v for k, v in row.items() if k not in ("plan", "even", "units_pooled", "warnings")})
+    for k in ("plan", "even"):
+        print(k, {x: v for x, v in row[k].items() if x != "passes"})
+        for x in row[k]["passes"]:
+            print("   ", x)
     return row
 
 
@@ -315,6 +454,9 @@ def main() -> None:
     ap.add_argument("--exact-time", type=float, default=60.0)
     ap.add_argument("--baseline-time", type=float, default=20.0)
     ap.add_argument("--real-placement", default="one")
+    ap.add_argument("--real-m", type=int, default=8, help="microbatches of the real runs")
+    ap.add_argument("--real-rounds", type=int, default=4,
+                    help="real runs: rounds of steps, each followed by a per-layer profile round")
     ap.add_argument("--torchtitan-path", default=None, help="PYTHONPATH with torchtitan and its imports")
     args = ap.parse_args()
     import tempfile

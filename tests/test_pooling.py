@@ -139,3 +139,52 @@ def test_a_first_stage_measured_both_ways_pools_each_way_and_keeps_the_cheaper(s
     assert [st.t_f for st in pooled.stages[1:]] == pytest.approx(
         [statistics.median(r.stages[s].t_f for r in rounds) for s in range(1, p)])
     assert not any(s.deferred_first for s in pooled.stages[1:])
+
+
+def _layer_round(rng: random.Random, base):
+    """A per-layer profile as one round might measure ``base``: every unit's times and memory moved."""
+    units = []
+    for u in base.units:
+        change = {k: getattr(u, k) * rng.uniform(0.5, 2.0) for k in ("t_f", "t_b", "t_w", "t_bw", "t_ff")
+                  if getattr(u, k) is not None}
+        m_f, m_b = u.m_f * rng.uniform(0.9, 1.1), u.m_b * rng.uniform(0.9, 1.1)
+        units.append(u.model_copy(update={**change, "m_f": m_f, "m_b": m_b, "m_w": -(m_f + m_b)}))
+    return base.model_copy(update={"units": units})
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_pooled_layers_are_each_units_medians(seed):
+    from zbsearch.planner import llama_layers
+    from zbsearch.pooling import pool_layers
+
+    rng = random.Random(seed)
+    base = llama_layers(rng.randint(1, 4), vocab=1000, hidden=64, heads=4, seq=16)
+    if seed % 2:  # measured profiles have the fused passes too
+        base = base.model_copy(update={"units": [u.model_copy(update={"t_bw": 0.9 * (u.t_b + u.t_w), "t_ff": u.t_f})
+                                                 for u in base.units]})
+    rounds = [_layer_round(rng, base) for _ in range(rng.randint(2, 5))]
+    pooled = pool_layers(rounds)
+    assert pooled.names == base.names
+    for i, u in enumerate(pooled.units):
+        for k in ("t_f", "t_b", "t_w", "t_bw", "t_ff", "m_f", "m_b"):
+            if getattr(base.units[i], k) is None:
+                assert getattr(u, k) is None
+                continue
+            assert getattr(u, k) == pytest.approx(statistics.median(getattr(r.units[i], k) for r in rounds))
+        assert u.m_f + u.m_b + u.m_w == pytest.approx(0, abs=1e-6)
+        assert (u.params, u.param_bytes, u.output_bytes) == (base.units[i].params, base.units[i].param_bytes,
+                                                             base.units[i].output_bytes)
+    assert pool_layers(rounds[::-1]).units == pooled.units
+    assert pool_layers(rounds[:1]) == rounds[0]
+
+
+def test_pooling_layers_of_other_units_is_refused():
+    from zbsearch.planner import llama_layers
+    from zbsearch.pooling import pool_layers
+
+    a = llama_layers(2, vocab=1000, hidden=64, heads=4, seq=16)
+    b = llama_layers(3, vocab=1000, hidden=64, heads=4, seq=16)
+    with pytest.raises(ZbError, match="not of the same units"):
+        pool_layers([a, b])
+    with pytest.raises(ZbError, match="no per-layer profile"):
+        pool_layers([])

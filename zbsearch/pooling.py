@@ -21,9 +21,10 @@ from collections.abc import Sequence
 
 from .errors import ZbError
 from .formats.edit import updated
+from .formats.layers import LayerProfile
 from .formats.profile import MIN_TIME_MS, Links, Profile, Quartiles, StageCost, StageSpread, WayNotTaken, pass_time_fields
 
-__all__ = ["DRIFT_LIMIT", "PASSES", "pool_profiles", "drift"]
+__all__ = ["DRIFT_LIMIT", "PASSES", "pool_profiles", "pool_layers", "drift"]
 
 DRIFT_LIMIT = 0.10
 PASSES = pass_time_fields()
@@ -75,6 +76,31 @@ def pool_profiles(profiles: Sequence[Profile]) -> Profile:
     if first.links is not None and all(p.links is not None for p in profiles):
         update["links"] = _pool_links(profiles)
     return updated(first, **update)
+
+
+def pool_layers(profiles: Sequence[LayerProfile]) -> LayerProfile:
+    """One per-layer profile from several of the same units (rounds measured at different
+    times, or by several ranks at once): each unit's pass times and memory deltas at their
+    median, W's memory balancing them; everything else (sizes, links, warnings) is the first's."""
+    if not profiles:
+        raise ZbError("no per-layer profile to pool")
+    first = profiles[0]
+    for i, p in enumerate(profiles[1:], 2):
+        if p.names != first.names or p.microbatch_size != first.microbatch_size:
+            raise ZbError(f"per-layer profile {i} ({p.name}) is not of the same units as profile 1 ({first.name}): "
+                          f"cannot pool")
+    if len(profiles) == 1:
+        return first
+    units = []
+    for i, unit in enumerate(first.units):
+        med = {}
+        for k in (*PASSES, "m_f", "m_b"):
+            xs = [getattr(p.units[i], k) for p in profiles]
+            med[k] = statistics.median(xs) if all(x is not None for x in xs) else None
+        m_f, m_b = med["m_f"], med["m_b"]
+        assert m_f is not None and m_b is not None  # required fields
+        units.append(updated(unit, **med, m_w=-(m_f + m_b)))
+    return updated(first, units=units)
 
 
 def _pool_links(profiles: Sequence[Profile]) -> Links:

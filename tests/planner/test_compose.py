@@ -19,10 +19,16 @@ from zbsearch.planner.search import _min_max_cut, compositions, relaxed_bound
 
 def test_a_stage_adds_up_its_units_and_the_first_stage_runs_its_backward_in_w():
     L = random_layers(1, 6)
+    # measured units: a unit's plain forward (t_ff) costs less than its split one (t_f)
+    L = L.model_copy(update={"units": [x.model_copy(update={"t_ff": 0.8 * x.t_f}) for x in L.units]})
     prof = stage_profile(L, Cut((3, 2, 3), "one"))
     u = L.units
     first, mid = prof.stages[0], prof.stages[1]
-    assert first.t_f == pytest.approx(sum(x.t_f for x in u[:3]))
+    # a first stage's forward is not split: its units' plain forwards
+    assert first.t_f == pytest.approx(sum(x.fused_forward for x in u[:3]))
+    assert first.t_f == first.fused_forward
+    assert mid.t_f == pytest.approx(u[3].t_f + u[4].t_f)  # later stages split theirs
+    assert mid.fused_forward == pytest.approx(u[3].fused_forward + u[4].fused_forward)
     assert first.t_b == pytest.approx(u[0].t_b)  # no input gradient on the first stage
     assert first.t_w == pytest.approx(u[0].t_w + u[1].fused_backward + u[2].fused_backward)
     assert first.m_b == pytest.approx(u[0].m_b) and first.m_f == pytest.approx(sum(x.m_f for x in u[:3]))

@@ -14,7 +14,10 @@ A stage's costs follow from its units' (each measured as a stage of its own):
   gradient in turn, and its weight gradient each unit's;
 * the first stage needs no input gradient: its B is its first unit's (nothing to do) and its W
   is the whole backward, one plain backward through its units: the first unit's W and the
-  fused backward of the others. What B frees is its first unit's, W frees the rest.
+  fused backward of the others. What B frees is its first unit's, W frees the rest. Its F is
+  not split either (the runtime runs a first stage's forward as it is, with nothing deferred),
+  so it is its units' plain forwards (t_ff), not their split ones: every unit but the first
+  was measured as a later stage, whose split forward costs more.
 
 Links cost the boundary unit's ``LayerProfile.comm``; a hand-over between two pieces of one
 rank costs nothing (the cost model sees to it).
@@ -100,8 +103,9 @@ def stage_cost(layers: LayerProfile, lo: int, hi: int) -> StageCost:
     t_ff = sum(u.fused_forward for u in us)
     t_bw = sum(u.fused_backward for u in us)
     m_f = sum(u.m_f for u in us)
-    if lo == 0:  # the first stage: no input gradient, its W is the whole backward
+    if lo == 0:  # the first stage: no input gradient, its W is the whole backward, its F not split
         first = us[0]
+        t_f = t_ff
         t_b, m_b = first.t_b, first.m_b
         t_w = first.t_w + sum(u.fused_backward for u in us[1:])
     else:

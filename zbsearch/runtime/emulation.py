@@ -25,7 +25,11 @@ sleeps the profile's checkpointed time and a recompute pass (R) the recompute ti
 generators' state, not the profile's ``m_fc``.
 
 A sleep overshoots by the OS's wake-up latency; the overshoot is taken off the next pass's
-sleep, so each rank's total busy time is the profile's (see ``_sleep``).
+sleep, so each rank's sleeps add up to the profile's times (see ``_sleep``). The runtime's own
+work in each pass (building the graph, the split's bookkeeping, the autograd call) comes on
+top, and runs slower after a sleep than in a tight loop (the core has run other processes in
+between): an emulated pass costs a little more than its profile says. To predict a run of
+emulated stages, profile them as real ones (``zbsearch.profiler.profile_one_device``).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ _lag = 0.0  # how much this process's passes have overslept and not yet made up
 
 def _sleep(seconds: float) -> None:
     """Sleep ``seconds``, less what earlier passes overslept (OS wake-up latency, which grows
-    when ranks outnumber cores), so that a rank's busy time adds up to what the profile says."""
+    when ranks outnumber cores), so that a rank's sleeps add up to what the profile says."""
     global _lag
     if seconds <= 0:
         return
