@@ -235,14 +235,18 @@ class CostModel:
                     if a.op is f and (a.stage, a.mb) in fused:  # every such F, as the runtime runs it
                         row_durations[i] = self.t_ff[a.stage]
             if self.recompute:
-                checkpointed = self._checkpointed(row)
-                if checkpointed:
-                    for i, a in enumerate(row):
-                        offer = checkpointed.get((a.stage, a.mb)) if a.op is f else None
-                        if offer is not None:
-                            row_durations[i] = offer.t_f
+                for i, offer in self._checkpointed_forwards(row):
+                    row_durations[i] = offer.t_f
             out.append(row_durations)
         return out
+
+    def _checkpointed_forwards(self, row: list[Action]) -> list[tuple[int, Recompute]]:
+        """(index in ``row``, recompute offer) of each F whose microbatch ``row`` recomputes."""
+        checkpointed = self._checkpointed(row)
+        if not checkpointed:
+            return []
+        return [(i, offer) for i, a in enumerate(row)
+                if a.op is Op.F and (offer := checkpointed.get((a.stage, a.mb))) is not None]
 
     def _checkpointed(self, row: list[Action]) -> dict[tuple[int, int], Recompute]:
         """(stage, microbatch) -> its recompute offer, for each recompute pass in ``row`` that
@@ -267,17 +271,12 @@ class CostModel:
         """How each action of a schedule changes its rank's memory: ``memory``, except that the
         F of a microbatch its rank recomputes allocates only what the checkpointed forward keeps."""
         by_type = {op: [self.memory(s, op) for s in range(self.num_stages)] for op in Op}
-        f = Op.F
         out = []
         for row in rank_actions:
             deltas = [by_type[a.op][a.stage] for a in row]
             if self.recompute:
-                checkpointed = self._checkpointed(row)
-                if checkpointed:
-                    for i, a in enumerate(row):
-                        offer = checkpointed.get((a.stage, a.mb)) if a.op is f else None
-                        if offer is not None:
-                            deltas[i] = offer.keep
+                for i, offer in self._checkpointed_forwards(row):
+                    deltas[i] = offer.keep
             out.append(deltas)
         return out
 
