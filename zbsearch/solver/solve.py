@@ -55,6 +55,7 @@ from .budget import Budget
 from .construct import construct
 from .engines import Engine, default_engines
 from .feasibility import check_limit
+from .heuristic import sequential_schedule
 from .problem import RECOMPUTATIONS, Objective, Problem, Recomputation
 from .verdict import CLOSED as _CLOSED
 from .verdict import decide_status
@@ -199,7 +200,13 @@ class SolveRun:
     # ---- the phases ----------------------------------------------------------------------
 
     def construct(self, start: list[list[Action]] | None) -> None:
-        """The best of the heuristics' schedules (``construct``), timed on the true costs."""
+        """The best of the heuristics' schedules (``construct``), timed on the true costs.
+
+        With ``recompute`` "auto", the constructions without recomputation and with full
+        recomputation (each where it fits the limit) come first, each with its own share of the
+        phase, then the one with the solver's choice of recomputation: every schedule those
+        would build is a candidate of this solve too, so "auto" never constructs worse than
+        "none" or "full" within the same time."""
         sh, b = self.budget.shares, self.budget
 
         def building(v: float) -> None:
@@ -208,15 +215,45 @@ class SolveRun:
 
         built: dict[str, tuple[list[list[Action]], Timeline | None]] = {}
         hard = b.deadline
-        if self.milp:
-            out = construct(self.search, b.at(sh.construct), hard, start, report=building, target=self.target(),
-                            built=built, refine=sh.refine)
-        else:
-            out = construct(self.search, hard, hard, start, report=building, target=self.target(),
-                            grid=b.at(sh.grid), built=built, refine=sh.refine)
-        self.construction, self.rows, tl, self.sim_s, self.others = out
-        self.value, self.timeline = (self.problem.value(tl), tl) if not self.uniform_costs else self.problem.evaluate(self.rows)
+        end = b.at(sh.construct) if self.milp else b.at(sh.grid)
+        subs = [(self.search, self.problem)]
+        if self.problem.recompute == "auto":
+            subs = [pair for mode in ("none", "full") if (pair := self._restricted(mode)) is not None] + subs
+        outs = []
+        for k, (search, true) in enumerate(subs):
+            now = b.now()
+            until = now + (end - now) * sh.restricted if k < len(subs) - 1 else end
+            given = start if true is self.problem else None  # (a start may recompute)
+            if self.milp:
+                out = construct(search, until, hard, given, report=building, target=self.target(), built=built,
+                                refine=sh.refine)
+            else:
+                out = construct(search, hard, hard, given, report=building, target=self.target(), grid=until,
+                                built=built, refine=sh.refine)
+            name, rows, tl, sim_s, others = out
+            # timed on the true costs with every recomputation the solve allows
+            value, tl = (true.value(tl), tl) if search is self.problem else self.problem.evaluate(rows)
+            outs.append((value, -k, name, rows, tl, others))
+            self.sim_s = max(self.sim_s, sim_s)
+        outs.sort(key=lambda x: (x[0], x[1]))  # of equal values the solver's own choice (the last)
+        self.value, _, self.construction, self.rows, self.timeline, self.others = outs[0]
+        # the other constructions' best: further starts for the local search
+        self.others = self.others + [rows for _, _, _, rows, _, _ in outs[1:] if rows != self.rows]
         self.built.update(built)
+
+    def _restricted(self, mode: Recomputation) -> tuple[Problem, Problem] | None:
+        """The search and true problems recomputing as ``mode`` says ("none", "full"), None
+        where that cannot meet the limit (or, for "full", the profile does not offer it on
+        every stage)."""
+        cost = self.problem.cost
+        if mode == "full" and any(cost.offer(s, Op.R) is None for s in range(cost.num_stages)):
+            return None
+        true = Problem.make(cost, self.problem.num_microbatches, self.problem.limit, self.problem.objective, mode)
+        if not true.fits_order(sequential_schedule(true)):
+            return None
+        search = true if self.search is self.problem else Problem.make(
+            self.search.cost, self.search.num_microbatches, self.search.limit, self.search.objective, mode)
+        return search, true
 
     def compare_classics(self) -> None:
         """The classic schedules within the limit, on the true costs: candidates, and what to
