@@ -125,15 +125,33 @@ def _plain(sched: zb.Schedule) -> zb.Schedule:
     return zb.Schedule.build(sched.kind + "-plain", sched.profile, sched.num_microbatches, list(sched.stage_to_rank), rows)
 
 
-def _run(sched: zb.Schedule, rank: int):
+def _tiny(num_stages: int, m: int):
+    """The test's own stages, a batch of m microbatches and the loss."""
+    return build(num_stages), *batch(m), loss_fn
+
+
+# The built-in GPT, cut in two, as small as the profiler and the runtime take it.
+_GPT = dict(layers=2, hidden=32, heads=2, seq=16, vocab=64, microbatch_size=2, stages=2)
+
+
+def _gpt(num_stages: int, m: int):
+    """The built-in GPT's stages, its synthetic batch of m microbatches and its loss."""
+    from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
+
+    cfg = GPTConfig(**_GPT)
+    assert cfg.stages == num_stages
+    torch.manual_seed(0)
+    return gpt_stages(cfg), *gpt_batch(cfg, m, seed=3), gpt_loss
+
+
+def _run(sched: zb.Schedule, rank: int, model=_tiny):
     """One step on fresh stages; this rank's gradients, losses and trace."""
     from zbsearch.runtime import PipelineRuntime
 
-    stages = build(sched.num_stages)
+    stages, ids, targets, loss = model(sched.num_stages, sched.num_microbatches)
     mine = {s: stages[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == rank}
-    ids, targets = batch(sched.num_microbatches)
     last = sched.num_stages - 1
-    with PipelineRuntime(sched, mine, loss_fn, timeout=60) as rt:
+    with PipelineRuntime(sched, mine, loss, timeout=60) as rt:
         torch.manual_seed(1234)  # the same draws in both runs
         for _ in range(2):  # the second step's memory: the split knows each stage's passes by then
             losses = rt.step(ids if 0 in mine else None, targets if last in mine else None)
@@ -143,13 +161,13 @@ def _run(sched: zb.Schedule, rank: int):
     return grads, losses, trace, left
 
 
-def _check(rank: int, world: int, send, texts: list[str]) -> list[str]:
+def _check(rank: int, world: int, send, texts: list[str], model=_tiny) -> list[str]:
     problems = []
     for text in texts:
         sched = zb.Schedule.model_validate_json(text)
         plain = _plain(sched)
-        want, want_losses, _, _ = _run(plain, rank)
-        got, got_losses, trace, left = _run(sched, rank)
+        want, want_losses, _, _ = _run(plain, rank, model)
+        got, got_losses, trace, left = _run(sched, rank, model)
         for key, g in got.items():
             if g is None or want[key] is None or not torch.equal(g, want[key]):
                 problems.append(f"{sched.kind} rank {rank} stage {key[0]} {key[1]}: gradient differs")
@@ -181,6 +199,29 @@ def test_recompute_schedules_are_exact_and_follow_the_memory_model(p):
     scheds = [s for s in schedules(_PROFILES[p], p) if any(a.op is Op.R for row in s.rank_actions for a in row)]
     assert len(scheds) >= 7
     problems = run_local(_check, p, [s.model_dump_json() for s in scheds], timeout=600)
+    assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
+
+
+def _check_gpt(rank: int, world: int, send, texts: list[str]) -> list[str]:
+    return _check(rank, world, send, texts, _gpt)
+
+
+@pytest.mark.slow
+def test_builtin_gpt_activation_bytes_are_the_prediction_after_every_pass():
+    """The built-in GPT saves its microbatch's token ids (stage 0's embedding) and labels (the
+    last stage's loss): each microbatch is charged its own bytes, as the profiler measured
+    them, with and without recomputation."""
+    from zbsearch.models import GPTConfig
+    from zbsearch.profiler import Settings, builtin_gpt, profile_model
+    from zbsearch.solver import solve
+
+    prof = profile_model(builtin_gpt(GPTConfig(**_GPT)), Settings(warmup=1, repeat=3, rounds=1, threads=1,
+                                                                    recompute=True))
+    assert prof is not None
+    m = 4
+    scheds = [zb.build_classic(k, prof, m) for k in ("zb-h1", "1f1b", "1f1b-recompute", "zb-h1-recompute")]
+    scheds.append(solve(prof, m, "0.75p", recompute="auto", time_limit=2, milp=False).schedule)
+    problems = run_local(_check_gpt, 2, [s.model_dump_json() for s in scheds], timeout=600)
     assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
 
 

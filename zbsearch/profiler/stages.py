@@ -28,6 +28,7 @@ from torch import nn
 
 from ..errors import ZbError
 from ..models.gpt import GPTConfig, gpt_batch, gpt_loss, gpt_stages
+from ..runtime.memory import own_storage
 
 __all__ = [
     "ModelSpec",
@@ -58,6 +59,15 @@ class ModelSpec:
     loss_fn: Callable | None = None
     target: Any = None
     settings: dict = field(default_factory=dict)  # recorded in the profile (model size, source)
+
+    def __post_init__(self) -> None:
+        # a microbatch sliced from a larger batch gets its own storage, as the runtime gives each
+        # microbatch: a stage saving its token ids or labels is charged one microbatch's bytes
+        self.microbatch = tuple(own_storage(t) if isinstance(t, torch.Tensor) else t for t in self.microbatch)
+        if isinstance(self.target, torch.Tensor):
+            self.target = own_storage(self.target)
+        elif isinstance(self.target, tuple):
+            self.target = tuple(own_storage(t) if isinstance(t, torch.Tensor) else t for t in self.target)
 
     def post(self, stage: int) -> Callable | None:
         """What the runtime applies after the stage's forward: the loss, on the last stage."""

@@ -30,7 +30,17 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from .errors import PipelineError
 
-__all__ = ["ActivationMeter", "SavedActivations"]
+__all__ = ["ActivationMeter", "SavedActivations", "own_storage"]
+
+
+def own_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as a microbatch of its own: a copy where it is a view of a larger storage (a
+    slice of the step's batch), else itself. The meter counts a saved tensor's whole storage,
+    so a stage that saves a microbatch's token ids or labels (an embedding, a loss) is charged
+    that microbatch's bytes, as the profiler measured them, and not the whole batch's."""
+    if tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size():
+        return tensor.clone(memory_format=torch.contiguous_format)
+    return tensor
 
 
 class ActivationMeter:

@@ -57,7 +57,7 @@ from ..validator import find_problem
 from .emulation import EmulatedStage
 from .errors import PipelineError, first_line, post, wait
 from .identity import check_batch, check_stage
-from .memory import ActivationMeter
+from .memory import ActivationMeter, own_storage
 from .p2p import ACT, GRAD, P2P, comm_plan
 from .recompute import Checkpoint, checkpointed_forward, recompute
 from .split import ForwardPass, WeightPass, backward_full, backward_input, backward_weight, forward_pass
@@ -404,7 +404,8 @@ class PipelineRuntime:
                 f"{what}: microbatches of {tensors[0].shape[0] / m:g} (batch {tensors[0].shape[0]} / {m}) but the "
                 f"schedule's profile was measured with microbatches of {planned}"
             )
-        chunks = [t.to(self.device).chunk(m) for t in tensors]
+        # each microbatch its own storage: the meter charges what a saved slice's storage holds
+        chunks = [[own_storage(c) for c in t.to(self.device).chunk(m)] for t in tensors]
         out = list(zip(*chunks)) if isinstance(batch, (tuple, list)) else list(chunks[0])
         check_batch(self._identity, "inputs" if what == "inputs" else "target", out[0], self.schedule.profile.name)
         return out

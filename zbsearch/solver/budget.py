@@ -26,6 +26,9 @@ class Shares:
             its best candidates end by this share of the limit; the engines get the rest.
         grid: without engines (``milp=False``), the grid stops by this share of the limit and
             the rest goes to timing its best candidates and the classic orders.
+        restricted: with ``recompute`` "auto", the share of the construction phase that the
+            constructions without and with full recomputation take together, after the one
+            with the solver's own choice of recomputation.
         refine: the wait knobs of the grid's best policies are refined for at most this many
             times as long as the grid took.
         classics: the classic baselines are built by this share of the limit; one is started
@@ -45,6 +48,7 @@ class Shares:
 
     construct: float = 1 / 3
     grid: float = 2 / 3
+    restricted: float = 1 / 3
     refine: float = 3.0
     classics: float = 1 / 3
     classic_sims: int = 5

@@ -11,7 +11,9 @@ the time left divided by the points left, less what a solve has needed beyond it
 so far (checking, validating and predicting the schedule it returns, which no limit cuts);
 once too little is left for another point the sweep stops with the points so far (at least
 one). Each point starts from the previous point's schedule (within a smaller limit, so within
-this one too), so the curve never rises, and the unlimited value is the best of all.
+this one too), so the curve never rises, and the unlimited value is the best of all. With
+``recompute`` "auto" each point's solve also builds the schedules without recomputation and
+with full recomputation at its limit (``solve``): the curve is never above their constructions.
 """
 
 from __future__ import annotations

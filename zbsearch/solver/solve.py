@@ -14,7 +14,9 @@ A solve is a ``SolveRun`` going through named phases, all timed by one ``Budget`
    handcrafted orders (ZB-H1/H2, ZB-V, the V building blocks V-Half and V-Min below 1F1B's
    memory, recomputing ones where allowed) and the sequential one, on the true per-stage costs
    (or, with ``uniform_costs``, on their median across stages as the paper's scheduler does,
-   to show what per-stage costs buy).
+   to show what per-stage costs buy). With ``recompute`` "auto", the constructions without
+   recomputation and with full recomputation come first as candidates: "auto" offers every
+   choice they have, so it never constructs worse than they would.
 2. ``compare_classics``: every classic schedule within the limit (``baselines``) is a candidate
    and a figure to beat; ``try_fusing``: where fusing may pay, the best with its adjacent B, W
    fused and with every backward fused.
@@ -55,6 +57,7 @@ from .budget import Budget
 from .construct import construct
 from .engines import Engine, default_engines
 from .feasibility import check_limit
+from .heuristic import sequential_schedule
 from .problem import RECOMPUTATIONS, Objective, Problem, Recomputation
 from .verdict import CLOSED as _CLOSED
 from .verdict import decide_status
@@ -203,7 +206,13 @@ class SolveRun:
     # ---- the phases ----------------------------------------------------------------------
 
     def construct(self, start: list[list[Action]] | None) -> None:
-        """The best of the heuristics' schedules (``construct``), timed on the true costs."""
+        """The best of the heuristics' schedules (``construct``), timed on the true costs.
+
+        With ``recompute`` "auto", the constructions without recomputation and with full
+        recomputation (each where it fits the limit) follow the one with the solver's choice of
+        recomputation, sharing ``Shares.restricted`` of the phase: every schedule those would
+        build is a candidate of this solve too, so "auto" never constructs worse than "none"
+        or "full" would where their constructions complete."""
         sh, b = self.budget.shares, self.budget
 
         def building(v: float) -> None:
@@ -212,15 +221,49 @@ class SolveRun:
 
         built: dict[str, tuple[list[list[Action]], Timeline | None]] = {}
         hard = b.deadline
-        if self.milp:
-            out = construct(self.search, b.at(sh.construct), hard, start, report=building, target=self.target(),
-                            built=built, refine=sh.refine)
-        else:
-            out = construct(self.search, hard, hard, start, report=building, target=self.target(),
-                            grid=b.at(sh.grid), built=built, refine=sh.refine)
-        self.construction, self.rows, tl, self.sim_s, self.others = out
-        self.value, self.timeline = (self.problem.value(tl), tl) if not self.uniform_costs else self.problem.evaluate(self.rows)
+        end = b.at(sh.construct) if self.milp else b.at(sh.grid)
+        subs = [(self.search, self.problem)]
+        if self.problem.recompute == "auto":
+            subs += [pair for mode in ("none", "full") if (pair := self._restricted(mode)) is not None]
+        outs = []
+        for k, (search, true) in enumerate(subs):
+            now = b.now()
+            if k == 0:  # the solver's own choice of recomputation, then the others share the rest
+                own = 1.0 if len(subs) == 1 else 1.0 - sh.restricted
+                until, last = now + (end - now) * own, hard
+                deadline = until if self.milp else now + (hard - now) * own
+            else:  # each a list schedule within its share, else the classic or sequential ones
+                until = now + ((end if self.milp else hard) - now) / (len(subs) - k)
+                last = deadline = until
+            given = start if k == 0 else None  # (a start may recompute)
+            if self.milp:
+                out = construct(search, deadline, last, given, report=building, target=self.target(), built=built,
+                                refine=sh.refine)
+            else:
+                out = construct(search, deadline, last, given, report=building, target=self.target(), grid=until,
+                                built=built, refine=sh.refine)
+            name, rows, tl, sim_s, others = out
+            # timed on the true costs with every recomputation the solve allows
+            value, tl = (true.value(tl), tl) if search is self.problem else self.problem.evaluate(rows)
+            outs.append((value, k, name, rows, tl, others))
+            self.sim_s = max(self.sim_s, sim_s)
+        outs.sort(key=lambda x: (x[0], x[1]))  # of equal values the solver's own choice (the first)
+        self.value, _, self.construction, self.rows, self.timeline, self.others = outs[0]
         self.built.update(built)
+
+    def _restricted(self, mode: Recomputation) -> tuple[Problem, Problem] | None:
+        """The search and true problems recomputing as ``mode`` says ("none", "full"), None
+        where that cannot meet the limit (or, for "full", the profile does not offer it on
+        every stage)."""
+        cost = self.problem.cost
+        if mode == "full" and any(cost.offer(s, Op.R) is None for s in range(cost.num_stages)):
+            return None
+        true = Problem.make(cost, self.problem.num_microbatches, self.problem.limit, self.problem.objective, mode)
+        if not true.fits_order(sequential_schedule(true)):
+            return None
+        search = true if self.search is self.problem else Problem.make(
+            self.search.cost, self.search.num_microbatches, self.search.limit, self.search.objective, mode)
+        return search, true
 
     def compare_classics(self) -> None:
         """The classic schedules within the limit, on the true costs: candidates, and what to
