@@ -108,12 +108,16 @@ def problems(draw):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems(), st.sampled_from(CLASSIC_KINDS))
-def test_property_classic_schedules_are_valid_and_above_bounds(problem, kind):
+@given(problems(), st.sampled_from(CLASSIC_KINDS), st.floats(0.0, 1.0))
+def test_property_classic_schedules_are_valid_and_above_bounds(problem, kind, keep):
     prof, m = problem
     p = prof.num_stages
     if kind == "interleaved-1f1b":
         m = max(p, m - m % p)
+    if kind == "dualpipe-v":  # its F&B pairs need two microbatches per virtual stage pair
+        m = max(m, 2 * p)
+    if kind.endswith("-recompute"):  # these recompute every microbatch: the profile must offer it
+        prof = make_profile(p, stages=[(s.t_f, s.t_b, s.t_w) for s in prof.stages], t_comm=prof.t_comm, keep=keep)
     sched = build_classic(kind, prof, m)
     assert find_problem(sched) is None
     tl = timeline(sched)
