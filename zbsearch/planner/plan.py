@@ -23,7 +23,6 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ZbError
@@ -31,7 +30,7 @@ from ..formats.edit import updated
 from ..formats.layers import LayerProfile
 from ..formats.partition import CutOutcome, Partition
 from ..formats.schedule import Schedule
-from ..solver import SolveResult, solve
+from ..solver import Progress, SolveResult, solve
 from .baselines import baseline_cuts
 from .compose import Cut, Placement
 from .memory import OPTIMIZERS
@@ -47,8 +46,6 @@ ENUMERATE = 3000
 _PRICE, _BASELINES, _QUICK = 0.15, 0.2, 0.35
 # Cuts polished with the full solver at the end, and how close to the best a quick value must be.
 _POLISH, _POLISH_WITHIN = 3, 0.03
-
-Progress = Callable[[str, float, float], None]  # (phase, best value, bound)
 
 
 @dataclass
