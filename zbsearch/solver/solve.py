@@ -236,13 +236,9 @@ class SolveRun:
                 until = now + ((end if self.milp else hard) - now) / (len(subs) - k)
                 last = deadline = until
             given = start if k == 0 else None  # (a start may recompute)
-            if self.milp:
-                out = construct(search, deadline, last, given, report=building, target=self.target(), built=built,
-                                refine=sh.refine)
-            else:
-                out = construct(search, deadline, last, given, report=building, target=self.target(), grid=until,
-                                built=built, refine=sh.refine)
-            name, rows, tl, sim_s, others = out
+            # with engines to follow, the grid stops at the deadline (construct's default)
+            name, rows, tl, sim_s, others = construct(search, deadline, last, given, report=building, target=self.target(),
+                                                      grid=None if self.milp else until, built=built, refine=sh.refine)
             # timed on the true costs with every recomputation the solve allows
             value, tl = (true.value(tl), tl) if search is self.problem else self.problem.evaluate(rows)
             outs.append((value, k, name, rows, tl, others))
