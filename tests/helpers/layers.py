@@ -26,7 +26,8 @@ def random_layers(seed: int, layers: int, *, head: float = 3.0, tied: bool = Fal
         extra = dict(t_fc=u.t_f * rrng.uniform(0.85, 1.0), t_r=u.t_f * rrng.uniform(0.9, 1.1),
                      m_fc=0.0 if u.kind == "embedding" else u.m_f * rrng.uniform(0.03, 0.12))
         if recompute == "both" and u.kind == "layer":
-            extra.update(t_rs=u.t_f * rrng.uniform(0.1, 0.3), m_fs=u.m_f * rrng.uniform(0.35, 0.65))
+            extra.update(t_fs=u.t_f * rrng.uniform(0.95, 1.0), t_rs=u.t_f * rrng.uniform(0.1, 0.3),
+                         m_fs=u.m_f * rrng.uniform(0.35, 0.65))
         return u.model_copy(update=extra)
 
     def unit(name: str, kind: str, scale: float, mem: float, params: int, **extra) -> Unit:

@@ -6,7 +6,8 @@
    activations exceed the budget on some rank has no schedule and is left out.
 2. Solve the baselines (even split, torchtitan's default, Megatron's with the embedding and
    loss counted as layers) with the solver at the same budget.
-3. Best first: solve cuts in order of their bound (the solver's heuristics, briefly) and stop
+3. Best first: solve cuts in order of their bound (the solver's heuristics, briefly; with
+   recomputation its MILP windows too, which decide what to recompute far better) and stop
    once the next cut's bound reaches the best value found, or at the time set for this phase.
    A cut that improves the best adds its neighbours.
 4. Polish the best few cuts with the full solver (MILP windows where ``milp``) and keep the best
@@ -150,7 +151,8 @@ def plan(
     Raises:
         ZbError: bad arguments, or no cut whose memory fits the budget.
     """
-    clock = Clock(time.monotonic(), time_limit)
+    clock = Clock(0.0, time_limit)
+    clock.start = clock.now()
     return _plan(layers, num_ranks, num_microbatches, budget, placement, optimizer, objective, milp, recompute,
                  progress, clock)
 
@@ -243,7 +245,7 @@ def _plan(layers: LayerProfile, num_ranks: int, m: int, budget: float | None, pl
         results[(ev.cut.placement, ev.cut.counts)] = res
     heap = [(ev.key, str(ev.cut), ev) for ev in feasible]
     heapq.heapify(heap)
-    quick_t = _quick_time(feasible[0], m, clock.limit)
+    quick_t = _quick_time(feasible[0], m, clock.limit, recompute)
     solved_keys: set[tuple[Placement, tuple[int, ...]]] = set(results)
     while heap and (clock.now() < quick_until or not results):
         key, _, ev = heapq.heappop(heap)
@@ -259,7 +261,7 @@ def _plan(layers: LayerProfile, num_ranks: int, m: int, budget: float | None, pl
             break
         solved_keys.add(ident)
         report(f"solving {ev.cut}")
-        res = run(ev, seconds, False)
+        res = run(ev, seconds, recompute != "none")  # the heuristics alone recompute poorly: MILP windows too
         if res is None:
             continue
         results[ident] = res
@@ -350,10 +352,12 @@ def _placements(placement: str, layers: LayerProfile, num_ranks: int) -> list[Pl
     return ["v"] if placement == "v" else ["one", "v"]
 
 
-def _quick_time(ev: CutEval, m: int, time_limit: float) -> float:
-    """Seconds for one quick solve: enough for the heuristics on this many passes."""
+def _quick_time(ev: CutEval, m: int, time_limit: float, recompute: str = "none") -> float:
+    """Seconds for one quick solve: enough for the heuristics on this many passes (twice as
+    long where the solver also chooses what to recompute, with MILP windows)."""
     passes = 3 * len(ev.cut.counts) * m
-    return min(max(0.1, passes / 2000), max(0.1, time_limit / 20))
+    least = 0.1 if recompute == "none" else 0.2
+    return min(max(least, passes / (2000 if recompute == "none" else 1000)), max(least, time_limit / 20))
 
 
 def _solve(ev: CutEval, m: int, seconds: float, milp: bool, objective: str, recompute: str,
