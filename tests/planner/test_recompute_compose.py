@@ -91,7 +91,7 @@ def test_the_relaxed_bound_counts_each_recomputed_forward_with_its_pass():
         assert c == pytest.approx(min(plain, u.t_fc) + u.t_r + back)
         assert b <= a and b <= c
     # below every cut's busiest rank at its cheapest, for each mode
-    for mode, w in (("auto", auto), ("full", full)):
+    for mode in ("auto", "full"):
         bound = relaxed_bound(L, 3, "one", 4, mode)
         for counts in compositions(L.num_units, 3):
             cost = Problem.make(CostModel.from_profile(stage_profile(L, Cut(counts, "one")), [0, 1, 2]), 4,

@@ -23,7 +23,11 @@ Recomputation, where the units offer it (``Unit`` carries a stage profile's reco
 each unit measured as a stage of its own):
 
 * full: a stage offers it where every unit does. A checkpointed stage keeps only its input, the
-  tensor entering its first unit, and the RNG state: its first unit's ``m_fc``. Its recompute
+  tensor entering its first unit, and the RNG state: its first unit's ``m_fc``. (A unit measured
+  alone keeps at most what its plain forward does, so an embedding, whose input is the batch
+  and not counted, records less than the RNG state it keeps; where a first unit's ``m_fc``
+  reached its ``m_f`` the stage keeps its input's bytes plus ``checkpoint_state_bytes``, at most
+  the stage's m_f.) Its recompute
   pass re-runs every unit's forward (the sum of their ``t_r``), its checkpointed forward costs
   the sum of theirs (``t_fc``, else the unit's forward as the stage runs it);
 * selective: a stage offers it where some unit does, and it adds up: what the checkpointed
@@ -112,7 +116,7 @@ def stage_cost(layers: LayerProfile, lo: int, hi: int) -> StageCost:
     us = layers.units[lo:hi]
     t_f = sum(u.t_f for u in us)
     t_ff = sum(u.fused_forward for u in us)
-    extra = _recompute_costs(us, first_stage=lo == 0)
+    extra = _stage_recompute(layers, lo, hi)
     t_bw = sum(u.fused_backward for u in us)
     m_f = sum(u.m_f for u in us)
     if lo == 0:  # the first stage: no input gradient, its W is the whole backward, its F not split
@@ -124,6 +128,26 @@ def stage_cost(layers: LayerProfile, lo: int, hi: int) -> StageCost:
         t_b, t_w, m_b = sum(u.t_b for u in us), sum(u.t_w for u in us), sum(u.m_b for u in us)
     return StageCost(t_f=max(t_f, MIN_TIME_MS), t_b=max(t_b, MIN_TIME_MS), t_w=max(t_w, 0.0), m_f=m_f, m_b=m_b,
                      m_w=-(m_f + m_b), t_bw=max(t_bw, MIN_TIME_MS), t_ff=max(t_ff, MIN_TIME_MS), **extra)
+
+
+def _stage_recompute(layers: LayerProfile, lo: int, hi: int) -> dict[str, float]:
+    """The recompute fields of the stage of units ``[lo, hi)`` (see the module)."""
+    us = layers.units[lo:hi]
+    out = _recompute_costs(us, first_stage=lo == 0)
+    if "m_fc" in out:
+        out["m_fc"] = _kept_input(layers, lo, out["m_fc"], sum(u.m_f for u in us))
+    return out
+
+
+def _kept_input(layers: LayerProfile, lo: int, kept: float, m_f: float) -> float:
+    """What a fully checkpointed stage starting at unit ``lo`` keeps, from its first unit's
+    ``kept`` (see the module)."""
+    first = layers.units[lo]
+    state = layers.checkpoint_state_bytes
+    if state is None or first.m_fc is None or first.m_fc < first.m_f:
+        return kept
+    inputs = layers.units[lo - 1].output_bytes if lo else 0.0  # a first stage's input is the batch: not counted
+    return min(max(kept, inputs + state), m_f)
 
 
 def _recompute_costs(us: list[Unit], first_stage: bool) -> dict[str, float]:
@@ -183,20 +207,19 @@ def activation_need(layers: LayerProfile, cut: Cut, recompute: str = "none") -> 
     for lo_hi in _rank_bounds(cut):
         need, before = 0.0, 0.0
         for lo, hi in lo_hi:
-            us = layers.units[lo:hi]
-            m_f = sum(u.m_f for u in us)
+            m_f = sum(u.m_f for u in layers.units[lo:hi])
             need = max(need, before + m_f)
-            before += min([m_f, *_keeps(us, recompute)])
+            before += min([m_f, *_keeps(layers, lo, hi, recompute)])
         out.append(need)
     return out
 
 
-def _keeps(us: list[Unit], recompute: str) -> list[float]:
-    """What a checkpointed forward of a stage of units ``us`` keeps, for each way ``recompute``
-    allows (none: no way)."""
+def _keeps(layers: LayerProfile, lo: int, hi: int, recompute: str) -> list[float]:
+    """What a checkpointed forward of the stage of units ``[lo, hi)`` keeps, for each way
+    ``recompute`` allows (none: no way)."""
     if recompute == "none":
         return []
-    got = _recompute_costs(us, first_stage=False)
+    got = _stage_recompute(layers, lo, hi)
     ways = [("m_fc", "t_r")] if recompute == "full" else [("m_fc", "t_r"), ("m_fs", "t_rs")]
     return [got[m] for m, t in ways if t in got]
 
