@@ -906,13 +906,30 @@ def _root(
     """Zero Bubble pipeline-parallel schedules: build, simulate, validate, compare, solve, replay."""
 
 
-_STARTED: float | None = None  # when main() began: a command's time limit counts from there
+_STARTED: float | None = None  # when the command began (time.monotonic()): a time limit counts from there
+
+
+def _process_age() -> float:
+    """Seconds since this process started (Linux's /proc; 0 where unknown): the interpreter's
+    start and the imports before ``main`` run count towards a command's time limit too."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # from field 3 (state) on
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: start, in ticks
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the command line on ``argv`` (default: the process's arguments) and exit."""
     global _STARTED
-    _STARTED = time.monotonic()
+    # the process's own command line: from the process's start; called with arguments (from
+    # Python, a test), from now
+    _STARTED = time.monotonic() - (_process_age() if argv is None else 0.0)
     args = sys.argv[1:] if argv is None else list(argv)
     if not args:  # bare ``zbsearch``: the help, exit 0
         args = ["--help"]
