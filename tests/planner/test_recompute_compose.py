@@ -121,3 +121,20 @@ def test_recomputation_the_units_do_not_offer_is_refused_in_one_line(mode, units
     with pytest.raises(ZbError, match="^" + message.replace("(", r"\(").replace(")", r"\)")) as info:
         plan(L, 2, 4, None, recompute=mode, time_limit=1)
     assert "\n" not in str(info.value)
+
+
+def test_a_budget_only_recomputation_meets_is_named_and_met_with_it():
+    from zbsearch.planner.compose import static_bytes
+
+    L = random_layers(4, 6, recompute="full")
+    cuts = [Cut(c, "v") for c in compositions(L.num_units, 4)]
+
+    def least(mode: str) -> float:  # the least budget some cut fits, its schedule recomputing as ``mode`` allows
+        return min(max(s + n for s, n in zip(static_bytes(L, c, "adamw"), activation_need(L, c, mode))) for c in cuts)
+
+    assert least("auto") < least("none")
+    budget = (least("auto") + least("none")) / 2
+    with pytest.raises(ZbError, match=r"no cut fits a budget of .*; with --recompute auto some cut fits$"):
+        plan(L, 2, 4, budget, placement="v", time_limit=1)
+    res = plan(L, 2, 4, budget, placement="v", time_limit=2, recompute="auto")
+    assert res.schedule.solver is not None and res.schedule.solver.recomputed > 0

@@ -41,10 +41,11 @@ from ..formats.edit import updated
 from ..formats.layers import LayerProfile
 from ..formats.partition import CutOutcome, Partition
 from ..formats.schedule import Schedule
+from ..limits import allowance
 from ..solver import Progress, SolveResult, solve
 from ..solver.problem import RECOMPUTATIONS
 from .baselines import baseline_cuts
-from .compose import Cut, Placement
+from .compose import Cut, Placement, activation_need
 from .memory import OPTIMIZERS
 from .search import CutEval, Cuts, compositions, relaxed_bound
 
@@ -389,16 +390,22 @@ def _no_fit(spaces: dict[Placement, Cuts], budget: float | None, optimizer: str,
     closest = min((ev for s in spaces.values() for ev in s.seen.values()), key=lambda ev: ev.over)
     need = (budget or 0) + closest.over
     acts = "one microbatch's activations" + ("" if recompute == "none" else ", recomputed")
-    hint = ("" if recompute != "none" or not _offers_recompute(spaces) else "; with --recompute auto it may fit")
+    hint = "; with --recompute auto some cut fits" if recompute == "none" and _fits_recomputed(spaces) else ""
     return (f"no cut fits a budget of {(budget or 0) / 2**30:.4g} GiB per rank with {optimizer}: the closest, "
             f"{closest.cut}, needs {need / 2**30:.4g} GiB on some rank for its parameters, gradients, optimizer state "
             f"and {acts}{hint}")
 
 
-def _offers_recompute(spaces: dict[Placement, Cuts]) -> bool:
-    """Whether some unit offers recomputation."""
-    layers = next(iter(spaces.values())).layers
-    return any(u.recompute() is not None or u.recompute(True) is not None for u in layers.units)
+def _fits_recomputed(spaces: dict[Placement, Cuts]) -> bool:
+    """Whether some cut priced would fit its limit if its schedule could recompute."""
+    for space in spaces.values():
+        if not any(u.recompute() is not None or u.recompute(True) is not None for u in space.layers.units):
+            return False
+        for ev in space.seen.values():
+            if ev.limit is not None and all(
+                    x > 0 and n <= allowance(x) for n, x in zip(activation_need(space.layers, ev.cut, "auto"), ev.limit)):
+                return True
+    return False
 
 
 def _no_schedule(feasible: list[CutEval], budget: float | None, recompute: str) -> str:
