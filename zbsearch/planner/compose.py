@@ -23,13 +23,13 @@ Recomputation, where the units offer it (``Unit`` carries a stage profile's reco
 each unit measured as a stage of its own):
 
 * full: a stage offers it where every unit does. A checkpointed stage keeps only its input, the
-  tensor entering its first unit, and the RNG state: its first unit's ``m_fc``. (A unit measured
-  alone keeps at most what its plain forward does, so an embedding, whose input is the batch
-  and not counted, records less than the RNG state it keeps; where a first unit's ``m_fc``
-  reached its ``m_f`` the stage keeps its input's bytes plus ``checkpoint_state_bytes``, at most
-  the stage's m_f.) Its recompute
+  tensor entering its first unit, and the RNG state: its first unit's ``m_fc``. Its recompute
   pass re-runs every unit's forward (the sum of their ``t_r``), its checkpointed forward costs
-  the sum of theirs (``t_fc``, else the unit's forward as the stage runs it);
+  the sum of theirs (``t_fc``, else the unit's forward as the stage runs it). A unit measured
+  alone records at most what its plain forward keeps, so an embedding (whose input is the
+  batch, not counted) records less than the RNG state it keeps: where a first unit's ``m_fc``
+  reached its m_f, the stage keeps its input's bytes and the profile's
+  ``checkpoint_state_bytes``, at most the stage's m_f;
 * selective: a stage offers it where some unit does, and it adds up: what the checkpointed
   forward keeps is the offering units' ``m_fs`` and the others' whole ``m_f``, the recompute
   pass the offering units' ``t_rs``.
@@ -131,34 +131,18 @@ def stage_cost(layers: LayerProfile, lo: int, hi: int) -> StageCost:
 
 
 def _stage_recompute(layers: LayerProfile, lo: int, hi: int) -> dict[str, float]:
-    """The recompute fields of the stage of units ``[lo, hi)`` (see the module)."""
+    """The recompute fields of the stage of units ``[lo, hi)`` (see the module), none where its
+    units do not offer them."""
     us = layers.units[lo:hi]
-    out = _recompute_costs(us, first_stage=lo == 0)
-    if "m_fc" in out:
-        out["m_fc"] = _kept_input(layers, lo, out["m_fc"], sum(u.m_f for u in us))
-    return out
 
-
-def _kept_input(layers: LayerProfile, lo: int, kept: float, m_f: float) -> float:
-    """What a fully checkpointed stage starting at unit ``lo`` keeps, from its first unit's
-    ``kept`` (see the module)."""
-    first = layers.units[lo]
-    state = layers.checkpoint_state_bytes
-    if state is None or first.m_fc is None or first.m_fc < first.m_f:
-        return kept
-    inputs = layers.units[lo - 1].output_bytes if lo else 0.0  # a first stage's input is the batch: not counted
-    return min(max(kept, inputs + state), m_f)
-
-
-def _recompute_costs(us: list[Unit], first_stage: bool) -> dict[str, float]:
-    """The recompute fields of a stage of units ``us`` (see the module), none where not offered."""
     def forward(u: Unit) -> float:  # a unit's forward as the stage runs it (not split on the first stage)
-        return u.fused_forward if first_stage else u.t_f
+        return u.fused_forward if lo == 0 else u.t_f
 
     out: dict[str, float] = {}
     if all(u.t_r is not None and u.m_fc is not None for u in us):
         out.update(t_fc=max(sum(forward(u) if u.t_fc is None else u.t_fc for u in us), MIN_TIME_MS),
-                   t_r=max(sum(u.t_r for u in us), MIN_TIME_MS), m_fc=us[0].m_fc)  # type: ignore[misc, arg-type]
+                   t_r=max(sum(u.t_r for u in us), MIN_TIME_MS),  # type: ignore[misc]
+                   m_fc=_kept_input(layers, lo, sum(u.m_f for u in us)))
     offers = [u.t_rs is not None and u.m_fs is not None for u in us]
     if any(offers):
         out.update(t_fs=max(sum(u.t_fs if o and u.t_fs is not None else forward(u) for u, o in zip(us, offers)),
@@ -166,6 +150,19 @@ def _recompute_costs(us: list[Unit], first_stage: bool) -> dict[str, float]:
                    t_rs=max(sum(u.t_rs for u, o in zip(us, offers) if o), MIN_TIME_MS),  # type: ignore[misc]
                    m_fs=sum(u.m_fs if o else u.m_f for u, o in zip(us, offers)))  # type: ignore[misc]
     return out
+
+
+def _kept_input(layers: LayerProfile, lo: int, m_f: float) -> float:
+    """What a fully checkpointed stage starting at unit ``lo`` (its activations ``m_f``) keeps:
+    its first unit's ``m_fc``, or where that reached the unit's m_f, its input's bytes and the
+    generators' state (see the module)."""
+    first = layers.units[lo]
+    kept, state = first.m_fc, layers.checkpoint_state_bytes
+    assert kept is not None
+    if state is None or kept < first.m_f:
+        return kept
+    inputs = layers.units[lo - 1].output_bytes if lo else 0.0  # a first stage's input is the batch: not counted
+    return min(max(kept, inputs + state), m_f)
 
 
 def stage_profile(layers: LayerProfile, cut: Cut) -> Profile:
