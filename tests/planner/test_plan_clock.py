@@ -18,6 +18,8 @@ from zbsearch.solver import solve as real_solve
 
 plan_module = importlib.import_module("zbsearch.planner.plan")
 
+pytestmark = pytest.mark.slow  # the solver runs, briefly, for every solve the plan asks for
+
 
 class FakeTime:
     def __init__(self, overrun: float, price: float) -> None:

@@ -123,6 +123,7 @@ def test_recomputation_the_units_do_not_offer_is_refused_in_one_line(mode, units
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow  # the solver runs
 def test_a_budget_only_recomputation_meets_is_named_and_met_with_it():
     from zbsearch.planner.compose import static_bytes
 
