@@ -9,6 +9,11 @@ Sections (``--only`` runs some; each is saved into bench/results/plan.json as it
 * ``exact``: a generated Llama-like model of 12 units (10 layers), 4 ranks, m=8, one stage per
   rank and V: every cut solved by the solver, against the plan (value within 1% of the best,
   bound never above it).
+* ``recompute``: the same with recomputation, on a generated family (random unit costs and
+  memory, full recomputation and selective on some, 7 to 10 units, one stage per rank on 3 or 4
+  ranks or a V on 2 or 3, m of 3 to 6, a budget a little above the largest static memory of any cut):
+  every cut solved by ``solve(recompute="auto")`` at the same budget against ``plan(recompute=
+  "auto")``.
 * ``baselines``: generated Llama-like models (32 layers, hidden 4096, vocabularies 32k, 128k,
   256k), p = 4 and 8, m = 2p, 4p, 8p, 80 GiB per rank, mixed precision: the plan against the even
   split, torchtitan's default and Megatron's, each solved at the same budget.
@@ -19,7 +24,9 @@ Sections (``--only`` runs some; each is saved into bench/results/plan.json as it
 * ``real``: real passes on CPU, p=2, a GPT whose head costs several layers: both ranks measure
   the per-layer profile at once, in rounds interleaved with steps of the plan and the even
   split (round-robin); measured speed-up against the one predicted on the pooled rounds.
-* ``time``: 32 layers on p=8 at m=32 (60 s), 80 layers on p=16 at m=64 (300 s).
+* ``time``: the ``zbsearch plan`` command, timed from the outside (the process's start to its
+  end: imports, loading, the plan and writing it): 32 layers on p=8 at m=32 (60 s), 80 layers on
+  p=16 at m=64 (300 s), and 32 layers on p=8 at m=32 with ``--recompute auto`` (60 s).
 * ``torchtitan`` (with ``--torchtitan-path``): the torchtitan baseline against torchtitan's own
   ``_generate_llm_fqn_per_model_part``, an exported plan's overrides through torchtitan's
   ``ConfigManager``, and its stage-to-rank mapping against torchtitan's.
@@ -33,6 +40,7 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -43,6 +51,7 @@ from common import RESULTS, save
 from pipeline import launch, ours, round_robin
 
 import zbsearch as zb
+from tests.helpers.layers import random_layers
 from zbsearch.formats.layers import LayerProfile
 from zbsearch.formats.trace import Trace
 from zbsearch.planner import Cut, baseline_cuts, llama_layers, plan, stage_profile
@@ -157,6 +166,58 @@ def exact(args) -> dict:
                     "bound_ok": p.partition.lower_bound <= best * (1 + 1e-9)})
         print(out[-1])
     return {"cut_time_s": args.cut_time, "plan_time_s": args.exact_time, "rows": out}
+
+
+# -- recompute -------------------------------------------------------------------------------------
+def _family(seed: int):
+    """One generated instance of the recompute family (see the module)."""
+    rng = random.Random(seed)
+    placement = ("one", "v")[seed % 2]
+    ranks = rng.choice((3, 4)) if placement == "one" else 3 if seed % 4 == 3 else 2
+    units = rng.randint(7, 8) if ranks * (2 if placement == "v" else 1) > 4 else rng.randint(8, 10)
+    L = random_layers(seed, units - 2, head=rng.uniform(2, 6), recompute=rng.choice(["full", "both"]))
+    m = rng.randint(3, 6)
+    stages = ranks * (2 if placement == "v" else 1)
+    static = max(max(static_bytes(L, Cut(c, placement), "adamw")) for c in compositions(L.num_units, stages))
+    return L, ranks, placement, m, static + rng.uniform(1.5, 3.0) * 1e6
+
+
+def recompute(args) -> dict:
+    rows = []
+    for seed in range(args.recompute_instances):
+        L, ranks, placement, m, budget = _family(seed)
+        stages = ranks * (2 if placement == "v" else 1)
+        t0 = time.monotonic()
+        every = {}
+        for counts in compositions(L.num_units, stages):
+            cut = Cut(counts, placement)
+            limit = [budget - s for s in static_bytes(L, cut, "adamw")]
+            if any(n > x for n, x in zip(activation_need(L, cut, "auto"), limit)):
+                continue
+            res = zb.solve(stage_profile(L, cut), m, limit, chunks=cut.chunks, time_limit=args.recompute_cut_time,
+                           recompute="auto")
+            every[counts] = (res.info.value, res.info.lower_bound, res.info.recomputed)
+        plain = sum(all(n <= x for n, x in zip(activation_need(L, Cut(c, placement)),
+                                                [budget - s for s in static_bytes(L, Cut(c, placement), "adamw")]))
+                    for c in every)
+        enum_s = time.monotonic() - t0
+        best_cut = min(every, key=lambda c: every[c][0])
+        best = every[best_cut][0]
+        p = plan(L, ranks, m, budget, placement=placement, time_limit=args.recompute_time, recompute="auto")
+        part = p.partition
+        assert p.schedule.solver is not None
+        rows.append({"seed": seed, "units": L.num_units, "ranks": ranks, "placement": placement, "m": m,
+                     "budget_mb": budget / 1e6, "cuts": math.comb(L.num_units - 1, stages - 1), "feasible": len(every),
+                     "feasible_without": plain, "enumeration_s": enum_s, "best": best, "best_cut": list(best_cut),
+                     "best_recomputed": every[best_cut][2], "plan": part.value, "plan_cut": part.units_per_stage,
+                     "plan_recomputed": p.schedule.solver.recomputed, "plan_bound": part.lower_bound,
+                     "plan_gap": part.gap, "plan_s": part.time_s, "plan_solved": part.cuts_solved,
+                     "exhaustive": part.exhaustive, "ratio": part.value / best,
+                     "within_1pct": part.value <= best * 1.01, "bound_ok": part.lower_bound <= best * (1 + 1e-9)})
+        print({k: rows[-1][k] for k in ("seed", "units", "ranks", "placement", "m", "feasible", "ratio", "bound_ok",
+                                        "plan_recomputed")})
+    return {"cut_time_s": args.recompute_cut_time, "plan_time_s": args.recompute_time, "rows": rows,
+            "within_1pct": sum(r["within_1pct"] for r in rows), "bound_ok": sum(r["bound_ok"] for r in rows)}
 
 
 # -- baselines -------------------------------------------------------------------------------------
@@ -376,20 +437,35 @@ def real(args, tmp: Path) -> dict:
 
 
 # -- time ------------------------------------------------------------------------------------------
-def solve_time(args) -> dict:
+def solve_time(args, tmp: Path) -> dict:
+    """The plan command end to end, timed from outside its process."""
+    from zbsearch.formats.layers import save_layers
+
     rows = []
-    for layers, p, m, limit in ((32, 8, 32, 60.0), (80, 16, 64, 300.0)):
+    for layers, p, m, limit, rc in ((32, 8, 32, 60.0, "none"), (80, 16, 64, 300.0, "none"), (32, 8, 32, 60.0, "auto")):
         L = llama_layers(layers, vocab=128256, name=f"llama-l{layers}-v128k", **LLAMA)
+        path, out = tmp / f"time-l{layers}.json", tmp / f"time-plan-l{layers}-{rc}.json"
+        save_layers(L, path)
+        cmd = [sys.executable, "-m", "zbsearch", "plan", "-l", str(path), "-r", str(p), "-m", str(m), "--memory",
+               "80GiB", "--optimizer", "mixed", "-t", str(limit), "--recompute", rc, "-o", str(out)]
         t0 = time.monotonic()
-        res = plan(L, p, m, 80 * GIB, optimizer="mixed", time_limit=limit)
+        r = subprocess.run(cmd, capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
         wall = time.monotonic() - t0
-        part = res.partition
+        if r.returncode:
+            rows.append({"layers": layers, "p": p, "m": m, "recompute": rc, "error": r.stderr.strip()[-500:]})
+            continue
+        sched = zb.load_schedule(out)
+        part = sched.partition
+        assert part is not None and sched.solver is not None
         values = [b.value for b in part.baselines if b.value is not None]
-        rows.append({"layers": layers, "p": p, "m": m, "time_limit_s": limit, "wall_s": wall, "value": part.value,
-                     "bound": part.lower_bound, "gap": part.gap, "placement": part.placement, "solved": part.cuts_solved,
-                     "bounded": part.cuts_bounded, "vs_best_baseline": min(values) / part.value if values else None})
+        rows.append({"layers": layers, "p": p, "m": m, "recompute": rc, "time_limit_s": limit, "wall_s": wall,
+                     "plan_s": part.time_s, "value": part.value, "bound": part.lower_bound, "gap": part.gap,
+                     "placement": part.placement, "solved": part.cuts_solved, "bounded": part.cuts_bounded,
+                     "recomputed": sched.solver.recomputed,
+                     "vs_best_baseline": min(values) / part.value if values else None})
         print(rows[-1])
-    return {"rows": rows}
+    return {"rows": rows, "measured": "the zbsearch plan command, process start to end"}
 
 
 # -- torchtitan ------------------------------------------------------------------------------------
@@ -446,13 +522,16 @@ def torchtitan(args, tmp: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="units,real,emulated,exact,baselines,time,torchtitan")
+    ap.add_argument("--only", default="units,real,emulated,exact,recompute,baselines,time,torchtitan")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--cut-time", type=float, default=1.0, help="seconds per cut when enumerating")
     ap.add_argument("--exact-time", type=float, default=60.0)
     ap.add_argument("--baseline-time", type=float, default=20.0)
+    ap.add_argument("--recompute-instances", type=int, default=12, help="instances of the recompute family")
+    ap.add_argument("--recompute-cut-time", type=float, default=0.3, help="seconds per cut, recompute family")
+    ap.add_argument("--recompute-time", type=float, default=10.0, help="plan seconds, recompute family")
     ap.add_argument("--real-placement", default="one")
     ap.add_argument("--real-m", type=int, default=8, help="microbatches of the real runs")
     ap.add_argument("--real-rounds", type=int, default=4,
@@ -476,7 +555,9 @@ def main() -> None:
             elif name == "real":
                 got = real(args, tmp)
             elif name == "time":
-                got = solve_time(args)
+                got = solve_time(args, tmp)
+            elif name == "recompute":
+                got = recompute(args)
             elif name == "torchtitan":
                 if not args.torchtitan_path:
                     continue

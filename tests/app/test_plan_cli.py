@@ -68,9 +68,11 @@ def test_a_partition_that_drops_a_unit_does_not_load(layers, tmp_path, capsys):
     (["-r", "1"], "a pipeline needs at least 2 ranks"),
     (["-r", "5"], "8 units cannot fill the 10 pieces"),
     (["--optimizer", "lion"], "unknown optimizer 'lion'"),
+    (["--recompute", "full"], "--recompute full: per-layer profile 'random-7' has no full recomputation costs"),
+    (["--recompute", "some"], "recompute must be one of none, auto, full, not 'some'"),
 ])
 def test_bad_plans_are_one_line_and_write_nothing(layers, tmp_path, capsys, args, words):
-    base = {"-r": "2", "--memory": "none", "--placement": "auto", "--optimizer": "adamw"}
+    base = {"-r": "2", "--memory": "none", "--placement": "auto", "--optimizer": "adamw", "--recompute": "none"}
     for k, v in zip(args[::2], args[1::2]):
         base[k] = v
     if base["-r"] == "5":
@@ -98,3 +100,31 @@ def test_analytic_heads_cost_their_flop_ratio():
     params = 2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
     assert head.t_w / layer.t_w == pytest.approx(4096 * 256000 / params)
     assert layer.params == params and head.params == 4096 + 4096 * 256000
+
+
+def test_plan_with_recomputation_writes_a_schedule_the_runtime_path_takes(tmp_path, capsys):
+    from zbsearch.actions import Op
+
+    L = random_layers(8, 6, head=4.0, recompute="full")
+    path = tmp_path / "layers.json"
+    save_layers(L, path)
+    out = tmp_path / "plan.json"
+    # a budget that holds about one microbatch in flight per rank: without recomputation, fewer cuts fit
+    code, text, _ = _run(capsys, "plan", "-l", path, "-r", "2", "-m", "4", "--memory", "12MiB", "-t", "3",
+                         "--placement", "one", "--recompute", "full", "-o", out)
+    assert code == 0, text
+    assert "recompute full: 8 forwards checkpointed and recomputed" in text
+    assert "baselines, solved at the same budget, recompute full" in text
+    sched = zb.load_schedule(out)
+    assert sched.partition is not None and sched.partition.recompute == "full"
+    assert sum(a.op is Op.R for row in sched.rank_actions for a in row) == 2 * 4
+    assert all(st.recompute() is not None for st in sched.profile.stages)  # the costs travel with the plan
+    assert _run(capsys, "validate", out)[0] == 0
+    assert _run(capsys, "simulate", out)[0] == 0
+    # torch's schedules have no recompute action: the export says so in one line
+    code, _, err = _run(capsys, "export", out, "--to", "torchtitan", "-o", tmp_path / "tt")
+    assert code == 1 and err.count("\n") == 1 and "no recompute action" in err
+    # without --recompute the plan recomputes nothing
+    code, text, _ = _run(capsys, "plan", "-l", path, "-r", "2", "-m", "4", "--memory", "12MiB", "-t", "3",
+                         "--placement", "one", "--json")
+    assert code == 0 and json.loads(text)["recompute"] == "none"

@@ -7,10 +7,28 @@ import random
 from zbsearch.formats.layers import LayerProfile, LinkEstimate, TiedParams, Unit
 
 
-def random_layers(seed: int, layers: int, *, head: float = 3.0, tied: bool = False, comm: float = 0.05) -> LayerProfile:
+def random_layers(seed: int, layers: int, *, head: float = 3.0, tied: bool = False, comm: float = 0.05,
+                  recompute: str = "none") -> LayerProfile:
     """``layers`` decoder layers of random costs between an embedding and a head about ``head``
-    times a layer's; memory in bytes (a layer keeps about 1 MB per microbatch)."""
+    times a layer's; memory in bytes (a layer keeps about 1 MB per microbatch).
+
+    ``recompute``: ``full`` adds full recomputation's costs to every unit (a checkpointed forward
+    a little cheaper than a plain one, keeping its input, a few percent of its activations; a
+    recompute pass about as long as the forward), ``both`` selective recomputation too on the
+    layers (keeping about half, recomputing a fifth of the forward); drawn apart, so the other
+    costs are those of the same seed without."""
     rng = random.Random(seed)
+    rrng = random.Random(seed + 10_000)
+
+    def with_recompute(u: Unit) -> Unit:
+        if recompute == "none":
+            return u
+        extra = dict(t_fc=u.t_f * rrng.uniform(0.85, 1.0), t_r=u.t_f * rrng.uniform(0.9, 1.1),
+                     m_fc=0.0 if u.kind == "embedding" else u.m_f * rrng.uniform(0.03, 0.12))
+        if recompute == "both" and u.kind == "layer":
+            extra.update(t_fs=u.t_f * rrng.uniform(0.95, 1.0), t_rs=u.t_f * rrng.uniform(0.1, 0.3),
+                         m_fs=u.m_f * rrng.uniform(0.35, 0.65))
+        return u.model_copy(update=extra)
 
     def unit(name: str, kind: str, scale: float, mem: float, params: int, **extra) -> Unit:
         t_f = scale * rng.uniform(0.7, 1.3)
@@ -25,6 +43,7 @@ def random_layers(seed: int, layers: int, *, head: float = 3.0, tied: bool = Fal
     units = [unit("embedding", "embedding", 0.1, 0.0 + 1e3, 0 if tied else 50_000, tied=["embedding"] if tied else [])]
     units += [unit(f"layer.{i}", "layer", 1.0, 1e6, 100_000) for i in range(layers)]
     units.append(unit("head", "head", head, 2e6, 1_000 if tied else 51_000, tied=["embedding"] if tied else []))
+    units = [with_recompute(u) for u in units]
     return LayerProfile(name=f"random-{seed}", units=units,
                         tied={"embedding": TiedParams(params=50_000, param_bytes=2e5)} if tied else {},
                         link=LinkEstimate(latency_ms=comm, bandwidth_gb_s=10.0), microbatch_size=1)

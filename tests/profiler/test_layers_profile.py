@@ -35,6 +35,20 @@ def test_units_are_measured_with_their_sizes_and_compose_to_the_stage_memory():
         assert a.m_f == pytest.approx(b.m_f, rel=0.01)
 
 
+def test_units_measured_with_recomputation_compose_to_what_a_checkpointed_stage_keeps():
+    """A stage's kept bytes composed from its units (the first unit's input and the generators'
+    state) equal the stage profiler's measurement of the same cut."""
+    settings = Settings(warmup=1, repeat=3, rounds=1, threads=1, recompute=True)
+    u = CFG.units()
+    layers = profile_layers(builtin_gpt(u), settings, kinds=unit_kinds(list(u.cut or ())), link=LINK)
+    assert layers.checkpoint_state_bytes == torch.get_rng_state().nbytes
+    assert all(x.t_r is not None and x.t_fc is not None and x.m_fc is not None for x in layers.units)
+    for cut in ((1, 1), (2, 0)):
+        stages = profile_one_device(builtin_gpt(GPTConfig(**{**CFG.__dict__, "cut": cut})), settings, link=LINK)
+        composed = stage_profile(layers, Cut((1 + cut[0], cut[1] + 1), "one"))
+        assert [a.m_fc for a in composed.stages] == [b.m_fc for b in stages.stages]
+
+
 class _Embed(nn.Module):
     def __init__(self) -> None:
         super().__init__()

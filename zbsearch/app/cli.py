@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -539,6 +540,10 @@ def plan(
     time_limit: float = typer.Option(60.0, "--time-limit", "-t", min=0.5, help="seconds; the best plan found by then"),
     objective: str = typer.Option("span", "--objective", help="span (iteration period) or makespan"),
     no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only when polishing the best cuts"),
+    recompute: str = typer.Option(
+        "none", "--recompute",
+        help="none; auto: every cut's schedule checkpoints and recomputes microbatches where that pays under the budget; "
+             "full: every one (the units' recomputation costs, zbsearch profile --per-layer --recompute)"),
     as_json: bool = typer.Option(False, "--json", help="print the partition section as JSON"),
     output: str | None = typer.Option(None, "-o", "--output", help="write the planned schedule JSON here ('-' for stdout)"),
 ):
@@ -550,10 +555,12 @@ def plan(
     path = _output(output)
     found = load_layers(layers)
     budget = parse_bytes(memory)
+    spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED  # the command's own start counts too
     with _spinner() as bar:
         task = bar.add_task("starting", total=None)
-        res = make_plan(found, ranks, m, budget, placement=placement, optimizer=optimizer, time_limit=time_limit,
-                        objective=objective, milp=not no_milp, progress=_progress(bar, task))
+        res = make_plan(found, ranks, m, budget, placement=placement, optimizer=optimizer,
+                        time_limit=max(time_limit - spent, 0.1), objective=objective, milp=not no_milp,
+                        recompute=recompute, progress=_progress(bar, task))
     if path is not None:
         _write(res.schedule, path)
     if path is not None and str(path) == "-":
@@ -566,6 +573,9 @@ def plan(
     part = res.partition
     assert part is not None and res.schedule.predicted is not None
     how = ("every cut priced" if part.exhaustive else "cuts searched locally, the bound from a relaxation over all cuts")
+    solver = res.schedule.solver
+    if part.recompute != "none" and solver is not None:
+        out.print(f"recompute {part.recompute}: {solver.recomputed} forwards checkpointed and recomputed", soft_wrap=True)
     out.print(f"plan: {objective} {_fmt(part.value)} ms, bubble {res.schedule.predicted.bubble_rate:.4f}; "
               f"bound over every cut ({'/'.join(part.placements_searched)}) and schedule {_fmt(part.lower_bound)} ms, "
               f"gap {part.gap:.2%}; {part.cuts_solved} cuts solved, {part.cuts_bounded} bounded ({how}); "
@@ -595,13 +605,17 @@ def _plan_tables(sched: zb.Schedule) -> list[Table]:
         r.add_column(col, justify="right")
     for k, (st, act) in enumerate(zip(part.static_bytes, part.activation_bytes)):
         r.add_row(str(k), _gib(st), _gib(act), _gib(st + act), _fmt(pred.span[k]))
-    b = Table(title="baselines, solved at the same budget")
-    for col in ("cut", "layers per stage", f"{part.objective} (ms)", "plan's speed-up", "peak (GiB)", "note"):
+    how = "" if part.recompute == "none" else f", recompute {part.recompute}"
+    b = Table(title=f"baselines, solved at the same budget{how}")
+    cols = ["cut", "layers per stage", f"{part.objective} (ms)", "plan's speed-up", "peak (GiB)"]
+    cols += ["recomputed"] if part.recompute != "none" else []
+    for col in (*cols, "note"):
         b.add_column(col, justify="right")
     for x in part.baselines:
         speed = f"{x.value / part.value:.3f}x" if x.value else "-"
         b.add_row(x.name, ",".join(map(str, x.layers_per_stage)) or "-", _fmt(x.value) if x.value else "-", speed,
-                  _gib(max(x.peak_bytes)) if x.peak_bytes else "-", x.note or "")
+                  _gib(max(x.peak_bytes)) if x.peak_bytes else "-",
+                  *([str(x.recomputed) if x.value else "-"] if part.recompute != "none" else []), x.note or "")
     return [t, r, b]
 
 
@@ -712,7 +726,8 @@ def profile(
         PEER_TIMEOUT_S, "--timeout", help="seconds a rank waits for another rank's message while links are timed"),
     recompute: bool = typer.Option(
         False, "--recompute",
-        help="also time each stage's forward checkpointed and its recompute pass, and what it keeps (for solve --recompute)"),
+        help="also time each stage's forward checkpointed and its recompute pass, and what it keeps (for solve --recompute; "
+             "with --per-layer each unit's, for plan --recompute)"),
     name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
     per_layer: bool = typer.Option(
         False, "--per-layer",
@@ -892,8 +907,30 @@ def _root(
     """Zero Bubble pipeline-parallel schedules: build, simulate, validate, compare, solve, replay."""
 
 
+_STARTED: float | None = None  # when the command began (time.monotonic()): a time limit counts from there
+
+
+def _process_age() -> float:
+    """Seconds since this process started (Linux's /proc; 0 where unknown): the interpreter's
+    start and the imports before ``main`` run count towards a command's time limit too."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # from field 3 (state) on
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: start, in ticks
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the command line on ``argv`` (default: the process's arguments) and exit."""
+    global _STARTED
+    # the process's own command line: from the process's start; called with arguments (from
+    # Python, a test), from now
+    _STARTED = time.monotonic() - (_process_age() if argv is None else 0.0)
     args = sys.argv[1:] if argv is None else list(argv)
     if not args:  # bare ``zbsearch``: the help, exit 0
         args = ["--help"]

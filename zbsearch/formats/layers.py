@@ -8,6 +8,11 @@ next unit, and what its parameters hold on the rank that runs it. Parameters tha
 use (an embedding tied to the LM head) are listed once under ``tied`` and named by the units that
 use them, so that a rank holding two such units counts them once.
 
+Recomputation, where measured (``zbsearch profile --per-layer --recompute``): each unit's
+checkpointed forward time ``t_fc``, recompute time ``t_r`` and what it keeps ``m_fc`` (its input
+and the random generators' state, ``checkpoint_state_bytes``), and selective recomputation's
+``t_fs``, ``t_rs``, ``m_fs`` where a unit offers it; older files lack them: no recomputation.
+
 Link times between units on two ranks are ``t_comm`` where the profiler measured or estimated
 one per boundary, else ``link``'s latency plus the boundary's bytes over its bandwidth.
 ``zbsearch.planner`` cuts the units into stages; ``zbsearch.planner.compose`` says how a
@@ -95,6 +100,9 @@ class LayerProfile(BaseModel):
     tied: dict[str, TiedParams] = Field(default_factory=dict)
     link: LinkEstimate
     t_comm: list[float] | None = Field(None, description="link time per unit boundary (ms); absent: from link")
+    checkpoint_state_bytes: float | None = Field(None, ge=0, description=(
+        "bytes a checkpointed forward keeps besides its inputs (the random generators' state), where recomputation "
+        "was measured; absent: what each unit's m_fc says"))
     microbatch_size: int | None = Field(default=None, ge=1)
     device: str | None = None
     torch: str | None = None

@@ -3,8 +3,8 @@
 ``zbsearch plan`` writes a normal ``zbsearch.schedule`` whose profile is composed from a
 per-layer profile (``zbsearch.layers``), plus this section: the units in model order, the unit
 names of each stage (pieces in stage order for the V), the per-rank memory it counts against
-the budget, the lower bound that holds over every cut and schedule searched, and the baselines
-solved beside it. Runners take the cut from here (``layers_per_stage``, ``units_per_stage``).
+the budget, the recomputation allowed, the lower bound that holds over every cut and schedule
+searched, and the baselines solved beside it. Runners take the cut from here (``layers_per_stage``, ``units_per_stage``).
 A section whose stages drop, repeat or reorder a unit does not load.
 """
 
@@ -31,6 +31,7 @@ class CutOutcome(BaseModel):
     value: float | None = Field(None, description="the solver's objective (ms); None where no schedule fits")
     lower_bound: float | None = Field(None, description="the solver's bound for this cut under the budget (ms)")
     peak_bytes: list[float] | None = Field(None, description="per rank: static bytes plus the schedule's peak activations")
+    recomputed: int = Field(0, description="recompute passes in the cut's schedule: forwards run checkpointed")
     note: str | None = Field(None, description="why there is no value (over the budget, not applicable)")
 
 
@@ -49,9 +50,11 @@ class Partition(BaseModel):
     static_bytes: list[float] = Field(description="per rank: parameters, gradients and optimizer state")
     activation_bytes: list[float] = Field(description="per rank: the schedule's peak activation memory")
     objective: Literal["span", "makespan"] = "span"
+    recompute: Literal["none", "auto", "full"] = Field("none", description=(
+        "the recomputation the plan allowed: every cut was solved and bounded with it (older files: none)"))
     value: float
     lower_bound: float = Field(description="holds over every cut of the placements searched and every schedule "
-                               "within the budget (ms)")
+                               "within the budget, recomputing as the plan allowed (ms)")
     gap: float = Field(description="value / lower_bound - 1")
     placements_searched: list[Literal["one", "v"]]
     cuts_solved: int = 0

@@ -16,8 +16,18 @@ Activation memory follows the count of Korthikanti et al. (arXiv 2205.05198) for
 activations with fused attention (no s^2 term): a layer keeps 34bsh bytes from F, of which its
 W needs 32bsh (the inputs of its matrix products) and B frees the rest; the head keeps its
 input and the fp32 logits (4bsV), B frees the logits. Parameters are 16-bit (``param_bytes`` 2
-per parameter). These are estimates: measure the real model (``zbsearch profile --per-layer``)
-before trusting a plan to a few percent.
+per parameter).
+
+Full recomputation (``recompute``, as the bundled paper profiles derive it): a unit's recompute
+pass re-runs its forward (t_r = t_f) and its checkpointed forward keeps its input, the 2bsh
+bytes of the hidden state entering it (the embedding's input is the batch, held anyway: 0). A
+stage of such units keeps its first unit's input (``zbsearch.planner.compose``). Selective
+recomputation is not offered: it recomputes the attention cores to drop their s^2 activations,
+which fused attention does not store in the first place, so it would keep as much as a plain
+forward.
+
+These are estimates: measure the real model (``zbsearch profile --per-layer``) before trusting
+a plan to a few percent.
 """
 
 from __future__ import annotations
@@ -32,10 +42,12 @@ def llama_layers(
     layers: int, hidden: int, vocab: int, *, heads: int = 32, kv_heads: int | None = None, ffn: int | None = None,
     seq: int = 4096, microbatch_size: int = 1, tflops: float = 400.0, hbm_gb_s: float = 2000.0,
     latency_ms: float = 0.02, bandwidth_gb_s: float = 50.0, tied: bool = False, name: str | None = None,
+    recompute: bool = True,
 ) -> LayerProfile:
     """Units ``embedding, layer.0 .. layer.{layers-1}, head`` of a Llama-like decoder (see the
     module for the model), timed at ``tflops`` (1e12 operations per second per rank), linked by
-    ``latency_ms`` plus bytes over ``bandwidth_gb_s``; ``tied``: the head shares the embedding."""
+    ``latency_ms`` plus bytes over ``bandwidth_gb_s``; ``tied``: the head shares the embedding;
+    ``recompute``: with full recomputation's costs."""
     for key, value in (("layers", layers), ("hidden", hidden), ("vocab", vocab), ("heads", heads), ("seq", seq),
                        ("microbatch_size", microbatch_size)):
         if value < 1:
@@ -62,6 +74,10 @@ def llama_layers(
     rows = 2.0 * b * s * h
     embed = dict(t_f=max(rows * bytes_ms, 1e-6), t_b=1e-6, t_w=max(2 * rows * bytes_ms, 1e-6), m_f=0.0, m_b=0.0, m_w=0.0)
     out_bytes = 2.0 * b * s * h
+    if recompute:  # R re-runs the forward; the checkpointed forward keeps the unit's input
+        embed.update(t_r=embed["t_f"], m_fc=0.0)
+        layer.update(t_r=layer["t_f"], m_fc=out_bytes)
+        head.update(t_r=head["t_f"], m_fc=out_bytes)
     units = [Unit(name="embedding", kind="embedding", output_bytes=out_bytes, params=0 if tied else V * h,
                   param_bytes=0.0 if tied else 2.0 * V * h, tied=["embedding"] if tied else [], **embed)]
     units += [Unit(name=f"layer.{i}", kind="layer", output_bytes=out_bytes, params=layer_params,

@@ -19,6 +19,21 @@ A stage's costs follow from its units' (each measured as a stage of its own):
   so it is its units' plain forwards (t_ff), not their split ones: every unit but the first
   was measured as a later stage, whose split forward costs more.
 
+Recomputation, where the units offer it (``Unit`` carries a stage profile's recompute fields,
+each unit measured as a stage of its own):
+
+* full: a stage offers it where every unit does. A checkpointed stage keeps only its input, the
+  tensor entering its first unit, and the RNG state: its first unit's ``m_fc``. Its recompute
+  pass re-runs every unit's forward (the sum of their ``t_r``), its checkpointed forward costs
+  the sum of theirs (``t_fc``, else the unit's forward as the stage runs it). A unit measured
+  alone records at most what its plain forward keeps, so an embedding (whose input is the
+  batch, not counted) records less than the RNG state it keeps: where a first unit's ``m_fc``
+  reached its m_f, the stage keeps its input's bytes and the profile's
+  ``checkpoint_state_bytes``, at most the stage's m_f;
+* selective: a stage offers it where some unit does, and it adds up: what the checkpointed
+  forward keeps is the offering units' ``m_fs`` and the others' whole ``m_f``, the recompute
+  pass the offering units' ``t_rs``.
+
 Links cost the boundary unit's ``LayerProfile.comm``; a hand-over between two pieces of one
 rank costs nothing (the cost model sees to it).
 """
@@ -29,7 +44,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..errors import ZbError
-from ..formats.layers import LayerProfile
+from ..formats.layers import LayerProfile, Unit
 from ..formats.partition import check_names
 from ..formats.profile import MIN_TIME_MS, Profile, StageCost
 from ..layout import placement as layout
@@ -101,6 +116,7 @@ def stage_cost(layers: LayerProfile, lo: int, hi: int) -> StageCost:
     us = layers.units[lo:hi]
     t_f = sum(u.t_f for u in us)
     t_ff = sum(u.fused_forward for u in us)
+    extra = _stage_recompute(layers, lo, hi)
     t_bw = sum(u.fused_backward for u in us)
     m_f = sum(u.m_f for u in us)
     if lo == 0:  # the first stage: no input gradient, its W is the whole backward, its F not split
@@ -111,7 +127,42 @@ def stage_cost(layers: LayerProfile, lo: int, hi: int) -> StageCost:
     else:
         t_b, t_w, m_b = sum(u.t_b for u in us), sum(u.t_w for u in us), sum(u.m_b for u in us)
     return StageCost(t_f=max(t_f, MIN_TIME_MS), t_b=max(t_b, MIN_TIME_MS), t_w=max(t_w, 0.0), m_f=m_f, m_b=m_b,
-                     m_w=-(m_f + m_b), t_bw=max(t_bw, MIN_TIME_MS), t_ff=max(t_ff, MIN_TIME_MS))
+                     m_w=-(m_f + m_b), t_bw=max(t_bw, MIN_TIME_MS), t_ff=max(t_ff, MIN_TIME_MS), **extra)
+
+
+def _stage_recompute(layers: LayerProfile, lo: int, hi: int) -> dict[str, float]:
+    """The recompute fields of the stage of units ``[lo, hi)`` (see the module), none where its
+    units do not offer them."""
+    us = layers.units[lo:hi]
+
+    def forward(u: Unit) -> float:  # a unit's forward as the stage runs it (not split on the first stage)
+        return u.fused_forward if lo == 0 else u.t_f
+
+    out: dict[str, float] = {}
+    if all(u.t_r is not None and u.m_fc is not None for u in us):
+        out.update(t_fc=max(sum(forward(u) if u.t_fc is None else u.t_fc for u in us), MIN_TIME_MS),
+                   t_r=max(sum(u.t_r for u in us), MIN_TIME_MS),  # type: ignore[misc]
+                   m_fc=_kept_input(layers, lo, sum(u.m_f for u in us)))
+    offers = [u.t_rs is not None and u.m_fs is not None for u in us]
+    if any(offers):
+        out.update(t_fs=max(sum(u.t_fs if o and u.t_fs is not None else forward(u) for u, o in zip(us, offers)),
+                            MIN_TIME_MS),
+                   t_rs=max(sum(u.t_rs for u, o in zip(us, offers) if o), MIN_TIME_MS),  # type: ignore[misc]
+                   m_fs=sum(u.m_fs if o else u.m_f for u, o in zip(us, offers)))  # type: ignore[misc]
+    return out
+
+
+def _kept_input(layers: LayerProfile, lo: int, m_f: float) -> float:
+    """What a fully checkpointed stage starting at unit ``lo`` (its activations ``m_f``) keeps:
+    its first unit's ``m_fc``, or where that reached the unit's m_f, its input's bytes and the
+    generators' state (see the module)."""
+    first = layers.units[lo]
+    kept, state = first.m_fc, layers.checkpoint_state_bytes
+    assert kept is not None
+    if state is None or kept < first.m_f:
+        return kept
+    inputs = layers.units[lo - 1].output_bytes if lo else 0.0  # a first stage's input is the batch: not counted
+    return min(max(kept, inputs + state), m_f)
 
 
 def stage_profile(layers: LayerProfile, cut: Cut) -> Profile:
@@ -140,10 +191,42 @@ def stage_profile(layers: LayerProfile, cut: Cut) -> Profile:
     )
 
 
-def activation_need(layers: LayerProfile, cut: Cut) -> list[float]:
-    """Per rank, the least activation memory any schedule holds: one microbatch's forwards
-    through all its stages (the sum of their m_f)."""
-    return [sum(layers.units[i].m_f for i in units) for units in cut.rank_units()]
+def activation_need(layers: LayerProfile, cut: Cut, recompute: str = "none") -> list[float]:
+    """Per rank, the least activation memory any schedule holds, recomputing as ``recompute``
+    allows (``none``, ``auto``, ``full``; as ``zbsearch.solver.feasibility`` counts it).
+
+    A microbatch's backward on a stage needs that stage's whole activations (m_f), and while it
+    runs on the rank's k-th stage (in model order) the same microbatch still holds something on
+    each of the rank's earlier stages: all of it without recomputation, else at least what the
+    least keeping checkpointed forward keeps there. The sequential schedule holds exactly the
+    largest of these sums."""
+    out = []
+    for lo_hi in _rank_bounds(cut):
+        need, before = 0.0, 0.0
+        for lo, hi in lo_hi:
+            m_f = sum(u.m_f for u in layers.units[lo:hi])
+            need = max(need, before + m_f)
+            before += min([m_f, *_keeps(layers, lo, hi, recompute)])
+        out.append(need)
+    return out
+
+
+def _keeps(layers: LayerProfile, lo: int, hi: int, recompute: str) -> list[float]:
+    """What a checkpointed forward of the stage of units ``[lo, hi)`` keeps, for each way
+    ``recompute`` allows (none: no way)."""
+    if recompute == "none":
+        return []
+    got = _stage_recompute(layers, lo, hi)
+    ways = [("m_fc", "t_r")] if recompute == "full" else [("m_fc", "t_r"), ("m_fs", "t_rs")]
+    return [got[m] for m, t in ways if t in got]
+
+
+def _rank_bounds(cut: Cut) -> list[list[tuple[int, int]]]:
+    """Per rank, the unit ranges of its stages in model order."""
+    out: list[list[tuple[int, int]]] = [[] for _ in range(cut.num_ranks)]
+    for b, r in zip(cut.bounds, cut.stage_to_rank):
+        out[r].append(b)
+    return out
 
 
 def static_bytes(layers: LayerProfile, cut: Cut, optimizer: str) -> list[float]:

@@ -11,8 +11,13 @@ stages); otherwise a local search over cuts from the baselines' and the most bal
 moving one stage boundary at a time while the per-rank bounds, sorted from the largest, get
 smaller (a plateau of equal largest bounds is left by the next largest).
 
+With recomputation (``auto``, ``full``) a cut's memory need is what a microbatch keeps
+checkpointed (``compose.activation_need``), its key the bounds that hold for every choice of
+which microbatches to recompute (the area bound replaces the memory bound that assumes none).
+
 ``relaxed_bound`` holds for every cut of a placement at once: m times the least, over all
-cuts, of the busiest rank's compute (each unit at its cheapest forward and backward), exact by
+cuts, of the busiest rank's compute (each unit at its cheapest forward and backward, a
+recomputed forward with its recompute pass), exact by
 dynamic programming for one stage per rank, and for the V the larger of the mean over ranks
 and rank 0's first and last units.
 """
@@ -22,14 +27,20 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ..bounds import memory_makespan_lower_bound, rank_memory_span_lower_bounds, rank_span_lower_bounds
+from ..bounds import (
+    memory_makespan_lower_bound,
+    rank_area_span_lower_bounds,
+    rank_memory_span_lower_bounds,
+    rank_span_lower_bounds,
+)
 from ..costs import CostModel
-from ..formats.layers import LayerProfile
+from ..formats.layers import LayerProfile, Unit
 from ..formats.profile import Profile
 from ..limits import allowance
+from ..solver.problem import Problem
 from .compose import Cut, Placement, activation_need, stage_profile, static_bytes
 
 __all__ = ["CutEval", "Cuts", "compositions", "relaxed_bound"]
@@ -63,9 +74,9 @@ class Cuts:
     """The cuts of ``layers`` on ``num_ranks`` ranks under one placement, priced on demand."""
 
     def __init__(self, layers: LayerProfile, num_ranks: int, placement: Placement, m: int, budget: float | None,
-                 optimizer: str, objective: str) -> None:
+                 optimizer: str, objective: str, recompute: str = "none") -> None:
         self.layers, self.num_ranks, self.placement, self.m = layers, num_ranks, placement, m
-        self.budget, self.optimizer, self.objective = budget, optimizer, objective
+        self.budget, self.optimizer, self.objective, self.recompute = budget, optimizer, objective, recompute
         self.num_stages = num_ranks * (2 if placement == "v" else 1)
         self.seen: dict[tuple[int, ...], CutEval] = {}
 
@@ -82,16 +93,19 @@ class Cuts:
         cut = Cut(counts, self.placement)
         static = static_bytes(self.layers, cut, self.optimizer)
         limit = None if self.budget is None else [self.budget - s for s in static]
-        need = activation_need(self.layers, cut)
+        need = activation_need(self.layers, cut, self.recompute)
         feasible = limit is None or all(x > 0 and n <= allowance(x) for n, x in zip(need, limit))
         over = -math.inf if limit is None else max(n - x for n, x in zip(need, limit))
         ev = CutEval(cut, static, limit, feasible, over)
         if feasible:
             ev.profile = stage_profile(self.layers, cut)
-            cost = CostModel.from_profile(ev.profile, cut.stage_to_rank)
+            # the costs the solver sees: only the recomputation this plan allows
+            cost = Problem.make(CostModel.from_profile(ev.profile, cut.stage_to_rank), self.m,
+                                recompute=self.recompute).cost  # type: ignore[arg-type]
             ranks = rank_span_lower_bounds(cost, self.m)
-            if limit is not None:
-                ranks = [max(a, b) for a, b in zip(ranks, rank_memory_span_lower_bounds(cost, self.m, limit))]
+            if limit is not None:  # the memory-aware bound that holds for every recomputation choice
+                memory = rank_area_span_lower_bounds if cost.can_recompute else rank_memory_span_lower_bounds
+                ranks = [max(a, b) for a, b in zip(ranks, memory(cost, self.m, limit))]
             ev.ranks = tuple(sorted(ranks, reverse=True))
             ev.key = max(ranks) if self.objective == "span" else memory_makespan_lower_bound(cost, self.m, limit,
                                                                                                quick=True)
@@ -108,17 +122,18 @@ class Cuts:
                     if left >= 1 and right >= 1:
                         yield counts[:b] + (left, right) + counts[b + 2:]
 
-    def descend(self, start: tuple[int, ...], deadline: float) -> CutEval:
-        """Local search from ``start``: the best neighbour while it improves the per-rank bounds
-        (largest first); infeasible cuts are left behind as soon as a feasible one is found."""
+    def descend(self, start: tuple[int, ...], deadline: float, now: Callable[[], float] = time.monotonic) -> CutEval:
+        """Local search from ``start`` until ``deadline`` (on the clock ``now``): the best
+        neighbour while it improves the per-rank bounds (largest first); infeasible cuts are
+        left behind as soon as a feasible one is found."""
         cur = self.evaluate(start)
-        while time.monotonic() < deadline:
+        while now() < deadline:
             best = cur
             for nb in self.neighbours(cur.cut.counts):
                 ev = self.evaluate(nb)
                 if _better(ev, best):
                     best = ev
-                if time.monotonic() >= deadline:
+                if now() >= deadline:
                     break
             if best is cur:
                 break
@@ -128,7 +143,7 @@ class Cuts:
     def balanced(self) -> tuple[int, ...]:
         """The cut whose busiest stage computes least (each unit at its cheapest passes), by
         dynamic programming; ties go to the cut with later boundaries."""
-        w = unit_work(self.layers)
+        w = unit_work(self.layers, self.recompute)
         return _min_max_cut(w, self.num_stages)
 
 
@@ -144,9 +159,23 @@ def _better(a: CutEval, b: CutEval) -> bool:
     return max(a.static) < max(b.static)
 
 
-def unit_work(layers: LayerProfile) -> list[float]:
-    """Per unit, the least compute one microbatch needs there: the cheaper forward and backward."""
-    return [min(u.t_f, u.fused_forward) + min(u.t_b + u.t_w, u.fused_backward) for u in layers.units]
+def unit_work(layers: LayerProfile, recompute: str = "none") -> list[float]:
+    """Per unit, the least compute one microbatch needs there: the cheaper forward and backward,
+    a forward checkpointed and recomputed counted with its recompute pass where ``recompute``
+    allows it (``auto``: the cheapest way; ``full``: every microbatch recomputed)."""
+    return [_least_forward(u, recompute) + min(u.t_b + u.t_w, u.fused_backward) for u in layers.units]
+
+
+def _least_forward(u: Unit, recompute: str) -> float:
+    """The least a unit's forward, with its recompute pass where recomputed, can cost a stage."""
+    plain = min(u.t_f, u.fused_forward)
+    full = None if u.t_r is None or u.m_fc is None else min(plain, u.t_fc or plain) + u.t_r
+    if recompute == "full":
+        return plain if full is None else full
+    if recompute == "none":
+        return plain
+    selective = None if u.t_rs is None or u.m_fs is None else min(plain, u.t_fs or plain) + u.t_rs
+    return min(x for x in (plain, full, selective) if x is not None)
 
 
 def _min_max_cut(w: list[float], stages: int) -> tuple[int, ...]:
@@ -174,9 +203,10 @@ def _min_max_cut(w: list[float], stages: int) -> tuple[int, ...]:
     return tuple(reversed(counts))
 
 
-def relaxed_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: int) -> float:
-    """A lower bound on the span of every schedule of every cut of this placement (see the module)."""
-    w = unit_work(layers)
+def relaxed_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none") -> float:
+    """A lower bound on the span of every schedule of every cut of this placement, recomputing as
+    ``recompute`` allows (see the module)."""
+    w = unit_work(layers, recompute)
     if placement == "one":
         counts = _min_max_cut(w, num_ranks)
         lo, worst = 0, 0.0

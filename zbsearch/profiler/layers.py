@@ -8,6 +8,10 @@ rounds, exactly as ``profile_one_device`` measures stages (the same passes, memo
 pooling); the link between two ranks is estimated as latency plus bytes over bandwidth, so a
 cut anywhere costs its boundary's bytes.
 
+With ``settings.recompute`` each unit's checkpointed forward and recompute pass are measured
+too, as for stages (what it keeps: its input and the random generators' state, recorded once as
+``checkpoint_state_bytes``), for ``zbsearch plan --recompute``.
+
 Besides, per unit: its trainable parameters (elements and bytes), its frozen parameters and
 buffers, and the bytes it sends on. A parameter object that several units use (an embedding
 tied to the head) is recorded once under ``tied``, named by the first unit's name for it.
@@ -24,7 +28,7 @@ from ..errors import ZbError
 from ..formats.layers import LayerProfile, LinkEstimate, TiedParams, Unit, UnitKind
 from .links import LinkModel
 from .run import Progress, profile_one_device
-from .settings import Settings
+from .settings import Settings, resolve_device
 from .stages import ModelSpec
 
 __all__ = ["profile_layers", "unit_kinds", "unit_names"]
@@ -118,10 +122,21 @@ def profile_layers(
                           how=links.how),
         microbatch_size=prof.microbatch_size, device=prof.device, torch=prof.torch, dtype=prof.dtype,
         model=prof.model, settings=prof.settings,
+        checkpoint_state_bytes=_generator_state_bytes(settings) if settings.recompute else None,
         # the stages the profiler measured are this profile's units
         measured=None if prof.measured is None else prof.measured.model_copy(
             update={"warnings": [w.replace("stage ", "unit ", 1) for w in prof.measured.warnings]}),
     )
+
+
+def _generator_state_bytes(settings: Settings) -> float:
+    """Bytes of the random generators' state a checkpointed forward keeps besides its inputs:
+    the CPU generator's, and the device's on CUDA (``zbsearch.runtime.recompute``)."""
+    total = torch.get_rng_state().nbytes
+    device = resolve_device(settings.device)
+    if device.type == "cuda":
+        total += torch.cuda.get_rng_state(device.index if device.index is not None else torch.cuda.current_device()).nbytes
+    return float(total)
 
 
 def _unique(params) -> list[nn.Parameter]:

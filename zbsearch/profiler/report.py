@@ -94,14 +94,20 @@ def _spread(stats: StageSpread | None) -> str:
 
 
 def layers_table(layers: LayerProfile) -> Group:
-    """Per unit: kind, pass times, activation memory, what it sends and its parameters; then
-    the link estimate and the profiler's warnings."""
+    """Per unit: kind, pass times, activation memory, what it sends and its parameters (and,
+    where measured, its recompute pass and what its checkpointed forward keeps); then the link
+    estimate and the profiler's warnings."""
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0), title=layers.name)
-    for col in ("unit", "kind", "T_F\nms", "T_B\nms", "T_W\nms", "T_BW\nms", "M_B\nMiB", "sends\nKiB", "params\nM", "tied"):
+    full = any(u.t_r is not None for u in layers.units)
+    cols = ["unit", "kind", "T_F\nms", "T_B\nms", "T_W\nms", "T_BW\nms", "M_B\nMiB"]
+    cols += ["T_R\nms", "kept\nMiB"] if full else []
+    for col in (*cols, "sends\nKiB", "params\nM", "tied"):
         t.add_column(col, justify="right")
     for u in layers.units:
+        rec = [("-" if u.t_r is None else f"{u.t_r:.3g}"), ("-" if u.m_fc is None else f"{u.m_fc / 2**20:.3g}")]
         t.add_row(u.name, u.kind, f"{u.t_f:.3g}", f"{u.t_b:.3g}", f"{u.t_w:.3g}", f"{u.fused_backward:.3g}",
-                  f"{u.m_f / 2**20:.3g}", f"{u.output_bytes / 2**10:.0f}", f"{u.params / 1e6:.3g}", ",".join(u.tied) or "-")
+                  f"{u.m_f / 2**20:.3g}", *(rec if full else []), f"{u.output_bytes / 2**10:.0f}",
+                  f"{u.params / 1e6:.3g}", ",".join(u.tied) or "-")
     link = layers.link
     where = Text(f"{layers.device or '?'}, {layers.dtype or '?'}; link {link.method}: {link.latency_ms:.3g} ms + bytes at "
                  f"{link.bandwidth_gb_s:.3g} GB/s", style="dim")
