@@ -742,13 +742,35 @@ def plan(docs: list[dict]) -> list[str]:
                       [[k, str(p["rank"]), p["op"], f"{p['measured_ms']:.2f}", f"{p['predicted_ms']:.2f}", x(p["ratio"])]
                        for k in ("plan", "even") for p in r[k]["passes"]])
         out.append("")
+    if "recompute" in d:
+        e = d["recompute"]
+        out += ["## Exactness with recomputation", "",
+                f"Generated per-layer profiles (random unit costs and memory) at a budget where recomputation pays; "
+                f"every cut solved with `recompute=\"auto\"` ({e['cut_time_s']:g} s each), against `plan --recompute "
+                f"auto` ({e['plan_time_s']:g} s). \"feasible\": cuts that fit the budget with recomputation (without "
+                "it); \"recomputed\": forwards run checkpointed.", ""]
+        out += _table(["seed", "units", "ranks", "placement", "m", "cuts", "feasible", "best over cuts", "best cut",
+                       "recomputed", "plan", "plan's cut", "recomputed ", "plan / best", "plan's bound", "gap",
+                       "bound <= best", "plan s"],
+                      [[str(r["seed"]), str(r["units"]), str(r["ranks"]), r["placement"], str(r["m"]), str(r["cuts"]),
+                        f"{r['feasible']} ({r['feasible_without']})", f"{r['best']:.6g}", str(r["best_cut"]),
+                        str(r["best_recomputed"]), f"{r['plan']:.6g}", str(r["plan_cut"]), str(r["plan_recomputed"]),
+                        f"{r['ratio']:.4f}", f"{r['plan_bound']:.6g}", _pct(r["plan_gap"]),
+                        "yes" if r["bound_ok"] else "NO", f"{r['plan_s']:.1f}"] for r in e["rows"]])
+        out.append("")
     if "time" in d:
+        t = d["time"]
         out += ["## Solve time", ""]
-        out += _table(["layers", "p", "m", "time limit s", "wall s", "plan ms", "bound ms", "gap", "placement",
-                       "cuts solved", "cuts bounded", "vs best baseline"],
-                      [[str(r["layers"]), str(r["p"]), str(r["m"]), f"{r['time_limit_s']:g}", f"{r['wall_s']:.1f}",
-                        f"{r['value']:.6g}", f"{r['bound']:.6g}", _pct(r["gap"]), r["placement"], str(r["solved"]),
-                        str(r["bounded"]), x(r["vs_best_baseline"])] for r in d["time"]["rows"]])
+        if "measured" in t:
+            out += [f"Wall time: {t['measured']}.", ""]
+        out += _table(["layers", "p", "m", "recompute", "time limit s", "wall s", "plan ms", "bound ms", "gap",
+                       "placement", "cuts solved", "cuts bounded", "recomputed", "vs best baseline"],
+                      [[str(r["layers"]), str(r["p"]), str(r["m"]), r.get("recompute", "none"), f"{r['time_limit_s']:g}",
+                        f"{r['wall_s']:.1f}", f"{r['value']:.6g}", f"{r['bound']:.6g}", _pct(r["gap"]), r["placement"],
+                        str(r["solved"]), str(r["bounded"]), str(r.get("recomputed", "-")), x(r["vs_best_baseline"])]
+                       for r in t["rows"]])
+        if "load_average" in t:
+            out += ["", f"Load average at the end: {x(t['load_average'][0], 1)}."]
         out.append("")
     if "torchtitan" in d:
         t = d["torchtitan"]
