@@ -5,7 +5,8 @@ paper's (matrix products in attention and MLP, LayerNorm, a token embedding on t
 and an LM head on the last), small enough to run four ranks on a laptop CPU. Stage 0 holds the
 embedding, the last stage the final LayerNorm and the head, and the transformer layers are
 shared out as evenly as possible (earlier stages take the remainder). Every stage boundary is
-one tensor of shape (microbatch, seq, hidden).
+one tensor of shape (microbatch, seq, hidden). Each layer's MLP is declared for selective
+recomputation.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ class Block(nn.Module):
         self.attn = Attention(hidden, heads)
         self.ln2 = nn.LayerNorm(hidden)
         self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+        # selective recomputation rebuilds the MLP (``zbsearch.runtime.selective``): it saves its
+        # 4x-wide hidden activation twice, about half of what a layer keeps, and costs one layer's MLP to rerun
+        self.mlp.selective_recompute = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, seq, hidden) -> the same shape."""
