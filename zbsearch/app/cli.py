@@ -712,7 +712,8 @@ def profile(
         PEER_TIMEOUT_S, "--timeout", help="seconds a rank waits for another rank's message while links are timed"),
     recompute: bool = typer.Option(
         False, "--recompute",
-        help="also time each stage's forward checkpointed and its recompute pass, and what it keeps (for solve --recompute)"),
+        help="also time each stage's forward checkpointed and its recompute pass, and what it keeps (for solve --recompute); "
+             "selectively too, where the model declares modules with selective_recompute = True"),
     name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
     per_layer: bool = typer.Option(
         False, "--per-layer",

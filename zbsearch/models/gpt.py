@@ -85,6 +85,14 @@ class Attention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(b, s, h))
 
 
+class MLP(nn.Sequential):
+    """A layer's MLP, declared for selective recomputation (``zbsearch.runtime.selective``): it
+    saves its 4x-wide hidden activation twice, about half of what a layer keeps, and is cheap to
+    run again."""
+
+    selective_recompute = True
+
+
 class Block(nn.Module):
     """Pre-LayerNorm transformer layer: attention, then a 4x MLP, each with a residual."""
 
@@ -93,10 +101,7 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(hidden)
         self.attn = Attention(hidden, heads)
         self.ln2 = nn.LayerNorm(hidden)
-        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
-        # selective recomputation rebuilds the MLP (``zbsearch.runtime.selective``): it saves its
-        # 4x-wide hidden activation twice, about half of what a layer keeps, and costs one layer's MLP to rerun
-        self.mlp.selective_recompute = True
+        self.mlp = MLP(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, seq, hidden) -> the same shape."""
