@@ -139,6 +139,50 @@ def _deltas(log: list[tuple[str, int]]) -> list[int]:
     return [b - a for a, b in zip([0] + [x for _, x in log], [x for _, x in log])]
 
 
+class Gate(nn.Module):
+    """Saves its input (the Linear's), a wide activation (tanh's output, the product's input) and
+    its output (sigmoid saves what it returns, and the stage's next Linear saves it too)."""
+
+    selective_recompute = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(WIDTH, 4 * WIDTH)
+        self.down = nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        return torch.sigmoid(self.down(torch.tanh(self.up(x))))
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_what_a_selected_module_shares_with_its_inputs_and_outputs_is_kept_not_copied(split):
+    torch.manual_seed(0)
+    stage = nn.Sequential(nn.Linear(WIDTH, WIDTH), Gate(), nn.Linear(WIDTH, WIDTH))
+    x = torch.randn(MB, WIDTH, requires_grad=True)
+    runs = []
+    for selective in (False, True):
+        model = copy.deepcopy(stage)
+        meter = ActivationMeter(replay=False)
+        sel = Selection(model, selected_modules(model), meter) if selective else None
+        fp = forward_pass(model, [x], split=split, meter=meter, select=sel)
+        kept = meter.bytes
+        if sel is not None:
+            recompute_selected(sel, fp.saved)
+        rebuilt = meter.bytes
+        grads = [torch.ones_like(fp.outputs[0])]
+        if split:
+            _, w = backward_input(fp, grads)
+            backward_weight(w)
+        else:
+            backward_full(fp, grads)
+        runs.append((kept, rebuilt, meter.bytes, [p.grad for p in model.parameters()]))
+    (plain, _, _, want), (kept, rebuilt, left, got) = runs
+    # dropped: what tanh saves, its output (the product's input, 4x wide); kept: the rest
+    assert plain - kept == MB * 4 * WIDTH * 4
+    assert rebuilt == plain and left == 0
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_the_backward_before_rs_and_a_second_rs_are_refused():
     stage = Stage()
     x = torch.randn(MB, SEQ, WIDTH, requires_grad=True)

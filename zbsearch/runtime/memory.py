@@ -29,7 +29,7 @@ without them and is charged the same bytes (``footprint``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -96,10 +96,15 @@ class _Holder:
 
     @classmethod
     def empty(cls, t: torch.Tensor) -> _Holder:
-        """A holder for ``t`` that keeps nothing until it is filled (selective recomputation)."""
+        """A holder that will keep nothing until it is filled (selective recomputation); it
+        references ``t``, uncounted, until ``SavedActivations.settle``."""
         h = cls.__new__(cls)
-        h.tensor, h.ptr, h.version, h.waits = None, 0, 0, (t.shape, t.dtype, t.device)
+        h.tensor, h.ptr, h.version, h.waits = t, 0, t._version, _meta(t)
         return h
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return (t.shape, t.dtype, t.device)
 
 
 class _Kept:
@@ -192,6 +197,26 @@ class SavedActivations:
         (PipelineError otherwise)."""
         return _Refill(self, holders)
 
+    def settle(self, holders: Sequence, keep: Collection[int]) -> None:
+        """At the end of a selected module's call, its empty ``holders``: those whose tensor lives
+        in a storage of ``keep`` (the call's inputs and outputs, alive anyway: recomputing them
+        would only make a copy) keep it as a saved activation, counted; the others let it go."""
+        for h in holders:
+            t = h.tensor
+            if t is None or h.waits is None:
+                continue
+            if t.untyped_storage().data_ptr() in keep:
+                self._put(h, t)
+            else:
+                h.tensor = None
+
+    def _put(self, h: _Holder, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        h.tensor, h.ptr, h.version, h.waits = t, storage.data_ptr(), t._version, None
+        self._holders.append(h)
+        if self._meter is not None:
+            self._meter.add(h.ptr, storage.nbytes())
+
     def _fill(self, t: torch.Tensor) -> _Holder:
         assert self._refill is not None
         h = next(self._refill, None)
@@ -200,17 +225,15 @@ class SavedActivations:
                 "selective recomputation saved more tensors than the checkpointed forward did: the selected modules "
                 "must run the same way on the same inputs"
             )
-        if h.waits != (t.shape, t.dtype, t.device):
+        had = h.waits if h.waits is not None else None if h.tensor is None else _meta(h.tensor)
+        if had != _meta(t):
+            got = "nothing" if had is None else f"a {tuple(had[0])} {had[1]} tensor"
             raise PipelineError(
                 f"selective recomputation saved a {tuple(t.shape)} {t.dtype} tensor where the checkpointed forward saved "
-                f"a {tuple(h.waits[0]) if h.waits else ()} {h.waits[1] if h.waits else ''} one: the selected modules "
-                "must run the same way on the same inputs"
+                f"{got}: the selected modules must run the same way on the same inputs"
             )
-        storage = t.untyped_storage()
-        h.tensor, h.ptr, h.version, h.waits = t, storage.data_ptr(), t._version, None
-        self._holders.append(h)
-        if self._meter is not None:
-            self._meter.add(h.ptr, storage.nbytes())
+        if h.waits is not None:  # else the forward kept it (``settle``)
+            self._put(h, t)
         return h
 
     def hold(self, t: torch.Tensor):

@@ -21,9 +21,10 @@ every later pass draws what it would have without recomputation, and on a determ
 gradients are bit for bit those of the same schedule without recomputation. After RS the rank holds
 what a plain F would have left.
 
-A selected module must run the same way on the same inputs and leave its inputs unchanged (an
-in-place change to one is refused); a tensor it saves that it also returns is rebuilt as a second
-copy, which the profiler's measurement counts as it happens.
+A tensor a selected module saves that lives in one of its inputs or outputs (a Linear's input,
+an activation function's output) is kept, not dropped: it stays alive anyway, and recomputing it
+would only make a copy. A selected module must run the same way on the same inputs and leave its
+inputs unchanged (an in-place change to one is refused).
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class Selection:
                 leaves, spec = tree_flatten((args, kwargs))
                 tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
                 state.update(module=module, leaves=leaves, spec=spec, versions=[t._version for t in tensors],
-                             rng=self._rng())
+                             rng=self._rng(), start=len(self.holders))
                 divert.__enter__()
 
         def post(module, args, kwargs, output):
@@ -117,6 +118,8 @@ class Selection:
             depth -= 1
             if depth == 0:
                 divert.__exit__(None, None, None)
+                ends = [x for x in (*state["leaves"], *tree_flatten(output)[0]) if isinstance(x, torch.Tensor)]
+                saved.settle(self.holders[state["start"]:], {t.untyped_storage().data_ptr() for t in ends})
                 self._record(state)
 
         handles = []
