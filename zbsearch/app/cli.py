@@ -67,8 +67,8 @@ OldChunksOpt = typer.Option(None, "-v", hidden=True)
 OldPlacementOpt = typer.Option(None, "--chunks", "-v", hidden=True)
 RecomputeOpt = typer.Option(
     "none", "--recompute",
-    help="none; auto: the solver checkpoints and recomputes microbatches where that pays under the limit; "
-         "full: every one (the profile's recomputation costs)",
+    help="none; auto: the solver checkpoints and recomputes microbatches where that pays under the limit, fully (R) "
+         "or selectively (RS) as the profile offers; full: every one, by full recomputation (R)",
 )
 
 
