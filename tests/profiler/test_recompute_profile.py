@@ -2,7 +2,8 @@
 pass's (t_r) and what the checkpointed forward keeps (m_fc), which must be what the runtime's
 checkpoint holds (the stage inputs that need a gradient and the generator state, counted
 independently here). Older profiles without them load and offer no recomputation; a profile
-the command wrote with them drives ``solve --recompute auto`` to a schedule with R passes."""
+the command wrote with them drives ``solve --recompute auto`` to a schedule that recomputes, and
+``--recompute full`` to one with an R pass for every forward and no RS."""
 
 from __future__ import annotations
 
@@ -77,10 +78,14 @@ def test_profile_recompute_drives_solve_recompute_auto(tmp_path):
     for st, spread in zip(doc["stages"], doc["measured"]["stages"]):
         assert st["t_fc"] > 0 and st["t_r"] > 0 and 0 < st["m_fc"] < st["m_f"]
         assert spread["t_fc"]["median"] > 0 and spread["t_r"]["median"] > 0
+        # the built-in GPT declares its MLPs for selective recomputation
+        assert st["t_fs"] > 0 and st["t_rs"] > 0 and st["m_fc"] < st["m_fs"] < st["m_f"]
+        assert spread["t_fs"]["median"] > 0 and spread["t_rs"]["median"] > 0
     prof = zb.Profile.model_validate(doc)
     assert CostModel.from_profile(prof, [0, 1]).can_recompute
     # an older file, without the fields: loads, and offers no recomputation
-    old = {**doc, "stages": [{k: v for k, v in st.items() if k not in ("t_fc", "t_r", "m_fc")} for st in doc["stages"]]}
+    fields = ("t_fc", "t_r", "m_fc", "t_fs", "t_rs", "m_fs")
+    old = {**doc, "stages": [{k: v for k, v in st.items() if k not in fields} for st in doc["stages"]]}
     assert not CostModel.from_profile(zb.Profile.model_validate(old), [0, 1]).can_recompute
 
     # at 0.6p a rank holds less than two microbatches: only recomputation keeps more in flight
@@ -88,5 +93,12 @@ def test_profile_recompute_drives_solve_recompute_auto(tmp_path):
              cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     sched = zb.Schedule.model_validate_json((tmp_path / "s.json").read_text())
-    assert any(a.op is zb.Op.R for row in sched.rank_actions for a in row)
+    assert any(a.op in (zb.Op.R, zb.Op.RS) for row in sched.rank_actions for a in row)
     assert zb.find_problem(sched) is None
+    # --recompute full: every forward, by full recomputation only
+    r = _cli("solve", "-p", "p.json", "-m", "4", "--mem-limit", "0.6p", "--recompute", "full", "-t", "2", "-o", "f.json",
+             cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    full = zb.Schedule.model_validate_json((tmp_path / "f.json").read_text())
+    ops = [a.op for row in full.rank_actions for a in row]
+    assert ops.count(zb.Op.R) == ops.count(zb.Op.F) and zb.Op.RS not in ops

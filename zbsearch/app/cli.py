@@ -68,8 +68,8 @@ OldChunksOpt = typer.Option(None, "-v", hidden=True)
 OldPlacementOpt = typer.Option(None, "--chunks", "-v", hidden=True)
 RecomputeOpt = typer.Option(
     "none", "--recompute",
-    help="none; auto: the solver checkpoints and recomputes microbatches where that pays under the limit; "
-         "full: every one (the profile's recomputation costs)",
+    help="none; auto: the solver checkpoints and recomputes microbatches where that pays under the limit, fully (R) "
+         "or selectively (RS) as the profile offers; full: every one, by full recomputation (R)",
 )
 
 
@@ -727,7 +727,8 @@ def profile(
     recompute: bool = typer.Option(
         False, "--recompute",
         help="also time each stage's forward checkpointed and its recompute pass, and what it keeps (for solve --recompute; "
-             "with --per-layer each unit's, for plan --recompute)"),
+             "with --per-layer each unit's, for plan --recompute); selectively too, where the model declares modules "
+             "with selective_recompute = True"),
     name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
     per_layer: bool = typer.Option(
         False, "--per-layer",

@@ -182,6 +182,8 @@ class StageSpread(BaseModel):
     t_ff: Quartiles | None = None
     t_fc: Quartiles | None = None
     t_r: Quartiles | None = None
+    t_fs: Quartiles | None = None
+    t_rs: Quartiles | None = None
     memory_residual: float | None = None
     output_bytes: int | None = None
     not_taken: WayNotTaken | None = None

@@ -5,7 +5,8 @@ paper's (matrix products in attention and MLP, LayerNorm, a token embedding on t
 and an LM head on the last), small enough to run four ranks on a laptop CPU. Stage 0 holds the
 embedding, the last stage the final LayerNorm and the head, and the transformer layers are
 shared out as evenly as possible (earlier stages take the remainder). Every stage boundary is
-one tensor of shape (microbatch, seq, hidden).
+one tensor of shape (microbatch, seq, hidden). Each layer's MLP is declared for selective
+recomputation.
 """
 
 from __future__ import annotations
@@ -84,6 +85,14 @@ class Attention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(b, s, h))
 
 
+class MLP(nn.Sequential):
+    """A layer's MLP, declared for selective recomputation (``zbsearch.runtime.selective``): it
+    saves its 4x-wide hidden activation twice, about half of what a layer keeps, and is cheap to
+    run again."""
+
+    selective_recompute = True
+
+
 class Block(nn.Module):
     """Pre-LayerNorm transformer layer: attention, then a 4x MLP, each with a residual."""
 
@@ -92,7 +101,7 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(hidden)
         self.attn = Attention(hidden, heads)
         self.ln2 = nn.LayerNorm(hidden)
-        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+        self.mlp = MLP(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, seq, hidden) -> the same shape."""

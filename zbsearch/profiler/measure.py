@@ -11,7 +11,9 @@ no deferral for a split and costs a little less than the split one.
 
 With ``recompute``, each repetition also runs F checkpointed (``runtime.recompute``) and its
 recompute pass R, then B and W: their times (``t_fc``, ``t_r``) and what the checkpointed F keeps
-(``m_fc``: the stage's inputs and the generators' state, as the runtime keeps them).
+(``m_fc``: the stage's inputs and the generators' state, as the runtime keeps them). Where the
+stage declares modules for selective recomputation (``runtime.selective``), also F checkpointed
+selectively and its RS pass, then B and W: ``t_fs``, ``t_rs`` and what that F keeps (``m_fs``).
 
 Clocks: on CPU ``perf_counter`` around each pass; on CUDA events on the current stream, read
 after one synchronisation per repetition, so the passes are not separated by host stalls.
@@ -37,6 +39,7 @@ from ..distributed.clock import DeviceClock
 from ..formats.profile import MIN_TIME_MS, StageCost
 from ..runtime.memory import ActivationMeter
 from ..runtime.recompute import checkpointed_forward, recompute
+from ..runtime.selective import Selection, recompute_selected, selected_modules
 from ..runtime.split import backward_full, backward_in_w, backward_input, backward_weight, forward_pass
 from .settings import cpu_cores
 
@@ -85,11 +88,16 @@ class StageMeasurement:
     fc: Stats | None = None  # the checkpointed forward (measured with ``recompute``)
     r: Stats | None = None  # the recompute pass
     m_fc: float | None = None  # bytes the checkpointed forward keeps
+    fs: Stats | None = None  # the selectively checkpointed forward (``recompute``, a stage that selects)
+    rs: Stats | None = None  # its selective recompute pass
+    m_fs: float | None = None  # bytes the selectively checkpointed forward keeps
 
     def cost(self) -> StageCost:
         """The stage's costs as the profile holds them: each pass at its mean, m_w balancing m_f + m_b."""
         rc = {} if self.fc is None or self.r is None or self.m_fc is None else {
             "t_fc": _cost(self.fc), "t_r": _cost(self.r), "m_fc": min(self.m_fc, self.m_f)}
+        if self.fs is not None and self.rs is not None and self.m_fs is not None:
+            rc.update({"t_fs": _cost(self.fs), "t_rs": _cost(self.rs), "m_fs": min(self.m_fs, self.m_f)})
         return StageCost(
             t_f=_cost(self.f), t_b=_cost(self.b), t_w=_cost(self.w), t_bw=_cost(self.bw),
             t_ff=_cost(self.ff), m_f=self.m_f, m_b=self.m_b, m_w=-(self.m_f + self.m_b),
@@ -104,6 +112,8 @@ class StageMeasurement:
         }
         if self.fc is not None and self.r is not None:
             out.update({"t_fc": self.fc.record(), "t_r": self.r.record()})
+        if self.fs is not None and self.rs is not None:
+            out.update({"t_fs": self.fs.record(), "t_rs": self.rs.record()})
         if self.not_taken is not None:
             way = "plain" if self.deferred_first else "deferred"
             out["not_taken"] = {"w": way, **{k: st.record() for k, st in zip(("t_f", "t_b", "t_w"), self.not_taken)}}
@@ -191,8 +201,13 @@ def measure_stage(
         assert grads is not None
         fc, r, m_fc = _measure_recompute(module, inputs, post, device, clock, meter, live, grads, deferred, warmup,
                                          repeat)
+    fs = rs = m_fs = None
+    if recompute_too and selected_modules(module):
+        assert grads is not None
+        fs, rs, m_fs = _measure_selective(module, inputs, post, device, clock, meter, live, grads, deferred, warmup,
+                                          repeat)
     return StageMeasurement(f, b, w, bw, ff, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes,
-                            deferred, stats[not deferred] if len(ways) == 2 else None, fc, r, m_fc)
+                            deferred, stats[not deferred] if len(ways) == 2 else None, fc, r, m_fc, fs, rs, m_fs)
 
 
 def _measure_recompute(module, inputs, post, device, clock, meter, live, grads, deferred: bool, warmup: int,
@@ -220,6 +235,32 @@ def _measure_recompute(module, inputs, post, device, clock, meter, live, grads, 
     return fc, r, max(statistics.median(kept), 0.0)
 
 
+def _measure_selective(module, inputs, post, device, clock, meter, live, grads, deferred: bool, warmup: int,
+                       repeat: int) -> tuple[Stats, Stats, float]:
+    """Times of the selectively checkpointed F and its RS pass, and what that F keeps (bytes,
+    median), over ``warmup`` untimed and ``repeat`` timed repetitions (each then B and W)."""
+    times: list[tuple[float, float]] = []
+    kept: list[float] = []
+    chosen = selected_modules(module)
+    for rep in range(warmup + repeat):
+        select = Selection(module, chosen, meter, device)
+        a0, e0 = live(), clock.mark()
+        fp = forward_pass(module, inputs, post=post, meter=meter, deferred_first=deferred, select=select)
+        e1, a1 = clock.mark(), live()
+        recompute_selected(select, fp.saved)
+        e2 = clock.mark()
+        input_grads, weight_pass = backward_input(fp, grads)
+        del input_grads
+        backward_weight(weight_pass)
+        del fp, weight_pass
+        clock.sync()
+        if rep >= warmup:
+            times.append((clock.ms(e0, e1), clock.ms(e1, e2)))
+            kept.append(a1 - a0)
+    fs, rs = (Stats.of(list(col)) for col in zip(*times))
+    return fs, rs, max(statistics.median(kept), 0.0)
+
+
 def disturbances(
     results: list[StageMeasurement], device: torch.device, threads: int, ranks: int,
     links: Sequence[Stats | None] = (),
@@ -245,7 +286,8 @@ def disturbances(
                 f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): times include waiting for a core"
             )
     for s, r in enumerate(results):
-        passes = [("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw), ("FF", r.ff), ("FC", r.fc), ("R", r.r)]
+        passes = [("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw), ("FF", r.ff), ("FC", r.fc), ("R", r.r), ("FS", r.fs),
+                  ("RS", r.rs)]
         for name, st in ((n, x) for n, x in passes if x is not None):
             spread = (st.q3 - st.q1) / 2 / st.median
             if spread > SPREAD_LIMIT:

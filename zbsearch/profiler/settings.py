@@ -41,7 +41,8 @@ class Settings:
     # default: otherwise passes are timed with page faults the runtime does not pay.
     keep_heap: bool = True
     # Also time each stage's forward checkpointed and its recompute pass, and measure what the
-    # checkpointed forward keeps (t_fc, t_r, m_fc): what solve --recompute needs.
+    # checkpointed forward keeps (t_fc, t_r, m_fc), and the same for selective recomputation
+    # where the stage declares modules for it (t_fs, t_rs, m_fs): what solve --recompute needs.
     recompute: bool = False
     timeout: float = PEER_TIMEOUT_S
 

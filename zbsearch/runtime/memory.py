@@ -16,6 +16,11 @@ buffers are kept with their version too).
 The meter counts live activation bytes per rank (each storage once, however many nodes save
 it), which the runtime records after every action.
 
+Selective recomputation (``selective``) uses two more states of the same hooks: while a selected
+module's forward runs, an activation it saves is not kept but left as an empty holder
+(``diverted``), and its recompute pass fills those holders in the same order (``refilled``);
+from then on they are ordinary saved activations.
+
 A pass whose backward is one ordinary autograd call (a fused BW, a first stage's) needs the
 hooks only to count; once its module and input signature have shown what they save, it runs
 without them and is charged the same bytes (``footprint``).
@@ -24,6 +29,7 @@ without them and is charged the same bytes (``footprint``).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Collection, Iterator, Sequence
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -80,12 +86,25 @@ class ActivationMeter:
 
 
 class _Holder:
-    __slots__ = ("tensor", "ptr", "version")
+    __slots__ = ("tensor", "ptr", "version", "waits")
 
     def __init__(self, tensor: torch.Tensor, ptr: int) -> None:
         self.tensor: torch.Tensor | None = tensor
         self.ptr = ptr
         self.version = tensor._version
+        self.waits: tuple | None = None  # an empty holder: the (shape, dtype, device) it waits for
+
+    @classmethod
+    def empty(cls, t: torch.Tensor) -> _Holder:
+        """A holder that will keep nothing until it is filled (selective recomputation); it
+        references ``t``, uncounted, until ``SavedActivations.settle``."""
+        h = cls.__new__(cls)
+        h.tensor, h.ptr, h.version, h.waits = t, 0, t._version, _meta(t)
+        return h
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return (t.shape, t.dtype, t.device)
 
 
 class _Kept:
@@ -126,6 +145,8 @@ class SavedActivations:
         self._consume = False
         self._saves: list | None = None
         self._charged: list[int] = []
+        self._diverted: list[_Holder] | None = None  # activations saved now: empty holders, listed here
+        self._refill: Iterator[_Holder] | None = None  # activations saved now fill these, in order
 
     def hooks(self, saves: list | None = None) -> torch.autograd.graph.saved_tensors_hooks:
         """``saves``: each activation saved is also listed there, in order, as (storage pointer,
@@ -149,6 +170,12 @@ class SavedActivations:
     def _pack(self, t: torch.Tensor):
         if id(t) in self._skip or (t._base is not None and id(t._base) in self._skip):
             return _Kept(t)  # a parameter or buffer, or a view of one
+        if self._refill is not None:
+            return self._fill(t)
+        if self._diverted is not None:
+            h = _Holder.empty(t)
+            self._diverted.append(h)
+            return h
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         h = _Holder(t, ptr)
@@ -157,6 +184,56 @@ class SavedActivations:
             self._meter.add(ptr, storage.nbytes())
         if self._saves is not None:
             self._saves.append((ptr, storage.nbytes(), StorageWeakRef(storage)))
+        return h
+
+    def diverted(self, into: list) -> contextlib.AbstractContextManager:
+        """While active, an activation saved is not kept: an empty holder stands for it, listed
+        in ``into`` (``refilled`` fills them)."""
+        return _Divert(self, into)
+
+    def refilled(self, holders: Sequence) -> contextlib.AbstractContextManager:
+        """While active, each activation saved fills the next of ``holders`` (empty holders
+        ``diverted`` listed), which then counts as saved; on leaving, every one must be full
+        (PipelineError otherwise)."""
+        return _Refill(self, holders)
+
+    def settle(self, holders: Sequence, keep: Collection[int]) -> None:
+        """At the end of a selected module's call, its empty ``holders``: those whose tensor lives
+        in a storage of ``keep`` (the call's inputs and outputs, alive anyway: recomputing them
+        would only make a copy) keep it as a saved activation, counted; the others let it go."""
+        for h in holders:
+            t = h.tensor
+            if t is None or h.waits is None:
+                continue
+            if t.untyped_storage().data_ptr() in keep:
+                self._put(h, t)
+            else:
+                h.tensor = None
+
+    def _put(self, h: _Holder, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        h.tensor, h.ptr, h.version, h.waits = t, storage.data_ptr(), t._version, None
+        self._holders.append(h)
+        if self._meter is not None:
+            self._meter.add(h.ptr, storage.nbytes())
+
+    def _fill(self, t: torch.Tensor) -> _Holder:
+        assert self._refill is not None
+        h = next(self._refill, None)
+        if h is None:
+            raise PipelineError(
+                "selective recomputation saved more tensors than the checkpointed forward did: the selected modules "
+                "must run the same way on the same inputs"
+            )
+        had = h.waits if h.waits is not None else None if h.tensor is None else _meta(h.tensor)
+        if had != _meta(t):
+            got = "nothing" if had is None else f"a {tuple(had[0])} {had[1]} tensor"
+            raise PipelineError(
+                f"selective recomputation saved a {tuple(t.shape)} {t.dtype} tensor where the checkpointed forward saved "
+                f"{got}: the selected modules must run the same way on the same inputs"
+            )
+        if h.waits is not None:  # else the forward kept it (``settle``)
+            self._put(h, t)
         return h
 
     def hold(self, t: torch.Tensor):
@@ -178,6 +255,11 @@ class SavedActivations:
                 self._recording.add(id(h))
                 return h.tensor
             t = h.tensor
+            if t is None and h.waits is not None:
+                raise PipelineError(
+                    "a selectively checkpointed forward's graph was asked for a tensor its selected modules did not keep: "
+                    "run its recompute pass (RS) first"
+                )
             if t is None:
                 raise PipelineError(
                     "a saved activation was freed before the backward pass that needs it (run B before W, each once)"
@@ -227,6 +309,35 @@ class SavedActivations:
             h.tensor = None
             if self._meter is not None:
                 self._meter.remove(h.ptr)
+
+
+class _Divert:
+    def __init__(self, saved: SavedActivations, into: list) -> None:
+        self._saved, self._into = saved, into
+
+    def __enter__(self) -> None:
+        self._outer = self._saved._diverted
+        self._saved._diverted = self._into
+
+    def __exit__(self, *exc) -> None:
+        self._saved._diverted = self._outer
+
+
+class _Refill:
+    def __init__(self, saved: SavedActivations, holders: Sequence) -> None:
+        self._saved, self._holders = saved, holders
+
+    def __enter__(self) -> None:
+        self._saved._refill = iter(self._holders)
+
+    def __exit__(self, exc_type, *exc) -> None:
+        rest = self._saved._refill
+        self._saved._refill = None
+        if exc_type is None and rest is not None and next(rest, None) is not None:
+            raise PipelineError(
+                "selective recomputation saved fewer tensors than the checkpointed forward did: the selected modules "
+                "must run the same way on the same inputs"
+            )
 
 
 class _Consuming:

@@ -6,7 +6,8 @@ placement), runs the stage and passes its outputs on; the last stage applies the
 BW receive the gradient of the stage outputs and pass back the gradient of the stage inputs;
 W finishes the weight gradients (``split``). Transfers follow ``p2p``'s plan. Where the schedule
 recomputes a microbatch (an R pass), its F runs checkpointed and R rebuilds its activations
-before its backward (``recompute``).
+before its backward (``recompute``); where it recomputes selectively (RS), its F leaves out what
+the stage's selected modules save and RS rebuilds that (``selective``).
 
 Loss scaling: the last stage computes ``loss_fn(output, target)`` per microbatch and backward
 starts from ``1/m`` of it, so after ``step`` every ``param.grad`` holds the gradient of the
@@ -60,6 +61,7 @@ from .identity import check_batch, check_stage
 from .memory import ActivationMeter, own_storage
 from .p2p import ACT, GRAD, P2P, comm_plan
 from .recompute import Checkpoint, checkpointed_forward, recompute
+from .selective import Selection, recompute_selected, selected_modules
 from .split import ForwardPass, WeightPass, backward_full, backward_input, backward_weight, forward_pass
 from .tied import TiedParameters
 from .trace import StepTimer, clock_offset, gather_trace
@@ -150,12 +152,16 @@ class PipelineRuntime:
         self.meter = ActivationMeter()
         self._actions = schedule.rank_actions[self.rank]
         self._fused = {(a.stage, a.mb) for a in self._actions if a.op is Op.BW}
-        if any(a.op is Op.RS for a in self._actions):
-            raise PipelineError(
-                f"rank {self.rank}: the schedule recomputes selectively (RS passes), which the runtime does not run; "
-                "solve with a profile without selective recomputation costs (t_rs, m_fs), or with --recompute full"
-            )
         self._recomputed = {(a.stage, a.mb) for a in self._actions if a.op is Op.R}
+        self._selective = {(a.stage, a.mb) for a in self._actions if a.op is Op.RS}
+        # per stage recomputed selectively, the modules it declares (``selective``)
+        self._selected = {s: selected_modules(self.stages[s]) for s in sorted({s for s, _ in self._selective})}
+        for s, chosen in self._selected.items():
+            if not chosen:
+                raise PipelineError(
+                    f"rank {self.rank}: the schedule recomputes stage {s} selectively (RS), but stage {s} declares no "
+                    f"module to recompute (set selective_recompute = True on the modules to recompute)"
+                )
         # how the first stage's W runs, as the profile measured it (the faster way)
         self._deferred_first = schedule.profile.stages[0].deferred_first
         self._owner = schedule.stage_to_rank
@@ -252,6 +258,7 @@ class PipelineRuntime:
         passes: dict[tuple[int, int], ForwardPass] = {}  # F done, B to come
         weights: dict[tuple[int, int], WeightPass] = {}  # B done, W to come
         ckpts: dict[tuple[int, int], Checkpoint] = {}  # F done checkpointed, R to come
+        selections: dict[tuple[int, int], Selection] = {}  # F done selectively checkpointed, RS to come
         local: dict[tuple[str, int, int], list] = {}
         for pos, a in enumerate(self._actions):
             self._comm.action = self.schedule.actions[self.rank][pos]
@@ -259,13 +266,17 @@ class PipelineRuntime:
             for key in self._ahead[pos]:
                 self._comm.prepost(*key)
             if a.op is Op.F:
-                self._forward(a, passes, ckpts, local, mb_inputs, mb_targets, losses)
+                self._forward(a, passes, ckpts, selections, local, mb_inputs, mb_targets, losses)
             elif a.op is Op.R:
                 self._timer.begin()
                 post = functools.partial(self._loss, mb_targets[a.mb]) if a.stage == self.last else None
                 passes[(a.stage, a.mb)] = self._run_stage(
                     a, recompute, ckpts.pop((a.stage, a.mb)), self.stages[a.stage], split=(a.stage, a.mb) not in self._fused,
                     post=post, meter=self.meter, deferred_first=a.stage == 0 and self._deferred_first)
+                self._timer.end(a, self.meter.bytes)
+            elif a.op is Op.RS:
+                self._timer.begin()
+                self._run_stage(a, recompute_selected, selections.pop((a.stage, a.mb)), passes[(a.stage, a.mb)].saved)
                 self._timer.end(a, self.meter.bytes)
             elif a.op is Op.W:
                 self._timer.begin()
@@ -302,7 +313,7 @@ class PipelineRuntime:
         return self.meter.peak
 
     # -- actions -------------------------------------------------------------------------------
-    def _forward(self, a: Action, passes, ckpts, local, mb_inputs, mb_targets, losses) -> None:
+    def _forward(self, a: Action, passes, ckpts, selections, local, mb_inputs, mb_targets, losses) -> None:
         s, j = a.stage, a.mb
         if s == 0:
             args = mb_inputs[j] if isinstance(mb_inputs[j], tuple) else (mb_inputs[j],)
@@ -317,8 +328,11 @@ class PipelineRuntime:
             outputs, ckpts[(s, j)] = self._run_stage(a, checkpointed_forward, self.stages[s], args, post=post,
                                                      meter=self.meter, device=self.device)
         else:
+            select = None
+            if (s, j) in self._selective:  # the selected modules' activations: RS rebuilds them before the backward
+                select = selections[(s, j)] = Selection(self.stages[s], self._selected[s], self.meter, self.device)
             fp = self._run_stage(a, forward_pass, self.stages[s], args, split=(s, j) not in self._fused, post=post,
-                                 meter=self.meter, deferred_first=s == 0 and self._deferred_first)
+                                 meter=self.meter, deferred_first=s == 0 and self._deferred_first, select=select)
             passes[(s, j)] = fp
             outputs = fp.outputs
         self._timer.end(a, self.meter.bytes)

@@ -41,6 +41,7 @@ true, so that an emulated stage can cost it as the profile's t_ff.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import weakref
@@ -55,6 +56,7 @@ from .. import engine
 from ..errors import PipelineError
 from ..footprint import forward_counted, see_signature
 from ..memory import ActivationMeter, SavedActivations
+from ..selective import Selection
 from .accumulation import Uses
 from .deferred import DeferOnly, Deferral, fast_input
 from .graph_cut import (
@@ -146,6 +148,7 @@ def forward_pass(
     post: Callable | None = None,
     meter: ActivationMeter | None = None,
     deferred_first: bool = False,
+    select: Selection | None = None,
 ) -> ForwardPass:
     """F: run ``module(*inputs)`` (then ``post`` on its output, e.g. a loss) for a later backward.
 
@@ -155,11 +158,12 @@ def forward_pass(
     one plain backward or, with ``deferred_first``, as the split's B and W back to back.
     Outputs are returned as a tuple of tensors (``ForwardPass.outputs``). ``meter`` counts the
     activations saved. A split pass that changes one of the stage's parameters in place is
-    refused (PipelineError naming it).
+    refused (PipelineError naming it). ``select``: checkpointed for selective recomputation,
+    the selected modules' activations left to its RS pass (``selective``).
     """
     every = list(module.parameters())
     versions = [p._version for p in every] if split else None
-    fp = _forward(module, inputs, [p for p in every if p.requires_grad], split, post, meter, deferred_first)
+    fp = _forward(module, inputs, [p for p in every if p.requires_grad], split, post, meter, deferred_first, select)
     if versions is not None:
         changed = [p for p, v in zip(every, versions) if p._version != v]
         if changed:
@@ -175,9 +179,10 @@ def forward_pass(
 
 def _forward(
     module: nn.Module, inputs: Sequence, params: list[nn.Parameter], split: bool, post: Callable | None,
-    meter: ActivationMeter | None, deferred_first: bool,
+    meter: ActivationMeter | None, deferred_first: bool, select: Selection | None = None,
 ) -> ForwardPass:
     saved = SavedActivations(meter, module)
+    recording = contextlib.nullcontext() if select is None else select.recording(saved)
     in_w = split and backward_in_w(module, inputs)
     sig = _signature(inputs, post)
     see_signature(module, (sig, torch.is_grad_enabled(), torch.is_autocast_enabled(), module.training))
@@ -195,7 +200,11 @@ def _forward(
             finally:
                 _FUSED_FORWARD.reset(token)
 
-        if meter is None:  # nothing to count: no hooks
+        if select is not None:  # the hooks must see every save: they divert the selected modules'
+            with saved.hooks(), recording:
+                outs = run()
+            select.mode = contextlib.nullcontext
+        elif meter is None:  # nothing to count: no hooks
             outs = run()
         elif meter.replay:
             extra = tensors_in((post.args, post.keywords)) if isinstance(post, functools.partial) else []
@@ -208,7 +217,10 @@ def _forward(
     if verdict is not None and (verdict.kind == _FAST or in_w):
         # the fast path's lean forward: where checked, or where B's part runs in W anyway
         lean = Deferral(mine, saved, verdict.no_defer)
-        with saved.hooks(), DeferOnly(lean):
+        if select is not None:  # RS runs the selected modules again as they ran here
+            no_defer = verdict.no_defer
+            select.mode = lambda: DeferOnly(Deferral(mine, saved, no_defer))
+        with saved.hooks(), DeferOnly(lean), recording:
             out = module(*inputs)
             if post is not None:
                 out = post(out)
@@ -219,7 +231,11 @@ def _forward(
     data = DataFlow(inputs) if _first(inputs) and not in_w else None
     deferral = None if verdict is None else Deferral(mine, saved, verdict.no_defer)
     mode = ViewPerUse(mine, views, keys, data, deferral, saved.pack_hook, record=verdict is None)
-    with saved.hooks(), mode:
+    if select is not None:  # RS runs the selected modules again as they ran here (views, deferral)
+        again = None if verdict is None else verdict.no_defer
+        select.mode = lambda: ViewPerUse(mine, {}, {}, None, None if again is None else Deferral(mine, saved, again),
+                                         saved.pack_hook, record=False)
+    with saved.hooks(), mode, recording:
         out = module(*inputs)
         if post is not None:
             out = post(out)
