@@ -4,7 +4,9 @@ Candidates: a given start (the best schedule at a smaller limit, for a monotone 
 list-scheduling grid (``heuristic``) with the wait knobs of its best few policies refined, the
 handcrafted orders that apply to the placement (ZB-H1/H2, 1F1B split; ZB-V, and the V
 building blocks V-Half and V-Min, which reach below 1F1B's memory; with recomputation, 1F1B and
-ZB-H1 recomputing every microbatch) and the sequential schedule, which fits every feasible limit.
+ZB-H1 recomputing every microbatch, and with recomputation "auto" those of them that need more
+memory than the limit checkpointed into it, ``checkpointing``) and the sequential schedule,
+which fits every feasible limit.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from ..classic import KINDS
 from ..errors import ZbError
 from ..layout import placement
 from ..simulator import Timeline
+from .checkpointing import checkpointed
 from .heuristic import Policy, candidate_policies, list_schedule, refine_waits, sequential_schedule
 from .problem import Problem
 
-__all__ = ["construct", "classic_candidates"]
+__all__ = ["construct", "classic_candidates", "checkpointed_candidates"]
 
 # The best few list-scheduling policies of distinct structure whose wait knobs are refined.
 _REFINED = 3
@@ -49,6 +52,25 @@ def classic_candidates(problem: Problem) -> tuple[str, ...]:
     if problem.recompute == "full":
         return recomputing
     return _CLASSIC_CANDIDATES[chunks] + recomputing
+
+
+def checkpointed_candidates(problem: Problem) -> tuple[str, ...]:
+    """The handcrafted orders that, where they need more memory than the limit, are
+    checkpointed into it (``checkpointing``) as further candidates: with recomputation "auto"
+    on the placements the classic candidates apply to."""
+    if problem.recompute != "auto" or not problem.cost.can_recompute:
+        return ()
+    return tuple(k for k in classic_candidates(problem) if k not in _RECOMPUTING[1])
+
+
+def _checkpointed(problem: Problem, kind: str, deadline: float) -> list[list[Action]]:
+    rows = KINDS[kind].build_by(problem.cost, problem.num_microbatches, deadline)
+    if problem.fits_order(rows):
+        raise ZbError("fits without recomputation: a classic candidate already")
+    out = checkpointed(problem, rows)
+    if out is None:
+        raise ZbError("cannot be checkpointed into the limit")
+    return out
 
 
 def _same(rows: list[list[Action]]) -> list[list[Action]]:
@@ -115,6 +137,10 @@ def construct(
     if given is not None:
         cands.append(("given", "given", lambda: given))
     cost, m = problem.cost, problem.num_microbatches
+    # the checkpointed classic orders first: cheap to build, and where the limit binds hard,
+    # often better than the list schedules
+    for kind in checkpointed_candidates(problem):
+        cands.append(("checkpointed", f"{kind}, checkpointed", functools.partial(_checkpointed, problem, kind, deadline)))
     cands += [("refined", name, functools.partial(_same, rows)) for _, name, rows in refined[:keep]]
     cands += [("grid", name, functools.partial(_same, rows)) for _, name, rows, _ in found[:keep]]
     for kind in classic_candidates(problem):
