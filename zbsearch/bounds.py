@@ -393,7 +393,8 @@ def rank_chain_span_lower_bounds(
 _LP_MARGIN = 1e-6
 
 
-def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float]) -> list[float]:
+def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float], whole: bool = True,
+                                deadline: float | None = None) -> list[float]:
     """Per rank, a lower bound on its span for schedules within ``limit``, over every choice of
     which microbatches to recompute (plain only where the costs offer no recomputation).
 
@@ -418,8 +419,10 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
       less the cheapest forward time per microbatch started in the window, plus t_r for each
       one checkpointed there whose recompute pass runs later.
 
-    The least span these allow over every choice of counts (whole microbatches: an integer
-    program, small, per rank; HiGHS) bounds the span.
+    The least span these allow over every choice of counts bounds the span: whole
+    microbatches (an integer program, small, per rank; HiGHS), or with ``whole`` False, or
+    for the ranks left once ``deadline`` has passed, fractional ones too (its LP relaxation,
+    lower and faster).
 
     In flight: a microbatch is in flight on a stage from the start of its F to that of its B.
     When a B starts, its microbatch holds m_f there and every other microbatch in flight on the
@@ -465,7 +468,8 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
                 cols += [_Column(s, extra, area, math.inf, 0.0, False),
                          _Column(s, extra, area, o.keep, o.t_r - least_f, False),
                          _Column(s, extra, area, cost.m_f[s], -least_f, True)]
-        bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed)
+        whole = whole and not (deadline is not None and time.monotonic() > deadline)
+        bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole)
         least_keep = min(min([cost.m_f[s], *(cost.offer(s, op).keep for op in cost.recompute_ops(s))])  # type: ignore[union-attr]
                          for s in stages)
         if least_keep > 0:
@@ -491,8 +495,10 @@ class _Column:
     whole: bool
 
 
-def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag: float, allowed: float) -> float:
-    """The least T of ``rank_area_span_lower_bounds``'s integer program."""
+def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag: float, allowed: float,
+             whole: bool) -> float:
+    """The least T of ``rank_area_span_lower_bounds``'s integer program (``whole``) or of its
+    LP relaxation."""
     import highspy
 
     inf = math.inf
@@ -507,8 +513,8 @@ def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag
     window = [k for k in counts if cols[k].memory < inf]
     h.addRow(-inf, allowed, len(window), window, [cols[k].memory for k in window])  # the window fits memory
     # the first B's microbatch is whole when that B starts
-    whole = [k for k in window if cols[k].whole]
-    h.addRow(1.0, inf, len(whole), whole, [1.0] * len(whole))
+    rebuilt = [k for k in window if cols[k].whole]
+    h.addRow(1.0, inf, len(rebuilt), rebuilt, [1.0] * len(rebuilt))
     # T - sum extra >= busy
     h.addRow(busy, inf, n + 1, counts + [t], [-cols[k].extra for k in counts] + [1.0])
     # T - sum (extra outside the window, window term inside) >= busy + lag
@@ -516,12 +522,14 @@ def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag
     h.addRow(busy + lag, inf, n + 1, counts + [t], start + [1.0])
     # M T - sum area >= 0
     h.addRow(0.0, inf, n + 1, counts + [t], [-cols[k].area for k in counts] + [allowed])
-    # microbatches come whole: the counts are integers
-    h.changeColsIntegrality(n, counts, [highspy.HighsVarType.kInteger] * n)
+    if whole:  # microbatches come whole: the counts are integers
+        h.changeColsIntegrality(n, counts, [highspy.HighsVarType.kInteger] * n)
     h.run()
     if h.getModelStatus() != h.getModelStatus().kOptimal:
         return busy  # cannot happen (every all-plain choice is feasible for a large enough T); be safe
-    return h.getInfo().mip_dual_bound * (1 - _LP_MARGIN)  # proven, whatever gap the search stopped at
+    info = h.getInfo()
+    # an integer program's proven dual bound, whatever gap its search stopped at
+    return (info.mip_dual_bound if whole else info.objective_function_value) * (1 - _LP_MARGIN)
 
 
 def _late(step: int, deadline: float | None) -> bool:
@@ -534,15 +542,17 @@ def memory_span_lower_bound(
 ) -> float:
     """Lower bound on max over ranks of the span, for schedules within ``limit`` (None: no limit).
     ``quick``: without the chain bound (the slow one: seconds at p=32, m=256), which is also
-    left out if it is still running at ``deadline``."""
+    left out if it is still running at ``deadline``, and with the area bound's LP relaxation
+    (also on the ranks still left at ``deadline``) instead of its integer program."""
     return max(_rank_bounds(cost, num_microbatches, limit, quick, deadline))
 
 
 def _rank_bounds(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> list[float]:
-    """Per rank, the best of the bounds in this module (``quick``: all but the chain bound); where
-    the costs offer recomputation, the memory-aware ones replaced by the area bound."""
+    """Per rank, the best of the bounds in this module (``quick``: all but the chain bound, the
+    area bound relaxed); where the costs offer recomputation, the memory-aware ones replaced by
+    the area bound."""
     out = rank_span_lower_bounds(cost, num_microbatches)
     memory = None if cost.can_recompute else limit  # their memory reasoning assumes no recomputation
     chain = None if quick else rank_chain_span_lower_bounds(cost, num_microbatches, memory, deadline)
@@ -551,7 +561,8 @@ def _rank_bounds(
     if memory is not None:
         out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, memory))]
     if limit is not None:
-        out = [max(a, b) for a, b in zip(out, rank_area_span_lower_bounds(cost, num_microbatches, limit))]
+        area = rank_area_span_lower_bounds(cost, num_microbatches, limit, whole=not quick, deadline=deadline)
+        out = [max(a, b) for a, b in zip(out, area)]
     return out
 
 

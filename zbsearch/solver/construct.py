@@ -33,6 +33,10 @@ _REFINED = 3
 # in a local optimum that single moves do not leave while a slightly worse one leads further.
 _STARTS = 3
 
+# The checkpointed classic orders after the first start only within this share of the time to
+# the construction's deadline (each costs a build and a simulation).
+_CHECKPOINTED = 0.25
+
 # Handcrafted orders tried as further candidates, by placement; the least bubble first (when time
 # is short only the first within the memory limit is timed: ZB-H2 needs about 2p, ZB-H1 1p, ZB-V
 # 1p, V-Half about p/2 + 1 microbatches, V-Min about p/3 + 1); with recomputation allowed, the
@@ -60,7 +64,9 @@ def checkpointed_candidates(problem: Problem) -> tuple[str, ...]:
     on the placements the classic candidates apply to."""
     if problem.recompute != "auto" or not problem.cost.can_recompute:
         return ()
-    return tuple(k for k in classic_candidates(problem) if k not in _RECOMPUTING[1])
+    kinds = [k for k in classic_candidates(problem) if k not in _RECOMPUTING[1]]
+    # the one needing the least memory first (the first to be timed when time is short)
+    return tuple(sorted(kinds, key=lambda k: k != "zb-h1"))
 
 
 def _checkpointed(problem: Problem, kind: str, deadline: float) -> list[list[Action]]:
@@ -82,22 +88,44 @@ def construct(
     report: Callable[[float], None] | None = None, target: float = float("-inf"),
     built: dict[str, tuple[list[list[Action]], Timeline | None]] | None = None, refine: float = 3.0,
 ) -> tuple[str, list[list[Action]], Timeline, float, list[list[list[Action]]]]:
-    """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
-    by their own timing, only the best few simulated; the best ``_REFINED`` structures with
-    their wait knobs refined, within the grid's deadline), the classic schedules and the
-    sequential one, as far as ``deadline`` allows: once it has passed, the first candidate
-    within the limit is kept (the sequential schedule, last, always is: it needs the least
-    memory of any schedule). Until one list schedule is found the grid runs to ``hard`` (the
-    solve's deadline less what its end needs), where a list schedule still running is cut: then
-    the first classic schedule within the limit (built in milliseconds), or else the sequential
-    one, is kept. ``grid``: when the grid stops once one list schedule is found (default
-    ``deadline``). ``report`` hears each better list schedule's value by its own timing (never
-    below its simulated value), as soon as it is built. The refinement stops once a list
-    schedule reaches ``target`` (a lower bound: nothing better exists). Also returns the runners-up (up to
+    """Best of the checkpointed classic orders (``checkpointed_candidates``, timed first: the
+    first always, the others within ``_CHECKPOINTED`` of the time to ``deadline``), the given
+    start, the list-scheduling grid (ordered most-promising first; ranked by their own timing,
+    only the best few simulated; the best ``_REFINED`` structures with their wait knobs
+    refined, within the grid's deadline), the classic schedules and the sequential one, as far
+    as ``deadline`` allows: once it has passed, the first of these within the limit is kept
+    (the sequential schedule, last, always is: it needs the least memory of any schedule).
+    Until one list schedule is found the grid runs to ``hard`` (the solve's deadline less what
+    its end needs), where a list schedule still running is cut: then the first classic schedule
+    within the limit (built in milliseconds), or else the sequential one, is kept. ``grid``:
+    when the grid stops once one list schedule is found (default ``deadline``). ``report``
+    hears each better list schedule's value by its own timing (never below its simulated
+    value), as soon as it is built. The refinement stops once a list schedule reaches
+    ``target`` (a lower bound: nothing better exists). Also returns the runners-up (up to
     ``_STARTS - 1``: the best simulated candidate within the limit of each other origin, best
     first): further starts for the local search. ``built`` receives the classic schedules it
     built, by kind, with their timelines where it simulated them (None: over the limit).
     ``refine``: the refinement takes at most this many times as long as the grid took."""
+    # The checkpointed classic orders first, while time is fresh: cheap to build, and where the
+    # limit binds hard often better than any list schedule (timed whatever the grid leaves).
+    timed: list[tuple[float, str, list[list[Action]], Timeline, str]] = []
+    sim_s = 0.0
+    began = time.monotonic()
+    until = began + _CHECKPOINTED * (deadline - began)
+    for kind in checkpointed_candidates(problem):
+        if timed and time.monotonic() > until or time.monotonic() > hard:
+            break
+        try:
+            rows = _checkpointed(problem, kind, hard)
+        except ZbError:
+            continue
+        tick = time.monotonic()
+        value, tl = problem.evaluate(rows)
+        sim_s = max(sim_s, time.monotonic() - tick)
+        if problem.fits(tl):
+            if report is not None and all(value < v for v, *_ in timed):
+                report(value)
+            timed.append((value, f"{kind}, checkpointed", rows, tl, "checkpointed"))
     found: list[tuple[float, str, list[list[Action]], Policy]] = []
     began = time.monotonic()
     for policy in candidate_policies(problem):
@@ -137,19 +165,14 @@ def construct(
     if given is not None:
         cands.append(("given", "given", lambda: given))
     cost, m = problem.cost, problem.num_microbatches
-    # the checkpointed classic orders first: cheap to build, and where the limit binds hard,
-    # often better than the list schedules
-    for kind in checkpointed_candidates(problem):
-        cands.append(("checkpointed", f"{kind}, checkpointed", functools.partial(_checkpointed, problem, kind, deadline)))
     cands += [("refined", name, functools.partial(_same, rows)) for _, name, rows in refined[:keep]]
     cands += [("grid", name, functools.partial(_same, rows)) for _, name, rows, _ in found[:keep]]
     for kind in classic_candidates(problem):
         cands.append(("classic", kind, functools.partial(KINDS[kind].build_by, cost, m, deadline)))
     cands.append(("sequential", "sequential", lambda: sequential_schedule(problem)))
-    timed: list[tuple[float, str, list[list[Action]], Timeline, str]] = []
-    sim_s = 0.0
+    early = len(timed)
     for origin, name, build in cands:
-        if timed and time.monotonic() > deadline:
+        if len(timed) > early and time.monotonic() > deadline:
             break
         try:
             rows = build()
