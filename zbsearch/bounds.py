@@ -47,6 +47,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from dataclasses import dataclass
 
 from .actions import Op
 from .costs import CostModel
@@ -388,17 +389,18 @@ def rank_chain_span_lower_bounds(
 # The area bound: memory held over time, against the limit times the span.
 
 
-# The LP's answer is trusted to this share less (HiGHS solves to tolerances, not exactly).
+# The program's answer is trusted to this share less (HiGHS solves to tolerances, not exactly).
 _LP_MARGIN = 1e-6
 
 
-def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float]) -> list[float]:
+def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float], whole: bool = True,
+                                deadline: float | None = None) -> list[float]:
     """Per rank, a lower bound on its span for schedules within ``limit``, over every choice of
     which microbatches to recompute (plain only where the costs offer no recomputation).
 
     Each microbatch j of each stage s of the rank runs plain or checkpointed for a recompute
     pass o: this costs the rank x_o more time than its cheapest forward would (the recompute
-    pass and the checkpointed forward's extra), 0 for plain. Three facts hold in every schedule:
+    pass and the checkpointed forward's extra), 0 for plain. These facts hold in every schedule:
 
     * Busy time: the span is at least busy + the extras chosen (busy: ``CostModel.rank_busy``).
     * Area: memory is a step function of time that never exceeds the limit M, so over the span
@@ -409,15 +411,18 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
       it all at once).
     * Start: before the rank's first B (at least ``lag`` after its first pass starts) it runs
       forwards and recompute passes only, and nothing frees memory: what the forwards started
-      there keep, and the recompute passes started there rebuild, fits M. A pass started there
-      covers at most its own time of that window: the rank idles at least lag less that. A
-      forward's time and its recompute pass's counted there cancel against the same time in the
-      busy sum, so the span is at least busy + the extras of the other microbatches + lag, less
-      the cheapest forward time per microbatch started in the window, plus t_r for each one
-      checkpointed there whose recompute pass runs later.
+      there keep, and the recompute passes started there rebuild, fits M, and the first B's
+      own microbatch is whole when it starts (plain, or rebuilt in the window). A pass started
+      there covers at most its own time of that window: the rank idles at least lag less that.
+      A forward's time and its recompute pass's counted there cancel against the same time in
+      the busy sum, so the span is at least busy + the extras of the other microbatches + lag,
+      less the cheapest forward time per microbatch started in the window, plus t_r for each
+      one checkpointed there whose recompute pass runs later.
 
-    The least span these allow over every choice, fractional ones included (a relaxation), is a
-    small LP per rank (HiGHS).
+    The least span these allow over every choice of counts bounds the span: whole
+    microbatches (an integer program, small, per rank; HiGHS), or with ``whole`` False, or
+    for the ranks left once ``deadline`` has passed, fractional ones too (its LP relaxation,
+    lower and faster).
 
     In flight: a microbatch is in flight on a stage from the start of its F to that of its B.
     When a B starts, its microbatch holds m_f there and every other microbatch in flight on the
@@ -446,21 +451,25 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
         lag = min(first[(s, Op.B)] for s in stages)
         # columns: T, then per stage and way of holding a microbatch, its count outside the
         # window (n), in the window (w) and, checkpointed, in the window with its recompute
-        # pass there too (v); each with (extra time, area, window memory, window term)
-        cols: list[tuple[int, float, float, float, float]] = []  # (stage, extra, area, memory, window)
+        # pass there too (v); each a _Column
+        cols: list[_Column] = []
         for s in stages:
             lag_s = earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)]
             least_f = cost.forward(s)
             plain = min(cost.t_f[s], cost.t_ff[s]) - least_f
-            cols += [(s, plain, cost.m_f[s] * lag_s, math.inf, 0.0), (s, plain, cost.m_f[s] * lag_s, cost.m_f[s], -least_f)]
+            area = cost.m_f[s] * lag_s
+            cols += [_Column(s, plain, area, math.inf, 0.0, False),
+                     _Column(s, plain, area, cost.m_f[s], -least_f, True)]
             for op in cost.recompute_ops(s):
                 o = cost.offer(s, op)
                 assert o is not None
                 extra = o.t_r + o.t_f - least_f
                 area = o.keep * lag_s + (cost.m_f[s] - o.keep) * o.t_r
-                cols += [(s, extra, area, math.inf, 0.0), (s, extra, area, o.keep, o.t_r - least_f),
-                         (s, extra, area, cost.m_f[s], -least_f)]
-        bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed)
+                cols += [_Column(s, extra, area, math.inf, 0.0, False),
+                         _Column(s, extra, area, o.keep, o.t_r - least_f, False),
+                         _Column(s, extra, area, cost.m_f[s], -least_f, True)]
+        whole = whole and not (deadline is not None and time.monotonic() > deadline)
+        bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole)
         least_keep = min(min([cost.m_f[s], *(cost.offer(s, op).keep for op in cost.recompute_ops(s))])  # type: ignore[union-attr]
                          for s in stages)
         if least_keep > 0:
@@ -471,29 +480,56 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
     return out
 
 
-def _area_lp(h, cols, stages: list[int], m: int, busy: float, lag: float, allowed: float) -> float:
-    """The least T of ``rank_area_span_lower_bounds``'s LP (``cols``: per count variable its
-    stage, extra time, area, window memory (inf: outside the window) and window term)."""
+@dataclass(frozen=True)
+class _Column:
+    """A count of ``rank_area_span_lower_bounds``'s program: microbatches of ``stage`` held one
+    way (plain, or checkpointed for one recompute pass) with their extra time and area;
+    ``memory`` what each holds at the window's end (inf: not in the window), ``window`` its
+    term there (extra less its time in the window), ``whole`` whether it is whole then."""
+
+    stage: int
+    extra: float
+    area: float
+    memory: float
+    window: float
+    whole: bool
+
+
+def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag: float, allowed: float,
+             whole: bool) -> float:
+    """The least T of ``rank_area_span_lower_bounds``'s integer program (``whole``) or of its
+    LP relaxation."""
+    import highspy
+
     inf = math.inf
     n = len(cols)
+    t = n  # T, the last column
     h.addVars(n + 1, [0.0] * (n + 1), [inf] * (n + 1))
-    h.changeColsCost(1, [n], [1.0])  # minimise T (the last column)
+    h.changeColsCost(1, [t], [1.0])  # minimise T
     counts = list(range(n))
     for s in stages:  # every microbatch is held one way: m per stage
-        idx = [k for k in counts if cols[k][0] == s]
+        idx = [k for k in counts if cols[k].stage == s]
         h.addRow(m, m, len(idx), idx, [1.0] * len(idx))
-    window = [k for k in counts if cols[k][3] < inf]
-    h.addRow(-inf, allowed, len(window), window, [cols[k][3] for k in window])  # the window fits memory
+    window = [k for k in counts if cols[k].memory < inf]
+    h.addRow(-inf, allowed, len(window), window, [cols[k].memory for k in window])  # the window fits memory
+    # the first B's microbatch is whole when that B starts
+    rebuilt = [k for k in window if cols[k].whole]
+    h.addRow(1.0, inf, len(rebuilt), rebuilt, [1.0] * len(rebuilt))
     # T - sum extra >= busy
-    h.addRow(busy, inf, n + 1, counts + [n], [-cols[k][1] for k in counts] + [1.0])
+    h.addRow(busy, inf, n + 1, counts + [t], [-cols[k].extra for k in counts] + [1.0])
     # T - sum (extra outside the window, window term inside) >= busy + lag
-    h.addRow(busy + lag, inf, n + 1, counts + [n], [-(cols[k][1] if cols[k][3] == inf else cols[k][4]) for k in counts] + [1.0])
+    start = [-(cols[k].extra if cols[k].memory == inf else cols[k].window) for k in counts]
+    h.addRow(busy + lag, inf, n + 1, counts + [t], start + [1.0])
     # M T - sum area >= 0
-    h.addRow(0.0, inf, n + 1, counts + [n], [-cols[k][2] for k in counts] + [allowed])
+    h.addRow(0.0, inf, n + 1, counts + [t], [-cols[k].area for k in counts] + [allowed])
+    if whole:  # microbatches come whole: the counts are integers
+        h.changeColsIntegrality(n, counts, [highspy.HighsVarType.kInteger] * n)
     h.run()
     if h.getModelStatus() != h.getModelStatus().kOptimal:
         return busy  # cannot happen (every all-plain choice is feasible for a large enough T); be safe
-    return h.getInfo().objective_function_value * (1 - _LP_MARGIN)
+    info = h.getInfo()
+    # an integer program's proven dual bound, whatever gap its search stopped at
+    return (info.mip_dual_bound if whole else info.objective_function_value) * (1 - _LP_MARGIN)
 
 
 def _late(step: int, deadline: float | None) -> bool:
@@ -506,15 +542,17 @@ def memory_span_lower_bound(
 ) -> float:
     """Lower bound on max over ranks of the span, for schedules within ``limit`` (None: no limit).
     ``quick``: without the chain bound (the slow one: seconds at p=32, m=256), which is also
-    left out if it is still running at ``deadline``."""
+    left out if it is still running at ``deadline``, and with the area bound's LP relaxation
+    (also on the ranks still left at ``deadline``) instead of its integer program."""
     return max(_rank_bounds(cost, num_microbatches, limit, quick, deadline))
 
 
 def _rank_bounds(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> list[float]:
-    """Per rank, the best of the bounds in this module (``quick``: all but the chain bound); where
-    the costs offer recomputation, the memory-aware ones replaced by the area bound."""
+    """Per rank, the best of the bounds in this module (``quick``: all but the chain bound, the
+    area bound relaxed); where the costs offer recomputation, the memory-aware ones replaced by
+    the area bound."""
     out = rank_span_lower_bounds(cost, num_microbatches)
     memory = None if cost.can_recompute else limit  # their memory reasoning assumes no recomputation
     chain = None if quick else rank_chain_span_lower_bounds(cost, num_microbatches, memory, deadline)
@@ -523,7 +561,8 @@ def _rank_bounds(
     if memory is not None:
         out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, memory))]
     if limit is not None:
-        out = [max(a, b) for a, b in zip(out, rank_area_span_lower_bounds(cost, num_microbatches, limit))]
+        area = rank_area_span_lower_bounds(cost, num_microbatches, limit, whole=not quick, deadline=deadline)
+        out = [max(a, b) for a, b in zip(out, area)]
     return out
 
 

@@ -13,11 +13,12 @@ import random
 
 import pytest
 
-from zbsearch.bounds import memory_makespan_lower_bound, memory_span_lower_bound
+from zbsearch import Profile, StageCost
+from zbsearch.bounds import memory_makespan_lower_bound, memory_span_lower_bound, rank_area_span_lower_bounds
 from zbsearch.solver import smallest_feasible_limit, solve
 
 from .harness import TOL
-from .oracle import FAMILIES, brute_force, cp_optimum_many, random_instance, with_recompute
+from .oracle import FAMILIES, Instance, brute_force, cp_optimum_many, random_instance, with_recompute
 
 pytestmark = pytest.mark.slow
 
@@ -86,3 +87,40 @@ def test_solver_claims_hold_with_recomputation(optima):
         assert out.info.value >= res.value * (1 - TOL)  # else the oracle missed a schedule
         assert out.info.lower_bound <= res.value * (1 + TOL)
         assert out.info.status != "optimal" or out.info.value <= res.value * (1 + TOL)
+
+
+def _window_bound(seed: int) -> Instance:
+    """Two stages, three microbatches: short forwards before a long backward on the last stage,
+    so that rank 0 would fill its wait for the first B with forwards if memory let it, and a
+    limit (1.25 to 1.75 microbatches) where only checkpointed ones fit: the start of the area
+    bound, where microbatches count whole and the first B's must be rebuilt, decides there."""
+    rng = random.Random(seed)
+    g = 1 / 16
+    stages = []
+    for _ in range(2):
+        m_w = rng.randint(8, 16) / 32
+        stages.append(StageCost(t_f=rng.randint(4, 8) * g, t_b=rng.randint(16, 32) * g, t_w=rng.randint(4, 12) * g,
+                                m_f=1.0, m_b=-(1 - m_w), m_w=-m_w, t_r=rng.randint(4, 8) * g, m_fc=rng.randint(1, 4) / 32,
+                                t_rs=g, m_fs=rng.randint(9, 15) / 32))
+    prof = Profile(name="window-p2", memory_unit="activations", stages=stages, t_comm=rng.randint(0, 2) * g)
+    x = rng.choice([1.25, 1.5, 1.75])
+    return Instance("window", prof, 3, 1, [x, x], f"{x} M_B")
+
+
+def test_area_bound_in_whole_microbatches_never_exceeds_the_optimum():
+    """The area bound counts microbatches whole (an integer program) and rebuilds the first
+    B's: on instances where that raises it above its LP relaxation it must still stay at or
+    below the exact optimum over every order and choice of recomputation."""
+    cases = [_window_bound(seed) for seed in range(200, 204)]
+    results = cp_optimum_many([(i.cost, i.m, i.limit, "span", {"recompute": True}) for i in cases],
+                              time_limit=20, processes=2)
+    raised = 0
+    for inst, res in zip(cases, results):
+        assert res.optimal
+        whole = max(rank_area_span_lower_bounds(inst.cost, inst.m, inst.limit))
+        relaxed = max(rank_area_span_lower_bounds(inst.cost, inst.m, inst.limit, whole=False))
+        assert relaxed <= whole * (1 + TOL)
+        assert whole <= res.value * (1 + TOL), (inst.limit, whole, res.value)
+        assert memory_span_lower_bound(inst.cost, inst.m, inst.limit) <= res.value * (1 + TOL)
+        raised += whole > relaxed * (1 + TOL)
+    assert raised  # the sample exercises the integer program

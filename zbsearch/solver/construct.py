@@ -4,7 +4,9 @@ Candidates: a given start (the best schedule at a smaller limit, for a monotone 
 list-scheduling grid (``heuristic``) with the wait knobs of its best few policies refined, the
 handcrafted orders that apply to the placement (ZB-H1/H2, 1F1B split; ZB-V, and the V
 building blocks V-Half and V-Min, which reach below 1F1B's memory; with recomputation, 1F1B and
-ZB-H1 recomputing every microbatch) and the sequential schedule, which fits every feasible limit.
+ZB-H1 recomputing every microbatch, and with recomputation "auto" those of them that need more
+memory than the limit checkpointed into it, ``checkpointing``) and the sequential schedule,
+which fits every feasible limit.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from ..classic import KINDS
 from ..errors import ZbError
 from ..layout import placement
 from ..simulator import Timeline
+from .checkpointing import checkpointed
 from .heuristic import Policy, candidate_policies, list_schedule, refine_waits, sequential_schedule
 from .problem import Problem
 
-__all__ = ["construct", "classic_candidates"]
+__all__ = ["construct", "classic_candidates", "checkpointed_candidates"]
 
 # The best few list-scheduling policies of distinct structure whose wait knobs are refined.
 _REFINED = 3
@@ -29,6 +32,10 @@ _REFINED = 3
 # best of up to two other origins. A start whose waits are tightly phased (a refined one) can sit
 # in a local optimum that single moves do not leave while a slightly worse one leads further.
 _STARTS = 3
+
+# The checkpointed classic orders after the first start only within this share of the time to
+# the construction's deadline (each costs a build and a simulation).
+_CHECKPOINTED = 0.25
 
 # Handcrafted orders tried as further candidates, by placement; the least bubble first (when time
 # is short only the first within the memory limit is timed: ZB-H2 needs about 2p, ZB-H1 1p, ZB-V
@@ -51,6 +58,27 @@ def classic_candidates(problem: Problem) -> tuple[str, ...]:
     return _CLASSIC_CANDIDATES[chunks] + recomputing
 
 
+def checkpointed_candidates(problem: Problem) -> tuple[str, ...]:
+    """The handcrafted orders that, where they need more memory than the limit, are
+    checkpointed into it (``checkpointing``) as further candidates: with recomputation "auto"
+    on the placements the classic candidates apply to."""
+    if problem.recompute != "auto" or not problem.cost.can_recompute:
+        return ()
+    kinds = [k for k in classic_candidates(problem) if k not in _RECOMPUTING[1]]
+    # the one needing the least memory first (the first to be timed when time is short)
+    return tuple(sorted(kinds, key=lambda k: k != "zb-h1"))
+
+
+def _checkpointed(problem: Problem, kind: str, deadline: float) -> list[list[Action]]:
+    rows = KINDS[kind].build_by(problem.cost, problem.num_microbatches, deadline)
+    if problem.fits_order(rows):
+        raise ZbError("fits without recomputation: a classic candidate already")
+    out = checkpointed(problem, rows)
+    if out is None:
+        raise ZbError("cannot be checkpointed into the limit")
+    return out
+
+
 def _same(rows: list[list[Action]]) -> list[list[Action]]:
     return rows
 
@@ -60,22 +88,44 @@ def construct(
     report: Callable[[float], None] | None = None, target: float = float("-inf"),
     built: dict[str, tuple[list[list[Action]], Timeline | None]] | None = None, refine: float = 3.0,
 ) -> tuple[str, list[list[Action]], Timeline, float, list[list[list[Action]]]]:
-    """Best of the given start, the list-scheduling grid (ordered most-promising first; ranked
-    by their own timing, only the best few simulated; the best ``_REFINED`` structures with
-    their wait knobs refined, within the grid's deadline), the classic schedules and the
-    sequential one, as far as ``deadline`` allows: once it has passed, the first candidate
-    within the limit is kept (the sequential schedule, last, always is: it needs the least
-    memory of any schedule). Until one list schedule is found the grid runs to ``hard`` (the
-    solve's deadline less what its end needs), where a list schedule still running is cut: then
-    the first classic schedule within the limit (built in milliseconds), or else the sequential
-    one, is kept. ``grid``: when the grid stops once one list schedule is found (default
-    ``deadline``). ``report`` hears each better list schedule's value by its own timing (never
-    below its simulated value), as soon as it is built. The refinement stops once a list
-    schedule reaches ``target`` (a lower bound: nothing better exists). Also returns the runners-up (up to
+    """Best of the checkpointed classic orders (``checkpointed_candidates``, timed first: the
+    first always, the others within ``_CHECKPOINTED`` of the time to ``deadline``), the given
+    start, the list-scheduling grid (ordered most-promising first; ranked by their own timing,
+    only the best few simulated; the best ``_REFINED`` structures with their wait knobs
+    refined, within the grid's deadline), the classic schedules and the sequential one, as far
+    as ``deadline`` allows: once it has passed, the first of these within the limit is kept
+    (the sequential schedule, last, always is: it needs the least memory of any schedule).
+    Until one list schedule is found the grid runs to ``hard`` (the solve's deadline less what
+    its end needs), where a list schedule still running is cut: then the first classic schedule
+    within the limit (built in milliseconds), or else the sequential one, is kept. ``grid``:
+    when the grid stops once one list schedule is found (default ``deadline``). ``report``
+    hears each better list schedule's value by its own timing (never below its simulated
+    value), as soon as it is built. The refinement stops once a list schedule reaches
+    ``target`` (a lower bound: nothing better exists). Also returns the runners-up (up to
     ``_STARTS - 1``: the best simulated candidate within the limit of each other origin, best
     first): further starts for the local search. ``built`` receives the classic schedules it
     built, by kind, with their timelines where it simulated them (None: over the limit).
     ``refine``: the refinement takes at most this many times as long as the grid took."""
+    # The checkpointed classic orders first, while time is fresh: cheap to build, and where the
+    # limit binds hard often better than any list schedule (timed whatever the grid leaves).
+    timed: list[tuple[float, str, list[list[Action]], Timeline, str]] = []
+    sim_s = 0.0
+    began = time.monotonic()
+    until = began + _CHECKPOINTED * (deadline - began)
+    for kind in checkpointed_candidates(problem):
+        if timed and time.monotonic() > until or time.monotonic() > hard:
+            break
+        try:
+            rows = _checkpointed(problem, kind, hard)
+        except ZbError:
+            continue
+        tick = time.monotonic()
+        value, tl = problem.evaluate(rows)
+        sim_s = max(sim_s, time.monotonic() - tick)
+        if problem.fits(tl):
+            if report is not None and all(value < v for v, *_ in timed):
+                report(value)
+            timed.append((value, f"{kind}, checkpointed", rows, tl, "checkpointed"))
     found: list[tuple[float, str, list[list[Action]], Policy]] = []
     began = time.monotonic()
     for policy in candidate_policies(problem):
@@ -120,10 +170,9 @@ def construct(
     for kind in classic_candidates(problem):
         cands.append(("classic", kind, functools.partial(KINDS[kind].build_by, cost, m, deadline)))
     cands.append(("sequential", "sequential", lambda: sequential_schedule(problem)))
-    timed: list[tuple[float, str, list[list[Action]], Timeline, str]] = []
-    sim_s = 0.0
+    early = len(timed)
     for origin, name, build in cands:
-        if timed and time.monotonic() > deadline:
+        if len(timed) > early and time.monotonic() > deadline:
             break
         try:
             rows = build()

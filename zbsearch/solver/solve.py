@@ -12,7 +12,8 @@ A solve is a ``SolveRun`` going through named phases, all timed by one ``Budget`
    fused but for a cool-down tail; with recomputation, each rank's plan of which microbatches
    to checkpoint), the best few with their wait knobs refined (``refine_waits``), plus the
    handcrafted orders (ZB-H1/H2, ZB-V, the V building blocks V-Half and V-Min below 1F1B's
-   memory, recomputing ones where allowed) and the sequential one, on the true per-stage costs
+   memory, recomputing ones where allowed, and with ``recompute`` "auto" ZB-H1/H2 and 1F1B
+   checkpointed into the limit, ``checkpointing``) and the sequential one, on the true per-stage costs
    (or, with ``uniform_costs``, on their median across stages as the paper's scheduler does,
    to show what per-stage costs buy). With ``recompute`` "auto", the constructions without
    recomputation and with full recomputation come first as candidates: "auto" offers every
