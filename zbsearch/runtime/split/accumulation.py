@@ -151,10 +151,13 @@ def _holders(box: list[torch.Tensor]) -> tuple[int, ...]:
     view of. Compared with the counts of a tensor that ``box`` alone holds (``_ALONE``)."""
     g = box.pop()
     s = g.untyped_storage()
-    counts = (sys.getrefcount(g), g._use_count(), torch._C._storage_Use_Count(s._cdata), sys.getrefcount(s))
+    counts: tuple[int, ...] = (
+        sys.getrefcount(g), g._use_count(), torch._C._storage_Use_Count(s._cdata), sys.getrefcount(s),  # type: ignore[attr-defined]
+    )
     if g._is_view():
         b = g._base
-        counts += (sys.getrefcount(b), b._use_count())
+        assert b is not None  # a view has a base
+        counts += (sys.getrefcount(b), b._use_count())  # type: ignore[attr-defined]
         del b
     box.append(g)
     return counts
