@@ -22,9 +22,10 @@ from tests.solver.oracle import FAMILIES, Instance, brute_force, random_instance
 from zbsearch.actions import Action, Op, parse_action
 from zbsearch.bounds import memory_makespan_lower_bound, memory_span_lower_bound
 from zbsearch.formats.profile import Profile, StageCost
+from zbsearch.profiler.measure import measure_stage
 from zbsearch.runtime import emulation
-from zbsearch.runtime.recompute import checkpointed_forward, recompute
-from zbsearch.runtime.split import backward_full, backward_input, backward_weight
+from zbsearch.runtime.recompute import checkpointed_forward, recompute, recompute_mode
+from zbsearch.runtime.split import backward_full, backward_input, backward_weight, fused_forward
 from zbsearch.solver import smallest_feasible_limit
 
 
@@ -160,3 +161,30 @@ def test_bounds_never_exceed_the_optimum_where_recomputing_before_a_fused_backwa
     assert bound <= best * (1 + TOL), (inst.profile, limit, bound, best)
     best_mk, _ = brute_force(inst.cost, inst.m, limit, "makespan", fused=True, recompute=True, max_combinations=400_000)
     assert memory_makespan_lower_bound(inst.cost, inst.m, limit) <= best_mk * (1 + TOL)
+
+
+class _Probe(torch.nn.Module):
+    """A stage that records, at each forward, whether it runs as a recompute pass and whether
+    as the plain forward of a fused backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.seen: list[tuple[str | None, bool]] = []
+
+    def forward(self, x):
+        self.seen.append((recompute_mode(), fused_forward()))
+        return torch.tanh(self.lin(x))
+
+
+def test_the_profiler_times_the_recompute_pass_the_runtime_runs_before_a_fused_backward():
+    torch.manual_seed(0)
+    st = _Probe()
+    x = torch.randn(4, 8, requires_grad=True)
+    got = measure_stage(st, (x,), None, torch.device("cpu"), 1, 3, recompute_too=True)
+    assert got.cost().t_rf is not None and got.cost().t_rf > 0 and "t_rf" in got.record()
+    # per repetition: R as before a split backward, then R as before a fused one (plain forward)
+    recomputes = [fused for mode, fused in st.seen if mode == "recompute"]
+    assert recomputes == [False, True] * 4
+    plain = measure_stage(st, (x,), None, torch.device("cpu"), 1, 2)
+    assert plain.cost().t_rf is None and "t_rf" not in plain.record()
