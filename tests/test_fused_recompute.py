@@ -102,10 +102,15 @@ def test_a_profile_with_t_rf_round_trips(tmp_path):
     assert _profile(t_rf=None).stages[0].fused_recompute == 0.75
 
 
-def test_bundled_profiles_load_and_price_as_before():
-    for name in ("cpu-gpt-tiny",):
-        prof = zb.load_profile(name)
-        assert all(st.t_rf is None for st in prof.stages)
+def test_a_bundled_profile_without_t_rf_prices_every_recompute_pass_at_t_r():
+    prof = zb.load_profile("1.5b-m24")  # recomputation costs derived from the paper, no t_rf
+    assert all(st.t_rf is None and st.t_r is not None for st in prof.stages)
+    p = prof.num_stages
+    cost = zb.CostModel.from_profile(prof, list(range(p)))
+    rows = [[Action(s, Op.F, 0), Action(s, Op.R, 0), Action(s, Op.BW, 0), Action(s, Op.F, 1), Action(s, Op.R, 1),
+             Action(s, Op.B, 1), Action(s, Op.W, 1)] for s in range(p)]
+    for s, dur in enumerate(cost.durations(rows)):
+        assert dur[1] == dur[4] == prof.stages[s].t_r
 
 
 def _sleeps(monkeypatch) -> list[float]:
