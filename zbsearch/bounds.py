@@ -406,7 +406,8 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
     * Area: memory is a step function of time that never exceeds the limit M, so over the span
       T its integral is at most M * T. From the start of F(s, j) to that of B(s, j), at least
       L_s apart (the dependency path through later stages), microbatch j holds m_f, or,
-      checkpointed, ``keep`` until its recompute pass and m_f from there, at least t_r before B:
+      checkpointed, ``keep`` until its recompute pass and m_f from there, at least t_r before B
+      (t_r: the recompute pass's least time, before a fused or a split backward):
       at least keep * L_s + (m_f - keep) * t_r (after B it may hold nothing: a fused BW frees
       it all at once).
     * Start: before the rank's first B (at least ``lag`` after its first pass starts) it runs
@@ -463,10 +464,11 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
             for op in cost.recompute_ops(s):
                 o = cost.offer(s, op)
                 assert o is not None
-                extra = o.t_r + o.t_f - least_f
-                area = o.keep * lag_s + (cost.m_f[s] - o.keep) * o.t_r
+                t_r = o.least  # before a fused or a split backward
+                extra = t_r + o.t_f - least_f
+                area = o.keep * lag_s + (cost.m_f[s] - o.keep) * t_r
                 cols += [_Column(s, extra, area, math.inf, 0.0, False),
-                         _Column(s, extra, area, o.keep, o.t_r - least_f, False),
+                         _Column(s, extra, area, o.keep, t_r - least_f, False),
                          _Column(s, extra, area, cost.m_f[s], -least_f, True)]
         whole = whole and not (deadline is not None and time.monotonic() > deadline)
         bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole)

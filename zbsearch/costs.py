@@ -31,7 +31,10 @@ for selective recomputation, all but the selected modules' activations), and a r
 (R full, RS selective) re-runs the forward before the backward and allocates the rest. A
 schedule says which microbatches it recomputes by holding their R or RS passes; the F of such
 a microbatch then costs ``Recompute.t_f`` and allocates ``keep`` (``durations`` and
-``memory_deltas`` price a concrete schedule). Where a profile stage is cut into k virtual
+``memory_deltas`` price a concrete schedule). Before a fused backward R re-runs the plain
+forward (``forward_pass(split=False)``), cheaper as t_ff is than t_f: it costs the profile's
+``t_rf`` there (``Recompute.time``), t_r before a split one, and anything that must hold for
+every schedule takes the cheaper (``Recompute.least``). Where a profile stage is cut into k virtual
 stages, times and selective memory take 1/k each, but what a fully checkpointed forward keeps
 is its stage's input, whose size does not depend on how many layers follow it: each piece
 keeps the profile stage's ``m_fc`` (the first piece) or their mean (a cut inside a stage, as
@@ -57,12 +60,23 @@ MAX_PASSES = 2_000_000
 @dataclass(frozen=True)
 class Recompute:
     """What recomputing one microbatch on one stage costs: the checkpointed forward's time
-    ``t_f``, the recompute pass's time ``t_r`` and the memory ``keep`` the checkpointed forward
-    allocates (the recompute pass allocates the rest, m_f - keep)."""
+    ``t_f``, the recompute pass's time ``t_r`` (before a split backward; ``t_rf`` before a
+    fused one, None: t_r) and the memory ``keep`` the checkpointed forward allocates (the
+    recompute pass allocates the rest, m_f - keep)."""
 
     t_f: float
     t_r: float
     keep: float
+    t_rf: float | None = None
+
+    def time(self, fused: bool) -> float:
+        """The recompute pass's time before a fused (``fused``) or a split backward."""
+        return self.t_rf if fused and self.t_rf is not None else self.t_r
+
+    @property
+    def least(self) -> float:
+        """The least time the recompute pass can take, before a fused or a split backward."""
+        return self.t_r if self.t_rf is None else min(self.t_r, self.t_rf)
 
 
 @dataclass(frozen=True)
@@ -145,7 +159,9 @@ class CostModel:
             if not selective and s % k:  # a cut inside the profile stage: activations between layers
                 keep = mean_kept
             keep = keep / k if selective else keep
-            return Recompute(t_fc / k + fwd[s], t_r / k, min(keep, st[s].m_f / k))
+            rf = None if selective else st[s].t_rf
+            t_rf = None if rf is None else rf / k
+            return Recompute(t_fc / k + fwd[s], t_r / k, min(keep, st[s].m_f / k), t_rf)
 
         offers = tuple((recompute(s, False), recompute(s, True)) for s in range(S))
         return cls(
@@ -185,10 +201,10 @@ class CostModel:
         return [s for s, r in enumerate(self.stage_to_rank) if r == rank]
 
     def time(self, stage: int, op: Op) -> float:
-        """What a pass of this type costs, F as the split forward (t_f): the cost of every pass of
-        a split-only schedule without recomputation. A schedule with fused backwards or
-        recomputation is priced by ``durations``. A recompute pass the profile does not offer on
-        the stage costs inf (the validator rejects it)."""
+        """What a pass of this type costs, F as the split forward (t_f) and a recompute pass as
+        before a split backward (t_r): the cost of every pass of a split-only schedule. A schedule
+        with fused backwards or recomputation is priced by ``durations``. A recompute pass the
+        profile does not offer on the stage costs inf (the validator rejects it)."""
         if op is Op.BW:
             return self.t_bw[stage]
         if op in RECOMPUTES:
@@ -221,9 +237,10 @@ class CostModel:
 
     def durations(self, rank_actions: list[list[Action]]) -> list[list[float]]:
         """What each action of a schedule costs (ms), as the runtime runs it: ``time``, except
-        that the F of microbatch j on stage s costs t_ff[s] when its rank's actions hold a BW of
-        (s, j), because the runtime then runs that forward without the split's deferral, and
-        the checkpointed forward's time when they hold a recompute pass of (s, j)."""
+        that the F of microbatch j on stage s costs t_ff[s] and its recompute pass t_rf when its
+        rank's actions hold a BW of (s, j), because the runtime then runs that forward (and its
+        recomputation) without the split's deferral, and the F costs the checkpointed forward's
+        time when they hold a recompute pass of (s, j)."""
         by_type = {op: [self.time(s, op) for s in range(self.num_stages)] for op in Op}  # tables: schedules are long
         f, bw = Op.F, Op.BW  # bound once: an enum member's lookup is slow
         out = []
@@ -232,8 +249,12 @@ class CostModel:
             fused = {(a.stage, a.mb) for a in row if a.op is bw}
             if fused:
                 for i, a in enumerate(row):
-                    if a.op is f and (a.stage, a.mb) in fused:  # every such F, as the runtime runs it
+                    if (a.stage, a.mb) not in fused:
+                        continue
+                    if a.op is f:  # every such F, as the runtime runs it
                         row_durations[i] = self.t_ff[a.stage]
+                    elif a.op in RECOMPUTES and (offer := self.offer(a.stage, a.op)) is not None:
+                        row_durations[i] = offer.time(fused=True)
             if self.recompute:
                 for i, offer in self._checkpointed_forwards(row):
                     row_durations[i] = offer.t_f
@@ -291,19 +312,17 @@ class CostModel:
 
     def fusing_may_pay(self) -> bool:
         """Whether some schedule can gain from fused backwards over the same schedule split: a
-        BW cheaper than B + W, a forward before it cheaper than t_f, or a B that allocates
-        (m_b > 0) what its W frees (a BW never holds that peak: its memory changes at once).
-        Otherwise splitting every BW into B then W loses nothing, and split schedules suffice."""
-        return (
-            any(bw < b + w for b, w, bw in zip(self.t_b, self.t_w, self.t_bw))
-            or any(ff < f for f, ff in zip(self.t_f, self.t_ff))
-            or any(mb > 0 > mw for mb, mw in zip(self.m_b, self.m_w))
-        )
+        BW cheaper than B + W, a forward or a recompute pass before it cheaper than before a
+        split one, or a B that allocates (m_b > 0) what its W frees (a BW never holds that peak:
+        its memory changes at once). Otherwise splitting every BW into B then W loses nothing,
+        and split schedules suffice."""
+        return any(self.fuse_saves(s) for s in range(self.num_stages))
 
     def fuse_saves(self, stage: int) -> bool:
         """Whether a fused backward on ``stage`` may pay (``fusing_may_pay``, on one stage)."""
         return (self.t_bw[stage] < self.t_b[stage] + self.t_w[stage] or self.t_ff[stage] < self.t_f[stage]
-                or self.m_b[stage] > 0 > self.m_w[stage])
+                or self.m_b[stage] > 0 > self.m_w[stage]
+                or any(o.least < o.t_r for op in self.recompute_ops(stage) if (o := self.offer(stage, op))))
 
     def for_bounds(self) -> CostModel:
         """A split-only cost model that no schedule beats, fused BW passes included.
@@ -320,7 +339,8 @@ class CostModel:
         A checkpointed forward's time counts in F's least time too, and recompute passes cost
         nothing here: dropping a pass's time from a schedule ends no pass later. Memory keeps
         the uncheckpointed deltas and the recompute offers stay on: a bound that reasons about
-        memory must look at ``can_recompute`` (``zbsearch.bounds``).
+        memory must look at ``can_recompute`` (``zbsearch.bounds``), and take a recompute
+        pass's least time (``Recompute.least``).
         """
         cheaper_f = any(self.forward(s) < self.t_f[s] for s in range(self.num_stages))
         if not self.fusing_may_pay() and not cheaper_f:

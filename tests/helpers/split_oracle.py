@@ -3,9 +3,15 @@
 ``reference`` runs a stage's microbatches one after the other (forward, then backward of the
 given output gradients), as a training loop without a pipeline would, and records after each
 microbatch the input gradients, every parameter's ``.grad`` and the order in which parameter
-hooks fired. ``split`` runs a copy of the stage through the runtime's passes (F, then B, then W,
-or a fused BW) in a pipeline order with several microbatches in flight, and records the same
-things after each microbatch's last backward pass. ``assert_same`` compares them bit for bit.
+hooks fired. Autograd keeps a view of a gradient as ``.grad`` without looking at what else
+shares its memory, so two parameters added through views of one tensor (``h + a.view(s) +
+b.view(s)``) end up with one memory as ``.grad``, and the next microbatch is added to it twice;
+the reference gives each ``.grad`` its own memory after every microbatch (as the split does),
+and autograd works on copies of the output gradients, whose memory a ``.grad`` could share too.
+
+``split`` runs a copy of the stage through the runtime's passes (F, then B, then W, or a fused
+BW) in a pipeline order with several microbatches in flight, and records the same things after
+each microbatch's last backward pass. ``assert_same`` compares them bit for bit.
 
 Activations are checked at every F against the hooks-only meter: a shadow copy of the stage runs
 each forward unsplit under the saved-tensor hooks (``ActivationMeter(replay=False)``) while the
@@ -95,9 +101,14 @@ def reference(
             y = post[j](y)
         ys = y if isinstance(y, (tuple, list)) else (y,)
         pairs = [(o, g) for o, g in zip(ys, gs) if g is not None and o.requires_grad]
-        if pairs:
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        out.input_grads.append([x.grad if isinstance(x, torch.Tensor) and x.requires_grad else None for x in xs])
+        if pairs:  # copies of the caller's gradients, and of the input gradients below: autograd
+            # can make a parameter's .grad a view of either, and add later microbatches to it in place
+            torch.autograd.backward([o for o, _ in pairs], [g.clone() for _, g in pairs])
+        for p in module.parameters():  # each .grad its own memory (the module docstring)
+            if p.grad is not None:
+                p.grad = p.grad.clone()
+        out.input_grads.append([x.grad.clone() if isinstance(x, torch.Tensor) and x.grad is not None else None
+                                for x in xs])
         out.param_grads.append(_snapshot(module))
         out.hooks.append(hooks.take() if hooks is not None else [])
     return out

@@ -84,7 +84,7 @@ def test_profile_recompute_drives_solve_recompute_auto(tmp_path):
     prof = zb.Profile.model_validate(doc)
     assert CostModel.from_profile(prof, [0, 1]).can_recompute
     # an older file, without the fields: loads, and offers no recomputation
-    fields = ("t_fc", "t_r", "m_fc", "t_fs", "t_rs", "m_fs")
+    fields = ("t_fc", "t_r", "t_rf", "m_fc", "t_fs", "t_rs", "m_fs")
     old = {**doc, "stages": [{k: v for k, v in st.items() if k not in fields} for st in doc["stages"]]}
     assert not CostModel.from_profile(zb.Profile.model_validate(old), [0, 1]).can_recompute
 

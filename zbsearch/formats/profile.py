@@ -10,8 +10,10 @@ first stage's W runs deferred (``deferred_first``: how its times were measured, 
 activation memory each pass allocates (m_f > 0)
 or frees (m_b, m_w, normally negative). Optionally, what recomputation costs: a forward run
 checkpointed (``t_fc``, keeping ``m_fc`` instead of m_f) and the recompute pass R that rebuilds
-the rest before the backward (``t_r``); the same for selective recomputation of some modules
-only (``t_fs``, ``m_fs``, ``t_rs``); older files lack them: no recomputation on those stages.
+the rest before the backward (``t_r`` before a split backward, ``t_rf`` before a fused one, which
+re-runs the plain forward: cheaper as t_ff is than t_f; older files lack t_rf: t_r); the same
+for selective recomputation of some modules only (``t_fs``, ``m_fs``, ``t_rs``); older files
+lack them: no recomputation on those stages.
 What F allocates must be freed by B and W, so the three memory deltas sum to zero per stage; a
 profile that breaks this is rejected because it would make every memory prediction drift with
 the number of microbatches.
@@ -79,6 +81,9 @@ class StageCost(BaseModel):
         "forward time when checkpointed for full recomputation (keeps only what recomputation needs); absent: t_f"))
     t_r: float | None = Field(default=None, gt=0, description=(
         "full recomputation (R) time: re-running the stage's forward before its backward; absent: not measured"))
+    t_rf: float | None = Field(default=None, gt=0, description=(
+        "full recomputation (R) time before a fused backward: the forward re-run as a plain one, without "
+        "the split's deferral; absent: t_r"))
     m_fc: float | None = Field(default=None, ge=0, description=(
         "memory a checkpointed forward keeps (the stage input, RNG state); R allocates m_f - m_fc"))
     t_fs: float | None = Field(default=None, gt=0, description=(
@@ -91,7 +96,7 @@ class StageCost(BaseModel):
         "a first stage whose W (its whole backward) runs the split's fast path, deferred Linear weight "
         "gradients, rather than one plain backward: measured faster by the profiler; the runtime follows it"))
 
-    @field_validator("t_f", "t_b", "t_w", "t_bw", "t_ff", "t_fc", "t_r", "t_fs", "t_rs")
+    @field_validator("t_f", "t_b", "t_w", "t_bw", "t_ff", "t_fc", "t_r", "t_rf", "t_fs", "t_rs")
     @classmethod
     def _time_range(cls, v: float | None) -> float | None:
         return None if v is None else _finite_in(v, MAX_TIME_MS)
@@ -111,6 +116,12 @@ class StageCost(BaseModel):
         """What the F of a microbatch with a fused backward costs: measured, or t_f where the
         profile has no t_ff."""
         return self.t_f if self.t_ff is None else self.t_ff
+
+    @property
+    def fused_recompute(self) -> float | None:
+        """What R costs before a fused backward: measured, or t_r where the profile has no
+        t_rf (None: no full recomputation)."""
+        return self.t_r if self.t_rf is None else self.t_rf
 
     def recompute(self, selective: bool = False) -> tuple[float, float, float] | None:
         """(checkpointed F time, recompute time, memory the checkpointed F keeps) of full (or
@@ -132,6 +143,8 @@ class StageCost(BaseModel):
             if kept is not None and kept > self.m_f * (1 + _MEMORY_BALANCE_RTOL) + ABS_TOL:
                 raise ValueError(f"{m_fc} = {kept:g} is more than m_f = {self.m_f:g}: a checkpointed forward keeps "
                                  f"part of what a plain one does")
+        if self.t_rf is not None and self.t_r is None:
+            raise ValueError("t_rf is given without t_r and m_fc")
         return self
 
     @model_validator(mode="after")
@@ -184,6 +197,7 @@ class StageSpread(BaseModel):
     t_r: Quartiles | None = None
     t_fs: Quartiles | None = None
     t_rs: Quartiles | None = None
+    t_rf: Quartiles | None = None
     memory_residual: float | None = None
     output_bytes: int | None = None
     not_taken: WayNotTaken | None = None

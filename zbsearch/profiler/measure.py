@@ -11,9 +11,11 @@ no deferral for a split and costs a little less than the split one.
 
 With ``recompute``, each repetition also runs F checkpointed (``runtime.recompute``) and its
 recompute pass R, then B and W: their times (``t_fc``, ``t_r``) and what the checkpointed F keeps
-(``m_fc``: the stage's inputs and the generators' state, as the runtime keeps them). Where the
-stage declares modules for selective recomputation (``runtime.selective``), also F checkpointed
-selectively and its RS pass, then B and W: ``t_fs``, ``t_rs`` and what that F keeps (``m_fs``).
+(``m_fc``: the stage's inputs and the generators' state, as the runtime keeps them); then F
+checkpointed again and R as it runs before a fused backward (the plain forward), then BW:
+its time (``t_rf``). Where the stage declares modules for selective recomputation
+(``runtime.selective``), also F checkpointed selectively and its RS pass, then B and W:
+``t_fs``, ``t_rs`` and what that F keeps (``m_fs``).
 
 Clocks: on CPU ``perf_counter`` around each pass; on CUDA events on the current stream, read
 after one synchronisation per repetition, so the passes are not separated by host stalls.
@@ -91,11 +93,13 @@ class StageMeasurement:
     fs: Stats | None = None  # the selectively checkpointed forward (``recompute``, a stage that selects)
     rs: Stats | None = None  # its selective recompute pass
     m_fs: float | None = None  # bytes the selectively checkpointed forward keeps
+    rf: Stats | None = None  # the recompute pass before a fused backward
 
     def cost(self) -> StageCost:
         """The stage's costs as the profile holds them: each pass at its mean, m_w balancing m_f + m_b."""
         rc = {} if self.fc is None or self.r is None or self.m_fc is None else {
-            "t_fc": _cost(self.fc), "t_r": _cost(self.r), "m_fc": min(self.m_fc, self.m_f)}
+            "t_fc": _cost(self.fc), "t_r": _cost(self.r), "m_fc": min(self.m_fc, self.m_f),
+            **({} if self.rf is None else {"t_rf": _cost(self.rf)})}
         if self.fs is not None and self.rs is not None and self.m_fs is not None:
             rc.update({"t_fs": _cost(self.fs), "t_rs": _cost(self.rs), "m_fs": min(self.m_fs, self.m_f)})
         return StageCost(
@@ -112,6 +116,8 @@ class StageMeasurement:
         }
         if self.fc is not None and self.r is not None:
             out.update({"t_fc": self.fc.record(), "t_r": self.r.record()})
+        if self.rf is not None:
+            out["t_rf"] = self.rf.record()
         if self.fs is not None and self.rs is not None:
             out.update({"t_fs": self.fs.record(), "t_rs": self.rs.record()})
         if self.not_taken is not None:
@@ -196,25 +202,26 @@ def measure_stage(
     bw, ff = (Stats.of(list(col)) for col in zip(*fused))
     m_f, m_b, residual = (statistics.median(col) for col in zip(*mem[deferred]))
     m_f = max(m_f, 0.0)
-    fc = r = m_fc = None
+    fc = r = rf = m_fc = None
     if recompute_too:
         assert grads is not None
-        fc, r, m_fc = _measure_recompute(module, inputs, post, device, clock, meter, live, grads, deferred, warmup,
-                                         repeat)
+        fc, r, rf, m_fc = _measure_recompute(module, inputs, post, device, clock, meter, live, grads, deferred, warmup,
+                                             repeat)
     fs = rs = m_fs = None
     if recompute_too and selected_modules(module):
         assert grads is not None
         fs, rs, m_fs = _measure_selective(module, inputs, post, device, clock, meter, live, grads, deferred, warmup,
                                           repeat)
     return StageMeasurement(f, b, w, bw, ff, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes,
-                            deferred, stats[not deferred] if len(ways) == 2 else None, fc, r, m_fc, fs, rs, m_fs)
+                            deferred, stats[not deferred] if len(ways) == 2 else None, fc, r, m_fc, fs, rs, m_fs, rf)
 
 
 def _measure_recompute(module, inputs, post, device, clock, meter, live, grads, deferred: bool, warmup: int,
-                       repeat: int) -> tuple[Stats, Stats, float]:
-    """Times of the checkpointed F and its recompute pass, and what the checkpointed F keeps
-    (bytes, median), over ``warmup`` untimed and ``repeat`` timed repetitions (each then B and W)."""
-    times: list[tuple[float, float]] = []
+                       repeat: int) -> tuple[Stats, Stats, Stats, float]:
+    """Times of the checkpointed F and its recompute pass (before B and W, and before a fused
+    BW), and what the checkpointed F keeps (bytes, median), over ``warmup`` untimed and
+    ``repeat`` timed repetitions."""
+    times: list[tuple[float, float, float]] = []
     kept: list[float] = []
     for rep in range(warmup + repeat):
         a0, e0 = live(), clock.mark()
@@ -227,12 +234,19 @@ def _measure_recompute(module, inputs, post, device, clock, meter, live, grads, 
         del input_grads
         backward_weight(weight_pass)
         del fp, weight_pass
+        outs, ckpt = checkpointed_forward(module, inputs, post=post, meter=meter, device=device)
+        del outs
+        e3 = clock.mark()
+        fp = recompute(ckpt, module, split=False, post=post, meter=meter)
+        e4 = clock.mark()
+        backward_full(fp, grads)
+        del fp
         clock.sync()
         if rep >= warmup:
-            times.append((clock.ms(e0, e1), clock.ms(e1, e2)))
+            times.append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e3, e4)))
             kept.append(a1 - a0)
-    fc, r = (Stats.of(list(col)) for col in zip(*times))
-    return fc, r, max(statistics.median(kept), 0.0)
+    fc, r, rf = (Stats.of(list(col)) for col in zip(*times))
+    return fc, r, rf, max(statistics.median(kept), 0.0)
 
 
 def _measure_selective(module, inputs, post, device, clock, meter, live, grads, deferred: bool, warmup: int,
@@ -286,8 +300,8 @@ def disturbances(
                 f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): times include waiting for a core"
             )
     for s, r in enumerate(results):
-        passes = [("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw), ("FF", r.ff), ("FC", r.fc), ("R", r.r), ("FS", r.fs),
-                  ("RS", r.rs)]
+        passes = [("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw), ("FF", r.ff), ("FC", r.fc), ("R", r.r), ("RF", r.rf),
+                  ("FS", r.fs), ("RS", r.rs)]
         for name, st in ((n, x) for n, x in passes if x is not None):
             spread = (st.q3 - st.q1) / 2 / st.median
             if spread > SPREAD_LIMIT:

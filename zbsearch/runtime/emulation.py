@@ -95,7 +95,8 @@ class _Timed(torch.autograd.Function):
 class EmulatedStage(nn.Module):
     """A stage of ``width`` features whose passes sleep ``t_f``, ``t_b``, ``t_w`` seconds
     (``t_bw`` for a fused backward, None: t_b + t_w; ``t_ff`` for the forward before it, None: t_f;
-    ``t_fc`` checkpointed, None: t_f; ``t_r`` for its recompute pass, None: t_f).
+    ``t_fc`` checkpointed, None: t_f; ``t_r`` for its recompute pass, None: t_f; ``t_rf`` for a
+    recompute pass before a fused backward, which runs the plain forward, None: t_r).
 
     ``b_bytes`` of activations live from F to B, ``w_bytes`` from F to W.
     """
@@ -103,6 +104,7 @@ class EmulatedStage(nn.Module):
     def __init__(
         self, t_f: float, t_b: float, t_w: float, b_bytes: float = 0, w_bytes: float = 0, width: int = 16,
         t_bw: float | None = None, t_ff: float | None = None, t_fc: float | None = None, t_r: float | None = None,
+        t_rf: float | None = None,
     ) -> None:
         super().__init__()
         self.t_f, self.t_b, self.t_w = t_f, t_b, t_w
@@ -110,6 +112,7 @@ class EmulatedStage(nn.Module):
         self.t_ff = t_f if t_ff is None else t_ff
         self.t_fc = t_f if t_fc is None else t_fc
         self.t_r = t_f if t_r is None else t_r
+        self.t_rf = self.t_r if t_rf is None else t_rf
         self.b_bytes, self.w_bytes = int(b_bytes), int(w_bytes)
         self.weight = nn.Parameter(torch.zeros(width))
 
@@ -122,8 +125,12 @@ class EmulatedStage(nn.Module):
         fusion = _Fusion()
         w = _Timed.apply(self.weight, 0.0, self.t_w, self.w_bytes, fusion, max(self.t_bw - self.t_b, 0.0))  # Weight
         mode = recompute_mode()
-        t_fwd = (self.t_fc if mode == "checkpointed" else self.t_r if mode == "recompute"
-                 else self.t_ff if fused_forward() else self.t_f)
+        if mode == "checkpointed":
+            t_fwd = self.t_fc
+        elif mode == "recompute":  # the plain forward before a fused backward, as F
+            t_fwd = self.t_rf if fused_forward() else self.t_r
+        else:
+            t_fwd = self.t_ff if fused_forward() else self.t_f
         return _Timed.apply(x + w, t_fwd, self.t_b, self.b_bytes, fusion, None)  # Act
 
 
@@ -141,13 +148,14 @@ def emulated_stages(
     """
     cost = CostModel.from_profile(profile.compute_only(), stage_to_rank)  # the runtime does the messages
     ms = time_scale / 1e3
-    full = [(None, None) if (o := cost.offer(s, Op.R)) is None else (o.t_f * ms, o.t_r * ms) for s in range(cost.num_stages)]
+    full = [(None, None, None) if (o := cost.offer(s, Op.R)) is None else (o.t_f * ms, o.t_r * ms, o.time(fused=True) * ms)
+            for s in range(cost.num_stages)]
     return [
         EmulatedStage(
             cost.t_f[s] * ms, cost.t_b[s] * ms, cost.t_w[s] * ms,
             b_bytes=max(-cost.m_b[s], 0.0) * bytes_per_unit, w_bytes=max(-cost.m_w[s], 0.0) * bytes_per_unit,
             width=width, t_bw=cost.t_bw[s] * ms, t_ff=cost.t_ff[s] * ms,
-            t_fc=full[s][0], t_r=full[s][1],
+            t_fc=full[s][0], t_r=full[s][1], t_rf=full[s][2],
         )
         for s in range(cost.num_stages)
     ]

@@ -475,7 +475,9 @@ class _ListScheduler:
             self.waiting[s].append(start.ckpt)
         elif op in RECOMPUTES:
             j = self.n_b[s]
-            end = t + c.time(s, op)
+            offer = c.offer(s, op)
+            assert offer is not None
+            end = t + offer.time(fused=j < self.fuse_below[s])  # before a BW: the plain forward
             self.memory[r] += c.memory(s, op)
             self.rebuilt[s][j] = True
             self.waiting[s].popleft()

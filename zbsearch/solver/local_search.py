@@ -86,9 +86,7 @@ class _Model:
         self.allowed = [allowance(x) for x in problem.limits()]
         self.span = problem.objective == "span"
         # stages where a backward may be fused or split (CostModel.fusing_may_pay, per stage)
-        self.choice = frozenset(
-            s for s in range(S)
-            if c.t_bw[s] < c.t_b[s] + c.t_w[s] or c.t_ff[s] < c.t_f[s] or c.m_b[s] > 0 > c.m_w[s])
+        self.choice = frozenset(s for s in range(S) if c.fuse_saves(s))
         # stages where a move may recompute or not (with "full", none: every forward is)
         self.recompute = {s: c.recompute_ops(s) for s in range(S)} if problem.recompute == "auto" else {}
         self.any_recompute = any(self.recompute.values())
@@ -102,6 +100,8 @@ class _Model:
         dur, mem, c, ident = list(self.dur), list(self.mem), self.cost, self.id
         for s, j in fused:
             dur[ident[(s, Op.F, j)]] = c.t_ff[s]
+            for op in c.recompute_ops(s):  # its recompute pass, if any, as before a BW
+                dur[ident[(s, op, j)]] = c.offer(s, op).time(fused=True)  # type: ignore[union-attr]
             dur[ident[(s, Op.B, j)]] = c.t_bw[s]
             mem[ident[(s, Op.B, j)]] = c.m_b[s] + c.m_w[s]
         for s, j, op in ckpt:

@@ -227,9 +227,9 @@ class Deferral:
                     continue
                 x = self.saved.read(r.x)
                 g2 = g if g.dim() == 2 else g.reshape(-1, g.shape[-1])
-                uses.add(r.weight, weight_grad(r.weight, g2, x), r.key, fresh=True)
+                uses.add(r.weight, weight_grad(r.weight, g2, x), r.key)
                 if r.bias is not None:
-                    uses.add(r.bias, bias_grad(g, g2, r.fused), r.key, fresh=True)
+                    uses.add(r.bias, bias_grad(g, g2, r.fused), r.key)
         self.records = []
 
 

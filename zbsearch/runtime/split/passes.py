@@ -424,13 +424,17 @@ def backward_weight(w: WeightPass) -> None:
     uses = Uses([*(w.deferral.pieces() if w.deferral is not None else ()), *(p for p, _, _ in w.early), *pieces(w.groups)])
     if w.deferral is not None:
         w.deferral.weight_grads(uses)
-    for p, g, key in w.early:
-        uses.add(p, g, key)
+    _add_all(uses, w.early)
     run_groups(w.groups, w.keys, uses)
-    uses.finish()
     if w.saved is not None:
         w.saved.free()
     w.saved, w.deferral, w.early, w.groups, w.keys = None, None, [], [], {}
+    uses.finish()  # once W holds none of the gradients (B's pieces, the gradients its groups re-ran from)
+
+
+def _add_all(uses: Uses, early: list[tuple[nn.Parameter, torch.Tensor, tuple]]) -> None:
+    for p, g, key in early:
+        uses.add(p, g, key)
 
 
 def _spend(fp: ForwardPass, keep: bool = False) -> None:
