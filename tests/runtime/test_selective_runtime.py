@@ -294,7 +294,7 @@ def selective_only(prof: zb.Profile) -> zb.Profile:
     """``prof`` offering selective recomputation only, its measured memory with set times, under
     which recomputing to run two microbatches at once pays (measured times on a busy machine
     would make the solver's choice a matter of chance)."""
-    stages = [st.model_copy(update={"t_fc": None, "t_r": None, "m_fc": None, **_TIMES}) for st in prof.stages]
+    stages = [st.model_copy(update={"t_fc": None, "t_r": None, "t_rf": None, "m_fc": None, **_TIMES}) for st in prof.stages]
     return prof.model_copy(update={"stages": stages})
 
 
