@@ -88,6 +88,17 @@ def _solve_cut(layers, cut, m, budget, optimizer, seconds, milp=True):
 _REAL_GPT = dict(layers=6, hidden=128, heads=4, seq=64, vocab=6144, microbatch_size=4)
 
 
+def _real_model(args) -> dict:
+    """The real section's GPT: ``_REAL_GPT`` with ``--real-model`` (``key=value,...``) over it."""
+    cfg = dict(_REAL_GPT)
+    for item in filter(None, (args.real_model or "").split(",")):
+        key, _, value = item.partition("=")
+        if key not in cfg:
+            raise SystemExit(f"--real-model: unknown key {key!r}; use {', '.join(cfg)}")
+        cfg[key] = int(value)
+    return cfg
+
+
 # -- units -----------------------------------------------------------------------------------------
 _UNIT_CUTS = ((4, 4), (6, 2), (2, 2, 2, 2))
 
@@ -344,7 +355,8 @@ def _real_worker(rank, world, send, args, link):
     from zbsearch.profiler.links import LinkModel
 
     torch.set_num_threads(1)
-    cfg = GPTConfig(**_REAL_GPT, stages=2)
+    model = _real_model(args)
+    cfg = GPTConfig(**model, stages=2)
     u = cfg.units()
     settings = Settings(threads=1, repeat=args.repeat, rounds=1)
     kinds = unit_kinds(list(u.cut or ()))
@@ -373,7 +385,7 @@ def _real_worker(rank, world, send, args, link):
         sched = zb.Schedule.model_validate_json(doc)
         ends = (0, len(counts) - 1)
         per = [k - (s in ends[:1]) - (s == ends[1]) for s, k in enumerate(counts)]
-        stage_cfg = GPTConfig(**_REAL_GPT, stages=sched.num_stages, cut=tuple(per))
+        stage_cfg = GPTConfig(**model, stages=sched.num_stages, cut=tuple(per))
         x, y = gpt_batch(stage_cfg, sched.num_microbatches)
         runners[name] = ours(rank, sched, gpt_stages(stage_cfg), x, y, gpt_loss)
         cuts[name] = (Cut(tuple(counts), placement), sched)
@@ -404,7 +416,7 @@ def real(args, tmp: Path) -> dict:
                                          "how": link.how})
     profiles = [LayerProfile.model_validate_json(x) for x in got["profiles"]]
     pooled = pool_layers(profiles)
-    row = {"model": _REAL_GPT, "m": args.real_m, "profile_rounds": len(profiles) // 2, "loads": got["loads"],
+    row = {"model": _real_model(args), "m": args.real_m, "profile_rounds": len(profiles) // 2, "loads": got["loads"],
            "link": {"latency_ms": link.latency_ms, "bandwidth_gb_s": link.bandwidth_gb_s},
            "warnings": sorted({w for p in profiles for w in (p.measured.warnings if p.measured else [])})}
     for name, (doc, counts, placement, value) in got["chosen"].items():
@@ -534,6 +546,8 @@ def main() -> None:
     ap.add_argument("--recompute-time", type=float, default=10.0, help="plan seconds, recompute family")
     ap.add_argument("--real-placement", default="one")
     ap.add_argument("--real-m", type=int, default=8, help="microbatches of the real runs")
+    ap.add_argument("--real-model", default="", help="real runs: the GPT's sizes over the default, key=value,... "
+                    "(layers, hidden, heads, seq, vocab, microbatch_size)")
     ap.add_argument("--real-rounds", type=int, default=4,
                     help="real runs: rounds of steps, each followed by a per-layer profile round")
     ap.add_argument("--torchtitan-path", default=None, help="PYTHONPATH with torchtitan and its imports")
