@@ -166,7 +166,7 @@ def _real_worker(rank, world, send, args) -> dict | None:
         # limit where a microbatch recomputed selectively lets a rank hold a second one: the MLPs
         # keep about half of a layer's activations, so one and a half microbatches fit 0.8p, not 0.75p
         selective = taken[0].model_copy(update={"stages": [
-            st.model_copy(update={"t_fc": None, "t_r": None, "m_fc": None}) for st in taken[0].stages]})
+            st.model_copy(update={"t_fc": None, "t_r": None, "t_rf": None, "m_fc": None}) for st in taken[0].stages]})
         sel = solve(selective, m, "0.8p", recompute="auto", time_limit=args.real_solve_time)
         box = [[res.schedule.model_dump_json(), sel.schedule.model_dump_json()]]
     dist.broadcast_object_list(box, src=0)
