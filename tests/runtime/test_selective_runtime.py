@@ -134,6 +134,39 @@ def test_selective_passes_give_the_gradients_and_memory_of_plain_ones(first, way
     assert not all(torch.equal(other[n], g) for n, g in want.items())
 
 
+def _builtin(kind: str) -> tuple[list[nn.Module], list[torch.Tensor]]:
+    """Two stages of a built-in model and three microbatches of its inputs."""
+    from zbsearch.models import GPTConfig, ViTConfig, gpt_batch, gpt_stages, image_batch, llama_stages, vit_stages
+
+    if kind == "vit":
+        cfg = ViTConfig(image=8, patch=4, hidden=16, heads=2, layers=2, classes=4, microbatch_size=MB, stages=2)
+        images, _ = image_batch(cfg.image, cfg.channels, cfg.classes, 3 * MB, seed=2)
+        return vit_stages(cfg), list(images.split(MB))
+    cfg = GPTConfig(layers=2, hidden=16, heads=2, seq=SEQ, vocab=32, microbatch_size=MB, stages=2)
+    ids, _ = gpt_batch(cfg, 3, seed=2)
+    return (gpt_stages if kind == "gpt" else llama_stages)(cfg), list(ids.split(MB))
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama", "vit"])
+def test_the_builtin_models_declare_their_mlps_and_recompute_them_exactly(kind):
+    """Each layer's MLP is selected; on both stages (the first fed the model's inputs, the last
+    ending in the head), selective passes give the gradients of plain ones and keep less."""
+    stages, xs = _builtin(kind)
+    for s, stage in enumerate(stages):
+        chosen = selected_modules(stage)
+        assert chosen and all(type(m).__name__ in ("MLP", "SwiGLU") for m in chosen)
+        if s > 0:
+            with torch.no_grad():
+                xs = [stages[s - 1](x) for x in xs]
+        for way in ("split", "fused"):
+            want, plain_log = _passes(copy.deepcopy(stage), xs, False, way, first=s == 0)
+            got, log = _passes(copy.deepcopy(stage), xs, True, way, first=s == 0)
+            assert all(torch.equal(got[n], g) for n, g in want.items()), (s, way)
+            delta, plain = _deltas(log), _deltas(plain_log)
+            assert all(0 < delta[j] < plain[j] for j in range(len(xs))), (s, way)
+            assert log[-1][1] == 0
+
+
 def _deltas(log: list[tuple[str, int]]) -> list[int]:
     """What each pass of a ``_passes`` log allocated (bytes; negative: freed)."""
     return [b - a for a, b in zip([0] + [x for _, x in log], [x for _, x in log])]

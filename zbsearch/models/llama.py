@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from .gpt import GPTConfig
 
-__all__ = ["llama_stages", "RMSNorm", "LlamaBlock"]
+__all__ = ["llama_stages", "RMSNorm", "LlamaBlock", "SwiGLU"]
 
 
 class RMSNorm(nn.Module):
@@ -36,6 +36,24 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-b, a), dim=-1) * sin
 
 
+class SwiGLU(nn.Module):
+    """A layer's gated MLP, declared for selective recomputation (``zbsearch.runtime.selective``):
+    its two wide activations and their product are most of what a layer keeps, and cheap to
+    compute again."""
+
+    selective_recompute = True
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        inner = 8 * hidden // 3
+        self.gate, self.up = nn.Linear(hidden, inner, bias=False), nn.Linear(hidden, inner, bias=False)
+        self.down = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., hidden) -> the same shape."""
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
 class LlamaBlock(nn.Module):
     """Pre-RMSNorm layer: rotary causal self-attention, then a SwiGLU MLP, each with a residual."""
 
@@ -47,9 +65,7 @@ class LlamaBlock(nn.Module):
         self.heads = heads
         self.norm1, self.norm2 = RMSNorm(hidden), RMSNorm(hidden)
         self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
-        inner = 8 * hidden // 3
-        self.gate, self.up = nn.Linear(hidden, inner, bias=False), nn.Linear(hidden, inner, bias=False)
-        self.down = nn.Linear(inner, hidden, bias=False)
+        self.mlp = SwiGLU(hidden)
         d = hidden // heads
         freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
         angles = torch.outer(torch.arange(seq).float(), freq).repeat(1, 2)
@@ -64,8 +80,7 @@ class LlamaBlock(nn.Module):
         cos, sin = self.cos[:s], self.sin[:s]
         a = F.scaled_dot_product_attention(_rotate(q, cos, sin), _rotate(k, cos, sin), v, is_causal=True)
         x = x + self.o(a.transpose(1, 2).reshape(b, s, h))
-        y = self.norm2(x)
-        return x + self.down(F.silu(self.gate(y)) * self.up(y))
+        return x + self.mlp(self.norm2(x))
 
 
 class _Head(nn.Module):

@@ -63,6 +63,13 @@ class PatchEmbedding(nn.Module):
         return torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
 
 
+class MLP(nn.Sequential):
+    """A block's MLP, declared for selective recomputation (``zbsearch.runtime.selective``): its
+    4x-wide hidden activation, saved twice, is most of what a block keeps."""
+
+    selective_recompute = True
+
+
 class EncoderBlock(nn.Module):
     """Pre-LayerNorm encoder layer: bidirectional self-attention, then a GELU MLP, each with a residual."""
 
@@ -72,14 +79,14 @@ class EncoderBlock(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
-        self.fc1, self.fc2 = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+        self.mlp = MLP(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attention then MLP, each on the normalised input and added back."""
         b, t, h = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
         x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, h))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        return x + self.mlp(self.ln2(x))
 
 
 class ClassHead(nn.Module):
