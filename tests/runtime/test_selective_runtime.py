@@ -86,10 +86,11 @@ def _passes(stage: nn.Module, xs: list, selective: bool, way: str, first: bool, 
     log: list[tuple[str, int]] = []
     torch.manual_seed(seed)
     fps, sels = [], []
-    for x in xs:
-        x = x if first else x.detach().requires_grad_()
+    for x in xs:  # a tensor or a tuple of them; float ones need gradients past the first stage
+        ins = [t if first or not t.is_floating_point() else t.detach().requires_grad_()
+               for t in (x if isinstance(x, tuple) else (x,))]
         sel = Selection(stage, selected_modules(stage), meter) if selective else None
-        fps.append(forward_pass(stage, [x], split=way != "fused", meter=meter, deferred_first=way == "deferred",
+        fps.append(forward_pass(stage, ins, split=way != "fused", meter=meter, deferred_first=way == "deferred",
                                 select=sel))
         sels.append(sel)
         log.append(("F", meter.bytes))
@@ -98,7 +99,7 @@ def _passes(stage: nn.Module, xs: list, selective: bool, way: str, first: bool, 
         if sel is not None:
             recompute_selected(sel, fp.saved)
         log.append(("after RS" if sel is not None else "no RS", meter.bytes))
-        grads = [torch.ones_like(fp.outputs[0])]
+        grads = [torch.ones_like(o) if o.is_floating_point() else None for o in fp.outputs]
         if way == "fused":
             backward_full(fp, grads)
         else:
@@ -202,7 +203,7 @@ def test_what_a_selected_module_shares_with_its_inputs_and_outputs_is_kept_not_c
         if sel is not None:
             recompute_selected(sel, fp.saved)
         rebuilt = meter.bytes
-        grads = [torch.ones_like(fp.outputs[0])]
+        grads = [torch.ones_like(o) if o.is_floating_point() else None for o in fp.outputs]
         if split:
             _, w = backward_input(fp, grads)
             backward_weight(w)
@@ -486,3 +487,31 @@ def test_builtin_gpt_profiled_with_recompute_runs_the_solvers_selective_schedule
     assert any(s.kind.endswith("solver") for s in scheds)
     problems = run_local(_check_gpt, 2, [s.model_dump_json() for s in scheds], timeout=600)
     assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
+
+
+@pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny", "tiny:qwen2_moe", "tiny:mixtral"])
+def test_hugging_face_stages_recompute_the_mlps_a_user_declares(preset):
+    """Modules of a Hugging Face model declared before it is cut (each layer's ``mlp``) are
+    recomputed by RS on its stages: the gradients of plain passes, less kept by each F."""
+    pytest.importorskip("transformers")
+    from zbsearch.models.hf import hf_batch, hf_config, hf_model, hf_stages
+
+    model = hf_model(hf_config(preset))
+    for name, module in model.named_modules():
+        if name.endswith(".mlp"):
+            module.selective_recompute = True
+    stages = hf_stages(model, 2).stages
+    (ids, mask), _ = hf_batch(hf_config(preset), 3 * MB, SEQ, seed=5)
+    xs = list(zip(ids.split(MB), mask.split(MB)))
+    for s, stage in enumerate(stages):
+        assert len(selected_modules(stage)) == len(stage.layers) > 0
+        if s > 0:
+            with torch.no_grad():
+                xs = [stages[s - 1](*x) for x in xs]
+        for way in ("split", "fused"):
+            want, plain_log = _passes(copy.deepcopy(stage), xs, False, way, first=s == 0)
+            got, log = _passes(copy.deepcopy(stage), xs, True, way, first=s == 0)
+            assert all(torch.equal(got[n], g) for n, g in want.items()), (s, way)
+            delta, plain = _deltas(log), _deltas(plain_log)
+            assert all(0 < delta[j] < plain[j] for j in range(len(xs))), (s, way)
+            assert log[-1][1] == 0
