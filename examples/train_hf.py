@@ -35,7 +35,17 @@ import torch.distributed as dist
 import zbsearch as zb
 from zbsearch.distributed.torchrun import run_under_torchrun
 from zbsearch.errors import ZbError
-from zbsearch.models.hf import DEFAULTS, check_length, hf_batch, hf_config, hf_loss, hf_model, hf_stages, parse_counts
+from zbsearch.models.hf import (
+    DEFAULTS,
+    check_length,
+    hf_batch,
+    hf_config,
+    hf_loss,
+    hf_model,
+    hf_stages,
+    parse_counts,
+    parse_names,
+)
 from zbsearch.runtime import PipelineRuntime, PostValidatedOptimizer
 
 
@@ -48,6 +58,8 @@ def main() -> None:
     ap.add_argument("--microbatch-size", "-b", type=int, default=None, help="sequences per microbatch (default: the profile's)")
     ap.add_argument("--seq", type=int, default=None, help="sequence length (default: the profile's)")
     ap.add_argument("--layers-per-stage", default=None, help="decoder layers of each stage, e.g. 3,3,2 (default: the profile's)")
+    ap.add_argument("--selective", default=None,
+                    help="modules of each layer recomputed by RS passes, e.g. mlp (default: the profile's)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--max-norm", type=float, default=1.0, help="clip the global gradient norm to this")
     ap.add_argument("--check", action="store_true", help="compare one step's gradients with the unsplit model first")
@@ -79,7 +91,8 @@ def settle(args) -> None:
     elif source.startswith("hf "):  # profiled with --hf CONFIG
         measured["config"] = source.removeprefix("hf ")
     fallback = {"hf": DEFAULTS["config"], "seq": DEFAULTS["seq"],
-                "microbatch_size": profile.microbatch_size or DEFAULTS["microbatch_size"], "layers_per_stage": None}
+                "microbatch_size": profile.microbatch_size or DEFAULTS["microbatch_size"], "layers_per_stage": None,
+                "selective": None}
     for key, default in fallback.items():
         if getattr(args, key) is None:
             setattr(args, key, measured.get("config" if key == "hf" else key, default))
@@ -88,11 +101,12 @@ def settle(args) -> None:
             raise ZbError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     check_length(hf_config(args.hf), args.seq)
     args.layers_per_stage = parse_counts(args.layers_per_stage)
+    args.selective = parse_names(args.selective)
 
 
 def build(args, num_stages: int):
     config = hf_config(args.hf)
-    return config, hf_stages(hf_model(config, seed=0).train(), num_stages, args.layers_per_stage)
+    return config, hf_stages(hf_model(config, seed=0).train(), num_stages, args.layers_per_stage, args.selective)
 
 
 def run(args, device: torch.device) -> None:

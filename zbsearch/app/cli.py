@@ -729,6 +729,10 @@ def profile(
         help="also time each stage's forward checkpointed and its recompute pass, and what it keeps (for solve --recompute; "
              "with --per-layer each unit's, for plan --recompute); selectively too, where the model declares modules "
              "with selective_recompute = True"),
+    selective: str | None = typer.Option(
+        None, "--selective",
+        help="--hf with --recompute: modules of each decoder layer to declare for selective recomputation, "
+             "comma-separated (e.g. mlp)"),
     name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
     per_layer: bool = typer.Option(
         False, "--per-layer",
@@ -755,6 +759,8 @@ def profile(
         check_writable(Path("profiles") / "profile.json")  # that folder must be writable too
     if layers_per_stage is not None and hf is None:
         raise ZbError("--layers-per-stage applies to --hf (with --model, pass --model-arg layers_per_stage=3,3,2)")
+    if selective is not None and (hf is None or not recompute):
+        raise ZbError("--selective applies to --hf with --recompute (with --model, declare the modules in your builder)")
     if per_layer and (placement is not None or layers_per_stage is not None):
         raise ZbError("--per-layer measures every unit apart: --placement and --layers-per-stage do not apply "
                       "(zbsearch plan chooses the cut)")
@@ -766,12 +772,13 @@ def profile(
 
         seq, microbatch_size = hf_models.profile_shape(hf, seq, microbatch_size)
         built = hf_models.build(hf, stages=stages, microbatch_size=microbatch_size, seq=seq, layers_per_stage=layers_per_stage,
-                                units=per_layer)
+                                units=per_layer, selective=selective)
         spec = profiler.as_model(built, f"--hf {hf!r}")
         shape = "units" if per_layer else f"p{stages}"
         spec.name = f"hf-{Path(hf).stem.replace(':', '-')}-s{seq}-b{microbatch_size}-{shape}"
         spec.settings = {"model": f"hf {hf}", "stages": len(spec.stages), "seq": seq, "microbatch_size": microbatch_size,
-                         **({"layers_per_stage": layers_per_stage} if layers_per_stage else {})}
+                         **({"layers_per_stage": layers_per_stage} if layers_per_stage else {}),
+                         **({"selective": selective} if selective else {})}
         if per_layer:
             kinds = profiler.unit_kinds([0, *([1] * (len(spec.stages) - 2)), 0])
     else:

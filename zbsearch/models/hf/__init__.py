@@ -23,7 +23,18 @@ zbsearch imports this package.
 """
 
 from .anatomy import max_positions
-from .configs import DEFAULTS, PRESETS, build, check_length, hf_config, hf_model, parse_counts, profile_shape, tiny_config
+from .configs import (
+    DEFAULTS,
+    PRESETS,
+    build,
+    check_length,
+    hf_config,
+    hf_model,
+    parse_counts,
+    parse_names,
+    profile_shape,
+    tiny_config,
+)
 from .data import hf_batch, hf_loss, hf_loss_sum, hf_token_count
 from .stages import HFStage, HFStages, hf_stages
 
@@ -41,6 +52,7 @@ __all__ = [
     "max_positions",
     "check_length",
     "parse_counts",
+    "parse_names",
     "profile_shape",
     "build",
     "PRESETS",

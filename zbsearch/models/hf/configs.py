@@ -216,12 +216,14 @@ def check_length(config, seq: int) -> None:
 
 def build(config: str = DEFAULTS["config"], stages: int = DEFAULTS["stages"],
           microbatch_size: int = DEFAULTS["microbatch_size"], seq: int = DEFAULTS["seq"], seed: int = DEFAULTS["seed"],
-          attn: str = DEFAULTS["attn"], layers_per_stage: str | list[int] | None = None, units: bool = False):
+          attn: str = DEFAULTS["attn"], layers_per_stage: str | list[int] | None = None, units: bool = False,
+          selective: str | list[str] | None = None):
     """``--model zbsearch.models.hf:build`` (``--hf CONFIG`` calls it too): a random model from
     a preset, ``tiny:TYPE`` or a config JSON, cut into ``stages``, with one microbatch, the loss
     and labels. ``layers_per_stage``: counts, as a list or a comma-separated string. ``units``:
     cut into its units instead (the embedding side, each layer, the head side: what
-    ``zbsearch profile --per-layer`` measures)."""
+    ``zbsearch profile --per-layer`` measures). ``selective``: modules of each layer to declare
+    for selective recomputation (``hf_stages``), as a list or a comma-separated string."""
     for name, value in (("stages", stages), ("microbatch_size", microbatch_size), ("seq", seq)):
         if int(value) < 1:
             raise ZbError(f"{name} must be at least 1, not {value}")
@@ -232,9 +234,17 @@ def build(config: str = DEFAULTS["config"], stages: int = DEFAULTS["stages"],
     if units:
         n = len(anatomy(model).layers)
         stages, counts = n + 2, [0, *([1] * n), 0]
-    cut = hf_stages(model, int(stages), counts)
+    cut = hf_stages(model, int(stages), counts, parse_names(selective))
     microbatch, labels = hf_batch(cfg, int(microbatch_size), int(seq), int(seed) + 1)
     return cut.stages, microbatch, hf_loss, labels
+
+
+def parse_names(value: str | list[str] | None) -> list[str]:
+    """Module names from ``"mlp,self_attn"`` or a list; None gives none."""
+    if value is None:
+        return []
+    names = value if isinstance(value, list) else str(value).split(",")
+    return [n.strip() for n in names if n.strip()]
 
 
 def parse_counts(value: str | list[int] | None) -> list[int] | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ...errors import ZbError
+from ...runtime.selective import SELECT_ATTRIBUTE
 from .anatomy import Anatomy, anatomy, hidden_of, logits_of, max_positions, probe_batch, refuse
 
 __all__ = ["HFStages", "HFStage", "hf_stages"]
@@ -341,16 +343,35 @@ def _layers_per_stage(n: int, num_stages: int, layers_per_stage: list[int] | Non
     return counts
 
 
-def hf_stages(model: nn.Module, num_stages: int, layers_per_stage: list[int] | None = None) -> HFStages:
+def _declare_selective(layers: list[nn.Module], names: Sequence[str]) -> None:
+    """Mark the submodule ``name`` of every decoder layer for selective recomputation."""
+    for name in names:
+        for i, layer in enumerate(layers):
+            try:
+                module = layer.get_submodule(name)
+            except AttributeError:
+                children = ", ".join(n for n, _ in layer.named_children())
+                raise ZbError(f"selective recomputation: layer {i} ({type(layer).__name__}) has no module {name!r}; "
+                              f"its modules: {children}") from None
+            if module is layer:
+                raise ZbError("selective recomputation: name a module inside the layers (e.g. mlp), not the layer")
+            setattr(module, SELECT_ATTRIBUTE, True)
+
+
+def hf_stages(model: nn.Module, num_stages: int, layers_per_stage: list[int] | None = None,
+              selective: Sequence[str] = ()) -> HFStages:
     """Cut a ``*ForCausalLM`` into ``num_stages`` stages (2P for V or interleaved placement).
 
     Layers are shared out evenly (earlier stages take the remainder) unless
     ``layers_per_stage`` says otherwise; a stage may hold no layer (e.g. only the embedding).
     The cut is run once on a small batch and refused in one line (``ZbError``) unless its
     logits equal the model's bit for bit. The stages share the model's modules.
+    ``selective``: submodules of each decoder layer (paths such as ``"mlp"``) to declare for
+    selective recomputation (``zbsearch.runtime.selective``); one a layer lacks is refused.
     """
     a = anatomy(model)
     counts = _layers_per_stage(len(a.layers), num_stages, layers_per_stage)
+    _declare_selective(a.layers, selective)
     harness = _Harness(a)
     runners, lo = [], 0
     for s, k in enumerate(counts):
