@@ -35,6 +35,13 @@ def test_a_checkpointed_stage_keeps_its_input_and_recomputes_every_unit():
     # a unit without its own t_fs runs its forward as the stage does: plain on the first stage
     assert first.t_fs == pytest.approx(u[0].fused_forward + u[1].t_fs + u[2].t_fs)
     assert last.t_fs == pytest.approx(u[5].t_fs + u[6].t_fs + u[7].t_f)
+    assert all(st.t_rf is None for st in prof.stages)  # no unit measured R before a fused backward
+    # where units measured it, a stage's R before a fused backward re-runs each unit's forward
+    rf = L.model_copy(update={"units": [x.model_copy(update={"t_rf": 0.9 * x.t_r}) if i % 2 else x
+                                        for i, x in enumerate(L.units)]})
+    for st, (lo, hi) in zip(stage_profile(rf, Cut((3, 2, 3), "one")).stages, ((0, 3), (3, 5), (5, 8))):
+        assert st.t_rf == pytest.approx(sum(x.t_rf or x.t_r for x in rf.units[lo:hi]))
+        assert st.t_r == pytest.approx(sum(x.t_r for x in u[lo:hi]))
     # without recompute costs (older files), a stage offers none; a stage with one unit lacking
     # them offers no full recomputation
     bare = stage_profile(random_layers(1, 6), Cut((3, 2, 3), "one"))
@@ -81,14 +88,18 @@ def test_generated_llama_units_recompute_their_forward_and_keep_their_input():
     assert llama_layers(4, h, 1000, heads=4, seq=s, recompute=False).units[1].t_r is None
 
 
-def test_the_relaxed_bound_counts_each_recomputed_forward_with_its_pass():
+@pytest.mark.parametrize("rf", [None, 0.7, 1.2])
+def test_the_relaxed_bound_counts_each_recomputed_forward_with_its_pass(rf):
+    """``rf``: each unit's R before a fused backward at that share of t_r (None: not measured)."""
     L = random_layers(3, 6, recompute="both")
+    if rf is not None:
+        L = L.model_copy(update={"units": [x.model_copy(update={"t_rf": rf * x.t_r}) if x.t_r else x for x in L.units]})
     none, auto, full = (unit_work(L, mode) for mode in ("none", "auto", "full"))
     for u, a, b, c in zip(L.units, none, auto, full):
         back = min(u.t_b + u.t_w, u.fused_backward)
         plain = min(u.t_f, u.fused_forward)
         assert a == pytest.approx(plain + back)
-        assert c == pytest.approx(min(plain, u.t_fc) + u.t_r + back)
+        assert c == pytest.approx(min(plain, u.t_fc) + u.t_r * min(1, rf or 1) + back)
         assert b <= a and b <= c
     # below every cut's busiest rank at its cheapest, for each mode
     for mode in ("auto", "full"):

@@ -24,7 +24,8 @@ each unit measured as a stage of its own):
 
 * full: a stage offers it where every unit does. A checkpointed stage keeps only its input, the
   tensor entering its first unit, and the RNG state: its first unit's ``m_fc``. Its recompute
-  pass re-runs every unit's forward (the sum of their ``t_r``), its checkpointed forward costs
+  pass re-runs every unit's forward (the sum of their ``t_r``; before a fused backward, of their
+  ``t_rf`` where measured), its checkpointed forward costs
   the sum of theirs (``t_fc``, else the unit's forward as the stage runs it). A unit measured
   alone records at most what its plain forward keeps, so an embedding (whose input is the
   batch, not counted) records less than the RNG state it keeps: where a first unit's ``m_fc``
@@ -143,6 +144,8 @@ def _stage_recompute(layers: LayerProfile, lo: int, hi: int) -> dict[str, float]
         out.update(t_fc=max(sum(forward(u) if u.t_fc is None else u.t_fc for u in us), MIN_TIME_MS),
                    t_r=max(sum(u.t_r for u in us), MIN_TIME_MS),  # type: ignore[misc]
                    m_fc=_kept_input(layers, lo, sum(u.m_f for u in us)))
+        if any(u.t_rf is not None for u in us):  # before a fused backward: each unit's plain forward again
+            out["t_rf"] = max(sum(u.t_r if u.t_rf is None else u.t_rf for u in us), MIN_TIME_MS)  # type: ignore[misc]
     offers = [u.t_rs is not None and u.m_fs is not None for u in us]
     if any(offers):
         out.update(t_fs=max(sum(u.t_fs if o and u.t_fs is not None else forward(u) for u, o in zip(us, offers)),
