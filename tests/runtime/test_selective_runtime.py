@@ -153,12 +153,20 @@ def test_the_builtin_models_declare_their_mlps_and_recompute_them_exactly(kind):
     """Each layer's MLP is selected; on both stages (the first fed the model's inputs, the last
     ending in the head), selective passes give the gradients of plain ones and keep less."""
     stages, xs = _builtin(kind)
-    for s, stage in enumerate(stages):
+    for stage in stages:
         chosen = selected_modules(stage)
         assert chosen and all(type(m).__name__ in ("MLP", "SwiGLU") for m in chosen)
+    _check_stage_by_stage(stages, [(x,) for x in xs])
+
+
+def _check_stage_by_stage(stages: list[nn.Module], xs: list[tuple]) -> None:
+    """Each stage fed the one before's outputs: selective passes (split and fused backward)
+    give the gradients of plain ones, each F keeps less, and nothing is left."""
+    for s, stage in enumerate(stages):
         if s > 0:
             with torch.no_grad():
-                xs = [stages[s - 1](x) for x in xs]
+                xs = [stages[s - 1](*x) for x in xs]
+                xs = [x if isinstance(x, tuple) else (x,) for x in xs]
         for way in ("split", "fused"):
             want, plain_log = _passes(copy.deepcopy(stage), xs, False, way, first=s == 0)
             got, log = _passes(copy.deepcopy(stage), xs, True, way, first=s == 0)
@@ -503,15 +511,5 @@ def test_hugging_face_stages_recompute_the_mlps_a_user_declares(preset):
     stages = hf_stages(model, 2).stages
     (ids, mask), _ = hf_batch(hf_config(preset), 3 * MB, SEQ, seed=5)
     xs = list(zip(ids.split(MB), mask.split(MB)))
-    for s, stage in enumerate(stages):
-        assert len(selected_modules(stage)) == len(stage.layers) > 0
-        if s > 0:
-            with torch.no_grad():
-                xs = [stages[s - 1](*x) for x in xs]
-        for way in ("split", "fused"):
-            want, plain_log = _passes(copy.deepcopy(stage), xs, False, way, first=s == 0)
-            got, log = _passes(copy.deepcopy(stage), xs, True, way, first=s == 0)
-            assert all(torch.equal(got[n], g) for n, g in want.items()), (s, way)
-            delta, plain = _deltas(log), _deltas(plain_log)
-            assert all(0 < delta[j] < plain[j] for j in range(len(xs))), (s, way)
-            assert log[-1][1] == 0
+    assert all(len(selected_modules(stage)) == len(stage.layers) > 0 for stage in stages)
+    _check_stage_by_stage(stages, xs)
