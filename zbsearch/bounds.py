@@ -233,16 +233,19 @@ def rank_memory_span_lower_bounds(cost: CostModel, num_microbatches: int, limit:
 
 
 def _deferred_work(cost: CostModel, q: int, allowed: float, m: int) -> float:
-    """Most W time rank q can leave for after its last B: each W pending then holds its
-    microbatch's m_f + m_b (``for_bounds`` costs) within ``allowed``; whole microbatches for one
-    stage, else a fractional knapsack over its stages, an upper bound on any integer choice."""
+    """Most W time rank q can leave for after its last B starts: that B's own W, and the W of
+    other microbatches pending then, each holding m_f + m_b (``for_bounds`` costs) beside the
+    last B's microbatch, whole (m_f), within ``allowed``; whole microbatches for one stage,
+    else a fractional knapsack over its stages, an upper bound on any integer choice."""
     stages = cost.rank_stages(q)
-    work, room = 0.0, allowed + m * len(stages) * ABS_TOL  # done ones may hold -ABS_TOL
+    room = allowed - min(cost.m_f[s] for s in stages) + m * len(stages) * ABS_TOL  # done ones may hold -ABS_TOL
+    work = max(cost.t_w[s] for s in stages)  # the last B's own W
+    left = {s: m - (len(stages) == 1) for s in stages}  # one stage: the last B's microbatch is not among them
     for s in sorted(stages, key=lambda s: -cost.t_w[s] / max(cost.m_f[s] + cost.m_b[s], 1e-300)):
         held = cost.m_f[s] + cost.m_b[s]
-        n = m if held <= 0 else min(m, max(room, 0.0) / held)
+        n = left[s] if held <= 0 else min(left[s], max(room, 0.0) / held)
         if len(stages) == 1:
-            n = min(m, math.floor(n * (1 + REL_TOL)))
+            n = min(left[s], math.floor(n * (1 + REL_TOL)))
         work += n * cost.t_w[s]
         room -= n * max(held, 0.0)
     return work
@@ -252,9 +255,9 @@ def rank_deferral_span_lower_bounds(cost: CostModel, num_microbatches: int, limi
     """Per rank, a lower bound on its span for schedules within ``limit``, recomputing or not.
 
     Rank q runs every F and every B of its stages before its last B ends, and every W but those
-    still pending then. After that B nothing is in flight on q, each pending W's microbatch
-    holds m_f + m_b there and no microbatch holds less than nothing, so the pending W fit the
-    limit: a knapsack bounds their time. For rank r, q's first pass starts no earlier than the
+    still pending when it starts and its own. Just before that B nothing else is in flight on
+    q: its microbatch holds m_f, each pending W's m_f + m_b and none less than nothing, within
+    the limit: a knapsack bounds their time. For rank r, q's first pass starts no earlier than the
     dependency path from r's first pass allows (q at or after r along the pipeline) and the
     end of q's last B still needs the path from it to r's end: r's span is at least that
     release + the work above + that tail (the one-machine bound of ``rank_span_lower_bounds``
