@@ -39,7 +39,9 @@ bounds hold over every choice. The memory-aware ones reason from what a microbat
 between its F and its B and are left out where recomputation is offered; the *area* bound
 (``rank_area_span_lower_bounds``) takes their place: it weighs what a microbatch holds by how
 long it must hold it against the limit times the span, and the recompute passes that free
-memory against the time they add.
+memory against the time they add. The *deferral* bound (``rank_deferral_span_lower_bounds``)
+holds either way: memory caps the W passes a rank can leave for after its last B, so the rest
+join its F and B passes in the one-machine bound across ranks.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from .tolerances import ABS_TOL, REL_TOL
 __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
     "memory_span_lower_bound", "memory_makespan_lower_bound", "rank_memory_span_lower_bounds",
-    "rank_area_span_lower_bounds",
+    "rank_area_span_lower_bounds", "rank_deferral_span_lower_bounds",
 ]
 
 _NEG = float("-inf")
@@ -227,6 +229,61 @@ def rank_memory_span_lower_bounds(cost: CostModel, num_microbatches: int, limit:
         idle = start + end if all_forwards > lim else max(start, end)
         path = _memory_path(cost, stages[0], lag, m, lim) if len(stages) == 1 else 0.0
         out.append(max(cost.rank_busy(r, m) + idle, path))
+    return out
+
+
+def _deferred_work(cost: CostModel, q: int, allowed: float, m: int) -> float:
+    """Most W time rank q can leave for after its last B starts: that B's own W, and the W of
+    other microbatches pending then, each holding m_f + m_b (``for_bounds`` costs) beside the
+    last B's microbatch, whole (m_f), within ``allowed``; whole microbatches for one stage,
+    else a fractional knapsack over its stages, an upper bound on any integer choice."""
+    stages = cost.rank_stages(q)
+    room = allowed - min(cost.m_f[s] for s in stages) + m * len(stages) * ABS_TOL  # done ones may hold -ABS_TOL
+    work = max(cost.t_w[s] for s in stages)  # the last B's own W
+    left = {s: m - (len(stages) == 1) for s in stages}  # one stage: the last B's microbatch is not among them
+    for s in sorted(stages, key=lambda s: -cost.t_w[s] / max(cost.m_f[s] + cost.m_b[s], 1e-300)):
+        held = cost.m_f[s] + cost.m_b[s]
+        n = left[s] if held <= 0 else min(left[s], max(room, 0.0) / held)
+        if len(stages) == 1:
+            n = min(left[s], math.floor(n * (1 + REL_TOL)))
+        work += n * cost.t_w[s]
+        room -= n * max(held, 0.0)
+    return work
+
+
+def rank_deferral_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float]) -> list[float]:
+    """Per rank, a lower bound on its span for schedules within ``limit``, recomputing or not.
+
+    Rank q runs every F and every B of its stages before its last B ends, and every W but those
+    still pending when it starts and its own. Just before that B nothing else is in flight on
+    q: its microbatch holds m_f, each pending W's m_f + m_b and none less than nothing, within
+    the limit: a knapsack bounds their time. For rank r, q's first pass starts no earlier than the
+    dependency path from r's first pass allows (q at or after r along the pipeline) and the
+    end of q's last B still needs the path from it to r's end: r's span is at least that
+    release + the work above + that tail (the one-machine bound of ``rank_span_lower_bounds``
+    with the W passes memory forces before the last B)."""
+    cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
+    m = num_microbatches
+    preds = type_graph(cost)
+    out = []
+    for r in range(cost.num_ranks):
+        stages = cost.rank_stages(r)
+        mine = {(s, op) for s in stages for op in (Op.F, Op.B, Op.W)}
+        rel = earliest_starts(cost, (min(stages), Op.F), preds)
+        tail = _tails(cost, mine, preds)
+        best = 0.0
+        for q in range(cost.num_ranks):
+            allowed = allowance(limit[q])
+            if not math.isfinite(allowed) or not _balanced_rank(cost, q):
+                continue
+            theirs = cost.rank_stages(q)
+            start = min(rel[(s, op)] for s in theirs for op in (Op.F, Op.B, Op.W))
+            end = min(tail[(s, Op.B)] for s in theirs)
+            if start == _NEG or end == _NEG:
+                continue
+            work = m * sum(cost.t_f[s] + cost.t_b[s] + cost.t_w[s] for s in theirs) - _deferred_work(cost, q, allowed, m)
+            best = max(best, start + work + end)
+        out.append(best)
     return out
 
 
@@ -564,7 +621,8 @@ def _rank_bounds(
         out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, memory))]
     if limit is not None:
         area = rank_area_span_lower_bounds(cost, num_microbatches, limit, whole=not quick, deadline=deadline)
-        out = [max(a, b) for a, b in zip(out, area)]
+        deferral = rank_deferral_span_lower_bounds(cost, num_microbatches, limit)
+        out = [max(a, b, c) for a, b, c in zip(out, area, deferral)]
     return out
 
 
