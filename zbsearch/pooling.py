@@ -148,8 +148,10 @@ def _pool_first_stage_ways(profiles: Sequence[Profile]) -> tuple[dict, dict] | N
             return None
         own, other = p.stages[0].deferred_first, spread.not_taken
         per_way[own].append({k: (getattr(spread, k), getattr(p.stages[0], k)) for k in _SPLIT})
+        steps = spread.in_step or {}
         per_way[not own].append({k: (getattr(other, k), _as_in_steps(getattr(other, k).mean, getattr(p.stages[0], k),
-                                                                      getattr(spread, k).mean)) for k in _SPLIT})
+                                                                      getattr(spread, k).mean) if k in steps
+                                     else getattr(other, k).mean) for k in _SPLIT})
     pooled: dict[bool, dict[str, Quartiles | None]] = {False: {}, True: {}}
     times: dict[bool, dict[str, float]] = {False: {}, True: {}}
     for d, rows in per_way.items():
@@ -165,11 +167,11 @@ def _pool_first_stage_ways(profiles: Sequence[Profile]) -> tuple[dict, dict] | N
 
 
 def _as_in_steps(mean: float | None, own_cost: float, own_mean: float | None) -> float | None:
-    """The other way's mean scaled by own_cost / own_mean (1 where the round's times are its
-    repetitions' means); None where a mean was not recorded."""
+    """The other way's mean scaled by own_cost / own_mean, as the steps scaled the own way's
+    repetitions' mean to its cost; None where a mean was not recorded."""
     if mean is None or own_mean is None:
         return None
-    return mean if own_cost == own_mean else mean * own_cost / max(own_mean, MIN_TIME_MS)
+    return mean * own_cost / max(own_mean, MIN_TIME_MS)
 
 
 def _pool_measured(profiles: Sequence[Profile]):

@@ -107,8 +107,6 @@ def run_in_steps(
                 if step and trace is not None:
                     got.append(trace)
         traces[way] = got
-    for module in stages.values():  # the steps' gradients are no part of the model
-        module.zero_grad(set_to_none=True)
     return traces if traces and all(traces.values()) else None
 
 
