@@ -15,7 +15,9 @@ One launch, p=2 ranks (one process each, one torch thread each), a small GPT on 
      median moved 12.6-17.2 ms within one quiet minute), so a profile taken in one moment and
      steps taken in others would compare two machines; interleaved, the drift falls on both.
      The schedules are built on the first round alone, and what that one round predicts (a
-     one-shot profile) is reported beside the pooled prediction.
+     one-shot profile) is reported beside the pooled prediction, and so is what the profiler's
+     repetitions alone predict ("reps only": each pass at its repetitions' mean rather than at
+     its time in the profiler's own steps, ``zbsearch.profiler.in_step``).
 torch's schedules are predicted too: the order their stages ran (recorded from the stages' own
 forward / backward calls, not from torch's ``pipeline_order``, which for Schedule1F1B is only
 for display and differs from what it runs), simulated on the same profile. The profile times

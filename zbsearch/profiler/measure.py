@@ -17,6 +17,9 @@ its time (``t_rf``). Where the stage declares modules for selective recomputatio
 (``runtime.selective``), also F checkpointed selectively and its RS pass, then B and W:
 ``t_fs``, ``t_rs`` and what that F keeps (``m_fs``).
 
+These repetitions time each pass alone. Under torchrun the profiler also times the passes inside
+steps of the runtime and costs them at those times (``in_step``, ``StageMeasurement.cost``).
+
 Clocks: on CPU ``perf_counter`` around each pass; on CUDA events on the current stream, read
 after one synchronisation per repetition, so the passes are not separated by host stalls.
 

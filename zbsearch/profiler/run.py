@@ -19,6 +19,10 @@ schedule will use (not one process per piece): a piece's time is its rank's, and
 boundaries between two ranks are timed as links; the hand-over between two pieces of one rank
 is local and costs 0, as in the runtime.
 
+Under torchrun, with the ranks measuring at once, each round then runs the stages in a few steps
+of the runtime, and the profile's pass times are those steps' (``in_step``): what a schedule's
+steps run, several microbatches in flight and waits between passes included.
+
 ``profile_model`` picks the mode from the environment torchrun sets (WORLD_SIZE > 1).
 """
 
