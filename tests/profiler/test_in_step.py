@@ -106,10 +106,16 @@ def test_the_costs_are_the_in_step_times_and_recompute_passes_scale_as_the_forwa
         [bare[k] for k in ("f", "b", "w", "bw", "ff")])
     assert [plain.t_fc, plain.t_r, plain.t_rf, plain.t_fs, plain.t_rs] == pytest.approx(
         [bare[k] for k in ("fc", "r", "rf", "fs", "rs")])
+    # the steps' medians, and a slow tail in the steps' means that the costs leave out
     steps = {k: rng.uniform(0.5, 5.0) for k in IN_STEP_KEYS}
-    cal = StageMeasurement(**{**m.__dict__, "in_step": {k: _stats(x) for k, x in steps.items()}}).cost()
+    in_step = {k: Stats(median=x, q1=0.9 * x, q3=1.1 * x, mean=x * rng.uniform(1.0, 3.0)) for k, x in steps.items()}
+    cal = StageMeasurement(**{**m.__dict__, "in_step": in_step}).cost()
     assert [cal.t_f, cal.t_b, cal.t_w, cal.t_bw, cal.t_ff] == pytest.approx(
         [steps[k] for k in ("t_f", "t_b", "t_w", "t_bw", "t_ff")])
+    # the repetitions' tail (mean over median) is kept: the steps scale the mean as they did the median
+    tail = StageMeasurement(**{**m.__dict__, "f": Stats(median=bare["f"], q1=bare["f"], q3=bare["f"], mean=1.2 * bare["f"]),
+                               "in_step": in_step}).cost()
+    assert tail.t_f == pytest.approx(1.2 * steps["t_f"])
     f_scale, ff_scale = steps["t_f"] / bare["f"], steps["t_ff"] / bare["ff"]
     assert [cal.t_fc, cal.t_r, cal.t_fs, cal.t_rs] == pytest.approx(
         [bare[k] * f_scale for k in ("fc", "r", "fs", "rs")])
@@ -198,5 +204,7 @@ def test_profiling_on_two_ranks_takes_the_pass_times_from_steps(kind):
     for cost, spread in zip(prof.stages, prof.measured.stages):
         assert spread.in_step is not None and set(spread.in_step) == set(IN_STEP_KEYS)
         for key in IN_STEP_KEYS:
-            assert getattr(cost, key) == pytest.approx(max(spread.in_step[key].mean, 1e-6))  # the steps' mean
+            reps, steps = getattr(spread, key), spread.in_step[key]
+            # the repetitions' mean, scaled by the steps' median over the repetitions'
+            assert getattr(cost, key) == pytest.approx(max(reps.mean, 1e-6) * steps.median / reps.median)
             assert getattr(spread, key) is not None  # the repetitions' times stay recorded

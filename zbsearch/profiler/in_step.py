@@ -11,9 +11,11 @@ So each round of ``profile_distributed`` also runs the stages in the runtime (``
 over a textbook order of the profile's placement, 1F1B (ZB-V's order for a V, interleaved 1F1B
 for looped pieces) on 2 microbatches per rank, once with every backward split into B and W and
 once with every backward fused (BW), and takes each pass's time from the runtime's trace of
-the timed steps (``calibration_orders``, ``in_step_times``). The profile's pass times are those
-(``StageMeasurement.cost``); the repetitions' times stay recorded beside them. The orders are
-built from uniform placeholder costs, so every rank derives the same ones without talking.
+the timed steps (``calibration_orders``, ``in_step_times``). Each pass then costs its
+repetitions' mean scaled by its median in the steps over its median in the repetitions
+(``StageMeasurement.cost``): a few steps' passes are few samples, and a median resists a burst
+of load on them. The repetitions' times stay recorded beside the steps'. The orders are built
+from uniform placeholder costs, so every rank derives the same ones without talking.
 """
 
 from __future__ import annotations

@@ -103,13 +103,15 @@ class StageMeasurement:
     def cost(self) -> StageCost:
         """The stage's costs as the profile holds them: each pass at its mean, m_w balancing m_f + m_b.
 
-        Where the passes were also timed inside steps (``in_step``), those times are the costs:
-        they are what a schedule's steps run. A recompute pass, which the calibration steps do
-        not run, is a forward run again: it is scaled as the stage's forward (F, or FF before a
-        fused backward) was from the repetitions to the steps."""
+        Where the passes were also timed inside steps (``in_step``), each pass costs its
+        repetitions' mean times how much slower its median ran in the steps than in the
+        repetitions: what a schedule's steps run, the occasional slow pass included as the
+        repetitions saw it, and a burst of load on the few steps' passes resisted as a median
+        does. A recompute pass, which the steps do not run, is a forward run again: it is scaled
+        as the stage's forward (F, or FF before a fused backward) was."""
         steps = self.in_step or {}
         timed = {"t_f": self.f, "t_b": self.b, "t_w": self.w, "t_bw": self.bw, "t_ff": self.ff}
-        times = {k: _cost(steps[k]) if k in steps else _cost(st) for k, st in timed.items()}
+        times = {k: _cost(st) * (steps[k].median / st.median if k in steps else 1.0) for k, st in timed.items()}
         f_scale = times["t_f"] / _cost(self.f)
         ff_scale = times["t_ff"] / _cost(self.ff)
         rc = {} if self.fc is None or self.r is None or self.m_fc is None else {

@@ -356,8 +356,9 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
         for s, times in enumerate(in_step_times(traces, p)):
             measured[s] = dataclasses.replace(measured[s], in_step=times or None)
         in_step = {
-            "how": "each pass's time is its mean in the runtime's trace of these steps, every microbatch a copy of "
-                   "the profiled one; the repetitions' times stay in the stages' quartiles (in_step: the steps')",
+            "how": "each pass costs its repetitions' mean times its median in the runtime's trace of these steps over "
+                   "its repetitions' median; every microbatch a copy of the profiled one; the stages' quartiles are the "
+                   "repetitions', their in_step the steps'",
             "orders": [o.kind for o in orders.values()],
             "microbatches": next(iter(orders.values())).num_microbatches,
             "steps": n_steps,
