@@ -281,8 +281,8 @@ class _RoundResult:
 
 def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
     """Round ``r`` of profile_distributed: every stage (all ranks at once, or in turns where their
-    threads outnumber the cores), then every link; the round's measurements on rank 0 (None
-    elsewhere)."""
+    threads outnumber the cores), then, at once, the stages' passes inside steps (``in_step``),
+    then every link; the round's measurements on rank 0 (None elsewhere)."""
     spec, settings, group, rank, world = ctx.spec, ctx.settings, ctx.group, ctx.rank, ctx.world
     owner, mine, inputs, outs, crosses = ctx.owner, ctx.mine, ctx.inputs, ctx.outs, ctx.crosses
     device, progress, comm = ctx.device, ctx.progress, ctx.comm
