@@ -15,7 +15,9 @@ One launch, p=2 ranks (one process each, one torch thread each), a small GPT on 
      median moved 12.6-17.2 ms within one quiet minute), so a profile taken in one moment and
      steps taken in others would compare two machines; interleaved, the drift falls on both.
      The schedules are built on the first round alone, and what that one round predicts (a
-     one-shot profile) is reported beside the pooled prediction.
+     one-shot profile) is reported beside the pooled prediction, and so is what the profiler's
+     repetitions alone predict ("reps only": each pass at its repetitions' mean rather than at
+     its time in the profiler's own steps, ``zbsearch.profiler.in_step``).
 torch's schedules are predicted too: the order their stages ran (recorded from the stages' own
 forward / backward calls, not from torch's ``pipeline_order``, which for Schedule1F1B is only
 for display and differs from what it runs), simulated on the same profile. The profile times
@@ -50,6 +52,7 @@ from pipeline import launch, ours, round_robin
 from real_targets import Result, Spread, report_lines, verdicts
 
 import zbsearch as zb
+from zbsearch.formats.profile import MIN_TIME_MS
 from zbsearch.layout import placement
 from zbsearch.pooling import pool_profiles
 
@@ -169,6 +172,9 @@ def worker(rank, world, send, args) -> dict | None:
             got[name][1].extend(traces)
         taken.append(profile_round())
     pooled = {False: pool_profiles([t[0] for t in taken]), True: pool_profiles([t[1] for t in taken])}
+    # what the profiler's repetitions alone predict (each pass at its repetitions' mean, not its
+    # time in the profiler's steps): the same rounds, the same steps
+    alone = {False: pool_profiles([_repetitions(t[0]) for t in taken]), True: pool_profiles([_repetitions(t[1]) for t in taken])}
     # the order each torch schedule ran, every rank's, on rank 0
     ran = {name: traces[-1] for name, (_, traces) in got.items() if name.startswith("torch")}
     assert all(t == traces[-1] for name, (_, traces) in got.items() if name in ran for t in traces), \
@@ -194,9 +200,16 @@ def worker(rank, world, send, args) -> dict | None:
         row = {"wall_ms": _quartiles(walls), "predicted_makespan_ms": tl.makespan,
                "predicted_first_round_ms": zb.timeline(first).makespan,
                "wall_over_predicted": statistics.median(walls) / tl.makespan, "load_per_round": loads}
+        rep = first.model_copy(update={"profile": alone[first.stage_to_rank == V]})
+        row["predicted_repetitions_ms"] = zb.timeline(rep).makespan
         if name.startswith("ours"):
             row["makespan_ms"] = _quartiles([t.makespan_ms() for t in traces])
             row["measured_over_predicted"] = row["makespan_ms"]["median"] / tl.makespan
+            row["measured_over_repetitions"] = row["makespan_ms"]["median"] / row["predicted_repetitions_ms"]
+            row["passes_repetitions"] = [
+                {"rank": x.rank, "op": x.op.value, "measured_ms": x.measured_ms, "predicted_ms": x.predicted_ms, "ratio": x.ratio}
+                for x in compare_pass_times(rep, traces)
+            ]
             row["passes"] = [
                 {"rank": x.rank, "op": x.op.value, "measured_ms": x.measured_ms, "predicted_ms": x.predicted_ms, "ratio": x.ratio}
                 for x in compare_pass_times(sched, traces)
@@ -209,6 +222,18 @@ def worker(rank, world, send, args) -> dict | None:
         rows[name] = row
     return {"profiles": [json.loads(p.model_dump_json()) for p in (pooled[False], pooled[True])], "profile_s": profile_s,
             "loads": loads, "rows": rows}
+
+
+def _repetitions(p: zb.Profile) -> zb.Profile:
+    """``p`` as the profiler's repetitions alone measured it: every pass the profiler also timed
+    in steps (``zbsearch.profiler.in_step``) back at its repetitions' mean."""
+    if p.measured is None or not any(st.in_step for st in p.measured.stages):
+        return p
+    assert all(c.t_r is None and c.t_rs is None for c in p.stages), "recompute passes are scaled by in-step times"
+    stages = [c.model_copy(update={k: max(getattr(st, k).mean, MIN_TIME_MS) for k in (st.in_step or {})
+                                   if getattr(st, k) is not None and getattr(st, k).mean is not None})
+              for c, st in zip(p.stages, p.measured.stages)]
+    return p.model_copy(update={"stages": stages})
 
 
 def _spread(d: dict) -> Spread:
@@ -269,12 +294,14 @@ def main() -> None:
     print("V pieces / 2 stages (pieces 0+1 / stage 0; 2+3 / 1): " + "; ".join(
         f"{k[2:].upper()} " + ", ".join(f"{(pieces[2 * s][k] + pieces[2 * s + 1][k]) / whole[s][k]:.3f}" for s in range(2))
         for k in ("t_f", "t_b", "t_w", "t_bw", "t_ff")))
-    print(f"{'schedule':36} {'wall ms (q1-q3)':>24} {'makespan ms':>12} {'predicted':>10} {'1st round':>10} {'meas/pred':>10}")
+    print(f"{'schedule':36} {'wall ms (q1-q3)':>24} {'makespan ms':>12} {'predicted':>10} {'1st round':>10} "
+          f"{'reps only':>10} {'meas/pred':>10}")
     for name, r in rows.items():
         w, mk = r["wall_ms"], r.get("makespan_ms")
         ratio = f"{r['measured_over_predicted']:10.3f}" if mk else f"{r['wall_over_predicted']:10.3f} (wall; info)"
         print(f"{name:36} {w['median']:8.1f} ({w['q1']:6.1f}-{w['q3']:6.1f}) {mk['median'] if mk else float('nan'):12.1f} "
-              f"{r['predicted_makespan_ms']:10.1f} {r['predicted_first_round_ms']:10.1f} {ratio}")
+              f"{r['predicted_makespan_ms']:10.1f} {r['predicted_first_round_ms']:10.1f} {r['predicted_repetitions_ms']:10.1f} "
+              f"{ratio}" + (f" (reps only {r['measured_over_repetitions']:.3f})" if mk else ""))
     speedups = {}
     for side, base in (("ours", "ours 1f1b"), ("torch", "torch Schedule1F1B")):
         for name, r in rows.items():

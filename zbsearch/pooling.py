@@ -137,7 +137,10 @@ def _pool_first_stage_ways(profiles: Sequence[Profile]) -> tuple[dict, dict] | N
     (rounds may have picked differently where the ways are close). Returns the stage's and its
     record's updates; None where a round lacks the other way."""
     # per way, per round: each pass's record and its cost (a round's own way: the stage's times;
-    # the other way: its record's means, which is what the profiler costs a pass at)
+    # the other way: its record's means, which is what the profiler costs a pass at). Where a
+    # round took its own way's times inside steps (``profiler.in_step``), the steps ran that way
+    # only: the other way's means are scaled pass by pass as the steps scaled its own, so that
+    # both ways are compared, and costed, on the same footing.
     per_way: dict[bool, list[dict[str, tuple[Quartiles, float | None]]]] = {False: [], True: []}
     for p in profiles:
         spread = p.measured.stages[0] if p.measured is not None and p.measured.stages else None
@@ -145,7 +148,10 @@ def _pool_first_stage_ways(profiles: Sequence[Profile]) -> tuple[dict, dict] | N
             return None
         own, other = p.stages[0].deferred_first, spread.not_taken
         per_way[own].append({k: (getattr(spread, k), getattr(p.stages[0], k)) for k in _SPLIT})
-        per_way[not own].append({k: (getattr(other, k), getattr(other, k).mean) for k in _SPLIT})
+        steps = spread.in_step or {}
+        per_way[not own].append({k: (getattr(other, k), _as_in_steps(getattr(other, k).mean, getattr(p.stages[0], k),
+                                                                      getattr(spread, k).mean) if k in steps
+                                     else getattr(other, k).mean) for k in _SPLIT})
     pooled: dict[bool, dict[str, Quartiles | None]] = {False: {}, True: {}}
     times: dict[bool, dict[str, float]] = {False: {}, True: {}}
     for d, rows in per_way.items():
@@ -160,6 +166,14 @@ def _pool_first_stage_ways(profiles: Sequence[Profile]) -> tuple[dict, dict] | N
     return {"deferred_first": d, **times[d]}, {**pooled[d], "not_taken": not_taken}
 
 
+def _as_in_steps(mean: float | None, own_cost: float, own_mean: float | None) -> float | None:
+    """The other way's mean scaled by own_cost / own_mean, as the steps scaled the own way's
+    repetitions' mean to its cost; None where a mean was not recorded."""
+    if mean is None or own_mean is None:
+        return None
+    return mean * own_cost / max(own_mean, MIN_TIME_MS)
+
+
 def _pool_measured(profiles: Sequence[Profile]):
     first = profiles[0].measured
     assert first is not None
@@ -168,7 +182,10 @@ def _pool_measured(profiles: Sequence[Profile]):
         rows = [p.measured.stages[s] for p in profiles if p.measured is not None and s < len(p.measured.stages)]
         if len(rows) != len(profiles):
             return first  # a round without its spreads: keep the first as it is
-        fields = {k: _median_quartiles([getattr(r, k) for r in rows]) for k in PASSES if k in StageSpread.model_fields}
+        fields: dict = {k: _median_quartiles([getattr(r, k) for r in rows]) for k in PASSES if k in StageSpread.model_fields}
+        if all(r.in_step for r in rows):  # the passes timed in steps, where every round has them
+            keys = [k for k in rows[0].in_step or {} if all(k in (r.in_step or {}) for r in rows)]
+            fields["in_step"] = {k: _median_quartiles([(r.in_step or {})[k] for r in rows]) for k in keys}
         spreads.append(updated(rows[0], **fields))
     drifts = drift(profiles)
     warnings = list(dict.fromkeys(w for p in profiles if p.measured is not None for w in p.measured.warnings))

@@ -724,6 +724,10 @@ def profile(
         help="keep freed host memory in the process, as the runtime does by default (else passes pay page faults)"),
     timeout: float = typer.Option(
         PEER_TIMEOUT_S, "--timeout", help="seconds a rank waits for another rank's message while links are timed"),
+    in_step: bool = typer.Option(
+        True, "--in-step/--no-in-step",
+        help="under torchrun, take each pass's time from a few steps of the runtime (1F1B, split and fused) rather "
+             "than from repeating one microbatch: what a schedule's steps run"),
     recompute: bool = typer.Option(
         False, "--recompute",
         help="also time each stage's forward checkpointed and its recompute pass, and what it keeps (for solve --recompute; "
@@ -802,7 +806,7 @@ def profile(
             if per_layer:
                 spec.name = f"gpt-l{cfg.layers}-h{cfg.hidden}-s{cfg.seq}-b{cfg.microbatch_size}-units"
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads,
-                                 keep_heap=keep_heap, timeout=timeout, recompute=recompute)
+                                 keep_heap=keep_heap, timeout=timeout, recompute=recompute, in_step=in_step)
     if per_layer:
         with profiler.progress_bar(err) as bar:
             found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar)

@@ -198,6 +198,9 @@ class StageSpread(BaseModel):
     t_fs: Quartiles | None = None
     t_rs: Quartiles | None = None
     t_rf: Quartiles | None = None
+    in_step: dict[str, Quartiles] | None = Field(default=None, description=(
+        "the same passes timed inside steps of the runtime (t_f, t_b, t_w, t_ff, t_bw; zbsearch.profiler.in_step), "
+        "whose means are the stage's costs; the fields above are the repetitions'; older files lack it"))
     memory_residual: float | None = None
     output_bytes: int | None = None
     not_taken: WayNotTaken | None = None

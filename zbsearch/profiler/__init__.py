@@ -12,6 +12,7 @@ pass leaves, and the time to pass the stage's outputs to the next rank. The resu
 ``profile_one_device``
 ``profile_distributed``
 ``measure_stage``        F, B, W of one stage (``measure``)
+``in_step``              the same passes timed inside steps of the runtime (module)
 ``estimate_link``        latency and bandwidth between two local processes (``links``)
 ``profile_layers``       every unit of a model apart: a per-layer profile (``layers``)
 ``summary_table``        the profile as a rich table (``report``)

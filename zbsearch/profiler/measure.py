@@ -17,6 +17,9 @@ its time (``t_rf``). Where the stage declares modules for selective recomputatio
 (``runtime.selective``), also F checkpointed selectively and its RS pass, then B and W:
 ``t_fs``, ``t_rs`` and what that F keeps (``m_fs``).
 
+These repetitions time each pass alone. Under torchrun the profiler also times the passes inside
+steps of the runtime and costs them at those times (``in_step``, ``StageMeasurement.cost``).
+
 Clocks: on CPU ``perf_counter`` around each pass; on CUDA events on the current stream, read
 after one synchronisation per repetition, so the passes are not separated by host stalls.
 
@@ -94,18 +97,31 @@ class StageMeasurement:
     rs: Stats | None = None  # its selective recompute pass
     m_fs: float | None = None  # bytes the selectively checkpointed forward keeps
     rf: Stats | None = None  # the recompute pass before a fused backward
+    # the passes as the runtime's steps ran them (``in_step``): t_f, t_b, t_w, t_ff, t_bw -> times
+    in_step: dict[str, Stats] | None = None
 
     def cost(self) -> StageCost:
-        """The stage's costs as the profile holds them: each pass at its mean, m_w balancing m_f + m_b."""
+        """The stage's costs as the profile holds them: each pass at its mean, m_w balancing m_f + m_b.
+
+        Where the passes were also timed inside steps (``in_step``), each pass costs its
+        repetitions' mean times how much slower its median ran in the steps than in the
+        repetitions: what a schedule's steps run, the occasional slow pass included as the
+        repetitions saw it, and a burst of load on the few steps' passes resisted as a median
+        does. A recompute pass, which the steps do not run, is a forward run again: it is scaled
+        as the stage's forward (F, or FF before a fused backward) was."""
+        steps = self.in_step or {}
+        timed = {"t_f": self.f, "t_b": self.b, "t_w": self.w, "t_bw": self.bw, "t_ff": self.ff}
+        times = {k: _cost(st) * (steps[k].median / st.median if k in steps else 1.0) for k, st in timed.items()}
+        f_scale = times["t_f"] / _cost(self.f)
+        ff_scale = times["t_ff"] / _cost(self.ff)
         rc = {} if self.fc is None or self.r is None or self.m_fc is None else {
-            "t_fc": _cost(self.fc), "t_r": _cost(self.r), "m_fc": min(self.m_fc, self.m_f),
-            **({} if self.rf is None else {"t_rf": _cost(self.rf)})}
+            "t_fc": _cost(self.fc) * f_scale, "t_r": _cost(self.r) * f_scale, "m_fc": min(self.m_fc, self.m_f),
+            **({} if self.rf is None else {"t_rf": _cost(self.rf) * ff_scale})}
         if self.fs is not None and self.rs is not None and self.m_fs is not None:
-            rc.update({"t_fs": _cost(self.fs), "t_rs": _cost(self.rs), "m_fs": min(self.m_fs, self.m_f)})
+            rc.update({"t_fs": _cost(self.fs) * f_scale, "t_rs": _cost(self.rs) * f_scale,
+                       "m_fs": min(self.m_fs, self.m_f)})
         return StageCost(
-            t_f=_cost(self.f), t_b=_cost(self.b), t_w=_cost(self.w), t_bw=_cost(self.bw),
-            t_ff=_cost(self.ff), m_f=self.m_f, m_b=self.m_b, m_w=-(self.m_f + self.m_b),
-            deferred_first=self.deferred_first, **rc,
+            **times, m_f=self.m_f, m_b=self.m_b, m_w=-(self.m_f + self.m_b), deferred_first=self.deferred_first, **rc,
         )
 
     def record(self) -> dict:
@@ -120,6 +136,8 @@ class StageMeasurement:
             out["t_rf"] = self.rf.record()
         if self.fs is not None and self.rs is not None:
             out.update({"t_fs": self.fs.record(), "t_rs": self.rs.record()})
+        if self.in_step:
+            out["in_step"] = {k: st.record() for k, st in self.in_step.items()}
         if self.not_taken is not None:
             way = "plain" if self.deferred_first else "deferred"
             out["not_taken"] = {"w": way, **{k: st.record() for k, st in zip(("t_f", "t_b", "t_w"), self.not_taken)}}

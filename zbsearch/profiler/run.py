@@ -19,12 +19,17 @@ schedule will use (not one process per piece): a piece's time is its rank's, and
 boundaries between two ranks are timed as links; the hand-over between two pieces of one rank
 is local and costs 0, as in the runtime.
 
+Under torchrun, with the ranks measuring at once, each round then runs the stages in a few steps
+of the runtime, and the profile's pass times are those steps' (``in_step``): what a schedule's
+steps run, several microbatches in flight and waits between passes included.
+
 ``profile_model`` picks the mode from the environment torchrun sets (WORLD_SIZE > 1).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Iterator
@@ -40,6 +45,7 @@ from ..formats.profile import Profile
 from ..pooling import pool_profiles
 from ..runtime.identity import model_identity
 from ..runtime.p2p import P2P
+from .in_step import calibration_orders, calibration_steps, in_step_times, run_in_steps
 from .links import LinkModel, busy_exchange, estimate_link, exchange_plan, pingpong
 from .measure import StageMeasurement, Stats, disturbances, measure_stage
 from .settings import Settings, cpu_cores, device_name, resolve_device, resolve_dtype
@@ -233,7 +239,7 @@ def profile_distributed(
     layout = "one rank per stage" if placement is None else f"{p // world} pieces per rank, placement {owner}"
     mode = f"{layout}, {world} ranks" + ("" if together else ", in turns")
     profiles = [_assemble(spec, recorded, device, got.measured, got.t_comm, got.links, mode, name, placement, world,
-                          got.link_stats, got.host_ms, got.host_stats)
+                          got.link_stats, got.host_ms, got.host_stats, got.in_step)
                 for got in rounds if got is not None]
     if progress is not None:
         progress("done", steps * settings.rounds, steps * settings.rounds)
@@ -270,12 +276,13 @@ class _RoundResult:
     link_stats: list[Stats | None]  # per boundary: the one-way times, None inside a rank
     host_ms: dict[str, list[float]]  # "send" / "recv" -> per boundary: host time per message (ms)
     host_stats: list[tuple[str, int, Stats]]  # (end, boundary, host times) for the warnings
+    in_step: dict | None = None  # how the passes were timed in steps (the profile's measured.in_step), if they were
 
 
 def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
     """Round ``r`` of profile_distributed: every stage (all ranks at once, or in turns where their
-    threads outnumber the cores), then every link; the round's measurements on rank 0 (None
-    elsewhere)."""
+    threads outnumber the cores), then, at once, the stages' passes inside steps (``in_step``),
+    then every link; the round's measurements on rank 0 (None elsewhere)."""
     spec, settings, group, rank, world = ctx.spec, ctx.settings, ctx.group, ctx.rank, ctx.world
     owner, mine, inputs, outs, crosses = ctx.owner, ctx.mine, ctx.inputs, ctx.outs, ctx.crosses
     device, progress, comm = ctx.device, ctx.progress, ctx.comm
@@ -300,6 +307,18 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
         if progress is not None:
             progress(f"{tag}all ranks at once: F, B, W", done, steps * settings.rounds)
         results = {s: measure(s) for s in mine}
+    # the same passes inside steps of the runtime, all ranks at once as they were measured
+    # (ranks that take turns would time each other's share of a core in the steps)
+    orders = calibration_orders(owner, results[0].deferred_first if 0 in results else False) \
+        if settings.in_step and ctx.together else None
+    traces = None
+    if orders is not None:
+        if progress is not None:
+            progress(f"{tag}passes in steps", done, steps * settings.rounds)
+        n_steps = calibration_steps(settings.repeat, orders)
+        traces = run_in_steps(orders, {s: spec.stages[s] for s in mine}, spec.microbatch if 0 in mine else (),
+                              spec.loss_fn, spec.target, n_steps, group=group, device=device,
+                              timeout=settings.timeout, keep_heap=settings.keep_heap)
     # Links one at a time, so that no two transfers share the network or the host: the
     # link idle (ping-pong), then what a message costs each end while both compute.
     t_link: dict[int, Stats] = {}
@@ -332,6 +351,18 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
         return None
     assert parts is not None  # rank 0 gathered them
     measured = {s: m for got, _, _, _ in parts for s, m in got.items()}
+    in_step = None
+    if orders is not None and traces is not None:
+        for s, times in enumerate(in_step_times(traces, p)):
+            measured[s] = dataclasses.replace(measured[s], in_step=times or None)
+        in_step = {
+            "how": "each pass costs its repetitions' mean times its median in the runtime's trace of these steps over "
+                   "its repetitions' median; every microbatch a copy of the profiled one; the stages' quartiles are the "
+                   "repetitions', their in_step the steps'",
+            "orders": [o.kind for o in orders.values()],
+            "microbatches": next(iter(orders.values())).num_microbatches,
+            "steps": n_steps,
+        }
     timed = {b: t for _, got, _, _ in parts for b, t in got.items()}
     # a boundary's send time pools both ends' sends (activations one way, gradients the other)
     pooled: dict[tuple[str, int], list[float]] = {}
@@ -360,6 +391,7 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
         link_stats=[timed.get(b) for b in range(p - 1)],
         host_ms=host_ms,
         host_stats=[(end, b, st) for (end, b), st in sorted(host.items())],
+        in_step=in_step,
     )
 
 
@@ -419,6 +451,7 @@ def _assemble(
     spec: ModelSpec, settings: dict, device: torch.device, results: list[StageMeasurement], t_comm: list[float],
     links: dict, mode: str, name: str | None, placement: list[int] | None, ranks: int, link_stats: list[Stats | None],
     host_ms: dict[str, list[float]] | None = None, host_stats: list[tuple[str, int, Stats]] | None = None,
+    in_step: dict | None = None,
 ) -> Profile:
     dtype = next((q.dtype for q in spec.stages[0].parameters() if q.is_floating_point()), torch.get_default_dtype())
     return Profile(
@@ -443,6 +476,7 @@ def _assemble(
             "boundary_bytes": [r.output_bytes for r in results[:-1]],
             "stages": [r.record() for r in results],
             "warnings": disturbances(results, device, settings["threads"], ranks, link_stats, host_stats or ()),
+            **({"in_step": in_step} if in_step else {}),
         },
     )
 

@@ -44,6 +44,10 @@ class Settings:
     # checkpointed forward keeps (t_fc, t_r, m_fc), and the same for selective recomputation
     # where the stage declares modules for it (t_fs, t_rs, m_fs): what solve --recompute needs.
     recompute: bool = False
+    # Under torchrun, also time the passes inside a few steps of the runtime, and take those
+    # times (zbsearch.profiler.in_step): what a schedule's steps run, other microbatches in
+    # flight and waits between passes included.
+    in_step: bool = True
     timeout: float = PEER_TIMEOUT_S
 
     def check(self) -> None:
