@@ -42,6 +42,9 @@ class Shares:
         search_large: beyond the exact MILP's size, the local search's share (then the MILP
             windows); beyond ``search_passes`` passes, none: each candidate costs a
             simulation of thousands of passes and the windows improve many at once.
+        search_recompute: as ``search_large`` where the solver chooses what to recompute
+            ("auto"): the MILP windows keep each microbatch's recomputation as it is, the local
+            search changes it, so it gets the larger share.
         exact_relaxed: for the span, the exact idle relaxation's share of the time left before
             the exact ASAP model.
     """
@@ -57,6 +60,7 @@ class Shares:
     search_first: float = 0.25
     search_second: float = 0.5
     search_large: float = 0.1
+    search_recompute: float = 0.5
     search_passes: int = 2000
     exact_relaxed: float = 0.5
 

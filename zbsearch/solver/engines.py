@@ -8,9 +8,10 @@ proves goes through ``SolveRun.raise_bound``. This is the seam where another eng
 solver, say) plugs in: pass ``solve(engines=[...])``.
 
 The default engines, in order (``default_engines``): the local search over per-rank orders
-(``local_search``), the exact MILP on small problems without recomputation (``milp.exact``,
-which can prove optimality), the local search again, then MILP windows (``milp.improve``)
-until the deadline. The ``Budget``'s shares say how long each may take.
+(``local_search``; where it chooses what to recompute, a larger share: the windows below keep
+recomputation as it is), the exact MILP on small problems without recomputation
+(``milp.exact``, which can prove optimality), the local search again, then MILP windows
+(``milp.improve``) until the deadline. The ``Budget``'s shares say how long each may take.
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ def default_engines(run: SolveRun) -> list[tuple[Engine, float | None]]:
     small = passes <= EXACT_PASSES
     out: list[tuple[Engine, float | None]] = []
     # further starts only where no exact model follows: on small problems it needs the time
-    first = sh.search_first if small else sh.search_large if passes <= sh.search_passes else 0.0
+    large = sh.search_recompute if run.problem.recompute == "auto" else sh.search_large
+    first = sh.search_first if small else large if passes <= sh.search_passes else 0.0
     out.append((LocalSearch(first, with_starts=not small), None))
     if small:
         out.append((ExactMILP(sh.exact_relaxed), None))
