@@ -77,6 +77,14 @@ def _tails(cost: CostModel, targets: set, preds) -> dict:
     return tail
 
 
+def _rank_paths(cost: CostModel, r: int, preds) -> tuple[dict, dict]:
+    """Per pass type, its release from rank r's first pass (the forward of its lowest stage)
+    and its tail to the end of r's last pass (``_NEG`` where there is no path)."""
+    stages = cost.rank_stages(r)
+    mine = {(s, op) for s in stages for op in (Op.F, Op.B, Op.W)}
+    return earliest_starts(cost, (min(stages), Op.F), preds), _tails(cost, mine, preds)
+
+
 def _carlier(jobs: list[tuple[float, float, float]], m: int) -> float:
     """max over thresholds of min release + m * total time + min tail, jobs = (rel, time, tail)."""
     best = 0.0
@@ -95,10 +103,7 @@ def rank_span_lower_bounds(cost: CostModel, num_microbatches: int) -> list[float
     preds = type_graph(cost)
     out = []
     for r in range(cost.num_ranks):
-        stages = cost.rank_stages(r)
-        mine = {(s, op) for s in stages for op in (Op.F, Op.B, Op.W)}
-        rel = earliest_starts(cost, (min(stages), Op.F), preds)
-        tail = _tails(cost, mine, preds)
+        rel, tail = _rank_paths(cost, r, preds)
         best = 0.0
         for q in range(cost.num_ranks):
             jobs = [(rel[n], cost.time(*n), tail[n]) for n in preds
@@ -267,10 +272,7 @@ def rank_deferral_span_lower_bounds(cost: CostModel, num_microbatches: int, limi
     preds = type_graph(cost)
     out = []
     for r in range(cost.num_ranks):
-        stages = cost.rank_stages(r)
-        mine = {(s, op) for s in stages for op in (Op.F, Op.B, Op.W)}
-        rel = earliest_starts(cost, (min(stages), Op.F), preds)
-        tail = _tails(cost, mine, preds)
+        rel, tail = _rank_paths(cost, r, preds)
         best = 0.0
         for q in range(cost.num_ranks):
             allowed = allowance(limit[q])

@@ -145,7 +145,7 @@ def _stage_recompute(layers: LayerProfile, lo: int, hi: int) -> dict[str, float]
                    t_r=max(sum(u.t_r for u in us), MIN_TIME_MS),  # type: ignore[misc]
                    m_fc=_kept_input(layers, lo, sum(u.m_f for u in us)))
         if any(u.t_rf is not None for u in us):  # before a fused backward: each unit's plain forward again
-            out["t_rf"] = max(sum(u.t_r if u.t_rf is None else u.t_rf for u in us), MIN_TIME_MS)  # type: ignore[misc]
+            out["t_rf"] = max(sum(u.fused_recompute for u in us), MIN_TIME_MS)  # type: ignore[misc]
     offers = [u.t_rs is not None and u.m_fs is not None for u in us]
     if any(offers):
         out.update(t_fs=max(sum(u.t_fs if o and u.t_fs is not None else forward(u) for u, o in zip(us, offers)),

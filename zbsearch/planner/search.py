@@ -169,7 +169,8 @@ def unit_work(layers: LayerProfile, recompute: str = "none") -> list[float]:
 def _least_forward(u: Unit, recompute: str) -> float:
     """The least a unit's forward, with its recompute pass where recomputed, can cost a stage."""
     plain = min(u.t_f, u.fused_forward)
-    recompute_pass = None if u.t_r is None else min(u.t_r, u.t_rf or u.t_r)  # before a split or a fused backward
+    rf = u.fused_recompute  # before a fused backward; None exactly where t_r is
+    recompute_pass = None if u.t_r is None or rf is None else min(u.t_r, rf)
     full = None if recompute_pass is None or u.m_fc is None else min(plain, u.t_fc or plain) + recompute_pass
     if recompute == "full":
         return plain if full is None else full
