@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from tests.helpers import make_profile
+from tests.helpers import check_first_stage_way, make_profile
 from zbsearch.errors import ZbError
 from zbsearch.formats.profile import Links, Measurement, Quartiles, StageSpread, WayNotTaken
 from zbsearch.pooling import DRIFT_LIMIT, drift, pool_profiles
@@ -130,11 +130,7 @@ def test_a_first_stage_measured_both_ways_pools_each_way_and_keeps_the_cheaper(s
         measured = r.measured.model_copy(update={"stages": [spread, *r.measured.stages[1:]]})
         rounds.append(r.model_copy(update={"stages": [st, *r.stages[1:]], "measured": measured}))
     pooled = pool_profiles(rounds)
-    medians = {d: [statistics.median(t[i] for t in want[d]) for i in range(3)] for d in (False, True)}
-    best = min((False, True), key=lambda d: sum(medians[d]))
-    st = pooled.stages[0]
-    assert st.deferred_first is best
-    assert [st.t_f, st.t_b, st.t_w] == pytest.approx(medians[best])
+    best = check_first_stage_way(pooled, want)
     assert pooled.measured.stages[0].not_taken.w == ("plain" if best else "deferred")
     assert [st.t_f for st in pooled.stages[1:]] == pytest.approx(
         [statistics.median(r.stages[s].t_f for r in rounds) for s in range(1, p)])

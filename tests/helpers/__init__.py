@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from zbsearch import Profile, StageCost
 
-__all__ = ["make_profile", "run_cli", "cli_command"]
+__all__ = ["make_profile", "run_cli", "cli_command", "check_first_stage_way"]
 
 
 def make_profile(p, t_f=1.0, t_b=1.0, t_w=1.0, m_w=0.4, t_comm=0.0, name="unit", stages=None, keep=None):
@@ -36,3 +39,15 @@ def cli_command() -> list[str]:
 def run_cli(*args, **kw) -> subprocess.CompletedProcess:
     """Run ``zbsearch ARGS`` in a subprocess, capturing text output."""
     return subprocess.run([*cli_command(), *map(str, args)], capture_output=True, text=True, **kw)
+
+
+def check_first_stage_way(pooled: Profile, want: dict[bool, list]) -> bool:
+    """Check ``pool_profiles``'s first stage against ``want``: per way of its W (deferred or not)
+    each round's (t_f, t_b, t_w) in that way. Each way pools to its per-pass medians, and the
+    cheaper of the two is kept; returns that way."""
+    medians = {d: [statistics.median(t[i] for t in want[d]) for i in range(3)] for d in (False, True)}
+    best = min((False, True), key=lambda d: sum(medians[d]))
+    st = pooled.stages[0]
+    assert st.deferred_first is best, (st.deferred_first, medians)
+    assert [st.t_f, st.t_b, st.t_w] == pytest.approx(medians[best]), medians
+    return best

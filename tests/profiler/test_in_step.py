@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import zbsearch as zb
+from tests.helpers import check_first_stage_way
 from zbsearch.actions import Action, Op
 from zbsearch.distributed import run_local
 from zbsearch.formats.profile import Quartiles
@@ -152,12 +153,7 @@ def test_pooling_scales_the_way_not_run_in_steps_as_the_steps_scaled_the_one_run
         rounds.append(zb.Profile(name="r", memory_unit="bytes", stages=[cost, later], measured=measured))
         want[own].append([reps[k] * scale[k] for k in reps])
         want[not own].append([other[k] * scale[k] for k in reps])
-    pooled = pool_profiles(rounds)
-    medians = {d: [statistics.median(t[i] for t in want[d]) for i in range(3)] for d in (False, True)}
-    best = min((False, True), key=lambda d: sum(medians[d]))
-    st = pooled.stages[0]
-    assert st.deferred_first is best
-    assert [st.t_f, st.t_b, st.t_w] == pytest.approx(medians[best])
+    check_first_stage_way(pool_profiles(rounds), want)
 
 
 # -- real steps on two ranks --------------------------------------------------------------------------
