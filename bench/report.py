@@ -787,8 +787,12 @@ def plan(docs: list[dict]) -> list[str]:
         else:
             out += [f"torchtitan baseline against torchtitan's `_generate_llm_fqn_per_model_part`: {t['rule_equal']} of "
                     f"{t['rule_cases']} (layers, stages) cases equal.", ""]
-            out += _table(["schedule name", "module FQNs as parsed = exported", "stage mapping = plan's"],
-                          [[e["schedule"], "yes" if e["fqns_equal"] else "NO", "yes" if e["placement_equal"] else "NO"]
+            split = all("split_equal" in e for e in t["exports"])  # older results did not check the split
+            yes = ("yes", "NO")
+            out += _table(["schedule name", *(["layer names"] if split else []), "module FQNs as parsed = exported",
+                           "stage mapping = plan's", *(["torchtitan's module split = plan's cut"] if split else [])],
+                          [[e["schedule"], *([e["names"]] if split else []), yes[not e["fqns_equal"]],
+                            yes[not e["placement_equal"]], *([yes[not e["split_equal"]]] if split else [])]
                            for e in t["exports"]])
             out.append("")
     return out
