@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import zbsearch as zb
-from zbsearch.app.cli import main
+from tests.helpers import run_main as _run
 from zbsearch.formats.layers import LayerProfile, save_layers
 from zbsearch.planner import llama_layers
 
@@ -56,13 +56,6 @@ def _torchtitan_split(parts: list[list[str]], num_layers: int) -> list[tuple[lis
         ignored = [n for n in names if n not in _TOP and not (n.startswith("layers.") and n.split(".", 1)[1] in keys)]
         out.append((kept, tops, ignored))
     return out
-
-
-def _run(capsys, *args) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main([str(a) for a in args])
-    got = capsys.readouterr()
-    return info.value.code, got.out, got.err
 
 
 @pytest.mark.parametrize("layers, placement, name", [
