@@ -483,22 +483,37 @@ def solve_time(args, tmp: Path) -> dict:
 # -- torchtitan ------------------------------------------------------------------------------------
 _TT_CHECK = r'''
 import json, sys
-from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _get_pp_rank_to_stage_indices_mapping
+import torch
+from torchtitan.distributed.pipeline_parallel import (_generate_llm_fqn_per_model_part, _get_pp_rank_to_stage_indices_mapping,
+                                                      _split_module)
 from torchtitan.config.manager import ConfigManager
+
+class Decoder(torch.nn.Module):  # the children of torchtitan's decoder: layers keyed by position
+    def __init__(self, n):
+        super().__init__()
+        self.tok_embeddings = torch.nn.Embedding(8, 4)
+        self.layers = torch.nn.ModuleDict({str(i): torch.nn.Linear(4, 4) for i in range(n)})
+        self.norm = torch.nn.LayerNorm(4)
+        self.lm_head = torch.nn.Linear(4, 8)
+
 cases, exports = json.loads(sys.stdin.read())
 out = {"rules": [], "exports": []}
 for L, S, ours in cases:
     theirs = _generate_llm_fqn_per_model_part(S, L, 1, 1)
     out["rules"].append([L, S, [len([n for n in st if n.startswith("layers.")]) for st in theirs] == ours])
-for args, fqns, stage_to_rank, P in exports:
+for names, args, fqns, stage_to_rank, P, layers_per_stage in exports:
     cfg = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel", *args])
     par = cfg.parallelism
     mapping = {}
     for r in range(P):
         for s in _get_pp_rank_to_stage_indices_mapping(r, P, par.pipeline_parallel_schedule, len(fqns)):
             mapping[s] = r
-    out["exports"].append({"fqns_equal": par.module_fqns_per_model_part == fqns,
+    model = Decoder(sum(layers_per_stage))
+    kept = [list(_split_module(model, part).layers.keys()) for part in par.module_fqns_per_model_part]
+    out["exports"].append({"names": names, "fqns_equal": par.module_fqns_per_model_part == fqns,
                            "placement_equal": [mapping[s] for s in range(len(fqns))] == stage_to_rank,
+                           "split_equal": [len(k) for k in kept] == layers_per_stage
+                           and sum(kept, []) == [str(i) for i in range(sum(layers_per_stage))],
                            "schedule": par.pipeline_parallel_schedule, "csv": par.pipeline_parallel_schedule_csv})
 print(json.dumps(out))
 '''
@@ -518,9 +533,18 @@ def torchtitan(args, tmp: Path) -> dict:
     for placement in ("one", "v"):
         L = llama_layers(12, vocab=128256, **LLAMA)
         res = plan(L, 4, 8, 80 * GIB, placement=placement, optimizer="mixed", time_limit=10)
-        ex = torchtitan_export(res.schedule, str(tmp / f"{placement}.csv"))
-        (tmp / f"{placement}.csv").write_text(ex.csv)
-        exports.append([ex.args, ex.module_fqns_per_model_part, res.schedule.stage_to_rank, 4])
+        # the same cut of layers named otherwise: torchtitan names them by position all the same
+        units = [u.model_copy(update={"name": f"block_{i}"}) if u.kind == "layer" else u for i, u in enumerate(L.units, -1)]
+        renamed = res.schedule.model_copy(deep=True)
+        assert renamed.partition is not None
+        rename = dict(zip(L.names, [u.name for u in units]))
+        renamed.partition.units = [rename[n] for n in renamed.partition.units]
+        renamed.partition.stages = [[rename[n] for n in st] for st in renamed.partition.stages]
+        for names, sched in (("as profiled", res.schedule), ("renamed block_i", renamed)):
+            ex = torchtitan_export(sched, str(tmp / f"{placement}.csv"))
+            (tmp / f"{placement}.csv").write_text(ex.csv)
+            exports.append([names, ex.args, ex.module_fqns_per_model_part, sched.stage_to_rank, 4,
+                            sched.partition.layers_per_stage])
     env = {**os.environ, "PYTHONPATH": args.torchtitan_path}
     r = subprocess.run([sys.executable, "-c", _TT_CHECK], input=json.dumps([cases, exports]), capture_output=True,
                        text=True, env=env, cwd=tmp)

@@ -1,4 +1,4 @@
-"""Issue 12's targets for real passes, as verdicts on the figures ``bench/real.py`` measured.
+"""The targets for real passes, as verdicts on the figures ``bench/real.py`` measured.
 
 Kept apart from the measuring, without torch, so that the verdict logic is tested on synthetic
 figures (``tests/bench/test_real_targets.py``): a wrong verdict would otherwise show only on

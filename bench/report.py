@@ -8,7 +8,9 @@ survive a regeneration.
 
 Run: python bench/report.py TOPIC [RESULTS.json ...] [--hardware TAG] [--date YYYY-MM-DD] [-o FILE]
      python bench/report.py --list
-The report goes to bench/reports/TOPIC_HARDWARE_DATE.md (or -o; '-' for stdout).
+The report goes to bench/reports/TOPIC_HARDWARE_DATE.md (or -o; '-' for stdout); a later run of
+the topic on a day that has its report already takes --date DATE-2 (DATE-3, ...). The docs site
+lists the newest report of each name (``reports_by_name``) and marks the earlier ones superseded.
 """
 
 from __future__ import annotations
@@ -29,6 +31,65 @@ ROOT = BENCH.parent
 RESULTS = BENCH / "results"
 REPORTS = BENCH / "reports"
 NOTES = "<!-- notes: text below this line is kept when the report is regenerated -->"
+
+
+# ---------------------------------------------------------------- report files
+
+# NAME_HARDWARE_DATE.md; a later run of one name on one day that already has a report adds -N
+# to the date (the N-th run that day; the plain date is the first). NAME is the topic, or what
+# --name gave in its place; it holds no underscore, HARDWARE none either.
+_REPORT_NAME = re.compile(r"(?P<name>[^_]+)_(?P<hardware>[^_]+)_(?P<date>\d{4}-\d{2}-\d{2}|undated)(?:-(?P<run>[2-9]|[1-9]\d+))?")
+
+
+@dataclass(frozen=True)
+class ReportFile:
+    """One report in ``bench/reports``, as its file name describes it."""
+
+    path: Path
+    name: str  # its topic: the docs site's Results menu shows the newest report of each name
+    hardware: str
+    date: str  # YYYY-MM-DD, or undated
+    run: int  # 1 for the first run of the name on that day
+
+    @property
+    def when(self) -> tuple[str, int]:
+        """What orders the reports of one name, oldest first (an undated one is the oldest)."""
+        return ("" if self.date == "undated" else self.date, self.run)
+
+    @property
+    def label(self) -> str:
+        """The date, and the run where it is not the day's first."""
+        return self.date if self.run == 1 else f"{self.date}, run {self.run}"
+
+    @property
+    def title(self) -> str:
+        """The report's heading."""
+        return self.path.read_text().splitlines()[0].lstrip("# ").strip()
+
+
+def report_file(path: Path) -> ReportFile:
+    """What a report's file name says (ValueError: a name outside the rule above)."""
+    found = _REPORT_NAME.fullmatch(path.stem)
+    if not found or path.suffix != ".md":
+        raise ValueError(f"{path.name}: a report is named NAME_HARDWARE_DATE.md (DATE: YYYY-MM-DD, -N for a later run "
+                         "that day)")
+    return ReportFile(path, found["name"], found["hardware"], found["date"], int(found["run"] or 1))
+
+
+def reports_by_name(folder: Path = REPORTS) -> dict[str, list[ReportFile]]:
+    """Each name's reports in ``folder``, newest first, names in order (ValueError: a file named
+    outside the rule, or two reports of one name with one date and run)."""
+    out: dict[str, list[ReportFile]] = {}
+    for path in sorted(folder.glob("*.md")):
+        rep = report_file(path)
+        out.setdefault(rep.name, []).append(rep)
+    for reps in out.values():
+        reps.sort(key=lambda r: r.when, reverse=True)
+        for a, b in zip(reps, reps[1:]):
+            if a.when == b.when:
+                raise ValueError(f"{b.path.name} and {a.path.name}: two reports of {a.name} dated {a.label}, neither "
+                                 "the later; give the later one's date the next run number (-N)")
+    return dict(sorted(out.items()))
 
 
 # ---------------------------------------------------------------- provenance
@@ -787,8 +848,12 @@ def plan(docs: list[dict]) -> list[str]:
         else:
             out += [f"torchtitan baseline against torchtitan's `_generate_llm_fqn_per_model_part`: {t['rule_equal']} of "
                     f"{t['rule_cases']} (layers, stages) cases equal.", ""]
-            out += _table(["schedule name", "module FQNs as parsed = exported", "stage mapping = plan's"],
-                          [[e["schedule"], "yes" if e["fqns_equal"] else "NO", "yes" if e["placement_equal"] else "NO"]
+            split = all("split_equal" in e for e in t["exports"])  # older results did not check the split
+            yes = ("yes", "NO")
+            out += _table(["schedule name", *(["layer names"] if split else []), "module FQNs as parsed = exported",
+                           "stage mapping = plan's", *(["torchtitan's module split = plan's cut"] if split else [])],
+                          [[e["schedule"], *([e["names"]] if split else []), yes[not e["fqns_equal"]],
+                            yes[not e["placement_equal"]], *([yes[not e["split_equal"]]] if split else [])]
                            for e in t["exports"]])
             out.append("")
     return out
@@ -999,9 +1064,11 @@ def main() -> None:
     ap.add_argument("topic", nargs="?", choices=sorted(TOPICS))
     ap.add_argument("results", nargs="*", help="results JSON, or COMMIT:bench/results/NAME.json as saved in a commit "
                     "(default: the topic's files in bench/results)")
-    ap.add_argument("--name", help="report name in place of the topic, for a second run of a topic on one day")
+    ap.add_argument("--name", help="report name in place of the topic: a report of its own in the docs site's Results "
+                    "menu, not one that supersedes the topic's")
     ap.add_argument("--hardware", help="hardware part of the file name (default: from the CPU model and cores)")
-    ap.add_argument("--date", help="date part of the file name (default: the run's, else the file's commit date)")
+    ap.add_argument("--date", help="date part of the file name, DATE-N for the N-th run of a day (default: the run's "
+                    "date, else the file's commit date; needed where that day has several runs)")
     ap.add_argument("-o", "--output", help="report file ('-': stdout; default: bench/reports/NAME_HARDWARE_DATE.md)")
     ap.add_argument("--list", action="store_true", help="list the topics and their results files")
     args = ap.parse_args()
@@ -1014,8 +1081,19 @@ def main() -> None:
     if args.output == "-":
         print(text, end="")
         return
-    name = args.name or args.topic
-    out = Path(args.output) if args.output else REPORTS / f"{name}_{args.hardware or machine.tag}_{args.date or date}.md"
+    name, hardware = args.name or args.topic, args.hardware or machine.tag
+    if args.output:
+        out = Path(args.output)
+    else:
+        same_day = [r for r in reports_by_name().get(name, []) if (r.hardware, r.date) == (hardware, date)]
+        if len(same_day) > 1 and not args.date:
+            sys.exit(f"error: {name} has {len(same_day)} runs dated {date} on {hardware}; say which with --date "
+                     f"({', '.join(r.path.stem.rsplit('_', 1)[1] for r in reversed(same_day))}, or the next for a new one)")
+        out = REPORTS / f"{name}_{hardware}_{args.date or date}.md"
+        try:
+            report_file(out)
+        except ValueError as e:
+            sys.exit(f"error: {e}")
     notes = ""
     if out.is_file() and NOTES in out.read_text():
         notes = out.read_text().split(NOTES, 1)[1].lstrip("\n")

@@ -193,3 +193,30 @@ def test_the_profiler_times_the_recompute_pass_the_runtime_runs_before_a_fused_b
     assert recomputes == [False, True] * 4
     plain = measure_stage(st, (x,), None, torch.device("cpu"), 1, 2)
     assert plain.cost().t_rf is None and "t_rf" not in plain.record()
+
+
+def _cheap_recompute(seed: int) -> Profile:
+    """Two stages whose checkpointed forward and its recompute pass together cost less than a
+    plain forward (t_fc + t_r < t_f; on odd seeds selective recomputation the same)."""
+    rng = random.Random(seed)
+    stages = []
+    for _ in range(2):
+        t_f, t_b, t_w = rng.uniform(1.5, 2.5), rng.uniform(1, 2), rng.uniform(0.5, 1)
+        extra = {"t_fc": t_f * rng.uniform(0.3, 0.6), "t_r": t_f * rng.uniform(0.2, 0.4), "m_fc": 0.1}
+        if seed % 2:
+            extra.update(t_fs=t_f * rng.uniform(0.4, 0.7), t_rs=t_f * 0.2, m_fs=0.5)
+        stages.append(StageCost(t_f=t_f, t_b=t_b, t_w=t_w, t_ff=t_f * 0.95, m_f=1.0, m_b=-0.4, m_w=-0.6, **extra))
+    return Profile(name="cheap-r", memory_unit="activations", stages=stages, t_comm=0.1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bounds_hold_where_a_checkpointed_forward_and_its_recompute_pass_cost_less_than_a_plain_forward(seed):
+    """The bounds take a forward at its least, checkpointed included, and a recompute pass at
+    nothing (or, weighing memory, at its least): pricing forwards at min(t_f, t_ff) would put
+    the bound above what recomputing every microbatch achieves."""
+    cost, m, limit = zb.CostModel.from_profile(_cheap_recompute(seed), [0, 1]), 2, [1.5, 1.5]
+    for objective, bound in (("span", memory_span_lower_bound), ("makespan", memory_makespan_lower_bound)):
+        best, rows = brute_force(cost, m, limit, objective, recompute=True)
+        assert any(a.op in (Op.R, Op.RS) for row in rows for a in row)
+        assert bound(cost, m, limit) <= best * (1 + TOL)
+        assert bound(cost.without_recompute(), m, None) > best  # forwards at min(t_f, t_ff): above the optimum

@@ -23,7 +23,7 @@ import pytest
 
 import zbsearch as zb
 from tests.helpers import cli_command
-from zbsearch.app.cli import main
+from tests.helpers import run_main as _run
 
 
 def _snapshot(root: Path) -> dict[str, tuple]:
@@ -35,13 +35,6 @@ def _snapshot(root: Path) -> dict[str, tuple]:
         out[str(p.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), digest,
                                         os.readlink(p) if p.is_symlink() else None)
     return out
-
-
-def _run(capsys, *args) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main([str(a) for a in args])
-    captured = capsys.readouterr()
-    return info.value.code, captured.out, captured.err
 
 
 def _schedule_doc(**edits) -> dict:

@@ -7,19 +7,12 @@ import json
 import pytest
 
 import zbsearch as zb
+from tests.helpers import run_main as _run
 from tests.helpers.layers import random_layers
-from zbsearch.app.cli import main
 from zbsearch.formats.layers import save_layers
 from zbsearch.planner import llama_layers
 
 pytestmark = pytest.mark.slow  # the solver runs
-
-
-def _run(capsys, *args) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main([str(a) for a in args])
-    captured = capsys.readouterr()
-    return info.value.code, captured.out, captured.err
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from bench.report import NOTES, REPORTS, RESULTS, TOPICS, _round, render, source
+from bench.report import NOTES, RESULTS, TOPICS, _round, render, reports_by_name, source
 
 
 @pytest.mark.parametrize("topic", sorted(TOPICS))
@@ -30,14 +30,15 @@ def _in_git() -> bool:
 @pytest.mark.skipif(not _in_git(), reason="the reports name the commits that saved their results")
 @pytest.mark.parametrize("topic", sorted(TOPICS))
 def test_the_newest_report_is_what_its_results_render_to(topic):
-    reports = sorted(REPORTS.glob(f"{topic}_*.md"), key=lambda p: p.stem.rsplit("_", 1)[-1])
+    reports = reports_by_name().get(topic)
     if not reports:
         pytest.skip(f"no report of {topic} yet")
-    generated = reports[-1].read_text().split(NOTES, 1)[0].rstrip()
+    newest = reports[0].path
+    generated = newest.read_text().split(NOTES, 1)[0].rstrip()
     if "replaced since by a later run" in generated:
         pytest.skip("rendered from results an earlier commit saved")
     text, _, _ = render(topic, [source(str(RESULTS / f)) for f in TOPICS[topic].files])
-    assert generated == text.rstrip(), f"{reports[-1].name} differs from `python bench/report.py {topic} -o -`"
+    assert generated == text.rstrip(), f"{newest.name} differs from `python bench/report.py {topic} -o -`"
 
 
 def test_a_results_file_the_checkout_has_not_committed_says_so(tmp_path):

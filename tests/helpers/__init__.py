@@ -41,6 +41,16 @@ def run_cli(*args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([*cli_command(), *map(str, args)], capture_output=True, text=True, **kw)
 
 
+def run_main(capsys, *args) -> tuple[int, str, str]:
+    """Run ``zbsearch ARGS`` in this process (the real entry point): exit code, stdout, stderr."""
+    from zbsearch.app.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return info.value.code, captured.out, captured.err
+
+
 def check_first_stage_way(pooled: Profile, want: dict[bool, list]) -> bool:
     """Check ``pool_profiles``'s first stage against ``want``: per way of its W (deferred or not)
     each round's (t_f, t_b, t_w) in that way. Each way pools to its per-pass medians, and the

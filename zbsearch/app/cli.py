@@ -454,7 +454,9 @@ def export(
 
 
 def _export_torchtitan(schedule_path: Path, output: str, force: bool) -> None:
-    """The plan's CSV and torchtitan's overrides (``args.txt``) in the folder ``output``."""
+    """The plan's CSV and torchtitan's overrides (``args.txt``, shell-quoted) in the folder ``output``."""
+    import shlex
+
     from zbsearch.planner.torchtitan import torchtitan_export
 
     if output in ("", "-"):
@@ -464,10 +466,11 @@ def _export_torchtitan(schedule_path: Path, output: str, force: bool) -> None:
         raise ZbError(f"{folder}: exists and is not a folder; -o names the folder for torchtitan's files")
     csv_path, args_path = folder / "schedule.csv", folder / "args.txt"
     check_writable(csv_path)
-    exported = torchtitan_export(_load_schedule(schedule_path, None, force=force), str(csv_path))
+    # the overrides name the CSV by its absolute path: torchtitan may start in any folder
+    exported = torchtitan_export(_load_schedule(schedule_path, None, force=force), str(csv_path.resolve()))
     write_text(csv_path, exported.csv)
-    write_text(args_path, " ".join(exported.args) + "\n")
-    out.print(" ".join(exported.args), soft_wrap=True, highlight=False)
+    write_text(args_path, shlex.join(exported.args) + "\n")
+    out.print(shlex.join(exported.args), soft_wrap=True, highlight=False)
     err.print(f"wrote {csv_path}, {args_path}", highlight=False, soft_wrap=True)
 
 

@@ -8,21 +8,52 @@ model part, in stage order), the per-rank order of passes from
 stages per rank in a V, any other multi-stage name loops, a single-stage name (``1F1B``) puts
 stage r on rank r. So a V plan names ``ZBVZeroBubble`` and a plan with one stage per rank
 ``1F1B``: their placements are the plan's. Units map onto torchtitan's decoder modules:
-``embedding`` to ``tok_embeddings``, ``layer.i`` to ``layers.i``, ``head`` to ``norm`` and
-``lm_head``. Pipeline parallelism there also needs ``--training.disable_cuda_graphs``.
+``embedding`` to ``tok_embeddings``, the i-th decoder layer (counted from 0 in model order,
+whatever its unit is named) to ``layers.i``, ``head`` to ``norm`` and ``lm_head``: torchtitan
+keys its decoder layers by position, and keeps of each stage only the layers its names give,
+silently none where they name no such key. Pipeline parallelism there also needs
+``--training.disable_cuda_graphs``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import ZbError
 from ..formats.schedule import Schedule
 from ..formats.torch_csv import to_torch_csv
 
-__all__ = ["TorchtitanExport", "torchtitan_export", "TORCHTITAN_MODULES"]
+__all__ = ["TorchtitanExport", "torchtitan_export", "torchtitan_modules", "TORCHTITAN_MODULES"]
 
 TORCHTITAN_MODULES = {"embedding": ["tok_embeddings"], "head": ["norm", "lm_head"]}
+
+
+def torchtitan_modules(units: Sequence[str], kinds: Sequence[str]) -> dict[str, list[str]]:
+    """Unit name -> torchtitan's module names for it, for a model's ``units`` of ``kinds`` in
+    order: the embedding, the decoder layers by position (``layers.0`` the first), the head.
+
+    Raises:
+        ZbError: the units are not one embedding, then decoder layers, then one head: the shape
+            of torchtitan's decoder.
+    """
+    shape = [k for i, k in enumerate(kinds) if k != "layer" or not i or kinds[i - 1] != "layer"]
+    if shape != ["embedding", "layer", "head"]:
+        odd = next((u for u, k in zip(units, kinds) if k not in ("embedding", "layer", "head")), None)
+        if odd is not None:
+            raise ZbError(f"unit {odd!r} is not an embedding, a decoder layer or a head: torchtitan's module names "
+                          "for it are unknown")
+        raise ZbError(f"the model's units are {', '.join(shape)}: torchtitan's decoder is one embedding, decoder layers "
+                      "and one head, in that order")
+    out: dict[str, list[str]] = {}
+    position = 0
+    for unit, kind in zip(units, kinds):
+        if kind == "layer":
+            out[unit] = [f"layers.{position}"]
+            position += 1
+        else:
+            out[unit] = list(TORCHTITAN_MODULES[kind])
+    return out
 
 
 @dataclass(frozen=True)
@@ -41,26 +72,14 @@ def torchtitan_export(schedule: Schedule, csv_path: str = "schedule.csv") -> Tor
     written at ``csv_path`` (the path the overrides name).
 
     Raises:
-        ZbError: no partition, units that are not embedding, layers and head, or a placement
-            torchtitan's schedule names cannot express.
+        ZbError: no partition, units that are not one embedding, decoder layers and one head in
+            that order, or a placement torchtitan's schedule names cannot express.
     """
     part = schedule.partition
     if part is None:
         raise ZbError("the schedule has no partition section: export a plan from zbsearch plan to torchtitan")
-    kinds = dict(zip(part.units, part.kinds))
-    fqns: list[list[str]] = []
-    for stage in part.stages:
-        names: list[str] = []
-        for unit in stage:
-            kind = kinds[unit]
-            if kind == "layer":
-                names.append("layers." + unit.rpartition(".")[2])
-            elif kind in TORCHTITAN_MODULES:
-                names.extend(TORCHTITAN_MODULES[kind])
-            else:
-                raise ZbError(f"unit {unit!r} is not an embedding, a decoder layer or a head: torchtitan's module names "
-                              "for it are unknown")
-        fqns.append(names)
+    modules = torchtitan_modules(part.units, part.kinds)
+    fqns = [[name for unit in stage for name in modules[unit]] for stage in part.stages]
     P = schedule.num_ranks
     expected = list(range(P)) if part.placement == "one" else [*range(P), *range(P - 1, -1, -1)]
     if schedule.stage_to_rank != expected:
