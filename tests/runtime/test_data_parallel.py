@@ -161,6 +161,55 @@ def test_pp2_dp2_core_kinds_equal_one_process():
     assert kinds[3] == ["zb-h1", "zb-v"]
 
 
+def _clipped(rank: int, world: int, send, kind: str, steps: int) -> float:
+    """Post-validated clipping under PP2 x DP2: the global norm is the one-process model's."""
+    from zbsearch.runtime import PostValidatedOptimizer
+
+    mesh = build_mesh(pp=PP, dp_replicate=DP)
+    pp_rank, replica = mesh["pp"].get_local_rank(), mesh["dp_replicate"].get_local_rank()
+    sched = zb.build_classic(kind, uniform_profile(PP), 4)
+    full = _model(sched.num_stages)
+    ref, ours = copy_stages(full), copy_stages(full)
+    mine = {s: ours[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == pp_rank}
+    last = sched.num_stages - 1
+    runtime = PipelineRuntime(sched, mine, toy_loss if last in mine else None, mesh=mesh, timeout=60)
+    ref_params = [p for st in ref for p in st.parameters() if p.requires_grad]
+    ref_opt = torch.optim.AdamW(ref_params, lr=0.01)
+    inner = torch.optim.AdamW([p for st in mine.values() for p in st.parameters() if p.requires_grad], lr=0.01)
+    opt = PostValidatedOptimizer(inner, max_norm=0.05, group=runtime.group, stages=mine, timeout=60)
+    opt.attach(runtime)
+    norms = []
+    for step in range(steps):
+        ids, targets = _global_batch(4, step, pad=False)
+        part = slice(replica * 8, (replica + 1) * 8)
+        opt.validate()
+        runtime.step(ids[part] if 0 in mine else None, targets[part] if last in mine else None)
+        verdict = opt.validate()
+        ref_opt.zero_grad()
+        _reference(ref, ids, targets, tokens=False)
+        norm = nn.utils.clip_grad_norm_(ref_params, 0.05)
+        ref_opt.step()
+        assert verdict is not None and verdict.clipped
+        torch.testing.assert_close(torch.tensor(verdict.total_norm), norm, rtol=1e-5, atol=0)
+        norms.append(float(norm))
+    for s, st in mine.items():
+        for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
+            q, p = q.detach().clone(), p.detach().clone()
+            if name.endswith("attn.in_proj_bias"):  # see _run
+                key = slice(p.numel() // 3, 2 * p.numel() // 3)
+                assert (q[key] - p[key]).abs().max() <= 0.01 * steps * 1.01, name
+                q[key] = p[key]
+            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=lambda e, n=name: f"{n}: {e}")
+    return norms[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["zb-h1", "zb-v"])
+def test_post_validated_clipping_under_pp2_dp2_uses_the_global_norm(kind):
+    norms = run_local(_clipped, PP * DP, kind, 3)
+    assert len(set(norms)) == 1  # every rank of the mesh agreed
+
+
 # -- wrong set-ups: one line on every rank ---------------------------------------------------------
 def _bad(rank: int, world: int, send, how: str) -> str:
     sched = zb.build_classic("zb-h1", uniform_profile(PP), 4)

@@ -1,0 +1,207 @@
+"""Data parallelism around the pipeline: gradient reductions overlapped with the passes still to
+run, against the same reductions after the step.
+
+PP x DP on local gloo processes (default PP2 x DP2). The passes are emulated
+(``EmulatedStage``: each sleeps its profile time, so ranks do not compete for cores), the
+reductions are real: every stage holds ``--grad-mb`` MiB of gradients per rank (split between a
+rank's stages, so every placement reduces the same bytes per rank), reduced across the replicas
+with gloo.
+
+Per schedule, round-robin after warm-up (``pipeline.round_robin``: barrier to barrier):
+  overlapped  the runtime with the mesh: a stage's reduction starts at its last W (or BW) of the
+              step and the runtime waits for it at the end of the step
+  after       the runtime on the pipeline group only, then the same reductions (same buckets)
+              started and waited for after ``step()``, as a user adds them to a plain loop
+  alone       each stage's reduction with nothing else running (all ranks at once), for the
+              prediction
+Prediction: the simulator's timeline of the profile; on each rank, the reductions of its stages
+in the order their last backward ends, each starting at that end or when the previous one is
+done, taking its measured time alone. Overlapped: the iteration ends when the last rank's last
+pass or last reduction ends; after: each rank's last pass, then all its reductions.
+Target: wherever the schedule leaves a rank at least half a reduction of time after a stage's
+last W, the overlapped iteration beats reducing after the step by at least half the reduction
+time; measured iteration within 5% of the prediction.
+
+Saves bench/results/data_parallel.json.
+Run: PYTHONPATH=. python bench/data_parallel.py [--pp 2] [--dp 2] [-m 8] [--grad-mb 8] [--iters 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from common import save
+from pipeline import launch, round_robin
+
+import zbsearch as zb
+
+UNIT = 2**16  # bytes of emulated activations per M_B
+
+
+def profile(pp: int, t_f: float, t_b: float, t_w: float) -> zb.Profile:
+    """Equal emulated stages (ms), no link time (local processes)."""
+    st = zb.StageCost(t_f=t_f, t_b=t_b, t_w=t_w, m_f=1.0, m_b=-0.6, m_w=-0.4)
+    return zb.Profile(name=f"emulated-p{pp}", memory_unit="activations", stages=[st] * pp)
+
+
+def schedules(prof: zb.Profile, m: int) -> list[zb.Schedule]:
+    from zbsearch.solver import solve
+
+    out = [zb.build_classic(k, prof, m) for k in ("1f1b", "zb-h1", "interleaved-1f1b", "zb-v")]
+    v = solve(prof, m, "2p", chunks=2, time_limit=10).schedule
+    out.append(v.model_copy(update={"kind": "zb-2p-v"}))
+    return out
+
+
+def predict(sched: zb.Schedule, red: dict[int, float]) -> dict:
+    """Predicted iteration (ms): reductions overlapped, or after the step (module docstring)."""
+    from zbsearch.costs import CostModel
+    from zbsearch.simulator import simulate
+
+    cost = CostModel.from_profile(sched.profile, sched.stage_to_rank)
+    tl = simulate(sched.rank_actions, cost)
+    overlapped, after, tails = 0.0, 0.0, {}
+    for r, row in enumerate(tl.actions):
+        end = max(tl.end[r])
+        last = {}
+        for a, e in zip(row, tl.end[r]):
+            if a.op.name in ("W", "BW"):
+                last[a.stage] = e
+        t = 0.0
+        for s, e in sorted(last.items(), key=lambda kv: kv[1]):
+            t = max(t, e) + red[s]
+            tails[s] = end - e
+        overlapped = max(overlapped, end, t)
+        after = max(after, end + sum(red[s] for s in last))
+    return {"overlapped_ms": overlapped, "after_ms": after, "tail_ms": tails, "compute_ms": max(max(e) for e in tl.end)}
+
+
+def worker(rank, world, send, cfg: dict) -> dict | None:
+    import torch.distributed as dist
+
+    from zbsearch.distributed.mesh import build_mesh
+    from zbsearch.runtime import PipelineRuntime, emulated_loss, emulated_stages
+    from zbsearch.runtime.data_parallel import GradientReducer
+
+    mesh = build_mesh(pp=cfg["pp"], dp_replicate=cfg["dp"])
+    me = mesh["pp"].get_local_rank()
+    prof = profile(cfg["pp"], *cfg["times"])
+    out: dict = {}
+    runners = {}
+    alone: dict[str, dict[int, float]] = {}
+    for sched in schedules(prof, cfg["m"]):
+        chunks = sched.num_stages // cfg["pp"]
+        stages = emulated_stages(sched.profile, sched.stage_to_rank, bytes_per_unit=UNIT,
+                                 grad_bytes=cfg["grad_mb"] * 2**20 / chunks)
+        mine = {s: stages[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == me}
+        last = sched.num_stages - 1
+        rows = cfg["m"]
+        x, y = zb_inputs(rows)
+        loss = emulated_loss if last in mine else None
+        over = PipelineRuntime(sched, mine, loss, mesh=mesh, timeout=300)
+        plain = PipelineRuntime(sched, mine, loss, group=mesh["pp"].get_group(), timeout=300)
+        order = [s for _, s in sorted((i, a.stage) for i, a in enumerate(sched.rank_actions[me]) if a.op.name in ("W", "BW"))]
+        order = list(dict.fromkeys(reversed(order)))[::-1]  # each stage once, in the order it finishes
+        red = GradientReducer(mine, order, mesh["dp_replicate"].get_group(), 300)
+
+        def step_over(rt=over, mine=mine, x=x, y=y, last=last):
+            for st in mine.values():
+                st.zero_grad(set_to_none=True)
+            rt.step(x if 0 in mine else None, y if last in mine else None)
+
+        def step_after(rt=plain, mine=mine, x=x, y=y, last=last, red=red, order=order):
+            for st in mine.values():
+                st.zero_grad(set_to_none=True)
+            rt.step(x if 0 in mine else None, y if last in mine else None)
+            for s in order:
+                red.start(s)
+            red.finish()
+
+        runners[f"{sched.kind} overlapped"] = (step_over, None)
+        runners[f"{sched.kind} after"] = (step_after, None)
+        step_after()  # gradients to reduce alone
+        times: dict[int, list[float]] = {s: [] for s in order}
+        for _ in range(cfg["iters"]):
+            for s in order:
+                dist.barrier()
+                t0 = time.perf_counter()
+                red.start(s)
+                red.finish()
+                times[s].append((time.perf_counter() - t0) * 1e3)
+        alone[sched.kind] = {s: statistics.median(v) for s, v in times.items()}
+        out[sched.kind] = {"schedule": sched.model_dump_json()}
+    got = round_robin(runners, cfg["iters"], cfg["warmup"])
+    everyone = [None] * world
+    dist.all_gather_object(everyone, alone)
+    if rank != 0:
+        return None
+    for kind, doc in out.items():
+        red = {}
+        for part in everyone:  # each rank measured its own stages; replicas agree within noise
+            for s, v in part[kind].items():
+                red[int(s)] = max(red.get(int(s), 0.0), v)
+        doc["reduction_alone_ms"] = red
+        for mode in ("overlapped", "after"):
+            doc[f"{mode}_ms"] = got[f"{kind} {mode}"][0]
+    return out
+
+
+def zb_inputs(rows: int):
+    import torch
+
+    return torch.zeros(rows, 16), torch.zeros(rows, 16)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--dp", type=int, default=2)
+    ap.add_argument("-m", type=int, default=8)
+    ap.add_argument("--grad-mb", type=float, default=8.0, help="MiB of gradients per rank (all its stages)")
+    ap.add_argument("--times", type=float, nargs=3, default=[8.0, 8.0, 6.0], metavar=("T_F", "T_B", "T_W"),
+                    help="emulated pass times, ms")
+    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("-o", "--output", default="data_parallel")
+    args = ap.parse_args()
+    cfg = {"pp": args.pp, "dp": args.dp, "m": args.m, "grad_mb": args.grad_mb, "times": args.times,
+           "iters": args.iters, "warmup": args.warmup}
+    t0 = time.perf_counter()
+    res = launch(worker, args.pp * args.dp, cfg)
+    rows = {}
+    print(f"PP{args.pp} x DP{args.dp}, m={args.m}, {args.grad_mb:g} MiB of gradients per rank, passes {args.times} ms")
+    print(f"{'schedule':18} {'reduce':>7} {'pred over':>9} {'meas over':>9} {'pred after':>10} {'meas after':>10} "
+          f"{'saved':>6} {'max tail':>8}")
+    for kind, doc in res.items():
+        sched = zb.Schedule.model_validate_json(doc["schedule"])
+        red = {int(s): v for s, v in doc["reduction_alone_ms"].items()}
+        pred = predict(sched, red)
+        over, after = statistics.median(doc["overlapped_ms"]), statistics.median(doc["after_ms"])
+        per_rank_red = max(sum(red[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == r)
+                           for r in range(sched.num_ranks))
+        tail = max(pred["tail_ms"].values())
+        row = {
+            "reduction_per_rank_ms": per_rank_red, "reduction_alone_ms": red, "tail_after_last_w_ms": pred["tail_ms"],
+            "predicted_overlapped_ms": pred["overlapped_ms"], "predicted_after_ms": pred["after_ms"],
+            "predicted_compute_ms": pred["compute_ms"],
+            "measured_overlapped_ms": over, "measured_after_ms": after,
+            "overlapped_runs_ms": doc["overlapped_ms"], "after_runs_ms": doc["after_ms"],
+            "saved_ms": after - over,
+            "reduction_share": per_rank_red / after,
+            "target_applies": tail >= per_rank_red / 2,
+            "target_met": (after - over) >= per_rank_red / 2 if tail >= per_rank_red / 2 else None,
+            "overlapped_vs_predicted": over / pred["overlapped_ms"] - 1,
+            "after_vs_predicted": after / pred["after_ms"] - 1,
+        }
+        rows[kind] = row
+        print(f"{kind:18} {per_rank_red:7.1f} {pred['overlapped_ms']:9.1f} {over:9.1f} {pred['after_ms']:10.1f} "
+              f"{after:10.1f} {after - over:6.1f} {tail:8.1f}")
+    save({"pp": args.pp, "dp": args.dp, "m": args.m, "grad_mb": args.grad_mb, "times_ms": args.times,
+          "iters": args.iters, "warmup": args.warmup, "schedules": rows,
+          "wall_s": time.perf_counter() - t0}, args.output)
+
+
+if __name__ == "__main__":
+    main()
