@@ -210,6 +210,49 @@ def test_post_validated_clipping_under_pp2_dp2_uses_the_global_norm(kind):
     assert len(set(norms)) == 1  # every rank of the mesh agreed
 
 
+def _tied(rank: int, world: int, send, kinds: list[str], steps: int) -> list[str]:
+    """A tied embedding and head (on two ranks, or on one with a V) under PP2 x DP2: summed over
+    the stages and the replicas, once each."""
+    from tests.runtime.test_tied import BATCH, loss_fn, model, tie
+
+    mesh = build_mesh(pp=PP, dp_replicate=DP)
+    pp_rank, replica = mesh["pp"].get_local_rank(), mesh["dp_replicate"].get_local_rank()
+    done = []
+    for kind in kinds:
+        sched = zb.build_classic(kind, uniform_profile(PP), 4)
+        n = sched.num_stages
+        ref, whole = model(n), model(n)
+        mine = {s: whole[s] for s in range(n) if sched.stage_to_rank[s] == pp_rank}
+        runtime = PipelineRuntime(sched, mine, loss_fn if n - 1 in mine else None, mesh=mesh, tied=tie(n), timeout=60)
+        for step in range(steps):
+            g = torch.Generator().manual_seed(step)
+            ids = torch.randint(0, 11, (DP * BATCH, 4), generator=g)
+            y = torch.randint(0, 11, (DP * BATCH, 4), generator=g)
+            part = slice(replica * BATCH, (replica + 1) * BATCH)
+            for st in [*ref, *mine.values()]:
+                st.zero_grad()
+            for mb_ids, mb_y in zip(ids.split(2), y.split(2)):
+                x = mb_ids
+                for st in ref:
+                    x = st(x)
+                (loss_fn(x, mb_y) / (len(ids) // 2)).backward()
+            runtime.step(ids[part] if 0 in mine else None, y[part] if n - 1 in mine else None)
+            for s, st in mine.items():
+                for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
+                    torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=lambda e, n=f"{kind} {name}": f"{n}: {e}")
+            with torch.no_grad():  # the same plain step on both
+                for p in {id(p): p for st in [*ref, *mine.values()] for p in st.parameters()}.values():
+                    p -= 0.1 * p.grad
+        runtime.close()
+        done.append(kind)
+    return done
+
+
+@pytest.mark.slow
+def test_tied_weights_under_pp2_dp2_equal_one_process():
+    assert run_local(_tied, PP * DP, ["zb-h1", "zb-v"], 2)[0] == ["zb-h1", "zb-v"]
+
+
 # -- wrong set-ups: one line on every rank ---------------------------------------------------------
 def _bad(rank: int, world: int, send, how: str) -> str:
     sched = zb.build_classic("zb-h1", uniform_profile(PP), 4)

@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..errors import ZbError
 
-__all__ = ["MESH_DIMS", "MeshSizes", "build_mesh", "mesh_sizes"]
+__all__ = ["MESH_DIMS", "MeshSizes", "build_mesh", "mesh_sizes", "mesh_for"]
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 
@@ -93,3 +93,19 @@ def build_mesh(
     if device_type is None:
         device_type = "cuda" if "nccl" in dist.get_backend() else "cpu"
     return init_device_mesh(device_type, sizes.shape(), mesh_dim_names=MESH_DIMS)
+
+
+def mesh_for(num_ranks: int, dp_replicate: int = 1, dp_shard: int = 1, tp: int = 1, *,
+             device_type: str | None = None) -> DeviceMesh:
+    """``build_mesh`` around a schedule for ``num_ranks`` pipeline ranks: the pipeline degree is
+    what the other sizes leave of the world, and must be the schedule's."""
+    if not dist.is_initialized():
+        return build_mesh(num_ranks, dp_replicate, dp_shard, tp, device_type=device_type)
+    world, per = dist.get_world_size(), MeshSizes(1, dp_replicate, dp_shard, tp).world
+    if world != num_ranks * per:
+        others = " x ".join(f"{n} {v}" for n, v in (("dp_replicate", dp_replicate), ("dp_shard", dp_shard), ("tp", tp)) if v > 1)
+        raise ZbError(
+            f"the schedule is for {num_ranks} pipeline ranks, so {others or 'a pipeline alone'} needs "
+            f"{num_ranks * per} processes, but the job has {world}"
+        )
+    return build_mesh(num_ranks, dp_replicate, dp_shard, tp, device_type=device_type)

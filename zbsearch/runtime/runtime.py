@@ -196,7 +196,9 @@ class PipelineRuntime:
         # d(step loss)/d(microbatch loss): the mean over every replica's microbatches
         self._seed = 1.0 / (schedule.num_microbatches * self.replicas)
         self.tied = [tuple(g) for g in tied]
-        self._tied = TiedParameters(self.tied, self.stages, self._owner, timeout) if self.tied else None
+        # the holders of tied copies by global rank: the private groups of the sums span the world
+        owners = [dist.get_global_rank(group, r) if group is not None else r for r in self._owner]
+        self._tied = TiedParameters(self.tied, self.stages, owners, timeout) if self.tied else None
         self._timer = StepTimer(self.device, clock_offset(self.rank, world, group, timeout))
 
     # -- public --------------------------------------------------------------------------------
