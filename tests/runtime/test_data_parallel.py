@@ -239,7 +239,8 @@ def _tied(rank: int, world: int, send, kinds: list[str], steps: int) -> list[str
             runtime.step(ids[part] if 0 in mine else None, y[part] if n - 1 in mine else None)
             for s, st in mine.items():
                 for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
-                    torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=lambda e, n=f"{kind} {name}": f"{n}: {e}")
+                    where = f"{kind} {name}"
+                    torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=lambda e, w=where: f"{w}: {e}")
             with torch.no_grad():  # the same plain step on both
                 for p in {id(p): p for st in [*ref, *mine.values()] for p in st.parameters()}.values():
                     p -= 0.1 * p.grad
