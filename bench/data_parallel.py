@@ -7,7 +7,8 @@ reductions are real: every stage holds ``--grad-mb`` MiB of gradients per rank (
 rank's stages, so every placement reduces the same bytes per rank), reduced across the replicas
 with gloo.
 
-Per schedule, round-robin after warm-up (``pipeline.round_robin``: barrier to barrier):
+Per schedule, round robin after warm-up, barrier to barrier (``zbsearch.app.demo.mesh_replay``,
+what ``zbsearch demo --dp`` runs):
   overlapped  the runtime with the mesh: a stage's reduction starts at its last W (or BW) of the
               step and the runtime waits for it at the end of the step
   after       the runtime on the pipeline group only, then the same reductions (same buckets)
@@ -33,7 +34,7 @@ import statistics
 import time
 
 from common import save
-from pipeline import launch, round_robin
+from pipeline import launch
 
 import zbsearch as zb
 
@@ -79,79 +80,41 @@ def predict(sched: zb.Schedule, red: dict[int, float]) -> dict:
 
 
 def worker(rank, world, send, cfg: dict) -> dict | None:
+    import torch
     import torch.distributed as dist
 
+    from zbsearch.app.demo import mesh_replay
     from zbsearch.distributed.mesh import build_mesh
-    from zbsearch.runtime import PipelineRuntime, emulated_loss, emulated_stages
-    from zbsearch.runtime.data_parallel import GradientReducer
+    from zbsearch.runtime import emulated_loss, emulated_stages
 
     mesh = build_mesh(pp=cfg["pp"], dp_replicate=cfg["dp"])
     me = mesh["pp"].get_local_rank()
-    prof = profile(cfg["pp"], *cfg["times"])
-    out: dict = {}
-    runners = {}
-    alone: dict[str, dict[int, float]] = {}
-    for sched in schedules(prof, cfg["m"]):
-        chunks = sched.num_stages // cfg["pp"]
-        stages = emulated_stages(sched.profile, sched.stage_to_rank, bytes_per_unit=UNIT,
-                                 grad_bytes=cfg["grad_mb"] * 2**20 / chunks)
-        mine = {s: stages[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == me}
-        last = sched.num_stages - 1
-        rows = cfg["m"]
-        x, y = zb_inputs(rows)
-        loss = emulated_loss if last in mine else None
-        over = PipelineRuntime(sched, mine, loss, mesh=mesh, timeout=300)
-        plain = PipelineRuntime(sched, mine, loss, group=mesh["pp"].get_group(), timeout=300)
-        order = [s for _, s in sorted((i, a.stage) for i, a in enumerate(sched.rank_actions[me]) if a.op.name in ("W", "BW"))]
-        order = list(dict.fromkeys(reversed(order)))[::-1]  # each stage once, in the order it finishes
-        red = GradientReducer(mine, order, mesh["dp_replicate"].get_group(), 300)
+    scheds = schedules(profile(cfg["pp"], *cfg["times"]), cfg["m"])
 
-        def step_over(rt=over, mine=mine, x=x, y=y, last=last):
-            for st in mine.values():
-                st.zero_grad(set_to_none=True)
-            rt.step(x if 0 in mine else None, y if last in mine else None)
+    def stages_for(sched: zb.Schedule) -> dict:
+        chunks = sched.num_stages // cfg["pp"]  # the same gradient bytes per rank in every placement
+        grad_bytes = cfg["grad_mb"] * 2**20 / chunks
+        stages = emulated_stages(sched.profile, sched.stage_to_rank, bytes_per_unit=UNIT, grad_bytes=grad_bytes)
+        return {s: stages[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == me}
 
-        def step_after(rt=plain, mine=mine, x=x, y=y, last=last, red=red, order=order):
-            for st in mine.values():
-                st.zero_grad(set_to_none=True)
-            rt.step(x if 0 in mine else None, y if last in mine else None)
-            for s in order:
-                red.start(s)
-            red.finish()
+    def batch(sched: zb.Schedule):
+        return torch.zeros(cfg["m"], 16), torch.zeros(cfg["m"], 16), emulated_loss
 
-        runners[f"{sched.kind} overlapped"] = (step_over, None)
-        runners[f"{sched.kind} after"] = (step_after, None)
-        step_after()  # gradients to reduce alone
-        times: dict[int, list[float]] = {s: [] for s in order}
-        for _ in range(cfg["iters"]):
-            for s in order:
-                dist.barrier()
-                t0 = time.perf_counter()
-                red.start(s)
-                red.finish()
-                times[s].append((time.perf_counter() - t0) * 1e3)
-        alone[sched.kind] = {s: statistics.median(v) for s, v in times.items()}
-        out[sched.kind] = {"schedule": sched.model_dump_json()}
-    got = round_robin(runners, cfg["iters"], cfg["warmup"])
-    everyone = [None] * world
-    dist.all_gather_object(everyone, alone)
+    got = mesh_replay(mesh, scheds, stages_for, batch, cfg["iters"], warmup=cfg["warmup"])
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, {k: v["reduction_stage_ms"] for k, v in got.items()})
     if rank != 0:
         return None
-    for kind, doc in out.items():
-        red = {}
+    out = {}
+    for sched in scheds:
+        red: dict[int, float] = {}
         for part in everyone:  # each rank measured its own stages; replicas agree within noise
-            for s, v in part[kind].items():
+            for s, v in part[sched.kind].items():
                 red[int(s)] = max(red.get(int(s), 0.0), v)
-        doc["reduction_alone_ms"] = red
-        for mode in ("overlapped", "after"):
-            doc[f"{mode}_ms"] = got[f"{kind} {mode}"][0]
+        g = got[sched.kind]
+        out[sched.kind] = {"schedule": sched.model_dump_json(), "reduction_alone_ms": red,
+                           "overlapped_ms": g["overlapped_runs_ms"], "after_ms": g["after_runs_ms"]}
     return out
-
-
-def zb_inputs(rows: int):
-    import torch
-
-    return torch.zeros(rows, 16), torch.zeros(rows, 16)
 
 
 def main() -> None:
