@@ -247,9 +247,10 @@ def _mesh_rank(rank: int, world: int, send, cfg: DemoConfig, texts: list[str]) -
 def mesh_replay(mesh, schedules: list[Schedule], stages_for, batch, steps: int, *, warmup: int = 1,
                 device: torch.device | None = None, progress=None) -> dict[str, dict]:
     """Collective over ``mesh`` (dimensions ``pp`` and ``dp_replicate``): each schedule replayed
-    ``warmup + steps`` times two ways, round robin, barrier to barrier: the runtime reducing the
-    gradients across the replicas as stages finish (``overlapped``), and the same reductions
-    started after ``step()`` (``after``); then each stage's reduction alone, every rank at once.
+    ``warmup + steps`` times three ways, round robin, barrier to barrier: the runtime reducing the
+    gradients across the replicas as stages finish (``overlapped``), the same reductions started
+    after ``step()`` (``after``), and no reduction at all (``none``: the passes alone); then each
+    stage's reduction alone, every rank at once.
 
     ``stages_for(schedule)``: this rank's stages; ``batch(schedule)``: this replica's inputs,
     targets and loss function. Returns per schedule kind the medians in ms, the largest time
@@ -281,14 +282,16 @@ def mesh_replay(mesh, schedules: list[Schedule], stages_for, batch, steps: int, 
                     reducer.start(s)
                 reducer.finish()
 
-        runners[sched.kind] = (functools.partial(run, over, False), functools.partial(run, plain, True), reducer, order)
+        modes = {"overlapped": functools.partial(run, over, False), "after": functools.partial(run, plain, True),
+                 "none": functools.partial(run, plain, False)}
+        runners[sched.kind] = (modes, reducer, order)
         runtimes[sched.kind] = over
-    walls: dict[str, dict[str, list[float]]] = {k: {"overlapped": [], "after": []} for k in runners}
+    walls: dict[str, dict[str, list[float]]] = {k: {mode: [] for mode in runners[k][0]} for k in runners}
     for i in range(warmup + steps):
-        for k, (step_over, step_after, _, _) in runners.items():
+        for k, (modes, _, _) in runners.items():
             if progress is not None:
                 progress(k, i, warmup + steps)
-            for mode, fn in (("overlapped", step_over), ("after", step_after)):
+            for mode, fn in modes.items():
                 dist.barrier()
                 t0 = time.perf_counter()
                 fn()
@@ -296,7 +299,7 @@ def mesh_replay(mesh, schedules: list[Schedule], stages_for, batch, steps: int, 
                 if i >= warmup:
                     walls[k][mode].append((time.perf_counter() - t0) * 1e3)
     out = {}
-    for k, (_, _, reducer, order) in runners.items():
+    for k, (_, reducer, order) in runners.items():
         took: dict[int, list[float]] = {st: [] for st in order}
         for _ in range(max(steps, 3)):  # each stage's reduction, every rank at once, nothing else running
             for st in order:
@@ -310,7 +313,9 @@ def mesh_replay(mesh, schedules: list[Schedule], stages_for, batch, steps: int, 
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         trace = runtimes[k].trace()
         out[k] = {"overlapped_ms": statistics.median(walls[k]["overlapped"]), "after_ms": statistics.median(walls[k]["after"]),
+                  "none_ms": statistics.median(walls[k]["none"]),
                   "overlapped_runs_ms": walls[k]["overlapped"], "after_runs_ms": walls[k]["after"],
+                  "none_runs_ms": walls[k]["none"],
                   "reduction_ms": float(worst.item()), "reduction_stage_ms": per_stage,
                   "trace": trace.model_dump_json() if trace is not None else None}
     return out

@@ -93,17 +93,22 @@ class _Timed(torch.autograd.Function):
 
 
 class _Gradient(torch.autograd.Function):
-    """Nothing in forward (zeros of ``width``); in backward, a zero gradient for the whole
-    ``ballast`` parameter: W hands a gradient of the stage's parameter bytes to the reduction."""
+    """The identity on the weight; in backward (W's path) it hands the stage's ``ballast``
+    parameter a gradient of its full size, as a real stage's W completes its parameters'
+    gradients: a zero tensor kept for the purpose, so that producing it costs no time the
+    profile does not count (a real W's accumulation is inside its measured t_w)."""
 
     @staticmethod
-    def forward(ctx, ballast, width):
-        ctx.shape = ballast.shape
-        return ballast.new_zeros(width)
+    def forward(ctx, weight, stage):
+        ctx.stage = stage
+        return weight.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.new_zeros(ctx.shape), None
+        ballast = ctx.stage.ballast
+        if ballast.grad is None:
+            ballast.grad = ctx.stage.zeros
+        return grad, None
 
 
 class EmulatedStage(nn.Module):
@@ -132,6 +137,8 @@ class EmulatedStage(nn.Module):
         self.b_bytes, self.w_bytes = int(b_bytes), int(w_bytes)
         self.weight = nn.Parameter(torch.zeros(width))
         self.ballast = nn.Parameter(torch.zeros(int(grad_bytes) // 4)) if grad_bytes >= 4 else None
+        if self.ballast is not None:  # its gradient, kept: moves with the stage, saved with no state
+            self.register_buffer("zeros", torch.zeros_like(self.ballast), persistent=False)
 
     # A first stage's B runs Act, as the profile says: without this the split backward would
     # leave a first stage's whole backward to W (see ``zbsearch.runtime.split``).
@@ -140,7 +147,7 @@ class EmulatedStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """F: sleep the forward's time and pass ``x`` on; its backward sleeps B's and W's times."""
         fusion = _Fusion()
-        weight = self.weight if self.ballast is None else self.weight + _Gradient.apply(self.ballast, self.weight.numel())
+        weight = self.weight if self.ballast is None else _Gradient.apply(self.weight, self)
         w = _Timed.apply(weight, 0.0, self.t_w, self.w_bytes, fusion, max(self.t_bw - self.t_b, 0.0))  # Weight
         mode = recompute_mode()
         if mode == "checkpointed":
