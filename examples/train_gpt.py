@@ -4,9 +4,17 @@
     torchrun --nproc-per-node 2 examples/train_gpt.py zbh1.json --steps 20 --trace trace.json
     zbsearch show zbh1.json --measured trace.json
 
+In a mesh, ``--dp N`` runs N replicas of the pipeline on the global batch (N x the processes):
+
+    torchrun --nproc-per-node 4 examples/train_gpt.py zbh1.json --dp 2 --steps 20 --check
+
 gloo on CPU by default, NCCL when CUDA is present (one GPU per rank). Every rank builds the
-same model from one seed and keeps only the stages the schedule places on it. The rank
-holding the last stage prints the loss per step; rank 0 writes the last step's trace.
+same model from one seed and keeps only the stages the schedule places on it; each replica
+takes its share of every global batch, and the runtime reduces each stage's gradients across
+the replicas as soon as the stage's last backward pass of the step has run. The ranks holding
+the last stage print the loss per step; rank 0 writes the last step's trace. ``--check``:
+every step, each rank compares its gradients with the whole model's on the global batch in
+one process and prints the largest difference at the end.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 import zbsearch as zb
+from zbsearch.distributed.mesh import mesh_for
 from zbsearch.distributed.torchrun import run_under_torchrun
 from zbsearch.formats.trace import save_trace
 from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
@@ -35,33 +44,65 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for another rank before failing")
     ap.add_argument("--trace", type=Path, default=None, help="write the last step's Chrome trace here (rank 0)")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (processes = ranks x dp)")
+    ap.add_argument("--check", action="store_true", help="compare every step's gradients with one process on the global batch")
     args = ap.parse_args()
+    for name in ("steps", "dp", "microbatch_size"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
 
     run_under_torchrun(lambda device: run(args, device))
 
 
 def run(args, device: torch.device) -> None:
-    rank = dist.get_rank()
     sched = zb.load_schedule(args.schedule)
     m, S = sched.num_microbatches, sched.num_stages
+    mesh = mesh_for(sched.num_ranks, dp_replicate=args.dp)
+    rank, replica = mesh["pp"].get_local_rank(), mesh["dp_replicate"].get_local_rank()
     cfg = GPTConfig(layers=args.layers or 2 * S, hidden=args.hidden, heads=4, seq=32, vocab=64,
                     microbatch_size=args.microbatch_size, stages=S)
-    stages = {s: st.to(device) for s, st in enumerate(gpt_stages(cfg)) if sched.stage_to_rank[s] == rank}
-    runtime = PipelineRuntime(sched, stages, gpt_loss, device=device, timeout=args.timeout)
-    params = [p for st in stages.values() for p in st.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=args.lr)
+    whole = gpt_stages(cfg)
+    stages = {s: st.to(device) for s, st in enumerate(whole) if sched.stage_to_rank[s] == rank}
+    reference = gpt_stages(cfg) if args.check else None  # the same seed: the same weights
+    runtime = PipelineRuntime(sched, stages, gpt_loss, device=device, timeout=args.timeout, mesh=mesh)
+    optimizer = torch.optim.AdamW([p for st in stages.values() for p in st.parameters()], lr=args.lr)
+    ref_opt = torch.optim.AdamW([p for st in reference for p in st.parameters()], lr=args.lr) if reference else None
+    worst = 0.0
     for step in range(args.steps):
-        inputs, targets = gpt_batch(cfg, m, seed=step)  # a new batch every step
+        inputs, targets = gpt_batch(cfg, m * args.dp, seed=step)  # a new global batch every step
+        mine = slice(replica * m * cfg.microbatch_size, (replica + 1) * m * cfg.microbatch_size)
         optimizer.zero_grad()
         t0 = time.perf_counter()
-        losses = runtime.step(inputs if 0 in stages else None, targets if S - 1 in stages else None)
+        losses = runtime.step(inputs[mine] if 0 in stages else None, targets[mine] if S - 1 in stages else None)
+        if reference is not None and ref_opt is not None:
+            ref_opt.zero_grad()
+            worst = max(worst, one_process(reference, stages, inputs, targets, m * args.dp))
+            ref_opt.step()
         optimizer.step()
-        if losses is not None:
+        if losses is not None and replica == 0:  # its share of the global batch
             print(f"step {step:3d}  loss {losses.mean().item():.4f}  {1e3 * (time.perf_counter() - t0):7.1f} ms", flush=True)
+    if reference is not None:
+        print(f"rank {dist.get_rank()}: max |grad - one process| = {worst:.3g} over stages {sorted(stages)}, "
+              f"{args.steps} steps", flush=True)
     trace = runtime.trace()
     if trace is not None and args.trace is not None:
         save_trace(trace, args.trace)
         print(f"wrote {args.trace}", flush=True)
+    runtime.close()
+
+
+def one_process(whole, stages, inputs, targets, microbatches: int) -> float:
+    """The whole model's gradients on the global batch in this process, microbatch by microbatch
+    (one thread, as each rank runs); the largest difference from this rank's stages'."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    for x, y in zip(inputs.chunk(microbatches), targets.chunk(microbatches)):
+        for st in whole:
+            x = st(x)
+        (gpt_loss(x, y) / microbatches).backward()
+    torch.set_num_threads(threads)
+    return max((p.grad.cpu() - q.grad).abs().max().item()
+               for s, st in stages.items() for p, q in zip(st.parameters(), whole[s].parameters()))
 
 
 if __name__ == "__main__":

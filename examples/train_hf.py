@@ -9,6 +9,7 @@ or with the cut planned too:
     zbsearch profile --hf gpt2-tiny --per-layer -o gpt2-layers.json
     zbsearch plan -l gpt2-layers.json -r 2 -m 8 --memory 1GiB -o plan.json
     torchrun --nproc-per-node 2 examples/train_hf.py plan.json --steps 20 --check
+    torchrun --nproc-per-node 4 examples/train_hf.py plan.json --dp 2 --check   # two replicas
 
 Every rank builds the same randomly initialised model from one seed (``--hf``: a preset such
 as gpt2-tiny / llama-tiny, ``tiny:MODEL_TYPE`` or a config JSON; to train real weights, load
@@ -18,8 +19,10 @@ plan's profile measured (a plan from ``zbsearch plan`` gives its cut); the runti
 model or shapes other than those. A tied
 embedding/LM head is summed across ranks by the runtime and counted once by the optimizer,
 which clips by the global gradient norm with post-validation (no barrier before the step).
+``--dp N``: N replicas of the pipeline, each on its share of the global batch, the runtime
+reducing the gradients across them.
 ``--check``: before training, every rank compares its gradients of one step with the
-unsplit model's in one process and prints the largest difference.
+unsplit model's on the global batch in one process and prints the largest difference.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 import zbsearch as zb
+from zbsearch.distributed.mesh import mesh_for
 from zbsearch.distributed.torchrun import run_under_torchrun
 from zbsearch.errors import ZbError
 from zbsearch.models.hf import (
@@ -63,6 +67,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--max-norm", type=float, default=1.0, help="clip the global gradient norm to this")
     ap.add_argument("--check", action="store_true", help="compare one step's gradients with the unsplit model first")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (processes = ranks x dp)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for another rank before failing")
     args = ap.parse_args()
     try:
@@ -96,7 +101,7 @@ def settle(args) -> None:
     for key, default in fallback.items():
         if getattr(args, key) is None:
             setattr(args, key, measured.get("config" if key == "hf" else key, default))
-    for name in ("steps", "microbatch_size", "seq"):
+    for name in ("steps", "microbatch_size", "seq", "dp"):
         if getattr(args, name) < 1:
             raise ZbError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     check_length(hf_config(args.hf), args.seq)
@@ -110,31 +115,38 @@ def build(args, num_stages: int):
 
 
 def run(args, device: torch.device) -> None:
-    rank = dist.get_rank()
     sched = zb.load_schedule(args.schedule)
     m, S = sched.num_microbatches, sched.num_stages
+    mesh = mesh_for(sched.num_ranks, dp_replicate=args.dp)
+    rank, replica = mesh["pp"].get_local_rank(), mesh["dp_replicate"].get_local_rank()
     config, cut = build(args, S)
     stages = {s: st.to(device) for s, st in enumerate(cut.stages) if sched.stage_to_rank[s] == rank}
-    runtime = PipelineRuntime(sched, stages, hf_loss, device=device, timeout=args.timeout, tied=cut.tied)
+    runtime = PipelineRuntime(sched, stages, hf_loss, device=device, timeout=args.timeout, tied=cut.tied, mesh=mesh)
+    share = m * args.microbatch_size
 
-    def batch(step: int):
-        return hf_batch(config, m * args.microbatch_size, args.seq, seed=1000 + step)
+    def batch(step: int):  # the global batch: every replica's share
+        return hf_batch(config, args.dp * share, args.seq, seed=1000 + step)
+
+    def mine(batch):
+        (ids, mask), labels = batch
+        part = slice(replica * share, (replica + 1) * share)
+        return (ids[part], mask[part]), labels[part]
 
     if args.check:
-        check(args, runtime, stages, batch(0), m)
+        check(args, runtime, stages, batch(0), m * args.dp, mine)
     params = list({id(p): p for s in sorted(stages) for p in stages[s].parameters()}.values())
     opt = PostValidatedOptimizer(torch.optim.AdamW(params, lr=args.lr), args.max_norm, stages=stages, tied=cut.tied,
-                                 timeout=args.timeout)
+                                 timeout=args.timeout, group=runtime.group)
     opt.attach(runtime)
     for step in range(args.steps):
-        inputs, labels = batch(step)
+        inputs, labels = mine(batch(step))
         opt.validate()
         t0 = time.perf_counter()
         losses = runtime.step(inputs if 0 in stages else None, labels if S - 1 in stages else None)
-        if losses is not None:
+        if losses is not None and replica == 0:  # its share of the global batch
             print(f"step {step:3d}  loss {losses.mean().item():.4f}  {1e3 * (time.perf_counter() - t0):7.1f} ms", flush=True)
     verdict = opt.validate()
-    if rank == 0:
+    if dist.get_rank() == 0:
         print(
             f"last step: global grad norm {verdict.total_norm:.4f}, clipped {verdict.clipped}; steps by kind {dict(opt.counts)}"
         )
@@ -142,10 +154,12 @@ def run(args, device: torch.device) -> None:
     runtime.close()
 
 
-def check(args, runtime, stages, batch, m: int) -> None:
-    """One step's gradients on this rank against the unsplit model's in this process."""
+def check(args, runtime, stages, batch, m: int, mine) -> None:
+    """One step's gradients on this rank against the unsplit model's on the global batch (``m``
+    microbatches) in this process; ``mine`` takes this replica's share."""
     (ids, mask), labels = batch
-    runtime.step((ids, mask) if 0 in stages else None, labels if runtime.last in stages else None)
+    inputs, targets = mine(batch)
+    runtime.step(inputs if 0 in stages else None, targets if runtime.last in stages else None)
     _, whole = build(args, runtime.schedule.num_stages)
     for i, am, y in zip(ids.chunk(m), mask.chunk(m), labels.chunk(m)):
         x = (i, am)

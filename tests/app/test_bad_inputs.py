@@ -148,6 +148,7 @@ CASES = [
     (["profile", "--builtin", "llama"], None, "unknown built-in model"),
     (["profile", "--builtin", "gpt", "--timeout", "0"], None, "--timeout must be a positive number"),
     (["demo", "--device", "tpu", "-o", "demo-out"], None, "not supported"),
+    (["demo", "--dp", "0", "-o", "demo-out"], None, "--dp must be at least 1, not 0"),
 ]
 
 

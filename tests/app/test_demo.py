@@ -44,6 +44,18 @@ def test_demo_command_with_emulated_stages(tmp_path):
     assert (tmp_path / "out" / "gantt.png").stat().st_size > 0
 
 
+@pytest.mark.slow
+def test_demo_with_replicas_replays_in_a_mesh_both_ways(tmp_path):
+    args = ["demo", "--dp", "2", "-m", "4", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "-b", "2",
+            "--steps", "1", "-t", "1", "-o", tmp_path / "out"]
+    r = subprocess.run([*cli_command(), *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = " ".join(r.stdout.split())
+    assert "p=2 x dp=2, m=4" in text and "gradient reductions included" in text
+    assert re.search(r"speed-up of \S+ over 1F1B with the reductions: [0-9.]+x reduced after the step, [0-9.]+x overlapped", text)
+    assert "4 ranks share" in text or "CPU cores for 4 ranks" in text  # the mesh's processes, not the pipeline's
+
+
 @pytest.mark.parametrize(
     ("cores", "stages", "emulate", "load", "expected"),
     [

@@ -845,8 +845,10 @@ def _pieces(placement: str, pieces: int) -> list[int]:
 
 @app.command()
 def demo(
-    stages: int = typer.Option(4, "--stages", help="pipeline ranks (local processes), one stage each"),
+    stages: int | None = typer.Option(None, "--stages", help="pipeline ranks, one stage each (default: 4, or 4 / --dp)"),
     m: int = typer.Option(8, "-m", "--microbatches", help="microbatches per iteration"),
+    dp: int = typer.Option(1, "--dp", help="data-parallel replicas of the pipeline: a mesh of stages x dp local processes, "
+                           "gradients reduced across replicas, overlapped with the passes"),
     layers: int = typer.Option(8, "--layers", help="gpt: transformer layers"),
     hidden: int = typer.Option(128, "--hidden", help="gpt: hidden size"),
     heads: int = typer.Option(4, "--heads", help="gpt: attention heads"),
@@ -874,16 +876,32 @@ def demo(
     if folder.exists() and not folder.is_dir():
         raise ZbError(f"{folder}: exists and is not a folder; -o names the folder for the demo's files")
     check_writable(folder / "profile.json")
+    if dp < 1:
+        raise ZbError(f"--dp must be at least 1, not {dp}")
+    if stages is None:
+        stages = max(2, 4 // dp)
     if emulate is None:
-        emulate = should_emulate(stages, device)
+        emulate = should_emulate(stages * dp, device)
     cfg = DemoConfig(
         gpt=GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, microbatch_size=microbatch_size, stages=stages),
-        microbatches=m, emulate=emulate, steps=steps, time_limit=time_limit, device=device, out=folder,
+        microbatches=m, emulate=emulate, steps=steps, time_limit=time_limit, device=device, out=folder, dp=dp,
     )
     cfg.check()
     with progress_bar(err) as bar:
         run = run_demo(cfg, bar)
     out.print(summary_table(run.profile))
+    if run.measured_after is not None:
+        _demo_mesh_table(run, cfg)
+    else:
+        _demo_table(run, stages, m, emulate)
+    note = contention_note(cfg)
+    if note:
+        out.print(note, soft_wrap=True)
+    err.print(f"wrote {', '.join(str(f) for f in run.files)}", highlight=False, soft_wrap=True)
+
+
+def _demo_table(run, stages: int, m: int, emulate: bool) -> None:
+    """One pipeline: predicted against measured iteration, bubble and memory per schedule."""
     t = Table(title=f"p={stages}, m={m}, {'emulated' if emulate else 'real'} passes; iteration = longest per-rank span")
     for col in ("schedule", "predicted\nms", "measured\nms", "measured\n/ predicted", "predicted\nbubble",
                 "peak activations MiB\npredicted / measured"):
@@ -895,10 +913,21 @@ def demo(
     _show(t)
     (p0, p1), (m0, m1) = run.predicted, run.measured
     out.print(f"speed-up of {run.schedules[1].kind} over 1F1B: predicted {p0 / p1:.2f}x, measured {m0 / m1:.2f}x")
-    note = contention_note(cfg)
-    if note:
-        out.print(note, soft_wrap=True)
-    err.print(f"wrote {', '.join(str(f) for f in run.files)}", highlight=False, soft_wrap=True)
+
+
+def _demo_mesh_table(run, cfg) -> None:
+    """A mesh: each schedule with the reductions after the step and overlapped, barrier to barrier."""
+    t = Table(title=f"p={cfg.gpt.stages} x dp={cfg.dp}, m={cfg.microbatches}, {'emulated' if cfg.emulate else 'real'} passes; "
+                    "iteration = barrier to barrier, gradient reductions included")
+    for col in ("schedule", "predicted\npasses ms", "reductions\nalone ms", "measured, reduced\nafter the step ms",
+                "measured,\noverlapped ms", "saved\nms"):
+        t.add_column(col, justify="right")
+    for sched, pred, red, after, over in zip(run.schedules, run.predicted, run.reduction_ms, run.measured_after, run.measured):
+        t.add_row(sched.kind, f"{pred:.1f}", f"{red:.1f}", f"{after:.1f}", f"{over:.1f}", f"{after - over:+.1f}")
+    _show(t)
+    (a0, a1), (m0, m1) = run.measured_after, run.measured
+    out.print(f"speed-up of {run.schedules[1].kind} over 1F1B with the reductions: {a0 / a1:.2f}x reduced after the step, "
+              f"{m0 / m1:.2f}x overlapped", soft_wrap=True)
 
 
 def _usage_error_classes() -> tuple[type[Exception], type[Exception]]:

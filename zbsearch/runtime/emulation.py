@@ -92,19 +92,40 @@ class _Timed(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+class _Gradient(torch.autograd.Function):
+    """The identity on the weight; in backward (W's path) it hands the stage's ``ballast``
+    parameter a gradient of its full size, as a real stage's W completes its parameters'
+    gradients: a zero tensor kept for the purpose, so that producing it costs no time the
+    profile does not count (a real W's accumulation is inside its measured t_w)."""
+
+    @staticmethod
+    def forward(ctx, weight, stage):
+        ctx.stage = stage
+        return weight.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ballast = ctx.stage.ballast
+        if ballast.grad is None:
+            ballast.grad = ctx.stage.zeros
+        return grad, None
+
+
 class EmulatedStage(nn.Module):
     """A stage of ``width`` features whose passes sleep ``t_f``, ``t_b``, ``t_w`` seconds
     (``t_bw`` for a fused backward, None: t_b + t_w; ``t_ff`` for the forward before it, None: t_f;
     ``t_fc`` checkpointed, None: t_f; ``t_r`` for its recompute pass, None: t_f; ``t_rf`` for a
     recompute pass before a fused backward, which runs the plain forward, None: t_r).
 
-    ``b_bytes`` of activations live from F to B, ``w_bytes`` from F to W.
+    ``b_bytes`` of activations live from F to B, ``w_bytes`` from F to W. ``grad_bytes``: the
+    stage's trainable parameters, whose gradients W produces (for data-parallel reductions of a
+    real stage's size; the weight W sleeps for is ``width`` floats).
     """
 
     def __init__(
         self, t_f: float, t_b: float, t_w: float, b_bytes: float = 0, w_bytes: float = 0, width: int = 16,
         t_bw: float | None = None, t_ff: float | None = None, t_fc: float | None = None, t_r: float | None = None,
-        t_rf: float | None = None,
+        t_rf: float | None = None, grad_bytes: float = 0,
     ) -> None:
         super().__init__()
         self.t_f, self.t_b, self.t_w = t_f, t_b, t_w
@@ -115,6 +136,9 @@ class EmulatedStage(nn.Module):
         self.t_rf = self.t_r if t_rf is None else t_rf
         self.b_bytes, self.w_bytes = int(b_bytes), int(w_bytes)
         self.weight = nn.Parameter(torch.zeros(width))
+        self.ballast = nn.Parameter(torch.zeros(int(grad_bytes) // 4)) if grad_bytes >= 4 else None
+        if self.ballast is not None:  # its gradient, kept: moves with the stage, saved with no state
+            self.register_buffer("zeros", torch.zeros_like(self.ballast), persistent=False)
 
     # A first stage's B runs Act, as the profile says: without this the split backward would
     # leave a first stage's whole backward to W (see ``zbsearch.runtime.split``).
@@ -123,7 +147,8 @@ class EmulatedStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """F: sleep the forward's time and pass ``x`` on; its backward sleeps B's and W's times."""
         fusion = _Fusion()
-        w = _Timed.apply(self.weight, 0.0, self.t_w, self.w_bytes, fusion, max(self.t_bw - self.t_b, 0.0))  # Weight
+        weight = self.weight if self.ballast is None else _Gradient.apply(self.weight, self)
+        w = _Timed.apply(weight, 0.0, self.t_w, self.w_bytes, fusion, max(self.t_bw - self.t_b, 0.0))  # Weight
         mode = recompute_mode()
         if mode == "checkpointed":
             t_fwd = self.t_fc
@@ -140,11 +165,13 @@ def emulated_stages(
     bytes_per_unit: float = 2**20,
     width: int = 16,
     time_scale: float = 1.0,
+    grad_bytes: float = 0,
 ) -> list[EmulatedStage]:
     """One emulated stage per virtual stage of a placement, timed as the cost model says.
 
     Times are the profile's milliseconds times ``time_scale`` (0 gives zero-time passes, to
     measure the runtime's own overhead); memory is the profile's units times ``bytes_per_unit``.
+    ``grad_bytes``: each stage's parameter bytes, whose gradients W produces (``EmulatedStage``).
     """
     cost = CostModel.from_profile(profile.compute_only(), stage_to_rank)  # the runtime does the messages
     ms = time_scale / 1e3
@@ -155,7 +182,7 @@ def emulated_stages(
             cost.t_f[s] * ms, cost.t_b[s] * ms, cost.t_w[s] * ms,
             b_bytes=max(-cost.m_b[s], 0.0) * bytes_per_unit, w_bytes=max(-cost.m_w[s], 0.0) * bytes_per_unit,
             width=width, t_bw=cost.t_bw[s] * ms, t_ff=cost.t_ff[s] * ms,
-            t_fc=full[s][0], t_r=full[s][1], t_rf=full[s][2],
+            t_fc=full[s][0], t_r=full[s][1], t_rf=full[s][2], grad_bytes=grad_bytes,
         )
         for s in range(cost.num_stages)
     ]

@@ -172,7 +172,10 @@ class _GlobalGradState:
         self._meta: list[list[tuple[tuple[int, int], torch.dtype, bool]]] = self._group.exchange("meta", mine)
         seen = [pos for meta in self._meta for pos, _, _ in meta]
         if len(set(seen)) != len(seen):
-            raise PipelineError("two ranks claim the same parameter position: pass stages={stage index: module}")
+            raise PipelineError(
+                "two ranks claim the same parameter position: pass stages={stage index: module}, and with data "
+                "parallelism group=runtime.group (the ranks of one pipeline replica)"
+            )
         self._width = max(len(meta) for meta in self._meta)
         self._groups_cache: dict[tuple[torch.dtype, ...], list[tuple[torch.dtype, list[int]]]] = {}
 
@@ -342,7 +345,9 @@ class PostValidatedOptimizer(_GlobalGradState):
     (construction and every exchange are collective).
 
     ``max_norm``/``norm_type``: as ``clip_grad_norm_`` on the whole model (None: no clipping,
-    NaN/Inf skip only). ``group``: the pipeline ranks (default: all). ``stages``: the stage
+    NaN/Inf skip only). ``group``: the pipeline ranks (default: all); in a mesh, one replica's
+    (``runtime.group``): its gradients, reduced across replicas before the hook calls ``step()``,
+    are every replica's, so the norm over one pipeline is the norm over the mesh. ``stages``: the stage
     modules this rank holds, ``{stage index: module}`` (``runtime.stages``); it places each
     parameter in whole-model order, which the norm's bits depend on. Without it, rank r is
     taken to hold stage r and the optimizer to list its parameters in module order.

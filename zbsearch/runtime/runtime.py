@@ -47,6 +47,7 @@ from typing import cast
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from ..actions import Action, Op
 from ..dependencies import remote_input
@@ -55,6 +56,7 @@ from ..distributed.timeouts import PEER_TIMEOUT_S
 from ..formats.schedule import Schedule
 from ..formats.trace import Trace
 from ..validator import find_problem
+from .data_parallel import DEFAULT_BUCKET_BYTES, GradientReducer, check_replicas, refuse_wrapped, replica_sum
 from .emulation import EmulatedStage
 from .errors import PipelineError, first_line, post, wait
 from .identity import check_batch, check_stage
@@ -109,6 +111,9 @@ class PipelineRuntime:
         count_tokens: Callable[[torch.Tensor], int | torch.Tensor] | None = None,
         keep_heap: bool = True,
         check_model: bool = True,
+        mesh: DeviceMesh | None = None,
+        data_group: dist.ProcessGroup | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     ) -> None:
         if loss_normalization not in ("mean", "tokens"):
             raise PipelineError(
@@ -122,6 +127,8 @@ class PipelineRuntime:
             raise PipelineError(f"invalid schedule: {problem}")
         self._failure: str | None = None  # why the runtime cannot step any more (set by a failed step or close)
         self.schedule = schedule
+        if mesh is not None:
+            group, data_group = _mesh_groups(mesh, group, data_group)
         self.group = group
         self.rank = dist.get_rank(group)
         world = dist.get_world_size(group)
@@ -134,6 +141,8 @@ class PipelineRuntime:
             raise PipelineError(f"rank {self.rank} holds stages {mine} in the schedule but was given stages {sorted(stages)}")
         if not all(isinstance(m, nn.Module) for m in stages.values()):
             raise PipelineError("stages must be torch.nn.Module instances")
+        for s, module in sorted(stages.items()):
+            refuse_wrapped(s, module)
         # the model the profile measured: these stages, these microbatch shapes (``identity``);
         # emulated stages stand for the profiled ones by design
         emulated = any(isinstance(m, EmulatedStage) for m in stages.values())
@@ -175,11 +184,21 @@ class PipelineRuntime:
         # the message each action waits for from another rank, if any
         self._ahead = _receives_ahead([t.key if (t := remote_input(a, self._owner)) else None for a in self._actions])
         self._handshake()
+        self.data_group = data_group if data_group is not None and dist.get_world_size(data_group) > 1 else None
+        self.replicas = 1 if self.data_group is None else dist.get_world_size(self.data_group)
+        self._dp: GradientReducer | None = None
+        if self.data_group is not None:
+            check_replicas(self.data_group, self.schedule, self.stages, self.rank, timeout)
+            order = [s for _, s in sorted((i, s) for i, s in self._done_at.items())]
+            self._dp = GradientReducer(self.stages, order, self.data_group, timeout, bucket_bytes)
         self.loss_normalization = loss_normalization
         self._count_tokens = count_tokens or _labelled_tokens
-        self._seed = 1.0 / schedule.num_microbatches  # d(step loss)/d(microbatch loss)
+        # d(step loss)/d(microbatch loss): the mean over every replica's microbatches
+        self._seed = 1.0 / (schedule.num_microbatches * self.replicas)
         self.tied = [tuple(g) for g in tied]
-        self._tied = TiedParameters(self.tied, self.stages, self._owner, timeout) if self.tied else None
+        # the holders of tied copies by global rank: the private groups of the sums span the world
+        owners = [dist.get_global_rank(group, r) if group is not None else r for r in self._owner]
+        self._tied = TiedParameters(self.tied, self.stages, owners, timeout) if self.tied else None
         self._timer = StepTimer(self.device, clock_offset(self.rank, world, group, timeout))
 
     # -- public --------------------------------------------------------------------------------
@@ -240,6 +259,8 @@ class PipelineRuntime:
         mb_targets = self._split(targets, "targets") if self.last in self.stages else None
         if mb_targets is not None and self.loss_normalization == "tokens":
             total = sum(float(self._count_tokens(t)) for t in mb_targets)
+            if self._dp is not None:  # the global batch's tokens: every replica's last stage counts its own
+                total = replica_sum(total, self._dp.group, self.device, self.timeout)
             if total <= 0:
                 raise PipelineError("loss_normalization='tokens': the batch has no token to count (all labels ignored?)")
             self._seed = 1.0 / total
@@ -285,13 +306,17 @@ class PipelineRuntime:
             else:
                 self._backward(a, passes, weights, local)
             if pos in self._done_at and not (self._tied and self._done_at[pos] in self._tied.stages):
-                for hook in self._hooks:
-                    hook(self._done_at[pos])
+                self._stage_done(self._done_at[pos])
+            elif self._dp is not None:
+                self._dp.poll()
         self._comm.action = "end of step"
         self._comm.finish_step()
         if self._tied:  # after every transfer of this rank was posted: it cannot block a peer
             self._tied.reduce()
             for s in sorted(self._tied.stages):
+                self._stage_done(s)
+        if self._dp is not None:  # the reductions started as stages finished: wait for them only now
+            for s in self._dp.finish():
                 for hook in self._hooks:
                     hook(s)
         self._timer.finish()
@@ -312,7 +337,22 @@ class PipelineRuntime:
         """Peak live activation bytes on this rank during the last step."""
         return self.meter.peak
 
+    @property
+    def reductions(self) -> list[tuple[int, float, float]]:
+        """The last step's data-parallel reductions on this rank: (stage, start, end), in seconds
+        of ``time.perf_counter`` (end: when it was first seen complete, between passes)."""
+        return [] if self._dp is None else list(self._dp.last_step)
+
     # -- actions -------------------------------------------------------------------------------
+    def _stage_done(self, stage: int) -> None:
+        """A stage's gradients are complete on this rank: reduce them across the replicas, or,
+        with no replicas, tell the hooks (with replicas they hear once the reduction is done)."""
+        if self._dp is not None:
+            self._dp.start(stage)
+            return
+        for hook in self._hooks:
+            hook(stage)
+
     def _forward(self, a: Action, passes, ckpts, selections, local, mb_inputs, mb_targets, losses) -> None:
         s, j = a.stage, a.mb
         if s == 0:
@@ -461,3 +501,23 @@ def _receives_ahead(needs: list, count: int = _LOOKAHEAD) -> list[list]:
             upcoming = [key, *upcoming[: count - 1]]
         ahead.append(upcoming)
     return ahead[::-1]
+
+
+def _mesh_groups(mesh: DeviceMesh, group, data_group) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
+    """The pipeline group and the replicated data-parallel group of a mesh (``distributed.mesh``)."""
+    from ..distributed.mesh import mesh_sizes
+
+    if group is not None or data_group is not None:
+        raise PipelineError("give either mesh= or the groups (group=, data_group=), not both")
+    sizes = mesh_sizes(mesh)
+    if sizes.dp_shard > 1:
+        raise PipelineError(
+            f"the mesh shards data parallelism over {sizes.dp_shard} ranks (dp_shard): shard the stages with "
+            f"fully_shard on mesh['dp_shard'] is not supported by this runtime yet; use dp_replicate"
+        )
+    names = mesh.mesh_dim_names or ()
+    if "pp" not in names:
+        raise PipelineError(f"the mesh has no 'pp' dimension (its dimensions: {', '.join(names) or 'unnamed'})")
+    pp = mesh["pp"].get_group()
+    dp = mesh["dp_replicate"].get_group() if sizes.dp_replicate > 1 else None
+    return pp, dp

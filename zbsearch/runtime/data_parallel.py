@@ -1,0 +1,287 @@
+"""Data parallelism around the pipeline: each stage's gradients summed over its replicas.
+
+In a mesh, every pipeline position is held by ``dp`` ranks (one per replica), which run the same
+schedule on different data. A stage's gradients are complete on a rank once the stage's last W
+(or BW) of the step has run there; ``GradientReducer.start(stage)`` then launches their
+reduction across the stage's data-parallel group at once, asynchronously, in buckets of about
+``bucket_bytes``, while the rank goes on with the passes still to run: a zero-bubble schedule's
+last W passes fill the drain, and the reductions of stages finished earlier hide behind them.
+``finish()`` waits for them, only before the optimizer step.
+
+Exactness: the runtime seeds each replica's backward with ``1/(m * dp)`` (or ``1/N``, ``N`` the
+global batch's tokens), so the SUM over replicas is the gradient of the loss on the global batch,
+as one process would compute it. A parameter that has no gradient on a replica (not used by its
+microbatches) takes part as zeros; each bucket carries one presence flag per parameter, so a
+parameter that no replica gave a gradient keeps ``grad = None``, as on one process. Frozen
+parameters (``requires_grad=False``) are left out. A parameter shared by two stages of one rank
+is reduced once, after the later of them.
+
+Buckets are flat copies of a stage's gradients (grouped by dtype and device, in reverse order
+of registration, as ``DistributedDataParallel`` groups them); the reduced values are copied back
+into ``.grad``. Every wait is bounded by the runtime's timeout: a replica that died or hangs
+mid-reduction is a one-line ``PipelineError``.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .errors import PipelineError, post, wait
+from .groups import PrivateGloo
+
+__all__ = ["GradientReducer", "DEFAULT_BUCKET_BYTES", "refuse_wrapped", "check_replicas", "replica_sum"]
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
+
+
+@dataclass
+class _Bucket:
+    """Gradients of some parameters of one dtype and device, reduced as one flat tensor."""
+
+    params: list[nn.Parameter]
+    numel: int
+    flat: torch.Tensor | None = None
+    work: object | None = None
+
+
+@dataclass
+class _Pending:
+    """One stage's reduction in flight."""
+
+    stage: int
+    buckets: list[_Bucket]
+    started: float = 0.0  # perf_counter when it was launched
+    done: float | None = None  # perf_counter when it was seen complete (polled between passes)
+    works: list = field(default_factory=list)
+
+
+def refuse_wrapped(stage: int, module: nn.Module) -> None:
+    """Refuse a stage wrapped for data parallelism by torch: its hooks fire in the wrong pass.
+
+    ``DistributedDataParallel`` reduces from hooks on parameters that a split backward's W
+    does not run, and from a backward it expects once per step: under a pipeline schedule its
+    results are silently wrong. The runtime reduces instead (``data_group`` / ``mesh``).
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(module, DistributedDataParallel):
+        raise PipelineError(
+            f"stage {stage} is wrapped in DistributedDataParallel, whose hooks a pipeline's split backward does not run "
+            f"(its gradients would be wrong): pass the module itself (ddp.module) and the data-parallel group as "
+            f"PipelineRuntime(..., data_group=...) or mesh=..., and the runtime reduces the gradients"
+        )
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # pragma: no cover - torch built without distributed
+        return
+    if isinstance(module, FullyShardedDataParallel):
+        raise PipelineError(
+            f"stage {stage} is wrapped in FullyShardedDataParallel (FSDP1), which the pipeline's split backward cannot "
+            f"drive: pass the module itself and data_group=... (replicated gradients), or shard it with fully_shard"
+        )
+
+
+def stage_signature(module: nn.Module) -> list[tuple]:
+    """What replicas of a stage must agree on: each parameter's name, shape, dtype, whether it
+    trains, and how it is laid out across ranks (a DTensor's mesh shape and placements)."""
+    out = []
+    for name, p in module.named_parameters():
+        layout = ""
+        if hasattr(p, "placements") and hasattr(p, "device_mesh"):  # a DTensor (tensor parallel, sharded)
+            layout = f"{tuple(p.device_mesh.shape)} {tuple(str(x) for x in p.placements)}"
+        out.append((name, tuple(p.shape), str(p.dtype), p.requires_grad, layout))
+    return out
+
+
+def check_replicas(group: dist.ProcessGroup, schedule, stages: Mapping[int, nn.Module], rank: int, timeout: float) -> None:
+    """Collective over ``group``: every replica runs the same schedule on the same stages (same
+    parameters, laid out the same way), else a one-line ``PipelineError`` on every member."""
+    ranks = dist.get_process_group_ranks(group)
+    digest = repr((schedule.stage_to_rank, schedule.num_microbatches, schedule.actions))
+    mine = (rank, digest, {s: stage_signature(m) for s, m in sorted(stages.items())})
+    gloo = PrivateGloo("data-parallel", ranks, timeout)
+    try:
+        theirs = gloo.exchange("replica", mine)
+    finally:
+        gloo.close()
+    me = dist.get_rank()
+    for r, (pos, dig, sig) in zip(gloo.ranks, theirs):
+        if pos != rank:
+            raise PipelineError(
+                f"rank {me}: its data-parallel group holds different pipeline positions (rank {me} is pipeline rank "
+                f"{rank}, rank {r} is pipeline rank {pos}): each data-parallel group must join the ranks that hold the "
+                f"same stages in each replica"
+            )
+        if dig != digest:
+            raise PipelineError(f"rank {me}: replicas were given different schedules (global ranks {me} and {r})")
+        if sig != mine[2]:
+            raise PipelineError(f"rank {me}: replicas hold different stages: {_difference(mine[2], sig, me, r)}")
+
+
+def _difference(a: dict, b: dict, ra: int, rb: int) -> str:
+    """The first difference between two replicas' stage signatures, in words."""
+    for s in sorted(set(a) | set(b)):
+        pa, pb = a.get(s, []), b.get(s, [])
+        for x, y in zip(pa, pb):
+            if x != y:
+                what = ["name", "shape", "dtype", "requires_grad", "layout across ranks"]
+                field_ = next(i for i in range(5) if x[i] != y[i])
+                shown = [v if field_ != 4 else v or "plain" for v in (x[field_], y[field_])]
+                return (f"stage {s} parameter {x[0]!r}: {what[field_]} {shown[0]} on global rank {ra}, "
+                        f"{shown[1]} on global rank {rb}")
+        if len(pa) != len(pb):
+            return f"stage {s} has {len(pa)} parameters on global rank {ra}, {len(pb)} on global rank {rb}"
+    return "different stage sets"
+
+
+def replica_sum(value: float, group: dist.ProcessGroup, device: torch.device, timeout: float) -> float:
+    """Collective over ``group``: the sum of every member's ``value`` (e.g. a batch's token count)."""
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    what = f"rank {dist.get_rank()}: summing the token count over the data-parallel replicas"
+    wait(post(lambda: dist.all_reduce(t, group=group, async_op=True), what), timeout, what)
+    return float(t.item())
+
+
+class GradientReducer:
+    """Sums each stage's gradients over its data-parallel replicas, one stage at a time.
+
+    ``stages``: this rank's stages; ``order``: the stages in the order their gradients become
+    complete in a step (a parameter held by several is reduced with the last of them).
+    ``group``: the data-parallel process group of this rank (its replicas of the same stages).
+    """
+
+    def __init__(
+        self,
+        stages: Mapping[int, nn.Module],
+        order: Sequence[int],
+        group: dist.ProcessGroup,
+        timeout: float,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> None:
+        if bucket_bytes <= 0:
+            raise PipelineError(f"bucket_bytes must be positive, not {bucket_bytes}")
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.timeout = timeout
+        owner: dict[int, int] = {}  # id(param) -> the stage whose completion reduces it
+        params: dict[int, nn.Parameter] = {}
+        for s in order:
+            for p in stages[s].parameters():
+                if p.requires_grad:
+                    owner[id(p)] = s
+                    params[id(p)] = p
+        self._buckets: dict[int, list[list[nn.Parameter]]] = {}
+        for s in order:
+            mine = [p for p in stages[s].parameters() if p.requires_grad and owner[id(p)] == s]
+            mine = list({id(p): p for p in mine}.values())[::-1]  # once each; the last registered first
+            self._buckets[s] = _bucket(mine, bucket_bytes)
+        self._pending: list[_Pending] = []
+        self.last_step: list[tuple[int, float, float]] = []  # (stage, started, completed) in perf_counter seconds
+
+    @property
+    def stages(self) -> list[int]:
+        """The stages whose gradients this reducer reduces."""
+        return list(self._buckets)
+
+    def parameters(self, stage: int) -> list[nn.Parameter]:
+        """The parameters reduced when ``stage`` is done."""
+        return [p for ps in self._buckets[stage] for p in ps]
+
+    @torch.no_grad()
+    def start(self, stage: int) -> None:
+        """Launch the reduction of ``stage``'s gradients (asynchronous)."""
+        pending = _Pending(stage, [], started=time.perf_counter())
+        for params in self._buckets[stage]:
+            flat = _flatten(params)
+            what = f"rank {dist.get_rank()}: the data-parallel reduction of stage {stage}"
+            work = post(functools.partial(dist.all_reduce, flat, group=self.group, async_op=True), what)
+            pending.buckets.append(_Bucket(params, flat.numel() - len(params), flat, work))
+        self._pending.append(pending)
+
+    def poll(self) -> None:
+        """Note the time of reductions seen complete (between passes: no wait)."""
+        now = None
+        for p in self._pending:
+            if p.done is None and all(b.work.is_completed() for b in p.buckets):  # type: ignore[attr-defined]
+                p.done = now = now or time.perf_counter()
+
+    @torch.no_grad()
+    def finish(self) -> list[int]:
+        """Wait for every reduction started in this step and write the sums into ``.grad``;
+        returns the stages in the order they were started."""
+        done = []
+        self.last_step = []
+        try:
+            for p in self._pending:
+                for b in p.buckets:
+                    what = f"rank {dist.get_rank()}: the data-parallel reduction of stage {p.stage} ({self.size} replicas)"
+                    wait(b.work, self.timeout, what)
+                    assert b.flat is not None  # set by start
+                    _unflatten(b.params, b.flat, b.numel)
+                    b.flat = b.work = None
+                if p.done is None:
+                    p.done = time.perf_counter()
+                self.last_step.append((p.stage, p.started, p.done))
+                done.append(p.stage)
+        finally:
+            self._pending = []
+        return done
+
+
+def _bucket(params: list[nn.Parameter], cap: int) -> list[list[nn.Parameter]]:
+    """Parameters in buckets of one dtype and device, each about ``cap`` bytes at most (a
+    parameter larger than the cap is a bucket of its own)."""
+    buckets: list[list[nn.Parameter]] = []
+    open_: dict[tuple, tuple[list[nn.Parameter], int]] = {}
+    for p in params:
+        key = (p.dtype, p.device)
+        size = p.numel() * p.element_size()
+        ps, used = open_.get(key, ([], 0))
+        if ps and used + size > cap:
+            buckets.append(ps)
+            ps, used = [], 0
+        ps.append(p)
+        open_[key] = (ps, used + size)
+    buckets += [ps for ps, _ in open_.values() if ps]
+    return buckets
+
+
+def _flatten(params: list[nn.Parameter]) -> torch.Tensor:
+    """The gradients of ``params`` (zeros for a missing one) as one flat tensor, followed by one
+    presence flag per parameter (1 where this rank has a gradient)."""
+    p0 = params[0]
+    numel = sum(p.numel() for p in params)
+    flat = torch.empty(numel + len(params), dtype=p0.dtype, device=p0.device)
+    at = 0
+    for i, p in enumerate(params):
+        n = p.numel()
+        if p.grad is None:
+            flat[at:at + n].zero_()
+            flat[numel + i] = 0
+        else:
+            flat[at:at + n].copy_(p.grad.reshape(-1))
+            flat[numel + i] = 1
+        at += n
+    return flat
+
+
+def _unflatten(params: list[nn.Parameter], flat: torch.Tensor, numel: int) -> None:
+    """Write the reduced sums back into ``.grad``; a parameter no replica had a gradient for stays None."""
+    present = flat[numel:].tolist()
+    at = 0
+    for p, flag in zip(params, present):
+        n = p.numel()
+        if flag > 0:
+            value = flat[at:at + n].view_as(p)
+            if p.grad is None:
+                p.grad = value.clone()
+            else:
+                p.grad.copy_(value)
+        at += n
