@@ -109,16 +109,19 @@ def recompute(
     if ckpt.spent:
         raise PipelineError("this checkpointed forward has already been recomputed")
     devices = [] if ckpt.device_rng is None else [ckpt.device_rng[0]]
+    inputs = ckpt.inputs
     token = _MODE.set("recompute")
     try:
         with torch.random.fork_rng(devices=devices):
             torch.set_rng_state(ckpt.cpu_rng)
             if ckpt.device_rng is not None:
                 torch.cuda.set_rng_state(ckpt.device_rng[1], ckpt.device_rng[0])
-            fp = forward_pass(module, ckpt.inputs, split=split, post=post, meter=meter, deferred_first=deferred_first)
+            # consumed before the forward runs: the generators hold the state now, and the inputs
+            # count again where the forward saves them, so the pass never holds both
+            ckpt.kept.free()
+            ckpt.spent = True
+            ckpt.inputs = ()
+            fp = forward_pass(module, inputs, split=split, post=post, meter=meter, deferred_first=deferred_first)
     finally:
         _MODE.reset(token)
-    ckpt.kept.free()
-    ckpt.spent = True
-    ckpt.inputs = ()
     return fp
