@@ -484,8 +484,18 @@ def test_a_schedule_recomputing_a_stage_that_selects_nothing_is_refused(one_rank
                               random_selective(base.rank_actions, random.Random(0), 1.0, fuse=False))
     stages = build(2)
     stages[1].mlp.selective_recompute = False
-    with pytest.raises(PipelineError, match="recomputes stage 1 selectively .* stage 1 declares no module"):
+    with pytest.raises(PipelineError, match="recomputes stage 1 selectively .* stage 1 declares no module in every "
+                                            "mode, and the schedule's profile does not say"):
         PipelineRuntime(sched, dict(enumerate(stages)), loss_fn)
+    # the mode the profile measured, and the stages declare another: refused, naming it
+    for st in stages:
+        st.mlp.selective_recompute = "mlp"
+    named = zb.Schedule.build("rs", prof.model_copy(update={"selective": "attention"}), 2, list(base.stage_to_rank),
+                              sched.rank_actions)
+    with pytest.raises(PipelineError, match=r"stage 0 declares no module for the mode its profile measured \('attention'"):
+        PipelineRuntime(named, dict(enumerate(stages)), loss_fn)
+    PipelineRuntime(sched.model_copy(update={"profile": prof.model_copy(update={"selective": "mlp"})}),
+                    dict(enumerate(stages)), loss_fn).close()  # the mode they declare
 
 
 @pytest.mark.slow
