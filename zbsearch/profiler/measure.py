@@ -120,10 +120,10 @@ class StageMeasurement:
         times = {k: _cost(st) * (steps[k].median / st.median if k in steps else 1.0) for k, st in timed.items()}
         f_scale = times["t_f"] / _cost(self.f)
         ff_scale = times["t_ff"] / _cost(self.ff)
-        full = self.fc is not None and self.r is not None and self.m_fc is not None and (unit or self.m_fc <= self.m_f)
-        rc = {} if not full else {
-            "t_fc": _cost(self.fc) * f_scale, "t_r": _cost(self.r) * f_scale, "m_fc": min(self.m_fc, self.m_f),
-            **({} if self.rf is None else {"t_rf": _cost(self.rf) * ff_scale})}
+        rc: dict[str, float] = {}
+        if self.fc is not None and self.r is not None and self.m_fc is not None and (unit or self.m_fc <= self.m_f):
+            rc.update({"t_fc": _cost(self.fc) * f_scale, "t_r": _cost(self.r) * f_scale, "m_fc": min(self.m_fc, self.m_f),
+                       **({} if self.rf is None else {"t_rf": _cost(self.rf) * ff_scale})})
         if self.fs is not None and self.rs is not None and self.m_fs is not None and self.m_fs <= self.m_f:
             rc.update({"t_fs": _cost(self.fs) * f_scale, "t_rs": _cost(self.rs) * f_scale, "m_fs": self.m_fs})
         return StageCost(
