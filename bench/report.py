@@ -996,8 +996,8 @@ TOPICS = {
                    "{paper_time_limit:g} --base BEFORE".format(**d["settings"]),
                    "about 30 minutes; oracle optima are cached with --oracle-cache", fused),
     "recompute": Topic("Memory below 1F1B: V-Half, V-Min and recomputation",
-                       ("recompute_real.json", "recompute_recompute.json", "recompute_controllable.json",
-                        "recompute_checks.json"),
+                       ("recompute_real.json", "recompute_recompute.json", "recompute_scale.json",
+                        "recompute_controllable.json", "recompute_checks.json"),
                        "PYTHONPATH=. python bench/recompute.py --parts PARTS -o recompute_NAME (one run per part, see the "
                        "notes)", "about 20 minutes in all", recompute),
     "startup": Topic("How long the command line takes to start", ("startup.json",),
