@@ -13,9 +13,10 @@ R (``recompute``) restores that state, runs the forward again exactly as a plain
 inputs, then puts the generators back where they were: so dropout draws the same masks in R
 as in the checkpointed F, and every later pass draws what it would have without recomputation.
 On a deterministic device the rebuilt activations, and so the gradients, are bit for bit those
-of the same schedule without recomputation. What R saves the meter counts, each storage once
-(the kept inputs, which the graph saves again, are not counted twice), and then the kept part
-is let go: after R the rank holds what a plain F would have left.
+of the same schedule without recomputation. The kept part is let go as R starts, once the
+generators hold the state and the forward holds the inputs; what R saves the meter counts,
+each storage once (a kept input the graph saves again counts again then): so R never holds more
+than it leaves, and after R the rank holds what a plain F would have left.
 
 While a checkpointed forward or a recompute pass runs, ``recompute_mode()`` says which, so that
 an emulated stage sleeps the profile's time for it.

@@ -90,7 +90,7 @@ class Selection:
     def __init__(self, stage: nn.Module, modules: list[nn.Module], meter: ActivationMeter | None = None,
                  device: torch.device | None = None) -> None:
         if not modules:
-            raise PipelineError("selective recomputation needs at least one module with selective_recompute = True")
+            raise PipelineError("selective recomputation needs at least one module declared with selective_recompute")
         self.modules = modules
         self.kept = SavedActivations(meter, stage)
         self.kept.hooks()  # only to learn the stage's parameters: they are referenced, not counted
