@@ -8,11 +8,14 @@ Parts (``--parts``):
   (p, m) = (4, 8), (8, 24), (16, 64) and on the paper's 1.5B and 6.2B profiles (p = 8, m = 24).
   Then ``solve`` on the V placement at each schedule's own peak memory: its span against the
   schedule's (target: at most), its bound and gap.
-* recompute: ``solve --recompute auto`` at 0.5p, one stage per rank, on the paper's 1.5B and
-  6.2B profiles (p = 8, m = 24; recomputation costs derived from the paper's formulas, see
-  ``zbsearch/profiles/paper/generate.py``) against 1F1B and ZB-H1 with full recomputation at
-  the same limit (targets: 1.2x faster than 1F1B with full recomputation, gap at most 3%), and
-  ``--recompute full`` and ``none`` beside them.
+* recompute: ``solve --recompute auto`` at 0.5p and 1p, one stage per rank, on the paper's 1.5B
+  and 6.2B profiles (p = 8, m = 24; recomputation costs derived from the paper's formulas, see
+  ``zbsearch/profiles/paper/generate.py``), once per selective recomputation the runtime runs:
+  the attention cores (the bundled profiles: Megatron's selective), the MLPs, and none (full
+  recomputation only); against 1F1B with full recomputation, fused (Megatron's) and with its
+  backwards split, and ZB-H1 with full recomputation, each at no limit of its own (targets:
+  1.2x faster than 1F1B with full recomputation, gap at most 3%), and ``--recompute full`` and
+  ``none`` beside them.
 * scale: p = 32, m = 256 (the 28.3B profile) with ``--recompute auto`` at 0.5p and 1p:
   the solve's own time against its 5 s limit (target: a valid schedule within 5 s).
 * oracle: generated small instances with recomputation offered (full, and selective on every
@@ -22,13 +25,18 @@ Parts (``--parts``):
   claims (value, bound, a false ``optimal``).
 * frontier: ``zbsearch frontier`` on the 1.5B profile, one stage per rank and the V, with and
   without recomputation.
-* real: real passes on 2 local ranks (CPU, the built-in GPT): profiled with recomputation
-  (``Settings(recompute=True)``, a profiler round before and after each round of steps, pooled),
-  ``solve --recompute auto`` at 0.75p, and at 0.8p on the profile offering selective recomputation
-  only (each layer's MLP), ``zb-h1-recompute`` and ``1f1b-recompute`` run by the runtime; per schedule
-  the measured iteration (the trace's makespan) against the prediction (target: within 5%),
-  each rank's peak activation bytes against the prediction, and the gradients of one step
-  against the same schedule without its recompute passes, from the same weights (target: equal).
+* real: real passes on 2 local ranks (CPU, the built-in GPT, at a sequence length where each
+  layer's attention probabilities are about half of what it keeps): profiled with
+  recomputation in both selective modes (``Settings(recompute=True, selective=...)``, a profiler
+  round of each before and after each round of steps, pooled); ``solve --recompute auto`` at
+  0.75p (full and attention-core recomputation offered), the same with selective recomputation
+  only, of the attention cores and of the MLPs, each at a limit a little over halfway from one
+  microbatch at a time to 1F1B's memory, and ``zb-h1-recompute``, ``1f1b-recompute`` and
+  ``1f1b-split-recompute``, run by the runtime; per schedule the measured iteration (the trace's
+  makespan) against the prediction (target: within 5%), each rank's peak activation bytes, after
+  any pass and inside the passes (the meter's), against the prediction, and the gradients of two
+  steps against the same schedule without its recompute passes, from the same weights (target:
+  equal).
 
 Prints tables and saves bench/results/recompute.json; ``python bench/report.py recompute``
 renders it. Run: PYTHONPATH=. python bench/recompute.py [--time-limit 30] [--count 40]
@@ -90,27 +98,48 @@ def controllable_part(args) -> dict:
     return {"cases": rows, "met": sum(r["met"] for r in rows), "n": len(rows)}
 
 
+# the classic kinds with every microbatch recomputed: 1F1B fused (Megatron's), 1F1B with its
+# backwards split (the fair baseline for schedules with split backwards) and ZB-H1
+RECOMPUTING = ("1f1b-recompute", "1f1b-split-recompute", "zb-h1-recompute")
+# what selective recomputation the profile offers: the attention cores (the bundled profiles,
+# Megatron's selective), the MLPs (the same formulas, ``paper_profile(..., "mlp")``), or none
+SELECTIVE = ("attention", "mlp", "none")
+
+
+def _paper(name: str, selective: str) -> Profile:
+    """The paper's profile with its selective recomputation in the mode ``selective``, or none."""
+    from zbsearch.profiles.paper.generate import paper_profile
+
+    model, _, m = name.rpartition("-m")
+    prof = Profile.model_validate(paper_profile(model, int(m), "attention" if selective == "none" else selective))
+    if selective == "none":
+        stages = [st.model_copy(update={"t_fs": None, "t_rs": None, "m_fs": None}) for st in prof.stages]
+        prof = prof.model_copy(update={"stages": stages, "selective": None, "name": prof.name + "-no-rs"})
+    return prof
+
+
 def recompute_part(args) -> dict:
     rows = []
     for name in ("1.5b-m24", "6.2b-m24"):
-        prof = load_profile(name)
-        base = {k: max(build_classic(k, prof, 24).predicted.span) for k in ("1f1b-recompute", "zb-h1-recompute", "1f1b")}
-        for mode, limit in (("auto", "0.5p"), ("full", "0.5p"), ("none", "0.5p"), ("auto", "1p"), ("none", "1p")):
+        base = {k: max(build_classic(k, load_profile(name), 24).predicted.span) for k in (*RECOMPUTING, "1f1b")}
+        runs = [(sel, "auto", limit) for limit in ("0.5p", "1p") for sel in SELECTIVE]
+        runs += [("none", "full", "0.5p"), ("none", "none", "0.5p"), ("none", "none", "1p")]
+        for selective, mode, limit in runs:
+            prof = _paper(name, selective)
             t0 = time.monotonic()
             res = solve(prof, 24, limit, recompute=mode, time_limit=args.time_limit)
             wall = time.monotonic() - t0
             info = res.info
-            row = {"profile": name, "mode": mode, "limit": limit, "span": info.value, "bound": info.lower_bound,
-                   "gap": info.gap, "status": info.status, "recomputed": info.recomputed,
-                   "selective": sum(a.op.value == "RS" for r in res.schedule.rank_actions for a in r),
+            row = {"profile": name, "selective": selective, "mode": mode, "limit": limit, "span": info.value,
+                   "bound": info.lower_bound, "gap": info.gap, "status": info.status, "recomputed": info.recomputed,
+                   "rs": sum(a.op.value == "RS" for r in res.schedule.rank_actions for a in r),
                    "peak": max(res.timeline.peak_memory), "construction": info.construction, "time_s": info.time_s,
-                   "wall_s": wall, "speedup_vs_1f1b_recompute": base["1f1b-recompute"] / info.value,
-                   "speedup_vs_zb_h1_recompute": base["zb-h1-recompute"] / info.value, "classic": base}
+                   "wall_s": wall, "classic": base,
+                   **{f"vs_{k}": base[k] / info.value for k in RECOMPUTING}}
             rows.append(row)
-            print(f"{name:<9} {mode:<4} {limit:<4} span {info.value:9.6g} bound {info.lower_bound:9.6g} gap "
-                  f"{info.gap:6.2%} recomputed {info.recomputed:3} ({row['selective']} selective) "
-                  f"x{row['speedup_vs_1f1b_recompute']:.3f} vs 1f1b-recompute ({base['1f1b-recompute']:.6g})  "
-                  f"{info.time_s:.1f}s", flush=True)
+            print(f"{name:<9} {mode:<4} selective {selective:<9} {limit:<4} span {info.value:9.6g} bound "
+                  f"{info.lower_bound:9.6g} gap {info.gap:6.2%} recomputed {info.recomputed:3} ({row['rs']} RS) "
+                  + " ".join(f"x{row['vs_' + k]:.3f} vs {k}" for k in RECOMPUTING) + f"  {info.time_s:.1f}s", flush=True)
     return {"cases": rows}
 
 
@@ -129,6 +158,12 @@ def scale_part(args) -> dict:
     return {"cases": rows}
 
 
+def _selective_only(prof: Profile) -> Profile:
+    """``prof`` offering selective recomputation only (no R)."""
+    return prof.model_copy(update={"stages": [st.model_copy(update={"t_fc": None, "t_r": None, "t_rf": None, "m_fc": None})
+                                              for st in prof.stages]})
+
+
 def _real_worker(rank, world, send, args) -> dict | None:
     import os
     import statistics
@@ -139,6 +174,7 @@ def _real_worker(rank, world, send, args) -> dict | None:
     from bench.pipeline import ours, round_robin
     from zbsearch import Schedule
     from zbsearch.actions import Op
+    from zbsearch.costs import CostModel
     from zbsearch.idle_time import measure_idle_time
     from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
     from zbsearch.pass_times import compare_pass_times
@@ -147,33 +183,41 @@ def _real_worker(rank, world, send, args) -> dict | None:
     from zbsearch.runtime import PipelineRuntime
 
     torch.set_num_threads(1)
-    cfg = GPTConfig(layers=args.real_layers, hidden=args.real_hidden, heads=max(2, args.real_hidden // 64),
-                    seq=args.real_seq, vocab=256, microbatch_size=args.real_batch, stages=world)
-    settings = Settings(warmup=2, repeat=args.real_repeat, rounds=1, threads=1, recompute=True)
+    cfg = GPTConfig(layers=args.real_layers, hidden=args.real_hidden, heads=args.real_heads, seq=args.real_seq, vocab=256,
+                    microbatch_size=args.real_batch, stages=world)
+    modes = ("attention", "mlp")
 
-    def profile_round() -> Profile:
+    def profile_round(mode: str) -> Profile:
+        settings = Settings(warmup=2, repeat=args.real_repeat, rounds=1, threads=1, recompute=True, selective=mode)
         got = profile_distributed(builtin_gpt(cfg), settings)
         box = [got.model_dump_json() if rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
         return Profile.model_validate_json(box[0])
 
-    taken = [profile_round()]
+    taken = {mode: [profile_round(mode)] for mode in modes}
     m = args.real_m
-    box = [None]
+    box: list = [None]
     if rank == 0:
-        res = solve(taken[0], m, "0.75p", recompute="auto", time_limit=args.real_solve_time)
-        # with selective recomputation only (each layer's MLP, as the built-in GPT declares), at a
-        # limit where a microbatch recomputed selectively lets a rank hold a second one: the MLPs
-        # keep about half of a layer's activations, so one and a half microbatches fit 0.8p, not 0.75p
-        selective = taken[0].model_copy(update={"stages": [
-            st.model_copy(update={"t_fc": None, "t_r": None, "t_rf": None, "m_fc": None}) for st in taken[0].stages]})
-        sel = solve(selective, m, "0.8p", recompute="auto", time_limit=args.real_solve_time)
-        box = [[res.schedule.model_dump_json(), sel.schedule.model_dump_json()]]
+        first = taken["attention"][0]
+        texts = [solve(first, m, "0.75p", recompute="auto", time_limit=args.real_solve_time).schedule.model_dump_json()]
+        for mode in modes:
+            # selective recomputation only, at a limit where a microbatch recomputed selectively lets a
+            # rank hold another: a little over halfway from one microbatch at a time to 1F1B's memory
+            only = _selective_only(taken[mode][0])
+            cost = CostModel.from_profile(only, list(range(world)))
+            least = smallest_feasible_limit(cost, m, "auto")
+            peak = build_classic("1f1b", only, m).predicted.peak_memory
+            limit = [lo + 0.55 * (hi - lo) for lo, hi in zip(least, peak)]
+            texts.append(solve(only, m, limit, recompute="auto", time_limit=args.real_solve_time).schedule.model_dump_json())
+        box = [texts]
     dist.broadcast_object_list(box, src=0)
     schedules = {"zb auto 0.75p": Schedule.model_validate_json(box[0][0]),
-                 "zb auto 0.8p selective": Schedule.model_validate_json(box[0][1]),
-                 "zb-h1-recompute": build_classic("zb-h1-recompute", taken[0], m),
-                 "1f1b-recompute": build_classic("1f1b-recompute", taken[0], m)}
+                 "zb auto attention-core RS only": Schedule.model_validate_json(box[0][1]),
+                 "zb auto MLP RS only": Schedule.model_validate_json(box[0][2]),
+                 "zb-h1-recompute": build_classic("zb-h1-recompute", taken["attention"][0], m),
+                 "1f1b-recompute": build_classic("1f1b-recompute", taken["attention"][0], m),
+                 "1f1b-split-recompute": build_classic("1f1b-split-recompute", taken["attention"][0], m)}
+    mode_of = {name: "mlp" if "MLP" in name else "attention" for name in schedules}
     inputs, targets = gpt_batch(cfg, m, seed=0)
     runners = {name: ours(rank, sched, gpt_stages(cfg), inputs, targets, gpt_loss) for name, sched in schedules.items()}
     got: dict[str, tuple[list, list]] = {name: ([], []) for name in runners}
@@ -184,45 +228,53 @@ def _real_worker(rank, world, send, args) -> dict | None:
         for name, (walls, traces) in part.items():
             got[name][0].extend(walls)
             got[name][1].extend(traces)
-        taken.append(profile_round())
-    pooled = pool_profiles(taken)
+        for mode in modes:
+            taken[mode].append(profile_round(mode))
+    pooled = {mode: pool_profiles(taken[mode]) for mode in modes}
 
-    # gradients: one step of each schedule and of it without its recompute passes, same weights
-    exact = {}
+    # gradients: two steps of each schedule and of it without its recompute passes, same weights;
+    # the meter's peak in the second step of each
+    exact, meter_peaks = {}, {}
     for name, sched in schedules.items():
         plain = Schedule.build(sched.kind + "-plain", sched.profile, m, list(sched.stage_to_rank),
                                [[a for a in row if a.op not in (Op.R, Op.RS)] for row in sched.rank_actions])
-        grads = []
+        grads, peak = [], 0
         for sc in (sched, plain):
             stages = gpt_stages(cfg)
             mine = {s: stages[s] for s in range(sc.num_stages) if sc.stage_to_rank[s] == rank}
             with PipelineRuntime(sc, mine, gpt_loss, timeout=120) as rt:
-                rt.step(inputs if 0 in mine else None, targets if sc.num_stages - 1 in mine else None)
+                for _ in range(2):
+                    rt.step(inputs if 0 in mine else None, targets if sc.num_stages - 1 in mine else None)
+                if sc is sched:
+                    peak = rt.peak_activation_bytes
             grads.append([q.grad for st in mine.values() for q in st.parameters()])
         same = all(a is not None and b is not None and torch.equal(a, b) for a, b in zip(*grads))
         box = [None] * world
-        dist.all_gather_object(box, same)
-        exact[name] = all(box)
+        dist.all_gather_object(box, (same, peak))
+        exact[name] = all(x for x, _ in box)
+        meter_peaks[name] = [p for _, p in box]
     if rank != 0:
         return None
     rows = {}
     for name, (walls, traces) in got.items():
-        sched = schedules[name].model_copy(update={"profile": pooled})
+        sched = schedules[name].model_copy(update={"profile": pooled[mode_of[name]]})
         tl = timeline(sched)
         spans = [t.makespan_ms() for t in traces]
         peaks = [max(e.args.activations for e in r) for r in traces[-1].rank_events()]
         rows[name] = {"makespan_ms": statistics.median(spans), "wall_ms": statistics.median(walls),
                       "predicted_ms": tl.makespan, "measured_over_predicted": statistics.median(spans) / tl.makespan,
-                      "peak_bytes": peaks, "predicted_peak_bytes": list(tl.peak_memory),
+                      "peak_bytes": peaks, "meter_peak_bytes": meter_peaks[name],
+                      "predicted_peak_bytes": list(tl.peak_memory), "selective": mode_of[name],
                       "limit_bytes": schedules[name].memory_limit, "gradients_exact": exact[name],
                       "recomputed": sum(a.op in (Op.R, Op.RS) for row in sched.rank_actions for a in row),
-                      "selective": sum(a.op is Op.RS for row in sched.rank_actions for a in row),
+                      "rs": sum(a.op is Op.RS for row in sched.rank_actions for a in row),
                       "passes": [{"rank": x.rank, "op": x.op.value, "count": x.count, "measured_ms": x.measured_ms,
                                   "predicted_ms": x.predicted_ms} for x in compare_pass_times(sched, traces)],
                       "waits": [vars(w) for w in measure_idle_time(sched, traces)]}
-    return {"config": {"layers": cfg.layers, "hidden": cfg.hidden, "seq": cfg.seq, "microbatch": cfg.microbatch_size,
-                       "m": m, "steps": args.real_steps * args.real_rounds}, "loads": loads, "rows": rows,
-            "profile": pooled.model_dump(mode="json", exclude={"measured"})}
+    return {"config": {"layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "seq": cfg.seq,
+                       "microbatch": cfg.microbatch_size, "m": m, "steps": args.real_steps * args.real_rounds},
+            "loads": loads, "rows": rows,
+            "profiles": {mode: pooled[mode].model_dump(mode="json", exclude={"measured"}) for mode in modes}}
 
 
 def real_part(args) -> dict:
@@ -230,10 +282,10 @@ def real_part(args) -> dict:
 
     res = launch(_real_worker, 2, args)
     for name, r in res["rows"].items():
-        print(f"real {name:<16} measured {r['makespan_ms']:.2f} ms predicted {r['predicted_ms']:.2f} ms "
-              f"(x{r['measured_over_predicted']:.3f}); peak bytes {r['peak_bytes']} predicted "
-              f"{[round(x) for x in r['predicted_peak_bytes']]}; gradients exact {r['gradients_exact']}; "
-              f"{r['recomputed']} recomputed ({r['selective']} selective)", flush=True)
+        print(f"real {name:<30} measured {r['makespan_ms']:.2f} ms predicted {r['predicted_ms']:.2f} ms "
+              f"(x{r['measured_over_predicted']:.3f}); peak bytes after a pass {r['peak_bytes']}, inside "
+              f"{r['meter_peak_bytes']}, predicted {[round(x) for x in r['predicted_peak_bytes']]}; gradients exact "
+              f"{r['gradients_exact']}; {r['recomputed']} recomputed ({r['rs']} RS, {r['selective']})", flush=True)
     return res
 
 
@@ -314,8 +366,9 @@ def main() -> None:
     ap.add_argument("--frontier-time", type=float, default=60.0)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--real-layers", type=int, default=4)
-    ap.add_argument("--real-hidden", type=int, default=128)
-    ap.add_argument("--real-seq", type=int, default=64)
+    ap.add_argument("--real-hidden", type=int, default=64)
+    ap.add_argument("--real-heads", type=int, default=4)
+    ap.add_argument("--real-seq", type=int, default=256)
     ap.add_argument("--real-batch", type=int, default=4)
     ap.add_argument("--real-m", type=int, default=8)
     ap.add_argument("--real-steps", type=int, default=8, help="timed steps per schedule and round")

@@ -63,7 +63,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=None, help="sequence length (default: the profile's)")
     ap.add_argument("--layers-per-stage", default=None, help="decoder layers of each stage, e.g. 3,3,2 (default: the profile's)")
     ap.add_argument("--selective", default=None,
-                    help="modules of each layer recomputed by RS passes, e.g. mlp (default: the profile's)")
+                    help="which modules of each layer RS passes recompute: attention (the attention core) or mlp "
+                         "(default: the profile's mode)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--max-norm", type=float, default=1.0, help="clip the global gradient norm to this")
     ap.add_argument("--check", action="store_true", help="compare one step's gradients with the unsplit model first")
@@ -97,7 +98,7 @@ def settle(args) -> None:
         measured["config"] = source.removeprefix("hf ")
     fallback = {"hf": DEFAULTS["config"], "seq": DEFAULTS["seq"],
                 "microbatch_size": profile.microbatch_size or DEFAULTS["microbatch_size"], "layers_per_stage": None,
-                "selective": None}
+                "selective": profile.selective}
     for key, default in fallback.items():
         if getattr(args, key) is None:
             setattr(args, key, measured.get("config" if key == "hf" else key, default))

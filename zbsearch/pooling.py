@@ -54,8 +54,8 @@ def pool_profiles(profiles: Sequence[Profile]) -> Profile:
         raise ZbError("no profile to pool")
     first = profiles[0]
     for i, p in enumerate(profiles[1:], 2):
-        same = (p.num_stages, p.placement, p.memory_unit, p.microbatch_size)
-        if same != (first.num_stages, first.placement, first.memory_unit, first.microbatch_size):
+        same = (p.num_stages, p.placement, p.memory_unit, p.microbatch_size, p.selective)
+        if same != (first.num_stages, first.placement, first.memory_unit, first.microbatch_size, first.selective):
             raise ZbError(f"profile {i} ({p.name}) is not of the same stages as profile 1 ({first.name}): cannot pool")
     if len(profiles) == 1:
         return first
@@ -86,7 +86,7 @@ def pool_layers(profiles: Sequence[LayerProfile]) -> LayerProfile:
         raise ZbError("no per-layer profile to pool")
     first = profiles[0]
     for i, p in enumerate(profiles[1:], 2):
-        if p.names != first.names or p.microbatch_size != first.microbatch_size:
+        if (p.names, p.microbatch_size, p.selective) != (first.names, first.microbatch_size, first.selective):
             raise ZbError(f"per-layer profile {i} ({p.name}) is not of the same units as profile 1 ({first.name}): "
                           f"cannot pool")
     if len(profiles) == 1:

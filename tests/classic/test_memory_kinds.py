@@ -65,7 +65,8 @@ def test_dualpipe_v_is_torchs_order(p, m):
         assert sched.rank_actions[r] == list(flat(ref._calculate_single_rank_operations(r))), r
 
 
-@pytest.mark.parametrize("kind,plain", [("1f1b-recompute", "1f1b"), ("zb-h1-recompute", "zb-h1")])
+@pytest.mark.parametrize("kind,plain", [("1f1b-recompute", "1f1b"), ("1f1b-split-recompute", "1f1b-split"),
+                                        ("zb-h1-recompute", "zb-h1")])
 def test_recomputing_kinds_recompute_every_microbatch_just_before_its_backward(kind, plain):
     p, m, keep = 4, 8, 0.125
     prof = make_profile(p, keep=keep, m_w=0.0)  # B frees all: 1F1B and ZB-H1 alike

@@ -82,6 +82,38 @@ def test_bundled_paper_profiles_load():
     assert -prof.stages[0].m_w == pytest.approx(0.366, abs=5e-4)
 
 
+def test_bundled_paper_profiles_say_which_selective_mode_they_model():
+    """Each bundled paper profile is what its generator writes, recomputing the attention cores
+    selectively; the generator's MLP mode keeps what the per-layer account (34sbh + 5as^2b:
+    attention block 11sbh + 5as^2b, MLP 19sbh, LayerNorms 4sbh) leaves once an MLP's GeLU input
+    and output (8sbh each) are dropped, the attention mode what it leaves without the cores' 5as^2b."""
+    from zbsearch.formats.profile import BUNDLED_PROFILES
+    from zbsearch.profiles.paper.generate import MODELS, SEQ, paper_profile
+
+    files = sorted((BUNDLED_PROFILES / "paper").glob("*.json"))
+    assert len(files) == sum(len(runs) for *_, runs in MODELS.values())
+    for f in files:
+        name, _, m = f.stem.rpartition("-m")
+        assert json.loads(f.read_text()) == json.loads(json.dumps(paper_profile(name, int(m))))
+        assert resolve_profile(f.stem).selective == "attention"
+    for name, (h, a, _, runs) in MODELS.items():
+        per_layer = 34 * h + 5 * a * SEQ  # over sb
+        for mode, dropped in (("attention", 5 * a * SEQ), ("mlp", 16 * h)):
+            prof = Profile.model_validate(paper_profile(name, min(runs), mode))
+            assert prof.selective == mode and prof.name.endswith("" if mode == "attention" else "-mlp")
+            assert (1 - prof.stages[0].m_fs) * per_layer == pytest.approx(dropped)
+    mlp, core = (paper_profile("1.5b", 24, mode)["stages"][0]["t_rs"] for mode in ("mlp", "attention"))
+    assert mlp > 5 * core  # the MLP is 2/3 of a layer's matrix FLOPs, the cores under a tenth here
+    # files written before the mode was recorded load, their mode not stated
+    old = load_schedule(Path(__file__).resolve().parents[2] / "schedules" / "zb-2p-1.5b-m24.json").profile
+    assert old.selective is None
+    doc = json.loads(files[0].read_text())
+    del doc["selective"]
+    assert Profile.model_validate(doc).selective is None and Profile.model_validate(doc).stages[0].t_rs is not None
+    with pytest.raises(ValidationError, match="selective"):
+        Profile.model_validate({**doc, "selective": "ffn"})
+
+
 def test_schedule_round_trip(tmp_path):
     sched = build_classic("zb-h1", make_profile(3), 6)
     path = tmp_path / "s.json"

@@ -94,9 +94,9 @@ def test_train_hf_refuses_in_one_line(tmp_path, monkeypatch, capsys, args, messa
     (["--stages", "9"], "8 layers cannot fill 9 stages; give layers_per_stage (--layers-per-stage on the command line)"),
     (["--layers-per-stage", "3,3,3,3"], "layers_per_stage [3, 3, 3, 3] must be 4 counts adding up to the 8 layers"),
     (["--builtin", "gpt", "--layers-per-stage", "2,2"], "--layers-per-stage applies to --hf"),
-    (["--selective", "mlp"], "--selective applies to --hf with --recompute"),
-    (["--recompute", "--selective", "mlp,feed_forward"], "layer 0 (GPT2Block) has no module 'feed_forward'; its modules: "
-                                                         "ln_1, attn, ln_2, mlp"),
+    (["--selective", "mlp"], "--selective applies with --recompute"),
+    (["--recompute", "--selective", "mlp,feed_forward"], "--selective 'mlp,feed_forward': choose attention, mlp or none"),
+    (["--builtin", "gpt", "--recompute", "--selective", "core"], "--selective 'core': choose attention, mlp or none"),
 ])
 def test_profile_hf_refuses_in_one_line(tmp_path, capsys, args, message):
     from zbsearch.app.cli import main

@@ -21,17 +21,30 @@ pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_hf_stages_declare_each_layers_modules_and_refuse_a_missing_one():
+def test_hf_stages_declare_each_layers_modules_by_mode_and_refuse_what_a_layer_lacks():
+    from torch import nn
+
     from zbsearch.errors import ZbError
     from zbsearch.models.hf import hf_config, hf_model, hf_stages
     from zbsearch.runtime.selective import selected_modules
 
-    cut = hf_stages(hf_model(hf_config("llama-tiny")), 2, selective=["mlp", "self_attn.o_proj"])
+    model = hf_model(hf_config("llama-tiny"))
+    cut = hf_stages(model, 2, selective=["attention", "mlp"])
     for stage in cut.stages:
-        names = [type(m).__name__ for m in selected_modules(stage)]
-        assert names == ["Linear", "LlamaMLP"] * len(stage.layers)  # in the order of named_modules
-    with pytest.raises(ZbError, match="layer 0 .LlamaDecoderLayer. has no module 'ffn'; its modules: self_attn, mlp"):
+        assert [type(m).__name__ for m in selected_modules(stage, "mlp")] == ["LlamaMLP"] * len(stage.layers)
+        assert [type(m).__name__ for m in selected_modules(stage, "attention")] == ["HFCoreAttention"] * len(stage.layers)
+    # the attention modules call their cores; the model's own config and masks are untouched
+    assert model.config._attn_implementation == "eager"
+    assert all(layer.self_attn.config._attn_implementation != "eager" for layer in model.model.layers)
+    with pytest.raises(ZbError, match="unknown mode 'ffn'; choose attention, mlp"):
         hf_stages(hf_model(hf_config("llama-tiny")), 2, selective=["ffn"])
+    from zbsearch.models.hf.stages import _declare_selective
+
+    layer = nn.Sequential(nn.Linear(2, 2))  # a layer with neither
+    with pytest.raises(ZbError, match=r"layer 0 \(Sequential\) has no module named mlp or feed_forward.*its modules: 0"):
+        _declare_selective([layer], ["mlp"])
+    with pytest.raises(ZbError, match=r"layer 0 \(Sequential\) has no attention module that calls transformers'"):
+        _declare_selective([layer], ["attention"])
 
 
 @pytest.mark.slow
@@ -46,7 +59,7 @@ def test_profiled_selectively_a_schedule_with_rs_passes_trains_exactly(tmp_path)
                         "-o", str(out)], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     prof = zb.load_profile(out)
-    assert prof.model["selective"] == "mlp"
+    assert prof.selective == "mlp"
     assert all(st.m_fs is not None and 0 < st.m_fs < st.m_f and st.t_rs > 0 for st in prof.stages)
     # RS on about half the forwards of ZB-H1 (the profile offers only selective recomputation)
     base = zb.build_classic("zb-h1", selective_only(prof), 4)

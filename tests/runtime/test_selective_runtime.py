@@ -79,9 +79,10 @@ def batch(m: int):
 
 # -- the passes, in one process -------------------------------------------------------------------
 
-def _passes(stage: nn.Module, xs: list, selective: bool, way: str, first: bool, seed: int = 5):
-    """F (selectively checkpointed or not) of every microbatch, RS and the backward of each in
-    turn, other draws from the generator in between; the gradients and the meter after each pass."""
+def _passes(stage: nn.Module, xs: list, selective: bool, way: str, first: bool, seed: int = 5, mode: str = "mlp"):
+    """F (selectively checkpointed in ``mode``, or not) of every microbatch, RS and the backward
+    of each in turn, other draws from the generator in between; the gradients and the meter after
+    each pass (whose peak inside any pass is never above what it reads after one)."""
     meter = ActivationMeter(replay=True)
     log: list[tuple[str, int]] = []
     torch.manual_seed(seed)
@@ -89,7 +90,7 @@ def _passes(stage: nn.Module, xs: list, selective: bool, way: str, first: bool, 
     for x in xs:  # a tensor or a tuple of them; float ones need gradients past the first stage
         ins = [t if first or not t.is_floating_point() else t.detach().requires_grad_()
                for t in (x if isinstance(x, tuple) else (x,))]
-        sel = Selection(stage, selected_modules(stage), meter) if selective else None
+        sel = Selection(stage, selected_modules(stage, mode), meter) if selective else None
         fps.append(forward_pass(stage, ins, split=way != "fused", meter=meter, deferred_first=way == "deferred",
                                 select=sel))
         sels.append(sel)
@@ -108,6 +109,7 @@ def _passes(stage: nn.Module, xs: list, selective: bool, way: str, first: bool, 
             torch.rand(2)
             backward_weight(w)
         log.append(("W", meter.bytes))
+    assert meter.peak == max(b for _, b in log)  # RS lets go of what its F kept before it saves anew
     return {n: p.grad.clone() for n, p in stage.named_parameters()}, log
 
 
@@ -149,19 +151,23 @@ def _builtin(kind: str) -> tuple[list[nn.Module], list[torch.Tensor]]:
 
 
 @pytest.mark.parametrize("kind", ["gpt", "llama", "vit"])
-def test_the_builtin_models_declare_their_mlps_and_recompute_them_exactly(kind):
-    """Each layer's MLP is selected; on both stages (the first fed the model's inputs, the last
-    ending in the head), selective passes give the gradients of plain ones and keep less."""
+@pytest.mark.parametrize("mode", ["attention", "mlp"])
+def test_the_builtin_models_declare_their_attention_cores_and_mlps_and_recompute_them_exactly(kind, mode):
+    """Each layer's attention core (mode attention) or MLP (mode mlp) is selected, and only it;
+    on both stages (the first fed the model's inputs, the last ending in the head), selective
+    passes give the gradients of plain ones and keep less."""
     stages, xs = _builtin(kind)
-    for stage in stages:
-        chosen = selected_modules(stage)
-        assert chosen and all(type(m).__name__ in ("MLP", "SwiGLU") for m in chosen)
-    _check_stage_by_stage(stages, [(x,) for x in xs])
+    layers = [sum(type(m).__name__ in ("Block", "LlamaBlock", "EncoderBlock") for m in st.modules()) for st in stages]
+    names = {"attention": ("CoreAttention",), "mlp": ("MLP", "SwiGLU")}[mode]
+    for stage, n in zip(stages, layers):
+        chosen = selected_modules(stage, mode)
+        assert len(chosen) == n > 0 and all(type(m).__name__ in names for m in chosen)
+    _check_stage_by_stage(stages, [(x,) for x in xs], mode)
 
 
-def _check_stage_by_stage(stages: list[nn.Module], xs: list[tuple]) -> None:
-    """Each stage fed the one before's outputs: selective passes (split and fused backward)
-    give the gradients of plain ones, each F keeps less, and nothing is left."""
+def _check_stage_by_stage(stages: list[nn.Module], xs: list[tuple], mode: str) -> None:
+    """Each stage fed the one before's outputs: selective passes in ``mode`` (split and fused
+    backward) give the gradients of plain ones, each F keeps less, and nothing is left."""
     for s, stage in enumerate(stages):
         if s > 0:
             with torch.no_grad():
@@ -169,7 +175,7 @@ def _check_stage_by_stage(stages: list[nn.Module], xs: list[tuple]) -> None:
                 xs = [x if isinstance(x, tuple) else (x,) for x in xs]
         for way in ("split", "fused"):
             want, plain_log = _passes(copy.deepcopy(stage), xs, False, way, first=s == 0)
-            got, log = _passes(copy.deepcopy(stage), xs, True, way, first=s == 0)
+            got, log = _passes(copy.deepcopy(stage), xs, True, way, first=s == 0, mode=mode)
             assert all(torch.equal(got[n], g) for n, g in want.items()), (s, way)
             delta, plain = _deltas(log), _deltas(plain_log)
             assert all(0 < delta[j] < plain[j] for j in range(len(xs))), (s, way)
@@ -205,7 +211,7 @@ def test_what_a_selected_module_shares_with_its_inputs_and_outputs_is_kept_not_c
     for selective in (False, True):
         model = copy.deepcopy(stage)
         meter = ActivationMeter(replay=False)
-        sel = Selection(model, selected_modules(model), meter) if selective else None
+        sel = Selection(model, selected_modules(model, "mlp"), meter) if selective else None
         fp = forward_pass(model, [x], split=split, meter=meter, select=sel)
         kept = meter.bytes
         if sel is not None:
@@ -228,11 +234,11 @@ def test_what_a_selected_module_shares_with_its_inputs_and_outputs_is_kept_not_c
 def test_the_backward_before_rs_and_a_second_rs_are_refused():
     stage = Stage()
     x = torch.randn(MB, SEQ, WIDTH, requires_grad=True)
-    sel = Selection(stage, selected_modules(stage), ActivationMeter())
+    sel = Selection(stage, selected_modules(stage, "mlp"), ActivationMeter())
     fp = forward_pass(stage, [x], select=sel)
     with pytest.raises(PipelineError, match=r"run its recompute pass \(RS\) first"):
         backward_input(fp, [torch.ones_like(fp.outputs[0])])
-    sel2 = Selection(stage, selected_modules(stage), ActivationMeter())
+    sel2 = Selection(stage, selected_modules(stage, "mlp"), ActivationMeter())
     fp2 = forward_pass(stage, [x], select=sel2)
     recompute_selected(sel2, fp2.saved)
     with pytest.raises(PipelineError, match="already been recomputed"):
@@ -255,7 +261,7 @@ def test_a_selected_module_that_runs_otherwise_in_rs_is_refused():
 
     stage = nn.Sequential(nn.Linear(WIDTH, WIDTH), Moody())
     x = torch.randn(MB, WIDTH, requires_grad=True)
-    sel = Selection(stage, selected_modules(stage), ActivationMeter())
+    sel = Selection(stage, selected_modules(stage, "mlp"), ActivationMeter())
     fp = forward_pass(stage, [x], select=sel)
     with pytest.raises(PipelineError, match="saved more tensors than the checkpointed forward"):
         recompute_selected(sel, fp.saved)
@@ -269,20 +275,29 @@ def test_a_selected_module_that_changes_its_input_in_place_is_refused():
             return x.mul_(2).sigmoid()
 
     stage = nn.Sequential(nn.Linear(WIDTH, WIDTH), InPlace())
-    sel = Selection(stage, selected_modules(stage), ActivationMeter())
+    sel = Selection(stage, selected_modules(stage, "mlp"), ActivationMeter())
     with pytest.raises(PipelineError, match="changed one of its inputs in place"):
         forward_pass(stage, [torch.randn(MB, WIDTH, requires_grad=True)], select=sel)
 
 
 def test_which_modules_a_stage_selects():
     stage = Stage()
-    assert selected_modules(stage) == [stage.mlp]
+    assert selected_modules(stage, "mlp") == [stage.mlp]  # declared True: in every mode
+    assert selected_modules(stage, None) == [stage.mlp]
     stage.mlp.up.selective_recompute = True  # inside a selected one: part of it
-    assert selected_modules(stage) == [stage.mlp]
+    assert selected_modules(stage, "mlp") == [stage.mlp]
+    stage.mlp.selective_recompute = "mlp"  # in its mode only
+    stage.proj.selective_recompute = "attention"
+    assert selected_modules(stage, "mlp") == [stage.mlp]
+    assert selected_modules(stage, "attention") == [stage.mlp.up, stage.proj]
+    assert selected_modules(stage, None) == [stage.mlp.up]
+    stage.proj.selective_recompute = "attn"
+    with pytest.raises(PipelineError, match="declares selective_recompute = 'attn': give a mode"):
+        selected_modules(stage, "mlp")
     plain = nn.Sequential(nn.Linear(2, 2))
-    assert selected_modules(plain) == []
+    assert selected_modules(plain, "mlp") == []
     plain.selective_recompute = True  # the whole stage
-    assert selected_modules(plain) == [plain]
+    assert selected_modules(plain, "mlp") == [plain]
     with pytest.raises(PipelineError, match="at least one module"):
         Selection(nn.Linear(2, 2), [])
 
@@ -308,14 +323,22 @@ def test_the_profiler_measures_what_a_real_rs_pass_keeps_and_rebuilds():
     assert cost.t_fs and cost.t_rs and cost.m_fs is not None and 0 < cost.m_fs < cost.m_f
     meter = ActivationMeter()
     x, post = _inputs(False, True)
-    sel = Selection(stage, selected_modules(stage), meter)
+    sel = Selection(stage, selected_modules(stage, "mlp"), meter)
     fp = forward_pass(stage, x, post=post, meter=meter, select=sel)
     assert meter.bytes == cost.m_fs
     recompute_selected(sel, fp.saved)
     assert meter.bytes == cost.m_f
     # a stage that selects nothing has no selective costs
-    bare = _measure(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU()), False, False).cost()
-    assert bare.t_fc is not None and (bare.t_fs, bare.t_rs, bare.m_fs) == (None, None, None)
+    bare = _measure(nn.Sequential(nn.Linear(WIDTH, 16 * WIDTH), nn.GELU(), nn.Linear(16 * WIDTH, WIDTH)), False, False)
+    assert bare.cost().t_fc is not None and (bare.cost().t_fs, bare.cost().t_rs, bare.cost().m_fs) == (None, None, None)
+    # one whose checkpointed forward keeps more than its plain one (the generators' state outweighs
+    # its activations) is offered no recomputation, and the profile says why
+    from zbsearch.profiler.measure import disturbances
+
+    tiny = _measure(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU()), False, False)
+    assert tiny.m_fc is not None and tiny.m_fc > tiny.m_f and (tiny.cost().t_r, tiny.cost().m_fc) == (None, None)
+    assert any("full recomputation is not offered there" in w for w in disturbances([tiny], torch.device("cpu"), 1, 1))
+    assert not any("not offered" in w for w in disturbances([bare], torch.device("cpu"), 1, 1))
 
 
 # -- the runtime ----------------------------------------------------------------------------------
@@ -461,8 +484,18 @@ def test_a_schedule_recomputing_a_stage_that_selects_nothing_is_refused(one_rank
                               random_selective(base.rank_actions, random.Random(0), 1.0, fuse=False))
     stages = build(2)
     stages[1].mlp.selective_recompute = False
-    with pytest.raises(PipelineError, match="recomputes stage 1 selectively .* stage 1 declares no module"):
+    with pytest.raises(PipelineError, match="recomputes stage 1 selectively .* stage 1 declares no module in every "
+                                            "mode, and the schedule's profile does not say"):
         PipelineRuntime(sched, dict(enumerate(stages)), loss_fn)
+    # the mode the profile measured, and the stages declare another: refused, naming it
+    for st in stages:
+        st.mlp.selective_recompute = "mlp"
+    named = zb.Schedule.build("rs", prof.model_copy(update={"selective": "attention"}), 2, list(base.stage_to_rank),
+                              sched.rank_actions)
+    with pytest.raises(PipelineError, match=r"stage 0 declares no module for the mode its profile measured \('attention'"):
+        PipelineRuntime(named, dict(enumerate(stages)), loss_fn)
+    PipelineRuntime(sched.model_copy(update={"profile": prof.model_copy(update={"selective": "mlp"})}),
+                    dict(enumerate(stages)), loss_fn).close()  # the mode they declare
 
 
 @pytest.mark.slow
@@ -482,34 +515,85 @@ def _check_gpt(rank: int, world: int, send, texts: list[str]) -> list[str]:
 
 @pytest.mark.slow
 def test_builtin_gpt_profiled_with_recompute_runs_the_solvers_selective_schedule_exactly():
-    """``profile --recompute`` on the built-in GPT measures its MLPs' selective costs; the
-    solver's schedule on them (selective only offered) runs exact and as predicted on 2 ranks."""
+    """``profile --recompute --selective mlp`` on the built-in GPT measures its MLPs' selective
+    costs; the solver's schedule on them (selective only offered) runs exact and as predicted on
+    2 ranks, RS recomputing the MLPs (the attention cores: ``test_recompute_peak``)."""
     from zbsearch.distributed import run_local
     from zbsearch.models import GPTConfig
     from zbsearch.profiler import Settings, builtin_gpt, profile_model
 
     prof = profile_model(builtin_gpt(GPTConfig(**_GPT)), Settings(warmup=1, repeat=3, rounds=1, threads=1,
-                                                                    recompute=True))
-    assert prof is not None and all(st.m_fs is not None and st.m_fs < st.m_f for st in prof.stages)
+                                                                    recompute=True, selective="mlp"))
+    assert prof is not None and prof.selective == "mlp"
+    assert all(st.m_fs is not None and st.m_fs < st.m_f for st in prof.stages)
     scheds = _selective_schedules(selective_only(prof), 4, seed=3)
     assert any(s.kind.endswith("solver") for s in scheds)
     problems = run_local(_check_gpt, 2, [s.model_dump_json() for s in scheds], timeout=600)
     assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
 
 
-@pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny", "tiny:qwen2_moe", "tiny:mixtral"])
-def test_hugging_face_stages_recompute_the_mlps_a_user_declares(preset):
-    """Modules of a Hugging Face model declared before it is cut (each layer's ``mlp``) are
-    recomputed by RS on its stages: the gradients of plain passes, less kept by each F."""
+@pytest.mark.parametrize("preset,mode", [("gpt2-tiny", "attention"), ("llama-tiny", "attention"), ("tiny:qwen2_moe", "mlp"),
+                                         ("tiny:mixtral", "mlp")])
+def test_hugging_face_stages_recompute_the_modules_of_the_mode_declared(preset, mode):
+    """``hf_stages(selective=mode)`` declares each decoder layer's attention core or MLP (a
+    mixture of experts here), which RS recomputes on its stages: the gradients of plain passes,
+    less kept by each F; the stages' logits are still the model's (``hf_stages`` checks)."""
     pytest.importorskip("transformers")
     from zbsearch.models.hf import hf_batch, hf_config, hf_model, hf_stages
 
-    model = hf_model(hf_config(preset))
-    for name, module in model.named_modules():
-        if name.endswith(".mlp"):
-            module.selective_recompute = True
-    stages = hf_stages(model, 2).stages
+    stages = hf_stages(hf_model(hf_config(preset)), 2, selective=mode).stages
     (ids, mask), _ = hf_batch(hf_config(preset), 3 * MB, SEQ, seed=5)
     xs = list(zip(ids.split(MB), mask.split(MB)))
-    assert all(len(selected_modules(stage)) == len(stage.layers) > 0 for stage in stages)
-    _check_stage_by_stage(stages, xs)
+    names = {"attention": "HFCoreAttention", "mlp": "SparseMoeBlock"}
+    for stage in stages:
+        chosen = selected_modules(stage, mode)
+        assert len(chosen) == len(stage.layers) > 0 and all(type(m).__name__.endswith(names[mode]) for m in chosen)
+        assert not selected_modules(stage, "mlp" if mode == "attention" else "attention")
+    _check_stage_by_stage(stages, xs, mode)
+
+
+def _hf(num_stages: int, m: int):
+    """GPT-2 (attention dropout on, in training mode) cut in two, each layer's attention core
+    declared (a fresh copy of one cut); a batch of m microbatches, the causal LM loss."""
+    from zbsearch.models.hf import hf_batch, hf_loss
+
+    config, stages = _hf_cut(num_stages)
+    (ids, mask), labels = hf_batch(config, m * MB, SEQ, seed=5)
+    return copy.deepcopy(stages), (ids, mask), labels, hf_loss
+
+
+@functools.cache
+def _hf_cut(num_stages: int):
+    from zbsearch.models.hf import hf_config, hf_model, hf_stages
+
+    config = hf_config("gpt2-tiny", attn_pdrop=0.1, n_layer=4)
+    return config, hf_stages(hf_model(config).train(), num_stages, selective="attention").stages
+
+
+def test_one_rank_v_recomputing_hugging_face_attention_cores_is_exact_and_follows_the_memory_model(one_rank):
+    """GPT-2's two stages on one rank (a V), RS recomputing their attention cores (with
+    dropout), split and fused backwards: gradients and losses bit for bit those of the schedule
+    without RS, the bytes after every pass and the meter's peak the prediction on a profile the
+    profiler measured in the mode ``"attention"``."""
+    pytest.importorskip("transformers")
+    from zbsearch.profiler.measure import measure_stage
+
+    stages, (ids, mask), labels, loss = _hf(2, 1)
+    x: tuple = (ids, mask)
+    costs = []
+    for s, st in enumerate(stages):
+        post = functools.partial(loss, labels=labels) if s == 1 else None
+        costs.append(measure_stage(st, x, post, torch.device("cpu"), 1, 2, recompute_too=True, selective="attention").cost())
+        with torch.no_grad():
+            x = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in st(*x))
+    prof = selective_only(zb.Profile(name="gpt2-attention", memory_unit="bytes", stages=costs, microbatch_size=MB,
+                                     placement=zb.placement(1, 2, "v"), selective="attention"))
+    assert all(0 < st.m_fs < st.m_f for st in prof.stages)
+    rng = random.Random(5)
+    scheds = []
+    for k in range(2):
+        base = zb.build_classic("zb-v", prof, 3)
+        rows = random_selective(base.rank_actions, rng, 0.6, fuse=k == 1)
+        scheds.append(zb.Schedule.build(f"zb-v-rs{k}", prof, 3, list(base.stage_to_rank), rows))
+    problems = _check(0, 1, None, [s.model_dump_json() for s in scheds], _hf)
+    assert not problems, "\n".join(problems[:20])

@@ -735,11 +735,13 @@ def profile(
         False, "--recompute",
         help="also time each stage's forward checkpointed and its recompute pass, and what it keeps (for solve --recompute; "
              "with --per-layer each unit's, for plan --recompute); selectively too, where the model declares modules "
-             "with selective_recompute = True"),
+             "for the --selective mode"),
     selective: str | None = typer.Option(
         None, "--selective",
-        help="--hf with --recompute: modules of each decoder layer to declare for selective recomputation, "
-             "comma-separated (e.g. mlp)"),
+        help="with --recompute, which modules selective recomputation re-runs: attention (each layer's attention core, "
+             "Megatron's selective recomputation; the default), mlp (each layer's MLP) or none. The built-in GPT "
+             "declares both, --hf declares the mode's modules on every decoder layer, a --model builder its own "
+             "(selective_recompute = 'attention' or 'mlp'); recorded as the profile's selective"),
     name: str | None = typer.Option(None, "--name", help="profile name (default: from the model and device)"),
     per_layer: bool = typer.Option(
         False, "--per-layer",
@@ -766,8 +768,9 @@ def profile(
         check_writable(Path("profiles") / "profile.json")  # that folder must be writable too
     if layers_per_stage is not None and hf is None:
         raise ZbError("--layers-per-stage applies to --hf (with --model, pass --model-arg layers_per_stage=3,3,2)")
-    if selective is not None and (hf is None or not recompute):
-        raise ZbError("--selective applies to --hf with --recompute (with --model, declare the modules in your builder)")
+    if selective is not None and not recompute:
+        raise ZbError("--selective applies with --recompute")
+    mode = _selective_mode(selective)
     if per_layer and (placement is not None or layers_per_stage is not None):
         raise ZbError("--per-layer measures every unit apart: --placement and --layers-per-stage do not apply "
                       "(zbsearch plan chooses the cut)")
@@ -779,13 +782,12 @@ def profile(
 
         seq, microbatch_size = hf_models.profile_shape(hf, seq, microbatch_size)
         built = hf_models.build(hf, stages=stages, microbatch_size=microbatch_size, seq=seq, layers_per_stage=layers_per_stage,
-                                units=per_layer, selective=selective)
+                                units=per_layer, selective=mode if recompute else None)
         spec = profiler.as_model(built, f"--hf {hf!r}")
         shape = "units" if per_layer else f"p{stages}"
         spec.name = f"hf-{Path(hf).stem.replace(':', '-')}-s{seq}-b{microbatch_size}-{shape}"
         spec.settings = {"model": f"hf {hf}", "stages": len(spec.stages), "seq": seq, "microbatch_size": microbatch_size,
-                         **({"layers_per_stage": layers_per_stage} if layers_per_stage else {}),
-                         **({"selective": selective} if selective else {})}
+                         **({"layers_per_stage": layers_per_stage} if layers_per_stage else {})}
         if per_layer:
             kinds = profiler.unit_kinds([0, *([1] * (len(spec.stages) - 2)), 0])
     else:
@@ -809,7 +811,8 @@ def profile(
             if per_layer:
                 spec.name = f"gpt-l{cfg.layers}-h{cfg.hidden}-s{cfg.seq}-b{cfg.microbatch_size}-units"
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads,
-                                 keep_heap=keep_heap, timeout=timeout, recompute=recompute, in_step=in_step)
+                                 keep_heap=keep_heap, timeout=timeout, recompute=recompute, in_step=in_step,
+                                 selective=mode)
     if per_layer:
         with profiler.progress_bar(err) as bar:
             found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar)
@@ -830,6 +833,19 @@ def profile(
         for w in prof.measured.warnings:
             err.print(f"warning: {w}", style="yellow", highlight=False, soft_wrap=True)
     _write(prof, target or Path("profiles") / f"{prof.name}.json")
+
+
+def _selective_mode(text: str | None) -> str | None:
+    """``--selective``'s mode: attention unless given, None for none."""
+    from zbsearch.formats.profile import SELECTIVE_MODES
+
+    if text is None:
+        return "attention"
+    if text == "none":
+        return None
+    if text not in SELECTIVE_MODES:
+        raise ZbError(f"--selective {text!r}: choose {', '.join(SELECTIVE_MODES)} or none")
+    return text
 
 
 def _pieces(placement: str, pieces: int) -> list[int]:

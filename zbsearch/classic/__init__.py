@@ -23,7 +23,7 @@ from .dualpipe_v import dualpipe_v
 from .gpipe import gpipe
 from .interleaved import interleaved_1f1b
 from .one_f_one_b import one_f_one_b, one_f_one_b_split
-from .recompute import one_f_one_b_recompute, zb_h1_recompute
+from .recompute import one_f_one_b_recompute, one_f_one_b_split_recompute, zb_h1_recompute
 from .zb_h import zb_h1, zb_h2
 from .zb_v import zb_v
 
@@ -60,6 +60,7 @@ KINDS: dict[str, ClassicKind] = {
     "v-min": ClassicKind(v_min, layout="v", chunks=2),
     "dualpipe-v": ClassicKind(dualpipe_v, layout="v", chunks=2),
     "1f1b-recompute": ClassicKind(one_f_one_b_recompute, recompute=True),
+    "1f1b-split-recompute": ClassicKind(one_f_one_b_split_recompute, recompute=True),
     "zb-h1-recompute": ClassicKind(zb_h1_recompute, recompute=True),
 }
 CLASSIC_KINDS = tuple(KINDS)

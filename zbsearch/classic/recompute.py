@@ -5,7 +5,9 @@ before its backward: every F runs checkpointed (keeping the stage input) and an 
 its activations just ahead of the B (or fused BW) that reads them. ``1f1b-recompute`` and
 ``zb-h1-recompute`` are 1F1B and ZB-H1 run that way: their memory falls to about one
 microbatch's activations per rank plus what the checkpointed ones keep, and each rank does
-one more forward per microbatch.
+one more forward per microbatch. ``1f1b-split-recompute`` is 1F1B with each backward split into
+B then W at once (``1f1b-split``), recomputed the same way: the fair baseline for schedules with
+split backwards, whose B sends its gradient back before W runs.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from __future__ import annotations
 from ..actions import Action, Op
 from ..costs import CostModel
 from ..errors import ZbError
-from .one_f_one_b import one_f_one_b
+from .one_f_one_b import one_f_one_b, one_f_one_b_split
 from .zb_h import zb_h1
 
-__all__ = ["recompute_before_backward", "one_f_one_b_recompute", "zb_h1_recompute"]
+__all__ = ["recompute_before_backward", "one_f_one_b_recompute", "one_f_one_b_split_recompute", "zb_h1_recompute"]
 
 
 def recompute_before_backward(cost: CostModel, rows: list[list[Action]]) -> list[list[Action]]:
@@ -35,6 +37,11 @@ def recompute_before_backward(cost: CostModel, rows: list[list[Action]]) -> list
 def one_f_one_b_recompute(cost: CostModel, m: int) -> list[list[Action]]:
     """1F1B with every microbatch recomputed just before its fused backward."""
     return recompute_before_backward(cost, one_f_one_b(cost, m))
+
+
+def one_f_one_b_split_recompute(cost: CostModel, m: int) -> list[list[Action]]:
+    """1F1B with split backwards (B, then W at once), every microbatch recomputed just before its B."""
+    return recompute_before_backward(cost, one_f_one_b_split(cost, m))
 
 
 def zb_h1_recompute(cost: CostModel, m: int) -> list[list[Action]]:

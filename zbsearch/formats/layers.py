@@ -11,7 +11,8 @@ use them, so that a rank holding two such units counts them once.
 Recomputation, where measured (``zbsearch profile --per-layer --recompute``): each unit's
 checkpointed forward time ``t_fc``, recompute time ``t_r`` and what it keeps ``m_fc`` (its input
 and the random generators' state, ``checkpoint_state_bytes``), and selective recomputation's
-``t_fs``, ``t_rs``, ``m_fs`` where a unit offers it; older files lack them: no recomputation.
+``t_fs``, ``t_rs``, ``m_fs`` where a unit offers it, re-running the modules of the mode
+``selective`` names (as a stage profile's); older files lack them: no recomputation.
 
 Link times between units on two ranks are ``t_comm`` where the profiler measured or estimated
 one per boundary, else ``link``'s latency plus the boundary's bytes over its bandwidth.
@@ -28,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..errors import ZbError
 from .fileio import read_model, write_model
-from .profile import MAX_MEMORY, MAX_TIME_MS, Measurement, StageCost, _finite_in
+from .profile import MAX_MEMORY, MAX_TIME_MS, Measurement, SelectiveMode, StageCost, _finite_in
 
 __all__ = ["UnitKind", "Unit", "TiedParams", "LinkEstimate", "LayerProfile", "load_layers", "save_layers"]
 
@@ -103,6 +104,9 @@ class LayerProfile(BaseModel):
     checkpoint_state_bytes: float | None = Field(None, ge=0, description=(
         "bytes a checkpointed forward keeps besides its inputs (the random generators' state), where recomputation "
         "was measured; absent: what each unit's m_fc says"))
+    selective: SelectiveMode | None = Field(None, description=(
+        "which modules the units' selective recomputation (t_fs, t_rs, m_fs) re-runs: 'attention' (each layer's "
+        "attention core) or 'mlp' (each layer's MLP), as a stage profile's; absent: not stated"))
     microbatch_size: int | None = Field(default=None, ge=1)
     device: str | None = None
     torch: str | None = None

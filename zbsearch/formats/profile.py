@@ -13,7 +13,9 @@ checkpointed (``t_fc``, keeping ``m_fc`` instead of m_f) and the recompute pass 
 the rest before the backward (``t_r`` before a split backward, ``t_rf`` before a fused one, which
 re-runs the plain forward: cheaper as t_ff is than t_f; older files lack t_rf: t_r); the same
 for selective recomputation of some modules only (``t_fs``, ``m_fs``, ``t_rs``); older files
-lack them: no recomputation on those stages.
+lack them: no recomputation on those stages. Which modules selective recomputation re-runs is
+the profile's ``selective`` (``SELECTIVE_MODES``: each layer's attention core, or its MLP): the
+runtime runs the mode the profile's costs describe; older files lack it (not stated).
 What F allocates must be freed by B and W, so the three memory deltas sum to zero per stage; a
 profile that breaks this is rejected because it would make every memory prediction drift with
 the number of microbatches.
@@ -37,9 +39,18 @@ from ..tolerances import ABS_TOL
 from .fileio import read_model, write_model
 
 __all__ = [
-    "StageCost", "Quartiles", "WayNotTaken", "StageSpread", "Measurement", "Links", "Profile",
+    "SELECTIVE_MODES", "SelectiveMode", "StageCost", "Quartiles", "WayNotTaken", "StageSpread", "Measurement", "Links", "Profile",
     "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES", "profile_misfit", "pass_time_fields",
 ]
+
+# What selective recomputation re-runs: a stage's modules declared for it in one of these modes
+# (``zbsearch.runtime.selective``), and the mode a profile's selective costs describe.
+SelectiveMode = Literal["attention", "mlp"]
+SELECTIVE_MODES: dict[str, str] = {
+    "attention": "each layer's attention core (QK^T, softmax, dropout, the weighted sum of V; not the projections): "
+                 "Megatron's selective recomputation",
+    "mlp": "each layer's MLP (or mixture of experts)",
+}
 
 # Relative tolerance for "m_f + m_b + m_w ~ 0" (measured allocator deltas are noisy).
 _MEMORY_BALANCE_RTOL = 0.02
@@ -254,6 +265,10 @@ class Profile(BaseModel):
     memory_unit: Literal["bytes", "activations"]
     stages: list[StageCost] = Field(min_length=1)
     t_comm: float | list[float] = 0.0
+    selective: SelectiveMode | None = Field(None, description=(
+        "which modules the stages' selective recomputation (t_fs, t_rs, m_fs) re-runs, as SELECTIVE_MODES names them: "
+        "'attention' (each layer's attention core) or 'mlp' (each layer's MLP); the runtime runs this mode; "
+        "absent: not stated (older files)"))
     # Host time a message costs the rank at each end of a link between ranks, per boundary (ms):
     # the sender's call handing it to the link (``t_send``) and the receiver's call posting its
     # receive (``t_recv``), measured while both ranks compute, as in a pipeline's steady state.

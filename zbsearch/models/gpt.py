@@ -5,8 +5,9 @@ paper's (matrix products in attention and MLP, LayerNorm, a token embedding on t
 and an LM head on the last), small enough to run four ranks on a laptop CPU. Stage 0 holds the
 embedding, the last stage the final LayerNorm and the head, and the transformer layers are
 shared out as evenly as possible (earlier stages take the remainder). Every stage boundary is
-one tensor of shape (microbatch, seq, hidden). Each layer's MLP is declared for selective
-recomputation.
+one tensor of shape (microbatch, seq, hidden). Each layer declares its attention core
+(``models.attention``) and its MLP for selective recomputation, in the modes ``"attention"`` and
+``"mlp"`` (``zbsearch.runtime.selective``): the profile chooses which one runs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import ZbError
+from .attention import CoreAttention
 
 __all__ = ["GPTConfig", "gpt_stages", "gpt_batch", "gpt_loss"]
 
@@ -69,28 +71,28 @@ class GPTConfig:
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention."""
+    """Causal multi-head self-attention: the projections around the core (``core``)."""
 
     def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
         self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.core = CoreAttention(causal=True)
         self.proj = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, seq, hidden) -> the same shape."""
         b, s, h = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, s, h))
+        return self.proj(self.core(q, k, v).transpose(1, 2).reshape(b, s, h))
 
 
 class MLP(nn.Sequential):
-    """A layer's MLP, declared for selective recomputation (``zbsearch.runtime.selective``): it
-    saves its 4x-wide hidden activation twice, about half of what a layer keeps, and is cheap to
-    run again."""
+    """A layer's MLP, declared for selective recomputation in the mode ``"mlp"``
+    (``zbsearch.runtime.selective``): it saves its 4x-wide hidden activation twice, and is
+    cheap to run again."""
 
-    selective_recompute = True
+    selective_recompute = "mlp"
 
 
 class Block(nn.Module):

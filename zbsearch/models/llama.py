@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .attention import CoreAttention
 from .gpt import GPTConfig
 
 __all__ = ["llama_stages", "RMSNorm", "LlamaBlock", "SwiGLU"]
@@ -37,11 +38,11 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class SwiGLU(nn.Module):
-    """A layer's gated MLP, declared for selective recomputation (``zbsearch.runtime.selective``):
-    its two wide activations and their product are most of what a layer keeps, and cheap to
-    compute again."""
+    """A layer's gated MLP, declared for selective recomputation in the mode ``"mlp"``
+    (``zbsearch.runtime.selective``): its two wide activations and their product are most of
+    what a layer keeps without the attention's, and cheap to compute again."""
 
-    selective_recompute = True
+    selective_recompute = "mlp"
 
     def __init__(self, hidden: int) -> None:
         super().__init__()
@@ -55,7 +56,8 @@ class SwiGLU(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    """Pre-RMSNorm layer: rotary causal self-attention, then a SwiGLU MLP, each with a residual."""
+    """Pre-RMSNorm layer: rotary causal self-attention (its core declared for selective
+    recomputation, ``models.attention``), then a SwiGLU MLP, each with a residual."""
 
     cos: torch.Tensor  # buffers (register_buffer below)
     sin: torch.Tensor
@@ -65,6 +67,7 @@ class LlamaBlock(nn.Module):
         self.heads = heads
         self.norm1, self.norm2 = RMSNorm(hidden), RMSNorm(hidden)
         self.q, self.k, self.v, self.o = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+        self.core = CoreAttention(causal=True)
         self.mlp = SwiGLU(hidden)
         d = hidden // heads
         freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
@@ -78,7 +81,7 @@ class LlamaBlock(nn.Module):
         y = self.norm1(x)
         q, k, v = (proj(y).view(b, s, self.heads, h // self.heads).transpose(1, 2) for proj in (self.q, self.k, self.v))
         cos, sin = self.cos[:s], self.sin[:s]
-        a = F.scaled_dot_product_attention(_rotate(q, cos, sin), _rotate(k, cos, sin), v, is_causal=True)
+        a = self.core(_rotate(q, cos, sin), _rotate(k, cos, sin), v)
         x = x + self.o(a.transpose(1, 2).reshape(b, s, h))
         return x + self.mlp(self.norm2(x))
 

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from ..errors import ZbError
+from .attention import CoreAttention
 from .images import check_positive, image_batch, image_loss, shares
 
 __all__ = ["ViTConfig", "vit_stages", "build_vit"]
@@ -64,20 +64,23 @@ class PatchEmbedding(nn.Module):
 
 
 class MLP(nn.Sequential):
-    """A block's MLP, declared for selective recomputation (``zbsearch.runtime.selective``): its
-    4x-wide hidden activation, saved twice, is most of what a block keeps."""
+    """A block's MLP, declared for selective recomputation in the mode ``"mlp"``
+    (``zbsearch.runtime.selective``): its 4x-wide hidden activation, saved twice, is most of
+    what a block keeps without the attention's."""
 
-    selective_recompute = True
+    selective_recompute = "mlp"
 
 
 class EncoderBlock(nn.Module):
-    """Pre-LayerNorm encoder layer: bidirectional self-attention, then a GELU MLP, each with a residual."""
+    """Pre-LayerNorm encoder layer: bidirectional self-attention (its core declared for selective
+    recomputation, ``models.attention``), then a GELU MLP, each with a residual."""
 
     def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
         self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.core = CoreAttention(causal=False)
         self.proj = nn.Linear(hidden, hidden)
         self.mlp = MLP(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
 
@@ -85,7 +88,7 @@ class EncoderBlock(nn.Module):
         """Attention then MLP, each on the normalised input and added back."""
         b, t, h = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        x = x + self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, h))
+        x = x + self.proj(self.core(q, k, v).transpose(1, 2).reshape(b, t, h))
         return x + self.mlp(self.ln2(x))
 
 

@@ -30,7 +30,8 @@ each unit measured as a stage of its own):
   alone records at most what its plain forward keeps, so an embedding (whose input is the
   batch, not counted) records less than the RNG state it keeps: where a first unit's ``m_fc``
   reached its m_f, the stage keeps its input's bytes and the profile's
-  ``checkpoint_state_bytes``, at most the stage's m_f;
+  ``checkpoint_state_bytes``. Where that is more than the stage's m_f (a tiny stage), the stage
+  does not offer full recomputation, as the profiler would not offer it for that stage;
 * selective: a stage offers it where some unit does, and it adds up: what the checkpointed
   forward keeps is the offering units' ``m_fs`` and the others' whole ``m_f``, the recompute
   pass the offering units' ``t_rs``.
@@ -140,10 +141,12 @@ def _stage_recompute(layers: LayerProfile, lo: int, hi: int) -> dict[str, float]
         return u.fused_forward if lo == 0 else u.t_f
 
     out: dict[str, float] = {}
-    if all(u.t_r is not None and u.m_fc is not None for u in us):
+    m_f = sum(u.m_f for u in us)
+    kept = _kept_input(layers, lo) if all(u.t_r is not None and u.m_fc is not None for u in us) else None
+    if kept is not None and kept <= m_f:  # offered where the checkpointed forward keeps no more than a plain one
         out.update(t_fc=max(sum(forward(u) if u.t_fc is None else u.t_fc for u in us), MIN_TIME_MS),
                    t_r=max(sum(u.t_r for u in us), MIN_TIME_MS),  # type: ignore[misc]
-                   m_fc=_kept_input(layers, lo, sum(u.m_f for u in us)))
+                   m_fc=kept)
         if any(u.t_rf is not None for u in us):  # before a fused backward: each unit's plain forward again
             out["t_rf"] = max(sum(u.fused_recompute for u in us), MIN_TIME_MS)  # type: ignore[misc]
     offers = [u.t_rs is not None and u.m_fs is not None for u in us]
@@ -155,17 +158,17 @@ def _stage_recompute(layers: LayerProfile, lo: int, hi: int) -> dict[str, float]
     return out
 
 
-def _kept_input(layers: LayerProfile, lo: int, m_f: float) -> float:
-    """What a fully checkpointed stage starting at unit ``lo`` (its activations ``m_f``) keeps:
-    its first unit's ``m_fc``, or where that reached the unit's m_f, its input's bytes and the
-    generators' state (see the module)."""
+def _kept_input(layers: LayerProfile, lo: int) -> float:
+    """What a fully checkpointed stage starting at unit ``lo`` keeps: its first unit's
+    ``m_fc``, or where that reached the unit's m_f (capped there, ``StageMeasurement.cost``),
+    its input's bytes and the generators' state (see the module)."""
     first = layers.units[lo]
     kept, state = first.m_fc, layers.checkpoint_state_bytes
     assert kept is not None
     if state is None or kept < first.m_f:
         return kept
     inputs = layers.units[lo - 1].output_bytes if lo else 0.0  # a first stage's input is the batch: not counted
-    return min(max(kept, inputs + state), m_f)
+    return max(kept, inputs + state)
 
 
 def stage_profile(layers: LayerProfile, cut: Cut) -> Profile:
@@ -184,6 +187,7 @@ def stage_profile(layers: LayerProfile, cut: Cut) -> Profile:
         memory_unit="bytes",
         stages=[stage_cost(layers, lo, hi) for lo, hi in bounds],
         t_comm=[layers.comm(hi - 1) for _, hi in bounds[:-1]],
+        selective=layers.selective,
         placement=cut.stage_to_rank if cut.placement == "v" else None,
         microbatch_size=layers.microbatch_size,
         device=layers.device,

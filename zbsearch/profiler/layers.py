@@ -88,7 +88,7 @@ def profile_layers(
     if len(kinds) != n:
         raise ZbError(f"{len(kinds)} unit kinds for {n} units")
     names = unit_names(kinds)
-    prof = profile_one_device(spec, settings, name=name, progress=progress, link=link)
+    prof = profile_one_device(spec, settings, name=name, progress=progress, link=link, units=True)
     owners: dict[int, str] = {}  # id of a parameter -> the first unit's name for it
     users: dict[int, set[int]] = {}
     for i, st in enumerate(spec.stages):
@@ -121,7 +121,7 @@ def profile_layers(
         link=LinkEstimate(latency_ms=links.latency_ms, bandwidth_gb_s=links.bandwidth_gb_s, method=links.method,
                           how=links.how),
         microbatch_size=prof.microbatch_size, device=prof.device, torch=prof.torch, dtype=prof.dtype,
-        model=prof.model, settings=prof.settings,
+        model=prof.model, settings=prof.settings, selective=prof.selective,
         checkpoint_state_bytes=_generator_state_bytes(settings) if settings.recompute else None,
         # the stages the profiler measured are this profile's units
         measured=None if prof.measured is None else prof.measured.model_copy(

@@ -100,8 +100,14 @@ class StageMeasurement:
     # the passes as the runtime's steps ran them (``in_step``): t_f, t_b, t_w, t_ff, t_bw -> times
     in_step: dict[str, Stats] | None = None
 
-    def cost(self) -> StageCost:
+    def cost(self, unit: bool = False) -> StageCost:
         """The stage's costs as the profile holds them: each pass at its mean, m_w balancing m_f + m_b.
+
+        Recomputation is offered where its checkpointed forward keeps no more than a plain one
+        (a tiny stage's may keep more: the generators' state outweighs its activations). For a
+        ``unit`` of a per-layer profile, what a fully checkpointed forward keeps is capped at m_f
+        instead: a stage of several units keeps its input and the state, which
+        ``planner.compose`` rebuilds from there.
 
         Where the passes were also timed inside steps (``in_step``), each pass costs its
         repetitions' mean times how much slower its median ran in the steps than in the
@@ -114,12 +120,12 @@ class StageMeasurement:
         times = {k: _cost(st) * (steps[k].median / st.median if k in steps else 1.0) for k, st in timed.items()}
         f_scale = times["t_f"] / _cost(self.f)
         ff_scale = times["t_ff"] / _cost(self.ff)
-        rc = {} if self.fc is None or self.r is None or self.m_fc is None else {
-            "t_fc": _cost(self.fc) * f_scale, "t_r": _cost(self.r) * f_scale, "m_fc": min(self.m_fc, self.m_f),
-            **({} if self.rf is None else {"t_rf": _cost(self.rf) * ff_scale})}
-        if self.fs is not None and self.rs is not None and self.m_fs is not None:
-            rc.update({"t_fs": _cost(self.fs) * f_scale, "t_rs": _cost(self.rs) * f_scale,
-                       "m_fs": min(self.m_fs, self.m_f)})
+        rc: dict[str, float] = {}
+        if self.fc is not None and self.r is not None and self.m_fc is not None and (unit or self.m_fc <= self.m_f):
+            rc.update({"t_fc": _cost(self.fc) * f_scale, "t_r": _cost(self.r) * f_scale, "m_fc": min(self.m_fc, self.m_f),
+                       **({} if self.rf is None else {"t_rf": _cost(self.rf) * ff_scale})})
+        if self.fs is not None and self.rs is not None and self.m_fs is not None and self.m_fs <= self.m_f:
+            rc.update({"t_fs": _cost(self.fs) * f_scale, "t_rs": _cost(self.rs) * f_scale, "m_fs": self.m_fs})
         return StageCost(
             **times, m_f=self.m_f, m_b=self.m_b, m_w=-(self.m_f + self.m_b), deferred_first=self.deferred_first, **rc,
         )
@@ -159,6 +165,7 @@ def measure_stage(
     repeat: int,
     tick: Callable[[], None] | None = None,
     recompute_too: bool = False,
+    selective: str | None = "attention",
 ) -> StageMeasurement:
     """``warmup`` untimed then ``repeat`` timed repetitions of F, B, W, and F, BW on ``inputs``.
 
@@ -166,7 +173,9 @@ def measure_stage(
     backward, or deferred: the split's fast path, see ``zbsearch.runtime.split``), in
     alternating order, and keeps the way whose F + B + W costs less; the runtime follows the
     profile's choice. Which is faster depends on the layers and the device (``bench/split.py``
-    measures both). ``recompute_too``: also the checkpointed F and its recompute pass (module)."""
+    measures both). ``recompute_too``: also the checkpointed F and its recompute pass (module),
+    and, where the stage declares modules in the mode ``selective`` (``runtime.selective``; None:
+    none), the selectively checkpointed F and its RS pass."""
     clock = DeviceClock(device)
     meter = ActivationMeter()
 
@@ -226,10 +235,11 @@ def measure_stage(
         fc, r, rf, m_fc = _measure_recompute(module, inputs, post, device, clock, meter, live, grads, deferred, warmup,
                                              repeat)
     fs = rs = m_fs = None
-    if recompute_too and selected_modules(module):
+    chosen = selected_modules(module, selective) if recompute_too and selective is not None else []
+    if chosen:
         assert grads is not None
-        fs, rs, m_fs = _measure_selective(module, inputs, post, device, clock, meter, live, grads, deferred, warmup,
-                                          repeat)
+        fs, rs, m_fs = _measure_selective(module, chosen, inputs, post, device, clock, meter, live, grads, deferred,
+                                          warmup, repeat)
     return StageMeasurement(f, b, w, bw, ff, m_f, max(min(m_b, 0.0), -m_f), residual, output_bytes,
                             deferred, stats[not deferred] if len(ways) == 2 else None, fc, r, m_fc, fs, rs, m_fs, rf)
 
@@ -267,13 +277,13 @@ def _measure_recompute(module, inputs, post, device, clock, meter, live, grads, 
     return fc, r, rf, max(statistics.median(kept), 0.0)
 
 
-def _measure_selective(module, inputs, post, device, clock, meter, live, grads, deferred: bool, warmup: int,
+def _measure_selective(module, chosen, inputs, post, device, clock, meter, live, grads, deferred: bool, warmup: int,
                        repeat: int) -> tuple[Stats, Stats, float]:
-    """Times of the selectively checkpointed F and its RS pass, and what that F keeps (bytes,
-    median), over ``warmup`` untimed and ``repeat`` timed repetitions (each then B and W)."""
+    """Times of the F checkpointed selectively (the ``chosen`` modules) and its RS pass, and what
+    that F keeps (bytes, median), over ``warmup`` untimed and ``repeat`` timed repetitions (each
+    then B and W)."""
     times: list[tuple[float, float]] = []
     kept: list[float] = []
-    chosen = selected_modules(module)
     for rep in range(warmup + repeat):
         select = Selection(module, chosen, meter, device)
         a0, e0 = live(), clock.mark()
@@ -302,7 +312,8 @@ def disturbances(
     threads beyond the cores (in the measurement, or once ``ranks`` processes run at once),
     a busy machine (load average above the cores), passes, measured links (``links``, per
     boundary, None where there is none) and host times per message (``host``: (which end,
-    boundary, times)) whose spread is above SPREAD_LIMIT."""
+    boundary, times)) whose spread is above SPREAD_LIMIT; and stages where recomputation is not
+    offered because its checkpointed forward would keep more than a plain one."""
 
     found = []
     if device.type == "cpu":
@@ -318,6 +329,11 @@ def disturbances(
                 f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): times include waiting for a core"
             )
     for s, r in enumerate(results):
+        for what, kept in (("full", r.m_fc), ("selective", r.m_fs)):
+            if kept is not None and kept > r.m_f:
+                found.append(f"stage {s}: a forward checkpointed for {what} recomputation keeps {kept:.0f} bytes, more than "
+                             f"a plain forward's {r.m_f:.0f} (the random generators' state outweighs the activations): "
+                             f"{what} recomputation is not offered there")
         passes = [("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw), ("FF", r.ff), ("FC", r.fc), ("R", r.r), ("RF", r.rf),
                   ("FS", r.fs), ("RS", r.rs)]
         for name, st in ((n, x) for n, x in passes if x is not None):

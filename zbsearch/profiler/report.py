@@ -60,8 +60,9 @@ def summary_table(profile: Profile) -> Group:
             _link(profile, s),
         )
     # Below the table rather than as its caption: a long caption would squeeze the columns.
+    selective = f"; selective recomputation: {profile.selective}" if profile.selective else ""
     where = Text(f"{profile.device or '?'}, {profile.dtype or '?'}, {profile.mode or '?'}; "
-                 f"links {profile.links.method if profile.links else '?'}", style="dim")
+                 f"links {profile.links.method if profile.links else '?'}{selective}", style="dim")
     warnings = [Text(f"warning: {w}", style="yellow") for w in (measured.warnings if measured else [])]
     return Group(t, where, *_first_stage_w(profile, spread[0]), *warnings)
 

@@ -105,10 +105,12 @@ def profile_one_device(
     name: str | None = None,
     progress: Progress | None = None,
     link: LinkModel | None = None,
+    units: bool = False,
 ) -> Profile:
     """Every stage on one device; ``link`` (else measured between two local processes) gives
     the communication times, except between pieces that ``placement`` puts on one rank (0: a
-    local hand-over)."""
+    local hand-over). ``units``: the stages are a per-layer profile's units
+    (``StageMeasurement.cost``)."""
     settings.check()
     p, reps = len(spec.stages), settings.warmup + settings.repeat
     _check_placement(placement, p, None)
@@ -135,7 +137,8 @@ def profile_one_device(
             tag = f"round {r + 1}/{settings.rounds}: " if settings.rounds > 1 else ""
             rounds.append([
                 measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat,
-                              functools.partial(tick, f"{tag}stage {s}: F, B, W"), recompute_too=settings.recompute)
+                              functools.partial(tick, f"{tag}stage {s}: F, B, W"), recompute_too=settings.recompute,
+                              selective=settings.selective)
                 for s in range(p)
             ])
         if progress is not None:
@@ -152,7 +155,7 @@ def profile_one_device(
         ranks = p if placement is None else max(placement) + 1
         recorded = settings.record()
         profiles = [_assemble(spec, recorded, device, results, t_comm, links, "one device, stage after stage", name,
-                              placement, ranks, []) for results in rounds]
+                              placement, ranks, [], units=units) for results in rounds]
         if progress is not None:
             progress("done", total, total)
         return pool_profiles(profiles)
@@ -293,7 +296,7 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
 
     def measure(s: int) -> StageMeasurement:
         return measure_stage(spec.stages[s], inputs[s], spec.post(s), device, settings.warmup, settings.repeat,
-                             recompute_too=settings.recompute)
+                             recompute_too=settings.recompute, selective=settings.selective)
 
     results: dict[int, StageMeasurement] = {}
     if not ctx.together:
@@ -451,14 +454,15 @@ def _assemble(
     spec: ModelSpec, settings: dict, device: torch.device, results: list[StageMeasurement], t_comm: list[float],
     links: dict, mode: str, name: str | None, placement: list[int] | None, ranks: int, link_stats: list[Stats | None],
     host_ms: dict[str, list[float]] | None = None, host_stats: list[tuple[str, int, Stats]] | None = None,
-    in_step: dict | None = None,
+    in_step: dict | None = None, units: bool = False,
 ) -> Profile:
     dtype = next((q.dtype for q in spec.stages[0].parameters() if q.is_floating_point()), torch.get_default_dtype())
     return Profile(
         name=name or f"{spec.name}-{device.type}",
         memory_unit="bytes",
-        stages=[r.cost() for r in results],
+        stages=[r.cost(unit=units) for r in results],
         t_comm=t_comm,
+        selective=settings["selective"] if any(r.rs is not None for r in results) else None,
         t_send=host_ms["send"] if host_ms else None,
         t_recv=host_ms["recv"] if host_ms else None,
         placement=placement,

@@ -14,6 +14,7 @@ import torch
 
 from ..distributed.timeouts import PEER_TIMEOUT_S
 from ..errors import ZbError
+from ..formats.profile import SELECTIVE_MODES
 
 __all__ = ["Settings", "resolve_device", "resolve_dtype", "device_name", "cpu_cores"]
 
@@ -44,6 +45,9 @@ class Settings:
     # checkpointed forward keeps (t_fc, t_r, m_fc), and the same for selective recomputation
     # where the stage declares modules for it (t_fs, t_rs, m_fs): what solve --recompute needs.
     recompute: bool = False
+    # Which modules selective recomputation re-runs (``formats.profile.SELECTIVE_MODES``): those
+    # declared in this mode; None: no selective recomputation. Recorded as the profile's ``selective``.
+    selective: str | None = "attention"
     # Under torchrun, also time the passes inside a few steps of the runtime, and take those
     # times (zbsearch.profiler.in_step): what a schedule's steps run, other microbatches in
     # flight and waits between passes included.
@@ -60,6 +64,8 @@ class Settings:
             raise ZbError("--rounds must be at least 1")
         if self.threads is not None and self.threads < 1:
             raise ZbError("--threads must be at least 1")
+        if self.selective is not None and self.selective not in SELECTIVE_MODES:
+            raise ZbError(f"--selective {self.selective!r}: choose {', '.join(SELECTIVE_MODES)} or none")
         if not (math.isfinite(self.timeout) and self.timeout > 0):
             raise ZbError(f"--timeout must be a positive number of seconds, not {self.timeout:g}")
         resolve_dtype(self.dtype)

@@ -241,6 +241,12 @@ class SavedActivations:
         ``read`` gives it back."""
         return self._pack(t)
 
+    def release(self, handles) -> None:
+        """Let go of some of what ``hold`` kept (handles of this pass), before ``free``."""
+        for h in handles:
+            if type(h) is _Holder:
+                self._release(h)
+
     def read(self, h) -> torch.Tensor:
         """The tensor behind a saved-tensor handle."""
         return self._unpack(h)

@@ -13,9 +13,10 @@ R (``recompute``) restores that state, runs the forward again exactly as a plain
 inputs, then puts the generators back where they were: so dropout draws the same masks in R
 as in the checkpointed F, and every later pass draws what it would have without recomputation.
 On a deterministic device the rebuilt activations, and so the gradients, are bit for bit those
-of the same schedule without recomputation. What R saves the meter counts, each storage once
-(the kept inputs, which the graph saves again, are not counted twice), and then the kept part
-is let go: after R the rank holds what a plain F would have left.
+of the same schedule without recomputation. The kept part is let go as R starts, once the
+generators hold the state and the forward holds the inputs; what R saves the meter counts,
+each storage once (a kept input the graph saves again counts again then): so R never holds more
+than it leaves, and after R the rank holds what a plain F would have left.
 
 While a checkpointed forward or a recompute pass runs, ``recompute_mode()`` says which, so that
 an emulated stage sleeps the profile's time for it.
@@ -109,16 +110,19 @@ def recompute(
     if ckpt.spent:
         raise PipelineError("this checkpointed forward has already been recomputed")
     devices = [] if ckpt.device_rng is None else [ckpt.device_rng[0]]
+    inputs = ckpt.inputs
     token = _MODE.set("recompute")
     try:
         with torch.random.fork_rng(devices=devices):
             torch.set_rng_state(ckpt.cpu_rng)
             if ckpt.device_rng is not None:
                 torch.cuda.set_rng_state(ckpt.device_rng[1], ckpt.device_rng[0])
-            fp = forward_pass(module, ckpt.inputs, split=split, post=post, meter=meter, deferred_first=deferred_first)
+            # consumed before the forward runs: the generators hold the state now, and the inputs
+            # count again where the forward saves them, so the pass never holds both
+            ckpt.kept.free()
+            ckpt.spent = True
+            ckpt.inputs = ()
+            fp = forward_pass(module, inputs, split=split, post=post, meter=meter, deferred_first=deferred_first)
     finally:
         _MODE.reset(token)
-    ckpt.kept.free()
-    ckpt.spent = True
-    ckpt.inputs = ()
     return fp

@@ -163,13 +163,17 @@ class PipelineRuntime:
         self._fused = {(a.stage, a.mb) for a in self._actions if a.op is Op.BW}
         self._recomputed = {(a.stage, a.mb) for a in self._actions if a.op is Op.R}
         self._selective = {(a.stage, a.mb) for a in self._actions if a.op is Op.RS}
-        # per stage recomputed selectively, the modules it declares (``selective``)
-        self._selected = {s: selected_modules(self.stages[s]) for s in sorted({s for s, _ in self._selective})}
+        # per stage recomputed selectively, the modules it declares in the mode the profile measured (``selective``)
+        mode = schedule.profile.selective
+        self._selected = {s: selected_modules(self.stages[s], mode) for s in sorted({s for s, _ in self._selective})}
         for s, chosen in self._selected.items():
             if not chosen:
+                what = (f"no module for the mode its profile measured ({mode!r}: set selective_recompute = {mode!r} on "
+                        f"the modules to recompute)" if mode is not None else
+                        "no module in every mode, and the schedule's profile does not say which modules its selective "
+                        "costs recompute (set its 'selective' to 'attention' or 'mlp', or profile again)")
                 raise PipelineError(
-                    f"rank {self.rank}: the schedule recomputes stage {s} selectively (RS), but stage {s} declares no "
-                    f"module to recompute (set selective_recompute = True on the modules to recompute)"
+                    f"rank {self.rank}: the schedule recomputes stage {s} selectively (RS), but stage {s} declares {what}"
                 )
         # how the first stage's W runs, as the profile measured it (the faster way)
         self._deferred_first = schedule.profile.stages[0].deferred_first

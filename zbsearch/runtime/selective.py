@@ -1,10 +1,14 @@
 """Selective recomputation: a forward that drops what chosen modules save, and the RS pass that
 rebuilds it before the backward.
 
-A stage declares the modules worth recomputing by giving them a true ``selective_recompute``
-attribute (the stage module itself, or any of its submodules; one inside a selected module is
-part of it). Those are modules that save much and cost little to run again, such as a
-transformer layer's MLP, whose two wide activations dominate what a layer keeps.
+A stage declares the modules worth recomputing by giving them a ``selective_recompute``
+attribute naming the mode they belong to (``zbsearch.formats.profile.SELECTIVE_MODES``):
+``"attention"`` for a layer's attention core (QK^T, softmax, dropout, the weighted sum of V:
+Megatron's selective recomputation, which keeps the projections' activations and drops the
+attention probabilities, seq x seq per head), ``"mlp"`` for a layer's MLP; ``True`` puts a
+module in every mode. A model may declare both; one mode runs: the one the schedule's profile
+measured (its ``selective``), so that what RS rebuilds is what the costs describe. A module
+inside a selected one is part of it.
 
 A schedule that holds RS(s, j) runs microbatch j's F on stage s as a plain F (``split.forward_pass``,
 split or fused as its backward will run, the same deferral), except that while a selected module
@@ -15,11 +19,12 @@ often saves anyway, then counted once) and, if it drew random numbers (dropout),
 state at its call. RS (``recompute_selected``) re-runs each recorded call in order, on the kept
 inputs, with the generators put back to where they were at that call, under the same hooks and the
 same deferral as the forward, so that what the calls save fills the holders in the same order
-(``SavedActivations.refilled``, which checks shapes and count); then it puts the generators back
-as they were before RS and lets the kept inputs go. Dropout draws the same masks as in the forward,
-every later pass draws what it would have without recomputation, and on a deterministic device the
-gradients are bit for bit those of the same schedule without recomputation. After RS the rank holds
-what a plain F would have left.
+(``SavedActivations.refilled``, which checks shapes and count); each call's kept part is let go as
+the call starts (its inputs count again where the call saves them), so that RS never holds more
+than it leaves; then it puts the generators back as they were before RS. Dropout draws the same
+masks as in the forward, every later pass draws what it would have without recomputation, and on
+a deterministic device the gradients are bit for bit those of the same schedule without
+recomputation. After RS the rank holds what a plain F would have left.
 
 A tensor a selected module saves that lives in one of its inputs or outputs (a Linear's input,
 an activation function's output) is kept, not dropped: it stays alive anyway, and recomputing it
@@ -37,6 +42,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
+from ..formats.profile import SELECTIVE_MODES
 from .errors import PipelineError
 from .memory import ActivationMeter, SavedActivations
 
@@ -45,14 +51,19 @@ __all__ = ["Selection", "recompute_selected", "selected_modules", "SELECT_ATTRIB
 SELECT_ATTRIBUTE = "selective_recompute"
 
 
-def selected_modules(stage: nn.Module) -> list[nn.Module]:
-    """The modules of ``stage`` (itself included) that declare ``selective_recompute = True``,
-    outermost only, in the order ``named_modules`` gives them."""
+def selected_modules(stage: nn.Module, mode: str | None) -> list[nn.Module]:
+    """The modules of ``stage`` (itself included) that declare ``selective_recompute`` as
+    ``mode`` or as True (every mode), outermost only, in the order ``named_modules`` gives them
+    (``mode`` None: those declared True only). A value other than a mode or a bool is refused."""
     chosen: list[tuple[str, nn.Module]] = []
     for name, m in stage.named_modules():
+        value = getattr(m, SELECT_ATTRIBUTE, False)
+        if not isinstance(value, bool) and value not in SELECTIVE_MODES:
+            raise PipelineError(f"{type(m).__name__} declares {SELECT_ATTRIBUTE} = {value!r}: give a mode "
+                                f"({', '.join(map(repr, SELECTIVE_MODES))}) or True (every mode)")
         if any(not outer or name.startswith(outer + ".") for outer, _ in chosen):
             continue
-        if getattr(m, SELECT_ATTRIBUTE, False) is True:
+        if value is True or (mode is not None and value == mode):
             chosen.append((name, m))
     return [m for _, m in chosen]
 
@@ -79,7 +90,7 @@ class Selection:
     def __init__(self, stage: nn.Module, modules: list[nn.Module], meter: ActivationMeter | None = None,
                  device: torch.device | None = None) -> None:
         if not modules:
-            raise PipelineError("selective recomputation needs at least one module with selective_recompute = True")
+            raise PipelineError("selective recomputation needs at least one module declared with selective_recompute")
         self.modules = modules
         self.kept = SavedActivations(meter, stage)
         self.kept.hooks()  # only to learn the stage's parameters: they are referenced, not counted
@@ -165,6 +176,9 @@ def recompute_selected(select: Selection, saved: SavedActivations) -> None:
                 if select.cuda is not None:
                     torch.cuda.set_rng_state(select.kept.read(call.rng[1]), select.cuda)
             leaves = [x if g is None else _input(select.kept.read(x), g) for x, g in zip(call.leaves, call.grads)]
+            # what this call kept is consumed: let it go before the call saves anew, so that RS
+            # never holds both (a kept input the call saves again is counted once either way)
+            select.kept.release([*(x for x, g in zip(call.leaves, call.grads) if g is not None), *(call.rng or ())])
             args, kwargs = tree_unflatten(leaves, call.spec)
             call.module(*args, **kwargs)
     select.kept.free()

@@ -35,7 +35,7 @@ __all__ = ["Baseline", "CLASSIC_BY_CHUNKS", "classic_baselines"]
 # microbatch, where recomputation is allowed (with "full", only those).
 CLASSIC_BY_CHUNKS = {1: ("gpipe", "1f1b", "1f1b-split", "zb-h1", "zb-h2"),
                      2: ("zb-v", "v-half", "v-min", "dualpipe-v", "interleaved-1f1b")}
-RECOMPUTING_BY_CHUNKS = {1: ("1f1b-recompute", "zb-h1-recompute"), 2: ()}
+RECOMPUTING_BY_CHUNKS = {1: ("1f1b-recompute", "1f1b-split-recompute", "zb-h1-recompute"), 2: ()}
 
 
 @dataclass

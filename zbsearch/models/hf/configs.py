@@ -222,8 +222,9 @@ def build(config: str = DEFAULTS["config"], stages: int = DEFAULTS["stages"],
     a preset, ``tiny:TYPE`` or a config JSON, cut into ``stages``, with one microbatch, the loss
     and labels. ``layers_per_stage``: counts, as a list or a comma-separated string. ``units``:
     cut into its units instead (the embedding side, each layer, the head side: what
-    ``zbsearch profile --per-layer`` measures). ``selective``: modules of each layer to declare
-    for selective recomputation (``hf_stages``), as a list or a comma-separated string."""
+    ``zbsearch profile --per-layer`` measures). ``selective``: modes of selective recomputation to
+    declare each layer's modules for (``hf_stages``: attention, mlp), as a list or a
+    comma-separated string."""
     for name, value in (("stages", stages), ("microbatch_size", microbatch_size), ("seq", seq)):
         if int(value) < 1:
             raise ZbError(f"{name} must be at least 1, not {value}")
@@ -240,7 +241,7 @@ def build(config: str = DEFAULTS["config"], stages: int = DEFAULTS["stages"],
 
 
 def parse_names(value: str | list[str] | None) -> list[str]:
-    """Module names from ``"mlp,self_attn"`` or a list; None gives none."""
+    """Names from ``"attention,mlp"`` or a list; None gives none."""
     if value is None:
         return []
     names = value if isinstance(value, list) else str(value).split(",")

@@ -39,8 +39,10 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ...errors import ZbError
+from ...formats.profile import SELECTIVE_MODES
 from ...runtime.selective import SELECT_ATTRIBUTE
 from .anatomy import Anatomy, anatomy, hidden_of, logits_of, max_positions, probe_batch, refuse
+from .attention import declare_cores
 
 __all__ = ["HFStages", "HFStage", "hf_stages"]
 
@@ -343,41 +345,60 @@ def _layers_per_stage(n: int, num_stages: int, layers_per_stage: list[int] | Non
     return counts
 
 
-def _declare_selective(layers: list[nn.Module], names: Sequence[str]) -> None:
-    """Mark the submodule ``name`` of every decoder layer for selective recomputation."""
-    for name in names:
+# where a decoder layer keeps its MLP (or mixture of experts), by family
+_MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe")
+
+
+def _declare_selective(layers: list[nn.Module], modes: Sequence[str]) -> list[nn.Module]:
+    """Declare every decoder layer's modules of each mode for selective recomputation (its
+    attention core, ``attention``; its MLP); the attention cores declared."""
+    cores: list[nn.Module] = []
+    for mode in modes:
+        if mode not in SELECTIVE_MODES:
+            raise ZbError(f"selective recomputation: unknown mode {mode!r}; choose {', '.join(SELECTIVE_MODES)}")
+        if mode == "attention":
+            cores += declare_cores(layers)
+            continue
         for i, layer in enumerate(layers):
-            try:
-                module = layer.get_submodule(name)
-            except AttributeError:
+            module = next((getattr(layer, n) for n in _MLP_NAMES if isinstance(getattr(layer, n, None), nn.Module)), None)
+            if module is None:
                 children = ", ".join(n for n, _ in layer.named_children())
-                raise ZbError(f"selective recomputation: layer {i} ({type(layer).__name__}) has no module {name!r}; "
-                              f"its modules: {children}") from None
-            if module is layer:
-                raise ZbError("selective recomputation: name a module inside the layers (e.g. mlp), not the layer")
-            setattr(module, SELECT_ATTRIBUTE, True)
+                raise ZbError(f"selective recomputation of the MLP: layer {i} ({type(layer).__name__}) has no module "
+                              f"named {' or '.join(_MLP_NAMES)}; its modules: {children}")
+            setattr(module, SELECT_ATTRIBUTE, mode)
+    return cores
 
 
 def hf_stages(model: nn.Module, num_stages: int, layers_per_stage: list[int] | None = None,
-              selective: Sequence[str] = ()) -> HFStages:
+              selective: str | Sequence[str] = ()) -> HFStages:
     """Cut a ``*ForCausalLM`` into ``num_stages`` stages (2P for V or interleaved placement).
 
     Layers are shared out evenly (earlier stages take the remainder) unless
     ``layers_per_stage`` says otherwise; a stage may hold no layer (e.g. only the embedding).
     The cut is run once on a small batch and refused in one line (``ZbError``) unless its
     logits equal the model's bit for bit. The stages share the model's modules.
-    ``selective``: submodules of each decoder layer (paths such as ``"mlp"``) to declare for
-    selective recomputation (``zbsearch.runtime.selective``); one a layer lacks is refused.
+    ``selective``: modes of selective recomputation (``zbsearch.runtime.selective``) to declare
+    each decoder layer's modules for: ``"attention"``, its attention core (``hf.attention``),
+    ``"mlp"``, its MLP; a layer without them is refused.
     """
     a = anatomy(model)
     counts = _layers_per_stage(len(a.layers), num_stages, layers_per_stage)
-    _declare_selective(a.layers, selective)
+    cores = _declare_selective(a.layers, [selective] if isinstance(selective, str) else selective)
     harness = _Harness(a)
     runners, lo = [], 0
     for s, k in enumerate(counts):
         runners.append(_Runner(a, harness, s, lo, lo + k, num_stages))
         lo += k
-    stages = _probe_and_build(a, runners)
+    called: set[int] = set()
+    handles = [c.register_forward_pre_hook(lambda m, args: called.add(id(m))) for c in cores]
+    try:
+        stages = _probe_and_build(a, runners)
+    finally:
+        for h in handles:
+            h.remove()
+    if any(id(c) not in called for c in cores):
+        raise refuse(model, "its attention modules do not run their core through transformers' attention functions, so "
+                            "the core cannot be recomputed selectively (use the mode mlp)")
     return HFStages(stages, _ties(stages), counts, a.path)
 
 
