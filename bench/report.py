@@ -1013,6 +1013,40 @@ def startup(docs: list[dict]) -> list[str]:
     return out + _table(["command", "median ms", "quartiles ms", "torch"], body)
 
 
+def data_parallel(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    t = doc["times_ms"]
+    out = [f"PP{doc['pp']} x DP{doc['dp']} on local gloo processes, m={doc['m']}; emulated passes (F {t[0]:g}, B {t[1]:g}, "
+           f"W {t[2]:g} ms), real gloo reductions of {doc['grad_mb']:g} MiB of gradients per rank (split between a rank's "
+           f"stages); {doc['iters']} timed rounds after {doc['warmup']} of warm-up, each round every schedule three ways, "
+           "barrier to barrier; medians.", "",
+           "- *passes*: the runtime with no reduction; *after*: the same, then each stage's reduction (same buckets) after "
+           "`step()`; *overlapped*: the runtime with the mesh, each stage's reduction started at its last W or BW.",
+           "- *predicted* = passes (measured) + what the reductions add on the simulated timeline: per rank, its stages' "
+           "reductions in the order their last backward ends, each taking its time alone.",
+           "- *tail*: the longest time any rank still computes after one of its stages' last backward (simulated).", "",
+           "## Iteration (ms)", ""]
+    body, verdicts = [], []
+    for kind, r in doc["schedules"].items():
+        body.append([_kind(kind), f"{r['reduction_per_rank_ms']:.1f}", f"{r['measured_passes_ms']:.1f}",
+                     f"{r['measured_after_ms']:.1f} ({r['after_vs_predicted']:+.1%})",
+                     f"{r['measured_overlapped_ms']:.1f} ({r['overlapped_vs_predicted']:+.1%})",
+                     f"{r['saved_ms']:+.1f}", f"{max(r['tail_after_last_w_ms'].values()):.1f}"])
+        if r["target_applies"]:
+            verdicts.append(f"{_kind(kind)}: tail {max(r['tail_after_last_w_ms'].values()):.1f} ms >= half the reduction "
+                            f"({r['reduction_per_rank_ms'] / 2:.1f} ms); overlap saved {r['saved_ms']:.1f} ms: "
+                            f"{'met' if r['target_met'] else 'not met'}")
+    out += _table(["schedule", "reductions alone", "passes", "after (vs predicted)", "overlapped (vs predicted)",
+                   "saved by overlap", "tail"], body)
+    worst = max(max(abs(r["after_vs_predicted"]), abs(r["overlapped_vs_predicted"])) for r in doc["schedules"].values())
+    share = [r["reduction_share"] for r in doc["schedules"].values()]
+    out += [f"- Reductions are {min(share):.0%}-{max(share):.0%} of the iteration reduced after the step; largest "
+            f"|measured / predicted - 1| {worst:.1%}.",
+            *(f"- {v}." for v in verdicts or ["no schedule leaves a tail of half a reduction: the overlap target does not apply"]),
+            ""]
+    return out
+
+
 @dataclass
 class Topic:
     title: str
@@ -1065,6 +1099,10 @@ TOPICS = {
                         "recompute_controllable.json", "recompute_checks.json"),
                        "PYTHONPATH=. python bench/recompute.py --parts PARTS -o recompute_NAME (one run per part, see the "
                        "notes)", "about 20 minutes in all", recompute),
+    "data-parallel": Topic("Data-parallel reductions overlapped with the pipeline", ("data_parallel.json",),
+                           lambda d: f"PYTHONPATH=. python bench/data_parallel.py --pp {d['pp']} --dp {d['dp']} --iters {d['iters']} "
+                                     f"--warmup {d['warmup']}",
+                           lambda d: f"{d.get('wall_s', 0) / 60:.0f} minutes", data_parallel),
     "startup": Topic("How long the command line takes to start", ("startup.json",),
                      lambda d: f"python bench/startup.py --repeat {d['repeat']}", "under a minute", startup),
 }
