@@ -101,6 +101,11 @@ class CostModel:
     comm_next: tuple[float, ...]  # delay from stage s to s+1 (and back); 0 on the same rank
     # per stage, (full, selective) recomputation where the profile offers it (empty: nowhere)
     recompute: tuple[tuple[Recompute | None, Recompute | None], ...] = ()
+    # per stage, reducing its gradients across its data-parallel replicas after its last backward,
+    # and its optimizer step after that (``zbsearch.reductions``; empty: the iteration ends at the
+    # last pass)
+    t_reduce: tuple[float, ...] = ()
+    t_opt: tuple[float, ...] = ()
 
     def __repr__(self) -> str:
         S = self.num_stages
@@ -176,6 +181,8 @@ class CostModel:
             m_w=tuple(c.m_w / k for c in st),
             comm_next=tuple(comm),
             recompute=offers if any(a or b for a, b in offers) else (),
+            t_reduce=tuple((c.t_reduce or 0.0) / k for c in st) if profile.has_reductions else (),
+            t_opt=tuple((c.t_opt or 0.0) / k for c in st) if profile.has_reductions else (),
         )
 
     def check_microbatches(self, m: int) -> None:
@@ -227,6 +234,15 @@ class CostModel:
     def can_recompute(self) -> bool:
         """Whether the profile offers recomputation on some stage."""
         return bool(self.recompute)
+
+    @property
+    def has_reductions(self) -> bool:
+        """Whether the iteration ends with reductions or optimizer steps after the passes."""
+        return bool(self.t_reduce)
+
+    def without_reductions(self) -> CostModel:
+        """These costs with the iteration ending at the last pass."""
+        return replace(self, t_reduce=(), t_opt=()) if self.t_reduce else self
 
     def without_recompute(self, keep: tuple[Op, ...] = ()) -> CostModel:
         """These costs with only the recompute passes in ``keep`` offered (none by default)."""

@@ -38,6 +38,7 @@ def predict(schedule: Schedule, tl: Timeline | None = None) -> Predicted:
         lower_bound=span_lower_bound(cost, m),
         lower_bound_makespan=makespan_lower_bound(cost, m),
         bubble_rate_makespan=tl.bubble_rate_makespan(),
+        iteration=tl.iteration if tl.finish else None,
     )
 
 

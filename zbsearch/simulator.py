@@ -20,12 +20,13 @@ bubble rate counts it with the idle time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .actions import RECOMPUTES, Action, Op
 from .costs import CostModel
 from .dependencies import action_predecessor_types, edge_delay, pass_positions
 from .errors import ZbError
+from .reductions import Reduction, lane
 
 __all__ = ["Timeline", "Deadlock", "simulate", "memory_trace", "peak_memory", "bubble_rate"]
 
@@ -44,7 +45,9 @@ class Timeline:
 
     ``start[r][i]`` and ``end[r][i]`` (ms) are those of rank r's i-th action, ``memory[r][i]``
     the activation memory the rank holds after it, ``busy[r]`` the rank's compute time in F, B
-    and W passes (recompute passes not counted, see the module).
+    and W passes (recompute passes not counted, see the module). Where the costs end the
+    iteration with reductions (``zbsearch.reductions``), ``reductions[r]`` holds rank r's
+    (stage, start, end) and ``finish[r]`` when its iteration ends, optimizer steps included.
     """
 
     actions: list[list[Action]]
@@ -52,6 +55,8 @@ class Timeline:
     end: list[list[float]]
     memory: list[list[float]]  # memory on the rank after each action
     busy: list[float]
+    reductions: list[list[Reduction]] = field(default_factory=list)
+    finish: list[float] = field(default_factory=list)
 
     def __repr__(self) -> str:
         if not self.actions:
@@ -69,6 +74,20 @@ class Timeline:
         """Per rank, its first action's start to its last action's end (ms): with no barrier
         between iterations, the longest is the iteration period."""
         return [(e[-1] - s[0]) if s else 0.0 for s, e in zip(self.start, self.end)]
+
+    @property
+    def iteration(self) -> list[float]:
+        """Per rank, its first action's start to the end of its iteration (ms): its span, or
+        where the iteration ends with reductions, its last reduction or pass plus its optimizer
+        steps. The longest is the iteration period."""
+        if not self.finish:
+            return self.span
+        return [(f - s[0]) if s else f for s, f in zip(self.start, self.finish)]
+
+    @property
+    def period(self) -> float:
+        """The iteration period: the longest per-rank iteration (ms)."""
+        return max(self.iteration, default=0.0)
 
     @property
     def makespan(self) -> float:
@@ -161,7 +180,13 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
         raise Deadlock(_waits(rank_actions, done, _resolve(rank_actions, where, S)))
 
     busy = [sum(d for a, d in zip(row, dur) if a.op not in RECOMPUTES) for row, dur in zip(rank_actions, durations)]
-    return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy)
+    reductions, finish = [], []
+    if cost.has_reductions:
+        for row, ends in zip(rank_actions, end):
+            got, f = lane(row, ends, cost.t_reduce, cost.t_opt)
+            reductions.append(got)
+            finish.append(f)
+    return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy, reductions, finish)
 
 
 def memory_trace(rank_actions: list[list[Action]], cost: CostModel) -> list[list[float]]:

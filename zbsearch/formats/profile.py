@@ -103,11 +103,16 @@ class StageCost(BaseModel):
         "selective recomputation (RS) time: re-running the selected modules only; absent: not offered"))
     m_fs: float | None = Field(default=None, ge=0, description=(
         "memory a forward checkpointed for selective recomputation keeps; RS allocates m_f - m_fs"))
+    t_reduce: float | None = Field(default=None, ge=0, description=(
+        "reducing the stage's gradients across its data-parallel replicas (all-reduce, or reduce-scatter where "
+        "sharded), started when the stage's last W or BW of the step has run on its rank; absent: no reduction"))
+    t_opt: float | None = Field(default=None, ge=0, description=(
+        "the optimizer step of the stage's parameters, after the rank's passes and reductions; absent: 0"))
     deferred_first: bool = Field(default=False, description=(
         "a first stage whose W (its whole backward) runs the split's fast path, deferred Linear weight "
         "gradients, rather than one plain backward: measured faster by the profiler; the runtime follows it"))
 
-    @field_validator("t_f", "t_b", "t_w", "t_bw", "t_ff", "t_fc", "t_r", "t_rf", "t_fs", "t_rs")
+    @field_validator("t_f", "t_b", "t_w", "t_bw", "t_ff", "t_fc", "t_r", "t_rf", "t_fs", "t_rs", "t_reduce", "t_opt")
     @classmethod
     def _time_range(cls, v: float | None) -> float | None:
         return None if v is None else _finite_in(v, MAX_TIME_MS)
@@ -169,10 +174,14 @@ class StageCost(BaseModel):
         return self
 
 
+# a stage's times that are no pass: the iteration's end, after the passes (``reductions``)
+ITERATION_FIELDS = ("t_reduce", "t_opt")
+
+
 def pass_time_fields() -> tuple[str, ...]:
     """The names of ``StageCost``'s pass times, the required ones first (t_f, t_b, t_w, ...)."""
     fields = StageCost.model_fields
-    times = [name for name in fields if name.startswith("t_")]
+    times = [name for name in fields if name.startswith("t_") and name not in ITERATION_FIELDS]
     return tuple(sorted(times, key=lambda name: not fields[name].is_required()))
 
 
@@ -243,6 +252,20 @@ class Links(BaseModel):
         default=None, description="measured link times per boundary; None between two pieces of one rank (no link)")
 
 
+class DataParallel(BaseModel):
+    """How the stages' ``t_reduce`` were found: the replicas each stage's gradients are reduced
+    across, whether the data parallelism is sharded, and measured on a real group or computed
+    from the gradient bytes and a bandwidth."""
+
+    model_config = ConfigDict(extra="allow")
+
+    replicas: int = Field(ge=1)
+    sharded: bool = False
+    how: Literal["measured", "bandwidth"] = "bandwidth"
+    bandwidth_gbs: float | None = Field(default=None, gt=0, description="GB/s per rank (how = bandwidth)")
+    grad_bytes: list[float] | None = Field(default=None, description="gradient bytes per stage (how = bandwidth)")
+
+
 class Profile(BaseModel):
     """A model's measured costs per pipeline stage: what schedules are built from.
 
@@ -292,6 +315,13 @@ class Profile(BaseModel):
     # Sequences per microbatch the times were measured with (dim 0 of the microbatch); the
     # runtime refuses microbatches of another size, whose times the schedule did not plan for.
     microbatch_size: int | None = Field(default=None, ge=1)
+    # where the stages record t_reduce: the data parallelism the reductions were found for
+    data_parallel: DataParallel | None = None
+
+    @property
+    def has_reductions(self) -> bool:
+        """Whether the iteration ends with work after the passes (a stage's reduction or optimizer step)."""
+        return any((c.t_reduce or 0) > 0 or (c.t_opt or 0) > 0 for c in self.stages)
 
     @field_validator("t_comm", "t_send", "t_recv")
     @classmethod

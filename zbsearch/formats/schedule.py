@@ -36,6 +36,8 @@ class Predicted(BaseModel):
                                "profile and placement at any memory (memory-blind; printed by schedule, simulate, compare)")
     lower_bound_makespan: float | None = Field(None, description="bound_any_memory on the makespan")
     bubble_rate_makespan: float | None = Field(None, description="bubble rate with the makespan as the period")
+    iteration: list[float] | None = Field(None, description="per rank, its iteration where the profile ends it with "
+                                          "reductions and optimizer steps (zbsearch.reductions); absent: its span")
 
 
 class SolverInfo(BaseModel):

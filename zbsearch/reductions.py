@@ -1,0 +1,93 @@
+"""The end of an iteration on a mesh: each stage's gradient reduction, then the optimizer step.
+
+In data parallelism every replica of a stage must sum its gradients with the others' before the
+optimizer steps. A stage's gradients are complete on its rank once its last W (or BW) of the
+iteration has run; the runtime then starts their reduction at once, beside the passes still to
+run (``zbsearch.runtime.data_parallel``). The rule, in one place:
+
+* each rank has a reduction lane beside its compute; stage s's reduction becomes ready when its
+  last W or BW ends on its rank and takes ``t_reduce[s]``;
+* a rank's lane runs its reductions one at a time, in the order they become ready (the order
+  of the rank's actions): the runtime starts them on one data-parallel group, which runs its
+  collectives in order;
+* compute runs beside the lane at its own speed;
+* the rank's iteration ends once its last pass and its last reduction have ended, plus the
+  optimizer steps of its stages (``t_opt``), which follow.
+
+A schedule that leaves a rank work after a stage's last backward hides that stage's reduction
+behind it; one whose every stage ends with the rank's last pass pays the reductions in full.
+Without reductions (``CostModel.has_reductions`` false) a rank's iteration is its span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .actions import Action, Op
+
+__all__ = ["Reduction", "lane", "last_backward", "reduction_time", "with_reductions"]
+
+Reduction = tuple[int, float, float]  # (stage, start, end), ms
+
+
+def last_backward(row: Sequence[Action]) -> dict[int, int]:
+    """Per stage of a rank's action list, the position of its last W or BW (where its gradients
+    are complete), in the order of those positions."""
+    last: dict[int, int] = {}
+    for i, a in enumerate(row):
+        if a.op in (Op.W, Op.BW):
+            last.pop(a.stage, None)
+            last[a.stage] = i
+    return dict(sorted(last.items(), key=lambda kv: kv[1]))
+
+
+def lane(row: Sequence[Action], ends: Sequence[float], t_reduce: Sequence[float],
+         t_opt: Sequence[float]) -> tuple[list[Reduction], float]:
+    """One rank's reductions (stage, start, end) and the end of its iteration, from its action
+    list and the end of each action (module docstring)."""
+    free = 0.0
+    out: list[Reduction] = []
+    for s, i in last_backward(row).items():
+        start = max(free, ends[i])
+        free = start + t_reduce[s]
+        out.append((s, start, free))
+    finish = max([free, *ends[-1:]])
+    stages = {a.stage for a in row}
+    return out, finish + sum(t_opt[s] for s in stages)
+
+
+def reduction_time(grad_bytes: float, replicas: int, bandwidth_gbs: float, sharded: bool = False,
+                   latency_ms: float = 0.0) -> float:
+    """Milliseconds to reduce ``grad_bytes`` of gradients across ``replicas`` ranks on links of
+    ``bandwidth_gbs`` GB/s per rank, as a ring does it: an all-reduce moves 2(N-1)/N of the bytes
+    through each rank in 2(N-1) steps, a reduce-scatter (sharded data parallelism) half that;
+    each step also costs ``latency_ms``. One replica reduces nothing."""
+    n = replicas
+    if n <= 1:
+        return 0.0
+    steps = (n - 1) * (1 if sharded else 2)
+    return steps / n * grad_bytes / (bandwidth_gbs * 1e9) * 1e3 + steps * latency_ms
+
+
+def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Sequence[float], *,
+                    sharded: bool = False, latency_ms: float = 0.0, t_opt: Sequence[float] | None = None):
+    """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
+    ``replicas`` (``reduction_time`` of each stage's ``grad_bytes``) and, where given, their
+    optimizer step (``t_opt``, ms per stage)."""
+    from .errors import ZbError
+    from .formats.profile import DataParallel
+
+    P = profile.num_stages
+    if len(grad_bytes) != P or (t_opt is not None and len(t_opt) != P):
+        raise ZbError(f"profile {profile.name!r} has {P} stages: give one gradient size (and optimizer time) per stage")
+    if replicas < 1 or bandwidth_gbs <= 0 or latency_ms < 0 or min(grad_bytes) < 0:
+        raise ZbError("reductions need at least 1 replica, a positive bandwidth and no negative bytes or latency")
+    stages = [
+        c.model_copy(update={"t_reduce": reduction_time(b, replicas, bandwidth_gbs, sharded, latency_ms),
+                             "t_opt": None if t_opt is None else t_opt[i]})
+        for i, (c, b) in enumerate(zip(profile.stages, grad_bytes))
+    ]
+    dp = DataParallel(replicas=replicas, sharded=sharded, how="bandwidth", bandwidth_gbs=bandwidth_gbs,
+                      grad_bytes=list(grad_bytes))
+    return profile.model_copy(update={"stages": stages, "data_parallel": dp,
+                                      "name": f"{profile.name}-dp{replicas}"})
