@@ -185,7 +185,8 @@ class _Probe(torch.nn.Module):
 def test_the_profiler_times_the_recompute_pass_the_runtime_runs_before_a_fused_backward():
     torch.manual_seed(0)
     st = _Probe()
-    x = torch.randn(4, 8, requires_grad=True)
+    # activations well above the generator state a checkpoint keeps (else no recomputation is offered)
+    x = torch.randn(512, 8, requires_grad=True)
     got = measure_stage(st, (x,), None, torch.device("cpu"), 1, 3, recompute_too=True)
     assert got.cost().t_rf is not None and got.cost().t_rf > 0 and "t_rf" in got.record()
     # per repetition: R as before a split backward, then R as before a fused one (plain forward)
