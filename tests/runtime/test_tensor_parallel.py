@@ -1,0 +1,357 @@
+"""Pipelines of tensor-parallel stages: PP2 x TP2 on four gloo ranks (ranks {0, 1} share stage
+rank 0, {2, 3} stage rank 1; pipelines {0, 2} and {1, 3}), stages parallelized with
+``parallelize_stage`` (torch's ``parallelize_module``: DTensor parameters).
+
+Every schedule kind, split and fused backwards, V and interleaved placements, a solver schedule
+and schedules with R passes, on the built-in GPT (with and without sequence parallelism), the
+built-in Llama and a Hugging Face Llama. The oracle is one process running the unparallelized
+model on the same batch, ``loss.backward()`` microbatch after microbatch: after every one of
+several AdamW steps each rank's gradients (DTensors gathered into full tensors) and parameters,
+and the losses, equal it (rel. 1e-5). The activation bytes each rank's meter reads after every
+pass equal the simulator's prediction on a profile that the profiler measured on the
+parallelized stages (their local shards). One spawned run checks every case.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import zbsearch as zb
+from zbsearch.costs import CostModel
+from zbsearch.distributed import run_local
+from zbsearch.simulator import simulate
+
+M = 4  # microbatches per step
+STEPS = 3
+_GPT = dict(hidden=32, heads=4, seq=8, vocab=32, microbatch_size=2)
+
+
+def _model(family: str, num_stages: int):
+    """(stages, inputs, targets, loss) of a family's tiny model: the same weights on every rank."""
+    if family == "hf":
+        from zbsearch.models.hf import hf_batch, hf_loss, hf_model, hf_stages, tiny_config
+
+        cfg = tiny_config("llama", layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=32, tie_word_embeddings=False)
+        stages = hf_stages(hf_model(cfg, seed=0), num_stages).stages
+        (ids, mask), labels = hf_batch(cfg, 2 * M, 8, seed=3)
+        return stages, (ids, mask), labels, hf_loss
+    from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages, llama_stages
+
+    cut = (1, 1) if num_stages == 2 else (0, 1, 1, 0)
+    size = {**_GPT, "hidden": 48} if family == "llama" else _GPT  # SwiGLU's 8/3 x hidden: a multiple of 2
+    cfg = GPTConfig(layers=2, stages=num_stages, cut=cut, **size)
+    build = llama_stages if family == "llama" else gpt_stages
+    return build(cfg, seed=0), *gpt_batch(cfg, M, seed=3), gpt_loss
+
+
+def _profile(p: int) -> zb.Profile:
+    return zb.Profile(name="unit", memory_unit="activations", stages=[
+        zb.StageCost(t_f=1.0, t_b=1.0, t_w=1.0, m_f=1.0, m_b=-0.6, m_w=-0.4, t_r=1.0, m_fc=0.2)] * p)
+
+
+def schedules() -> list[zb.Schedule]:
+    from zbsearch.solver import solve
+
+    prof = _profile(2)
+    kinds = ("1f1b", "1f1b-split", "gpipe", "zb-h1", "zb-h2", "zb-v", "interleaved-1f1b", "1f1b-recompute",
+             "zb-h1-recompute")
+    out = [zb.build_classic(k, prof, M) for k in kinds]
+    out.append(solve(prof, M, "2p", chunks=1, time_limit=2, milp=False).schedule)
+    out.append(solve(prof, M, "1.5p", chunks=2, time_limit=2, milp=False).schedule)
+    return out
+
+
+def _local(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.full_tensor() if t is not None and hasattr(t, "full_tensor") else t
+
+
+def _close(got: torch.Tensor | None, want: torch.Tensor | None) -> bool:
+    if got is None or want is None:
+        return got is None and want is None
+    scale = want.abs().max().item()
+    return got.shape == want.shape and (got - want).abs().max().item() <= 1e-5 * max(scale, 1e-6)
+
+
+def _run_case(text: str, family: str, sp: bool, mesh, measured: dict) -> list[str]:
+    """One schedule on one family: STEPS AdamW steps against the one-process model."""
+    import torch.distributed as dist
+
+    from zbsearch.models.tensor_parallel import parallelize_stage
+    from zbsearch.runtime import PipelineRuntime
+
+    sched = zb.Schedule.model_validate_json(text)
+    name = f"{family}{'-sp' if sp else ''} {sched.kind}"
+    pp = mesh["pp"].get_local_rank()
+    S, last = sched.num_stages, sched.num_stages - 1
+    ref, inputs, targets, loss_fn = _model(family, S)
+    ours = _model(family, S)[0]
+    mine = {s: parallelize_stage(ours[s], mesh["tp"], sequence_parallel=sp)
+            for s in range(S) if sched.stage_to_rank[s] == pp}
+    profile = measured.get((family, sp, S))
+    if profile is None:
+        profile = measured[(family, sp, S)] = _measure(mine, family, sp, S, mesh)
+    sched = zb.Schedule.build(sched.kind, profile, M, list(sched.stage_to_rank), sched.rank_actions)
+    # The key projection's bias has no gradient (attention ignores a shift shared by every key), only
+    # rounding noise, which AdamW divides by eps: eps well above that noise keeps it out of the step.
+    adamw = dict(lr=1e-2, eps=1e-4, weight_decay=0.01)
+    ref_opt = torch.optim.AdamW([q for st in ref for q in st.parameters()], **adamw)
+    our_opt = torch.optim.AdamW([q for st in mine.values() for q in st.parameters()], **adamw)
+    problems = []
+    with PipelineRuntime(sched, mine, loss_fn, group=mesh["pp"].get_group(), timeout=120) as rt:
+        for step in range(STEPS):
+            want = []
+            for j in range(M):  # one process, microbatch after microbatch
+                x = tuple(t.chunk(M)[j] for t in inputs) if isinstance(inputs, tuple) else inputs.chunk(M)[j]
+                for st in ref:
+                    x = st(*x) if isinstance(x, tuple) else st(x)
+                loss = loss_fn(x, targets.chunk(M)[j])
+                loss.backward(torch.full((), 1.0 / M))
+                want.append(loss.detach())
+            got = rt.step(inputs if 0 in mine else None, targets if last in mine else None)
+            if got is not None and not _close(got, torch.stack(want)):
+                problems.append(f"{name} step {step}: losses {got.tolist()} != {torch.stack(want).tolist()}")
+            trace = rt.trace()
+            if trace is not None and step == STEPS - 1:
+                problems += _memory(name, sched, trace)
+            for s, st in mine.items():
+                for (n, q), r in zip(st.named_parameters(), ref[s].parameters()):
+                    if not _close(_local(q.grad), r.grad):
+                        problems.append(f"{name} step {step} stage {s} {n}: gradient differs")
+            ref_opt.step()
+            our_opt.step()
+            for s, st in mine.items():
+                for (n, q), r in zip(st.named_parameters(), ref[s].parameters()):
+                    if not _close(_local(q.detach()), r.detach()):
+                        d = (_local(q.detach()) - r.detach()).abs().max().item()
+                        problems.append(f"{name} step {step} stage {s} {n}: parameter differs after AdamW by {d:.3g} "
+                                        f"(grad {r.grad.abs().max().item() if r.grad is not None else -1:.3g})")
+            ref_opt.zero_grad()
+            our_opt.zero_grad()
+        left = rt.meter.bytes
+    if left:
+        problems.append(f"{name} rank {dist.get_rank()}: {left} bytes of activations left after the step")
+    return problems[:5]
+
+
+def _measure(mine: dict, family: str, sp: bool, num_stages: int, mesh) -> zb.Profile:
+    """The profiler's measurement of this rank's parallelized stages (the bytes the meter counts:
+    local shards), shared by all ranks: each stage as its first tensor-parallel rank measured it
+    (a stage's ranks measure together: its passes run collectives)."""
+    import torch.distributed as dist
+
+    from zbsearch.profiler.measure import measure_stage
+
+    ref, inputs, targets, loss_fn = _model(family, num_stages)
+    # a microbatch of its own, as the runtime splits a batch (a saved view would be charged its whole batch)
+    x = tuple(t.chunk(M)[0].clone() for t in inputs) if isinstance(inputs, tuple) else (inputs.chunk(M)[0].clone(),)
+    boundary = []
+    for st in ref:  # what each stage receives
+        boundary.append(x)
+        with torch.no_grad():
+            out = st(*x)
+        x = out if isinstance(out, tuple) else (out,)
+    tp, tp_rank = mesh["tp"].size(), mesh["tp"].get_local_rank()
+    measured = {}
+    for s, st in mine.items():
+        args = boundary[s]
+        if s:  # a later stage's input: its slice of the sequence under sequence parallelism
+            first = args[0].chunk(tp, dim=1)[tp_rank].contiguous() if sp else args[0]
+            args = tuple(a.detach().requires_grad_(a.is_floating_point()) for a in (first, *args[1:]))
+        target = targets.chunk(M)[0].clone()
+        post = functools.partial(lambda t, out: loss_fn(out, t), target) if s == num_stages - 1 else None
+        measured[s] = measure_stage(st, args, post, torch.device("cpu"), 1, 2, recompute_too=True).cost().model_dump_json()
+        st.zero_grad(set_to_none=True)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (tp_rank, measured))
+    costs = {s: zb.StageCost.model_validate_json(c) for rank_tp, part in every if rank_tp == 0 for s, c in part.items()}
+    return zb.Profile(name="tp-measured", memory_unit="bytes", stages=[costs[s] for s in range(num_stages)],
+                      microbatch_size=2)
+
+
+def _memory(name: str, sched: zb.Schedule, trace) -> list[str]:
+    cost = CostModel.from_profile(sched.profile, list(sched.stage_to_rank))
+    predicted = simulate(sched.rank_actions, cost).memory
+    out = []
+    for r, events in enumerate(trace.rank_events()):
+        measured = [e.args.activations for e in events]
+        bad = [(str(e.action), x, y) for e, x, y in zip(events, measured, predicted[r]) if x != pytest.approx(y, abs=0.5)]
+        if bad:
+            out.append(f"{name} pipeline rank {r}: measured != predicted activation bytes after {bad[:3]}")
+    return out
+
+
+def _check(rank: int, world: int, send, cases: list[tuple[str, str, bool]]) -> list[str]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))
+    measured: dict = {}
+    problems = []
+    for text, family, sp in cases:
+        problems += _run_case(text, family, sp, mesh, measured)
+    return problems
+
+
+# -- the split passes on tensor-parallel stages (two ranks, one stage) -------------------------------
+class Mixed(torch.nn.Module):
+    """A tensor-parallel MLP beside a parameter used in a plain matrix product: the generic split."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+        self.mix = torch.nn.Parameter(torch.randn(8, 8) / 3)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x))) + x @ self.mix
+
+
+def _stage(family: str, where: int, sp: bool, mesh):
+    """(stage, microbatch inputs, loss or None, output gradients) on this tensor-parallel rank."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from zbsearch.models.tensor_parallel import parallelize_stage
+
+    tp, me = mesh.size(), mesh.get_local_rank()
+    g = torch.Generator().manual_seed(where)
+    if family == "mixed":
+        torch.manual_seed(0)
+        stage = parallelize_module(Mixed(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        xs = [(torch.randn(2, 5, 8, generator=g),) for _ in range(M)]
+        return stage, xs, None, [[torch.randn(2, 5, 8, generator=g)] for _ in range(M)]
+    if family == "hf":
+        stages, inputs, targets, loss = _model("hf", 2)
+    else:
+        from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages, llama_stages
+
+        cfg = GPTConfig(layers=3, stages=3, **({**_GPT, "hidden": 48} if family == "llama" else _GPT))
+        stages = (llama_stages if family == "llama" else gpt_stages)(cfg, seed=0)
+        (inputs, targets), loss = gpt_batch(cfg, M, seed=3), gpt_loss
+    stage = parallelize_stage(stages[where], mesh, sequence_parallel=sp)
+    last = where == len(stages) - 1
+    if where == 0:
+        xs = [tuple(t.chunk(M)[j].clone() for t in inputs) if isinstance(inputs, tuple) else (inputs.chunk(M)[j].clone(),)
+              for j in range(M)]
+    else:
+        with torch.no_grad():
+            x = inputs.chunk(M)[0] if not isinstance(inputs, tuple) else tuple(t.chunk(M)[0] for t in inputs)
+            for st in stages[:where]:
+                x = st(*x) if isinstance(x, tuple) else st(x)
+        x = x if isinstance(x, tuple) else (x,)
+        xs = []
+        for _ in range(M):
+            h = torch.randn(x[0].shape, generator=g)
+            xs.append(((h.chunk(tp, dim=1)[me].contiguous() if sp else h), *x[1:]))
+    if last:
+        return stage, xs, [functools.partial(lambda t, out: loss(out, t), targets.chunk(M)[j].clone()) for j in range(M)], None
+    grads = []
+    for x in xs:  # a gradient for each floating output (the same on every rank where it is whole)
+        with torch.no_grad():
+            out = stage(*x)
+        out = out if isinstance(out, tuple) else (out,)
+        full = [torch.randn(o.shape[:1] + (o.shape[1] * tp,) + o.shape[2:] if sp else o.shape, generator=g) for o in out]
+        grads.append([(f.chunk(tp, dim=1)[me].contiguous() if sp else f) if o.is_floating_point() else None
+                      for f, o in zip(full, out)])
+    return stage, xs, None, grads
+
+
+def _saved_local_bytes(stage, x, post) -> int:
+    """What a plain forward saves for backward, counted independently of the meter: each local
+    storage once (a DTensor's shard, a pending collective's result), parameters and buffers left out."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.distributed.tensor import DTensor
+
+    params = {id(q) for q in (*stage.parameters(), *stage.buffers())}
+    found: dict[int, int] = {}
+
+    def pack(t):
+        if id(t) not in params and not (t._base is not None and id(t._base) in params):
+            inner = t._local_tensor if isinstance(t, DTensor) else t.elem if isinstance(t, AsyncCollectiveTensor) else t
+            found[inner.untyped_storage().data_ptr()] = inner.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = stage(*x)
+        if post is not None:
+            post(out)
+    return sum(found.values())
+
+
+def _split_check(rank: int, world: int, send, cases: list[tuple[str, int, bool, bool]]) -> list[str]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from zbsearch.runtime import backward_input, backward_weight, forward_pass
+    from zbsearch.runtime.memory import ActivationMeter
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    problems = []
+    for family, where, sp, fast in cases:
+        name = f"{family}{'-sp' if sp else ''} stage {where}"
+        ours, xs, posts, grads = _stage(family, where, sp, mesh)
+        plain = _stage(family, where, sp, mesh)[0]
+        meter = ActivationMeter(replay=False)
+        passes, weights, got = {}, {}, {}
+        order = ["F0", "F1", "B0", "F2", "B1", "W0", "F3", "B2", "W1", "B3", "W2", "W3"]
+        for step in order:
+            op, j = step[0], int(step[1])
+            before = meter.bytes
+            if op == "F":
+                x = tuple(t.detach().requires_grad_(t.is_floating_point() and where > 0) for t in xs[j])
+                passes[j] = forward_pass(ours, x, post=posts[j] if posts else None, meter=meter, deferred_first=True)
+                want = _saved_local_bytes(plain, x, posts[j] if posts else None)
+                if meter.bytes - before != want:
+                    problems.append(f"{name} {step}: the meter counted {meter.bytes - before} bytes, saved {want}")
+                if j == 3 and passes[j].fast != fast:  # after the first microbatch's backward gave the verdict
+                    problems.append(f"{name} {step}: fast path {passes[j].fast}, expected {fast}")
+            elif op == "B":
+                fp = passes.pop(j)
+                out_grads = [torch.ones(())] if posts else grads[j]
+                got[j], weights[j] = backward_input(fp, out_grads)
+            else:
+                backward_weight(weights.pop(j))
+        if meter.bytes:
+            problems.append(f"{name}: {meter.bytes} bytes left after every W")
+        for j, x in enumerate(xs):  # one plain backward per microbatch, the same order
+            xp = tuple(t.detach().requires_grad_(t.is_floating_point() and where > 0) for t in x)
+            out = plain(*xp)
+            if posts:
+                posts[j](out).backward()
+            else:
+                outs = out if isinstance(out, tuple) else (out,)
+                torch.autograd.backward([o for o, q in zip(outs, grads[j]) if q is not None], [q for q in grads[j] if q is not None])
+            if where and not torch.equal(got[j][0], xp[0].grad):
+                problems.append(f"{name} microbatch {j}: input gradient differs")
+        for (n, q), r in zip(ours.named_parameters(), plain.parameters()):
+            same = type(q.grad) is type(r.grad) and getattr(q.grad, "placements", None) == getattr(r.grad, "placements", None)
+            local = (lambda t: t.to_local() if hasattr(t, "to_local") else t)
+            if not same or not torch.equal(local(q.grad), local(r.grad)):
+                problems.append(f"{name} {n}: gradient differs from the unsplit stage's")
+    return problems
+
+
+@pytest.mark.slow
+def test_split_passes_of_tensor_parallel_stages_are_bitwise_and_metered_locally():
+    """The split's F, B and W on a stage parallelized across two ranks: gradients bit for bit those
+    of the same parallelized stage's plain backward (DTensor gradients with the same placements),
+    the fast path taken on the built-in and Hugging Face layers (DTensor Linears deferred; a first
+    stage's whole backward in W run as the split's B and W, as ``deferred_first`` does) and the
+    generic split beside a plain matrix product; the meter charges each forward the local bytes
+    it saved, and nothing is left after W."""
+    cases = [("gpt", 0, False, True), ("gpt", 1, False, True), ("gpt", 2, False, True), ("gpt", 1, True, True),
+             ("llama", 1, False, True), ("hf", 1, False, True), ("hf", 0, False, True), ("mixed", 1, False, False)]
+    problems = run_local(_split_check, 2, cases, timeout=600)
+    assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
+
+
+@pytest.mark.slow
+def test_pp2_tp2_every_schedule_kind_equals_one_process():
+    scheds = schedules()
+    cases = [(s.model_dump_json(), "gpt", False) for s in scheds]
+    by_kind = {s.kind: s.model_dump_json() for s in scheds}
+    cases += [(by_kind[k], "gpt", True) for k in ("zb-h1", "zb-v", "1f1b")]
+    cases += [(by_kind[k], "llama", False) for k in ("zb-h1", "interleaved-1f1b")]
+    cases += [(by_kind[k], "hf", False) for k in ("zb-h1", "1f1b")]
+    problems = run_local(_check, 4, cases, timeout=1500)
+    assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
