@@ -65,8 +65,14 @@ def schedules() -> list[zb.Schedule]:
     return out
 
 
-def _local(t: torch.Tensor | None) -> torch.Tensor | None:
+def _full(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A DTensor gathered into its full tensor; any other tensor as it is."""
     return t.full_tensor() if t is not None and hasattr(t, "full_tensor") else t
+
+
+def _shard(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A DTensor's local shard; any other tensor as it is."""
+    return t.to_local() if t is not None and hasattr(t, "to_local") else t
 
 
 def _close(got: torch.Tensor | None, want: torch.Tensor | None) -> bool:
@@ -119,14 +125,14 @@ def _run_case(text: str, family: str, sp: bool, mesh, measured: dict) -> list[st
                 problems += _memory(name, sched, trace)
             for s, st in mine.items():
                 for (n, q), r in zip(st.named_parameters(), ref[s].parameters()):
-                    if not _close(_local(q.grad), r.grad):
+                    if not _close(_full(q.grad), r.grad):
                         problems.append(f"{name} step {step} stage {s} {n}: gradient differs")
             ref_opt.step()
             our_opt.step()
             for s, st in mine.items():
                 for (n, q), r in zip(st.named_parameters(), ref[s].parameters()):
-                    if not _close(_local(q.detach()), r.detach()):
-                        d = (_local(q.detach()) - r.detach()).abs().max().item()
+                    if not _close(_full(q.detach()), r.detach()):
+                        d = (_full(q.detach()) - r.detach()).abs().max().item()
                         problems.append(f"{name} step {step} stage {s} {n}: parameter differs after AdamW by {d:.3g} "
                                         f"(grad {r.grad.abs().max().item() if r.grad is not None else -1:.3g})")
             ref_opt.zero_grad()
@@ -279,13 +285,10 @@ def _saved_local_bytes(stage, x, post) -> int:
     return sum(found.values())
 
 
-def _split_check(rank: int, world: int, send, cases: list[tuple[str, int, bool, bool]]) -> list[str]:
-    from torch.distributed.device_mesh import init_device_mesh
-
+def _split_check(mesh, cases: list[tuple[str, int, bool, bool]]) -> list[str]:
     from zbsearch.runtime import backward_input, backward_weight, forward_pass
     from zbsearch.runtime.memory import ActivationMeter
 
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
     problems = []
     for family, where, sp, fast in cases:
         name = f"{family}{'-sp' if sp else ''} stage {where}"
@@ -319,30 +322,101 @@ def _split_check(rank: int, world: int, send, cases: list[tuple[str, int, bool, 
             if posts:
                 posts[j](out).backward()
             else:
-                outs = out if isinstance(out, tuple) else (out,)
-                torch.autograd.backward([o for o, q in zip(outs, grads[j]) if q is not None], [q for q in grads[j] if q is not None])
+                pairs = [(o, q) for o, q in zip(out if isinstance(out, tuple) else (out,), grads[j]) if q is not None]
+                torch.autograd.backward([o for o, _ in pairs], [q for _, q in pairs])
             if where and not torch.equal(got[j][0], xp[0].grad):
                 problems.append(f"{name} microbatch {j}: input gradient differs")
         for (n, q), r in zip(ours.named_parameters(), plain.parameters()):
             same = type(q.grad) is type(r.grad) and getattr(q.grad, "placements", None) == getattr(r.grad, "placements", None)
-            local = (lambda t: t.to_local() if hasattr(t, "to_local") else t)
-            if not same or not torch.equal(local(q.grad), local(r.grad)):
+            if not same or not torch.equal(_shard(q.grad), _shard(r.grad)):
                 problems.append(f"{name} {n}: gradient differs from the unsplit stage's")
     return problems
 
 
+def _sizes_refused(mesh) -> list[str]:
+    """Sizes that do not split across the ranks: one line each, naming what."""
+    from zbsearch.errors import ZbError
+    from zbsearch.models import GPTConfig, gpt_stages
+    from zbsearch.models.tensor_parallel import parallelize_stage
+
+    problems = []
+    for over, want in (({"heads": 3, "hidden": 24}, "attention heads (3) is not a multiple of 2"),
+                       ({"vocab": 33}, "vocabulary rows (33) is not a multiple of 2")):
+        stage = gpt_stages(GPTConfig(**{**_GPT, "layers": 2, "stages": 2, **over}))[0]
+        try:
+            parallelize_stage(stage, mesh)
+            problems.append(f"{over}: not refused")
+        except ZbError as err:
+            if want not in str(err) or "\n" in str(err):
+                problems.append(f"{over}: refused with {err}")
+    return problems
+
+
+def _dtensor_output_refused(timeout: float) -> list[str]:
+    """PP2 with one-rank tensor parallelism, the first stage ending in a DTensor: its rank
+    refuses it in one line naming the stage; the peer waiting for it gives up at the timeout."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from zbsearch.runtime import PipelineError, PipelineRuntime
+
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("pp", "tp"))
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    stage = torch.nn.Linear(8, 8)
+    if rank == 0:
+        stage = parallelize_module(stage, mesh["tp"], ColwiseParallel(use_local_output=False))
+    sched = zb.build_classic("zb-h1", _profile(2), 2)
+    loss = lambda out, t: ((out - t) ** 2).mean()  # noqa: E731
+    x = torch.randn(4, 8)
+    with PipelineRuntime(sched, {rank: stage}, loss, group=mesh["pp"].get_group(), timeout=timeout) as rt:
+        try:
+            rt.step(x if rank == 0 else None, x if rank == 1 else None)
+            return ["a DTensor crossed a stage boundary"]
+        except PipelineError as err:
+            text = str(err)
+    if rank == 0 and not ("rank 0: 0F0: stage 0 output 0 is a DTensor with placements" in text
+                          and "use_local_output=True" in text and "\n" not in text):
+        return [f"refused with: {text}"]
+    return []
+
+
+def _two_ranks(rank: int, world: int, send, cases: list) -> dict[str, list[str]]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    return {"split": _split_check(mesh, cases), "sizes": _sizes_refused(mesh), "output": _dtensor_output_refused(3.0)}
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict[str, list[str]]:
+    """One spawned run of two ranks for every check below."""
+    cases = [("gpt", 0, False, True), ("gpt", 1, False, True), ("gpt", 2, False, True), ("gpt", 1, True, True),
+             ("llama", 1, False, True), ("hf", 1, False, True), ("hf", 0, False, True), ("mixed", 1, False, False)]
+    results = run_local(_two_ranks, 2, cases, timeout=600)
+    return {key: [line for r in results for line in r[key]] for key in results[0]}
+
+
 @pytest.mark.slow
-def test_split_passes_of_tensor_parallel_stages_are_bitwise_and_metered_locally():
+def test_split_passes_of_tensor_parallel_stages_are_bitwise_and_metered_locally(two_ranks):
     """The split's F, B and W on a stage parallelized across two ranks: gradients bit for bit those
     of the same parallelized stage's plain backward (DTensor gradients with the same placements),
     the fast path taken on the built-in and Hugging Face layers (DTensor Linears deferred; a first
     stage's whole backward in W run as the split's B and W, as ``deferred_first`` does) and the
     generic split beside a plain matrix product; the meter charges each forward the local bytes
     it saved, and nothing is left after W."""
-    cases = [("gpt", 0, False, True), ("gpt", 1, False, True), ("gpt", 2, False, True), ("gpt", 1, True, True),
-             ("llama", 1, False, True), ("hf", 1, False, True), ("hf", 0, False, True), ("mixed", 1, False, False)]
-    problems = run_local(_split_check, 2, cases, timeout=600)
-    assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
+    assert not two_ranks["split"], "\n".join(two_ranks["split"][:20])
+
+
+@pytest.mark.slow
+def test_sizes_that_do_not_split_across_the_ranks_are_refused(two_ranks):
+    assert not two_ranks["sizes"], "\n".join(two_ranks["sizes"])
+
+
+@pytest.mark.slow
+def test_a_dtensor_crossing_stages_is_refused_in_one_line(two_ranks):
+    assert not two_ranks["output"], "\n".join(two_ranks["output"])
 
 
 @pytest.mark.slow
@@ -355,3 +429,60 @@ def test_pp2_tp2_every_schedule_kind_equals_one_process():
     cases += [(by_kind[k], "hf", False) for k in ("zb-h1", "1f1b")]
     problems = run_local(_check, 4, cases, timeout=1500)
     assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
+
+
+# -- plans (one process) ---------------------------------------------------------------------------
+def test_plans_split_attention_and_mlp_the_megatron_way():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    from zbsearch.models import GPTConfig, gpt_stages, llama_stages
+    from zbsearch.models.tensor_parallel import FusedColwiseParallel, tp_plan
+
+    cfg = GPTConfig(layers=2, stages=2, **_GPT)
+    first, last = gpt_stages(cfg)
+    plan = tp_plan(first)
+    assert isinstance(plan["1.attn.qkv"], FusedColwiseParallel) and plan["1.attn.qkv"].parts == 3
+    assert isinstance(plan["1.attn.proj"], RowwiseParallel) and isinstance(plan["1.mlp.0"], ColwiseParallel)
+    assert isinstance(plan["1.mlp.2"], RowwiseParallel) and isinstance(plan["0.tok"], RowwiseParallel)
+    assert isinstance(tp_plan(last)["1.out"], ColwiseParallel)
+    sp = tp_plan(last, sequence_parallel=True)
+    assert isinstance(sp["0.ln1"], SequenceParallel) and isinstance(sp["1.ln"], SequenceParallel)
+    llama = tp_plan(llama_stages(cfg)[0])
+    assert {k for k, v in llama.items() if isinstance(v, ColwiseParallel)} == {
+        "1.q", "1.k", "1.v", "1.mlp.gate", "1.mlp.up"}
+    assert {k for k, v in llama.items() if isinstance(v, RowwiseParallel)} == {"0", "1.o", "1.mlp.down"}
+
+
+def test_stages_without_a_plan_are_refused_in_one_line():
+    from zbsearch.errors import ZbError
+    from zbsearch.models import GPTConfig, llama_stages
+    from zbsearch.models.tensor_parallel import parallelize_stage, tp_plan
+
+    with pytest.raises(ZbError, match="no plan for a stage of type Linear"):
+        tp_plan(torch.nn.Linear(4, 4))
+    with pytest.raises(ZbError, match="Llama takes no sequence parallelism"):
+        tp_plan(llama_stages(GPTConfig(layers=2, stages=2, **_GPT))[1], sequence_parallel=True)
+    with pytest.raises(ZbError, match="tp_mesh must be a 1-D DeviceMesh"):
+        parallelize_stage(llama_stages(GPTConfig(layers=2, stages=2, **_GPT))[1], "tp")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_hugging_face_plans_come_from_the_model():
+    pytest.importorskip("transformers")
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from zbsearch.errors import ZbError
+    from zbsearch.models.hf import hf_model, hf_stages, tiny_config
+    from zbsearch.models.tensor_parallel import tp_plan
+
+    def last(model_type: str, **over):
+        cfg = tiny_config(model_type, layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, **over)
+        return hf_stages(hf_model(cfg), 2).stages[1]
+
+    plan = tp_plan(last("llama", tie_word_embeddings=False))
+    assert isinstance(plan["layers.*.self_attn.q_proj"], ColwiseParallel)
+    assert isinstance(plan["layers.*.mlp.down_proj"], RowwiseParallel)
+    assert isinstance(plan["lm_head"], ColwiseParallel) and len(plan) == 8
+    assert "lm_head" not in tp_plan(last("llama", tie_word_embeddings=True))  # summed with the embedding: whole
+    with pytest.raises(ZbError, match="'qwen3' plans 'layers.*.self_attn.q_norm' as 'replicated_with_grad_allreduce'"):
+        tp_plan(last("qwen3"))
