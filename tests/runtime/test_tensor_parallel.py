@@ -1,6 +1,7 @@
-"""Pipelines of tensor-parallel stages: PP2 x TP2 on four gloo ranks (ranks {0, 1} share stage
-rank 0, {2, 3} stage rank 1; pipelines {0, 2} and {1, 3}), stages parallelized with
-``parallelize_stage`` (torch's ``parallelize_module``: DTensor parameters).
+"""Pipelines of tensor-parallel stages: PP2 x TP2 on four gloo ranks (ranks {0, 1} share pipeline
+rank 0's stages, {2, 3} pipeline rank 1's; pipelines {0, 2} and {1, 3}), and PP2 x DP2 x TP2 on
+eight, in ``build_mesh``'s mesh, stages parallelized with ``parallelize_stage`` (torch's
+``parallelize_module``: DTensor parameters).
 
 Every schedule kind, split and fused backwards, V and interleaved placements, a solver schedule
 and schedules with R passes, on the built-in GPT (with and without sequence parallelism), the
@@ -31,15 +32,16 @@ STEPS = 3
 _GPT = dict(hidden=32, heads=4, seq=8, vocab=32, microbatch_size=2)
 
 
-def _model(family: str, num_stages: int):
-    """(stages, inputs, targets, loss) of a family's tiny model: the same weights on every rank."""
+def _model(family: str, num_stages: int, dp: int = 1):
+    """(stages, inputs, targets, loss) of a family's tiny model, the batch of ``dp`` replicas:
+    the same weights and data on every rank."""
     if family == "hf":
         from zbsearch.models.hf import hf_batch, hf_loss, hf_model, hf_stages, tiny_config
 
         cfg = tiny_config("llama", layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                           num_key_value_heads=2, vocab_size=32, tie_word_embeddings=False)
         stages = hf_stages(hf_model(cfg, seed=0), num_stages).stages
-        (ids, mask), labels = hf_batch(cfg, 2 * M, 8, seed=3)
+        (ids, mask), labels = hf_batch(cfg, 2 * M * dp, 8, seed=3)
         return stages, (ids, mask), labels, hf_loss
     from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages, llama_stages
 
@@ -47,7 +49,7 @@ def _model(family: str, num_stages: int):
     size = {**_GPT, "hidden": 48} if family == "llama" else _GPT  # SwiGLU's 8/3 x hidden: a multiple of 2
     cfg = GPTConfig(layers=2, stages=num_stages, cut=cut, **size)
     build = llama_stages if family == "llama" else gpt_stages
-    return build(cfg, seed=0), *gpt_batch(cfg, M, seed=3), gpt_loss
+    return build(cfg, seed=0), *gpt_batch(cfg, M * dp, seed=3), gpt_loss
 
 
 def _profile(p: int) -> zb.Profile:
@@ -84,8 +86,14 @@ def _close(got: torch.Tensor | None, want: torch.Tensor | None) -> bool:
     return got.shape == want.shape and (got - want).abs().max().item() <= 1e-5 * max(scale, 1e-6)
 
 
+def _share(batch, dp: int, replica: int):
+    """A replica's share of the global batch (a tensor or a tuple of tensors)."""
+    return tuple(t.chunk(dp)[replica] for t in batch) if isinstance(batch, tuple) else batch.chunk(dp)[replica]
+
+
 def _run_case(text: str, family: str, sp: bool, mesh, measured: dict) -> list[str]:
-    """One schedule on one family: STEPS AdamW steps against the one-process model."""
+    """One schedule on one family: STEPS AdamW steps against the one-process model on the global
+    batch (each data-parallel replica, if any, runs its share)."""
     import torch.distributed as dist
 
     from zbsearch.models.tensor_parallel import parallelize_stage
@@ -94,8 +102,9 @@ def _run_case(text: str, family: str, sp: bool, mesh, measured: dict) -> list[st
     sched = zb.Schedule.model_validate_json(text)
     name = f"{family}{'-sp' if sp else ''} {sched.kind}"
     pp = mesh["pp"].get_local_rank()
+    dp, replica = mesh["dp_replicate"].size(), mesh["dp_replicate"].get_local_rank()
     S, last = sched.num_stages, sched.num_stages - 1
-    ref, inputs, targets, loss_fn = _model(family, S)
+    ref, inputs, targets, loss_fn = _model(family, S, dp)
     ours = _model(family, S)[0]
     mine = {s: parallelize_stage(ours[s], mesh["tp"], sequence_parallel=sp)
             for s in range(S) if sched.stage_to_rank[s] == pp}
@@ -109,19 +118,21 @@ def _run_case(text: str, family: str, sp: bool, mesh, measured: dict) -> list[st
     ref_opt = torch.optim.AdamW([q for st in ref for q in st.parameters()], **adamw)
     our_opt = torch.optim.AdamW([q for st in mine.values() for q in st.parameters()], **adamw)
     problems = []
-    with PipelineRuntime(sched, mine, loss_fn, group=mesh["pp"].get_group(), timeout=120) as rt:
+    with PipelineRuntime(sched, mine, loss_fn, mesh=mesh, timeout=120) as rt:
         for step in range(STEPS):
             want = []
-            for j in range(M):  # one process, microbatch after microbatch
-                x = tuple(t.chunk(M)[j] for t in inputs) if isinstance(inputs, tuple) else inputs.chunk(M)[j]
+            for j in range(M * dp):  # one process, microbatch after microbatch
+                x = tuple(t.chunk(M * dp)[j] for t in inputs) if isinstance(inputs, tuple) else inputs.chunk(M * dp)[j]
                 for st in ref:
                     x = st(*x) if isinstance(x, tuple) else st(x)
-                loss = loss_fn(x, targets.chunk(M)[j])
-                loss.backward(torch.full((), 1.0 / M))
+                loss = loss_fn(x, targets.chunk(M * dp)[j])
+                loss.backward(torch.full((), 1.0 / (M * dp)))
                 want.append(loss.detach())
-            got = rt.step(inputs if 0 in mine else None, targets if last in mine else None)
-            if got is not None and not _close(got, torch.stack(want)):
-                problems.append(f"{name} step {step}: losses {got.tolist()} != {torch.stack(want).tolist()}")
+            mine_in, mine_t = _share(inputs, dp, replica), _share(targets, dp, replica)
+            got = rt.step(mine_in if 0 in mine else None, mine_t if last in mine else None)
+            want_here = torch.stack(want[replica * M:(replica + 1) * M])
+            if got is not None and not _close(got, want_here):
+                problems.append(f"{name} step {step}: losses {got.tolist()} != {want_here.tolist()}")
             trace = rt.trace()
             if trace is not None and step == STEPS - 1:
                 problems += _memory(name, sched, trace)
@@ -193,9 +204,9 @@ def _memory(name: str, sched: zb.Schedule, trace) -> list[str]:
 
 
 def _check(rank: int, world: int, send, cases: list[tuple[str, str, bool]]) -> list[str]:
-    from torch.distributed.device_mesh import init_device_mesh
+    from zbsearch.distributed.mesh import build_mesh
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "tp"))
+    mesh = build_mesh(pp=2, dp_replicate=world // 4, tp=2)
     measured: dict = {}
     problems = []
     for text, family, sp in cases:
@@ -471,6 +482,17 @@ def test_pp2_tp2_every_schedule_kind_equals_one_process():
     cases += [(by_kind[k], "llama", False) for k in ("zb-h1", "interleaved-1f1b")]
     cases += [(by_kind[k], "hf", False) for k in ("zb-h1", "1f1b") if HAVE_HF]
     problems = run_local(_check, 4, cases, timeout=1500)
+    assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
+
+
+@pytest.mark.slow
+def test_pp2_dp2_tp2_equals_one_process_on_the_global_batch():
+    """Eight ranks: two replicas of PP2 x TP2, each on its half of the global batch; the runtime
+    sums each stage's gradients (DTensor shards) over the replicas. Equal to one process on the
+    global batch, with and without sequence parallelism (whose norms' gradients are partial sums)."""
+    by_kind = {s.kind: s.model_dump_json() for s in schedules()}
+    cases = [(by_kind["zb-h1"], "gpt", False), (by_kind["zb-v"], "gpt", True)]
+    problems = run_local(_check, 8, cases, timeout=1500)
     assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
 
 

@@ -9,9 +9,9 @@ the output projection by input rows; in the MLP the first projections by columns
 rows. A layer's forward then all-reduces once after attention and once after the MLP, and its
 backward once where the input gradient leaves the column-split projections. The token
 embedding is split by vocabulary rows, the LM head by vocabulary columns with its logits
-gathered; norms and position tables stay whole on every rank. Every stage boundary stays one
-plain tensor, the same on every rank of the group, so each rank sends its activations to its
-peer of the next stage as without tensor parallelism.
+gathered; norms and position tables stay whole on every rank. Stage boundaries stay plain
+tensors, the same on every rank of the group, so each rank sends its activations to its peer
+of the next stage as without tensor parallelism.
 
 ``sequence_parallel=True`` (the built-in GPT) also splits the norms' and residuals' work along
 the sequence: boundaries carry each rank's slice of the sequence (``(batch, seq / tp,
