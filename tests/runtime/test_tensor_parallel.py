@@ -551,3 +551,14 @@ def test_hugging_face_plans_come_from_the_model():
     assert "lm_head" not in tp_plan(last("llama", tie_word_embeddings=True))  # summed with the embedding: whole
     with pytest.raises(ZbError, match="'qwen3' plans 'layers.*.self_attn.q_norm' as 'replicated_with_grad_allreduce'"):
         tp_plan(last("qwen3"))
+
+
+def test_post_validation_refuses_dtensor_parameters_in_one_line(one_rank):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from zbsearch.runtime import PipelineError, PostValidatedOptimizer
+
+    layer = parallelize_module(torch.nn.Linear(4, 4), init_device_mesh("cpu", (1,)), ColwiseParallel())
+    with pytest.raises(PipelineError, match="post-validation takes plain parameters, not DTensors"):
+        PostValidatedOptimizer(torch.optim.AdamW(layer.parameters()), max_norm=1.0)
