@@ -71,7 +71,9 @@ class GPTConfig:
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention: the projections around the core (``core``)."""
+    """Causal multi-head self-attention: the projections around the core (``core``). The heads
+    are counted from ``qkv``'s output, so that a tensor-parallel rank, whose ``qkv`` gives its
+    share of each of q, k and v, runs its heads (``zbsearch.models.tensor_parallel``)."""
 
     def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
@@ -83,8 +85,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, seq, hidden) -> the same shape."""
         b, s, h = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        return self.proj(self.core(q, k, v).transpose(1, 2).reshape(b, s, h))
+        q, k, v = self.qkv(x).view(b, s, 3, -1, h // self.heads).permute(2, 0, 3, 1, 4)
+        return self.proj(self.core(q, k, v).transpose(1, 2).reshape(b, s, -1))
 
 
 class MLP(nn.Sequential):

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from .attention import CoreAttention
 from .gpt import GPTConfig
 
-__all__ = ["llama_stages", "RMSNorm", "LlamaBlock", "SwiGLU"]
+__all__ = ["llama_stages", "RMSNorm", "LlamaBlock", "SwiGLU", "TokenEmbedding"]
 
 
 class RMSNorm(nn.Module):
@@ -57,7 +57,9 @@ class SwiGLU(nn.Module):
 
 class LlamaBlock(nn.Module):
     """Pre-RMSNorm layer: rotary causal self-attention (its core declared for selective
-    recomputation, ``models.attention``), then a SwiGLU MLP, each with a residual."""
+    recomputation, ``models.attention``), then a SwiGLU MLP, each with a residual. The heads
+    are counted from the projections' outputs, so that a tensor-parallel rank runs its share of
+    them (``zbsearch.models.tensor_parallel``)."""
 
     cos: torch.Tensor  # buffers (register_buffer below)
     sin: torch.Tensor
@@ -79,11 +81,16 @@ class LlamaBlock(nn.Module):
         """(batch, seq, hidden) -> the same shape."""
         b, s, h = x.shape
         y = self.norm1(x)
-        q, k, v = (proj(y).view(b, s, self.heads, h // self.heads).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        q, k, v = (proj(y).view(b, s, -1, h // self.heads).transpose(1, 2) for proj in (self.q, self.k, self.v))
         cos, sin = self.cos[:s], self.sin[:s]
         a = self.core(_rotate(q, cos, sin), _rotate(k, cos, sin), v)
-        x = x + self.o(a.transpose(1, 2).reshape(b, s, h))
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, -1))
         return x + self.mlp(self.norm2(x))
+
+
+class TokenEmbedding(nn.Embedding):
+    """The first stage's token embedding: an ``nn.Embedding`` of a type of its own, which
+    ``zbsearch.models.tensor_parallel`` recognises (a stage may hold nothing else)."""
 
 
 class _Head(nn.Module):
@@ -102,7 +109,7 @@ def llama_stages(cfg: GPTConfig, seed: int = 0) -> list[nn.Module]:
     torch.manual_seed(seed)
     stages: list[nn.Module] = []
     for s, n in enumerate(cfg.layers_per_stage()):
-        parts: list[nn.Module] = [nn.Embedding(cfg.vocab, cfg.hidden)] if s == 0 else []
+        parts: list[nn.Module] = [TokenEmbedding(cfg.vocab, cfg.hidden)] if s == 0 else []
         parts += [LlamaBlock(cfg.hidden, cfg.heads, cfg.seq) for _ in range(n)]
         if s == cfg.stages - 1:
             parts.append(_Head(cfg.vocab, cfg.hidden))

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from .errors import PipelineError, post, wait
 from .groups import PrivateGloo
@@ -235,6 +236,22 @@ class GradientReducer:
         return done
 
 
+def _shard(t: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of ``t``: a DTensor's local shard (tensor parallelism: the replicas
+    of a stage hold the same shards, so shards add up as whole tensors do), else ``t``."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _lay_out_as_parameter(p: nn.Parameter) -> None:
+    """A DTensor gradient laid out as its parameter, so that every replica reduces the same shard
+    (torch leaves some otherwise: an embedding split by rows gets a replicated gradient, this
+    rank keeps its rows; a norm under sequence parallelism a partial one, summed across the
+    tensor-parallel group here, where all its ranks are at the same pass)."""
+    g = p.grad
+    if isinstance(g, DTensor) and isinstance(p, DTensor) and g.placements != p.placements:
+        p.grad = g.redistribute(p.device_mesh, p.placements)
+
+
 def _bucket(params: list[nn.Parameter], cap: int) -> list[list[nn.Parameter]]:
     """Parameters in buckets of one dtype and device, each about ``cap`` bytes at most (a
     parameter larger than the cap is a bucket of its own)."""
@@ -242,7 +259,7 @@ def _bucket(params: list[nn.Parameter], cap: int) -> list[list[nn.Parameter]]:
     open_: dict[tuple, tuple[list[nn.Parameter], int]] = {}
     for p in params:
         key = (p.dtype, p.device)
-        size = p.numel() * p.element_size()
+        size = _shard(p).numel() * p.element_size()
         ps, used = open_.get(key, ([], 0))
         if ps and used + size > cap:
             buckets.append(ps)
@@ -256,17 +273,19 @@ def _bucket(params: list[nn.Parameter], cap: int) -> list[list[nn.Parameter]]:
 def _flatten(params: list[nn.Parameter]) -> torch.Tensor:
     """The gradients of ``params`` (zeros for a missing one) as one flat tensor, followed by one
     presence flag per parameter (1 where this rank has a gradient)."""
+    for p in params:
+        _lay_out_as_parameter(p)
     p0 = params[0]
-    numel = sum(p.numel() for p in params)
+    numel = sum(_shard(p).numel() for p in params)
     flat = torch.empty(numel + len(params), dtype=p0.dtype, device=p0.device)
     at = 0
     for i, p in enumerate(params):
-        n = p.numel()
+        n = _shard(p).numel()
         if p.grad is None:
             flat[at:at + n].zero_()
             flat[numel + i] = 0
         else:
-            flat[at:at + n].copy_(p.grad.reshape(-1))
+            flat[at:at + n].copy_(_shard(p.grad).reshape(-1))
             flat[numel + i] = 1
         at += n
     return flat
@@ -277,11 +296,14 @@ def _unflatten(params: list[nn.Parameter], flat: torch.Tensor, numel: int) -> No
     present = flat[numel:].tolist()
     at = 0
     for p, flag in zip(params, present):
-        n = p.numel()
+        local = _shard(p)
+        n = local.numel()
         if flag > 0:
-            value = flat[at:at + n].view_as(p)
-            if p.grad is None:
-                p.grad = value.clone()
+            value = flat[at:at + n].view_as(local)
+            if p.grad is not None:
+                _shard(p.grad).copy_(value)
+            elif isinstance(p, DTensor):  # laid out as its parameter
+                p.grad = DTensor.from_local(value.clone(), p.device_mesh, p.placements, run_check=False)
             else:
-                p.grad.copy_(value)
+                p.grad = value.clone()
         at += n

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .memory import SavedActivations
+from .memory import SavedActivations, storages
 
 __all__ = ["forward_counted", "see_signature"]
 
@@ -132,20 +132,19 @@ def forward_counted(
     return outs
 
 
-def _storage(t) -> tuple[int, int] | None:
+def _storages(t) -> list[tuple[int, int]]:
+    """(pointer, bytes) of each non-empty storage holding ``t`` on this rank (``memory.storages``)."""
     if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
-        return None
-    s = t.untyped_storage()
-    return (s.data_ptr(), s.nbytes()) if s.nbytes() else None
+        return []
+    return [(s.data_ptr(), s.nbytes()) for s in storages(t) if s.nbytes()]
 
 
 def _observe(record: list, groups: tuple[Sequence, Sequence, Sequence]) -> _Observed:
     known: dict[int, tuple] = {}
     for g, tensors in enumerate(groups):
         for i, t in enumerate(tensors):
-            st = _storage(t)
-            if st is not None:
-                known.setdefault(st[0], (_ROLES[g], i))
+            for ptr, _ in _storages(t):
+                known.setdefault(ptr, (_ROLES[g], i))
     roles: list[tuple] = []
     first: dict[int, int] = {}
     for k, (ptr, _, _) in enumerate(record):
@@ -184,9 +183,7 @@ def _charges(fp: _Footprint, groups: tuple[Sequence, Sequence, Sequence]) -> dic
     """Storage key -> bytes of one replayed pass (each storage once)."""
     out: dict[int, int] = {}
     for g, i in fp.shared:
-        st = _storage(groups[g][i])
-        if st is not None:
-            out[st[0]] = st[1]
+        out.update(_storages(groups[g][i]))
     for ptr, nbytes, _ in fp.kept:
         out[ptr] = nbytes
     if fp.own:

@@ -14,7 +14,9 @@ tensor (which it does not do for tensors saved through hooks): an activation cha
 after it was saved raises autograd's error instead of giving a wrong gradient (parameters and
 buffers are kept with their version too).
 The meter counts live activation bytes per rank (each storage once, however many nodes save
-it), which the runtime records after every action.
+it), which the runtime records after every action. A tensor subclass that wraps others (a
+DTensor, whose data on this rank is its local shard) counts as the storages of what it wraps:
+what the rank holds, not the global size it stands for (``storages``).
 
 Selective recomputation (``selective``) uses two more states of the same hooks: while a selected
 module's forward runs, an activation it saves is not kept but left as an empty holder
@@ -33,10 +35,21 @@ from collections.abc import Collection, Iterator, Sequence
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .errors import PipelineError
 
-__all__ = ["ActivationMeter", "SavedActivations", "own_storage"]
+__all__ = ["ActivationMeter", "SavedActivations", "own_storage", "storages"]
+
+
+def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages that hold ``t``'s data on this rank: its own, or, for a tensor subclass that
+    wraps other tensors (a DTensor wraps its local shard), those of the tensors it wraps."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        inner = [getattr(t, name) for name in names]  # a DTensor's also names its (non-tensor) mesh
+        return [s for x in inner if isinstance(x, torch.Tensor) for s in storages(x)]
+    return [t.untyped_storage()]
 
 
 def own_storage(tensor: torch.Tensor) -> torch.Tensor:
@@ -86,11 +99,11 @@ class ActivationMeter:
 
 
 class _Holder:
-    __slots__ = ("tensor", "ptr", "version", "waits")
+    __slots__ = ("tensor", "ptrs", "version", "waits")
 
-    def __init__(self, tensor: torch.Tensor, ptr: int) -> None:
+    def __init__(self, tensor: torch.Tensor, ptrs: tuple[int, ...]) -> None:
         self.tensor: torch.Tensor | None = tensor
-        self.ptr = ptr
+        self.ptrs = ptrs  # the storages counted for it
         self.version = tensor._version
         self.waits: tuple | None = None  # an empty holder: the (shape, dtype, device) it waits for
 
@@ -99,7 +112,7 @@ class _Holder:
         """A holder that will keep nothing until it is filled (selective recomputation); it
         references ``t``, uncounted, until ``SavedActivations.settle``."""
         h = cls.__new__(cls)
-        h.tensor, h.ptr, h.version, h.waits = t, 0, t._version, _meta(t)
+        h.tensor, h.ptrs, h.version, h.waits = t, (), t._version, _meta(t)
         return h
 
 
@@ -176,15 +189,18 @@ class SavedActivations:
             h = _Holder.empty(t)
             self._diverted.append(h)
             return h
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        h = _Holder(t, ptr)
+        found = storages(t)
+        h = _Holder(t, tuple(s.data_ptr() for s in found))
         self._holders.append(h)
-        if self._meter is not None:
-            self._meter.add(ptr, storage.nbytes())
+        self._count(h, found)
         if self._saves is not None:
-            self._saves.append((ptr, storage.nbytes(), StorageWeakRef(storage)))
+            self._saves.extend((s.data_ptr(), s.nbytes(), StorageWeakRef(s)) for s in found)
         return h
+
+    def _count(self, h: _Holder, found: list[torch.UntypedStorage]) -> None:
+        if self._meter is not None:
+            for ptr, s in zip(h.ptrs, found):
+                self._meter.add(ptr, s.nbytes())
 
     def diverted(self, into: list) -> contextlib.AbstractContextManager:
         """While active, an activation saved is not kept: an empty holder stands for it, listed
@@ -205,17 +221,16 @@ class SavedActivations:
             t = h.tensor
             if t is None or h.waits is None:
                 continue
-            if t.untyped_storage().data_ptr() in keep:
+            if any(s.data_ptr() in keep for s in storages(t)):
                 self._put(h, t)
             else:
                 h.tensor = None
 
     def _put(self, h: _Holder, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        h.tensor, h.ptr, h.version, h.waits = t, storage.data_ptr(), t._version, None
+        found = storages(t)
+        h.tensor, h.ptrs, h.version, h.waits = t, tuple(s.data_ptr() for s in found), t._version, None
         self._holders.append(h)
-        if self._meter is not None:
-            self._meter.add(h.ptr, storage.nbytes())
+        self._count(h, found)
 
     def _fill(self, t: torch.Tensor) -> _Holder:
         assert self._refill is not None
@@ -314,7 +329,8 @@ class SavedActivations:
         if h.tensor is not None:
             h.tensor = None
             if self._meter is not None:
-                self._meter.remove(h.ptr)
+                for ptr in h.ptrs:
+                    self._meter.remove(ptr)
 
 
 class _Divert:

@@ -27,6 +27,12 @@ gradient message ends with a small mask (in the header's tag slot) saying which 
 zeros and are handed back as None, so earlier stages leave unreached parameters' .grad None
 exactly as one process does, rather than accumulating zeros.
 
+Only plain tensors travel. A stage parallelized with torch's tensor-parallel API returns local
+tensors (``use_local_output=True``); the output of a collective still in flight
+(``AsyncCollectiveTensor``) is waited for and sent as the tensor it holds (``plain``); a DTensor
+crossing a boundary is refused by the runtime before it is sent (``refuse_subclass``): its
+placements and mesh would not be rebuilt on the other side.
+
 Every send, receive and wait goes through ``errors.post``/``errors.wait``: a wait has a
 timeout, and any failure (a peer gone, a hang) is a PipelineError naming the rank, the action,
 the message, the peer and the time waited.
@@ -39,12 +45,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 from ..dependencies import ACT, GRAD, remote_outputs
 from ..formats.schedule import Schedule
 from .errors import PipelineError, post, wait
 
-__all__ = ["ACT", "GRAD", "Message", "TensorMeta", "comm_plan", "P2P"]
+__all__ = ["ACT", "GRAD", "Message", "TensorMeta", "comm_plan", "P2P", "plain", "refuse_subclass"]
 
 _MAX_TENSORS, _MAX_DIMS = 32, 8
 _HEADER = 1 + (3 + _MAX_DIMS) * _MAX_TENSORS
@@ -87,6 +94,27 @@ class TensorMeta:
     def of(cls, t: torch.Tensor) -> TensorMeta:
         """The metadata of ``t``."""
         return cls(tuple(t.shape), t.dtype, t.requires_grad)
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the plain tensor that travels: the result of a collective still in flight (a
+    tensor-parallel layer's output, an input gradient reduced across tensor-parallel ranks)
+    waited for; any other tensor as it is."""
+    return t.trigger_wait() if isinstance(t, AsyncCollectiveTensor) else t
+
+
+def refuse_subclass(tensors: list[torch.Tensor], what: str) -> None:
+    """Refuse (PipelineError, naming ``what``: the stage's outputs, say) a tensor subclass other
+    than a collective in flight: only plain tensors cross between stages."""
+    for i, t in enumerate(tensors):
+        if type(t) is torch.Tensor or type(t) is torch.nn.Parameter or isinstance(t, AsyncCollectiveTensor):
+            continue
+        placements = getattr(t, "placements", None)
+        kind = type(t).__name__ + (f" with placements {tuple(placements)}" if placements is not None else "")
+        raise PipelineError(
+            f"{what} {i} is a {kind}; only plain tensors cross between stages: return local tensors from the stage "
+            "(use_local_output=True in its tensor-parallel plan, or .to_local() / .full_tensor())"
+        )
 
 
 def comm_plan(schedule: Schedule) -> list[Message]:
@@ -215,7 +243,7 @@ class P2P:
                 self._header_sent.add(stage)
                 self._isend(_encode(self.meta[stage], self.device), msg, _MAX_TENSORS)
         for k, t in enumerate(payload):
-            self._isend(t.detach().contiguous(), msg, k)
+            self._isend(plain(t).detach().contiguous(), msg, k)
         if kind == GRAD and payload:  # after the tensors: receives are posted in the same order
             self._isend(mask, msg, _MAX_TENSORS)
 

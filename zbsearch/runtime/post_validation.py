@@ -73,6 +73,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype as _torch_grouping
 from torch.utils._foreach_utils import _has_foreach_support
 
@@ -158,6 +159,11 @@ class _GlobalGradState:
         self.norm_type = float(norm_type)
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self._params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        if any(isinstance(p, DTensor) for p in self._params):
+            raise PipelineError(
+                "post-validation takes plain parameters, not DTensors (tensor-parallel or sharded stages): its norm and "
+                "NaN check would see this rank's shards only; step the optimizer itself"
+            )
         self._device = self._params[0].device if self._params else torch.device("cpu")
         ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
         # A private gloo group: our collectives never queue behind the runtime's transfers, and a

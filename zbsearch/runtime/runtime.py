@@ -61,7 +61,7 @@ from .emulation import EmulatedStage
 from .errors import PipelineError, first_line, post, wait
 from .identity import check_batch, check_stage
 from .memory import ActivationMeter, own_storage
-from .p2p import ACT, GRAD, P2P, comm_plan
+from .p2p import ACT, GRAD, P2P, comm_plan, plain, refuse_subclass
 from .recompute import Checkpoint, checkpointed_forward, recompute
 from .selective import Selection, recompute_selected, selected_modules
 from .split import ForwardPass, WeightPass, backward_full, backward_input, backward_weight, forward_pass
@@ -381,8 +381,11 @@ class PipelineRuntime:
             outputs = fp.outputs
         self._timer.end(a, self.meter.bytes)
         if s == self.last:
-            losses[j] = outputs[0].detach()
-        elif self._owner[s + 1] == self.rank:
+            loss = outputs[0].detach()
+            losses[j] = loss.full_tensor() if hasattr(loss, "full_tensor") else loss  # a DTensor (loss parallel): its value
+            return
+        refuse_subclass(list(outputs), f"rank {self.rank}: {a}: stage {s} output")
+        if self._owner[s + 1] == self.rank:
             local[(ACT, s, j)] = list(outputs)
         else:
             self._comm.send(ACT, s, j, list(outputs))
@@ -408,7 +411,7 @@ class PipelineRuntime:
         if s == 0:
             return
         if self._owner[s - 1] == self.rank:
-            local[(GRAD, s - 1, j)] = input_grads
+            local[(GRAD, s - 1, j)] = [None if g is None else plain(g) for g in input_grads]
         else:
             pairs = [(x, g) for x, g in zip(inputs, input_grads) if x.requires_grad]
             self._comm.send(GRAD, s - 1, j, [g for _, g in pairs], like=[x for x, _ in pairs])
@@ -491,7 +494,7 @@ def _labelled_tokens(target) -> torch.Tensor:
 
 
 def _leaf(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
-    x = t.detach()
+    x = plain(t).detach()
     return x.requires_grad_(requires_grad and (x.is_floating_point() or x.is_complex()))
 
 

@@ -44,7 +44,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from ..formats.profile import SELECTIVE_MODES
 from .errors import PipelineError
-from .memory import ActivationMeter, SavedActivations
+from .memory import ActivationMeter, SavedActivations, storages
 
 __all__ = ["Selection", "recompute_selected", "selected_modules", "SELECT_ATTRIBUTE"]
 
@@ -130,7 +130,7 @@ class Selection:
             if depth == 0:
                 divert.__exit__(None, None, None)
                 ends = [x for x in (*state["leaves"], *tree_flatten(output)[0]) if isinstance(x, torch.Tensor)]
-                saved.settle(self.holders[state["start"]:], {t.untyped_storage().data_ptr() for t in ends})
+                saved.settle(self.holders[state["start"]:], {s.data_ptr() for t in ends for s in storages(t)})
                 self._record(state)
 
         handles = []

@@ -261,6 +261,11 @@ class HFStage(nn.Module):
         """Run this stage's part of the model on what the previous stage handed on."""
         return self.__dict__["_runner"](*args)
 
+    @property
+    def hf_model(self) -> nn.Module:
+        """The whole model this stage is a part of (its config, its class's plans)."""
+        return self.__dict__["_runner"].a.model
+
     def _apply(self, fn, recurse=True):
         # the buffers of the model's modules this stage runs without holding them (holders of
         # parameters of other stages, the model itself) move with it

@@ -192,8 +192,8 @@ def _copy(g: torch.Tensor, p: nn.Parameter) -> torch.Tensor:
     """A copy of ``g`` laid out as autograd lays out a new ``.grad``: the parameter's strides
     where it is dense, else contiguous."""
     g = g.detach()
-    if _dense(p):
-        return torch.empty_strided(p.shape, p.stride(), dtype=g.dtype, device=g.device).copy_(g)
+    if _dense(p):  # ``new_empty_strided``: a tensor subclass (a DTensor) stays one, laid out as its parameter
+        return g.new_empty_strided(p.shape, p.stride()).copy_(g)
     return g.clone(memory_format=torch.contiguous_format)
 
 

@@ -49,6 +49,10 @@ from .accumulation import PREFIX, TensorHooksPaused, Uses
 
 __all__ = ["Deferral", "DeferOnly", "deferrable", "ours", "fast_input"]
 
+_DTensor: type | None = None
+if torch.distributed.is_available():
+    from torch.distributed.tensor import DTensor as _DTensor
+
 
 class _Record:
     """One deferred ``F.linear``: what B and W need of it.
@@ -161,9 +165,23 @@ def deferrable(func, args: tuple, kwargs: dict, params: dict[int, nn.Parameter])
         return None
     if b is not None and (not isinstance(b, nn.Parameter) or params.get(id(b)) is not b or b.dim() != 1):
         return None
-    if type(x) is not torch.Tensor or x.dim() == 0 or torch.is_autocast_enabled(x.device.type):
+    kind = _kind(x)
+    if kind is None or _kind(w) != kind or (b is not None and _kind(b) != kind):
+        return None
+    if x.dim() == 0 or torch.is_autocast_enabled(x.device.type):
         return None
     return x, w, b
+
+
+def _kind(t: torch.Tensor) -> type | None:
+    """``torch.Tensor`` for a plain tensor or parameter, ``DTensor`` for a DTensor (tensor
+    parallelism: autograd and the products below run on it as on a plain tensor, each rank on
+    its shards); None for any other subclass, which the fast path leaves alone."""
+    if type(t) is torch.Tensor or type(t) is nn.Parameter:
+        return torch.Tensor
+    if _DTensor is not None and type(t) is _DTensor:
+        return _DTensor
+    return None
 
 
 def ours(pack: Callable) -> bool:
