@@ -4,9 +4,11 @@
     torchrun --nproc-per-node 2 examples/train_gpt.py zbh1.json --steps 20 --trace trace.json
     zbsearch show zbh1.json --measured trace.json
 
-In a mesh, ``--dp N`` runs N replicas of the pipeline on the global batch (N x the processes):
+In a mesh, ``--dp N`` runs N replicas of the pipeline on the global batch, ``--tp N`` splits
+each stage's layers over N ranks (``zbsearch.models.tensor_parallel``); processes = ranks x dp x tp:
 
     torchrun --nproc-per-node 4 examples/train_gpt.py zbh1.json --dp 2 --steps 20 --check
+    torchrun --nproc-per-node 8 examples/train_gpt.py zbh1.json --dp 2 --tp 2 --check
 
 gloo on CPU by default, NCCL when CUDA is present (one GPU per rank). Every rank builds the
 same model from one seed and keeps only the stages the schedule places on it; each replica
@@ -25,12 +27,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 import zbsearch as zb
 from zbsearch.distributed.mesh import mesh_for
 from zbsearch.distributed.torchrun import run_under_torchrun
 from zbsearch.formats.trace import save_trace
 from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
+from zbsearch.models.tensor_parallel import parallelize_stage
 from zbsearch.runtime import PipelineRuntime
 
 
@@ -45,9 +49,10 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for another rank before failing")
     ap.add_argument("--trace", type=Path, default=None, help="write the last step's Chrome trace here (rank 0)")
     ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (processes = ranks x dp)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (processes = ranks x dp x tp)")
     ap.add_argument("--check", action="store_true", help="compare every step's gradients with one process on the global batch")
     args = ap.parse_args()
-    for name in ("steps", "dp", "microbatch_size"):
+    for name in ("steps", "dp", "tp", "microbatch_size"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
 
@@ -57,12 +62,14 @@ def main() -> None:
 def run(args, device: torch.device) -> None:
     sched = zb.load_schedule(args.schedule)
     m, S = sched.num_microbatches, sched.num_stages
-    mesh = mesh_for(sched.num_ranks, dp_replicate=args.dp)
+    mesh = mesh_for(sched.num_ranks, dp_replicate=args.dp, tp=args.tp)
     rank, replica = mesh["pp"].get_local_rank(), mesh["dp_replicate"].get_local_rank()
     cfg = GPTConfig(layers=args.layers or 2 * S, hidden=args.hidden, heads=4, seq=32, vocab=64,
                     microbatch_size=args.microbatch_size, stages=S)
     whole = gpt_stages(cfg)
     stages = {s: st.to(device) for s, st in enumerate(whole) if sched.stage_to_rank[s] == rank}
+    if args.tp > 1:  # each layer's heads and MLP columns split over the stage's tensor-parallel ranks
+        stages = {s: parallelize_stage(st, mesh["tp"]) for s, st in stages.items()}
     reference = gpt_stages(cfg) if args.check else None  # the same seed: the same weights
     runtime = PipelineRuntime(sched, stages, gpt_loss, device=device, timeout=args.timeout, mesh=mesh)
     optimizer = torch.optim.AdamW([p for st in stages.values() for p in st.parameters()], lr=args.lr)
@@ -79,7 +86,7 @@ def run(args, device: torch.device) -> None:
             worst = max(worst, one_process(reference, stages, inputs, targets, m * args.dp))
             ref_opt.step()
         optimizer.step()
-        if losses is not None and replica == 0:  # its share of the global batch
+        if losses is not None and replica == 0 and mesh["tp"].get_local_rank() == 0:  # its share of the global batch
             print(f"step {step:3d}  loss {losses.mean().item():.4f}  {1e3 * (time.perf_counter() - t0):7.1f} ms", flush=True)
     if reference is not None:
         print(f"rank {dist.get_rank()}: max |grad - one process| = {worst:.3g} over stages {sorted(stages)}, "
@@ -101,8 +108,13 @@ def one_process(whole, stages, inputs, targets, microbatches: int) -> float:
             x = st(x)
         (gpt_loss(x, y) / microbatches).backward()
     torch.set_num_threads(threads)
-    return max((p.grad.cpu() - q.grad).abs().max().item()
+    return max((full(p.grad).cpu() - q.grad).abs().max().item()
                for s, st in stages.items() for p, q in zip(st.parameters(), whole[s].parameters()))
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel gradient gathered whole (a plain tensor as it is)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 if __name__ == "__main__":
