@@ -34,7 +34,9 @@ def test_auto_at_half_of_1f1bs_memory_beats_1f1b_with_full_recomputation():
     assert zb.find_problem(res.schedule) is None
     assert res.info.recompute == "auto" and res.info.recomputed == _recomputed(res.schedule.rank_actions) > 0
     assert max(res.timeline.peak_memory) <= 4.0 * (1 + 1e-9)
-    assert res.info.value < 0.8 * res.info.classic["1f1b-recompute"]
+    # built here: the solver compares with the classic kinds only as far as its time allows
+    full = zb.build_classic("1f1b-recompute", _PAPER, 24)
+    assert res.info.value < 0.8 * max(full.predicted.span)
     assert res.info.lower_bound <= res.info.value
 
 
