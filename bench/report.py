@@ -1042,7 +1042,8 @@ def data_parallel(docs: list[dict]) -> list[str]:
     share = [r["reduction_share"] for r in doc["schedules"].values()]
     out += [f"- Reductions are {min(share):.0%}-{max(share):.0%} of the iteration reduced after the step; largest "
             f"|measured / predicted - 1| {worst:.1%}.",
-            *(f"- {v}." for v in verdicts or ["no schedule leaves a tail of half a reduction: the overlap target does not apply"]),
+            *(f"- {v}." for v in verdicts
+              or ["no schedule leaves a tail of half a reduction: the overlap target does not apply"]),
             ""]
     return out
 
@@ -1100,8 +1101,8 @@ TOPICS = {
                        "PYTHONPATH=. python bench/recompute.py --parts PARTS -o recompute_NAME (one run per part, see the "
                        "notes)", "about 20 minutes in all", recompute),
     "data-parallel": Topic("Data-parallel reductions overlapped with the pipeline", ("data_parallel.json",),
-                           lambda d: f"PYTHONPATH=. python bench/data_parallel.py --pp {d['pp']} --dp {d['dp']} --iters {d['iters']} "
-                                     f"--warmup {d['warmup']}",
+                           lambda d: f"PYTHONPATH=. python bench/data_parallel.py --pp {d['pp']} --dp {d['dp']} "
+                                     f"--iters {d['iters']} --warmup {d['warmup']}",
                            lambda d: f"{d.get('wall_s', 0) / 60:.0f} minutes", data_parallel),
     "startup": Topic("How long the command line takes to start", ("startup.json",),
                      lambda d: f"python bench/startup.py --repeat {d['repeat']}", "under a minute", startup),
