@@ -473,6 +473,13 @@ def test_a_dtensor_crossing_stages_is_refused_in_one_line(two_ranks):
     assert not two_ranks["output"], "\n".join(two_ranks["output"])
 
 
+def test_pp2_tp2_zero_bubble_schedules_equal_one_process():
+    """The fast suite's shapes: a split schedule with sequence parallelism, and a V."""
+    by_kind = {s.kind: s.model_dump_json() for s in schedules()}
+    problems = run_local(_check, 4, [(by_kind["zb-h1"], "gpt", True), (by_kind["zb-v"], "gpt", False)], timeout=600)
+    assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
+
+
 @pytest.mark.slow
 def test_pp2_tp2_every_schedule_kind_equals_one_process():
     scheds = schedules()
