@@ -33,7 +33,9 @@ def compare(
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """One row per kind (classic, then ``SOLVED_KINDS``): its prediction, whether it fits
-    ``mem_limit``, or ``error`` (the kind does not apply) or ``skipped`` (out of time)."""
+    ``mem_limit``, or ``error`` (the kind does not apply) or ``skipped`` (out of time); a solver
+    row also its ``status`` and the schedules its bound covers (``bound_covers``: without
+    recomputation, which these rows never search)."""
     from .solver import solve  # the solver pulls in more than the classic rows need
 
     m = num_microbatches
@@ -75,7 +77,8 @@ def compare(
         except ZbError as e:
             rows.append({"kind": kind, "error": str(e)})
             continue
-        rows.append({**_row(kind, res.schedule, profile, mem_limit), "status": res.info.status})
+        rows.append({**_row(kind, res.schedule, profile, mem_limit), "status": res.info.status,
+                     "bound_covers": res.info.bound_covers})
     return rows
 
 

@@ -68,10 +68,12 @@ def component_bounds(inst: Instance, objective: str) -> dict[str, float]:
     return out
 
 
-def judge(inst: Instance, objective: str, optimum: float, time_limit: float) -> Verdict:
-    """Run ``zbsearch.solver.solve`` on the instance and collect its claims."""
+def judge(inst: Instance, objective: str, optimum: float, time_limit: float, recompute: str = "none") -> Verdict:
+    """Run ``zbsearch.solver.solve`` on the instance (recomputing as ``recompute`` allows) and
+    collect its claims."""
     t0 = time.monotonic()
-    res = solve(inst.profile, inst.m, inst.limit, chunks=inst.chunks, time_limit=time_limit, objective=objective)
+    res = solve(inst.profile, inst.m, inst.limit, chunks=inst.chunks, time_limit=time_limit, objective=objective,
+                recompute=recompute)  # type: ignore[arg-type]
     elapsed = time.monotonic() - t0
     pred = res.schedule.predicted
     predicted = pred.lower_bound if objective == "span" else pred.lower_bound_makespan

@@ -30,7 +30,7 @@ def _restricted_best(inst, mode: str, limit: list[float] | None) -> float:
     problem = Problem.make(inst.cost, inst.m, None if limit is None else tuple(limit), "span", mode)
     if not problem.fits_order(sequential_schedule(problem)):
         return float("inf")
-    _, _, tl, _, _ = construct(problem, float("inf"), float("inf"), refine=0.0)
+    _, _, tl, _, _, _ = construct(problem, float("inf"), float("inf"), refine=0.0)
     return problem.value(tl)
 
 

@@ -522,9 +522,8 @@ def solve(
         pred = res.schedule.predicted
         assert pred is not None  # solve predicts
         bubble = pred.bubble_rate if objective == "span" else pred.bubble_rate_makespan
-        out.print(
-            f"bubble rate {bubble:.4f}   {objective} {_fmt(info.value)} ms   bound (under limit) {_fmt(info.lower_bound)} ms"
-        )
+        out.print(f"bubble rate {bubble:.4f}   {objective} {_fmt(info.value)} ms   "
+                  f"{solver.bound_name(info)} {_fmt(info.lower_bound)} ms")
         out.print(f"{solver.status_text(info)}   ({info.method}: {info.construction}; {info.time_s:.1f} s)")
         for line in solver.explain(res.schedule, info):
             out.print(line)
@@ -554,6 +553,7 @@ def plan(
     from zbsearch.formats.layers import load_layers
     from zbsearch.limits import parse_bytes
     from zbsearch.planner import plan as make_plan
+    from zbsearch.solver import covered, unsearched
 
     path = _output(output)
     found = load_layers(layers)
@@ -580,9 +580,12 @@ def plan(
     if part.recompute != "none" and solver is not None:
         out.print(f"recompute {part.recompute}: {solver.recomputed} forwards checkpointed and recomputed", soft_wrap=True)
     out.print(f"plan: {objective} {_fmt(part.value)} ms, bubble {res.schedule.predicted.bubble_rate:.4f}; "
-              f"bound over every cut ({'/'.join(part.placements_searched)}) and schedule {_fmt(part.lower_bound)} ms, "
-              f"gap {part.gap:.2%}; {part.cuts_solved} cuts solved, {part.cuts_bounded} bounded ({how}); "
-              f"{part.time_s:.1f} s", soft_wrap=True)
+              f"bound over every cut ({'/'.join(part.placements_searched)}) and schedule {covered(part.recompute)} "
+              f"{_fmt(part.lower_bound)} ms, gap {part.gap:.2%}; {part.cuts_solved} cuts solved, {part.cuts_bounded} "
+              f"bounded ({how}); {part.time_s:.1f} s", soft_wrap=True)
+    note = unsearched(zb.CostModel.from_profile(res.schedule.profile, res.schedule.stage_to_rank), part.recompute)
+    if note is not None:
+        out.print(note, soft_wrap=True)
 
 
 def _gib(x: float | None) -> str:
@@ -644,8 +647,8 @@ def frontier(
 
     from zbsearch.formats.frontier import save_frontier
     from zbsearch.render.frontier import save_frontier_plot
+    from zbsearch.solver import covered, gap_text, solver_placement, unsearched
     from zbsearch.solver import frontier as sweep
-    from zbsearch.solver import gap_text
 
     path = _output(output, (".json", ".png", ".svg", ".pdf"))
     prof = zb.resolve_profile(profile)
@@ -676,6 +679,8 @@ def frontier(
         sys.stdout.write(fr.model_dump_json(indent=1) + "\n")
         return
     _show(t)
+    note = unsearched(zb.CostModel.from_profile(prof, solver_placement(prof.num_ranks, chunks)), recompute)
+    out.print(f"bounds and statuses cover schedules {covered(recompute)}" + (f"; {note}" if note else ""), soft_wrap=True)
     if path is not None:
         if path.suffix.lower() == ".json":
             save_frontier(fr, path)

@@ -18,9 +18,19 @@ from .fileio import read_model, write_model
 from .partition import Partition
 from .profile import Profile, profile_misfit
 
-__all__ = ["Objective", "Predicted", "SolverInfo", "Schedule", "load_schedule", "save_schedule"]
+__all__ = ["Objective", "BoundCovers", "bound_covers", "Predicted", "SolverInfo", "Schedule", "load_schedule", "save_schedule"]
 
 Objective = Literal["span", "makespan"]
+BoundCovers = Literal["no-recompute", "any-recompute", "full-recompute"]
+
+
+_COVERS: dict[str, BoundCovers] = {"none": "no-recompute", "auto": "any-recompute", "full": "full-recompute"}
+
+
+def bound_covers(recompute: str) -> BoundCovers:
+    """The schedules a solve's bound covers, by the recomputation it could choose: the bound is
+    computed on costs that offer only that recomputation (``solver.Problem``)."""
+    return _COVERS[recompute]
 
 
 class Predicted(BaseModel):
@@ -51,8 +61,9 @@ class SolverInfo(BaseModel):
     status: Literal["optimal", "feasible", "time_limit"]
     value: float
     lower_bound: float = Field(description="bound_under_limit: lower bound on the objective over every schedule "
-                               "within the memory limit on the solver's placement, each backward fused or split, "
-                               "and over the classic schedules on theirs (printed by solve, frontier)")
+                               "of the class bound_covers names within the memory limit on the solver's placement, "
+                               "each backward fused or split, and over the classic schedules on theirs (printed by "
+                               "solve, frontier)")
     gap: float = Field(description="value / bound_under_limit - 1; status 'optimal' when it is at most 2e-6 "
                        "(float noise and the MILP's tolerances)")
     time_s: float
@@ -72,6 +83,20 @@ class SolverInfo(BaseModel):
     recompute: Literal["none", "auto", "full"] = Field("none", description="the recomputation the solver "
                                                        "could choose: none, per microbatch (auto) or every one (full)")
     recomputed: int = Field(0, description="recompute passes (R, RS) in the schedule: forwards run checkpointed")
+    bound_covers: BoundCovers | None = Field(None, description="the schedules lower_bound and status 'optimal' cover, "
+                                             "decided by recompute (filled from it where absent): no-recompute, those "
+                                             "that recompute nothing (even where the profile offers recomputation); "
+                                             "any-recompute, with any recomputation the profile offers or none; "
+                                             "full-recompute, those that recompute every forward fully (R)")
+
+    @model_validator(mode="after")
+    def _covers(self) -> SolverInfo:
+        covers = bound_covers(self.recompute)
+        if self.bound_covers is None:
+            self.bound_covers = covers
+        elif self.bound_covers != covers:
+            raise ValueError(f"bound_covers {self.bound_covers!r} does not match recompute {self.recompute!r} ({covers!r})")
+        return self
 
 
 class Schedule(BaseModel):

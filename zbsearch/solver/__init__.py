@@ -9,7 +9,7 @@ from .feasibility import check_limit, smallest_feasible_limit
 from .frontier import frontier
 from .problem import RECOMPUTATIONS, Objective, Problem, Recomputation
 from .solve import Progress, SolveResult, SolverInfo, progress_text, solve, solver_placement, uniform_profile
-from .verdict import explain, gap_text, status_text
+from .verdict import bound_name, covered, explain, gap_text, status_text, unsearched
 
 __all__ = [
     "solve",
@@ -29,4 +29,7 @@ __all__ = [
     "status_text",
     "gap_text",
     "explain",
+    "bound_name",
+    "covered",
+    "unsearched",
 ]

@@ -47,6 +47,10 @@ class Shares:
             search changes it, so it gets the larger share.
         exact_relaxed: for the span, the exact idle relaxation's share of the time left before
             the exact ASAP model.
+        exact_recompute: where the solve may recompute, on problems small enough for the exact
+            MILP: its share of the time left, before the local search (``search_second``). It
+            chooses what to recompute together with the order, which the local search does one
+            move at a time, and on such problems it is done in about a second.
     """
 
     construct: float = 1 / 3
@@ -63,6 +67,7 @@ class Shares:
     search_recompute: float = 0.5
     search_passes: int = 2000
     exact_relaxed: float = 0.5
+    exact_recompute: float = 0.5
 
 
 @dataclass

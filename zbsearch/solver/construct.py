@@ -87,7 +87,7 @@ def construct(
     problem: Problem, deadline: float, hard: float, start=None, keep: int = 3, grid: float | None = None,
     report: Callable[[float], None] | None = None, target: float = float("-inf"),
     built: dict[str, tuple[list[list[Action]], Timeline | None]] | None = None, refine: float = 3.0,
-) -> tuple[str, list[list[Action]], Timeline, float, list[list[list[Action]]]]:
+) -> tuple[str, list[list[Action]], Timeline, float, list[list[list[Action]]], bool]:
     """Best of the checkpointed classic orders (``checkpointed_candidates``, timed first: the
     first always, the others within ``_CHECKPOINTED`` of the time to ``deadline``), the given
     start, the list-scheduling grid (ordered most-promising first; ranked by their own timing,
@@ -105,15 +105,18 @@ def construct(
     ``_STARTS - 1``: the best simulated candidate within the limit of each other origin, best
     first): further starts for the local search. ``built`` receives the classic schedules it
     built, by kind, with their timelines where it simulated them (None: over the limit).
-    ``refine``: the refinement takes at most this many times as long as the grid took."""
+    ``refine``: the refinement takes at most this many times as long as the grid took. Last,
+    whether a deadline left some of this work undone."""
     # The checkpointed classic orders first, while time is fresh: cheap to build, and where the
     # limit binds hard often better than any list schedule (timed whatever the grid leaves).
     timed: list[tuple[float, str, list[list[Action]], Timeline, str]] = []
     sim_s = 0.0
+    cut = False
     began = time.monotonic()
     until = began + _CHECKPOINTED * (deadline - began)
     for kind in checkpointed_candidates(problem):
         if timed and time.monotonic() > until or time.monotonic() > hard:
+            cut = True
             break
         try:
             rows = _checkpointed(problem, kind, hard)
@@ -131,28 +134,35 @@ def construct(
     for policy in candidate_policies(problem):
         until = (deadline if grid is None else grid) if found else hard
         if time.monotonic() > until:
+            cut = True
             break
         out = list_schedule(problem, policy, until)
         if out is not None:
             if report is not None and all(out[1] < v for v, _, _, _ in found):
                 report(out[1])
             found.append((out[1], policy.name, out[0], policy))
+        else:  # stuck on memory, or still running at ``until``
+            cut |= time.monotonic() > until
     found.sort(key=lambda x: x[0])
     # The best few policies of distinct structure (depth, lag, fit), their wait knobs refined
     # over every value that changes the schedule: the grid samples them at a few points only.
     # Their schedules are candidates next to the grid's best, not instead of them: the grid's
     # are often better starts for the local search (their waits are less tightly phased).
-    until = (deadline if grid is None else grid) if found else hard
-    until = min(until, time.monotonic() + refine * (time.monotonic() - began))
+    phase = (deadline if grid is None else grid) if found else hard
+    until = min(phase, time.monotonic() + refine * (time.monotonic() - began))
     refined: list[tuple[float, str, list[list[Action]]]] = []
     structures: set[tuple] = set()
     for value, _, _, policy in found:
         shape = (policy.depth, policy.lag, policy.fit, policy.fuse)
         so_far = min([found[0][0]] + [v for v, _, _ in refined])
-        if len(structures) == _REFINED or time.monotonic() > until or shape in structures or so_far <= target:
+        if len(structures) == _REFINED or shape in structures or so_far <= target:
+            continue
+        if time.monotonic() > until:
+            cut |= until == phase  # (its own share, ``refine``, is no share of the time limit)
             continue
         structures.add(shape)
         better = refine_waits(problem, policy, value, until, target)
+        cut |= until == phase and time.monotonic() > until  # its sweep of the knobs stops there
         if better is not None:
             if report is not None and better[2] < so_far:
                 report(better[2])
@@ -173,11 +183,13 @@ def construct(
     early = len(timed)
     for origin, name, build in cands:
         if len(timed) > early and time.monotonic() > deadline:
+            cut = True
             break
         try:
             rows = build()
         except ZbError:  # the kind does not apply here (e.g. DualPipeV below 2p microbatches)
             continue
+        cut |= origin == "classic" and time.monotonic() > deadline  # (ZB-V repeats its construction until then)
         if origin == "classic" and built is not None:
             built[name] = (rows, None)
         if not problem.fits_order(rows) or not problem.complete_recomputation(rows):
@@ -200,4 +212,4 @@ def construct(
         if len(others) < _STARTS - 1 and origin not in origins and rows != best[2]:
             origins.add(origin)
             others.append(rows)
-    return best[1], best[2], best[3], sim_s, others
+    return best[1], best[2], best[3], sim_s, others, cut

@@ -9,9 +9,10 @@ solver, say) plugs in: pass ``solve(engines=[...])``.
 
 The default engines, in order (``default_engines``): the local search over per-rank orders
 (``local_search``; where it chooses what to recompute, a larger share: the windows below keep
-recomputation as it is), the exact MILP on small problems without recomputation
-(``milp.exact``, which can prove optimality), the local search again, then MILP windows
-(``milp.improve``) until the deadline. The ``Budget``'s shares say how long each may take.
+recomputation as it is), the exact MILP on small problems (``milp.exact``, which can prove
+optimality; where the solve may recompute, it searches FIFO orders and every choice of
+recomputation, and runs first), the local search again, then MILP windows (``milp.improve``)
+until the deadline. The ``Budget``'s shares say how long each may take.
 """
 
 from __future__ import annotations
@@ -59,11 +60,17 @@ class LocalSearch:
         before = run.value
         starts: Sequence[list[list[Action]]] = run.others if self.with_starts else ()
         for begin in [run.rows, *starts]:
-            if self.share <= 0 or run.closed() or run.uniform_costs or time.monotonic() >= until:
+            if self.share <= 0 or run.closed() or run.uniform_costs:
+                break
+            if time.monotonic() >= until:
+                run.hit_limit = True  # a start left unsearched
                 break
             stop = time.monotonic() + self.share * (until - time.monotonic())
             found = local_search(run.problem, begin, stop, target=run.target())
+            # it ends at its time, at the target (then the gap closes) or where no move is allowed at all
+            cut = time.monotonic() >= stop
             run.offer(found)
+            run.hit_limit |= cut and not run.closed()
             run.report(self.name)
         run.searched += run.value < before
 
@@ -72,7 +79,9 @@ class LocalSearch:
 class ExactMILP:
     """The exact MILP of the whole schedule: the idle relaxation (its dual bound is a lower bound
     for every schedule, fused, split or mixed) and, for the span, the best FIFO order under ASAP
-    execution; only without recomputation, over which it has no choice."""
+    execution. Where the solve may recompute, the model chooses that too, and is a search over
+    FIFO orders only (``milp.exact``): for the span only the ASAP model runs, and no bound comes
+    of it."""
 
     relaxed_share: float = 0.5
     name: str = "exact MILP"
@@ -81,20 +90,23 @@ class ExactMILP:
         """The exact MILP over whole per-rank orders, where its size allows; its optimum and dual bound go to ``run``."""
         from .milp import exact  # PuLP and HiGHS load only when needed
 
-        if run.uniform_costs or run.problem.cost.can_recompute:
+        if run.uniform_costs:
             return
         span = run.problem.objective == "span"
-        for relaxed in (True, False) if span else (True,):
-            if run.closed() or time.monotonic() >= until:
+        for relaxed in ((False,) if run.problem.cost.can_recompute else (True, False)) if span else (True,):
+            if run.closed():
+                break
+            if time.monotonic() >= until:
+                run.hit_limit = True  # a model left unsolved
                 break
             left = until - time.monotonic()
             res = exact(run.problem, run.rows, left * (self.relaxed_share if relaxed and span else 1.0), relaxed)
+            run.hit_limit |= res is None or not res.optimal  # HiGHS stopped at its time (it starts from a solution)
             if res is not None:
                 if run.offer(res.rows):
                     run.improvements += 1
                 if relaxed:
                     run.raise_bound(res.dual_bound)
-                run.hit_limit = not res.optimal
                 run.windows += 1
             run.report(self.name)
 
@@ -110,12 +122,15 @@ class MILPWindows:
         """Re-order windows of the best schedule with the MILP until no window improves or time runs out."""
         from .milp import improve
 
-        if run.closed() or time.monotonic() >= until:
+        if run.closed():
+            return
+        if time.monotonic() >= until:
+            run.hit_limit = True
             return
         rows, stats = improve(run.search, run.rows, until, lambda v, st: run.report(self.name, v), run.target())
         run.windows += stats.windows
         run.improvements += stats.improved
-        run.hit_limit = not stats.converged
+        run.hit_limit |= not stats.converged
         run.adopt_unchecked(rows)
 
 
@@ -131,9 +146,13 @@ def default_engines(run: SolveRun) -> list[tuple[Engine, float | None]]:
     # further starts only where no exact model follows: on small problems it needs the time
     large = sh.search_recompute if run.problem.recompute == "auto" else sh.search_large
     first = sh.search_first if small else large if passes <= sh.search_passes else 0.0
-    out.append((LocalSearch(first, with_starts=not small), None))
+    if small and run.problem.cost.can_recompute:  # the exact model's choice of recomputation first
+        out.append((ExactMILP(), sh.exact_recompute))
+    else:
+        out.append((LocalSearch(first, with_starts=not small), None))
     if small:
-        out.append((ExactMILP(sh.exact_relaxed), None))
+        if not run.problem.cost.can_recompute:
+            out.append((ExactMILP(sh.exact_relaxed), None))
         out.append((LocalSearch(sh.search_second), None))
     out.append((MILPWindows(), None))
     return out

@@ -44,8 +44,8 @@ import highspy
 import pulp
 
 from .._highs import stdout_muted
-from ..actions import Action, Op
-from ..costs import CostModel
+from ..actions import RECOMPUTES, Action, Op
+from ..costs import CostModel, Recompute
 from ..dependencies import PassType, action_index, action_predecessor_types, edge_delay, must_precede
 from ..simulator import Deadlock, Timeline
 from ..tolerances import EPS_MS, REL_TOL
@@ -488,12 +488,23 @@ def solve_window(
 
 class _ChoiceModel(_WindowModel):
     """The exact model (the whole schedule, no band) where each microbatch's backward on each
-    stage of ``choice`` is fused or split: a binary u per (stage, microbatch).
+    stage of ``choice`` is fused or split (a binary u per (stage, microbatch)) and, where the
+    costs offer recomputation, each microbatch's forward on each stage that offers it runs
+    plain or checkpointed for one of the recompute passes offered (a binary x per (stage,
+    microbatch, pass); at most one, exactly one with "full").
 
     The rows are in split form (a B and a W for every backward) and u says what they are: fused,
     the B is the BW (t_bw, and then its F costs t_ff) and the W a pass of no length at the BW's
     end, whose memory change happens there (a BW's memory changes at once); split, they are
-    the B and the W. Durations are affine in u; time bounds and big-M constants use the least.
+    the B and the W. Each (stage, microbatch) that may be recomputed has a recompute slot, an
+    ``Op.R`` action after its F and before its backward on their rank (a chain of its own, in
+    microbatch order): where an x is set it is that recompute pass (its time, before a fused
+    backward t_rf; it allocates m_f - keep) and the F costs and keeps what a checkpointed one
+    does; otherwise it is a point of no length and no memory. Durations and memory deltas are
+    affine in u and x, with a product variable where a time depends on both; time bounds and
+    big-M constants use the least. Memory after a pass sums the deltas of the passes ordered
+    before it: a delta that depends on x times an order binary is a product, linearised exactly
+    (``_memory_term``).
 
     FIFO loses nothing in the idle relaxation here as well (``problem``) once an F's price is
     not tied to its own microbatch's choice: relabelling two microbatches on their backward work
@@ -503,15 +514,18 @@ class _ChoiceModel(_WindowModel):
     fused or mixed schedule maps onto a FIFO solution of this model, whose dual bound is then a
     lower bound for all of them. The forward and backward chains keep microbatch order; the W
     passes of a stage keep it among the split ones only (a fused one sits at its BW's end,
-    wherever that is).
+    wherever that is). No such argument is known with recomputation (``problem``): there the F
+    is priced by its own microbatch's choice and the model is FIFO orders only, never a bound.
 
     Without ``relaxed`` (span): each rank starts as soon as microbatch 0's forwards reach it,
     an affine expression in their choices, and F costs t_ff where fused: the best FIFO order
     and choice under ASAP execution, as the simulator times it."""
 
     def __init__(self, problem: Problem, rows, tl: Timeline, fused: set[tuple[int, int]], choice: set[int],
-                 relaxed: bool):
-        self.fused0, self.choice = fused, choice
+                 relaxed: bool, checkpointed: dict[tuple[int, int], Op] | None = None):
+        c = problem.cost
+        self.fused0, self.choice, self.ckpt0 = fused, choice, checkpointed or {}
+        self.offers = {s: ops for s in range(c.num_stages) if (ops := c.recompute_ops(s))}
         self.asap = not relaxed and problem.objective == "span"
         super().__init__(problem, rows, tl, [0] * len(rows), [len(row) for row in rows], _INF, False, relaxed=True)
 
@@ -523,23 +537,69 @@ class _ChoiceModel(_WindowModel):
             return c.t_bw[x.stage] if fused else c.t_b[x.stage]
         return 0.0 if fused else c.t_w[x.stage]
 
+    def _offer(self, s: int, op: Op) -> Recompute:
+        offer = self.problem.cost.offer(s, op)
+        assert offer is not None
+        return offer
+
+    def price(self, x: Action) -> float:
+        """What pass x costs in the given schedule (``CostModel.durations``)."""
+        fused, op = (x.stage, x.mb) in self.fused0, self.ckpt0.get((x.stage, x.mb))
+        if x.op is Op.R:  # a recompute slot
+            return 0.0 if op is None else self._offer(x.stage, op).time(fused)
+        if x.op is Op.F and op is not None:
+            return self._offer(x.stage, op).t_f
+        return self.cost_of(x, fused)
+
     def pass_durations(self) -> list[list[float]]:
-        return [[self.cost_of(x, (x.stage, x.mb) in self.fused0) for x in row] for row in self.rows]
+        return [[self.price(x) for x in row] for row in self.rows]
 
     def chosen(self, k: Key) -> bool:
-        return self.rows[k[0]][k[1]].stage in self.choice
+        x = self.rows[k[0]][k[1]]
+        return x.stage in self.choice or (x.op in (Op.F, Op.R) and x.stage in self.offers)
 
     def duration(self, k: Key):
         x = self.rows[k[0]][k[1]]
+        s, j = x.stage, x.mb
+        ops = self.offers.get(s, ())
+        if x.op is Op.R:  # the pass chosen, t_rf where its backward is fused
+            out = 0.0
+            for op in ops:
+                o = self._offer(s, op)
+                out = out + o.t_r * self.x[(s, j, op)]
+                if (s, j, op) in self.rf:
+                    out = out + (o.time(True) - o.t_r) * self.rf[(s, j, op)]
+            return out
         split = self.cost_of(x, False)
         other = self.cost_of(x, True) - split
-        if x.stage not in self.choice or other == 0:
-            return split
-        return split + other * (self.a if x.op is Op.F else self.u)[(x.stage, x.mb)]
+        out = split if x.stage not in self.choice or other == 0 else \
+            split + other * (self.a if x.op is Op.F else self.u)[(s, j)]
+        if x.op is Op.F and ops:  # checkpointed: its own price, fused or not
+            out = out + pulp.lpSum((self._offer(s, op).t_f - split) * self.x[(s, j, op)] for op in ops)
+            out = out - pulp.lpSum(other * self.ff[(s, j, op)] for op in ops if (s, j, op) in self.ff)
+        return out
 
     def dlo(self, k: Key) -> float:
         x = self.rows[k[0]][k[1]]
-        return min(self.cost_of(x, False), self.cost_of(x, True)) if x.stage in self.choice else self.cost_of(x, False)
+        if x.op is Op.R:
+            return 0.0
+        least = min(self.cost_of(x, False), self.cost_of(x, True)) if x.stage in self.choice else self.cost_of(x, False)
+        if x.op is Op.F and x.stage in self.offers:
+            least = min([least, *(self._offer(x.stage, op).t_f for op in self.offers[x.stage])])
+        return least
+
+    def memory_delta(self, r: int, i: int) -> float:
+        """The part of pass i's memory change that no recomputation choice moves (a slot's: none)."""
+        x = self.rows[r][i]
+        return 0.0 if x.op is Op.R else self.problem.cost.memory(x.stage, x.op)
+
+    def moved(self, r: int, i: int):
+        """What recomputation moves from pass i's F to its recompute slot: m_f - keep of the pass
+        chosen (None where nothing can move)."""
+        x = self.rows[r][i]
+        if x.op not in (Op.F, Op.R) or x.stage not in self.offers:
+            return None
+        return self.g[(x.stage, x.mb)]
 
     def add_variables(self) -> None:
         super().add_variables()
@@ -550,15 +610,22 @@ class _ChoiceModel(_WindowModel):
             for j in range(m):
                 self.u[(s, j)] = _variable(lp, f"u{s}_{j}", 0, 1, pulp.LpBinary)
                 self.warm_start[f"u{s}_{j}"] = 1.0 if (s, j) in self.fused0 else 0.0
+        self.add_recompute_variables()
         # which forwards cost t_ff: their own microbatch's choice, or (relaxed) as many per stage
         self.a = self.u
-        if not self.asap:
+        if not self.asap and not self.offers:
             self.a = {}
             for s in sorted(x for x in self.choice if c.t_ff[x] != c.t_f[x]):
                 for j in range(m):
                     self.a[(s, j)] = _variable(lp, f"a{s}_{j}", 0, 1, pulp.LpBinary)
                     self.warm_start[f"a{s}_{j}"] = self.warm_start[f"u{s}_{j}"]
                 lp += pulp.lpSum(self.a[(s, j)] for j in range(m)) == pulp.lpSum(self.u[(s, j)] for j in range(m))
+        # a checkpointed F costs its own price whether fused or not: the product of a and x undoes t_ff
+        self.ff = {(s, j, op): self._product(self.a[(s, j)], v, f"ff{s}_{j}_{op.value}")
+                   for (s, j, op), v in self.x.items() if s in self.choice and c.t_ff[s] != c.t_f[s]}
+        # before a fused backward, full recomputation costs t_rf: the product of u and x adds t_rf - t_r
+        self.rf = {(s, j, op): self._product(self.u[(s, j)], v, f"rf{s}_{j}_{op.value}")
+                   for (s, j, op), v in self.x.items() if s in self.choice and (o := self._offer(s, op)).time(True) != o.t_r}
         for k in self.passes:
             if self.chosen(k):  # the time bounds took the least duration: the end must still fit
                 lp += start[k] + self.duration(k) <= self.latest_end[k]
@@ -572,6 +639,31 @@ class _ChoiceModel(_WindowModel):
                 for s in range(min(c.rank_stages(r))):
                     path = path + self.duration(self.index[(s, Op.F, 0)]) + edge_delay(c, s, s + 1)
                 lp += t0 == path
+
+    def add_recompute_variables(self) -> None:
+        """x per (stage, microbatch, recompute pass offered) and g, what it moves from the F to
+        its slot, per (stage, microbatch); the given schedule's choice as the warm start."""
+        lp, m = self.lp, self.problem.num_microbatches
+        self.x, self.g, self.gmax = {}, {}, {}
+        for s, ops in self.offers.items():
+            m_f = self.problem.cost.m_f[s]
+            self.gmax[s] = max(0.0, *(m_f - self._offer(s, op).keep for op in ops))
+            for j in range(m):
+                for op in ops:
+                    v = self.x[(s, j, op)] = _variable(lp, f"x{s}_{j}_{op.value}", 0, 1, pulp.LpBinary)
+                    self.warm_start[v.name] = 1.0 if self.ckpt0.get((s, j)) is op else 0.0
+                every = pulp.lpSum(self.x[(s, j, op)] for op in ops)
+                lp += (every == 1) if self.problem.recompute == "full" else (every <= 1)
+                self.g[(s, j)] = pulp.lpSum((m_f - self._offer(s, op).keep) * self.x[(s, j, op)] for op in ops)
+
+    def _product(self, b1, b2, name: str):
+        """A variable equal to the product of binaries b1 and b2 (in every integer solution)."""
+        y = _variable(self.lp, name, 0, 1)
+        self.lp += y <= b1
+        self.lp += y <= b2
+        self.lp += y >= b1 + b2 - 1
+        self.warm_start[name] = self.warm_start[b1.name] * self.warm_start[b2.name]
+        return y
 
     def add_chains(self, r: int) -> dict[PassType, list[int]]:
         chains: dict[PassType, list[int]] = {}
@@ -599,47 +691,104 @@ class _ChoiceModel(_WindowModel):
 
     def own_memory(self, r: int, ids: list[int], pos: int):
         x = self.rows[r][ids[pos]]
+        own = super().own_memory(r, ids, pos) + self._moved_sum(r, ids[:pos])
         if x.stage not in self.choice:
-            return super().own_memory(r, ids, pos)
+            return own
         u = self.u[(x.stage, x.mb)]
         if x.op is Op.B:  # fused, its W's memory changes at the same instant
-            return super().own_memory(r, ids, pos) + self.problem.cost.m_w[x.stage] * u
+            return own + self.problem.cost.m_w[x.stage] * u
         if x.op is Op.W:  # (an allocating W) the earlier split ones before it; fewer counted is a relaxation
             earlier = sum(1 for i in ids if self.rows[r][i].mb < x.mb)
             return earlier * self.memory_delta(r, ids[pos]) * (1 - u)
-        return super().own_memory(r, ids, pos)
+        return own
+
+    def _moved_sum(self, r: int, ids: list[int]):
+        """What recomputation moves, summed over passes surely before: taken from an F, given to its slot."""
+        out = 0.0
+        for i in ids:
+            g = self.moved(r, i)
+            if g is not None:
+                out = out + (g if self.rows[r][i].op is Op.R else -g)
+        return out
+
+    def allocates(self, r: int, i: int) -> bool:
+        return self.memory_delta(r, i) > 0 or self.moved(r, i) is not None
+
+    def weighted_delta(self, r: int, k: int, w, name: str):
+        """Pass k's memory change if it runs before (weight w, 1 or an order binary); with a
+        recomputation choice and an order binary, g * w is a product: an F subtracts g (so the
+        product must not exceed g or w's bound), a slot adds it (so it must reach g when w is 1)."""
+        base = self.memory_delta(r, k) * w
+        g = self.moved(r, k)
+        if g is None:
+            return base
+        if isinstance(w, int):
+            return base + (g if self.rows[r][k].op is Op.R else -g) * w
+        x, big = self.rows[r][k], self.gmax[self.rows[r][k].stage]
+        z = _variable(self.lp, name, 0, big)
+        if x.op is Op.R:
+            self.lp += z >= g - big * (1 - w)
+            return base + z
+        self.lp += z <= g
+        self.lp += z <= big * w
+        return base - z
+
+    def add_memory(self, r: int, chains: dict[PassType, list[int]], allowed: float) -> None:
+        """As the window's, with deltas that depend on the recomputation choice (``weighted_delta``)."""
+        if not self.offers:
+            return super().add_memory(r, chains, allowed)
+        for ids in chains.values():
+            for pos, i in enumerate(ids):
+                if not self.allocates(r, i):
+                    continue
+                expr = pulp.lpSum(self.weighted_delta(r, k, w, f"z{r}_{k}_{i}_{n}")
+                                  for n, (k, w) in enumerate(self.before[r][i]))
+                own = self.moved(r, i)
+                mine = self.memory_delta(r, i) + (0.0 if own is None else own if self.rows[r][i].op is Op.R else -own)
+                self.lp += expr + self.own_memory(r, ids, pos) + mine <= allowed
 
     def decode(self) -> list[list[Action]]:
-        """Per rank, the passes that run (a fused W does not) in the model's order, each fused
-        backward as one BW."""
+        """Per rank, the passes that run (a fused W and an unused recompute slot do not) in the
+        model's order, each fused backward as one BW and each slot used as its recompute pass."""
         fused = {k for k, v in self.u.items() if round(pulp.value(v)) == 1}
+        redo = {(s, j): op for (s, j, op), v in self.x.items() if round(pulp.value(v)) == 1}
         out = []
         for r, row in enumerate(self.rows):
-            here = {i for i, x in enumerate(row) if not (x.op is Op.W and (x.stage, x.mb) in fused)}
+            here = {i for i, x in enumerate(row) if not (x.op is Op.W and (x.stage, x.mb) in fused)
+                    and not (x.op is Op.R and (x.stage, x.mb) not in redo)}
             pos = {}
             for i in here:
                 x = row[i]
-                if x.op is Op.W and x.stage in self.choice:
-                    own = sum(1 for k in here if row[k].op is Op.W and row[k].stage == x.stage and row[k].mb < x.mb)
+                if (x.op is Op.W and x.stage in self.choice) or x.op is Op.R:
+                    own = sum(1 for k in here if row[k].op is x.op and row[k].stage == x.stage and row[k].mb < x.mb)
                 else:
                     own = self.chain_position[(r, i)]
                 pos[i] = own + sum(w if isinstance(w, int) else round(pulp.value(w))
                                    for k, w in self.before[r][i] if k in here)
-            out.append([Action(row[i].stage, Op.BW, row[i].mb) if row[i].op is Op.B and (row[i].stage, row[i].mb) in fused
-                        else row[i] for i in sorted(here, key=lambda i: pos[i])])
+            out.append([_decoded(row[i], fused, redo) for i in sorted(here, key=lambda i: pos[i])])
         return out
+
+
+def _decoded(x: Action, fused: set[tuple[int, int]], redo: dict[tuple[int, int], Op]) -> Action:
+    """Action x of the model's rows as it runs: a fused B as its BW, a recompute slot as its pass."""
+    if x.op is Op.B and (x.stage, x.mb) in fused:
+        return Action(x.stage, Op.BW, x.mb)
+    if x.op is Op.R:
+        return Action(x.stage, redo[(x.stage, x.mb)], x.mb)
+    return x
 
 
 def _fifo(problem: Problem, rows: list[list[Action]]) -> list[list[Action]]:
     """``rows`` with each chain (``_chain``) in microbatch order, the orders the exact model
-    ranges over: a stage's forwards, its backwards (B or BW, each position keeping its kind) and
-    its split W passes (taking the split microbatches in order); the sequential schedule if
-    that order deadlocks or overflows memory."""
+    ranges over: a stage's forwards, its backwards (B or BW, each position keeping its kind), its
+    recompute passes (R or RS, taking the recomputed microbatches in order) and its split W
+    passes (taking the split microbatches in order); the sequential schedule if that order
+    deadlocks, overflows memory or puts a recompute pass after its backward."""
     out = []
     for row in rows:
         mbs: dict[PassType, list[int]] = {}
         for x in row:
-            mbs.setdefault(_chain(x), []).append(x.mb)
+            mbs.setdefault(_slot_chain(x), []).append(x.mb)
         nxt = {key: iter(sorted(v)) for key, v in mbs.items() if key[1] is not Op.W}
         relabelled: list[Action | None] = []
         split: dict[int, list[int]] = {}  # stage -> the microbatches its B passes now take
@@ -647,7 +796,7 @@ def _fifo(problem: Problem, rows: list[list[Action]]) -> list[list[Action]]:
             if x.op is Op.W:
                 relabelled.append(None)
                 continue
-            j = next(nxt[_chain(x)])
+            j = next(nxt[_slot_chain(x)])
             if x.op is Op.B:
                 split.setdefault(x.stage, []).append(j)
             relabelled.append(Action(x.stage, x.op, j))
@@ -656,11 +805,26 @@ def _fifo(problem: Problem, rows: list[list[Action]]) -> list[list[Action]]:
     if out == rows:
         return rows
     try:
-        if problem.fits(problem.evaluate(out)[1]):
+        if _recomputes_in_place(out) and problem.fits(problem.evaluate(out)[1]):
             return out
     except Deadlock:
         pass
     return sequential_schedule(problem)
+
+
+def _slot_chain(x: Action) -> PassType:
+    """``_chain``, with both recompute passes of a stage in one chain (the exact model's slots)."""
+    return (x.stage, Op.R) if x.op in RECOMPUTES else _chain(x)
+
+
+def _recomputes_in_place(rows: list[list[Action]]) -> bool:
+    """Whether each recompute pass comes after its F and before its backward on its rank."""
+    for row in rows:
+        at = {(x.stage, Op.B if x.op is Op.BW else x.op, x.mb): i for i, x in enumerate(row)}
+        if any(x.op in RECOMPUTES and not at[(x.stage, Op.F, x.mb)] < i < at[(x.stage, Op.B, x.mb)]
+               for i, x in enumerate(row)):
+            return False
+    return True
 
 
 def _split(rows: list[list[Action]], stages: set[int] | None = None) -> list[list[Action]]:
@@ -678,14 +842,16 @@ def _split(rows: list[list[Action]], stages: set[int] | None = None) -> list[lis
 
 
 def _choice_stages(cost: CostModel) -> set[int]:
-    """The stages where fusing a backward may pay under ``cost``: a BW cheaper than B + W, an F
-    before it cheaper than t_f, or memory a BW never holds (``CostModel.fusing_may_pay``)."""
-    return {s for s in range(cost.num_stages)
-            if cost.t_bw[s] < cost.t_b[s] + cost.t_w[s] or cost.t_ff[s] < cost.t_f[s] or cost.m_b[s] > 0 > cost.m_w[s]}
+    """The stages where fusing a backward may pay under ``cost`` (``CostModel.fuse_saves``)."""
+    return {s for s in range(cost.num_stages) if cost.fuse_saves(s)}
 
 
-def _split_form(tl: Timeline) -> Timeline:
-    """``tl`` with each BW as its B (the BW's times) then a W of no length at the BW's end."""
+def _model_form(tl: Timeline, offers: dict[int, tuple[Op, ...]]) -> Timeline:
+    """``tl`` in the exact model's rows (``_ChoiceModel``): each BW as its B (the BW's times) then a
+    W of no length at the BW's end; each recompute pass as the slot of its (stage, microbatch),
+    and on the stages in ``offers`` a slot of no length for each microbatch not recomputed
+    there, at the end of its F or of the stage's slot before it, whichever is later (the
+    slots of a stage then run in microbatch order, each between its F and its backward)."""
     rows, start, end, memory = [], [], [], []
     for r, row in enumerate(tl.actions):
         new, s0, e0, m0 = [], [], [], []
@@ -696,10 +862,25 @@ def _split_form(tl: Timeline) -> Timeline:
                 e0 += [tl.end[r][i], tl.end[r][i]]
                 m0 += [tl.memory[r][i], tl.memory[r][i]]
             else:
-                new.append(x)
+                new.append(Action(x.stage, Op.R, x.mb) if x.op in RECOMPUTES else x)
                 s0.append(tl.start[r][i])
                 e0.append(tl.end[r][i])
                 m0.append(tl.memory[r][i])
+        at = {(x.stage, x.op, x.mb): i for i, x in enumerate(new)}
+        for s in sorted(set(offers) & {x.stage for x in new}):
+            last = _NEG
+            for j in sorted({x.mb for x in new if x.stage == s}):
+                if (s, Op.R, j) in at:
+                    last = e0[at[(s, Op.R, j)]]
+                    continue
+                t = max(e0[at[(s, Op.F, j)]], last)
+                i = sum(e <= t for e in e0)
+                new.insert(i, Action(s, Op.R, j))
+                s0.insert(i, t)
+                e0.insert(i, t)
+                m0.insert(i, m0[i - 1])
+                at = {(x.stage, x.op, x.mb): k for k, x in enumerate(new)}
+                last = t
         rows.append(new)
         start.append(s0)
         end.append(e0)
@@ -708,7 +889,8 @@ def _split_form(tl: Timeline) -> Timeline:
 
 
 def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed: bool = True) -> WindowResult | None:
-    """The whole schedule as one window, with no band, over split, fused and mixed schedules.
+    """The whole schedule as one window, with no band, over split, fused and mixed schedules
+    and, where the costs offer recomputation, over every choice of it.
 
     ``relaxed``: every rank's start free, an exact model of the idle relaxation (see
     ``problem``), whose dual bound is a lower bound for every schedule, fused or split; its
@@ -717,25 +899,29 @@ def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed
     (its bound holds for FIFO orders only).
 
     Where fusing may pay (``_choice_stages``) each backward there is fused or split as the
-    model chooses (``_ChoiceModel``); elsewhere a BW is split into B then W, which loses
-    nothing."""
+    model chooses, and where recomputation is offered each forward plain or checkpointed
+    (``_ChoiceModel``); elsewhere a BW is split into B then W, which loses nothing. With
+    recomputation FIFO orders are not known to lose nothing (``problem``): the model is a
+    search over them and its dual bound no bound (``dual_bound`` is -inf)."""
     cost = problem.cost
-    if cost.can_recompute:
-        raise ValueError("the exact model has no recomputation choice: no bound where recomputation is offered")
     choice = _choice_stages(cost)
+    offers = {s: ops for s in range(cost.num_stages) if (ops := cost.recompute_ops(s))}
     rows = _fifo(problem, _split(rows, set(range(cost.num_stages)) - choice))
     _, tl = problem.evaluate(rows)
-    if not choice:
+    if not choice and not offers:
         res = solve_window(problem, rows, tl, 0.0, _INF, _INF, time_limit, secondary=False, relaxed=relaxed)
     else:
         fused = {(x.stage, x.mb) for row in rows for x in row if x.op is Op.BW}
-        form = _split_form(tl)
-        model = _ChoiceModel(problem, form.actions, form, fused, choice, relaxed)
+        redo = {(x.stage, x.mb): x.op for row in rows for x in row if x.op in RECOMPUTES}
+        form = _model_form(tl, offers)
+        model = _ChoiceModel(problem, form.actions, form, fused, choice, relaxed, redo)
         res = model.solve(time_limit) if _build(model) else None
     if res is not None and not problem.fits_order(res.rows):
         # HiGHS's feasibility tolerance lets a memory row slip (a peak of 1.00000003 under 1.0):
         # keep the given order; the dual bound is still a bound
         res = replace(res, rows=rows)
+    if res is not None and offers:
+        res = replace(res, dual_bound=_NEG)
     return res
 
 
@@ -757,7 +943,7 @@ class ImproveStats:
     windows: int = 0
     improved: int = 0
     binaries: int = 0
-    converged: bool = False  # a sweep with windows as long as the schedule found nothing more
+    converged: bool = False  # a sweep with windows as long as the schedule, each solved, found nothing more
 
 
 def improve(
@@ -789,7 +975,7 @@ def improve(
     while time_left():
         horizon = max(e[-1] for e in tl.end if e)
         step = length / 2
-        swept_better = False
+        swept_better = swept_cut = False  # (cut: a window stopped at its own time limit)
         t1 = 0.0
         while t1 < horizon and time_left():
             left = deadline - time.monotonic() - overhead
@@ -806,6 +992,7 @@ def improve(
                     swept_better = True
                     horizon = max(e[-1] for e in tl.end if e)
                 if not res.optimal:
+                    swept_cut = True
                     length = max(unit, length / 1.5)
             if on_step is not None:
                 on_step(score[0], stats)
@@ -813,7 +1000,7 @@ def improve(
         if t1 < horizon or score[0] <= target:
             break  # out of time mid-sweep, or optimal
         if not swept_better:
-            if length >= horizon:
+            if length >= horizon and not swept_cut:
                 stats.converged = True
                 break
             length *= 1.5

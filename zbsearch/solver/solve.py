@@ -238,8 +238,10 @@ class SolveRun:
                 last = deadline = until
             given = start if k == 0 else None  # (a start may recompute)
             # with engines to follow, the grid stops at the deadline (construct's default)
-            name, rows, tl, sim_s, others = construct(search, deadline, last, given, report=building, target=self.target(),
-                                                      grid=None if self.milp else until, built=built, refine=sh.refine)
+            name, rows, tl, sim_s, others, cut = construct(search, deadline, last, given, report=building,
+                                                           target=self.target(), grid=None if self.milp else until,
+                                                           built=built, refine=sh.refine)
+            self.hit_limit |= cut
             # timed on the true costs with every recomputation the solve allows
             value, tl = (true.value(tl), tl) if search is self.problem else self.problem.evaluate(rows)
             outs.append((value, k, name, rows, tl, others))
@@ -275,6 +277,7 @@ class SolveRun:
             self.problem.objective, deadline=b.at(sh.classics), until=b.deadline - sh.classic_sims * self.sim_s,
             built=None if self.uniform_costs else self.built, skip=() if cost.fusing_may_pay() else ("1f1b",),
             recompute=self.problem.recompute)
+        self.hit_limit |= bool(self.not_built)
         place = list(cost.stage_to_rank)
         for base in self.baselines:
             if base.stage_to_rank == place and base.value < self.value:
@@ -295,8 +298,9 @@ class SolveRun:
         out if it needs more."""
         b = self.budget
         if not b.expired():
-            self.raise_bound(bound_fn(self.problem.cost, self.problem.num_microbatches, self.limit,
-                                      deadline=b.share(b.shares.bound)))
+            deadline = b.share(b.shares.bound)
+            self.raise_bound(bound_fn(self.problem.cost, self.problem.num_microbatches, self.limit, deadline=deadline))
+            self.hit_limit |= b.now() > deadline  # its slow part left out, or not finished within its share
             self.report("lower bound")
 
     def improve(self, engines: Sequence[tuple[Engine, float | None]]) -> None:
@@ -314,7 +318,7 @@ class SolveRun:
         candidates (the bound covers them), validated, with its prediction and verdict."""
         if self.stale or self.timeline is None:
             self.value, self.timeline = self.problem.evaluate(self.rows)
-        self.hit_limit = self.hit_limit or self.budget.expired()  # a search was cut short
+        self.hit_limit = self.hit_limit or self.budget.expired()  # a phase skipped or cut short
         place, chosen_limit = list(self.problem.cost.stage_to_rank), self.limit
         rows, tl, value = self.rows, self.timeline, self.value
         for base in self.baselines:

@@ -1,20 +1,25 @@
-"""What a solve's result means, in words: its status and what decides it, how it compares with
-the classic schedules, and whether its backwards run fused or split and why.
+"""What a solve's result means, in words: its status and what decides it, which schedules its
+bound covers, how it compares with the classic schedules, whether its backwards run fused or
+split and why, and what recomputation the profile offers that the solve did not search.
 
 The status is decided by one rule, stated with the numbers it reads: ``optimal`` when the gap
-(value / bound - 1) is at most ``CLOSED``, otherwise ``time_limit`` when a search was cut by
-the time limit, else ``feasible``. The gap is printed with as many digits as it takes for the
-printed number to fall on the same side of the threshold as the true one.
+(value / bound - 1) is at most ``CLOSED``, otherwise ``time_limit`` when some part of the
+solve (the construction, the bound, a search) stopped at its share of the time limit before it
+was done, else ``feasible``. The gap is printed with as many digits as it takes for the
+printed number to fall on the same side of the threshold as the true one. The bound, and so
+``optimal``, covers the schedules ``SolverInfo.bound_covers`` names: those with the
+recomputation the solve could choose, never more.
 """
 
 from __future__ import annotations
 
 from decimal import Decimal
 
+from ..actions import Op
 from ..costs import CostModel
-from ..formats.schedule import Schedule, SolverInfo
+from ..formats.schedule import Schedule, SolverInfo, bound_covers
 
-__all__ = ["CLOSED", "decide_status", "gap_text", "status_text", "explain"]
+__all__ = ["CLOSED", "decide_status", "gap_text", "status_text", "bound_name", "covered", "unsearched", "explain"]
 
 # Gap at or below which a schedule counts as optimal: float noise in sums of pass times (1e-6)
 # plus the margin the exact MILP takes off HiGHS's dual bound for its tolerances (1e-6,
@@ -38,14 +43,52 @@ def gap_text(gap: float) -> str:
     return f"{gap!r} (a fraction)"
 
 
+# The schedules a bound covers (``SolverInfo.bound_covers``), as the lines below name them.
+_COVERED = {"no-recompute": "without recomputation", "any-recompute": "with or without recomputation",
+            "full-recompute": "recomputing every forward (R)"}
+
+
+def covered(recompute: str) -> str:
+    """The schedules a solve recomputing as ``recompute`` allows bounds, in words: "without
+    recomputation", "with or without recomputation", "recomputing every forward (R)"."""
+    return _COVERED[bound_covers(recompute)]
+
+
+def bound_name(info: SolverInfo) -> str:
+    """The bound's name as printed, with the schedules it covers: ``bound (under limit, without recomputation)``."""
+    return f"bound (under limit, {covered(info.recompute)})"
+
+
 def status_text(info: SolverInfo) -> str:
-    """The status and what decided it, e.g. ``gap 0.000100% > 0.0001%: feasible``."""
+    """The status and what decided it, e.g. ``gap 0.000100% > 0.0001%: feasible``; ``optimal``
+    names the schedules it covers."""
     limit = _LIMIT + "%"
     gap = gap_text(info.gap)
     if info.status == "optimal":
-        return f"gap {gap} <= {limit}: status optimal (nothing within the limit is shorter)"
-    why = "a search was cut by the time limit" if info.status == "time_limit" else "the searches ran to their end"
+        return f"gap {gap} <= {limit}: status optimal (no schedule {covered(info.recompute)} within the limit is shorter)"
+    why = ("a part of the solve stopped at its share of the time limit" if info.status == "time_limit"
+           else "every part of the solve ran to its end")
     return f"gap {gap} > {limit}: status {info.status} ({why})"
+
+
+def unsearched(cost: CostModel, recompute: str) -> str | None:
+    """Where the profile (``cost``) offers recomputation that a solve recomputing as
+    ``recompute`` allows did not search: what its bound leaves out and what ``--recompute auto``
+    would do; None where it searched all the profile offers."""
+    if recompute == "auto" or not cost.can_recompute:
+        return None
+    selective = any(cost.offer(s, Op.RS) is not None for s in range(cost.num_stages))
+    auto = "--recompute auto would choose per stage and microbatch"
+    if recompute == "none":
+        kinds = " and ".join(k for k, offered in (("full (R)", any(cost.offer(s, Op.R) is not None
+                                                                    for s in range(cost.num_stages))),
+                                                   ("selective (RS)", selective)) if offered)
+        return (f"recomputation not searched (--recompute none): the profile offers {kinds} recomputation, and the "
+                f"bound covers only schedules without it; {auto} which forwards to checkpoint and recompute under "
+                "the limit, and may find a shorter schedule")
+    rs = ", or recompute selectively (RS), which the profile offers" if selective else ""
+    return (f"only schedules that recompute every forward (R) searched (--recompute full), and the bound covers only "
+            f"those; {auto} which forwards not to recompute{rs}, and may find a shorter schedule")
 
 
 def _ratios(cost: CostModel) -> str:
@@ -57,7 +100,8 @@ def _ratios(cost: CostModel) -> str:
 
 def explain(schedule: Schedule, info: SolverInfo) -> list[str]:
     """Lines that say how the solved schedule compares with the classic ones within the limit,
-    and how its backwards run: fused (one BW), split (B then W) or mixed, and what it costs."""
+    how its backwards run: fused (one BW), split (B then W) or mixed, and what it costs, and
+    what recomputation the profile offers that the solve did not search (``unsearched``)."""
     out = []
     what = info.objective
     if info.classic:
@@ -87,4 +131,7 @@ def explain(schedule: Schedule, info: SolverInfo) -> list[str]:
     elif cost.fusing_may_pay():
         out.append(f"every backward runs split (B, then W): the W passes filling bubbles gain more than fusing "
                    f"would save (B + W costs {ratio} a fused BW)")
+    note = unsearched(cost, info.recompute)
+    if note is not None:
+        out.append(note)
     return out
