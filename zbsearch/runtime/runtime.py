@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
@@ -64,7 +65,7 @@ from .memory import ActivationMeter, own_storage
 from .p2p import ACT, GRAD, P2P, comm_plan, plain, refuse_subclass
 from .recompute import Checkpoint, checkpointed_forward, recompute
 from .selective import Selection, recompute_selected, selected_modules
-from .split import ForwardPass, WeightPass, backward_full, backward_input, backward_weight, forward_pass
+from .split import ForwardPass, WeightPass, backward_full, backward_input, backward_weight, compiled, forward_pass
 from .tied import TiedParameters
 from .trace import StepTimer, clock_offset, gather_trace
 
@@ -162,6 +163,14 @@ class PipelineRuntime:
         self._actions = schedule.rank_actions[self.rank]
         self._fused = {(a.stage, a.mb) for a in self._actions if a.op is Op.BW}
         self._recomputed = {(a.stage, a.mb) for a in self._actions if a.op is Op.R}
+        whole = sorted(s for s in {a.stage for a in self._actions if a.op is Op.W} if compiled(self.stages[s]))
+        if whole:
+            warnings.warn(
+                f"rank {self.rank}: stages {whole} are compiled with their parameters (torch.compile), so each runs its whole "
+                "backward in B and its W passes have nothing to do; profile the compiled stages so that the schedule prices "
+                "B and W as they run, or use a schedule with fused backwards (1f1b, interleaved-1f1b)",
+                stacklevel=2,
+            )
         self._selective = {(a.stage, a.mb) for a in self._actions if a.op is Op.RS}
         # per stage recomputed selectively, the modules it declares in the mode the profile measured (``selective``)
         mode = schedule.profile.selective

@@ -25,11 +25,12 @@ from .passes import (
     backward_in_w,
     backward_input,
     backward_weight,
+    compiled,
     forward_pass,
     fused_forward,
 )
 
 __all__ = [
     "ForwardPass", "WeightPass", "forward_pass", "backward_input", "backward_weight", "backward_full", "backward_in_w",
-    "fused_forward",
+    "fused_forward", "compiled",
 ]

@@ -74,7 +74,7 @@ from .graph_cut import (
 
 __all__ = [
     "ForwardPass", "WeightPass", "forward_pass", "backward_input", "backward_weight", "backward_full", "backward_in_w",
-    "fused_forward",
+    "fused_forward", "compiled",
 ]
 
 _FUSED_FORWARD = contextvars.ContextVar("zbsearch_fused_forward", default=False)
@@ -189,7 +189,8 @@ def _forward(
     known = _CHECKED.setdefault(module, {})
     verdict = known.get(sig) if split else None
     whole = in_w and (not deferred_first or (verdict is not None and verdict.kind == _WHOLE))  # one plain backward in W
-    in_b = split and not in_w and verdict is not None and verdict.kind == _WHOLE  # one plain backward in B
+    # one plain backward in B: a reentrant checkpoint, or a compiled stage (``compiled``)
+    in_b = split and not in_w and ((verdict is not None and verdict.kind == _WHOLE) or compiled(module))
     if not split or whole or in_b:
 
         def run() -> tuple[torch.Tensor, ...]:
@@ -247,6 +248,28 @@ def _forward(
         tuple(inputs), outs, params, saved, views, keys, data, deferral, opaque=mode.opaque, heavy=mode.heavy,
         whole_in_w=in_w, uses=mode.uses, verdict=None if verdict is not None else functools.partial(known.__setitem__, sig),
     )
+
+
+_COMPILED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def compiled(module: nn.Module) -> bool:
+    """Whether ``module`` or one of its submodules runs through ``torch.compile`` (a compiled
+    wrapper, or ``Module.compile()``) and holds trainable parameters. A compiled region's
+    backward is one autograd node that yields its input and its weight gradients together, so
+    no graph cut can put those weight gradients in W: the stage's split pass runs its whole
+    backward in B, and W has nothing left. A compiled region without parameters (an activation,
+    an attention core) yields input gradients only, and the stage splits as it would eagerly."""
+    known = _COMPILED.get(module)
+    if known is None:
+        from torch._dynamo.eval_frame import OptimizedModule
+
+        known = _COMPILED[module] = any(
+            (isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None)
+            and any(p.requires_grad for p in m.parameters())
+            for m in (module, *module.modules())
+        )
+    return known
 
 
 def backward_in_w(module: nn.Module, inputs: Sequence) -> bool:
