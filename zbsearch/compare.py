@@ -6,6 +6,10 @@ whole table: the classic rows are built while the first half lasts (ZB-V, which 
 construction, stops repeating there), then the two solver rows share what is left. A row not
 started by then is not built: it is listed with ``skipped`` saying so, never left out, so a
 table cut short says which rows it lacks.
+
+Where the profile ends the iteration with gradient reductions (``zbsearch.reductions``), each
+row also has its ``iteration`` (ms, the longest rank's) and ``gain_kept``: how much of its
+span's gain over 1F1B remains in the iteration (``reductions.gain_kept``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from .errors import ZbError
 from .formats.profile import Profile
 from .formats.schedule import Schedule
 from .limits import parse_memory_limit, peaks_fit
+from .reductions import gain_kept
 
 __all__ = ["SOLVED_KINDS", "compare"]
 
@@ -79,6 +84,10 @@ def compare(
             continue
         rows.append({**_row(kind, res.schedule, profile, mem_limit), "status": res.info.status,
                      "bound_covers": res.info.bound_covers})
+    base = next((r for r in rows if r["kind"] == "1f1b" and "iteration" in r), None)
+    for r in rows:
+        if base is not None and "iteration" in r and r is not base:
+            r["gain_kept"] = gain_kept(base["span"], base["iteration"], r["span"], r["iteration"])
     return rows
 
 
@@ -90,8 +99,11 @@ def _row(kind: str, sched: Schedule, profile: Profile, mem_limit: str | None) ->
     pred = sched.predicted
     assert pred is not None  # build_classic and solve predict
     limit = parse_memory_limit(mem_limit, profile, CostModel.from_profile(profile, sched.stage_to_rank))
-    return {
+    row: dict[str, Any] = {
         "kind": kind, "bubble_rate": pred.bubble_rate, "span": max(pred.span), "makespan": pred.makespan,
         "peak_memory": max(pred.peak_memory), "lower_bound": pred.lower_bound,
         "fits": peaks_fit(pred.peak_memory, limit),
     }
+    if pred.iteration is not None:
+        row["iteration"] = max(pred.iteration)
+    return row

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from .actions import Action, Op
 
-__all__ = ["Reduction", "lane", "last_backward", "reduction_time", "with_reductions"]
+__all__ = ["Reduction", "lane", "last_backward", "reduction_time", "with_reductions", "grad_bytes_per_stage", "gain_kept"]
 
 Reduction = tuple[int, float, float]  # (stage, start, end), ms
 
@@ -91,3 +91,31 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
                       grad_bytes=list(grad_bytes))
     return profile.model_copy(update={"stages": stages, "data_parallel": dp,
                                       "name": f"{profile.name}-dp{replicas}"})
+
+
+def grad_bytes_per_stage(text: str, num_stages: int) -> list[float]:
+    """Gradient bytes per stage as users write them: the model's total (``3GB``), split evenly
+    over the stages, or one size per stage, comma-separated (``1.6GB,1.4GB``)."""
+    from .errors import ZbError
+    from .limits import parse_bytes
+
+    parts = [x for x in text.split(",") if x.strip()]
+    sizes = [parse_bytes(x) for x in parts]
+    if not sizes or any(x is None for x in sizes):
+        raise ZbError(f"cannot read the gradient bytes {text!r}: give the model's total (3GB) or one size per stage")
+    if len(sizes) == 1:
+        return [sizes[0] / num_stages] * num_stages  # type: ignore[operator]
+    if len(sizes) != num_stages:
+        raise ZbError(f"{len(sizes)} gradient sizes for {num_stages} stages: give the model's total or one per stage")
+    return [float(x) for x in sizes]  # type: ignore[arg-type]
+
+
+def gain_kept(base_span: float, base_iteration: float, span: float, iteration: float) -> float | None:
+    """How much of a schedule's gain over a base schedule (1F1B, say) in span remains in the
+    iteration, the reductions and optimizer steps included: (base_iteration - iteration) /
+    (base_span - span). 1 keeps it all; below 1 the reductions eat part of it; above 1 the
+    schedule also hides more of them. None where the span gains nothing."""
+    gain = base_span - span
+    if gain <= 1e-9 * max(base_span, 1.0):
+        return None
+    return (base_iteration - iteration) / gain

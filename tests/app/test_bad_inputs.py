@@ -149,6 +149,14 @@ CASES = [
     (["profile", "--builtin", "gpt", "--timeout", "0"], None, "--timeout must be a positive number"),
     (["demo", "--device", "tpu", "-o", "demo-out"], None, "not supported"),
     (["demo", "--dp", "0", "-o", "demo-out"], None, "--dp must be at least 1, not 0"),
+    # data-parallel reductions from bytes and a bandwidth
+    (["compare", *P, "--dp", "8"], None, "--dp, --dp-bandwidth and --grad-bytes go together"),
+    (["schedule", "1f1b", *P, "--grad-bytes", "1GB"], None, "go together"),
+    (["compare", *P, "--dp", "8", "--dp-bandwidth", "50", "--grad-bytes", "lots"], None, "cannot read the byte budget"),
+    (["compare", *P, "--dp", "8", "--dp-bandwidth", "50", "--grad-bytes", "1GB,1GB,1GB"], None,
+     "3 gradient sizes for 4 stages"),
+    (["schedule", "1f1b", *P, "--dp", "8", "--dp-bandwidth", "0", "--grad-bytes", "1GB"], None, "a positive bandwidth"),
+    (["simulate", "--dp", "8", "--dp-bandwidth", "-5", "--grad-bytes", "1GB"], "good", "a positive bandwidth"),
 ]
 
 

@@ -66,6 +66,17 @@ PlacementOpt = typer.Option("one", "--placement", help="one stage per rank, or v
 # the spellings of an earlier release: -v for --chunks; --chunks 1|2 for --placement one|v in solve and frontier
 OldChunksOpt = typer.Option(None, "-v", hidden=True)
 OldPlacementOpt = typer.Option(None, "--chunks", "-v", hidden=True)
+DpOpt = typer.Option(
+    None, "--dp", min=1,
+    help="data-parallel replicas of the pipeline: the iteration ends once each stage's gradients are reduced across "
+         "them (with --dp-bandwidth and --grad-bytes)",
+)
+DpBandwidthOpt = typer.Option(None, "--dp-bandwidth", help="GB/s per rank on the data-parallel links (ring all-reduce)")
+GradBytesOpt = typer.Option(
+    None, "--grad-bytes",
+    help="gradient bytes to reduce: the model's total (3GB, split evenly over the stages) or one per stage, "
+         "comma-separated",
+)
 RecomputeOpt = typer.Option(
     "none", "--recompute",
     help="none; auto: the solver checkpoints and recomputes microbatches where that pays under the limit, fully (R) "
@@ -198,10 +209,28 @@ def _rank_table(sched: zb.Schedule, tl: zb.Timeline) -> Table:
 
 def _summary(sched: zb.Schedule, pred: zb.Predicted) -> str:
     gap = max(pred.span) / pred.lower_bound - 1 if pred.lower_bound > 0 else 0.0
-    return (
+    text = (
         f"bubble rate {pred.bubble_rate:.4f}   span {_fmt(max(pred.span))} ms   makespan {_fmt(pred.makespan)} ms   "
         f"bound (any memory) {_fmt(pred.lower_bound)} ms (gap {gap:.2%})   peak memory {_fmt(max(pred.peak_memory))}"
     )
+    if pred.iteration is not None:
+        dp = sched.profile.data_parallel
+        across = f" across {dp.replicas} replicas" if dp is not None else ""
+        text += (f"\niteration {_fmt(max(pred.iteration))} ms: the span, then the gradient reductions{across} and "
+                 "optimizer steps the passes do not hide")
+    return text
+
+
+def _with_dp(prof: zb.Profile, dp: int | None, bandwidth: float | None, grad_bytes: str | None) -> zb.Profile:
+    """The profile with each stage's reduction across ``dp`` replicas, where the options ask for it."""
+    if dp is None and bandwidth is None and grad_bytes is None:
+        return prof
+    if dp is None or bandwidth is None or grad_bytes is None:
+        raise ZbError("--dp, --dp-bandwidth and --grad-bytes go together: the replicas, GB/s per rank, and the "
+                      "gradient bytes to reduce")
+    from zbsearch.reductions import grad_bytes_per_stage, with_reductions
+
+    return with_reductions(prof, dp, bandwidth, grad_bytes_per_stage(grad_bytes, prof.num_stages))
 
 
 @app.command()
@@ -211,12 +240,16 @@ def schedule(
     m: int = MicrobatchOpt,
     chunks: int | None = ChunksOpt,
     output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+    dp: int | None = DpOpt,
+    dp_bandwidth: float | None = DpBandwidthOpt,
+    grad_bytes: str | None = GradBytesOpt,
     old_chunks: int | None = OldChunksOpt,
 ):
     """Build a classic schedule (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V) for a profile."""
     chunks = _renamed_chunks(chunks, old_chunks)
     path = _output(output)
-    sched = zb.build_classic(kind, zb.resolve_profile(profile), m, chunks)
+    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes)
+    sched = zb.build_classic(kind, prof, m, chunks)
     zb.validate(sched)
     if path is not None:
         _write(sched, path)
@@ -237,9 +270,15 @@ def simulate(
              "and where idle time went",
     ),
     force: bool = ForceOpt,
+    dp: int | None = DpOpt,
+    dp_bandwidth: float | None = DpBandwidthOpt,
+    grad_bytes: str | None = GradBytesOpt,
 ):
-    """Simulate a schedule: per-rank span, busy time, bubble and peak memory."""
+    """Simulate a schedule: per-rank span, busy time, bubble and peak memory (and the iteration,
+    where the profile or --dp ends it with gradient reductions)."""
     sched = _load_schedule(schedule_path, profile, mem_limit, force)
+    if dp is not None or dp_bandwidth is not None or grad_bytes is not None:
+        sched = sched.model_copy(update={"profile": _with_dp(sched.profile, dp, dp_bandwidth, grad_bytes)})
     tl = zb.timeline(sched)
     pred = zb.predict(sched, tl)
     traces = [load_trace(t) for t in measured] if measured else []
@@ -307,13 +346,17 @@ def compare(
         "heuristics) in what is left; rows not built in time are listed as skipped",
     ),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON"),
+    dp: int | None = DpOpt,
+    dp_bandwidth: float | None = DpBandwidthOpt,
+    grad_bytes: str | None = GradBytesOpt,
     old_chunks: int | None = OldChunksOpt,
 ):
-    """All schedule kinds side by side on one profile."""
+    """All schedule kinds side by side on one profile (with the iteration's reductions where the
+    profile or --dp has them)."""
     from zbsearch.compare import compare as compare_kinds
 
     chunks = _renamed_chunks(chunks, old_chunks)
-    prof = zb.resolve_profile(profile)
+    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes)
     with _spinner() as bar:
         task = bar.add_task("building", total=None)
         rows = compare_kinds(prof, m, chunks=chunks, mem_limit=mem_limit, time_limit=time_limit,
@@ -322,19 +365,27 @@ def compare(
         out.print_json(json.dumps(rows))
         return
     t = Table(title=f"{prof.name}: p={prof.num_stages}, m={m}" + (f", memory limit {mem_limit}" if mem_limit else ""))
-    for col in ("schedule", "bubble rate", "span (ms)", "makespan (ms)", "peak memory", "fits limit"):
+    lane = any("iteration" in r for r in rows)
+    cols = ["schedule", "bubble rate", "span (ms)", "makespan (ms)", *(["iteration (ms)", "gain kept"] if lane else []),
+            "peak memory", "fits limit"]
+    for col in cols:
         t.add_column(col, justify="right")
     errors: dict[str, list[str]] = {}  # reason -> kinds, printed under the table
     for row in rows:
-        if "error" in row:
-            errors.setdefault(row["error"], []).append(row["kind"])
-            t.add_row(row["kind"], "[dim]n/a[/dim]", "", "", "", "")
-        elif "skipped" in row:
-            t.add_row(row["kind"], "[dim]skipped[/dim]", "", "", "", "")
-        else:
-            t.add_row(row["kind"], f"{row['bubble_rate']:.4f}", _fmt(row["span"]), _fmt(row["makespan"]),
-                      _fmt(row["peak_memory"]), "yes" if row["fits"] else "[red]no[/red]")
+        if "error" in row or "skipped" in row:
+            if "error" in row:
+                errors.setdefault(row["error"], []).append(row["kind"])
+            t.add_row(row["kind"], "[dim]n/a[/dim]" if "error" in row else "[dim]skipped[/dim]", *[""] * (len(cols) - 2))
+            continue
+        it = [_fmt(row["iteration"]), "-" if row.get("gain_kept") is None else f"{row['gain_kept']:.0%}"] if lane else []
+        t.add_row(row["kind"], f"{row['bubble_rate']:.4f}", _fmt(row["span"]), _fmt(row["makespan"]), *it,
+                  _fmt(row["peak_memory"]), "yes" if row["fits"] else "[red]no[/red]")
     _show(t)
+    if lane:
+        mesh = prof.data_parallel
+        across = f" across {mesh.replicas} replicas" if mesh is not None else ""
+        out.print(f"iteration: the span, then the gradient reductions{across} and optimizer steps the passes do not "
+                  "hide; gain kept: how much of a row's span gain over 1f1b remains in its iteration", soft_wrap=True)
     for reason, kinds in errors.items():
         out.print(f"n/a for {', '.join(kinds)}: {reason}", highlight=False, soft_wrap=True)
     skipped = [r["kind"] for r in rows if "skipped" in r]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ..actions import RECOMPUTES, Action, Op, parse_action
 from ..formats.schedule import Schedule
@@ -61,6 +61,10 @@ class Panel:
     chunks: int
     rows: list[list[Bar]]
     peak_memory: str | None = None  # already formatted with its unit; a trace has none
+    # per rank, its gradient reductions (stage, start, end) in ms from the panel's origin, and the
+    # iteration they end (``zbsearch.reductions``); empty and None where the profile has none
+    reductions: list[list[tuple[int, float, float]]] = field(default_factory=list)
+    iteration: float | None = None
 
     @property
     def num_ranks(self) -> int:
@@ -76,7 +80,8 @@ class Panel:
     @property
     def end(self) -> float:
         """The last end on any rank (ms from the panel's origin): how wide the panel is drawn."""
-        return max((b.end for row in self.rows for b in row), default=0.0)
+        bars = max((b.end for row in self.rows for b in row), default=0.0)
+        return max([bars, *(e for lane in self.reductions for _, _, e in lane)])
 
     @property
     def bubble_rate(self) -> float:
@@ -90,9 +95,10 @@ class Panel:
         """The panel's summary line: source, kind, p, m, span, bubble rate and peak memory."""
         chunks = f" ({self.chunks} chunks/rank)" if self.chunks > 1 else ""
         mem = f"   peak memory {self.peak_memory}" if self.peak_memory else ""
+        it = f"   iteration {self.iteration:.4g} ms" if self.iteration is not None else ""
         return (
             f"{self.source}: {self.kind}  p={self.num_ranks} m={self.num_microbatches}{chunks}   "
-            f"span {self.span:.4g} ms   bubble rate {self.bubble_rate:.4f}{mem}"
+            f"span {self.span:.4g} ms{it}   bubble rate {self.bubble_rate:.4f}{mem}"
         )
 
     def ops(self) -> list[tuple[Op, int]]:
@@ -177,4 +183,9 @@ def schedule_panel(schedule: Schedule) -> Panel:
     tl = timeline(schedule)
     rows = [list(zip(tl.actions[r], tl.start[r], tl.end[r])) for r in range(tl.num_ranks)]
     peak = format_memory(max(tl.peak_memory, default=0.0), schedule.profile.memory_unit)
-    return intervals_panel(schedule.kind, "predicted", schedule.num_microbatches, rows, peak)
+    panel = intervals_panel(schedule.kind, "predicted", schedule.num_microbatches, rows, peak)
+    if not tl.finish:
+        return panel
+    origin = min((row[0] for row in tl.start if row), default=0.0)
+    lanes = [[(s, a - origin, b - origin) for s, a, b in lane] for lane in tl.reductions]
+    return replace(panel, reductions=lanes, iteration=tl.period)
