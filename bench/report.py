@@ -1048,6 +1048,27 @@ def data_parallel(docs: list[dict]) -> list[str]:
     return out
 
 
+def compiled(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    out = [f"One GPT stage ({doc['layers']} transformer layers, hidden {doc['hidden']}, sequence {doc['seq']}, "
+           f"microbatch {doc['mb']}) in one process on {doc['threads']} threads, one microbatch at a time through the "
+           f"runtime's pass functions; torch.compile with backend `{doc['backend']}`. {doc['reps']} rounds after "
+           f"{doc['warmup']} of warm-up, each round every variant; medians (ms).", "",
+           "- *split*: F, B, W as a zero-bubble rank runs them; a compiled stage runs its whole backward in B "
+           "(its compiled region yields the weight gradients with the input gradients) and W does nothing.",
+           "- *fused*: F, then one backward (BW).", ""]
+    body = []
+    for name, r in doc["variants"].items():
+        p = r["passes_ms"]
+        body.append([name, f"{p['F']:.2f}", f"{p['B']:.2f}" if "B" in p else "", f"{p['W']:.2f}" if "W" in p else "",
+                     f"{p['BW']:.2f}" if "BW" in p else "", f"{r['total_ms']:.2f}"])
+    out += _table(["variant", "F", "B", "W", "BW", "F + backward"], body)
+    ratio = doc["speedup_compiled_split"]
+    out += [f"- Compiled split against eager split: {ratio:.2f}x "
+            f"({'at least as fast: target met' if ratio >= 1 else 'slower: target not met'}).", ""]
+    return out
+
+
 @dataclass
 class Topic:
     title: str
@@ -1104,6 +1125,10 @@ TOPICS = {
                            lambda d: f"PYTHONPATH=. python bench/data_parallel.py --pp {d['pp']} --dp {d['dp']} "
                                      f"--iters {d['iters']} --warmup {d['warmup']}",
                            lambda d: f"{d.get('wall_s', 0) / 60:.0f} minutes", data_parallel),
+    "compiled": Topic("torch.compile under the split backward", ("compiled.json",),
+                      lambda d: f"PYTHONPATH=. python bench/compiled.py --hidden {d['hidden']} --seq {d['seq']} "
+                                f"--mb {d['mb']} --layers {d['layers']} --backend {d['backend']} --reps {d['reps']}",
+                      lambda d: f"{d.get('wall_s', 0):.0f} s", compiled),
     "startup": Topic("How long the command line takes to start", ("startup.json",),
                      lambda d: f"python bench/startup.py --repeat {d['repeat']}", "under a minute", startup),
 }
