@@ -26,6 +26,7 @@ from ..costs import CostModel
 from ..errors import ZbError
 from ..formats.frontier import Frontier, FrontierPoint
 from ..formats.profile import Profile
+from ..limits import peaks_fit
 from ..simulator import bubble_rate
 from ..tolerances import REL_TOL
 from .feasibility import smallest_feasible_limit
@@ -94,16 +95,22 @@ def frontier(
     place = list(cost.stage_to_rank)
     unlimited = bubble_rate(free.info.value, max(free.timeline.busy))
     points: list[FrontierPoint] = []
-    best = None  # a schedule within a smaller limit is within this one too: the curve never rises
+    best, best_value = None, float("inf")  # a schedule within a smaller limit is within this one too: the curve never rises
     grid = _grid(lo, max(lo, hi))
     for i, x in enumerate(grid):
         left = deadline - time.monotonic()
         if points and left <= over:
             break
         share = max(0.0, left / (len(grid) - i) - over)
-        res = timed_solve([x * u for u in units], share, f"{x:.4g}p ({i + 1}/{len(grid)})", start=best)
+        limit = [x * u for u in units]
+        start = best
+        # where the unlimited solve's schedule fits, it is a start too: the curve ends where it does
+        if (free.schedule.stage_to_rank == place and free.info.value < best_value
+                and peaks_fit(free.timeline.peak_memory, limit)):
+            start = free.schedule.rank_actions
+        res = timed_solve(limit, share, f"{x:.4g}p ({i + 1}/{len(grid)})", start=start)
         if res.schedule.stage_to_rank == place:  # (not a classic schedule on another placement)
-            best = res.schedule.rank_actions
+            best, best_value = res.schedule.rank_actions, res.info.value
         pred, busy = res.schedule.predicted, max(res.timeline.busy)
         assert pred is not None  # solve always attaches the prediction
         pt = FrontierPoint(
