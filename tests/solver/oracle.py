@@ -133,6 +133,8 @@ class Instance:
 
 def schedule_value(rows: list[list[Action]], cost: CostModel, objective: str) -> float:
     tl = simulate(rows, cost)
+    if objective == "iteration":  # the span, then the reductions the passes leave and the optimizer steps
+        return tl.period
     return max(tl.span) if objective == "span" else tl.makespan
 
 

@@ -536,8 +536,11 @@ def solve(
     time_limit: float = typer.Option(
         30.0, "--time-limit", "-t", min=0.1, help="seconds; the best schedule found by then is returned"
     ),
-    objective: str = typer.Option(
-        "span", "--objective", help="span: longest per-rank span (iteration period); makespan: first start to last end"
+    objective: str | None = typer.Option(
+        None, "--objective",
+        help="span: longest per-rank span (iteration period without reductions); makespan: first start to last end; "
+             "iteration: the span with the gradient reductions and optimizer steps after it (the default where the "
+             "profile or --dp has reductions, else span)",
     ),
     uniform_costs: bool = typer.Option(
         False,
@@ -547,6 +550,9 @@ def solve(
     no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only (milliseconds to seconds)"),
     recompute: str = RecomputeOpt,
     output: str | None = typer.Option(None, "-o", "--output", help="write the schedule JSON here ('-' for stdout)"),
+    dp: int | None = DpOpt,
+    dp_bandwidth: float | None = DpBandwidthOpt,
+    grad_bytes: str | None = GradBytesOpt,
     old_chunks: int | None = OldPlacementOpt,
 ):
     """Find the schedule with the least bubble under a memory limit, and how far from optimal it can be."""
@@ -554,14 +560,14 @@ def solve(
 
     chunks = _solver_chunks(placement, old_chunks)
     path = _output(output)
-    prof = zb.resolve_profile(profile)
+    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes)
     cost = zb.CostModel.from_profile(prof, solver.solver_placement(prof.num_ranks, chunks))
     zb.parse_memory_limit(mem_limit, prof, cost)  # a bad limit fails now, not under the progress display
     with _spinner() as bar:
         task = bar.add_task("starting", total=None)
         res = solver.solve(
             prof, m, mem_limit, chunks=chunks, time_limit=time_limit,
-            objective=cast("Objective", objective),  # solve() rejects any other text with a ZbError
+            objective=cast("Objective | None", objective),  # solve() rejects any other text with a ZbError
             uniform_costs=uniform_costs, milp=not no_milp, progress=_progress(bar, task),
             recompute=cast("Recomputation", recompute),  # solve() rejects any other text with a ZbError
         )
@@ -572,8 +578,8 @@ def solve(
         _show(_rank_table(res.schedule, res.timeline))
         pred = res.schedule.predicted
         assert pred is not None  # solve predicts
-        bubble = pred.bubble_rate if objective == "span" else pred.bubble_rate_makespan
-        out.print(f"bubble rate {bubble:.4f}   {objective} {_fmt(info.value)} ms   "
+        bubble = pred.bubble_rate_makespan if info.objective == "makespan" else pred.bubble_rate
+        out.print(f"bubble rate {bubble:.4f}   {info.objective} {_fmt(info.value)} ms   "
                   f"{solver.bound_name(info)} {_fmt(info.lower_bound)} ms")
         out.print(f"{solver.status_text(info)}   ({info.method}: {info.construction}; {info.time_s:.1f} s)")
         for line in solver.explain(res.schedule, info):

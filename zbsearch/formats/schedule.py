@@ -20,7 +20,7 @@ from .profile import Profile, profile_misfit
 
 __all__ = ["Objective", "BoundCovers", "bound_covers", "Predicted", "SolverInfo", "Schedule", "load_schedule", "save_schedule"]
 
-Objective = Literal["span", "makespan"]
+Objective = Literal["span", "makespan", "iteration"]
 BoundCovers = Literal["no-recompute", "any-recompute", "full-recompute"]
 
 

@@ -330,7 +330,7 @@ class _ListScheduler:
             done = self.rows[r][-1].op
             remaining -= 2 if done is Op.BW else 0 if done in RECOMPUTES else 1  # a BW does its W too
             heapq.heappush(heap, (end, r))
-        if self.objective == "span":
+        if self.objective != "makespan":  # span, or iteration: timed further by the simulator
             return self.rows, max(f - s for f, s in zip(self.free, self.first))
         return self.rows, max(self.free)
 

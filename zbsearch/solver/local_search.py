@@ -84,7 +84,15 @@ class _Model:
             self.before.append(frozenset(x for t, x in own if must_precede(t, here, S)))
             self.after.append(frozenset(x for t, x in own if must_precede(here, t, S)))
         self.allowed = [allowance(x) for x in problem.limits()]
-        self.span = problem.objective == "span"
+        self.span = problem.spans
+        # the iteration: per rank, each of its stages' backward passes (B or BW, and W: the
+        # last to end is the stage's last backward), the reduction after them, the optimizer steps
+        self.lane: list[list[tuple[list[int], float]]] | None = None
+        self.opt = [0.0] * c.num_ranks
+        if problem.objective == "iteration" and c.has_reductions:
+            self.lane = [[([k for k, a in enumerate(self.actions) if a.stage == s and a.op in (Op.B, Op.W)], c.t_reduce[s])
+                          for s in c.rank_stages(r)] for r in range(c.num_ranks)]
+            self.opt = [sum(c.t_opt[s] for s in c.rank_stages(r)) for r in range(c.num_ranks)]
         # stages where a backward may be fused or split (CostModel.fusing_may_pay, per stage)
         self.choice = frozenset(s for s in range(S) if c.fuse_saves(s))
         # stages where a move may recompute or not (with "full", none: every forward is)
@@ -147,6 +155,18 @@ class _Model:
                 return None
         spans = [free[r] - first[r] for r in range(R) if rows[r]]
         total = sum(spans)
+        if self.lane is not None:  # each rank's reductions one at a time, in the order they are ready
+            value = 0.0
+            for r in range(R):
+                if not rows[r]:
+                    continue
+                ready = sorted((max(e for k in ks if (e := end[k]) is not None), t) for ks, t in self.lane[r]
+                               if any(end[k] is not None for k in ks))
+                busy = 0.0
+                for at, t in ready:
+                    busy = max(busy, at) + t
+                value = max(value, max(free[r], busy) + self.opt[r] - first[r])
+            return value, total
         if self.span:
             return max(spans), total
         return max(free) - min(first[r] for r in range(R) if rows[r]), total

@@ -526,7 +526,7 @@ class _ChoiceModel(_WindowModel):
         c = problem.cost
         self.fused0, self.choice, self.ckpt0 = fused, choice, checkpointed or {}
         self.offers = {s: ops for s in range(c.num_stages) if (ops := c.recompute_ops(s))}
-        self.asap = not relaxed and problem.objective == "span"
+        self.asap = not relaxed and problem.spans
         super().__init__(problem, rows, tl, [0] * len(rows), [len(row) for row in rows], _INF, False, relaxed=True)
 
     def cost_of(self, x: Action, fused: bool) -> float:

@@ -81,8 +81,29 @@ class Problem:
         return [allowance(x) for x in self.limits()]
 
     def value(self, tl: Timeline) -> float:
-        """The objective of a simulated schedule (smaller is better)."""
-        return max(tl.span) if self.objective == "span" else tl.makespan
+        """The objective of a simulated schedule (smaller is better): the longest per-rank span,
+        the makespan, or the longest per-rank iteration (its span, then the reductions the
+        passes do not hide and the optimizer steps: ``zbsearch.reductions``)."""
+        if self.objective == "span":
+            return max(tl.span)
+        return tl.makespan if self.objective == "makespan" else tl.period
+
+    @property
+    def spans(self) -> bool:
+        """Whether each rank's time counts from its own first pass (span and iteration), not
+        from the first pass of all (makespan)."""
+        return self.objective != "makespan"
+
+    def lane_floor(self) -> float:
+        """What every rank's iteration adds to its span at least, for the iteration objective
+        (0 for the others): its last pass is a stage's last backward, whose reduction starts
+        after it, and then come its optimizer steps. The least over the ranks, so that a span
+        bound plus it bounds the iteration."""
+        c = self.cost
+        if self.objective != "iteration" or not c.has_reductions:
+            return 0.0
+        return min(min(c.t_reduce[s] for s in c.rank_stages(r)) + sum(c.t_opt[s] for s in c.rank_stages(r))
+                   for r in range(c.num_ranks))
 
     def evaluate(self, rows: list[list[Action]]) -> tuple[float, Timeline]:
         """The objective's value of ``rows`` and their timeline, on the true costs."""

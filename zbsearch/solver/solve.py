@@ -358,7 +358,7 @@ def solve(
     *,
     chunks: int = 1,
     time_limit: float = 30.0,
-    objective: Objective = "span",
+    objective: Objective | None = None,
     uniform_costs: bool = False,
     milp: bool = True,
     recompute: Recomputation = "none",
@@ -376,8 +376,13 @@ def solve(
     deadline (default: ``engines.default_engines``; ``[]`` for heuristics only)."""
     budget = Budget(time_limit)
     m = num_microbatches
-    if objective not in ("span", "makespan"):
-        raise ZbError(f"objective must be 'span' or 'makespan', not {objective!r}")
+    if objective is None:  # what the user's iteration costs, where the profile knows it
+        objective = "iteration" if profile.has_reductions else "span"
+    if objective not in ("span", "makespan", "iteration"):
+        raise ZbError(f"objective must be 'span', 'makespan' or 'iteration', not {objective!r}")
+    if objective == "iteration" and not profile.has_reductions:
+        raise ZbError(f"objective 'iteration' needs the stages' reduction times: profile {profile.name!r} has none "
+                      "(give --dp, --dp-bandwidth and --grad-bytes, or profile with data parallelism)")
     if recompute not in RECOMPUTATIONS:
         raise ZbError(f"recompute must be one of {', '.join(RECOMPUTATIONS)}, not {recompute!r}")
     stage_to_rank = solver_placement(profile.num_ranks, chunks)
@@ -394,7 +399,8 @@ def solve(
     build_cost = CostModel.from_profile(uniform_profile(profile), stage_to_rank) if uniform_costs else cost
     search = Problem.make(build_cost, m, true.limit, objective, recompute)
     run = SolveRun(profile, true, search, budget, spec, limit, chunks, milp, uniform_costs, progress)
-    bound_fn = memory_span_lower_bound if objective == "span" else memory_makespan_lower_bound
+    bound_fn = {"span": memory_span_lower_bound, "makespan": memory_makespan_lower_bound,
+                "iteration": _iteration_bound(true)}[objective]
     run.bound = bound_fn(true.cost, m, limit, quick=True)  # the full bound once a schedule is in hand
     run.report("constructing")
     # What no deadline cuts (a simulation of the fallback, building and validating the result)
@@ -411,6 +417,17 @@ def solve(
     run.prove(bound_fn)
     run.improve(default_engines(run) if engines is None else [(e, None) for e in engines])
     return run.finish()
+
+
+def _iteration_bound(problem: Problem):
+    """A lower bound on the iteration, from the span's: every rank's iteration is its span and
+    at least ``Problem.lane_floor`` more."""
+    floor = problem.lane_floor()
+
+    def bound(cost: CostModel, m: int, limit, quick: bool = False, deadline: float | None = None) -> float:
+        return memory_span_lower_bound(cost, m, limit, quick=quick, deadline=deadline) + floor
+
+    return bound
 
 
 def _check_recompute(profile: Profile, cost: CostModel, recompute: Recomputation) -> None:
