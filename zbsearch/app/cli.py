@@ -597,7 +597,15 @@ def plan(
     optimizer: str = typer.Option(
         "adamw", "--optimizer", help="what the static memory counts: sgd (momentum), adamw (as profiled), mixed (16 B/param)"),
     time_limit: float = typer.Option(60.0, "--time-limit", "-t", min=0.5, help="seconds; the best plan found by then"),
-    objective: str = typer.Option("span", "--objective", help="span (iteration period) or makespan"),
+    objective: str | None = typer.Option(
+        None, "--objective",
+        help="span (iteration period without reductions), makespan, or iteration (the span with the gradient "
+             "reductions after it; the default with --dp)"),
+    dp: int | None = typer.Option(
+        None, "--dp", min=1,
+        help="data-parallel replicas: each cut's stages end the iteration with the all-reduce of their units' "
+             "gradients (as many bytes as their parameters), with --dp-bandwidth"),
+    dp_bandwidth: float | None = DpBandwidthOpt,
     no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only when polishing the best cuts"),
     recompute: str = typer.Option(
         "none", "--recompute",
@@ -613,6 +621,8 @@ def plan(
     from zbsearch.solver import covered, unsearched
 
     path = _output(output)
+    if (dp is None) != (dp_bandwidth is None):
+        raise ZbError("--dp and --dp-bandwidth go together: the replicas and GB/s per rank")
     found = load_layers(layers)
     budget = parse_bytes(memory)
     spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED  # the command's own start counts too
@@ -620,7 +630,8 @@ def plan(
         task = bar.add_task("starting", total=None)
         res = make_plan(found, ranks, m, budget, placement=placement, optimizer=optimizer,
                         time_limit=max(time_limit - spent, 0.1), objective=objective, milp=not no_milp,
-                        recompute=recompute, progress=_progress(bar, task))
+                        recompute=recompute, progress=_progress(bar, task),
+                        data_parallel=None if dp is None or dp_bandwidth is None else (dp, dp_bandwidth))
     if path is not None:
         _write(res.schedule, path)
     if path is not None and str(path) == "-":
@@ -636,7 +647,7 @@ def plan(
     solver = res.schedule.solver
     if part.recompute != "none" and solver is not None:
         out.print(f"recompute {part.recompute}: {solver.recomputed} forwards checkpointed and recomputed", soft_wrap=True)
-    out.print(f"plan: {objective} {_fmt(part.value)} ms, bubble {res.schedule.predicted.bubble_rate:.4f}; "
+    out.print(f"plan: {part.objective} {_fmt(part.value)} ms, bubble {res.schedule.predicted.bubble_rate:.4f}; "
               f"bound over every cut ({'/'.join(part.placements_searched)}) and schedule {covered(part.recompute)} "
               f"{_fmt(part.lower_bound)} ms, gap {part.gap:.2%}; {part.cuts_solved} cuts solved, {part.cuts_bounded} "
               f"bounded ({how}); {part.time_s:.1f} s", soft_wrap=True)

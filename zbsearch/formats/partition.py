@@ -49,7 +49,7 @@ class Partition(BaseModel):
     budget_bytes: float | None = Field(None, description="per-rank budget (None: unlimited)")
     static_bytes: list[float] = Field(description="per rank: parameters, gradients and optimizer state")
     activation_bytes: list[float] = Field(description="per rank: the schedule's peak activation memory")
-    objective: Literal["span", "makespan"] = "span"
+    objective: Literal["span", "makespan", "iteration"] = "span"
     recompute: Literal["none", "auto", "full"] = Field("none", description=(
         "the recomputation the plan allowed: every cut was solved and bounded with it (older files: none)"))
     value: float

@@ -50,6 +50,7 @@ from ..formats.layers import LayerProfile, Unit
 from ..formats.partition import check_names
 from ..formats.profile import MIN_TIME_MS, Profile, StageCost
 from ..layout import placement as layout
+from ..reductions import with_reductions
 from .memory import rank_static_bytes
 
 __all__ = ["Placement", "Cut", "check_names", "stage_cost", "stage_profile", "activation_need"]
@@ -171,9 +172,11 @@ def _kept_input(layers: LayerProfile, lo: int) -> float:
     return max(kept, inputs + state)
 
 
-def stage_profile(layers: LayerProfile, cut: Cut) -> Profile:
+def stage_profile(layers: LayerProfile, cut: Cut, data_parallel: tuple[int, float] | None = None) -> Profile:
     """The ``zbsearch.profile`` of ``layers`` cut by ``cut``: what the solver, simulator and
-    runtime take (pieces for the V, with their placement)."""
+    runtime take (pieces for the V, with their placement). ``data_parallel`` (replicas, GB/s
+    per rank): each stage then ends the iteration with the all-reduce of its units' gradients,
+    as many bytes as their parameters (``zbsearch.reductions``)."""
     cut.check(layers.num_units)
     bounds = cut.bounds
     identity = (layers.model or {}).get("identity") or {}
@@ -182,7 +185,7 @@ def stage_profile(layers: LayerProfile, cut: Cut) -> Profile:
              # the unit fingerprints are not the stages': only the microbatch shapes are checked
              **({"identity": {"stages": [], "inputs": identity.get("inputs"), "target": identity.get("target")}}
                 if identity else {})}
-    return Profile(
+    prof = Profile(
         name=f"{layers.name}-{cut}",
         memory_unit="bytes",
         stages=[stage_cost(layers, lo, hi) for lo, hi in bounds],
@@ -196,6 +199,10 @@ def stage_profile(layers: LayerProfile, cut: Cut) -> Profile:
         mode=f"composed from the per-layer profile {layers.name!r}",
         model=model,
     )
+    if data_parallel is None:
+        return prof
+    grads = [sum(layers.units[u].param_bytes for u in range(lo, hi)) for lo, hi in bounds]
+    return with_reductions(prof, data_parallel[0], data_parallel[1], grads).model_copy(update={"name": prof.name})
 
 
 def activation_need(layers: LayerProfile, cut: Cut, recompute: str = "none") -> list[float]:

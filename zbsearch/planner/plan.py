@@ -126,9 +126,10 @@ def plan(
     placement: str = "auto",
     optimizer: str = "adamw",
     time_limit: float = 60.0,
-    objective: str = "span",
+    objective: str | None = None,
     milp: bool = True,
     recompute: str = "none",
+    data_parallel: tuple[int, float] | None = None,
     progress: Progress | None = None,
 ) -> PlanResult:
     """The best cut, placement and schedule found within ``time_limit`` seconds.
@@ -143,23 +144,35 @@ def plan(
         optimizer: what the static memory counts (``zbsearch.planner.memory``).
         time_limit: seconds for the whole call, every phase within it (one solve at least runs,
             however short the limit).
-        objective: ``span`` or ``makespan``, as for ``solve``.
+        objective: ``span``, ``makespan`` or ``iteration``, as for ``solve`` (default: the
+            iteration with ``data_parallel``, else the span).
         milp: polish with the solver's MILP windows.
         recompute: ``none``, ``auto`` or ``full``, as for ``solve``: every cut, the baselines
             included, is solved and bounded so; ``auto`` and ``full`` need the units'
             recomputation costs (``zbsearch profile --per-layer --recompute``).
+        data_parallel: (replicas, GB/s per rank): every cut's stages end the iteration with the
+            all-reduce of their units' gradients (``stage_profile``), so a cut that finishes a
+            stage's backwards earlier, or holds fewer bytes on the last rank, can win.
 
     Raises:
         ZbError: bad arguments, or no cut whose memory fits the budget.
     """
     clock = Clock(0.0, time_limit)
     clock.start = clock.now()
+    if objective is None:
+        objective = "iteration" if data_parallel is not None else "span"
+    if data_parallel is not None and (data_parallel[0] < 1 or not data_parallel[1] > 0):
+        raise ZbError("data parallelism needs at least 1 replica and a positive bandwidth")
+    if objective == "iteration" and data_parallel is None:
+        raise ZbError("objective 'iteration' needs the data parallelism (replicas and bandwidth) whose reductions "
+                      "end it")
     return _plan(layers, num_ranks, num_microbatches, budget, placement, optimizer, objective, milp, recompute,
-                 progress, clock)
+                 progress, clock, data_parallel)
 
 
 def _plan(layers: LayerProfile, num_ranks: int, m: int, budget: float | None, placement: str, optimizer: str,
-          objective: str, milp: bool, recompute: str, progress: Progress | None, clock: Clock) -> PlanResult:
+          objective: str, milp: bool, recompute: str, progress: Progress | None, clock: Clock,
+          data_parallel: tuple[int, float] | None = None) -> PlanResult:
     """``plan`` on ``clock`` (see there)."""
     places = _placements(placement, layers, num_ranks)
     if optimizer not in OPTIMIZERS:
@@ -168,8 +181,8 @@ def _plan(layers: LayerProfile, num_ranks: int, m: int, budget: float | None, pl
         raise ZbError("the number of microbatches must be at least 1")
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         raise ZbError("the memory budget must be a positive number of bytes")
-    if objective not in ("span", "makespan"):
-        raise ZbError(f"objective must be 'span' or 'makespan', not {objective!r}")
+    if objective not in ("span", "makespan", "iteration"):
+        raise ZbError(f"objective must be 'span', 'makespan' or 'iteration', not {objective!r}")
     _check_recompute(layers, recompute)
     best_value = math.inf
     bound_now = 0.0
@@ -186,7 +199,7 @@ def _plan(layers: LayerProfile, num_ranks: int, m: int, budget: float | None, pl
         return res
 
     # 1. price cuts
-    spaces = {pl: Cuts(layers, num_ranks, pl, m, budget, optimizer, objective, recompute) for pl in places}
+    spaces = {pl: Cuts(layers, num_ranks, pl, m, budget, optimizer, objective, recompute, data_parallel) for pl in places}
     exhaustive: dict[Placement, bool] = {}
     report("pricing cuts")
     for i, (pl, space) in enumerate(spaces.items()):

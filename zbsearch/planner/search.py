@@ -74,9 +74,11 @@ class Cuts:
     """The cuts of ``layers`` on ``num_ranks`` ranks under one placement, priced on demand."""
 
     def __init__(self, layers: LayerProfile, num_ranks: int, placement: Placement, m: int, budget: float | None,
-                 optimizer: str, objective: str, recompute: str = "none") -> None:
+                 optimizer: str, objective: str, recompute: str = "none",
+                 data_parallel: tuple[int, float] | None = None) -> None:
         self.layers, self.num_ranks, self.placement, self.m = layers, num_ranks, placement, m
         self.budget, self.optimizer, self.objective, self.recompute = budget, optimizer, objective, recompute
+        self.data_parallel = data_parallel
         self.num_stages = num_ranks * (2 if placement == "v" else 1)
         self.seen: dict[tuple[int, ...], CutEval] = {}
 
@@ -98,17 +100,19 @@ class Cuts:
         over = -math.inf if limit is None else max(n - x for n, x in zip(need, limit))
         ev = CutEval(cut, static, limit, feasible, over)
         if feasible:
-            ev.profile = stage_profile(self.layers, cut)
+            ev.profile = stage_profile(self.layers, cut, self.data_parallel)
             # the costs the solver sees: only the recomputation this plan allows
-            cost = Problem.make(CostModel.from_profile(ev.profile, cut.stage_to_rank), self.m,
-                                recompute=self.recompute).cost  # type: ignore[arg-type]
+            problem = Problem.make(CostModel.from_profile(ev.profile, cut.stage_to_rank), self.m,
+                                   objective=self.objective, recompute=self.recompute)  # type: ignore[arg-type]
+            cost = problem.cost
             ranks = rank_span_lower_bounds(cost, self.m)
             if limit is not None:  # the memory-aware bound that holds for every recomputation choice
                 memory = rank_area_span_lower_bounds if cost.can_recompute else rank_memory_span_lower_bounds
                 ranks = [max(a, b) for a, b in zip(ranks, memory(cost, self.m, limit))]
             ev.ranks = tuple(sorted(ranks, reverse=True))
-            ev.key = max(ranks) if self.objective == "span" else memory_makespan_lower_bound(cost, self.m, limit,
-                                                                                               quick=True)
+            # the iteration: a span bound plus what every rank adds at least (``Problem.lane_floor``)
+            ev.key = (memory_makespan_lower_bound(cost, self.m, limit, quick=True) if self.objective == "makespan"
+                      else max(ranks) + problem.lane_floor())
             ev.bound = ev.key
         self.seen[counts] = ev
         return ev
