@@ -60,24 +60,23 @@ def schedules(prof: zb.Profile, m: int) -> list[zb.Schedule]:
 
 
 def predict(sched: zb.Schedule, red: dict[int, float]) -> dict:
-    """Predicted iteration (ms): reductions overlapped, or after the step (module docstring)."""
+    """Predicted iteration (ms): reductions overlapped (the simulator's reduction lane,
+    ``zbsearch.reductions.lane``), or after the step (module docstring)."""
     from zbsearch.costs import CostModel
+    from zbsearch.reductions import lane, last_backward
     from zbsearch.simulator import simulate
 
     cost = CostModel.from_profile(sched.profile, sched.stage_to_rank)
     tl = simulate(sched.rank_actions, cost)
+    t_reduce = [red.get(s, 0.0) for s in range(sched.num_stages)]
     overlapped, after, tails, compute = 0.0, 0.0, {}, max(max(e) for e in tl.end)
     for r, row in enumerate(tl.actions):
         end = max(tl.end[r])
-        last = {}
-        for a, e in zip(row, tl.end[r]):
-            if a.op.name in ("W", "BW"):
-                last[a.stage] = e
-        t = 0.0
-        for s, e in sorted(last.items(), key=lambda kv: kv[1]):
-            t = max(t, e) + red[s]
-            tails[s] = end - e
-        overlapped = max(overlapped, end, t)
+        _, finish = lane(row, tl.end[r], t_reduce, [0.0] * sched.num_stages)
+        last = last_backward(row)
+        for s, i in last.items():
+            tails[s] = end - tl.end[r][i]
+        overlapped = max(overlapped, finish)
         after = max(after, end + sum(red[s] for s in last))
     return {"overlapped_extra_ms": overlapped - compute, "after_extra_ms": after - compute, "tail_ms": tails,
             "compute_ms": compute}
