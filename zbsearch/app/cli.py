@@ -821,6 +821,11 @@ def profile(
         help="measure each unit (the embedding, every layer, the head; for --model each module it returns) on one "
              "device and write a per-layer profile (zbsearch.layers) for zbsearch plan"),
     output: str | None = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
+    dp: int | None = typer.Option(
+        None, "--dp", min=1,
+        help="data-parallel replicas the stages will train in: each stage's gradient all-reduce (its trainable "
+             "parameters' bytes, with --dp-bandwidth) and its AdamW step (timed here) end the iteration"),
+    dp_bandwidth: float | None = DpBandwidthOpt,
 ):
     """Measure per-stage F, B, W times, activation memory and link times; write a profile (bytes).
 
@@ -847,6 +852,12 @@ def profile(
     if per_layer and (placement is not None or layers_per_stage is not None):
         raise ZbError("--per-layer measures every unit apart: --placement and --layers-per-stage do not apply "
                       "(zbsearch plan chooses the cut)")
+    if (dp is None) != (dp_bandwidth is None):
+        raise ZbError("--dp and --dp-bandwidth go together: the replicas and GB/s per rank")
+    if dp is not None and per_layer:
+        raise ZbError("--dp applies to stage profiles: zbsearch plan --dp prices each cut's reductions")
+    if dp_bandwidth is not None and not dp_bandwidth > 0:
+        raise ZbError("--dp-bandwidth must be a positive number of GB/s")
     if per_layer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ZbError("--per-layer measures on one device: run it without torchrun")
     kinds = None
@@ -900,6 +911,14 @@ def profile(
         prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar)
     if prof is None:  # a torchrun rank other than 0
         return
+    if dp is not None and dp_bandwidth is not None:
+        from zbsearch.profiler.gradients import with_data_parallel
+        from zbsearch.profiler.settings import resolve_device, resolve_dtype
+
+        named = prof.name
+        prof = with_data_parallel(prof, spec.stages, dp, dp_bandwidth, resolve_device(device), resolve_dtype(dtype))
+        if name is not None:
+            prof = prof.model_copy(update={"name": named})
     if target is None or str(target) != "-":
         out.print(profiler.summary_table(prof))
     elif prof.measured is not None:  # the profile goes to stdout: the warnings to stderr
