@@ -97,6 +97,26 @@ def _reference(stages: list[nn.Module], ids, targets, tokens: bool) -> None:
         loss.backward()
 
 
+def _check_trace(trace, sched: zb.Schedule) -> None:
+    """The last step's trace (on each pipeline's first rank) records every stage's reduction on
+    its rank, started after the stage's last W or BW; ``compare_reductions`` reads them."""
+    if trace is None:
+        return
+    from zbsearch.reduction_times import compare_reductions
+
+    lanes = trace.zbsearch.reductions
+    assert lanes is not None and len(lanes) == sched.num_ranks
+    rows = trace.rank_events()
+    for r, lane in enumerate(lanes):
+        assert sorted(s for s, _, _ in lane) == [s for s in range(sched.num_stages) if sched.stage_to_rank[s] == r]
+        for s, start, end in lane:
+            ready = max(ev.ts + ev.dur for ev in rows[r] if ev.args.stage == s and ev.args.op.value in ("W", "BW"))
+            assert ready - 1.0 <= start <= end, (sched.kind, r, s, ready, start, end)  # (1 us: the clocks' rounding)
+    got = compare_reductions(sched, [trace])
+    assert sorted((x.rank, x.stage) for x in got) == sorted((r, s) for r, lane in enumerate(lanes) for s, _, _ in lane)
+    assert all(x.count == 1 and x.measured_delay_ms >= -1e-3 and x.predicted_ms is None for x in got)
+
+
 def _run(rank: int, world: int, send, schedules: list[str], steps: int) -> list[str]:
     """Every schedule under PP2 x DP2, with AdamW, against one process on the global batch."""
     mesh = build_mesh(pp=PP, dp_replicate=DP)
@@ -131,6 +151,7 @@ def _run(rank: int, world: int, send, schedules: list[str], steps: int) -> list[
                     torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=lambda e, w=where: f"{w}: {e}")
             ref_opt.step()
             our_opt.step()
+        _check_trace(runtime.trace(), sched)
         for s, st in mine.items():  # parameters after the AdamW steps
             for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
                 q, p = q.detach().clone(), p.detach().clone()

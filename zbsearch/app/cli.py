@@ -35,6 +35,7 @@ from zbsearch.formats.trace import load_trace
 from zbsearch.idle_time import RankIdleTime, measure_idle_time
 from zbsearch.limits import limit_for_profile
 from zbsearch.pass_times import PassTimes, compare_pass_times
+from zbsearch.reduction_times import ReductionTimes, compare_reductions
 from zbsearch.tolerances import EPS_MS
 
 if TYPE_CHECKING:
@@ -297,6 +298,19 @@ def simulate(
     if passes is not None and waits is not None:
         _show(_pass_table(passes, len(traces)))
         _show(_wait_table(waits, len(traces)))
+        reductions = compare_reductions(sched, traces)
+        if reductions:
+            _show(_reduction_table(reductions, len(traces)))
+
+
+def _reduction_table(rows: list[ReductionTimes], steps: int) -> Table:
+    t = Table(title=f"data-parallel reductions, mean over {steps} measured step(s)")
+    for col in ("rank", "stage", "measured (ms)", "predicted (ms)", "started after last W (ms)", "predicted after (ms)"):
+        t.add_column(col, justify="right")
+    for x in rows:
+        t.add_row(str(x.rank), str(x.stage), _fmt(x.measured_ms), "-" if x.predicted_ms is None else _fmt(x.predicted_ms),
+                  _fmt(x.measured_delay_ms), "-" if x.predicted_delay_ms is None else _fmt(x.predicted_delay_ms))
+    return t
 
 
 def _pass_table(passes: list[PassTimes], steps: int) -> Table:

@@ -61,6 +61,9 @@ class TraceInfo(BaseModel):
     version: Literal[1] = 1
     schedule_kind: str
     num_ranks: int = Field(ge=1)
+    reductions: list[list[tuple[int, float, float]]] | None = Field(
+        None, description="per rank, its data-parallel gradient reductions: (stage, start, end) in microseconds from "
+        "the step's first action, end when the rank first saw it complete (between passes); absent without replicas")
 
 
 class Trace(BaseModel):

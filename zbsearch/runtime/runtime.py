@@ -340,9 +340,14 @@ class PipelineRuntime:
 
     def trace(self) -> Trace | None:
         """Collective: the last step's per-action timeline of all ranks (on rank 0; None elsewhere)."""
+        lane = None
+        if self._dp is not None:  # perf_counter seconds -> microseconds of rank 0's clock, as the passes
+            off = self._timer.offset
+            lane = [(s, (b - off) * 1e6, (e - off) * 1e6) for s, b, e in self._dp.last_step]
         return gather_trace(
             self._timer.rows, self.rank, self.schedule.num_ranks, self.schedule.kind, self.group, self.device,
-            self.timeout, num_microbatches=self.schedule.num_microbatches, num_stages=self.schedule.num_stages,
+            self.timeout, reductions=lane, num_microbatches=self.schedule.num_microbatches,
+            num_stages=self.schedule.num_stages,
         )
 
     @property

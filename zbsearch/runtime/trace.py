@@ -36,6 +36,7 @@ class StepTimer:
     def __init__(self, device: torch.device, offset: float) -> None:
         self._clock = DeviceClock(device)
         self._offset = offset
+        self.offset = offset  # (also for the host-timed reductions: ``PipelineRuntime.trace``)
         self.rows: list[tuple[Action, float, float, float]] = []  # action, start us, end us, activation bytes
 
     def start(self) -> None:
@@ -112,9 +113,12 @@ def gather_trace(
     group: dist.ProcessGroup | None,
     device: torch.device,
     timeout: float,
+    reductions: list[tuple[int, float, float]] | None = None,
     **info,
 ) -> Trace | None:
-    """Collective: every rank's rows to rank 0 of the group, as one trace (None on other ranks)."""
+    """Collective: every rank's rows to rank 0 of the group, as one trace (None on other ranks).
+    ``reductions``: this rank's (stage, start us, end us) on rank 0's clock, where the pipeline
+    is one replica of several (then every rank gives them)."""
     data = torch.tensor([[a.stage, _OPS.index(a.op), a.mb, b, e, m] for a, b, e, m in rows], dtype=torch.float64)
     what = "gathering the trace"
     counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
@@ -126,10 +130,15 @@ def gather_trace(
     padded[: len(rows)] = data.reshape(-1, 6).to(device)
     parts = [torch.zeros_like(padded) for _ in range(world)]
     _wait(lambda: dist.all_gather(parts, padded, group=group, async_op=True), rank, timeout, what)
+    lanes = None  # every rank gives them or none does (each holds a replica of its stages, or none)
+    if reductions is not None:
+        lanes = _gather_rows([list(x) for x in reductions], 3, rank, world, group, device, timeout, "gathering the reductions")
     if rank != 0:
         return None
     per_rank = [part[: int(n.item())].tolist() for part, n in zip(parts, counts)]
     t0 = min((row[3] for rows_r in per_rank for row in rows_r), default=0.0)  # the step's first start
+    if lanes is not None:
+        info["reductions"] = [[(int(s), b - t0, e - t0) for s, b, e in lane] for lane in lanes]
     events = []
     for r, rows_r in enumerate(per_rank):
         for stage, op, mb, b, e, m in rows_r:
@@ -137,6 +146,23 @@ def gather_trace(
             args = TraceArgs(stage=a.stage, op=a.op, mb=a.mb, activations=m)
             events.append(TraceEvent(name=str(a), pid=r, ts=b - t0, dur=max(e - b, 0.0), args=args))
     return Trace(traceEvents=events, zbsearch=TraceInfo(schedule_kind=schedule_kind, num_ranks=world, **info))
+
+
+def _gather_rows(rows: list[list[float]], width: int, rank: int, world: int, group: dist.ProcessGroup | None,
+                 device: torch.device, timeout: float, what: str) -> list[list[list[float]]] | None:
+    """Collective: every rank's rows of ``width`` numbers to rank 0 (None on other ranks)."""
+    counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    _wait(lambda: dist.all_gather(counts, torch.tensor([len(rows)], device=device), group=group, async_op=True),
+          rank, timeout, what)
+    longest = max(1, max(int(c.item()) for c in counts))
+    padded = torch.zeros(longest, width, dtype=torch.float64, device=device)
+    if rows:
+        padded[: len(rows)] = torch.tensor(rows, dtype=torch.float64).to(device)
+    parts = [torch.zeros_like(padded) for _ in range(world)]
+    _wait(lambda: dist.all_gather(parts, padded, group=group, async_op=True), rank, timeout, what)
+    if rank != 0:
+        return None
+    return [part[: int(n.item())].tolist() for part, n in zip(parts, counts)]
 
 
 def _wait(issue, rank: int, timeout: float, what: str) -> None:
