@@ -59,7 +59,7 @@ from .tolerances import ABS_TOL, REL_TOL
 
 __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
-    "memory_span_lower_bound", "memory_makespan_lower_bound", "rank_memory_span_lower_bounds",
+    "memory_span_lower_bound", "memory_makespan_lower_bound", "memory_iteration_lower_bound", "rank_memory_span_lower_bounds",
     "rank_area_span_lower_bounds", "rank_deferral_span_lower_bounds",
 ]
 
@@ -606,6 +606,18 @@ def memory_span_lower_bound(
     left out if it is still running at ``deadline``, and with the area bound's LP relaxation
     (also on the ranks still left at ``deadline``) instead of its integer program."""
     return max(_rank_bounds(cost, num_microbatches, limit, quick, deadline))
+
+
+def memory_iteration_lower_bound(
+    cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
+) -> float:
+    """Lower bound on the longest per-rank iteration within ``limit``: per rank, its span's bound
+    plus what its reductions and optimizer steps add at least (``reductions.lane_floors``)
+    (``quick``, ``deadline``: as for ``memory_span_lower_bound``)."""
+    from .reductions import lane_floors
+
+    spans = _rank_bounds(cost, num_microbatches, limit, quick, deadline)
+    return max(b + f for b, f in zip(spans, lane_floors(cost)))
 
 
 def _rank_bounds(

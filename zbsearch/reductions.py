@@ -25,7 +25,8 @@ from collections.abc import Sequence
 
 from .actions import Action, Op
 
-__all__ = ["Reduction", "lane", "last_backward", "reduction_time", "with_reductions", "grad_bytes_per_stage", "gain_kept"]
+__all__ = ["Reduction", "lane", "last_backward", "lane_floors", "reduction_time", "with_reductions", "grad_bytes_per_stage",
+           "gain_kept"]
 
 Reduction = tuple[int, float, float]  # (stage, start, end), ms
 
@@ -54,6 +55,16 @@ def lane(row: Sequence[Action], ends: Sequence[float], t_reduce: Sequence[float]
     finish = max([free, *ends[-1:]])
     stages = {a.stage for a in row}
     return out, finish + sum(t_opt[s] for s in stages)
+
+
+def lane_floors(cost) -> list[float]:
+    """Per rank, what its iteration adds to its span at least, in every schedule: its last pass
+    is one of its stages' last backward, whose reduction starts after it (the least of its
+    stages' ``t_reduce``), and then come its optimizer steps. Zero without reductions."""
+    if not cost.has_reductions:
+        return [0.0] * cost.num_ranks
+    return [min(cost.t_reduce[s] for s in cost.rank_stages(r)) + sum(cost.t_opt[s] for s in cost.rank_stages(r))
+            for r in range(cost.num_ranks)]
 
 
 def reduction_time(grad_bytes: float, replicas: int, bandwidth_gbs: float, sharded: bool = False,

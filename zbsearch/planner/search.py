@@ -112,7 +112,7 @@ class Cuts:
             ev.ranks = tuple(sorted(ranks, reverse=True))
             # the iteration: a span bound plus what every rank adds at least (``Problem.lane_floor``)
             ev.key = (memory_makespan_lower_bound(cost, self.m, limit, quick=True) if self.objective == "makespan"
-                      else max(ranks) + problem.lane_floor())
+                      else max(b + f for b, f in zip(ranks, problem.lane_floors())))
             ev.bound = ev.key
         self.seen[counts] = ev
         return ev

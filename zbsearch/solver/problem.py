@@ -42,6 +42,7 @@ from ..actions import RECOMPUTES, Action, Op
 from ..costs import CostModel
 from ..formats.schedule import Objective
 from ..limits import allowance, peaks_fit
+from ..reductions import lane_floors
 from ..simulator import Timeline, memory_trace, peak_memory, simulate
 
 __all__ = ["Objective", "Problem", "Recomputation", "RECOMPUTATIONS"]
@@ -94,16 +95,17 @@ class Problem:
         from the first pass of all (makespan)."""
         return self.objective != "makespan"
 
+    def lane_floors(self) -> list[float]:
+        """Per rank, what its iteration adds to its span at least, for the iteration objective
+        (0 for the others): ``reductions.lane_floors``. A bound on rank r's span plus its floor
+        bounds the iteration."""
+        if self.objective != "iteration":
+            return [0.0] * self.num_ranks
+        return lane_floors(self.cost)
+
     def lane_floor(self) -> float:
-        """What every rank's iteration adds to its span at least, for the iteration objective
-        (0 for the others): its last pass is a stage's last backward, whose reduction starts
-        after it, and then come its optimizer steps. The least over the ranks, so that a span
-        bound plus it bounds the iteration."""
-        c = self.cost
-        if self.objective != "iteration" or not c.has_reductions:
-            return 0.0
-        return min(min(c.t_reduce[s] for s in c.rank_stages(r)) + sum(c.t_opt[s] for s in c.rank_stages(r))
-                   for r in range(c.num_ranks))
+        """The least of ``lane_floors``: a bound on the longest span plus it bounds the iteration."""
+        return min(self.lane_floors(), default=0.0)
 
     def evaluate(self, rows: list[list[Action]]) -> tuple[float, Timeline]:
         """The objective's value of ``rows`` and their timeline, on the true costs."""

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..actions import RECOMPUTES, Action, Op
-from ..bounds import memory_makespan_lower_bound, memory_span_lower_bound
+from ..bounds import memory_iteration_lower_bound, memory_makespan_lower_bound, memory_span_lower_bound
 from ..costs import CostModel
 from ..errors import ZbError
 from ..formats.edit import updated
@@ -400,7 +400,7 @@ def solve(
     search = Problem.make(build_cost, m, true.limit, objective, recompute)
     run = SolveRun(profile, true, search, budget, spec, limit, chunks, milp, uniform_costs, progress)
     bound_fn = {"span": memory_span_lower_bound, "makespan": memory_makespan_lower_bound,
-                "iteration": _iteration_bound(true)}[objective]
+                "iteration": memory_iteration_lower_bound}[objective]
     run.bound = bound_fn(true.cost, m, limit, quick=True)  # the full bound once a schedule is in hand
     run.report("constructing")
     # What no deadline cuts (a simulation of the fallback, building and validating the result)
@@ -417,17 +417,6 @@ def solve(
     run.prove(bound_fn)
     run.improve(default_engines(run) if engines is None else [(e, None) for e in engines])
     return run.finish()
-
-
-def _iteration_bound(problem: Problem):
-    """A lower bound on the iteration, from the span's: every rank's iteration is its span and
-    at least ``Problem.lane_floor`` more."""
-    floor = problem.lane_floor()
-
-    def bound(cost: CostModel, m: int, limit, quick: bool = False, deadline: float | None = None) -> float:
-        return memory_span_lower_bound(cost, m, limit, quick=quick, deadline=deadline) + floor
-
-    return bound
 
 
 def _check_recompute(profile: Profile, cost: CostModel, recompute: Recomputation) -> None:
