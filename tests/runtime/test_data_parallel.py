@@ -333,6 +333,18 @@ def test_a_stage_wrapped_in_ddp_is_refused_in_one_line(one_rank):
     assert "\n" not in str(err.value)
 
 
+def test_a_stage_sharded_with_fully_shard_is_refused_in_one_line(one_rank):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    sched = zb.build_classic("zb-h1", uniform_profile(1), 2)
+    whole = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    fully_shard(whole[1], mesh=init_device_mesh("cpu", (1,)))  # one layer sharded, as per-layer FSDP does
+    with pytest.raises(PipelineError, match=r"stage 0 is sharded with fully_shard \(1\): .*pass the unsharded module") as err:
+        PipelineRuntime(sched, {0: whole}, toy_loss)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.slow
 def test_a_replica_that_dies_mid_reduction_stops_the_others():
     t0 = time.monotonic()

@@ -85,7 +85,19 @@ def refuse_wrapped(stage: int, module: nn.Module) -> None:
     if isinstance(module, FullyShardedDataParallel):
         raise PipelineError(
             f"stage {stage} is wrapped in FullyShardedDataParallel (FSDP1), which the pipeline's split backward cannot "
-            f"drive: pass the module itself and data_group=... (replicated gradients), or shard it with fully_shard"
+            f"drive: pass the module itself and data_group=... or mesh=..., and the runtime reduces the gradients"
+        )
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch before fully_shard
+        return
+    sharded = next((name or "the stage" for name, m in module.named_modules() if isinstance(m, FSDPModule)), None)
+    if sharded is not None:
+        raise PipelineError(
+            f"stage {stage} is sharded with fully_shard ({sharded}): FSDP2's hooks free the gathered parameters "
+            f"and reduce the gradients when B ends, before W has computed the weight gradients, which are then lost; "
+            f"pass the unsharded module and data_group=... or mesh=... (replicated data parallelism): this runtime "
+            f"does not shard stages"
         )
 
 
