@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import re
 import time
+from typing import cast
 
 import pytest
 import torch
 from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 import zbsearch as zb
 from tests.helpers.toy import VOCAB, copy_stages, toy_loss, toy_stages, uniform_profile
@@ -130,7 +132,13 @@ def _run(rank: int, world: int, send, schedules: list[str], steps: int) -> list[
         ref, ours = copy_stages(full), copy_stages(full)
         mine = {s: ours[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == pp_rank}
         ref_opt = torch.optim.AdamW([p for st in ref for p in st.parameters() if p.requires_grad], lr=0.01)
-        our_opt = torch.optim.AdamW([p for st in mine.values() for p in st.parameters() if p.requires_grad], lr=0.01)
+        ours_trained = [p for st in mine.values() for p in st.parameters() if p.requires_grad]
+        # every other schedule shards the optimizer state over the replicas (torch's ZeRO-1
+        # optimizer on the data-parallel group, after the runtime's reductions)
+        zero = i % 2 == 1
+        our_opt = (ZeroRedundancyOptimizer(ours_trained, optimizer_class=torch.optim.AdamW, lr=0.01,
+                                           process_group=mesh["dp_replicate"].get_group()) if zero
+                   else torch.optim.AdamW(ours_trained, lr=0.01))
         last = sched.num_stages - 1
         loss_fn = (_sum_loss if tokens else toy_loss) if last in mine else None
         runtime = PipelineRuntime(sched, mine, loss_fn, mesh=mesh, timeout=60,
@@ -163,6 +171,10 @@ def _run(rank: int, world: int, send, schedules: list[str], steps: int) -> list[
                     q[key] = p[key]
                 torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=lambda e, n=f"{sched.kind} {name}": f"{n}: {e}")
         assert {s for s, _, _ in runtime.reductions} == set(mine)
+        if zero:  # each replica holds the AdamW state of its share of the parameters only
+            held = sum(p.numel() for p in ours_trained)
+            kept = sum(p.numel() for p in cast(ZeroRedundancyOptimizer, our_opt).optim.state)
+            assert 0 < kept < held, (held, kept)
         done.append(sched.kind)
         runtime.close()
     return done
