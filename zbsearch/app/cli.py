@@ -215,11 +215,22 @@ def _summary(sched: zb.Schedule, pred: zb.Predicted) -> str:
         f"bound (any memory) {_fmt(pred.lower_bound)} ms (gap {gap:.2%})   peak memory {_fmt(max(pred.peak_memory))}"
     )
     if pred.iteration is not None:
-        dp = sched.profile.data_parallel
-        across = f" across {dp.replicas} replicas" if dp is not None else ""
-        text += (f"\niteration {_fmt(max(pred.iteration))} ms: the span, then the gradient reductions{across} and "
-                 "optimizer steps the passes do not hide")
+        text += f"\niteration {_fmt(max(pred.iteration))} ms: {_iteration_words(sched.profile)}"
     return text
+
+
+def _iteration_words(prof: zb.Profile) -> str:
+    """What the iteration counts beyond the span, in words."""
+    dp = prof.data_parallel
+    across = f" across {dp.replicas} replicas" if dp is not None else ""
+    return f"the span, then the gradient reductions{across} and optimizer steps the passes do not hide"
+
+
+def _replicas(dp: int | None, bandwidth: float | None) -> tuple[int, float] | None:
+    """``--dp`` with ``--dp-bandwidth``, for commands that take the gradient bytes from the model."""
+    if (dp is None) != (bandwidth is None):
+        raise ZbError("--dp and --dp-bandwidth go together: the replicas and GB/s per rank")
+    return None if dp is None or bandwidth is None else (dp, bandwidth)
 
 
 def _with_dp(prof: zb.Profile, dp: int | None, bandwidth: float | None, grad_bytes: str | None) -> zb.Profile:
@@ -396,10 +407,8 @@ def compare(
                   _fmt(row["peak_memory"]), "yes" if row["fits"] else "[red]no[/red]")
     _show(t)
     if lane:
-        mesh = prof.data_parallel
-        across = f" across {mesh.replicas} replicas" if mesh is not None else ""
-        out.print(f"iteration: the span, then the gradient reductions{across} and optimizer steps the passes do not "
-                  "hide; gain kept: how much of a row's span gain over 1f1b remains in its iteration", soft_wrap=True)
+        out.print(f"iteration: {_iteration_words(prof)}; gain kept: how much of a row's span gain over 1f1b remains "
+                  "in its iteration", soft_wrap=True)
     for reason, kinds in errors.items():
         out.print(f"n/a for {', '.join(kinds)}: {reason}", highlight=False, soft_wrap=True)
     skipped = [r["kind"] for r in rows if "skipped" in r]
@@ -635,8 +644,7 @@ def plan(
     from zbsearch.solver import covered, unsearched
 
     path = _output(output)
-    if (dp is None) != (dp_bandwidth is None):
-        raise ZbError("--dp and --dp-bandwidth go together: the replicas and GB/s per rank")
+    replicas = _replicas(dp, dp_bandwidth)
     found = load_layers(layers)
     budget = parse_bytes(memory)
     spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED  # the command's own start counts too
@@ -645,7 +653,7 @@ def plan(
         res = make_plan(found, ranks, m, budget, placement=placement, optimizer=optimizer,
                         time_limit=max(time_limit - spent, 0.1), objective=objective, milp=not no_milp,
                         recompute=recompute, progress=_progress(bar, task),
-                        data_parallel=None if dp is None or dp_bandwidth is None else (dp, dp_bandwidth))
+                        data_parallel=replicas)
     if path is not None:
         _write(res.schedule, path)
     if path is not None and str(path) == "-":
@@ -866,9 +874,8 @@ def profile(
     if per_layer and (placement is not None or layers_per_stage is not None):
         raise ZbError("--per-layer measures every unit apart: --placement and --layers-per-stage do not apply "
                       "(zbsearch plan chooses the cut)")
-    if (dp is None) != (dp_bandwidth is None):
-        raise ZbError("--dp and --dp-bandwidth go together: the replicas and GB/s per rank")
-    if dp is not None and per_layer:
+    replicas = _replicas(dp, dp_bandwidth)
+    if replicas is not None and per_layer:
         raise ZbError("--dp applies to stage profiles: zbsearch plan --dp prices each cut's reductions")
     if dp_bandwidth is not None and not dp_bandwidth > 0:
         raise ZbError("--dp-bandwidth must be a positive number of GB/s")
@@ -925,12 +932,12 @@ def profile(
         prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar)
     if prof is None:  # a torchrun rank other than 0
         return
-    if dp is not None and dp_bandwidth is not None:
+    if replicas is not None:
         from zbsearch.profiler.gradients import with_data_parallel
         from zbsearch.profiler.settings import resolve_device, resolve_dtype
 
         named = prof.name
-        prof = with_data_parallel(prof, spec.stages, dp, dp_bandwidth, resolve_device(device), resolve_dtype(dtype))
+        prof = with_data_parallel(prof, spec.stages, *replicas, resolve_device(device), resolve_dtype(dtype))
         if name is not None:
             prof = prof.model_copy(update={"name": named})
     if target is None or str(target) != "-":

@@ -110,7 +110,7 @@ class Cuts:
                 memory = rank_area_span_lower_bounds if cost.can_recompute else rank_memory_span_lower_bounds
                 ranks = [max(a, b) for a, b in zip(ranks, memory(cost, self.m, limit))]
             ev.ranks = tuple(sorted(ranks, reverse=True))
-            # the iteration: a span bound plus what every rank adds at least (``Problem.lane_floor``)
+            # the iteration: per rank, its span's bound plus what it adds at least (``Problem.lane_floors``)
             ev.key = (memory_makespan_lower_bound(cost, self.m, limit, quick=True) if self.objective == "makespan"
                       else max(b + f for b, f in zip(ranks, problem.lane_floors())))
             ev.bound = ev.key

@@ -119,23 +119,13 @@ def gather_trace(
     """Collective: every rank's rows to rank 0 of the group, as one trace (None on other ranks).
     ``reductions``: this rank's (stage, start us, end us) on rank 0's clock, where the pipeline
     is one replica of several (then every rank gives them)."""
-    data = torch.tensor([[a.stage, _OPS.index(a.op), a.mb, b, e, m] for a, b, e, m in rows], dtype=torch.float64)
-    what = "gathering the trace"
-    counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    _wait(
-        lambda: dist.all_gather(counts, torch.tensor([len(rows)], device=device), group=group, async_op=True), rank, timeout, what
-    )
-    longest = max(int(c.item()) for c in counts)
-    padded = torch.zeros(longest, 6, dtype=torch.float64, device=device)
-    padded[: len(rows)] = data.reshape(-1, 6).to(device)
-    parts = [torch.zeros_like(padded) for _ in range(world)]
-    _wait(lambda: dist.all_gather(parts, padded, group=group, async_op=True), rank, timeout, what)
+    table = [[a.stage, _OPS.index(a.op), a.mb, b, e, m] for a, b, e, m in rows]
+    per_rank = _gather_rows(table, 6, rank, world, group, device, timeout, "gathering the trace")
     lanes = None  # every rank gives them or none does (each holds a replica of its stages, or none)
     if reductions is not None:
         lanes = _gather_rows([list(x) for x in reductions], 3, rank, world, group, device, timeout, "gathering the reductions")
-    if rank != 0:
+    if per_rank is None:  # not rank 0
         return None
-    per_rank = [part[: int(n.item())].tolist() for part, n in zip(parts, counts)]
     t0 = min((row[3] for rows_r in per_rank for row in rows_r), default=0.0)  # the step's first start
     if lanes is not None:
         info["reductions"] = [[(int(s), b - t0, e - t0) for s, b, e in lane] for lane in lanes]

@@ -267,7 +267,7 @@ def compiled(module: nn.Module) -> bool:
         known = _COMPILED[module] = any(
             (isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None)
             and any(p.requires_grad for p in m.parameters())
-            for m in (module, *module.modules())
+            for m in module.modules()  # (the module itself first)
         )
     return known
 
