@@ -64,12 +64,12 @@ class _Pending:
 
 
 def refuse_wrapped(stage: int, module: nn.Module) -> None:
-    """Refuse a stage wrapped for data parallelism by torch: its hooks fire in the wrong pass.
-
-    ``DistributedDataParallel`` reduces from hooks on parameters that a split backward's W
-    does not run, and from a backward it expects once per step: under a pipeline schedule its
-    results are silently wrong. The runtime reduces instead (``data_group`` / ``mesh``).
-    """
+    """Refuse a stage wrapped for data parallelism by a torch wrapper whose hooks fire in the
+    wrong pass: ``DistributedDataParallel`` reduces from hooks on parameters that a split
+    backward's W does not run, and from a backward it expects once per step, so under a
+    pipeline schedule its results are silently wrong; the runtime reduces instead
+    (``data_group`` / ``mesh``). FSDP1 likewise. Stages under ``fully_shard`` (FSDP2) run:
+    the runtime drives its hooks (``sharded``)."""
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(module, DistributedDataParallel):
@@ -86,18 +86,6 @@ def refuse_wrapped(stage: int, module: nn.Module) -> None:
         raise PipelineError(
             f"stage {stage} is wrapped in FullyShardedDataParallel (FSDP1), which the pipeline's split backward cannot "
             f"drive: pass the module itself and data_group=... or mesh=..., and the runtime reduces the gradients"
-        )
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch before fully_shard
-        return
-    sharded = next((name or "the stage" for name, m in module.named_modules() if isinstance(m, FSDPModule)), None)
-    if sharded is not None:
-        raise PipelineError(
-            f"stage {stage} is sharded with fully_shard ({sharded}): FSDP2's hooks free the gathered parameters "
-            f"and reduce the gradients when B ends, before W has computed the weight gradients, which are then lost; "
-            f"pass the unsharded module and data_group=... or mesh=... (replicated data parallelism): this runtime "
-            f"does not shard stages"
         )
 
 

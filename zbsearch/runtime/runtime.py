@@ -65,6 +65,7 @@ from .memory import ActivationMeter, own_storage
 from .p2p import ACT, GRAD, P2P, comm_plan, plain, refuse_subclass
 from .recompute import Checkpoint, checkpointed_forward, recompute
 from .selective import Selection, recompute_selected, selected_modules
+from .sharded import ShardedStages, fsdp_modules
 from .split import ForwardPass, WeightPass, backward_full, backward_input, backward_weight, compiled, forward_pass
 from .tied import TiedParameters
 from .trace import StepTimer, clock_offset, gather_trace
@@ -128,8 +129,9 @@ class PipelineRuntime:
             raise PipelineError(f"invalid schedule: {problem}")
         self._failure: str | None = None  # why the runtime cannot step any more (set by a failed step or close)
         self.schedule = schedule
+        data_groups = [data_group] if data_group is not None else []
         if mesh is not None:
-            group, data_group = _mesh_groups(mesh, group, data_group)
+            group, data_groups = _mesh_groups(mesh, group, data_group)
         self.group = group
         self.rank = dist.get_rank(group)
         world = dist.get_world_size(group)
@@ -197,13 +199,30 @@ class PipelineRuntime:
         # the message each action waits for from another rank, if any
         self._ahead = _receives_ahead([t.key if (t := remote_input(a, self._owner)) else None for a in self._actions])
         self._handshake()
-        self.data_group = data_group if data_group is not None and dist.get_world_size(data_group) > 1 else None
-        self.replicas = 1 if self.data_group is None else dist.get_world_size(self.data_group)
-        self._dp: GradientReducer | None = None
-        if self.data_group is not None:
-            check_replicas(self.data_group, self.schedule, self.stages, self.rank, timeout)
+        data_groups = [g for g in data_groups if dist.get_world_size(g) > 1]
+        self.data_group = data_groups[0] if len(data_groups) == 1 else None  # one group: the replicas'
+        self._data_groups = data_groups
+        self.replicas = math.prod(dist.get_world_size(g) for g in data_groups)
+        sharded = sorted(s for s, m in self.stages.items() if fsdp_modules(m))
+        if mesh is not None and mesh_sizes_of(mesh).dp_shard > 1 and not sharded:
+            raise PipelineError(
+                f"the mesh shards data parallelism over {mesh_sizes_of(mesh).dp_shard} ranks (dp_shard), but rank "
+                f"{self.rank}'s stages are not sharded: apply fully_shard(stage, mesh=mesh['dp_shard']) to each stage "
+                f"(its layers first), or put the replicas in dp_replicate"
+            )
+        for g in data_groups:
+            check_replicas(g, self.schedule, self.stages, self.rank, timeout)
+        self._dp: GradientReducer | ShardedStages | None = None
+        self._sharded = bool(sharded)
+        if sharded:  # FSDP reduces (sums) across the whole data-parallel dimension, driven by the runtime
+            self._dp = ShardedStages(self.stages, self.replicas, timeout)
+        elif data_groups:
+            if len(data_groups) > 1:
+                raise PipelineError("replicated stages take one data-parallel group (data_group=), not several")
             order = [s for _, s in sorted((i, s) for i, s in self._done_at.items())]
-            self._dp = GradientReducer(self.stages, order, self.data_group, timeout, bucket_bytes)
+            self._dp = GradientReducer(self.stages, order, data_groups[0], timeout, bucket_bytes)
+        # each stage's first action, where a sharded stage needs its gathered parameters: position -> stage
+        self._first_at = {i: s for s, i in {a.stage: i for i, a in reversed(list(enumerate(self._actions)))}.items()}
         self.loss_normalization = loss_normalization
         self._count_tokens = count_tokens or _labelled_tokens
         # d(step loss)/d(microbatch loss): the mean over every replica's microbatches
@@ -272,14 +291,16 @@ class PipelineRuntime:
         mb_targets = self._split(targets, "targets") if self.last in self.stages else None
         if mb_targets is not None and self.loss_normalization == "tokens":
             total = sum(float(self._count_tokens(t)) for t in mb_targets)
-            if self._dp is not None:  # the global batch's tokens: every replica's last stage counts its own
-                total = replica_sum(total, self._dp.group, self.device, self.timeout)
+            for g in self._data_groups:  # the global batch's tokens: every replica's last stage counts its own
+                total = replica_sum(total, g, self.device, self.timeout)
             if total <= 0:
                 raise PipelineError("loss_normalization='tokens': the batch has no token to count (all labels ignored?)")
             self._seed = 1.0 / total
         try:
             return self._step(mb_inputs, mb_targets)
         except BaseException as err:  # incl. KeyboardInterrupt: the peers are out of step either way
+            if isinstance(self._dp, ShardedStages):
+                self._dp.abort()
             self._failure = f"unusable after a failed step ({first_line(err)})"
             raise
 
@@ -294,11 +315,16 @@ class PipelineRuntime:
         ckpts: dict[tuple[int, int], Checkpoint] = {}  # F done checkpointed, R to come
         selections: dict[tuple[int, int], Selection] = {}  # F done selectively checkpointed, RS to come
         local: dict[tuple[str, int, int], list] = {}
+        sharded = self._dp if isinstance(self._dp, ShardedStages) else None
+        if sharded is not None:  # gather every sharded stage's parameters, kept until its last backward
+            sharded.begin_step()
         for pos, a in enumerate(self._actions):
             self._comm.action = self.schedule.actions[self.rank][pos]
             self._comm.reap()
             for key in self._ahead[pos]:
                 self._comm.prepost(*key)
+            if sharded is not None and pos in self._first_at:
+                sharded.before(self._first_at[pos])
             if a.op is Op.F:
                 self._forward(a, passes, ckpts, selections, local, mb_inputs, mb_targets, losses)
             elif a.op is Op.R:
@@ -524,21 +550,22 @@ def _receives_ahead(needs: list, count: int = _LOOKAHEAD) -> list[list]:
     return ahead[::-1]
 
 
-def _mesh_groups(mesh: DeviceMesh, group, data_group) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
-    """The pipeline group and the replicated data-parallel group of a mesh (``distributed.mesh``)."""
-    from ..distributed.mesh import mesh_sizes
-
+def _mesh_groups(mesh: DeviceMesh, group, data_group) -> tuple[dist.ProcessGroup, list[dist.ProcessGroup]]:
+    """The pipeline group and the data-parallel groups of a mesh (``distributed.mesh``):
+    replicated, then sharded, each where its size is above one."""
     if group is not None or data_group is not None:
         raise PipelineError("give either mesh= or the groups (group=, data_group=), not both")
-    sizes = mesh_sizes(mesh)
-    if sizes.dp_shard > 1:
-        raise PipelineError(
-            f"the mesh shards data parallelism over {sizes.dp_shard} ranks (dp_shard): shard the stages with "
-            f"fully_shard on mesh['dp_shard'] is not supported by this runtime yet; use dp_replicate"
-        )
+    sizes = mesh_sizes_of(mesh)
     names = mesh.mesh_dim_names or ()
     if "pp" not in names:
         raise PipelineError(f"the mesh has no 'pp' dimension (its dimensions: {', '.join(names) or 'unnamed'})")
     pp = mesh["pp"].get_group()
-    dp = mesh["dp_replicate"].get_group() if sizes.dp_replicate > 1 else None
-    return pp, dp
+    data = [mesh[d].get_group() for d in ("dp_replicate", "dp_shard") if getattr(sizes, d) > 1]
+    return pp, data
+
+
+def mesh_sizes_of(mesh: DeviceMesh):
+    """The mesh's sizes (``distributed.mesh.mesh_sizes``)."""
+    from ..distributed.mesh import mesh_sizes
+
+    return mesh_sizes(mesh)

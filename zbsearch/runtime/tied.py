@@ -94,8 +94,9 @@ class TiedParameters:
     def __init__(
         self, tied: Sequence[Sequence[str]], stages: Mapping[int, nn.Module], stage_to_rank: Sequence[int], timeout: float
     ) -> None:
-        self.groups: list[tuple[list[nn.Parameter], PrivateGloo | None]] = []
+        self.groups: list[tuple[list[tuple[int, str]], PrivateGloo | None]] = []
         self.stages: set[int] = set()
+        self._modules = stages
         for i, group in enumerate(parse_tied(tied, len(stage_to_rank))):
             holders = sorted({stage_to_rank[s] for s, _ in group})
             mine = [_resolve(stages, s, path) for s, path in group if s in stages]
@@ -111,7 +112,8 @@ class TiedParameters:
                 theirs = gloo.exchange("declaration", (group, tuple(distinct[0].shape), str(distinct[0].dtype)))
                 if any(t != theirs[0] for t in theirs):
                     raise PipelineError(f"tied group {i}: ranks {holders} were given different declarations or shapes: {theirs}")
-            self.groups.append((distinct, gloo))
+            # found again at each sum: under fully_shard the stage holds its gathered parameters during a step
+            self.groups.append(([(s, path) for s, path in group if s in stages], gloo))
 
     def close(self) -> None:
         """Release the private groups of the sums (idempotent)."""
@@ -122,7 +124,8 @@ class TiedParameters:
     @torch.no_grad()
     def reduce(self) -> None:
         """Give every copy of every group the sum of all copies' gradients (None if none has one)."""
-        for copies, gloo in self.groups:
+        for names, gloo in self.groups:
+            copies = list({id(p): p for p in (_resolve(self._modules, s, path) for s, path in names)}.values())
             grads = [p.grad for p in copies if p.grad is not None]
             local = None
             for g in grads:

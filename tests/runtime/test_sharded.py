@@ -1,0 +1,233 @@
+"""Sharded data parallelism: stages under fully_shard (FSDP2), PP2 x DP2 on 4 gloo processes,
+equal to one process on the global batch under the split backward, with AdamW steps; the
+optimizer state and the parameters between steps are each rank's shard only."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import zbsearch as zb
+from tests.helpers.toy import copy_stages, toy_loss, uniform_profile
+from tests.runtime.test_data_parallel import _global_batch, _model, _reference, _schedules, _sum_loss
+from zbsearch.distributed import run_local
+from zbsearch.distributed.mesh import build_mesh
+from zbsearch.runtime import PipelineError, PipelineRuntime
+
+PP, DP = 2, 2
+
+
+def _shard(stage: nn.Module, mesh) -> None:
+    """torchtitan's recipe: each layer, then the stage itself."""
+    from torch.distributed.fsdp import fully_shard
+
+    for m in list(stage.modules()):
+        if m is not stage and type(m).__name__ == "Block":
+            fully_shard(m, mesh=mesh)
+    fully_shard(stage, mesh=mesh)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _run(rank: int, world: int, send, schedules: list[str], steps: int, dims: tuple[int, int]) -> list[str]:
+    """Every schedule with sharded stages, against one process on the global batch."""
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
+    replicate, shard = dims
+    mesh = build_mesh(pp=PP, dp_replicate=replicate, dp_shard=shard)
+    pp_rank = mesh["pp"].get_local_rank()
+    replica = mesh["dp_replicate"].get_local_rank() * shard + mesh["dp_shard"].get_local_rank()
+    data = mesh["dp_shard"] if replicate == 1 else mesh["dp_replicate", "dp_shard"]
+    done = []
+    for i, text in enumerate(schedules):
+        sched = zb.Schedule.model_validate_json(text)
+        tokens = i % 2 == 1
+        m = sched.num_microbatches
+        full = _model(sched.num_stages)
+        ref, ours = copy_stages(full), copy_stages(full)
+        mine = {s: ours[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == pp_rank}
+        for st in mine.values():
+            _shard(st, data)
+        ref_opt = torch.optim.AdamW([p for st in ref for p in st.parameters() if p.requires_grad], lr=0.01)
+        trained = [p for st in mine.values() for p in st.parameters() if p.requires_grad]
+        our_opt = torch.optim.AdamW(trained, lr=0.01)  # on the shards: its state is this rank's share
+        last = sched.num_stages - 1
+        loss_fn = (_sum_loss if tokens else toy_loss) if last in mine else None
+        runtime = PipelineRuntime(sched, mine, loss_fn, mesh=mesh, timeout=60,
+                                  loss_normalization="tokens" if tokens else "mean")
+        for step in range(steps):
+            ids, targets = _global_batch(m, step, pad=tokens, replicas=replicate * shard)
+            part = slice(replica * 2 * m, (replica + 1) * 2 * m)
+            ref_opt.zero_grad()
+            our_opt.zero_grad()
+            _reference(ref, ids, targets, tokens)
+            runtime.step(ids[part] if 0 in mine else None, targets[part] if last in mine else None)
+            for s, st in mine.items():
+                for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
+                    where = f"{sched.kind} step {step} stage {s} {name}"
+                    assert q is not None and hasattr(q, "to_local"), f"{where}: not sharded after the step"
+                    if p.grad is None:  # no replica used it: FSDP reduces zeros
+                        assert q.grad is None or not _full(q.grad).any(), where
+                        continue
+                    torch.testing.assert_close(_full(q.grad), p.grad, rtol=1e-5, atol=1e-6,
+                                               msg=lambda e, w=where: f"{w}: {e}")
+            ref_opt.step()
+            our_opt.step()
+        for s, st in mine.items():  # parameters after the AdamW steps
+            for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
+                q, p = _full(q.detach()).clone(), p.detach().clone()
+                if name.endswith("attn.in_proj_bias"):  # see test_data_parallel._run
+                    key = slice(p.numel() // 3, 2 * p.numel() // 3)
+                    assert (q[key] - p[key]).abs().max() <= 0.01 * steps * 1.01, name
+                    q[key] = p[key]
+                torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=lambda e, n=f"{sched.kind} {name}": f"{n}: {e}")
+        held = sum(p.numel() for p in trained)  # global sizes
+        kept = sum(p.to_local().numel() for p in trained)
+        state = sum(v.to_local().numel() for st in our_opt.state.values() for k, v in st.items() if k != "step")
+        assert kept < held and state == 2 * kept, (held, kept, state)
+        assert {s for s, _, _ in runtime.reductions} == set(mine)
+        done.append(sched.kind)
+        runtime.close()
+    return done
+
+
+def test_pp2_dp2_sharded_stages_equal_one_process():
+    """The fast suite's share: a zero-bubble split schedule and a V placement, mean and tokens."""
+    sched = [zb.build_classic(k, uniform_profile(PP), 4) for k in ("zb-h1", "zb-v")]
+    kinds = run_local(_run, PP * DP, [s.model_dump_json() for s in sched], 2, (1, DP))
+    assert kinds[3] == ["zb-h1", "zb-v"]
+
+
+@pytest.mark.slow
+def test_every_schedule_kind_with_sharded_stages_equals_one_process():
+    schedules = _schedules(4)
+    kinds = run_local(_run, PP * DP, [s.model_dump_json() for s in schedules], 2, (1, DP))
+    assert kinds[0] == [s.kind for s in schedules]
+
+
+@pytest.mark.slow
+def test_hybrid_sharding_pp2_dp2x2_equals_one_process():
+    sched = [zb.build_classic(k, uniform_profile(PP), 4) for k in ("zb-h1", "interleaved-1f1b")]
+    kinds = run_local(_run, PP * 4, [s.model_dump_json() for s in sched], 2, (2, 2))
+    assert kinds[0] == ["zb-h1", "interleaved-1f1b"]
+
+
+# -- wrong set-ups: one line ---------------------------------------------------------------------
+def test_a_stage_sharded_in_part_is_refused_in_one_line(one_rank):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    sched = zb.build_classic("zb-h1", uniform_profile(1), 2)
+    whole = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    fully_shard(whole[1], mesh=init_device_mesh("cpu", (1,)))  # one layer sharded, the stage itself not
+    with pytest.raises(PipelineError, match=r"stage 0: parameter '0.weight' is not sharded by fully_shard while others "
+                                            r"of the stage are: apply fully_shard to the stage module itself") as err:
+        PipelineRuntime(sched, {0: whole}, toy_loss)
+    assert "\n" not in str(err.value)
+
+
+def _bad(rank: int, world: int, send, how: str) -> str:
+    sched = zb.build_classic("zb-h1", uniform_profile(PP), 4)
+    mesh = build_mesh(pp=PP, dp_replicate=2 if how == "partial-mesh" else 1, dp_shard=1 if how == "partial-mesh" else 2)
+    pp_rank = mesh["pp"].get_local_rank()
+    stage = _model(PP)[pp_rank]
+    if how == "partial-mesh":
+        _shard(stage, mesh["dp_shard"])  # over 1 rank of the 2 replicas
+    PipelineRuntime(sched, {pp_rank: stage}, toy_loss if pp_rank == PP - 1 else None, mesh=mesh, timeout=20)
+    return "built"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how, message", [
+    ("partial-mesh", r"stage \d is sharded over 1 ranks, but the data-parallel dimension has 2: shard over all of it"),
+    ("unsharded", r"the mesh shards data parallelism over 2 ranks \(dp_shard\), but rank \d's stages are not sharded: "
+                  r"apply fully_shard"),
+])
+def test_sharded_mesh_set_ups_that_cannot_work_stop_in_one_line(how, message):
+    with pytest.raises(zb.ZbError, match=message) as err:
+        run_local(_bad, PP * DP, how, timeout=120)
+    assert "\n" not in str(err.value)
+
+
+# -- memory: what a rank holds at the step's peak, measured against the planner's model ----------
+WIDE = 8  # every dimension even: FSDP's shards are even, with no padding
+
+
+class _Lin(nn.Module):
+    def __init__(self, first: bool = False) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(WIDE, WIDE), nn.Linear(WIDE, WIDE)
+        self.first = first
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def _storages(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a DTensor's local shard)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        t = t.to_local() if hasattr(t, "to_local") else t
+        st = t.untyped_storage()
+        if st.nbytes():
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def _memory(rank: int, world: int, send, kind: str) -> tuple[float, float]:
+    """Peak bytes of parameters, gradients and AdamW state on this rank during a sharded step
+    (every storage held, whole and sharded), and the planner's prediction for them."""
+    from torch.distributed.fsdp import fully_shard
+
+    from zbsearch.planner.memory import parameter_bytes
+    from zbsearch.runtime.sharded import ShardedStages
+
+    mesh = build_mesh(pp=PP, dp_shard=DP)
+    pp_rank = mesh["pp"].get_local_rank()
+    sched = zb.build_classic(kind, uniform_profile(PP), 4)
+    torch.manual_seed(0)
+    stages = [_Lin() for _ in range(sched.num_stages)]
+    mine = {s: stages[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == pp_rank}
+    params = sum(p.numel() for st in mine.values() for p in st.parameters())
+    for st in mine.values():
+        for lin in (st.a, st.b):
+            fully_shard(lin, mesh=mesh["dp_shard"])
+        fully_shard(st, mesh=mesh["dp_shard"])
+    opt = torch.optim.AdamW([p for st in mine.values() for p in st.parameters()], lr=0.01)
+    last = sched.num_stages - 1
+    runtime = PipelineRuntime(sched, mine, nn.functional.mse_loss if last in mine else None, mesh=mesh, timeout=60)
+    peak = [0]
+    start = ShardedStages.start
+
+    def measured_start(self, stage):  # the gradients are complete and not yet reduce-scattered
+        held = [t for st in mine.values() for p in st.parameters() for t in (p, p.grad)]
+        held += [fp.sharded_param for st in mine.values() for m in st.modules() if hasattr(m, "_get_fsdp_state")
+                 for g in m._get_fsdp_state()._fsdp_param_groups for fp in g.fsdp_params]
+        held += [v for state in opt.state.values() for k, v in state.items() if k != "step"]
+        peak[0] = max(peak[0], _storages(held))
+        start(self, stage)
+
+    ShardedStages.start = measured_start  # type: ignore[method-assign]
+    for step in range(2):  # AdamW's state exists from the first optimizer step on
+        peak[0] = 0
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(4 * DP * 2, WIDE, generator=g), torch.randn(4 * DP * 2, WIDE, generator=g)
+        opt.zero_grad()
+        runtime.step(x[:8] if 0 in mine else None, y[:8] if last in mine else None)
+        opt.step()
+    runtime.close()
+    whole = 4.0 * params  # fp32
+    return float(peak[0]), parameter_bytes(params, whole, "adamw", shard=DP), parameter_bytes(params, whole, "adamw")
+
+
+@pytest.mark.parametrize("kind", ["zb-v"])
+def test_sharded_static_bytes_at_the_peak_equal_the_planners_model(kind):
+    got = run_local(_memory, PP * DP, kind)
+    for measured, predicted, unsharded in got:
+        assert measured == predicted < unsharded, got
