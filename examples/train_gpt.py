@@ -4,10 +4,13 @@
     torchrun --nproc-per-node 2 examples/train_gpt.py zbh1.json --steps 20 --trace trace.json
     zbsearch show zbh1.json --measured trace.json
 
-In a mesh, ``--dp N`` runs N replicas of the pipeline on the global batch, ``--tp N`` splits
-each stage's layers over N ranks (``zbsearch.models.tensor_parallel``); processes = ranks x dp x tp:
+In a mesh, ``--dp N`` runs N replicas of the pipeline on the global batch (``--shard``: the N
+data-parallel ranks shard each stage with ``fully_shard`` instead of holding it whole),
+``--tp N`` splits each stage's layers over N ranks (``zbsearch.models.tensor_parallel``);
+processes = ranks x dp x tp:
 
     torchrun --nproc-per-node 4 examples/train_gpt.py zbh1.json --dp 2 --steps 20 --check
+    torchrun --nproc-per-node 4 examples/train_gpt.py zbh1.json --dp 2 --shard --check
     torchrun --nproc-per-node 8 examples/train_gpt.py zbh1.json --dp 2 --tp 2 --check
 
 gloo on CPU by default, NCCL when CUDA is present (one GPU per rank). Every rank builds the
@@ -34,6 +37,7 @@ from zbsearch.distributed.mesh import mesh_for
 from zbsearch.distributed.torchrun import run_under_torchrun
 from zbsearch.formats.trace import save_trace
 from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
+from zbsearch.models.sharding import shard_stage
 from zbsearch.models.tensor_parallel import parallelize_stage
 from zbsearch.runtime import PipelineRuntime
 
@@ -49,6 +53,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for another rank before failing")
     ap.add_argument("--trace", type=Path, default=None, help="write the last step's Chrome trace here (rank 0)")
     ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (processes = ranks x dp)")
+    ap.add_argument("--shard", action="store_true", help="shard each stage over the --dp ranks (fully_shard)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (processes = ranks x dp x tp)")
     ap.add_argument("--check", action="store_true", help="compare every step's gradients with one process on the global batch")
     args = ap.parse_args()
@@ -62,14 +67,17 @@ def main() -> None:
 def run(args, device: torch.device) -> None:
     sched = zb.load_schedule(args.schedule)
     m, S = sched.num_microbatches, sched.num_stages
-    mesh = mesh_for(sched.num_ranks, dp_replicate=args.dp, tp=args.tp)
-    rank, replica = mesh["pp"].get_local_rank(), mesh["dp_replicate"].get_local_rank()
+    data = "dp_shard" if args.shard else "dp_replicate"
+    mesh = mesh_for(sched.num_ranks, tp=args.tp, **{data: args.dp})
+    rank, replica = mesh["pp"].get_local_rank(), mesh[data].get_local_rank()
     cfg = GPTConfig(layers=args.layers or 2 * S, hidden=args.hidden, heads=4, seq=32, vocab=64,
                     microbatch_size=args.microbatch_size, stages=S)
     whole = gpt_stages(cfg)
     stages = {s: st.to(device) for s, st in enumerate(whole) if sched.stage_to_rank[s] == rank}
     if args.tp > 1:  # each layer's heads and MLP columns split over the stage's tensor-parallel ranks
         stages = {s: parallelize_stage(st, mesh["tp"]) for s, st in stages.items()}
+    if args.shard:  # each layer, then the stage, sharded over the data-parallel ranks
+        stages = {s: shard_stage(st, mesh["dp_shard"]) for s, st in stages.items()}
     reference = gpt_stages(cfg) if args.check else None  # the same seed: the same weights
     runtime = PipelineRuntime(sched, stages, gpt_loss, device=device, timeout=args.timeout, mesh=mesh)
     optimizer = torch.optim.AdamW([p for st in stages.values() for p in st.parameters()], lr=args.lr)
@@ -113,7 +121,7 @@ def one_process(whole, stages, inputs, targets, microbatches: int) -> float:
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
-    """A tensor-parallel gradient gathered whole (a plain tensor as it is)."""
+    """A tensor-parallel or sharded gradient gathered whole (a plain tensor as it is)."""
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 

@@ -131,6 +131,16 @@ def test_a_stage_sharded_in_part_is_refused_in_one_line(one_rank):
 
 
 def _bad(rank: int, world: int, send, how: str) -> str:
+    if how == "tensor-parallel":  # PP1 x DP2 (sharded) x TP2: the built-in GPT's plan, then fully_shard
+        from zbsearch.models import GPTConfig, gpt_loss, gpt_stages
+        from zbsearch.models.sharding import shard_stage
+        from zbsearch.models.tensor_parallel import parallelize_stage
+
+        mesh = build_mesh(pp=1, dp_shard=2, tp=2)
+        stage = gpt_stages(GPTConfig(layers=1, hidden=16, heads=2, seq=8, vocab=16, microbatch_size=1, stages=1))[0]
+        stage = shard_stage(parallelize_stage(stage, mesh["tp"]), mesh["dp_shard"])
+        PipelineRuntime(zb.build_classic("zb-h1", uniform_profile(1), 2), {0: stage}, gpt_loss, mesh=mesh, timeout=20)
+        return "built"
     sched = zb.build_classic("zb-h1", uniform_profile(PP), 4)
     mesh = build_mesh(pp=PP, dp_replicate=2 if how == "partial-mesh" else 1, dp_shard=1 if how == "partial-mesh" else 2)
     pp_rank = mesh["pp"].get_local_rank()
@@ -144,6 +154,8 @@ def _bad(rank: int, world: int, send, how: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("how, message", [
     ("partial-mesh", r"stage \d is sharded over 1 ranks, but the data-parallel dimension has 2: shard over all of it"),
+    ("tensor-parallel", r"stage 0 is both tensor-parallel and sharded with fully_shard \(parameter '0\.tok\.weight'\): "
+                        r"not supported by this runtime; replicate"),
     ("unsharded", r"the mesh shards data parallelism over 2 ranks \(dp_shard\), but rank \d's stages are not sharded: "
                   r"apply fully_shard"),
 ])

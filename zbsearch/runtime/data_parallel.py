@@ -242,7 +242,7 @@ def _shard(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _lay_out_as_parameter(p: nn.Parameter) -> None:
+def lay_out_as_parameter(p: nn.Parameter) -> None:
     """A DTensor gradient laid out as its parameter, so that every replica reduces the same shard
     (torch leaves some otherwise: an embedding split by rows gets a replicated gradient, this
     rank keeps its rows; a norm under sequence parallelism a partial one, summed across the
@@ -274,7 +274,7 @@ def _flatten(params: list[nn.Parameter]) -> torch.Tensor:
     """The gradients of ``params`` (zeros for a missing one) as one flat tensor, followed by one
     presence flag per parameter (1 where this rank has a gradient)."""
     for p in params:
-        _lay_out_as_parameter(p)
+        lay_out_as_parameter(p)
     p0 = params[0]
     numel = sum(_shard(p).numel() for p in params)
     flat = torch.empty(numel + len(params), dtype=p0.dtype, device=p0.device)

@@ -89,6 +89,14 @@ class ShardedStages:
                     f"apply fully_shard to the stage module itself too (after its layers), so that FSDP reduces every "
                     f"gradient"
                 )
+            tp = next((n for n, p in module.named_parameters() if p.requires_grad and
+                       any(fp.is_dtensor and fp.sharded_param is p for m in mods for g in _groups(m) for fp in g.fsdp_params)),
+                      None)
+            if tp is not None:
+                raise PipelineError(
+                    f"stage {s} is both tensor-parallel and sharded with fully_shard (parameter {tp!r}): not supported by "
+                    f"this runtime; replicate the tensor-parallel stages over the data-parallel ranks (dp_replicate)"
+                )
             for m in mods:
                 for g in _groups(m):
                     mesh = g.mesh_info.mesh
