@@ -99,6 +99,19 @@ def _reference(stages: list[nn.Module], ids, targets, tokens: bool) -> None:
         loss.backward()
 
 
+def step_both(runtime, ref, mine, optimizers, step: int, tokens: bool, replica: int, replicas: int = DP) -> None:
+    """One step of the pipeline on this replica's share of a global batch, and of the one-process
+    model on all of it, the optimizers' gradients zeroed first."""
+    m = runtime.schedule.num_microbatches
+    ids, targets = _global_batch(m, step, pad=tokens, replicas=replicas)
+    part = slice(replica * 2 * m, (replica + 1) * 2 * m)
+    for opt in optimizers:
+        opt.zero_grad()
+    _reference(ref, ids, targets, tokens)
+    last = runtime.schedule.num_stages - 1
+    runtime.step(ids[part] if 0 in mine else None, targets[part] if last in mine else None)
+
+
 def _check_trace(trace, sched: zb.Schedule) -> None:
     """The last step's trace (on each pipeline's first rank) records every stage's reduction on
     its rank, started after the stage's last W or BW; ``compare_reductions`` reads them."""
@@ -127,7 +140,6 @@ def _run(rank: int, world: int, send, schedules: list[str], steps: int) -> list[
     for i, text in enumerate(schedules):
         sched = zb.Schedule.model_validate_json(text)
         tokens = i % 3 == 1  # some schedules normalise by tokens
-        m = sched.num_microbatches
         full = _model(sched.num_stages)
         ref, ours = copy_stages(full), copy_stages(full)
         mine = {s: ours[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == pp_rank}
@@ -144,12 +156,7 @@ def _run(rank: int, world: int, send, schedules: list[str], steps: int) -> list[
         runtime = PipelineRuntime(sched, mine, loss_fn, mesh=mesh, timeout=60,
                                   loss_normalization="tokens" if tokens else "mean", bucket_bytes=600)
         for step in range(steps):
-            ids, targets = _global_batch(m, step, pad=tokens)
-            part = slice(replica * 2 * m, (replica + 1) * 2 * m)
-            ref_opt.zero_grad()
-            our_opt.zero_grad()
-            _reference(ref, ids, targets, tokens)
-            runtime.step(ids[part] if 0 in mine else None, targets[part] if last in mine else None)
+            step_both(runtime, ref, mine, (ref_opt, our_opt), step, tokens, replica)
             for s, st in mine.items():
                 for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
                     where = f"{sched.kind} step {step} stage {s} {name}"

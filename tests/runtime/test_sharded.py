@@ -12,7 +12,7 @@ from torch import nn
 
 import zbsearch as zb
 from tests.helpers.toy import copy_stages, toy_loss, uniform_profile
-from tests.runtime.test_data_parallel import _global_batch, _model, _reference, _schedules, _sum_loss
+from tests.runtime.test_data_parallel import _model, _schedules, _sum_loss, step_both
 from zbsearch.distributed import run_local
 from zbsearch.distributed.mesh import build_mesh
 from zbsearch.runtime import PipelineError, PipelineRuntime
@@ -46,7 +46,6 @@ def _run(rank: int, world: int, send, schedules: list[str], steps: int, dims: tu
     for i, text in enumerate(schedules):
         sched = zb.Schedule.model_validate_json(text)
         tokens = i % 2 == 1
-        m = sched.num_microbatches
         full = _model(sched.num_stages)
         ref, ours = copy_stages(full), copy_stages(full)
         mine = {s: ours[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == pp_rank}
@@ -60,12 +59,7 @@ def _run(rank: int, world: int, send, schedules: list[str], steps: int, dims: tu
         runtime = PipelineRuntime(sched, mine, loss_fn, mesh=mesh, timeout=60,
                                   loss_normalization="tokens" if tokens else "mean")
         for step in range(steps):
-            ids, targets = _global_batch(m, step, pad=tokens, replicas=replicate * shard)
-            part = slice(replica * 2 * m, (replica + 1) * 2 * m)
-            ref_opt.zero_grad()
-            our_opt.zero_grad()
-            _reference(ref, ids, targets, tokens)
-            runtime.step(ids[part] if 0 in mine else None, targets[part] if last in mine else None)
+            step_both(runtime, ref, mine, (ref_opt, our_opt), step, tokens, replica, replicate * shard)
             for s, st in mine.items():
                 for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
                     where = f"{sched.kind} step {step} stage {s} {name}"
