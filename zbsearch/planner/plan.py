@@ -23,10 +23,13 @@ recomputation costs and solved with the solver's ``recompute``; its memory need 
 checkpointed microbatch keeps, its bounds hold for every choice of what to recompute that the
 mode allows (``search``), so the plan's bound does too.
 
-The time limit bounds the whole call: the phases end at their shares of it, every solve is
+The time limit bounds the whole call: the phases end at their shares of it (pricing every cut
+may take until half of it, the later phases then sharing what is left), every solve is
 given no more than the time left to its phase's end less the most a solve has overrun its
 limit so far, and the searching stops a margin before the limit (``Clock``). However short
-the limit, one cut is solved.
+the limit, one cut is solved. It returns sooner once nothing left could improve the value or
+the bound: when the best value meets the bound over every cut; and a cut is solved again only
+while its own bound is below the best value.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from ..formats.schedule import Schedule
 from ..limits import allowance
 from ..solver import Progress, SolveResult, solve
 from ..solver.problem import RECOMPUTATIONS
+from ..solver.verdict import CLOSED
 from .baselines import baseline_cuts
 from .compose import Cut, Placement, activation_need
 from .memory import OPTIMIZERS
@@ -55,8 +59,11 @@ __all__ = ["PlanResult", "plan", "ENUMERATE", "Clock"]
 # stages: 330); beyond, the local search. Each costs a quick bound: milliseconds.
 ENUMERATE = 3000
 # Shares of the time limit, each phase ending at its share of it: pricing cuts, solving the
-# baselines, best-first quick solves; the rest polishes the best cuts.
+# baselines, best-first quick solves; the rest polishes the best cuts. Pricing every cut of a
+# placement (at most ENUMERATE) may take until _ENUMERATE of it, the phases after it then
+# sharing what is left in the same proportions.
 _PRICE, _BASELINES, _QUICK = 0.15, 0.2, 0.35
+_ENUMERATE = 0.5
 # Cuts polished with the full solver at the end, and how close to the best a quick value must be.
 _POLISH, _POLISH_WITHIN = 3, 0.03
 # The time limit less this share of it (at least _MARGIN_S) is when the plan's work must end:
@@ -198,21 +205,23 @@ def _plan(layers: LayerProfile, num_ranks: int, m: int, budget: float | None, pl
         clock.solved(given, clock.now() - t)
         return res
 
-    # 1. price cuts
+    # 1. price cuts: every one where there are at most ENUMERATE (until _ENUMERATE of the limit at
+    # most), else a local search for _PRICE of the limit shared among the placements
     spaces = {pl: Cuts(layers, num_ranks, pl, m, budget, optimizer, objective, recompute, data_parallel) for pl in places}
-    exhaustive: dict[Placement, bool] = {}
+    exhaustive: dict[Placement, bool] = {pl: False for pl in places}
     report("pricing cuts")
-    for i, (pl, space) in enumerate(spaces.items()):
-        share = clock.until((i + 1) * _PRICE / len(spaces))
-        exhaustive[pl] = False
+    enum_until = clock.until(_ENUMERATE)
+    for pl, space in spaces.items():
         if space.total <= ENUMERATE:
             for k, counts in enumerate(compositions(layers.num_units, space.num_stages)):
-                if k and clock.now() >= share:  # out of time: the local search below, the bound relaxed
+                if k and clock.now() >= enum_until:  # out of time: the local search below, the bound relaxed
                     break
                 space.evaluate(counts)
             else:
                 exhaustive[pl] = True
+    for pl, space in spaces.items():
         if not exhaustive[pl]:
+            share = min(clock.end, clock.now() + _PRICE * clock.limit / len(spaces))
             starts = [b.cut.counts for b in baseline_cuts(layers, num_ranks, pl) if b.cut is not None]
             starts.append(space.balanced())
             for start in dict.fromkeys(starts):
@@ -220,13 +229,28 @@ def _plan(layers: LayerProfile, num_ranks: int, m: int, budget: float | None, pl
     feasible = [ev for space in spaces.values() for ev in space.seen.values() if ev.feasible]
     if not feasible:
         raise ZbError(_no_fit(spaces, budget, optimizer, recompute))
+    relaxed = {pl: relaxed_bound(layers, num_ranks, pl, m, recompute) for pl in places if not exhaustive[pl]}
+    priced = clock.now()
+
+    def lower() -> float:
+        """The bound over every cut as it stands (see the module)."""
+        return min(min((ev.bound for ev in spaces[pl].seen.values() if ev.feasible), default=math.inf)
+                   if exhaustive[pl] else relaxed[pl] for pl in places)
+
+    def closed() -> bool:
+        """Whether the best value found is proven: no cut and no schedule can beat it."""
+        return best_value <= lower() * (1 + CLOSED)
+
+    def worth(ev: CutEval) -> bool:
+        """Whether solving ``ev`` again could beat the best value or raise the bound."""
+        return not closed() and best_value > ev.bound * (1 + CLOSED)
 
     # 2. baselines at the same budget
     outcomes: list[CutOutcome] = []
     base_runs: list[tuple[CutEval, SolveResult]] = []
     rules = [(pl, b) for pl in places for b in baseline_cuts(layers, num_ranks, pl)]
     runnable = [(pl, b) for pl, b in rules if b.cut is not None and spaces[pl].evaluate(b.cut.counts).feasible]
-    base_until = clock.until(_PRICE + _BASELINES)
+    base_until = _phase_end(clock, priced, _PRICE + _BASELINES)
     left_to_run = len(runnable)
     for pl, b in rules:
         name = b.name if len(places) == 1 else f"{b.name} ({pl})"
@@ -253,7 +277,7 @@ def _plan(layers: LayerProfile, num_ranks: int, m: int, budget: float | None, pl
         best_value = min(best_value, res.info.value)
 
     # 3. best first, quick solves
-    quick_until = max(clock.now(), clock.until(_PRICE + _BASELINES + _QUICK))
+    quick_until = max(clock.now(), _phase_end(clock, priced, _PRICE + _BASELINES + _QUICK))
     results: dict[tuple[Placement, tuple[int, ...]], SolveResult] = {}
     for ev, res in base_runs:
         results[(ev.cut.placement, ev.cut.counts)] = res
@@ -261,7 +285,7 @@ def _plan(layers: LayerProfile, num_ranks: int, m: int, budget: float | None, pl
     heapq.heapify(heap)
     quick_t = _quick_time(feasible[0], m, clock.limit, recompute)
     solved_keys: set[tuple[Placement, tuple[int, ...]]] = set(results)
-    while heap and (clock.now() < quick_until or not results):
+    while heap and (clock.now() < quick_until or not results) and not (results and closed()):
         key, _, ev = heapq.heappop(heap)
         if key >= best_value * (1 - 1e-9):
             heapq.heappush(heap, (key, str(ev.cut), ev))
@@ -293,16 +317,19 @@ def _plan(layers: LayerProfile, num_ranks: int, m: int, budget: float | None, pl
     ranked = sorted(results.items(), key=lambda kv: kv[1].info.value)
     top = [kv for kv in ranked if kv[1].info.value <= ranked[0][1].info.value * (1 + _POLISH_WITHIN)][:_POLISH]
     for i, (ident, res) in enumerate(top):
+        ev = spaces[ident[0]].evaluate(ident[1])
+        if not worth(ev):  # proven: nothing polishing it could change
+            continue
         share = clock.seconds((clock.end - clock.now()) / (len(top) - i))
         if share < 0.2 and (i or share < _MIN_SOLVE_S):
             break
-        ev = spaces[ident[0]].evaluate(ident[1])
         report(f"polishing {ev.cut}")
         better = run(ev, share, True, start=res.schedule.rank_actions)
         if better is not None:
             ev.bound = max(ev.bound, better.info.lower_bound)
             if better.info.value < res.info.value:
                 results[ident] = better
+                best_value = min(best_value, better.info.value)
 
     # choose, and bound every cut
     ident, res = min(results.items(), key=lambda kv: kv[1].info.value)
@@ -310,15 +337,9 @@ def _plan(layers: LayerProfile, num_ranks: int, m: int, budget: float | None, pl
         ev = spaces[pl].evaluate(counts)
         ev.bound = max(ev.bound, r.info.lower_bound)
         ev.value = r.info.value if ev.value is None else min(ev.value, r.info.value)
-    bounds = []
-    for pl, space in spaces.items():
-        if exhaustive[pl]:
-            bounds.append(min((ev.bound for ev in space.seen.values() if ev.feasible), default=math.inf))
-        else:
-            bounds.append(relaxed_bound(layers, num_ranks, pl, m, recompute))
     value = res.info.value
-    lower = min(min(bounds), value)
-    bound_now = lower
+    bound = min(lower(), value)
+    bound_now = bound
     best_value = value
     report("done")
     ev = spaces[ident[0]].evaluate(ident[1])
@@ -326,13 +347,21 @@ def _plan(layers: LayerProfile, num_ranks: int, m: int, budget: float | None, pl
     part = Partition(
         layers=layers.name, units=layers.names, kinds=[u.kind for u in layers.units], placement=ev.cut.placement,
         stages=ev.cut.names(layers), optimizer=optimizer, budget_bytes=budget, static_bytes=ev.static,
-        activation_bytes=list(tl.peak_memory), objective=objective, recompute=recompute, value=value, lower_bound=lower,
-        gap=max(0.0, value / lower - 1) if lower > 0 else 0.0, placements_searched=list(places),
+        activation_bytes=list(tl.peak_memory), objective=objective, recompute=recompute, value=value, lower_bound=bound,
+        gap=max(0.0, value / bound - 1) if bound > 0 else 0.0, placements_searched=list(places),
         cuts_solved=len(results), cuts_bounded=sum(len(s.seen) for s in spaces.values()),
         exhaustive=all(exhaustive.values()), time_s=round(clock.now() - clock.start, 3), baselines=outcomes,
     )
     sched = updated(res.schedule, partition=part)
     return PlanResult(sched, part, ev.cut)
+
+
+def _phase_end(clock: Clock, priced: float, share: float) -> float:
+    """When the phase that ends at ``share`` of the limit ends, pricing having ended at
+    ``priced``: at its share, or where pricing ran past its own share (every cut priced), as
+    far into what is left as its share is into what follows pricing."""
+    later = priced + (clock.end - priced) * (share - _PRICE) / (1 - _PRICE)
+    return min(clock.end, max(clock.until(share), later))
 
 
 def _check_recompute(layers: LayerProfile, recompute: str) -> None:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..bounds import (
-    memory_makespan_lower_bound,
+    makespan_from_spans,
     rank_area_span_lower_bounds,
     rank_memory_span_lower_bounds,
     rank_span_lower_bounds,
@@ -111,7 +111,8 @@ class Cuts:
                 ranks = [max(a, b) for a, b in zip(ranks, memory(cost, self.m, limit))]
             ev.ranks = tuple(sorted(ranks, reverse=True))
             # the iteration: per rank, its span's bound plus what it adds at least (``Problem.lane_floors``)
-            ev.key = (memory_makespan_lower_bound(cost, self.m, limit, quick=True) if self.objective == "makespan"
+            # the makespan: per rank, its span's bound after the forwards of one microbatch reach it
+            ev.key = (makespan_from_spans(cost, self.m, ranks) if self.objective == "makespan"
                       else max(b + f for b, f in zip(ranks, problem.lane_floors())))
             ev.bound = ev.key
         self.seen[counts] = ev
