@@ -28,7 +28,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..bounds import (
     makespan_from_spans,
@@ -40,6 +40,7 @@ from ..costs import CostModel
 from ..formats.layers import LayerProfile, Unit
 from ..formats.profile import Profile
 from ..limits import allowance
+from ..solver import SolveResult
 from ..solver.problem import Problem
 from .compose import Cut, Placement, activation_need, stage_profile, static_bytes
 
@@ -59,8 +60,8 @@ class CutEval:
     key: float = math.inf  # the solver's quick bound for this cut (ms); inf when infeasible
     ranks: tuple[float, ...] = ()  # per-rank bounds, largest first (ties broken by the next)
     bound: float = 0.0  # the best bound known for this cut: the key, or a solver's if larger
-    value: float | None = None  # the best objective a solve found (ms)
-    solves: list[float] = field(default_factory=list)
+    solved: bool = False  # whether the solver ran on it
+    result: SolveResult | None = None  # its best schedule found
 
 
 def compositions(n: int, parts: int) -> Iterator[tuple[int, ...]]:
@@ -81,6 +82,7 @@ class Cuts:
         self.data_parallel = data_parallel
         self.num_stages = num_ranks * (2 if placement == "v" else 1)
         self.seen: dict[tuple[int, ...], CutEval] = {}
+        self.exhaustive = False  # whether every cut was priced
 
     @property
     def total(self) -> int:
@@ -117,6 +119,16 @@ class Cuts:
             ev.bound = ev.key
         self.seen[counts] = ev
         return ev
+
+    def price_all(self, deadline: float, now: Callable[[], float] = time.monotonic) -> bool:
+        """Price every cut, in order, until ``deadline`` (on the clock ``now``; the first cut
+        whatever the time); whether all were (``exhaustive``)."""
+        for k, counts in enumerate(compositions(self.layers.num_units, self.num_stages)):
+            if k and now() >= deadline:
+                return False
+            self.evaluate(counts)
+        self.exhaustive = True
+        return True
 
     def neighbours(self, counts: tuple[int, ...], steps: tuple[int, ...] = (1, 2)) -> Iterator[tuple[int, ...]]:
         """The cuts with one stage boundary moved by one of ``steps`` units either way."""
