@@ -10,7 +10,9 @@ them top to bottom):
    microbatch's activations exceed the budget on some rank has no schedule and is left out.
 2. ``Search``, the bound: over a placement whose every cut was priced, the least over its
    feasible cuts of the best bound known for each (its key, or the solver's where it solved
-   the cut, which solves raise as they go); over another, the placement's ``relaxed_bound``.
+   the cut, which solves raise as they go); over another, the least over every cut of the
+   per-rank bounds that depend on a rank's own units and where the stages after it end
+   (``relaxation.relaxed_bound``).
    The bound holds over every cut of the placements searched and every schedule within the
    budget; every phase below reads it, and stops once the best value found meets it.
 3. ``solve_baselines``: the even split, torchtitan's default and Megatron's, each solved with
@@ -58,7 +60,8 @@ from ..solver.verdict import CLOSED
 from .baselines import BaselineCut, baseline_cuts
 from .compose import Cut, Placement, activation_need
 from .memory import OPTIMIZERS
-from .search import CutEval, Cuts, relaxed_bound
+from .relaxation import relaxed_bound
+from .search import CutEval, Cuts
 
 __all__ = ["PlanResult", "plan", "ENUMERATE", "Clock", "PlanInputs", "Search"]
 
@@ -71,6 +74,9 @@ ENUMERATE = 3000
 # sharing what is left in the same proportions.
 _PRICE, _BASELINES, _QUICK = 0.15, 0.2, 0.35
 _ENUMERATE = 0.5
+# The bound over a placement whose cuts were not all priced may take this share of the limit
+# (``relaxation``), else it falls back to the busiest rank's work.
+_RELAX = 0.05
 # Cuts polished with the full solver at the end, and how close to the best a quick value must be.
 _POLISH, _POLISH_WITHIN = 3, 0.03
 # The time limit less this share of it (at least _MARGIN_S) is when the plan's work must end:
@@ -291,7 +297,9 @@ class Search:
 
     def __post_init__(self) -> None:
         i = self.inputs
-        self.relaxed = {pl: relaxed_bound(i.layers, i.num_ranks, pl, i.m, i.recompute)
+        deadline = self.clock.now() + _RELAX * self.clock.limit
+        self.relaxed = {pl: relaxed_bound(i.layers, i.num_ranks, pl, i.m, i.recompute, budget=i.budget,
+                                          optimizer=i.optimizer, deadline=deadline)
                         for pl, space in self.spaces.items() if not space.exhaustive}
 
     @property

@@ -15,11 +15,7 @@ With recomputation (``auto``, ``full``) a cut's memory need is what a microbatch
 checkpointed (``compose.activation_need``), its key the bounds that hold for every choice of
 which microbatches to recompute (the area bound replaces the memory bound that assumes none).
 
-``relaxed_bound`` holds for every cut of a placement at once: m times the least, over all
-cuts, of the busiest rank's compute (each unit at its cheapest forward and backward, a
-recomputed forward with its recompute pass), exact by
-dynamic programming for one stage per rank, and for the V the larger of the mean over ranks
-and rank 0's first and last units.
+Where a placement has too many cuts to price, ``relaxation.relaxed_bound`` bounds them all at once.
 """
 
 from __future__ import annotations
@@ -37,14 +33,15 @@ from ..bounds import (
     rank_span_lower_bounds,
 )
 from ..costs import CostModel
-from ..formats.layers import LayerProfile, Unit
+from ..formats.layers import LayerProfile
 from ..formats.profile import Profile
 from ..limits import allowance
 from ..solver import SolveResult
 from ..solver.problem import Problem
 from .compose import Cut, Placement, activation_need, stage_profile, static_bytes
+from .relaxation import min_max_cut, unit_work
 
-__all__ = ["CutEval", "Cuts", "compositions", "relaxed_bound"]
+__all__ = ["CutEval", "Cuts", "compositions"]
 
 
 @dataclass
@@ -160,8 +157,7 @@ class Cuts:
     def balanced(self) -> tuple[int, ...]:
         """The cut whose busiest stage computes least (each unit at its cheapest passes), by
         dynamic programming; ties go to the cut with later boundaries."""
-        w = unit_work(self.layers, self.recompute)
-        return _min_max_cut(w, self.num_stages)
+        return min_max_cut(unit_work(self.layers, self.recompute), self.num_stages)
 
 
 def _better(a: CutEval, b: CutEval) -> bool:
@@ -174,63 +170,3 @@ def _better(a: CutEval, b: CutEval) -> bool:
     if a.ranks != b.ranks:
         return a.ranks < b.ranks
     return max(a.static) < max(b.static)
-
-
-def unit_work(layers: LayerProfile, recompute: str = "none") -> list[float]:
-    """Per unit, the least compute one microbatch needs there: the cheaper forward and backward,
-    a forward checkpointed and recomputed counted with its recompute pass where ``recompute``
-    allows it (``auto``: the cheapest way; ``full``: every microbatch recomputed)."""
-    return [_least_forward(u, recompute) + min(u.t_b + u.t_w, u.fused_backward) for u in layers.units]
-
-
-def _least_forward(u: Unit, recompute: str) -> float:
-    """The least a unit's forward, with its recompute pass where recomputed, can cost a stage."""
-    plain = min(u.t_f, u.fused_forward)
-    rf = u.fused_recompute  # before a fused backward; None exactly where t_r is
-    recompute_pass = None if u.t_r is None or rf is None else min(u.t_r, rf)
-    full = None if recompute_pass is None or u.m_fc is None else min(plain, u.t_fc or plain) + recompute_pass
-    if recompute == "full":
-        return plain if full is None else full
-    if recompute == "none":
-        return plain
-    selective = None if u.t_rs is None or u.m_fs is None else min(plain, u.t_fs or plain) + u.t_rs
-    return min(x for x in (plain, full, selective) if x is not None)
-
-
-def _min_max_cut(w: list[float], stages: int) -> tuple[int, ...]:
-    """The contiguous cut of ``w`` into ``stages`` non-empty groups whose largest sum is least."""
-    n = len(w)
-    pre = [0.0]
-    for x in w:
-        pre.append(pre[-1] + x)
-    inf = math.inf
-    # best[k][i]: least largest sum cutting w[:i] into k groups; arg for the cut
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    arg = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for k in range(1, stages + 1):
-        for i in range(k, n - (stages - k) + 1):
-            for j in range(k - 1, i):
-                v = max(best[k - 1][j], pre[i] - pre[j])
-                if v <= best[k][i]:
-                    best[k][i], arg[k][i] = v, j
-    counts, i = [], n
-    for k in range(stages, 0, -1):
-        j = arg[k][i]
-        counts.append(i - j)
-        i = j
-    return tuple(reversed(counts))
-
-
-def relaxed_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none") -> float:
-    """A lower bound on the span of every schedule of every cut of this placement, recomputing as
-    ``recompute`` allows (see the module)."""
-    w = unit_work(layers, recompute)
-    if placement == "one":
-        counts = _min_max_cut(w, num_ranks)
-        lo, worst = 0, 0.0
-        for k in counts:
-            worst = max(worst, sum(w[lo:lo + k]))
-            lo += k
-        return m * worst
-    return m * max(sum(w) / num_ranks, w[0] + w[-1], max(w))
