@@ -39,7 +39,7 @@ from ..limits import allowance
 from .compose import Placement, least_kept
 from .memory import parameter_bytes
 
-__all__ = ["relaxed_bound", "work_bound", "unit_work", "min_max_cut"]
+__all__ = ["relaxed_bound", "work_bound", "RankBounds", "unit_work", "min_max_cut"]
 
 
 def unit_work(layers: LayerProfile, recompute: str = "none") -> list[float]:
@@ -109,7 +109,7 @@ def relaxed_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m:
     ``budget`` bytes per rank (None: unlimited; parameters, gradients and optimizer state as
     ``optimizer`` counts them), recomputing as ``recompute`` allows (see the module); inf
     where no cut fits. ``deadline`` (``time.monotonic()``): past it, the busiest rank's work only."""
-    ranks = _Ranks(layers, num_ranks, placement, m, recompute, budget, optimizer, deadline)
+    ranks = RankBounds(layers, num_ranks, placement, m, recompute, budget, optimizer, deadline)
     try:
         return ranks.least()
     except _Late:
@@ -123,7 +123,7 @@ def work_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: in
     w = unit_work(layers, recompute)
     if placement == "one":
         counts = min_max_cut(w, num_ranks)
-        return m * max(sum(w[lo:hi]) for (lo, hi), in _even_pieces(counts, "one"))
+        return m * max(sum(w[lo:hi]) for (lo, hi), in rank_pieces(counts, "one"))
     return m * max(sum(w) / num_ranks, w[0] + w[-1], max(w))
 
 
@@ -131,11 +131,12 @@ class _Late(Exception):
     """The dynamic program ran past its deadline."""
 
 
-class _Ranks:
-    """Per-rank bounds of any cut from prefix sums over the units (see the module)."""
+class RankBounds:
+    """Per-rank bounds of any cut of one placement (see the module), from prefix sums over the
+    units: of one cut (``of_cut``), and the least over every cut of the largest (``least``)."""
 
-    def __init__(self, layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str,
-                 budget: float | None, optimizer: str, deadline: float | None) -> None:
+    def __init__(self, layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none",
+                 budget: float | None = None, optimizer: str = "adamw", deadline: float | None = None) -> None:
         self.layers, self.P, self.placement, self.m = layers, num_ranks, placement, m
         self.recompute, self.budget, self.optimizer, self.deadline = recompute, budget, optimizer, deadline
         self.N = n = layers.num_units
@@ -206,7 +207,7 @@ class _Ranks:
         """One stage per rank: stage by stage, the least largest bound of the stages so far for
         each place the current stage may end."""
         N, S = self.N, self.S
-        cap = self.cut_value(_even_pieces(min_max_cut(self.w, S), "one"))
+        cap = self.cut_value(min_max_cut(self.w, S))
         best = {0: 0.0}
         for r in range(S):
             nxt: dict[int, float] = {}
@@ -226,7 +227,7 @@ class _Ranks:
         """The V: rank by rank from the outside in, the least largest bound of the ranks so far for
         each pair (where the rank's first piece ends, where its second starts)."""
         N, P = self.N, self.P
-        cap = self.cut_value(_even_pieces(min_max_cut(self.w, self.S), "v"))
+        cap = self.cut_value(min_max_cut(self.w, self.S))
         best = {(0, N): 0.0}
         for r in range(P):
             inner = 2 * (P - 1 - r)  # pieces left between this rank's two
@@ -256,21 +257,25 @@ class _Ranks:
     def backward(self, lo: int, hi: int) -> float:
         return self.pre_b[hi] - self.pre_b[lo]
 
-    def cut_value(self, pieces: list[list[tuple[int, int]]]) -> float:
-        """The largest rank bound of one cut (``pieces[r]``: rank r's unit ranges, model order);
-        inf where some rank cannot hold it. A cap for the program: the least is no larger."""
+    def of_cut(self, counts: tuple[int, ...]) -> list[float]:
+        """Per rank, its bound in the cut ``counts`` (units per stage); inf on a rank that
+        cannot hold it."""
         P, N = self.P, self.N
-        out = 0.0
-        for r, ps in enumerate(pieces):
+        out = []
+        for r, ps in enumerate(rank_pieces(counts, self.placement)):
             if self.placement == "one":
                 fill = self.forward(ps[0][0], N) + self.backward(ps[0][1], N) + 2 * (P - 1 - r) * self.link
             else:
                 fill = self.forward(ps[0][0], N) + self.backward(ps[1][1], N) + (2 * P - 2) * self.link
-            out = max(out, self.rank(ps, fill))
+            out.append(self.rank(ps, fill))
         return out
 
+    def cut_value(self, counts: tuple[int, ...]) -> float:
+        """The largest rank bound of the cut ``counts``: a cap for the program (the least is no larger)."""
+        return max(self.of_cut(counts))
 
-def _forward_room(ranks: _Ranks, pieces: list[tuple[int, int]], room: float) -> float:
+
+def _forward_room(ranks: RankBounds, pieces: list[tuple[int, int]], room: float) -> float:
     """The most forward time a rank holding ``pieces`` can run before it frees memory: at most m
     forwards of each piece within ``room`` bytes, a fractional knapsack (the most time per
     byte first), an upper bound on any whole choice."""
@@ -290,8 +295,8 @@ def _forward_room(ranks: _Ranks, pieces: list[tuple[int, int]], room: float) -> 
     return work
 
 
-def _even_pieces(counts: tuple[int, ...], placement: Placement) -> list[list[tuple[int, int]]]:
-    """Per rank, its unit ranges in model order, of the cut ``counts``."""
+def rank_pieces(counts: tuple[int, ...], placement: Placement) -> list[list[tuple[int, int]]]:
+    """Per rank, its unit ranges ``[lo, hi)`` in model order, of the cut ``counts`` (units per stage)."""
     bounds = [(lo, lo + k) for lo, k in zip(itertools.accumulate((0, *counts)), counts)]
     if placement == "one":
         return [[b] for b in bounds]

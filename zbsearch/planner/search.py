@@ -14,6 +14,8 @@ smaller (a plateau of equal largest bounds is left by the next largest).
 With recomputation (``auto``, ``full``) a cut's memory need is what a microbatch keeps
 checkpointed (``compose.activation_need``), its key the bounds that hold for every choice of
 which microbatches to recompute (the area bound replaces the memory bound that assumes none).
+Each rank's bound also takes ``relaxation.RankBounds``' (its work, recompute passes counted,
+and the fill time its forwards cannot cover).
 
 Where a placement has too many cuts to price, ``relaxation.relaxed_bound`` bounds them all at once.
 """
@@ -39,7 +41,7 @@ from ..limits import allowance
 from ..solver import SolveResult
 from ..solver.problem import Problem
 from .compose import Cut, Placement, activation_need, stage_profile, static_bytes
-from .relaxation import min_max_cut, unit_work
+from .relaxation import RankBounds, min_max_cut, unit_work
 
 __all__ = ["CutEval", "Cuts", "compositions"]
 
@@ -80,6 +82,7 @@ class Cuts:
         self.num_stages = num_ranks * (2 if placement == "v" else 1)
         self.seen: dict[tuple[int, ...], CutEval] = {}
         self.exhaustive = False  # whether every cut was priced
+        self.rank_bounds = RankBounds(layers, num_ranks, placement, m, recompute, budget, optimizer)
 
     @property
     def total(self) -> int:
@@ -108,6 +111,8 @@ class Cuts:
             if limit is not None:  # the memory-aware bound that holds for every recomputation choice
                 memory = rank_area_span_lower_bounds if cost.can_recompute else rank_memory_span_lower_bounds
                 ranks = [max(a, b) for a, b in zip(ranks, memory(cost, self.m, limit))]
+            # each rank's work and the fill its forwards cannot cover, recompute passes counted
+            ranks = [max(a, b) for a, b in zip(ranks, self.rank_bounds.of_cut(counts))]
             ev.ranks = tuple(sorted(ranks, reverse=True))
             # the iteration: per rank, its span's bound plus what it adds at least (``Problem.lane_floors``)
             # the makespan: per rank, its span's bound after the forwards of one microbatch reach it
