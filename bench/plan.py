@@ -47,7 +47,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import RESULTS, save
+from common import RESULTS, machine, save
 from pipeline import launch, ours, round_robin
 
 import zbsearch as zb
@@ -69,9 +69,10 @@ def _load() -> dict:
 
 
 def _store(key: str, value) -> None:
+    """Save one section into the results, with the commit it measured (sections are rerun apart)."""
     doc = _load()
     doc.pop("machine", None)
-    doc[key] = value
+    doc[key] = {**value, "commit": machine()["commit"]}
     save(doc, path=OUT)
 
 

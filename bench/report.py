@@ -725,6 +725,9 @@ def plan(docs: list[dict]) -> list[str]:
     def x(v, digits=3):
         return "-" if v is None else f"{v:.{digits}f}"
 
+    def at(section: dict) -> list[str]:  # sections are rerun apart: the commit each measured, where saved
+        return [f"Measured at commit `{section['commit']}`.", ""] if section.get("commit") else []
+
     if "units" in d:
         u = d["units"]
         out += ["## Per-layer sums against the stage profiler", "",
@@ -737,7 +740,7 @@ def plan(docs: list[dict]) -> list[str]:
         out += ["", f"Load average while measuring: {x(u['load_average'][0], 1)}.", ""]
     if "exact" in d:
         e = d["exact"]
-        out += ["## Exactness against every cut", "",
+        out += ["## Exactness against every cut", "", *at(e),
                 f"A generated Llama-like model of 12 units, 4 ranks, m=8, mixed precision; every cut solved by the solver "
                 f"({e['cut_time_s']:g} s each), against the plan ({e['plan_time_s']:g} s).", ""]
         out += _table(["placement", "budget GiB", "cuts", "feasible", "proven optimal", "best over cuts", "best cut",
@@ -749,7 +752,7 @@ def plan(docs: list[dict]) -> list[str]:
         out.append("")
     if "baselines" in d:
         b = d["baselines"]
-        out += ["## Against the baselines", "",
+        out += ["## Against the baselines", "", *at(b),
                 f"Generated Llama-like models, 32 layers, hidden 4096, {b['budget_gib']} GiB per rank, {b['optimizer']}; "
                 f"plan time limit {b['time_limit_s']:g} s. Speed-up = baseline's span / plan's span (predicted).", ""]
         rows = []
@@ -812,7 +815,7 @@ def plan(docs: list[dict]) -> list[str]:
         out.append("")
     if "recompute" in d:
         e = d["recompute"]
-        out += ["## Exactness with recomputation", "",
+        out += ["## Exactness with recomputation", "", *at(e),
                 f"Generated per-layer profiles (random unit costs and memory) at a budget where recomputation pays; "
                 f"every cut solved with `recompute=\"auto\"` ({e['cut_time_s']:g} s each), against `plan --recompute "
                 f"auto` ({e['plan_time_s']:g} s). \"feasible\": cuts that fit the budget with recomputation (without "
@@ -828,7 +831,7 @@ def plan(docs: list[dict]) -> list[str]:
         out.append("")
     if "time" in d:
         t = d["time"]
-        out += ["## Solve time", ""]
+        out += ["## Solve time", "", *at(t)]
         if "measured" in t:
             out += [f"Wall time: {t['measured']}.", ""]
         out += _table(["layers", "p", "m", "recompute", "time limit s", "wall s", "plan ms", "bound ms", "gap",

@@ -60,7 +60,7 @@ from .tolerances import ABS_TOL, REL_TOL
 __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
     "memory_span_lower_bound", "memory_makespan_lower_bound", "memory_iteration_lower_bound", "rank_memory_span_lower_bounds",
-    "rank_area_span_lower_bounds", "rank_deferral_span_lower_bounds",
+    "rank_area_span_lower_bounds", "rank_deferral_span_lower_bounds", "makespan_from_spans",
 ]
 
 _NEG = float("-inf")
@@ -647,9 +647,16 @@ def memory_makespan_lower_bound(
     the forwards of one microbatch reach it, and then needs at least its span bound
     (``quick``, ``deadline``: as for ``memory_span_lower_bound``)."""
     cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
+    return makespan_from_spans(cost, num_microbatches, _rank_bounds(cost, num_microbatches, limit, quick, deadline))
+
+
+def makespan_from_spans(cost: CostModel, num_microbatches: int, spans: list[float]) -> float:
+    """Lower bound on the makespan from sound per-rank span bounds ``spans``: rank r cannot start
+    before the forwards of one microbatch reach it, and then needs at least its span; never
+    below ``makespan_lower_bound``."""
+    cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
     best = makespan_lower_bound(cost, num_microbatches)
-    preds = type_graph(cost)
-    rel = earliest_starts(cost, (0, Op.F), preds)
-    for r, span in enumerate(_rank_bounds(cost, num_microbatches, limit, quick, deadline)):
+    rel = earliest_starts(cost, (0, Op.F), type_graph(cost))
+    for r, span in enumerate(spans):
         best = max(best, rel[(min(cost.rank_stages(r)), Op.F)] + span)
     return best

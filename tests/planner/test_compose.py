@@ -14,7 +14,8 @@ from zbsearch.formats.layers import LayerProfile, load_layers, save_layers
 from zbsearch.formats.partition import check_names
 from zbsearch.planner import Cut, baseline_cuts, parameter_bytes, rank_static_bytes, stage_profile
 from zbsearch.planner.analytic import llama_layers
-from zbsearch.planner.search import _min_max_cut, compositions, relaxed_bound
+from zbsearch.planner.relaxation import min_max_cut, relaxed_bound
+from zbsearch.planner.search import compositions
 
 
 def test_a_stage_adds_up_its_units_and_the_first_stage_runs_its_backward_in_w():
@@ -151,7 +152,7 @@ def test_min_max_cut_is_the_best_of_every_cut(seed, n, stages):
         return out
 
     best = min(worst(c) for c in compositions(n, stages))
-    assert worst(_min_max_cut(w, stages)) == pytest.approx(best)
+    assert worst(min_max_cut(w, stages)) == pytest.approx(best)
 
 
 def test_relaxed_bound_is_below_every_cuts_quick_bound():

@@ -13,7 +13,8 @@ from zbsearch.costs import CostModel
 from zbsearch.errors import ZbError
 from zbsearch.planner import Cut, llama_layers, plan, stage_profile
 from zbsearch.planner.compose import activation_need
-from zbsearch.planner.search import compositions, relaxed_bound, unit_work
+from zbsearch.planner.relaxation import unit_work, work_bound
+from zbsearch.planner.search import compositions
 from zbsearch.solver.feasibility import smallest_feasible_limit
 from zbsearch.solver.problem import Problem
 
@@ -103,7 +104,7 @@ def test_the_relaxed_bound_counts_each_recomputed_forward_with_its_pass(rf):
         assert b <= a and b <= c
     # below every cut's busiest rank at its cheapest, for each mode
     for mode in ("auto", "full"):
-        bound = relaxed_bound(L, 3, "one", 4, mode)
+        bound = work_bound(L, 3, "one", 4, mode)
         for counts in compositions(L.num_units, 3):
             cost = Problem.make(CostModel.from_profile(stage_profile(L, Cut(counts, "one")), [0, 1, 2]), 4,
                                 recompute=mode).cost  # type: ignore[arg-type]

@@ -53,7 +53,7 @@ from ..layout import placement as layout
 from ..reductions import with_reductions
 from .memory import rank_static_bytes
 
-__all__ = ["Placement", "Cut", "check_names", "stage_cost", "stage_profile", "activation_need"]
+__all__ = ["Placement", "Cut", "check_names", "stage_cost", "stage_profile", "activation_need", "least_kept"]
 
 Placement = Literal["one", "v"]
 
@@ -218,11 +218,17 @@ def activation_need(layers: LayerProfile, cut: Cut, recompute: str = "none") -> 
     for lo_hi in _rank_bounds(cut):
         need, before = 0.0, 0.0
         for lo, hi in lo_hi:
-            m_f = sum(u.m_f for u in layers.units[lo:hi])
-            need = max(need, before + m_f)
-            before += min([m_f, *_keeps(layers, lo, hi, recompute)])
+            need = max(need, before + sum(u.m_f for u in layers.units[lo:hi]))
+            before += least_kept(layers, lo, hi, recompute)
         out.append(need)
     return out
+
+
+def least_kept(layers: LayerProfile, lo: int, hi: int, recompute: str = "none") -> float:
+    """The least a microbatch keeps on the stage of units ``[lo, hi)`` between its forward and
+    its backward: its activations, or what a checkpointed forward keeps where ``recompute``
+    allows one that keeps less."""
+    return min([sum(u.m_f for u in layers.units[lo:hi]), *_keeps(layers, lo, hi, recompute)])
 
 
 def _keeps(layers: LayerProfile, lo: int, hi: int, recompute: str) -> list[float]:

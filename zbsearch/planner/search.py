@@ -14,12 +14,10 @@ smaller (a plateau of equal largest bounds is left by the next largest).
 With recomputation (``auto``, ``full``) a cut's memory need is what a microbatch keeps
 checkpointed (``compose.activation_need``), its key the bounds that hold for every choice of
 which microbatches to recompute (the area bound replaces the memory bound that assumes none).
+Each rank's bound also takes ``relaxation.RankBounds``' (its work, recompute passes counted,
+and the fill time its forwards cannot cover).
 
-``relaxed_bound`` holds for every cut of a placement at once: m times the least, over all
-cuts, of the busiest rank's compute (each unit at its cheapest forward and backward, a
-recomputed forward with its recompute pass), exact by
-dynamic programming for one stage per rank, and for the V the larger of the mean over ranks
-and rank 0's first and last units.
+Where a placement has too many cuts to price, ``relaxation.relaxed_bound`` bounds them all at once.
 """
 
 from __future__ import annotations
@@ -28,22 +26,24 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..bounds import (
-    memory_makespan_lower_bound,
+    makespan_from_spans,
     rank_area_span_lower_bounds,
     rank_memory_span_lower_bounds,
     rank_span_lower_bounds,
 )
 from ..costs import CostModel
-from ..formats.layers import LayerProfile, Unit
+from ..formats.layers import LayerProfile
 from ..formats.profile import Profile
 from ..limits import allowance
+from ..solver import SolveResult
 from ..solver.problem import Problem
 from .compose import Cut, Placement, activation_need, stage_profile, static_bytes
+from .relaxation import RankBounds, min_max_cut, unit_work
 
-__all__ = ["CutEval", "Cuts", "compositions", "relaxed_bound"]
+__all__ = ["CutEval", "Cuts", "compositions"]
 
 
 @dataclass
@@ -59,8 +59,8 @@ class CutEval:
     key: float = math.inf  # the solver's quick bound for this cut (ms); inf when infeasible
     ranks: tuple[float, ...] = ()  # per-rank bounds, largest first (ties broken by the next)
     bound: float = 0.0  # the best bound known for this cut: the key, or a solver's if larger
-    value: float | None = None  # the best objective a solve found (ms)
-    solves: list[float] = field(default_factory=list)
+    solved: bool = False  # whether the solver ran on it
+    result: SolveResult | None = None  # its best schedule found
 
 
 def compositions(n: int, parts: int) -> Iterator[tuple[int, ...]]:
@@ -81,6 +81,8 @@ class Cuts:
         self.data_parallel = data_parallel
         self.num_stages = num_ranks * (2 if placement == "v" else 1)
         self.seen: dict[tuple[int, ...], CutEval] = {}
+        self.exhaustive = False  # whether every cut was priced
+        self.rank_bounds = RankBounds(layers, num_ranks, placement, m, recompute, budget, optimizer)
 
     @property
     def total(self) -> int:
@@ -109,13 +111,26 @@ class Cuts:
             if limit is not None:  # the memory-aware bound that holds for every recomputation choice
                 memory = rank_area_span_lower_bounds if cost.can_recompute else rank_memory_span_lower_bounds
                 ranks = [max(a, b) for a, b in zip(ranks, memory(cost, self.m, limit))]
+            # each rank's work and the fill its forwards cannot cover, recompute passes counted
+            ranks = [max(a, b) for a, b in zip(ranks, self.rank_bounds.of_cut(counts))]
             ev.ranks = tuple(sorted(ranks, reverse=True))
             # the iteration: per rank, its span's bound plus what it adds at least (``Problem.lane_floors``)
-            ev.key = (memory_makespan_lower_bound(cost, self.m, limit, quick=True) if self.objective == "makespan"
+            # the makespan: per rank, its span's bound after the forwards of one microbatch reach it
+            ev.key = (makespan_from_spans(cost, self.m, ranks) if self.objective == "makespan"
                       else max(b + f for b, f in zip(ranks, problem.lane_floors())))
             ev.bound = ev.key
         self.seen[counts] = ev
         return ev
+
+    def price_all(self, deadline: float, now: Callable[[], float] = time.monotonic) -> bool:
+        """Price every cut, in order, until ``deadline`` (on the clock ``now``; the first cut
+        whatever the time); whether all were (``exhaustive``)."""
+        for k, counts in enumerate(compositions(self.layers.num_units, self.num_stages)):
+            if k and now() >= deadline:
+                return False
+            self.evaluate(counts)
+        self.exhaustive = True
+        return True
 
     def neighbours(self, counts: tuple[int, ...], steps: tuple[int, ...] = (1, 2)) -> Iterator[tuple[int, ...]]:
         """The cuts with one stage boundary moved by one of ``steps`` units either way."""
@@ -147,8 +162,7 @@ class Cuts:
     def balanced(self) -> tuple[int, ...]:
         """The cut whose busiest stage computes least (each unit at its cheapest passes), by
         dynamic programming; ties go to the cut with later boundaries."""
-        w = unit_work(self.layers, self.recompute)
-        return _min_max_cut(w, self.num_stages)
+        return min_max_cut(unit_work(self.layers, self.recompute), self.num_stages)
 
 
 def _better(a: CutEval, b: CutEval) -> bool:
@@ -161,63 +175,3 @@ def _better(a: CutEval, b: CutEval) -> bool:
     if a.ranks != b.ranks:
         return a.ranks < b.ranks
     return max(a.static) < max(b.static)
-
-
-def unit_work(layers: LayerProfile, recompute: str = "none") -> list[float]:
-    """Per unit, the least compute one microbatch needs there: the cheaper forward and backward,
-    a forward checkpointed and recomputed counted with its recompute pass where ``recompute``
-    allows it (``auto``: the cheapest way; ``full``: every microbatch recomputed)."""
-    return [_least_forward(u, recompute) + min(u.t_b + u.t_w, u.fused_backward) for u in layers.units]
-
-
-def _least_forward(u: Unit, recompute: str) -> float:
-    """The least a unit's forward, with its recompute pass where recomputed, can cost a stage."""
-    plain = min(u.t_f, u.fused_forward)
-    rf = u.fused_recompute  # before a fused backward; None exactly where t_r is
-    recompute_pass = None if u.t_r is None or rf is None else min(u.t_r, rf)
-    full = None if recompute_pass is None or u.m_fc is None else min(plain, u.t_fc or plain) + recompute_pass
-    if recompute == "full":
-        return plain if full is None else full
-    if recompute == "none":
-        return plain
-    selective = None if u.t_rs is None or u.m_fs is None else min(plain, u.t_fs or plain) + u.t_rs
-    return min(x for x in (plain, full, selective) if x is not None)
-
-
-def _min_max_cut(w: list[float], stages: int) -> tuple[int, ...]:
-    """The contiguous cut of ``w`` into ``stages`` non-empty groups whose largest sum is least."""
-    n = len(w)
-    pre = [0.0]
-    for x in w:
-        pre.append(pre[-1] + x)
-    inf = math.inf
-    # best[k][i]: least largest sum cutting w[:i] into k groups; arg for the cut
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    arg = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for k in range(1, stages + 1):
-        for i in range(k, n - (stages - k) + 1):
-            for j in range(k - 1, i):
-                v = max(best[k - 1][j], pre[i] - pre[j])
-                if v <= best[k][i]:
-                    best[k][i], arg[k][i] = v, j
-    counts, i = [], n
-    for k in range(stages, 0, -1):
-        j = arg[k][i]
-        counts.append(i - j)
-        i = j
-    return tuple(reversed(counts))
-
-
-def relaxed_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none") -> float:
-    """A lower bound on the span of every schedule of every cut of this placement, recomputing as
-    ``recompute`` allows (see the module)."""
-    w = unit_work(layers, recompute)
-    if placement == "one":
-        counts = _min_max_cut(w, num_ranks)
-        lo, worst = 0, 0.0
-        for k in counts:
-            worst = max(worst, sum(w[lo:lo + k]))
-            lo += k
-        return m * worst
-    return m * max(sum(w) / num_ranks, w[0] + w[-1], max(w))

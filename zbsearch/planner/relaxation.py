@@ -1,0 +1,308 @@
+"""A lower bound over every cut of a placement at once, where there are too many cuts to price.
+
+For each rank of a cut, whatever the schedule (``zbsearch.bounds`` proves each for one cut):
+
+* busy: the rank runs m forwards and m backwards of each of its stages, each unit at its least
+  (``unit_work``: a forward checkpointed and recomputed counted with its recompute pass, where
+  ``recompute`` allows);
+* fill: its first backward cannot start before one microbatch has gone forward from its first
+  stage to the last stage and backward to its own: every unit on the way at its least forward
+  and input-gradient time, each link between two ranks at the cheapest unit's. Until then it
+  runs forwards (and recompute passes) only, at most m of each stage, and without
+  recomputation under a budget no more than its limit holds (the budget less its parameters,
+  gradients and optimizer state: a fractional knapsack), so it idles the rest of that time
+  (``rank_memory_span_lower_bounds``); its span is at least busy plus that idle time.
+
+A cut one of whose ranks cannot hold one microbatch's activations has no schedule and is left
+out, as ``search.Cuts`` leaves it out.
+
+Each rank's bound depends only on its own units and on where the stages after its first end
+(one stage per rank: the units after its stage; the V: the units from its first piece on and
+after its second piece), so the least over every cut of the largest over ranks is a dynamic
+program over where each rank's stages start and end: one stage per rank, stage by stage; the
+V, rank by rank from the outside in, both pieces of a rank at once. A rank whose bound is
+already above a cut's (the most balanced one's) is pruned as soon as seen. Where the program
+would outlast its ``deadline``, the bound falls back to the busiest rank's work (``work_bound``).
+
+The bound is below the solver's quick bound of every cut (``Cuts.evaluate``'s key), which
+counts the same facts on each cut's own costs and more.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+from ..formats.layers import LayerProfile, Unit
+from ..limits import allowance
+from .compose import Placement, least_kept
+from .memory import parameter_bytes
+
+__all__ = ["relaxed_bound", "work_bound", "RankBounds", "unit_work", "min_max_cut"]
+
+
+def unit_work(layers: LayerProfile, recompute: str = "none") -> list[float]:
+    """Per unit, the least compute one microbatch needs there: the cheaper forward and backward,
+    a forward checkpointed and recomputed counted with its recompute pass where ``recompute``
+    allows it (``auto``: the cheapest way; ``full``: every microbatch recomputed)."""
+    return [_least_forward(u, recompute) + _least_backward(u) for u in layers.units]
+
+
+def _least_backward(u: Unit) -> float:
+    return min(u.t_b + u.t_w, u.fused_backward)
+
+
+def _least_forward(u: Unit, recompute: str) -> float:
+    """The least a unit's forward, with its recompute pass where recomputed, can cost a stage."""
+    plain = min(u.t_f, u.fused_forward)
+    rf = u.fused_recompute  # before a fused backward; None exactly where t_r is
+    recompute_pass = None if u.t_r is None or rf is None else min(u.t_r, rf)
+    full = None if recompute_pass is None or u.m_fc is None else min(plain, u.t_fc or plain) + recompute_pass
+    if recompute == "full":
+        return plain if full is None else full
+    if recompute == "none":
+        return plain
+    selective = None if u.t_rs is None or u.m_fs is None else min(plain, u.t_fs or plain) + u.t_rs
+    return min(x for x in (plain, full, selective) if x is not None)
+
+
+def _path_forward(u: Unit, recompute: str) -> float:
+    """The least a unit's forward takes on a dependency path: its cheapest way to run (a
+    checkpointed one where ``recompute`` allows it), without the recompute pass."""
+    ways = [u.t_f, u.fused_forward]
+    if recompute != "none" and u.t_fc is not None and u.t_r is not None and u.m_fc is not None:
+        ways.append(u.t_fc)
+    if recompute == "auto" and u.t_fs is not None and u.t_rs is not None and u.m_fs is not None:
+        ways.append(u.t_fs)
+    return min(ways)
+
+
+def min_max_cut(w: list[float], stages: int) -> tuple[int, ...]:
+    """The contiguous cut of ``w`` into ``stages`` non-empty groups whose largest sum is least."""
+    n = len(w)
+    pre = [0.0]
+    for x in w:
+        pre.append(pre[-1] + x)
+    inf = math.inf
+    # best[k][i]: least largest sum cutting w[:i] into k groups; arg for the cut
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    arg = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, stages + 1):
+        for i in range(k, n - (stages - k) + 1):
+            for j in range(k - 1, i):
+                v = max(best[k - 1][j], pre[i] - pre[j])
+                if v <= best[k][i]:
+                    best[k][i], arg[k][i] = v, j
+    counts, i = [], n
+    for k in range(stages, 0, -1):
+        j = arg[k][i]
+        counts.append(i - j)
+        i = j
+    return tuple(reversed(counts))
+
+
+def relaxed_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none", *,
+                  budget: float | None = None, optimizer: str = "adamw", deadline: float | None = None) -> float:
+    """A lower bound on the span of every schedule of every cut of this placement within
+    ``budget`` bytes per rank (None: unlimited; parameters, gradients and optimizer state as
+    ``optimizer`` counts them), recomputing as ``recompute`` allows (see the module); inf
+    where no cut fits. ``deadline`` (``time.monotonic()``): past it, the busiest rank's work only."""
+    ranks = RankBounds(layers, num_ranks, placement, m, recompute, budget, optimizer, deadline)
+    try:
+        return ranks.least()
+    except _Late:
+        return work_bound(layers, num_ranks, placement, m, recompute)
+
+
+def work_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none") -> float:
+    """m times the least, over every cut of this placement, of the busiest rank's work (exact
+    by dynamic programming for one stage per rank; for the V the larger of the mean over ranks
+    and rank 0's first and last units): a bound on the span of every schedule of every cut."""
+    w = unit_work(layers, recompute)
+    if placement == "one":
+        counts = min_max_cut(w, num_ranks)
+        return m * max(sum(w[lo:hi]) for (lo, hi), in rank_pieces(counts, "one"))
+    return m * max(sum(w) / num_ranks, w[0] + w[-1], max(w))
+
+
+class _Late(Exception):
+    """The dynamic program ran past its deadline."""
+
+
+class RankBounds:
+    """Per-rank bounds of any cut of one placement (see the module), from prefix sums over the
+    units: of one cut (``of_cut``), and the least over every cut of the largest (``least``)."""
+
+    def __init__(self, layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none",
+                 budget: float | None = None, optimizer: str = "adamw", deadline: float | None = None) -> None:
+        self.layers, self.P, self.placement, self.m = layers, num_ranks, placement, m
+        self.recompute, self.budget, self.optimizer, self.deadline = recompute, budget, optimizer, deadline
+        self.N = n = layers.num_units
+        self.S = num_ranks * (2 if placement == "v" else 1)
+        us = layers.units
+        self.w = unit_work(layers, recompute)
+        ahead = [_least_forward(u, recompute) for u in us]  # a forward's side of the busy time (with R)
+        self.pre_w, self.pre_ahead = _prefix(self.w), _prefix(ahead)
+        self.pre_f = _prefix([_path_forward(u, recompute) for u in us])  # on the fill path
+        self.pre_b = _prefix([min(u.t_b, u.fused_backward) for u in us])  # input gradients on the fill path
+        self.pre_mf = _prefix([u.m_f for u in us])
+        self.link = min((layers.comm(i) for i in range(n - 1)), default=0.0)
+        # the memory-aware idle needs activations that only F allocates and only a backward frees
+        self.memory = budget is not None and recompute == "none"
+        self.pre_static = _prefix([parameter_bytes(u.params, u.param_bytes, optimizer) + u.frozen_bytes for u in us])
+        self.tied = [(i, u.tied) for i, u in enumerate(us) if u.tied]
+        self.keeps: dict[tuple[int, int], float] = {}
+        self.steps = 0
+
+    # ---- one rank's bound ---------------------------------------------------------------
+
+    def limit(self, pieces: list[tuple[int, int]]) -> float:
+        """What activations may hold on a rank with these unit ranges (inf: no budget)."""
+        if self.budget is None:
+            return math.inf
+        static = sum(self.pre_static[hi] - self.pre_static[lo] for lo, hi in pieces)
+        keys = {k for i, tied in self.tied if any(lo <= i < hi for lo, hi in pieces) for k in tied}
+        static += sum(parameter_bytes(self.layers.tied[k].params, self.layers.tied[k].param_bytes, self.optimizer)
+                      for k in keys)
+        return self.budget - static
+
+    def kept(self, lo: int, hi: int) -> float:
+        """The least a microbatch keeps on a stage of units ``[lo, hi)`` until its backward."""
+        got = self.keeps.get((lo, hi))
+        if got is None:
+            got = self.keeps[(lo, hi)] = least_kept(self.layers, lo, hi, self.recompute)
+        return got
+
+    def rank(self, pieces: list[tuple[int, int]], fill: float) -> float:
+        """The bound on the span of a rank holding ``pieces`` (in model order) whose fill path
+        (forward from its first stage to the last, backward to its last stage) takes ``fill``;
+        inf where it cannot hold one microbatch's activations."""
+        self.steps += 1
+        if self.deadline is not None and self.steps & 1023 == 1 and time.monotonic() > self.deadline:
+            raise _Late
+        lim = self.limit(pieces)
+        need, before = 0.0, 0.0
+        for lo, hi in pieces:  # as compose.activation_need counts it
+            m_f = self.pre_mf[hi] - self.pre_mf[lo]
+            need = max(need, before + m_f)
+            before += min(m_f, self.kept(lo, hi))
+        if self.budget is not None and not (lim > 0 and need <= allowance(lim)):
+            return math.inf
+        m = self.m
+        busy = m * sum(self.pre_w[hi] - self.pre_w[lo] for lo, hi in pieces)
+        ahead = m * sum(self.pre_ahead[hi] - self.pre_ahead[lo] for lo, hi in pieces)  # every forward (and R)
+        if self.memory:
+            ahead = min(ahead, _forward_room(self, pieces, allowance(lim)))
+        return busy + max(0.0, fill - ahead)
+
+    # ---- the least over cuts ------------------------------------------------------------
+
+    def least(self) -> float:
+        """The least over every cut of its largest rank bound."""
+        return self.one() if self.placement == "one" else self.v()
+
+    def one(self) -> float:
+        """One stage per rank: stage by stage, the least largest bound of the stages so far for
+        each place the current stage may end."""
+        N, S = self.N, self.S
+        cap = self.cut_value(min_max_cut(self.w, S))
+        best = {0: 0.0}
+        for r in range(S):
+            nxt: dict[int, float] = {}
+            after = S - 1 - r  # stages after this one
+            for lo, so_far in best.items():
+                for hi in range(lo + 1, N - after + 1):
+                    if self.m * (self.pre_w[hi] - self.pre_w[lo]) > cap:
+                        break  # busier still further on
+                    fill = self.forward(lo, N) + self.backward(hi, N) + 2 * after * self.link
+                    v = max(so_far, self.rank([(lo, hi)], fill))
+                    if v <= cap and v < nxt.get(hi, math.inf):
+                        nxt[hi] = v
+            best = nxt
+        return best.get(N, cap)
+
+    def v(self) -> float:
+        """The V: rank by rank from the outside in, the least largest bound of the ranks so far for
+        each pair (where the rank's first piece ends, where its second starts)."""
+        N, P = self.N, self.P
+        cap = self.cut_value(min_max_cut(self.w, self.S))
+        best = {(0, N): 0.0}
+        for r in range(P):
+            inner = 2 * (P - 1 - r)  # pieces left between this rank's two
+            nxt: dict[tuple[int, int], float] = {}
+            for (a, d), so_far in best.items():
+                for b in range(a + 1, d):
+                    left = self.m * (self.pre_w[b] - self.pre_w[a])
+                    if left > cap:
+                        break
+                    # the second piece [c, d): the innermost rank's two pieces meet
+                    cs = [b] if r == P - 1 else range(d - 1, b + inner - 1, -1)
+                    for c in cs:
+                        if c >= d or left + self.m * (self.pre_w[d] - self.pre_w[c]) > cap:
+                            break
+                        # the fill path: forward from the first piece to the last stage, backward to
+                        # the second piece; every link crossed but the V's turn (on one rank)
+                        fill = self.forward(a, N) + self.backward(d, N) + (2 * P - 2) * self.link
+                        v = max(so_far, self.rank([(a, b), (c, d)], fill))
+                        if v <= cap and v < nxt.get((b, c), math.inf):
+                            nxt[(b, c)] = v
+            best = nxt
+        return min(best.values(), default=cap)
+
+    def forward(self, lo: int, hi: int) -> float:
+        return self.pre_f[hi] - self.pre_f[lo]
+
+    def backward(self, lo: int, hi: int) -> float:
+        return self.pre_b[hi] - self.pre_b[lo]
+
+    def of_cut(self, counts: tuple[int, ...]) -> list[float]:
+        """Per rank, its bound in the cut ``counts`` (units per stage); inf on a rank that
+        cannot hold it."""
+        P, N = self.P, self.N
+        out = []
+        for r, ps in enumerate(rank_pieces(counts, self.placement)):
+            if self.placement == "one":
+                fill = self.forward(ps[0][0], N) + self.backward(ps[0][1], N) + 2 * (P - 1 - r) * self.link
+            else:
+                fill = self.forward(ps[0][0], N) + self.backward(ps[1][1], N) + (2 * P - 2) * self.link
+            out.append(self.rank(ps, fill))
+        return out
+
+    def cut_value(self, counts: tuple[int, ...]) -> float:
+        """The largest rank bound of the cut ``counts``: a cap for the program (the least is no larger)."""
+        return max(self.of_cut(counts))
+
+
+def _forward_room(ranks: RankBounds, pieces: list[tuple[int, int]], room: float) -> float:
+    """The most forward time a rank holding ``pieces`` can run before it frees memory: at most m
+    forwards of each piece within ``room`` bytes, a fractional knapsack (the most time per
+    byte first), an upper bound on any whole choice."""
+    m, work = ranks.m, 0.0
+    items = []
+    for lo, hi in pieces:
+        t = ranks.pre_f[hi] - ranks.pre_f[lo]
+        mem = ranks.pre_mf[hi] - ranks.pre_mf[lo]
+        if mem <= 0:
+            work += m * t
+        else:
+            items.append((t / mem, t, mem))
+    for _, t, mem in sorted(items, reverse=True):
+        n = min(m, max(room, 0.0) / mem)
+        work += n * t
+        room -= n * mem
+    return work
+
+
+def rank_pieces(counts: tuple[int, ...], placement: Placement) -> list[list[tuple[int, int]]]:
+    """Per rank, its unit ranges ``[lo, hi)`` in model order, of the cut ``counts`` (units per stage)."""
+    bounds = [(lo, lo + k) for lo, k in zip(itertools.accumulate((0, *counts)), counts)]
+    if placement == "one":
+        return [[b] for b in bounds]
+    S = len(counts)
+    return [[bounds[r], bounds[S - 1 - r]] for r in range(S // 2)]
+
+
+def _prefix(xs: list[float]) -> list[float]:
+    return [0.0, *itertools.accumulate(xs)]
