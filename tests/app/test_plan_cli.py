@@ -77,6 +77,13 @@ def test_bad_plans_are_one_line_and_write_nothing(layers, tmp_path, capsys, args
     assert not out.exists()
 
 
+def test_shard_without_the_data_parallel_ranks_is_one_line(layers, tmp_path, capsys):
+    out = tmp_path / "out.json"
+    code, _, err = _run(capsys, "plan", "-l", layers, "-r", "2", "-m", "4", "-t", "1", "--shard", "-o", out)
+    assert code == 1 and err.count("\n") == 1 and "--shard needs --dp and --dp-bandwidth" in err, err
+    assert not out.exists()
+
+
 def test_missing_layers_file_and_a_schedule_without_a_plan(tmp_path, capsys):
     code, _, err = _run(capsys, "plan", "-l", tmp_path / "none.json", "-r", "2", "-m", "4")
     assert code == 1 and "no such file" in err

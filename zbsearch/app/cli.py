@@ -629,6 +629,10 @@ def plan(
         help="data-parallel replicas: each cut's stages end the iteration with the all-reduce of their units' "
              "gradients (as many bytes as their parameters), with --dp-bandwidth"),
     dp_bandwidth: float | None = DpBandwidthOpt,
+    shard: bool = typer.Option(
+        False, "--shard",
+        help="the --dp ranks shard the stages (fully_shard): the budget counts whole parameters and gradients during "
+             "the step plus each rank's share of stored parameters and optimizer state"),
     no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only when polishing the best cuts"),
     recompute: str = typer.Option(
         "none", "--recompute",
@@ -645,6 +649,8 @@ def plan(
 
     path = _output(output)
     replicas = _replicas(dp, dp_bandwidth)
+    if shard and replicas is None:
+        raise ZbError("--shard needs --dp and --dp-bandwidth: the data-parallel ranks the stages are sharded over")
     found = load_layers(layers)
     budget = parse_bytes(memory)
     spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED  # the command's own start counts too
@@ -653,7 +659,7 @@ def plan(
         res = make_plan(found, ranks, m, budget, placement=placement, optimizer=optimizer,
                         time_limit=max(time_limit - spent, 0.1), objective=objective, milp=not no_milp,
                         recompute=recompute, progress=_progress(bar, task),
-                        data_parallel=replicas)
+                        data_parallel=replicas, shard=dp if shard else None)
     if path is not None:
         _write(res.schedule, path)
     if path is not None and str(path) == "-":

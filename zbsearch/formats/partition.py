@@ -46,6 +46,9 @@ class Partition(BaseModel):
     placement: Literal["one", "v"]
     stages: list[list[str]]
     optimizer: str
+    shard: int | None = Field(None, ge=1, description=(
+        "data-parallel ranks the stages are sharded over (fully_shard): static_bytes count each rank's share; "
+        "None: whole on every rank"))
     budget_bytes: float | None = Field(None, description="per-rank budget (None: unlimited)")
     static_bytes: list[float] = Field(description="per rank: parameters, gradients and optimizer state")
     activation_bytes: list[float] = Field(description="per rank: the schedule's peak activation memory")

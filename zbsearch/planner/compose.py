@@ -249,6 +249,7 @@ def _rank_bounds(cut: Cut) -> list[list[tuple[int, int]]]:
     return out
 
 
-def static_bytes(layers: LayerProfile, cut: Cut, optimizer: str) -> list[float]:
-    """Per rank, parameters, gradients and optimizer state (``zbsearch.planner.memory``)."""
-    return rank_static_bytes(layers, cut.rank_units(), optimizer)
+def static_bytes(layers: LayerProfile, cut: Cut, optimizer: str, shard: int | None = None) -> list[float]:
+    """Per rank, parameters, gradients and optimizer state (``zbsearch.planner.memory``), sharded
+    over ``shard`` data-parallel ranks where given."""
+    return rank_static_bytes(layers, cut.rank_units(), optimizer, shard)

@@ -161,10 +161,12 @@ class PlanInputs:
     milp: bool
     recompute: str
     data_parallel: tuple[int, float] | None
+    shard: int | None = None
 
     @classmethod
     def make(cls, layers: LayerProfile, num_ranks: int, m: int, budget: float | None, placement: str, optimizer: str,
-             objective: str | None, milp: bool, recompute: str, data_parallel: tuple[int, float] | None) -> PlanInputs:
+             objective: str | None, milp: bool, recompute: str, data_parallel: tuple[int, float] | None,
+             shard: int | None = None) -> PlanInputs:
         """The inputs, or one line (``ZbError``) for the first that is wrong."""
         if objective is None:
             objective = "iteration" if data_parallel is not None else "span"
@@ -183,12 +185,14 @@ class PlanInputs:
         if objective not in ("span", "makespan", "iteration"):
             raise ZbError(f"objective must be 'span', 'makespan' or 'iteration', not {objective!r}")
         _check_recompute(layers, recompute)
-        return cls(layers, num_ranks, m, budget, places, optimizer, objective, milp, recompute, data_parallel)
+        if shard is not None and (isinstance(shard, bool) or not isinstance(shard, int) or shard < 1):
+            raise ZbError(f"shard must be a positive whole number of data-parallel ranks, not {shard!r}")
+        return cls(layers, num_ranks, m, budget, places, optimizer, objective, milp, recompute, data_parallel, shard)
 
     def cuts(self, placement: Placement) -> Cuts:
         """The cuts of ``placement``, priced on demand."""
         return Cuts(self.layers, self.num_ranks, placement, self.m, self.budget, self.optimizer, self.objective,
-                    self.recompute, self.data_parallel)
+                    self.recompute, self.data_parallel, self.shard)
 
     def baselines(self) -> list[tuple[Placement, BaselineCut]]:
         """Every baseline rule of every placement searched, in order."""
@@ -208,6 +212,7 @@ def plan(
     milp: bool = True,
     recompute: str = "none",
     data_parallel: tuple[int, float] | None = None,
+    shard: int | None = None,
     progress: Progress | None = None,
 ) -> PlanResult:
     """The best cut, placement and schedule found within ``time_limit`` seconds.
@@ -231,6 +236,8 @@ def plan(
         data_parallel: (replicas, GB/s per rank): every cut's stages end the iteration with the
             all-reduce of their units' gradients (``stage_profile``), so a cut that finishes a
             stage's backwards earlier, or holds fewer bytes on the last rank, can win.
+        shard: the stages are sharded (``fully_shard``) over this many data-parallel ranks: the
+            static memory counts it (``zbsearch.planner.memory``).
 
     Raises:
         ZbError: bad arguments, or no cut whose memory fits the budget.
@@ -238,7 +245,7 @@ def plan(
     clock = Clock(0.0, time_limit)
     clock.start = clock.now()
     inputs = PlanInputs.make(layers, num_ranks, num_microbatches, budget, placement, optimizer, objective, milp,
-                             recompute, data_parallel)
+                             recompute, data_parallel, shard)
     if progress is not None:
         progress("pricing cuts", math.inf, 0.0)
     spaces = price_cuts(inputs, clock)
@@ -299,7 +306,7 @@ class Search:
         i = self.inputs
         deadline = self.clock.now() + _RELAX * self.clock.limit
         self.relaxed = {pl: relaxed_bound(i.layers, i.num_ranks, pl, i.m, i.recompute, budget=i.budget,
-                                          optimizer=i.optimizer, deadline=deadline)
+                                          optimizer=i.optimizer, deadline=deadline, shard=i.shard)
                         for pl, space in self.spaces.items() if not space.exhaustive}
 
     @property
@@ -468,7 +475,7 @@ def compare(search: Search, outcomes: list[CutOutcome]) -> PlanResult:
         search.progress("done", value, bound)
     part = Partition(
         layers=i.layers.name, units=i.layers.names, kinds=[u.kind for u in i.layers.units], placement=best.cut.placement,
-        stages=best.cut.names(i.layers), optimizer=i.optimizer, budget_bytes=i.budget, static_bytes=best.static,
+        stages=best.cut.names(i.layers), optimizer=i.optimizer, shard=i.shard, budget_bytes=i.budget, static_bytes=best.static,
         activation_bytes=list(res.timeline.peak_memory), objective=i.objective, recompute=i.recompute, value=value,
         lower_bound=bound, gap=max(0.0, value / bound - 1) if bound > 0 else 0.0, placements_searched=list(i.placements),
         cuts_solved=len(search.solved()), cuts_bounded=sum(len(s.seen) for s in search.spaces.values()),

@@ -104,12 +104,13 @@ def min_max_cut(w: list[float], stages: int) -> tuple[int, ...]:
 
 
 def relaxed_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none", *,
-                  budget: float | None = None, optimizer: str = "adamw", deadline: float | None = None) -> float:
+                  budget: float | None = None, optimizer: str = "adamw", deadline: float | None = None,
+                  shard: int | None = None) -> float:
     """A lower bound on the span of every schedule of every cut of this placement within
     ``budget`` bytes per rank (None: unlimited; parameters, gradients and optimizer state as
     ``optimizer`` counts them), recomputing as ``recompute`` allows (see the module); inf
     where no cut fits. ``deadline`` (``time.monotonic()``): past it, the busiest rank's work only."""
-    ranks = RankBounds(layers, num_ranks, placement, m, recompute, budget, optimizer, deadline)
+    ranks = RankBounds(layers, num_ranks, placement, m, recompute, budget, optimizer, deadline, shard)
     try:
         return ranks.least()
     except _Late:
@@ -136,9 +137,11 @@ class RankBounds:
     units: of one cut (``of_cut``), and the least over every cut of the largest (``least``)."""
 
     def __init__(self, layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none",
-                 budget: float | None = None, optimizer: str = "adamw", deadline: float | None = None) -> None:
+                 budget: float | None = None, optimizer: str = "adamw", deadline: float | None = None,
+                 shard: int | None = None) -> None:
         self.layers, self.P, self.placement, self.m = layers, num_ranks, placement, m
         self.recompute, self.budget, self.optimizer, self.deadline = recompute, budget, optimizer, deadline
+        self.shard = shard
         self.N = n = layers.num_units
         self.S = num_ranks * (2 if placement == "v" else 1)
         us = layers.units
@@ -151,7 +154,7 @@ class RankBounds:
         self.link = min((layers.comm(i) for i in range(n - 1)), default=0.0)
         # the memory-aware idle needs activations that only F allocates and only a backward frees
         self.memory = budget is not None and recompute == "none"
-        self.pre_static = _prefix([parameter_bytes(u.params, u.param_bytes, optimizer) + u.frozen_bytes for u in us])
+        self.pre_static = _prefix([parameter_bytes(u.params, u.param_bytes, optimizer, shard) + u.frozen_bytes for u in us])
         self.tied = [(i, u.tied) for i, u in enumerate(us) if u.tied]
         self.keeps: dict[tuple[int, int], float] = {}
         self.steps = 0
@@ -164,7 +167,7 @@ class RankBounds:
             return math.inf
         static = sum(self.pre_static[hi] - self.pre_static[lo] for lo, hi in pieces)
         keys = {k for i, tied in self.tied if any(lo <= i < hi for lo, hi in pieces) for k in tied}
-        static += sum(parameter_bytes(self.layers.tied[k].params, self.layers.tied[k].param_bytes, self.optimizer)
+        static += sum(parameter_bytes(self.layers.tied[k].params, self.layers.tied[k].param_bytes, self.optimizer, self.shard)
                       for k in keys)
         return self.budget - static
 

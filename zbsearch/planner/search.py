@@ -75,14 +75,14 @@ class Cuts:
 
     def __init__(self, layers: LayerProfile, num_ranks: int, placement: Placement, m: int, budget: float | None,
                  optimizer: str, objective: str, recompute: str = "none",
-                 data_parallel: tuple[int, float] | None = None) -> None:
+                 data_parallel: tuple[int, float] | None = None, shard: int | None = None) -> None:
         self.layers, self.num_ranks, self.placement, self.m = layers, num_ranks, placement, m
         self.budget, self.optimizer, self.objective, self.recompute = budget, optimizer, objective, recompute
-        self.data_parallel = data_parallel
+        self.data_parallel, self.shard = data_parallel, shard
         self.num_stages = num_ranks * (2 if placement == "v" else 1)
         self.seen: dict[tuple[int, ...], CutEval] = {}
         self.exhaustive = False  # whether every cut was priced
-        self.rank_bounds = RankBounds(layers, num_ranks, placement, m, recompute, budget, optimizer)
+        self.rank_bounds = RankBounds(layers, num_ranks, placement, m, recompute, budget, optimizer, shard=shard)
 
     @property
     def total(self) -> int:
@@ -95,7 +95,7 @@ class Cuts:
         if got is not None:
             return got
         cut = Cut(counts, self.placement)
-        static = static_bytes(self.layers, cut, self.optimizer)
+        static = static_bytes(self.layers, cut, self.optimizer, self.shard)
         limit = None if self.budget is None else [self.budget - s for s in static]
         need = activation_need(self.layers, cut, self.recompute)
         feasible = limit is None or all(x > 0 and n <= allowance(x) for n, x in zip(need, limit))
