@@ -752,13 +752,13 @@ def tune(
     from zbsearch.limits import parse_bytes
     from zbsearch.tuner import Cluster
     from zbsearch.tuner import tune as search
-    from zbsearch.tuner.launch import write_launch
+    from zbsearch.tuner.launch import check_folder, write_launch
 
-    folder = None if output is None else Path(output)
     if output == "" or output == "-":
         raise ZbError("-o names the folder for tune's files")
+    folder = None if output is None else Path(output)
     if folder is not None:
-        check_writable(folder / "tune.json")
+        check_folder(folder)
     cluster = Cluster.checked(ranks=ranks, ranks_per_node=min(ranks_per_node, ranks), memory_bytes=parse_bytes(memory),
                               intra_node_gbs=intra, inter_node_gbs=inter, link_latency_ms=latency, memory_gbs=memory_gbs)
     profiles = [load_layers(p) for p in layers]

@@ -8,8 +8,11 @@ For every pipeline degree pp >= 2 of the ranks (the data-parallel degree the res
   so the microbatch size is what the global batch then gives each of them;
 * ``torchtitan interleaved``: ``Interleaved1F1B`` with two stages per rank, looping, the same
   rule cutting 2 pp stages, 2 pp microbatches;
-* ``Megatron 1F1B``: Megatron-LM's layer split (the embedding and the loss counted as layers,
-  which must then divide evenly) at each microbatch size searched;
+* ``Megatron 1F1B``: Megatron-LM's layer split at each microbatch size searched: the layers
+  shared out evenly, the embedding on the first stage and the head on the last, where they
+  divide evenly (its default), else with the embedding and the loss counted as layers
+  (``--account-for-embedding-in-pipeline-split``, ``--account-for-loss-in-pipeline-split``),
+  where those divide evenly; Megatron refuses other splits without a layout of your own;
 * ``Megatron interleaved``: its interleaved schedule, two model chunks per rank, where the
   microbatches are a multiple of pp, as Megatron requires.
 
@@ -37,6 +40,7 @@ def baseline_configurations(layers: LayerProfile, ranks: int, tp: int, global_ba
     """The baselines' configurations (see the module), and, in words, those that do not apply."""
     out: list[Config] = []
     left_out: list[str] = []
+    layer_count = sum(u.kind == "layer" for u in layers.units)
     for pp in divisors(ranks // tp):
         if pp < 2:
             continue
@@ -46,7 +50,8 @@ def baseline_configurations(layers: LayerProfile, ranks: int, tp: int, global_ba
             rules = {b.name: b for b in baseline_cuts(layers, pp, "one" if chunks == 1 else "v")}
             family = "1F1B" if chunks == 1 else "interleaved"
             recompute = AS_NEEDED if chunks == 1 else "none"
-            titan, megatron = rules.get("torchtitan"), rules.get("megatron")
+            titan = rules.get("torchtitan")
+            megatron = rules.get("even") if layer_count % (pp * chunks) == 0 else rules.get("megatron")
             name = f"torchtitan {family}"
             m = 2 * pp
             if titan is None or titan.cut is None:
@@ -58,7 +63,8 @@ def baseline_configurations(layers: LayerProfile, ranks: int, tp: int, global_ba
                 out.append(Config(mesh, global_batch // (dp * m), m, placement, recompute, kind, name, titan.cut.counts))
             name = f"Megatron {family}"
             if megatron is None or megatron.cut is None:
-                left_out.append(f"{name} at {mesh}: {megatron.note if megatron else 'no layers to cut'}")
+                left_out.append(f"{name} at {mesh}: {megatron.note if megatron else 'no layers to cut'}; the "
+                                f"{layer_count} layers do not divide evenly by {pp * chunks} stages either")
                 continue
             for b in sizes:
                 if global_batch % (dp * b):

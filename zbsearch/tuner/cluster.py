@@ -51,7 +51,7 @@ class Cluster(BaseModel):
         try:
             return cls.model_validate(fields)
         except ValidationError as err:
-            raise ZbError(f"cluster: {validation_message(err)}") from None
+            raise ZbError(f"cluster: {validation_message(err).removeprefix('(top level): ')}") from None
 
     @model_validator(mode="after")
     def _nodes(self) -> Cluster:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..actions import RECOMPUTES, Action
-from ..formats.layers import LayerProfile
+from ..formats.layers import LayerProfile, LinkEstimate
 from ..formats.profile import Profile
 from ..formats.schedule import Schedule
 from ..layout import placement as layout
@@ -27,7 +27,8 @@ from ..reductions import reduction_time, with_reductions
 from .cluster import Cluster, Mesh
 from .optimizer import OptimizerSetup
 
-__all__ = ["Costed", "stage_to_rank", "full_profile", "rank_static", "cost_schedule", "unit_reductions", "unit_steps"]
+__all__ = ["Costed", "on_cluster", "stage_to_rank", "full_profile", "rank_static", "cost_schedule", "unit_reductions",
+           "unit_steps"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,15 @@ class Costed:
         """The share of the iteration the ranks spend on average not computing: pipeline
         bubbles, reductions the passes do not hide, optimizer steps."""
         return max(0.0, 1.0 - self.busy / self.iteration) if self.iteration > 0 else 0.0
+
+
+def on_cluster(layers: LayerProfile, mesh: Mesh, cluster: Cluster) -> LayerProfile:
+    """``layers`` whose pipeline messages take the mesh's links on the cluster (``Mesh.pp_bandwidth``;
+    the latency the cluster's, else the profile's)."""
+    latency = cluster.link_latency_ms if cluster.link_latency_ms is not None else layers.link.latency_ms
+    link = LinkEstimate(latency_ms=latency, bandwidth_gb_s=mesh.pp_bandwidth(cluster), method="cluster",
+                        how="the cluster's links between pipeline neighbours")
+    return layers.model_copy(update={"link": link, "t_comm": None})
 
 
 def stage_to_rank(num_ranks: int, num_stages: int, placement: str) -> list[int]:

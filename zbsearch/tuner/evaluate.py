@@ -96,7 +96,7 @@ def _planned(task: Task) -> Evaluation:
         res = plan(view, mesh.pp, c.m, task.cluster.memory_bytes, placement=c.placement, optimizer="sgd",
                    time_limit=task.time_limit, milp=task.milp, recompute=c.recompute, data_parallel=replicas)
     except ZbError as e:
-        text = str(e)
+        text = str(e).replace(" with sgd:", f" with {opt}:")  # plan counted this optimizer's bytes as its sgd's
         return Evaluation("does not fit" if text.startswith("no cut fits") else "no schedule", note=text)
     counts = res.cut.counts
     full = full_profile(layers, counts, c.placement, mesh, task.cluster, opt)

@@ -28,7 +28,7 @@ from ..formats.schedule import Schedule
 from ..planner.torchtitan import torchtitan_export
 from .result import ConfigRow, TuneResult
 
-__all__ = ["Launch", "launch_of", "write_launch"]
+__all__ = ["Launch", "launch_of", "write_launch", "check_folder"]
 
 
 class Launch(BaseModel):
@@ -113,11 +113,16 @@ def launch_of(result: TuneResult, schedule: Schedule, layers: LayerProfile, fold
                   schedule="schedule.json", commands=commands, torchtitan_args=titan, notes=notes)
 
 
-def write_launch(folder: Path, result: TuneResult, schedule: Schedule | None, layers: LayerProfile | None) -> list[Path]:
-    """Write the files of the module into ``folder``; the paths written."""
+def check_folder(folder: Path) -> None:
+    """One line, before any work, where ``folder`` cannot take the files."""
     if folder.exists() and not folder.is_dir():
         raise ZbError(f"{folder}: exists and is not a folder; -o names the folder for tune's files")
     check_writable(folder / "tune.json")
+
+
+def write_launch(folder: Path, result: TuneResult, schedule: Schedule | None, layers: LayerProfile | None) -> list[Path]:
+    """Write the files of the module into ``folder``; the paths written."""
+    check_folder(folder)
     written = [write_model(result, folder / "tune.json")]
     if schedule is None or layers is None:
         return written

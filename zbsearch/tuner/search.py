@@ -24,11 +24,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..errors import ZbError
-from ..formats.layers import LayerProfile, LinkEstimate
+from ..formats.layers import LayerProfile
 from ..formats.schedule import Schedule
 from .baselines import baseline_configurations
 from .bounds import cannot_fit, config_bound
 from .cluster import Cluster, Mesh
+from .costing import on_cluster
 from .evaluate import Evaluation, Task
 from .optimizer import OptimizerSetup
 from .result import ConfigRow, TuneResult
@@ -98,8 +99,9 @@ def tune(
         optimizer: ``sgd``, ``adamw`` or ``mixed``; ``sharded``: its state over the replicas.
         sizes: microbatch sizes to search (default: those measured); other sizes' costs are
             interpolated or extrapolated (``sizes``).
-        placements: ``one`` and/or ``v``; ``recompute``: ``none`` and/or ``auto`` (default:
-            both where the profiles have recomputation costs).
+        placements: ``one`` and/or ``v``; ``recompute``: the modes searched, ``none``,
+            ``auto`` and/or ``full`` (default: ``auto`` where the profiles have recomputation
+            costs, else ``none``).
         seq: tokens per sequence for the rates (default: the profiles' ``model.seq``).
         time_limit: seconds for the whole search.
         plan_time: the most seconds one configuration's plan may take (default: its share).
@@ -130,6 +132,7 @@ def tune(
                      len(configs) + len(bases))
     search.tp = tp
     with Worker() as worker:
+        worker.start()  # it imports while the configurations are bounded
         search.worker = worker
         search.baselines(bases)
         search.configurations(configs)
@@ -140,8 +143,8 @@ def _modes(ref: LayerProfile, recompute: Sequence[str] | None) -> tuple[str, ...
     """The recomputation modes searched: as asked, else both where the profile allows."""
     offers = any(u.t_r is not None and u.m_fc is not None for u in ref.units) or any(
         u.t_rs is not None and u.m_fs is not None for u in ref.units)
-    if recompute is None:
-        return ("none", "auto") if offers else ("none",)
+    if recompute is None:  # auto chooses per microbatch and stage, none included
+        return ("auto",) if offers else ("none",)
     modes = tuple(dict.fromkeys(recompute))
     bad = [x for x in modes if x not in ("none", "auto", "full")]
     if bad or not modes:
@@ -190,14 +193,9 @@ class _Search:
     def layers(self, c: Config) -> LayerProfile:
         """The per-layer profile at the configuration's microbatch size, its pipeline messages
         on the cluster's links."""
-        bw = c.mesh.pp_bandwidth(self.cluster)
-        key = (c.b, bw)
+        key = (c.b, c.mesh.pp_bandwidth(self.cluster))
         if key not in self._layers:
-            at = self.sized.at(c.b)
-            latency = self.cluster.link_latency_ms if self.cluster.link_latency_ms is not None else at.link.latency_ms
-            link = LinkEstimate(latency_ms=latency, bandwidth_gb_s=bw, method="cluster",
-                                how="the cluster's links between pipeline neighbours")
-            self._layers[key] = at.model_copy(update={"link": link, "t_comm": None})
+            self._layers[key] = on_cluster(self.sized.at(c.b), c.mesh, self.cluster)
         return self._layers[key]
 
     def tell(self, text: str) -> None:
@@ -217,7 +215,7 @@ class _Search:
                 continue
             self.tell(f"costing {c}")
             share = left / (len(bases) - i)
-            ev = self.run(c, float("inf"), share, time.monotonic() + max(share, left / 2))
+            ev = self.run(c, float("inf"), share, max(share, left / 2))
             if ev is None:
                 self.add(c, None, "stopped", note=f"costing it took more than {max(share, left / 2):.3g} s")
             else:
@@ -235,6 +233,7 @@ class _Search:
                 continue
             bounded.append((config_bound(layers, c.mesh, c.placement, c.m, c.recompute, self.cluster, self.opt), c))
         bounded.sort(key=lambda bc: (bc[0], str(bc[1])))
+        stopped: dict[str, tuple[int, float]] = {}  # per placement: the least stages x m whose plan ran past its share
         for i, (bound, c) in enumerate(bounded):
             if bound >= self.best * (1 - 1e-9):
                 self.add(c, None, "pruned", bound=bound, note=f"its bound {bound:.6g} ms reaches the best "
@@ -243,27 +242,35 @@ class _Search:
             open_ = sum(1 for b, _ in bounded[i:] if b < self.best)
             left = self.clock.left()
             share = left / max(1, open_)
-            if self.plan_time is not None:
-                share = min(share, self.plan_time)
             if share < _MIN_PLAN_S and (left < _MIN_PLAN_S or self.rows_costed()):
                 self.add(c, None, "not planned", bound=bound, note="the time limit was spent")
                 continue
+            if self.plan_time is not None:
+                share = min(share, self.plan_time)
+            size = c.stages * c.m
+            known = stopped.get(c.placement)
+            if known is not None and size >= known[0] and share <= known[1]:
+                self.add(c, None, "not planned", bound=bound, note=f"the plan of a smaller {c.placement} configuration "
+                         f"({known[0]} stages x microbatches) ran past its {known[1]:.3g} s")
+                continue
             self.tell(f"planning {c}")
-            grace = max(_OVERRUN * share, _OVERRUN_S)
-            deadline = min(self.clock.start + self.clock.limit - _MARGIN_S, time.monotonic() + share + grace)
-            ev = self.run(c, bound, max(share, 0.1), deadline)
+            ev = self.run(c, bound, max(share, 0.1), share + max(_OVERRUN * share, _OVERRUN_S))
             if ev is None:
                 self.add(c, None, "stopped", bound=bound, note=f"its plan ran past its {share:.3g} s")
+                if known is None or size < known[0]:
+                    stopped[c.placement] = (size, share)
             else:
                 self.add(c, ev, ev.status, bound=bound)
 
     def rows_costed(self) -> bool:
         return any(r.status == "costed" for r in self.rows)
 
-    def run(self, c: Config, bound: float, seconds: float, deadline: float) -> Evaluation | None:
+    def run(self, c: Config, bound: float, seconds: float, wait: float) -> Evaluation | None:
+        """Evaluate ``c`` in the worker, its plan given ``seconds``; None where it has not
+        answered within ``wait`` seconds, or by the end of the time limit."""
         assert self.worker is not None
         task = Task(c, self.layers(c), self.cluster, self.opt, seconds, bound, self.best, self.milp)
-        return self.worker.evaluate(task, deadline)
+        return self.worker.evaluate(task, wait, self.clock.start + self.clock.limit - _MARGIN_S)
 
     # ------------------------------------------------------------------ rows and the result
 

@@ -42,7 +42,7 @@ def serve(read_fd: int, write_fd: int) -> None:
 
 
 class Worker:
-    """One evaluating process (started on first use; see the module). It is a fresh
+    """One evaluating process (``start``, or started on first use; see the module). It is a fresh
     interpreter running this package, not a copy of the caller: a script that calls ``tune``
     needs no ``if __name__ == "__main__"`` guard."""
 
@@ -50,8 +50,13 @@ class Worker:
         self._proc: subprocess.Popen | None = None
         self._send: Connection | None = None
         self._recv: Connection | None = None
+        self._ready = False
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the worker's process, not waiting for it: it imports while the caller works."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        self.close()
         child_in, parent_out = os.pipe()  # (read end, write end)
         parent_in, child_out = os.pipe()
         root = str(Path(__file__).resolve().parents[2])  # this zbsearch, whatever sys.path the caller has
@@ -62,17 +67,30 @@ class Worker:
         os.close(child_in)
         os.close(child_out)
         self._send, self._recv = Connection(parent_out, readable=False), Connection(parent_in, writable=False)
-        if not self._recv.poll(_START_S) or self._recv.recv()[0] != "ready":
-            self.close()
-            raise RuntimeError(f"the tuning worker did not start within {_START_S:g} s")
+        self._ready = False
 
-    def evaluate(self, task: Task, deadline: float) -> Evaluation | None:
-        """``evaluate(task)`` in the worker, or None where it has not answered by ``deadline``
-        (a ``time.monotonic()`` instant); the worker is then stopped."""
-        if self._proc is None or self._proc.poll() is not None:
+    def _wait_ready(self, latest: float) -> bool:
+        """Whether the worker has started by ``latest`` (a ``time.monotonic()`` instant)."""
+        assert self._recv is not None
+        if not self._ready:
+            try:
+                self._ready = (self._recv.poll(max(0.0, min(latest - time.monotonic(), _START_S)))
+                               and self._recv.recv()[0] == "ready")
+            except (EOFError, OSError):
+                self._ready = False
+        return self._ready
+
+    def evaluate(self, task: Task, seconds: float, latest: float) -> Evaluation | None:
+        """``evaluate(task)`` in the worker, or None where it has not answered ``seconds`` after
+        the worker was ready, or by ``latest`` (a ``time.monotonic()`` instant); the worker is
+        then stopped, and another started."""
+        self.start()
+        if not self._wait_ready(latest):
             self.close()
-            self._start()
+            self.start()
+            return None
         assert self._send is not None and self._recv is not None
+        deadline = min(time.monotonic() + seconds, latest)
         try:
             self._send.send(task)
             answered = self._recv.poll(max(0.0, deadline - time.monotonic()))
@@ -81,6 +99,7 @@ class Worker:
             status, value = None, None
         if status is None:
             self.close()
+            self.start()  # the next one imports while the caller goes on
             return None
         if status == "error":
             raise RuntimeError(f"evaluating a configuration failed in the worker:\n{value}")
@@ -95,7 +114,7 @@ class Worker:
         for conn in (self._send, self._recv):
             if conn is not None:
                 conn.close()
-        self._proc, self._send, self._recv = None, None, None
+        self._proc, self._send, self._recv, self._ready = None, None, None, False
 
     def __enter__(self) -> Worker:
         return self
