@@ -91,3 +91,12 @@ def test_inputs_that_do_not_belong_together_are_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     code, _, err = _run(capsys, "tune", *one, *_BASE, "-o", tmp_path / "file")
     assert code == 1 and "exists and is not a folder" in err and err.count("\n") == 1
+
+
+def test_the_tuner_and_its_worker_import_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, zbsearch.tuner, zbsearch.tuner.worker, zbsearch.tuner.launch; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False"
