@@ -28,7 +28,7 @@ from ..formats.layers import LayerProfile
 from ..formats.schedule import Schedule
 from .baselines import baseline_configurations
 from .bounds import cannot_fit, config_bound
-from .cluster import Cluster, Mesh
+from .cluster import Cluster
 from .costing import on_cluster
 from .evaluate import Evaluation, Task
 from .optimizer import OptimizerSetup
@@ -128,9 +128,8 @@ def tune(
     if not configs:
         raise ZbError(f"no configuration of {cluster.ranks} ranks (tp {tp}) takes a global batch of {global_batch}: "
                       f"{left_out[0] if left_out else 'nothing to search'}")
-    search = _Search(sized, cluster, opt, global_batch, seq, clock, plan_time, milp, progress,
+    search = _Search(sized, cluster, opt, tp, global_batch, seq, clock, plan_time, milp, progress,
                      len(configs) + len(bases))
-    search.tp = tp
     with Worker() as worker:
         worker.start()  # it imports while the configurations are bounded
         search.worker = worker
@@ -175,9 +174,10 @@ def _check(cluster: Cluster, tp: int, global_batch: int, sizes: list[int], place
 class _Search:
     """The state of one search: the rows found, the incumbent, the worker."""
 
-    def __init__(self, sized: SizedLayers, cluster: Cluster, opt: OptimizerSetup, global_batch: int, seq: int | None,
-                 clock: _Clock, plan_time: float | None, milp: bool, progress: TuneProgress | None, total: int) -> None:
-        self.sized, self.cluster, self.opt = sized, cluster, opt
+    def __init__(self, sized: SizedLayers, cluster: Cluster, opt: OptimizerSetup, tp: int, global_batch: int,
+                 seq: int | None, clock: _Clock, plan_time: float | None, milp: bool, progress: TuneProgress | None,
+                 total: int) -> None:
+        self.sized, self.cluster, self.opt, self.tp = sized, cluster, opt, tp
         self.global_batch, self.seq, self.clock, self.plan_time, self.milp = global_batch, seq, clock, plan_time, milp
         self.progress, self.total, self.done = progress, total, 0
         self.rows: list[ConfigRow] = []
@@ -185,7 +185,6 @@ class _Search:
         self.schedule: Schedule | None = None
         self.winner_layers: LayerProfile | None = None
         self.worker: Worker | None = None
-        self.tp = 1
         self._layers: dict[tuple[int, float], LayerProfile] = {}
 
     # ------------------------------------------------------------------ inputs per configuration
@@ -333,7 +332,3 @@ class _Search:
         )
         return Tuned(result, self.schedule if best is not None else None, self.winner_layers)
 
-
-def mesh_of(row: ConfigRow) -> Mesh:
-    """The mesh of a result's row."""
-    return Mesh(row.pp, row.dp, row.tp)
