@@ -55,9 +55,12 @@ def test_tune_writes_the_winner_every_command_takes(tmp_path, capsys):
     if sched.partition is not None and best.recomputed == 0:
         args = (out / "torchtitan" / "args.txt").read_text()
         assert f"--parallelism.data_parallel_replicate_degree {best.dp}" in args
-    code, text, _ = _run(capsys, "tune", *_layers(tmp_path), *_BASE, "--json", "--no-baselines")
+    by_tokens = [x if x != "-g" else "--global-tokens" for x in _BASE]
+    by_tokens[by_tokens.index("--global-tokens") + 1] = str(16 * 128)  # the same 16 sequences of 128 tokens
+    code, text, _ = _run(capsys, "tune", *_layers(tmp_path), *by_tokens, "--json", "--no-baselines")
     doc = json.loads(text)
     assert code == 0 and doc["format"] == "zbsearch.tune" and all(r["source"] == "tune" for r in doc["rows"])
+    assert doc["global_batch"] == 16 and doc["seq"] == 128
 
 
 @pytest.mark.parametrize("args, words", [
@@ -70,6 +73,7 @@ def test_tune_writes_the_winner_every_command_takes(tmp_path, capsys):
     (["--optimizer", "lamb"], "unknown optimizer 'lamb'"),
     (["--memory", "lots"], "cannot read the byte budget 'lots'"),
     (["--intra-gbs", "0"], "cluster: intra_node_gbs"),
+    (["--global-tokens", "2048"], "give the global batch once"),
 ])
 def test_bad_tunes_are_one_line_and_write_nothing(tmp_path, capsys, args, words):
     out = tmp_path / "out"

@@ -722,7 +722,10 @@ def tune(
     ranks: int = typer.Option(..., "--ranks", "-r", min=1, help="accelerators in all"),
     ranks_per_node: int = typer.Option(8, "--ranks-per-node", min=1, help="accelerators per node"),
     memory: str = typer.Option("none", "--memory", help="bytes per rank for everything it holds (80GiB, none)"),
-    global_batch: int = typer.Option(..., "--global-batch", "-g", min=1, help="sequences per iteration, all replicas"),
+    global_batch: int | None = typer.Option(None, "--global-batch", "-g", min=1,
+                                            help="sequences per iteration, all replicas"),
+    global_tokens: int | None = typer.Option(None, "--global-tokens", min=1,
+                                             help="tokens per iteration, all replicas (instead of -g)"),
     seq: int | None = typer.Option(None, "--seq", min=1, help="tokens per sequence (default: the profile's)"),
     tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel degree, as the profiles were measured at"),
     optimizer: str = typer.Option("adamw", "--optimizer", help="sgd, adamw or mixed (16 B/param)"),
@@ -762,6 +765,16 @@ def tune(
     cluster = Cluster.checked(ranks=ranks, ranks_per_node=min(ranks_per_node, ranks), memory_bytes=parse_bytes(memory),
                               intra_node_gbs=intra, inter_node_gbs=inter, link_latency_ms=latency, memory_gbs=memory_gbs)
     profiles = [load_layers(p) for p in layers]
+    if (global_batch is None) == (global_tokens is None):
+        raise ZbError("give the global batch once: -g SEQUENCES or --global-tokens TOKENS")
+    if global_tokens is not None:
+        found = seq or (profiles[0].model or {}).get("seq")
+        if not isinstance(found, int) or found < 1:
+            raise ZbError("--global-tokens needs the sequence length: --seq, or a profile that records it")
+        if global_tokens % found:
+            raise ZbError(f"--global-tokens {global_tokens} is not whole sequences of {found} tokens")
+        global_batch = global_tokens // found
+    assert global_batch is not None
     spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED
     with _bar() as bar:
         task = bar.add_task("starting", total=None)
