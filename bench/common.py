@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["RESULTS", "machine", "save"]
+__all__ = ["RESULTS", "machine", "save", "save_section"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -58,3 +58,12 @@ def save(doc: dict, name: str | None = None, path: Path | None = None) -> Path:
     out.write_text(json.dumps({**doc, "machine": machine()}, indent=1) + "\n")
     print(f"saved {out}")
     return out
+
+
+def save_section(path: Path, key: str, value) -> Path:
+    """Put one section of a benchmark into its results file at ``path``, keeping the others
+    (a benchmark run a section at a time), the machine recorded anew."""
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    doc.pop("machine", None)
+    doc[key] = value
+    return save(doc, path=path)

@@ -47,7 +47,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import RESULTS, machine, save
+from common import RESULTS, machine, save_section
 from pipeline import launch, ours, round_robin
 
 import zbsearch as zb
@@ -64,16 +64,9 @@ GIB = 2**30
 LLAMA = dict(hidden=4096, heads=32, kv_heads=8, ffn=14336, seq=4096, microbatch_size=1)
 
 
-def _load() -> dict:
-    return json.loads(OUT.read_text()) if OUT.is_file() else {}
-
-
 def _store(key: str, value) -> None:
     """Save one section into the results, with the commit it measured (sections are rerun apart)."""
-    doc = _load()
-    doc.pop("machine", None)
-    doc[key] = {**value, "commit": machine()["commit"]}
-    save(doc, path=OUT)
+    save_section(OUT, key, {**value, "commit": machine()["commit"]})
 
 
 def _solve_cut(layers, cut, m, budget, optimizer, seconds, milp=True):

@@ -1103,6 +1103,78 @@ def iteration(docs: list[dict]) -> list[str]:
     return out
 
 
+def tune(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    out: list[str] = []
+    ex = doc.get("exact")
+    if ex:
+        out += ["## Exactness against every configuration", "",
+                f"Generated Llama-like models (sequences of {ex['seq']}), microbatch sizes {ex['sizes']}: every "
+                f"configuration planned the same way ({ex['plan_time_s']:g} s each), against `tune` with the same time "
+                "per plan and no baselines. *ratio*: tune's choice over the best configuration.", ""]
+        rows = [[r["model"], str(r["layers"]), str(r["ranks"]), str(r["memory_gib"]), str(r["global_batch"]),
+                 r["optimizer"], str(r["configurations"]), str(r["costed_by_enumeration"]), f"{r['best']:.6g}",
+                 r["best_config"], f"{r['tune']:.6g}", r["tune_config"], f"{r['ratio']:.4f}", f"{r['bound']:.6g}",
+                 "yes" if r["bound_ok"] else "NO", _pct(r["gap"], 1), str(r["planned_by_tune"]),
+                 f"{_secs(r['enumeration_s'])} / {_secs(r['tune_s'])}"] for r in ex["rows"]]
+        out += _table(["model", "layers", "ranks", "GiB", "batch", "optimizer", "configurations", "costed",
+                       "best (ms)", "best configuration", "tune (ms)", "tune's", "ratio", "bound (ms)", "bound <= best",
+                       "gap", "planned by tune", "enumeration / tune"], rows)
+        worst = max(r["ratio"] for r in ex["rows"])
+        out += [f"- Largest ratio {worst:.4f} (target at most 1.01: {'met' if worst <= 1.01 else 'not met'}); bound "
+                f"never above the best: {'yes' if all(r['bound_ok'] for r in ex['rows']) else 'no'}.", ""]
+    bs = doc.get("baselines")
+    if bs:
+        out += ["## Against torchtitan's and Megatron-LM's defaults", "",
+                "Generated Llama-like models, sequences of 4096, microbatch sizes 1, 2, 4, 8 ranks to a node, 80 GiB "
+                f"per rank, mixed precision; `tune` with {bs['case_time_s']:g} s. Speed-up: the best baseline's "
+                "iteration over tune's (predicted, costed the same way at the same memory).", ""]
+        rows = []
+        for r in bs["rows"]:
+            c = r["config"] or {}
+            fam = ", ".join(f"{k}: {v['iteration_ms']:.6g} (pp{v['pp']} b{v['b']})" for k, v in sorted(r["families"].items()))
+            rows.append([r["model"], str(r["ranks"]), str(r["global_batch"]), "yes" if r["sharded"] else "no",
+                         f"pp{c.get('pp')} dp{c.get('dp')} b{c.get('b')} m{c.get('m')} {c.get('placement')}",
+                         f"{r['tune']:.6g}" if r["tune"] else "-", fam or "none fits",
+                         f"{r['speedup']:.3f}x" if r["speedup"] else "-", _pct(r["gap"], 1) if r["gap"] is not None else "-",
+                         _secs(r["time_s"])])
+        out += _table(["model", "ranks", "batch", "sharded", "tune's configuration", "tune (ms)",
+                       "baselines, the best of each (ms)", "speed-up", "gap to bound", "time"], rows)
+        sp = bs.get("speedup")
+        if sp:
+            slower = [r for r in bs["rows"] if r["speedup"] is not None and r["speedup"] < 1 - 1e-9]
+            out += [f"- Speed-up over the best baseline: mean {sp['mean']:.3f}x, geometric mean {sp['geomean']:.3f}x, "
+                    f"median {sp['median']:.3f}x, from {sp['min']:.3f}x to {sp['max']:.3f}x (Mist's published average "
+                    f"over Megatron-LM: 1.28x).",
+                    f"- Never slower than the best baseline: {'yes' if not slower else 'no'}.", ""]
+    tt = doc.get("time")
+    if tt:
+        out += ["## Time", "", f"`zbsearch tune` on the {tt['model']} shape ({tt['ranks']} ranks, global batch "
+                f"{tt['global_batch']}, 3 microbatch sizes), timed from the outside.", ""]
+        rows = [[f"{r['time_limit_s']:g} s", _secs(r["wall_s"]),
+                 ("pp{pp} dp{dp} b{microbatch_size} m{microbatches} {placement} {recompute}".format(**r["config"])
+                  if r["config"] else "-"), f"{r['iteration_ms']:.6g}" if r["iteration_ms"] else "-",
+                 f"{r['best_baseline']:.6g}" if r["best_baseline"] else "-",
+                 _pct(r["gap"], 1) if r["gap"] is not None else "-",
+                 ", ".join(f"{v} {k}" for k, v in sorted(r["statuses"].items()))] for r in tt["rows"]]
+        out += _table(["time limit", "wall", "configuration", "iteration (ms)", "best baseline (ms)", "gap",
+                       "configurations"], rows)
+    real = doc.get("real")
+    if real:
+        t, d = real["tuned"], real["torchtitan"]
+        out += ["## Real runs on CPU", "", f"The built-in GPT {real['model']} on 4 local processes, global batch "
+                f"{real['global_batch']}, {real['rounds']} rounds of {real['steps']} steps each (the first "
+                f"{real['warmup']} dropped), run in turns; medians.", ""]
+        rows = [["tuned", f"pp{t['pp']} dp{t['dp']} b{t['b']} m{t['m']} {t['placement']}", str(t["layers_per_stage"]),
+                 f"{t['predicted_ms']:.4g}", ", ".join(f"{x:.4g}" for x in t["measured_ms"])],
+                ["torchtitan 1F1B", f"pp{d['pp']} dp{d['dp']} b{d['b']} m{d['m']}", str(d["layers_per_stage"]),
+                 f"{d['predicted_ms']:.4g}", ", ".join(f"{x:.4g}" for x in d["measured_ms"])]]
+        out += _table(["run", "configuration", "layers per stage", "predicted (ms)", "measured per round (ms)"], rows)
+        out += [f"- Speed-up predicted {real['predicted_speedup']:.3f}x, measured {real['measured_speedup']:.3f}x "
+                f"({_pct(real['error'], 1)}; target within 5%: {'met' if abs(real['error']) <= 0.05 else 'not met'}).", ""]
+    return out
+
+
 @dataclass
 class Topic:
     title: str
@@ -1166,6 +1238,10 @@ TOPICS = {
     "iteration": Topic("The iteration with data-parallel reductions", ("iteration.json",),
                        lambda d: f"PYTHONPATH=. python bench/iteration.py --time-limit {d['time_limit_s']:g}",
                        lambda d: f"{d.get('wall_s', 0) / 60:.0f} minutes", iteration),
+    "tune": Topic("Tuning the whole configuration for a cluster", ("tune.json",),
+                  "PYTHONPATH=. python bench/tune.py --plan-time 1 --case-time 120",
+                  lambda d: f"{sum(d[k].get('section_s', 0) for k in ('exact', 'baselines', 'time', 'real') if k in d) / 60:.0f}"
+                            " minutes", tune),
     "startup": Topic("How long the command line takes to start", ("startup.json",),
                      lambda d: f"python bench/startup.py --repeat {d['repeat']}", "under a minute", startup),
 }

@@ -4,6 +4,9 @@
     torchrun --nproc-per-node 2 examples/train_gpt.py zbh1.json --steps 20 --trace trace.json
     zbsearch show zbh1.json --measured trace.json
 
+A plan from ``zbsearch plan`` or ``zbsearch tune`` carries its cut of the layers (its
+``partition``), which the stages follow; ``--layers-per-stage`` gives one for any other schedule.
+
 In a mesh, ``--dp N`` runs N replicas of the pipeline on the global batch (``--shard``: the N
 data-parallel ranks shard each stage with ``fully_shard`` instead of holding it whole),
 ``--tp N`` splits each stage's layers over N ranks (``zbsearch.models.tensor_parallel``);
@@ -47,8 +50,13 @@ def main() -> None:
     ap.add_argument("schedule", type=Path, help="schedule JSON (its number of ranks = processes)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--microbatch-size", "-b", type=int, default=4, help="sequences per microbatch")
-    ap.add_argument("--layers", type=int, default=None, help="transformer blocks (default: 2 per stage)")
+    ap.add_argument("--layers", type=int, default=None, help="transformer blocks (default: the plan's, else 2 per stage)")
+    ap.add_argument("--layers-per-stage", default=None,
+                    help="transformer blocks of each stage, e.g. 3,3,2 (default: a plan's cut, else even)")
     ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=32, help="tokens per sequence")
+    ap.add_argument("--vocab", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for another rank before failing")
     ap.add_argument("--trace", type=Path, default=None, help="write the last step's Chrome trace here (rank 0)")
@@ -57,7 +65,7 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (processes = ranks x dp x tp)")
     ap.add_argument("--check", action="store_true", help="compare every step's gradients with one process on the global batch")
     args = ap.parse_args()
-    for name in ("steps", "dp", "tp", "microbatch_size"):
+    for name in ("steps", "dp", "tp", "microbatch_size", "heads", "seq", "vocab"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
 
@@ -70,8 +78,11 @@ def run(args, device: torch.device) -> None:
     data = "dp_shard" if args.shard else "dp_replicate"
     mesh = mesh_for(sched.num_ranks, tp=args.tp, **{data: args.dp})
     rank, replica = mesh["pp"].get_local_rank(), mesh[data].get_local_rank()
-    cfg = GPTConfig(layers=args.layers or 2 * S, hidden=args.hidden, heads=4, seq=32, vocab=64,
-                    microbatch_size=args.microbatch_size, stages=S)
+    cut = stage_layers(sched, args.layers_per_stage)
+    layers = args.layers or (sum(cut) if cut is not None else 2 * S)
+    cfg = GPTConfig(layers=layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab,
+                    microbatch_size=args.microbatch_size, stages=S, cut=cut)
+    cfg.check()
     whole = gpt_stages(cfg)
     stages = {s: st.to(device) for s, st in enumerate(whole) if sched.stage_to_rank[s] == rank}
     if args.tp > 1:  # each layer's heads and MLP columns split over the stage's tensor-parallel ranks
@@ -104,6 +115,20 @@ def run(args, device: torch.device) -> None:
         save_trace(trace, args.trace)
         print(f"wrote {args.trace}", flush=True)
     runtime.close()
+
+
+def stage_layers(sched, text: str | None) -> tuple[int, ...] | None:
+    """The transformer blocks of each stage: ``--layers-per-stage``, else a plan's cut, else None (even)."""
+    planned = tuple(sched.partition.layers_per_stage) if sched.partition is not None else None
+    if text is None:
+        return planned
+    try:
+        given = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"error: --layers-per-stage {text!r}: give whole numbers, e.g. 3,3,2") from None
+    if planned is not None and given != planned:
+        raise SystemExit(f"error: --layers-per-stage {text} differs from the plan's cut {list(planned)}")
+    return given
 
 
 def one_process(whole, stages, inputs, targets, microbatches: int) -> float:

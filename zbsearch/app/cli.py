@@ -722,6 +722,147 @@ def _plan_tables(sched: zb.Schedule) -> list[Table]:
 
 
 @app.command()
+def tune(
+    layers: list[str] = typer.Option(
+        ..., "--layers", "-l", help="per-layer profile JSON, one per microbatch size measured (repeat -l)"),
+    ranks: int = typer.Option(..., "--ranks", "-r", min=1, help="accelerators in all"),
+    ranks_per_node: int = typer.Option(8, "--ranks-per-node", min=1, help="accelerators per node"),
+    memory: str = typer.Option("none", "--memory", help="bytes per rank for everything it holds (80GiB, none)"),
+    global_batch: int | None = typer.Option(None, "--global-batch", "-g", min=1,
+                                            help="sequences per iteration, all replicas"),
+    global_tokens: int | None = typer.Option(None, "--global-tokens", min=1,
+                                             help="tokens per iteration, all replicas (instead of -g)"),
+    seq: int | None = typer.Option(None, "--seq", min=1, help="tokens per sequence (default: the profile's)"),
+    tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel degree, as the profiles were measured at"),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="sgd, adamw or mixed (16 B/param)"),
+    sharded: bool = typer.Option(False, "--sharded", help="optimizer state sharded over the replicas (ZeRO-1)"),
+    intra: float = typer.Option(150.0, "--intra-gbs", help="GB/s per rank inside a node"),
+    inter: float = typer.Option(25.0, "--inter-gbs", help="GB/s per rank between nodes"),
+    latency: float | None = typer.Option(None, "--latency-ms", help="pipeline message latency (default: the profile's)"),
+    memory_gbs: float | None = typer.Option(
+        None, "--memory-gbs", help="device memory GB/s the optimizer step streams its state at (default: not priced)"),
+    sizes: str | None = typer.Option(None, "--microbatch-sizes", "-b", help="sizes to search, e.g. 1,2,4 (default: "
+                                     "those measured; others interpolated)"),
+    placement: str = typer.Option("auto", "--placement", help="one, v or auto (both)"),
+    recompute: str | None = typer.Option(None, "--recompute", help="modes to search: none, auto, or none,auto "
+                                         "(default: both where the profile has recomputation costs)"),
+    time_limit: float = typer.Option(300.0, "--time-limit", "-t", min=1.0, help="seconds for the whole search"),
+    plan_time: float | None = typer.Option(None, "--plan-time", min=0.1, help="most seconds one configuration's plan "
+                                           "takes (default: its share of the time left)"),
+    no_milp: bool = typer.Option(False, "--no-milp", help="plan with the solver's heuristics only"),
+    no_baselines: bool = typer.Option(False, "--no-baselines", help="leave out torchtitan's and Megatron's defaults"),
+    top: int = typer.Option(12, "--top", min=1, help="configurations shown"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON (zbsearch.tune)"),
+    output: str | None = typer.Option(None, "-o", "--output", help="folder for the winner's schedule, tune.json, "
+                                      "launch.json, run.sh and torchtitan's overrides"),
+):
+    """Choose pipeline and data-parallel degrees, microbatches, placement, recomputation and cut for a cluster."""
+    from zbsearch.formats.layers import load_layers
+    from zbsearch.limits import parse_bytes
+    from zbsearch.tuner import Cluster
+    from zbsearch.tuner import tune as search
+    from zbsearch.tuner.launch import check_folder, write_launch
+
+    if output == "" or output == "-":
+        raise ZbError("-o names the folder for tune's files")
+    folder = None if output is None else Path(output)
+    if folder is not None:
+        check_folder(folder)
+    cluster = Cluster.checked(ranks=ranks, ranks_per_node=min(ranks_per_node, ranks), memory_bytes=parse_bytes(memory),
+                              intra_node_gbs=intra, inter_node_gbs=inter, link_latency_ms=latency, memory_gbs=memory_gbs)
+    profiles = [load_layers(p) for p in layers]
+    if (global_batch is None) == (global_tokens is None):
+        raise ZbError("give the global batch once: -g SEQUENCES or --global-tokens TOKENS")
+    if global_tokens is not None:
+        found = seq or (profiles[0].model or {}).get("seq")
+        if not isinstance(found, int) or found < 1:
+            raise ZbError("--global-tokens needs the sequence length: --seq, or a profile that records it")
+        if global_tokens % found:
+            raise ZbError(f"--global-tokens {global_tokens} is not whole sequences of {found} tokens")
+        global_batch = global_tokens // found
+    assert global_batch is not None
+    spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED
+    with _bar() as bar:
+        task = bar.add_task("starting", total=None)
+        tuned = search(profiles, cluster, global_batch, tp=tp, optimizer=optimizer, sharded=sharded,
+                       sizes=_ints(sizes, "--microbatch-sizes"), seq=seq,
+                       placements=("one", "v") if placement == "auto" else (placement,),
+                       recompute=None if recompute is None else [x.strip() for x in recompute.split(",")],
+                       time_limit=max(time_limit - spent, 0.5), plan_time=plan_time, milp=not no_milp,
+                       baselines=not no_baselines,
+                       progress=lambda done, total, text: bar.update(task, completed=done, total=total, description=text))
+    res = tuned.result
+    if folder is not None:
+        for path in write_launch(folder, res, tuned.schedule, tuned.layers):
+            err.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    if as_json:
+        out.print_json(res.model_dump_json())
+        return
+    for table in _tune_tables(res, top):
+        _show(table)
+    best, base = res.winner, res.best_baseline()
+    if best is None:
+        out.print("no configuration was costed: " + next((r.note or r.status for r in res.rows), "none to search"),
+                  soft_wrap=True)
+        return
+    assert best.iteration_ms is not None and res.lower_bound_ms is not None and res.gap is not None
+    rate = "tokens/s" if res.seq else "sequences/s"
+    out.print(f"best: pp {best.pp} x dp {best.dp} x tp {best.tp}, {best.microbatches} microbatches of "
+              f"{best.microbatch_size}, {best.placement}, recompute {best.recompute}: {_fmt(best.iteration_ms)} ms, "
+              f"{best.tokens_per_s:.6g} {rate}; bound over every configuration {_fmt(res.lower_bound_ms)} ms, gap "
+              f"{res.gap:.2%}", soft_wrap=True, highlight=False)
+    if base is not None and base.iteration_ms:
+        out.print(f"speed-up over the best baseline ({base.source}, pp {base.pp} x dp {base.dp}, b {base.microbatch_size}"
+                  f"): {base.iteration_ms / best.iteration_ms:.3f}x", soft_wrap=True, highlight=False)
+    counts = {s: sum(r.status == s for r in res.rows) for s in dict.fromkeys(r.status for r in res.rows)}
+    out.print(", ".join(f"{n} {s}" for s, n in counts.items()) + f"; {res.time_s:.1f} s; optimizer step "
+              f"{res.optimizer_step}", soft_wrap=True, highlight=False)
+
+
+def _ints(text: str | None, option: str) -> list[int] | None:
+    """A comma-separated list of whole numbers (None: not given)."""
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ZbError(f"{option} {text!r}: give whole numbers, comma-separated (1,2,4)") from None
+
+
+def _bar():
+    """A progress bar on stderr (on a terminal only)."""
+    if not err.is_terminal:
+        return _NoProgress()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"),
+                    console=err, transient=True)
+
+
+def _tune_tables(res, top: int) -> list[Table]:
+    rate = "tokens/s" if res.seq else "seq/s"
+    t = Table(title=f"{res.cluster.ranks} ranks, global batch {res.global_batch}, {res.optimizer}"
+                    f"{' sharded' if res.sharded else ''}: fastest first")
+    for col in ("#", "pp.dp.tp", "b x m", "place", "recompute", rate, "ms", "bubble", "GiB", "gap", "by"):
+        t.add_column(col, justify="right")
+    costed = [r for r in res.rows if r.status == "costed"]
+    for i, r in enumerate(costed[:top]):
+        gap = f"{r.iteration_ms / r.bound_ms - 1:.1%}" if r.bound_ms and r.iteration_ms else "-"
+        t.add_row(str(i + 1), f"{r.pp}.{r.dp}.{r.tp}", f"{r.microbatch_size} x {r.microbatches}", r.placement,
+                  r.recompute, f"{r.tokens_per_s:.4g}" if r.tokens_per_s else "-", f"{r.iteration_ms:.5g}",
+                  f"{r.bubble:.1%}" if r.bubble is not None else "-", _gib(r.peak_bytes), gap,
+                  "tune" if r.source == "tune" else "baseline")
+    families = {r.source: r for r in reversed(costed) if r.source != "tune"}  # the best of each baseline
+    b = Table(title="the best of each baseline, costed the same way")
+    for col in ("baseline", "#", "pp.dp.tp", "b x m", "recompute", "ms", "tune's speed-up"):
+        b.add_column(col, justify="right")
+    for name, r in sorted(families.items()):
+        b.add_row(name, str(costed.index(r) + 1), f"{r.pp}.{r.dp}.{r.tp}", f"{r.microbatch_size} x {r.microbatches}",
+                  r.recompute, f"{r.iteration_ms:.5g}", f"{r.iteration_ms / costed[0].iteration_ms:.3f}x")
+    return [t, b] if families else [t]
+
+
+@app.command()
 def frontier(
     profile: str = ProfileOpt,
     m: int = MicrobatchOpt,

@@ -1,0 +1,297 @@
+"""The tuner: exactness against every configuration, speed-up over the baselines, time.
+
+Sections (``--only`` runs some; each is saved into bench/results/tune.json as it finishes):
+
+* ``exact``: grids small enough to plan every configuration (16 ranks, microbatch sizes 1, 2
+  and 4, 12 to 24 layers): every configuration planned the same way (``--plan-time`` seconds
+  each, in this process), against ``tune`` with the same time per plan: tune's choice within
+  1% of the best configuration, its bound never above it.
+* ``baselines``: generated Llama-like models (7B to 70B shapes, vocabularies 32k to 256k) on
+  16 to 256 ranks, 8 to a node, 80 GiB per rank, mixed precision: tune's choice against the best
+  of torchtitan's and Megatron-LM's defaults, costed the same way; the speed-up distribution.
+* ``time``: 80 layers (70B), 64 ranks, 3 microbatch sizes, the ``zbsearch tune`` command
+  timed from the outside at several time limits: what it chose by then.
+* ``real``: the built-in GPT on CPU, 4 local processes: per-layer profiles at microbatch sizes
+  1, 2 and 4 (one thread, as each rank runs), ``zbsearch tune`` for 4 ranks on one node (its
+  links the profile's estimate between local processes), and ``examples/train_gpt.py`` under
+  torchrun running the winner and the best torchtitan-style default in turns: the measured
+  speed-up (median step times) against the predicted one.
+
+The generated profiles (``zbsearch.planner.llama_layers``) run a rank at a rate that grows with
+the tokens of a microbatch, ``tflops x tokens / (tokens + 512)``, as accelerators fill better
+with larger products; the links are 150 GB/s per rank in a node and 25 GB/s between nodes,
+the optimizer state streams at 2000 GB/s.
+
+Run: PYTHONPATH=. python bench/tune.py [--only exact,baselines,time] [--plan-time 1] [--case-time 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import RESULTS, save_section
+
+from zbsearch.formats.layers import save_layers
+from zbsearch.planner import llama_layers
+from zbsearch.tuner import Cluster, OptimizerSetup, SizedLayers, tune
+from zbsearch.tuner.bounds import cannot_fit
+from zbsearch.tuner.costing import on_cluster
+from zbsearch.tuner.evaluate import Task, evaluate
+from zbsearch.tuner.space import configurations
+
+OUT = RESULTS / "tune.json"
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+SIZES = (1, 2, 4)
+GIB = 2**30
+
+# name: layers, hidden, heads, kv heads, ffn, vocab
+MODELS = {
+    "7b-32k": (32, 4096, 32, 32, 11008, 32000),
+    "8b-128k": (32, 4096, 32, 8, 14336, 128256),
+    "9b-256k": (42, 3584, 16, 8, 14336, 256000),
+    "13b-32k": (40, 5120, 40, 40, 13824, 32000),
+    "34b-64k": (48, 8192, 64, 8, 22016, 64000),
+    "70b-128k": (80, 8192, 64, 8, 28672, 128256),
+}
+
+
+def profiles(name: str, seq: int = 4096, tflops: float = 400.0, sizes=SIZES, layers: int | None = None):
+    L, h, heads, kv, ffn, vocab = MODELS[name]
+    return [llama_layers(layers or L, h, vocab, heads=heads, kv_heads=kv, ffn=ffn, seq=seq, microbatch_size=b,
+                         tflops=tflops * b * seq / (b * seq + 512), name=f"{name}-b{b}") for b in sizes]
+
+
+def cluster(ranks: int, memory: float = 80 * GIB) -> Cluster:
+    return Cluster(ranks=ranks, ranks_per_node=min(8, ranks), memory_bytes=memory, intra_node_gbs=150.0,
+                   inter_node_gbs=25.0, memory_gbs=2000.0)
+
+
+def _store(key: str, value) -> None:
+    save_section(OUT, key, value)
+
+
+def exact(args) -> dict:
+    """Every configuration of small grids planned, against tune."""
+    grids = [  # model, layers, ranks, memory GiB, global batch, optimizer, sharded
+        ("7b-32k", 12, 16, 24, 64, "mixed", False),
+        ("8b-128k", 16, 16, 24, 128, "mixed", True),
+        ("9b-256k", 20, 16, 32, 64, "mixed", False),
+        ("13b-32k", 24, 16, 40, 128, "mixed", True),
+    ]
+    rows = []
+    for name, layers, ranks, mem, batch, optimizer, sharded in grids:
+        profs = profiles(name, seq=2048, layers=layers)
+        cl, opt = cluster(ranks, mem * GIB), OptimizerSetup(optimizer, sharded)
+        sized = SizedLayers(profs)
+        configs, _ = configurations(sized.reference.num_units, ranks, 1, batch, list(SIZES), ("one", "v"), ("auto",))
+        every, t0 = {}, time.monotonic()
+        for c in configs:
+            lay = on_cluster(sized.at(c.b), c.mesh, cl)
+            if cannot_fit(lay, c.stages, c.mesh.pp, cl.memory_bytes, opt, c.mesh.dp) is not None:
+                continue
+            ev = evaluate(Task(c, lay, cl, opt, args.plan_time, 0.0))
+            if ev.costed is not None:
+                every[str(c)] = ev.costed.iteration
+        enum_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        res = tune(profs, cl, batch, optimizer=optimizer, sharded=sharded, time_limit=3600, plan_time=args.plan_time,
+                   baselines=False).result
+        tune_s = time.monotonic() - t0
+        best_name = min(every, key=every.__getitem__)
+        w = res.winner
+        row = {"model": name, "layers": layers, "ranks": ranks, "memory_gib": mem, "global_batch": batch,
+               "optimizer": f"{optimizer}{' sharded' if sharded else ''}", "configurations": len(configs),
+               "costed_by_enumeration": len(every), "best": every[best_name], "best_config": best_name,
+               "tune": w.iteration_ms, "tune_config": f"pp{w.pp} dp{w.dp} b{w.microbatch_size} m{w.microbatches} "
+               f"{w.placement}", "ratio": w.iteration_ms / every[best_name], "bound": res.lower_bound_ms,
+               "bound_ok": res.lower_bound_ms <= every[best_name] * (1 + 1e-9), "gap": res.gap,
+               "planned_by_tune": sum(r.status == "costed" for r in res.rows),
+               "statuses": {s: sum(r.status == s for r in res.rows) for s in {r.status for r in res.rows}},
+               "enumeration_s": enum_s, "tune_s": tune_s}
+        rows.append(row)
+        print(f"exact {name} L{layers} r{ranks}: best {row['best']:.6g} ({best_name}); tune {row['tune']:.6g} "
+              f"({row['tune_config']}) ratio {row['ratio']:.4f}; bound {row['bound']:.6g} ok {row['bound_ok']}; "
+              f"planned {row['planned_by_tune']}/{len(configs)}; {enum_s:.0f} s / {tune_s:.0f} s", flush=True)
+    return {"plan_time_s": args.plan_time, "sizes": list(SIZES), "seq": 2048, "rows": rows}
+
+
+def baselines(args) -> dict:
+    """tune against the baselines on generated models and clusters."""
+    cases = [  # model, ranks, global batch (sequences of 4096), sharded
+        ("7b-32k", 16, 512, False), ("8b-128k", 16, 512, True), ("9b-256k", 32, 512, False),
+        ("13b-32k", 32, 512, True), ("8b-128k", 64, 1024, False), ("34b-64k", 64, 1024, True),
+        ("70b-128k", 64, 1024, True), ("9b-256k", 128, 1024, True), ("13b-32k", 128, 1024, False),
+        ("70b-128k", 128, 1024, True), ("34b-64k", 256, 2048, True), ("70b-128k", 256, 2048, True),
+    ]
+    if args.cases:
+        cases = cases[:args.cases]
+    rows = []
+    for name, ranks, batch, sharded in cases:
+        t0 = time.monotonic()
+        res = tune(profiles(name), cluster(ranks), batch, optimizer="mixed", sharded=sharded,
+                   time_limit=args.case_time).result
+        took = time.monotonic() - t0
+        w, base = res.winner, res.best_baseline()
+        families = {}
+        for r in res.rows:
+            if r.source != "tune" and r.iteration_ms is not None and (
+                    r.source not in families or r.iteration_ms < families[r.source]["iteration_ms"]):
+                families[r.source] = {"iteration_ms": r.iteration_ms, "pp": r.pp, "dp": r.dp, "b": r.microbatch_size,
+                                      "m": r.microbatches, "recompute": r.recompute}
+        row = {"model": name, "ranks": ranks, "global_batch": batch, "sharded": sharded, "time_limit_s": args.case_time,
+               "time_s": took, "tune": None if w is None else w.iteration_ms, "source": None if w is None else w.source,
+               "config": None if w is None else {"pp": w.pp, "dp": w.dp, "b": w.microbatch_size, "m": w.microbatches,
+                                                 "placement": w.placement, "recompute": w.recompute},
+               "tokens_per_s": None if w is None else w.tokens_per_s, "bound": res.lower_bound_ms, "gap": res.gap,
+               "best_baseline": None if base is None else base.iteration_ms,
+               "best_baseline_name": None if base is None else base.source, "families": families,
+               "speedup": None if base is None or w is None else base.iteration_ms / w.iteration_ms,
+               "statuses": {s: sum(r.status == s for r in res.rows) for s in {r.status for r in res.rows}}}
+        rows.append(row)
+        print(f"baselines {name} r{ranks}: tune {row['tune']} {row['config']}; best baseline {row['best_baseline']} "
+              f"({row['best_baseline_name']}); speed-up {row['speedup']}; gap {row['gap']}; {took:.0f} s", flush=True)
+    ups = [r["speedup"] for r in rows if r["speedup"] is not None]
+    return {"case_time_s": args.case_time, "rows": rows,
+            "speedup": {"mean": statistics.fmean(ups), "median": statistics.median(ups), "min": min(ups), "max": max(ups),
+                        "geomean": statistics.geometric_mean(ups)} if ups else None}
+
+
+def time_target(args) -> dict:
+    """The command on 80 layers, 64 ranks, 3 sizes, timed from the outside."""
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        paths = []
+        for prof in profiles("70b-128k"):
+            path = Path(d) / f"{prof.name}.json"
+            save_layers(prof, path)
+            paths += ["-l", str(path)]
+        for limit in args.limits:
+            cmd = [sys.executable, "-m", "zbsearch", "tune", *paths, "-r", "64", "--memory", "80GiB", "-g", "1024",
+                   "--optimizer", "mixed", "--sharded", "--intra-gbs", "150", "--inter-gbs", "25", "--memory-gbs",
+                   "2000", "-t", str(limit), "--json"]
+            t0 = time.monotonic()
+            r = subprocess.run(cmd, capture_output=True, text=True, cwd=d, env=ENV)
+            wall = time.monotonic() - t0
+            if r.returncode:
+                raise SystemExit(r.stderr)
+            doc = json.loads(r.stdout)
+            w = doc["rows"][doc["best"]] if doc["best"] is not None else None
+            base = min((x for x in doc["rows"] if x["source"] != "tune" and x["iteration_ms"]),
+                       key=lambda x: x["iteration_ms"], default=None)
+            rows.append({"time_limit_s": limit, "wall_s": wall, "iteration_ms": w and w["iteration_ms"],
+                         "config": w and {k: w[k] for k in ("pp", "dp", "microbatch_size", "microbatches", "placement",
+                                                             "recompute")},
+                         "bound": doc["lower_bound_ms"], "gap": doc["gap"],
+                         "best_baseline": base and base["iteration_ms"],
+                         "statuses": {s: sum(x["status"] == s for x in doc["rows"]) for s in {x["status"] for x in
+                                                                                               doc["rows"]}}})
+            print(f"time -t {limit}: {wall:.1f} s wall; {rows[-1]['iteration_ms']} {rows[-1]['config']}; gap "
+                  f"{rows[-1]['gap']}", flush=True)
+    return {"model": "70b-128k", "ranks": 64, "global_batch": 1024, "rows": rows}
+
+
+def _steps(text: str) -> list[float]:
+    """The step times (ms) train_gpt.py printed."""
+    return [float(line.split()[-2]) for line in text.splitlines() if line.startswith("step ")]
+
+
+def real(args) -> dict:
+    """A tuned configuration against torchtitan's default, run by examples/train_gpt.py."""
+    from zbsearch.formats.layers import load_layers
+    from zbsearch.formats.schedule import save_schedule
+    from zbsearch.tuner import Mesh
+    from zbsearch.tuner.space import Config
+
+    gpt = dict(layers=args.real_layers, hidden=args.real_hidden, heads=4, seq=args.real_seq, vocab=512)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        paths = []
+        for b in SIZES:
+            path = tmp / f"gpt-b{b}.json"
+            subprocess.run([sys.executable, "-m", "zbsearch", "profile", "--builtin", "gpt", "--layers", str(gpt["layers"]),
+                            "--hidden", str(gpt["hidden"]), "--heads", "4", "--seq", str(gpt["seq"]), "-b", str(b),
+                            "--per-layer", "--threads", "1", "--repeat", "10", "--rounds", "2", "-o", str(path)],
+                           check=True, capture_output=True, cwd=tmp, env=ENV)
+            paths.append(path)
+        profs = [load_layers(p) for p in paths]
+        link = profs[0].link
+        cl = Cluster(ranks=4, ranks_per_node=4, memory_bytes=None, intra_node_gbs=link.bandwidth_gb_s,
+                     inter_node_gbs=link.bandwidth_gb_s, link_latency_ms=link.latency_ms)
+        tuned = tune(profs, cl, args.real_batch, optimizer="adamw", time_limit=args.real_time)
+        res, win = tuned.result, tuned.result.winner
+        assert win is not None and tuned.schedule is not None
+        titan = min((r for r in res.rows if r.source == "torchtitan 1F1B" and r.iteration_ms), key=lambda r: r.iteration_ms)
+        # the default's schedule, costed again as tune costed it
+        sized = SizedLayers(profs)
+        c = Config(Mesh(titan.pp, titan.dp, 1), titan.microbatch_size, titan.microbatches, "one", "full where needed",
+                   "1f1b", titan.source, tuple(titan.units_per_stage))
+        ev = evaluate(Task(c, on_cluster(sized.at(c.b), c.mesh, cl), cl, OptimizerSetup("adamw"), 1.0, 0.0))
+        assert ev.schedule is not None and abs(ev.costed.iteration - titan.iteration_ms) < 1e-6 * titan.iteration_ms
+        save_schedule(tuned.schedule, tmp / "tuned.json")
+        save_schedule(ev.schedule, tmp / "titan.json")
+        runs = {"tuned": (tmp / "tuned.json", win, None), "torchtitan": (tmp / "titan.json", titan, titan.layers_per_stage)}
+        measured: dict[str, list[float]] = {k: [] for k in runs}
+        for rnd in range(args.real_rounds):
+            for name, (sched, row, cut) in runs.items():
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+                       str(ROOT / "examples" / "train_gpt.py"), str(sched), "--dp", str(row.dp), "-b",
+                       str(row.microbatch_size), "--steps", str(args.real_steps),
+                       *[x for k, v in gpt.items() for x in (f"--{k}", str(v))],
+                       *(["--layers-per-stage", ",".join(map(str, cut))] if cut else [])]
+                r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp,
+                                   env={**ENV, "OMP_NUM_THREADS": "1"})
+                if r.returncode:
+                    raise SystemExit(r.stderr[-3000:])
+                steps = _steps(r.stdout)[args.real_warmup:]
+                measured[name].append(statistics.median(steps))
+                print(f"real round {rnd} {name}: median step {measured[name][-1]:.1f} ms", flush=True)
+        med = {k: statistics.median(v) for k, v in measured.items()}
+        predicted = titan.iteration_ms / win.iteration_ms
+        got = med["torchtitan"] / med["tuned"]
+        print(f"real: predicted speed-up {predicted:.3f}, measured {got:.3f}", flush=True)
+        return {"model": gpt, "sizes": list(SIZES), "global_batch": args.real_batch, "link": link.model_dump(),
+                "tuned": {"pp": win.pp, "dp": win.dp, "b": win.microbatch_size, "m": win.microbatches,
+                          "placement": win.placement, "layers_per_stage": win.layers_per_stage,
+                          "predicted_ms": win.iteration_ms, "measured_ms": measured["tuned"]},
+                "torchtitan": {"pp": titan.pp, "dp": titan.dp, "b": titan.microbatch_size, "m": titan.microbatches,
+                               "layers_per_stage": titan.layers_per_stage, "recompute": titan.recompute,
+                               "predicted_ms": titan.iteration_ms, "measured_ms": measured["torchtitan"]},
+                "predicted_speedup": predicted, "measured_speedup": got, "error": got / predicted - 1,
+                "steps": args.real_steps, "warmup": args.real_warmup, "rounds": args.real_rounds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="exact,baselines,time")
+    ap.add_argument("--plan-time", type=float, default=1.0, help="exact: seconds per configuration's plan")
+    ap.add_argument("--case-time", type=float, default=120.0, help="baselines: tune's time limit per case")
+    ap.add_argument("--cases", type=int, default=0, help="baselines: the first N cases only")
+    ap.add_argument("--limits", type=float, nargs="+", default=[60.0, 300.0], help="time: tune's time limits")
+    ap.add_argument("--real-layers", type=int, default=8)
+    ap.add_argument("--real-hidden", type=int, default=128)
+    ap.add_argument("--real-seq", type=int, default=64)
+    ap.add_argument("--real-batch", type=int, default=32, help="real: the global batch (sequences)")
+    ap.add_argument("--real-time", type=float, default=60.0, help="real: tune's time limit")
+    ap.add_argument("--real-steps", type=int, default=25)
+    ap.add_argument("--real-warmup", type=int, default=5)
+    ap.add_argument("--real-rounds", type=int, default=3)
+    args = ap.parse_args()
+    for name in args.only.split(","):
+        t0 = time.monotonic()
+        got = {"exact": exact, "baselines": baselines, "time": time_target, "real": real}[name](args)
+        got["section_s"] = time.monotonic() - t0
+        got["load_average"] = os.getloadavg()
+        _store(name, got)
+
+
+if __name__ == "__main__":
+    main()

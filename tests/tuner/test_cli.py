@@ -1,0 +1,106 @@
+"""``zbsearch tune`` end to end on generated per-layer profiles, and its refusals in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import zbsearch as zb
+from tests.helpers import run_main as _run
+from zbsearch.formats.layers import save_layers
+from zbsearch.planner import llama_layers
+from zbsearch.tuner import load_tune
+from zbsearch.tuner.launch import Launch
+
+
+def _layers(tmp_path, sizes=(1, 2, 4), recompute=True, model=None):
+    paths = []
+    for b in sizes:
+        prof = llama_layers(4, 256, 2000, heads=4, seq=128, microbatch_size=b, tflops=20.0 + 5 * b, recompute=recompute,
+                            name=f"tiny-b{b}")
+        if model is not None:
+            prof = prof.model_copy(update={"model": {**model, "microbatch_size": b}})
+        path = tmp_path / f"tiny-b{b}.json"
+        save_layers(prof, path)
+        paths += ["-l", path]
+    return paths
+
+
+_BASE = ["-r", "8", "--ranks-per-node", "4", "--memory", "2GiB", "-g", "16", "--optimizer", "mixed", "-t", "8",
+         "--plan-time", "0.3", "--memory-gbs", "500"]
+
+
+def test_tune_writes_the_winner_every_command_takes(tmp_path, capsys):
+    gpt = {"model": "builtin gpt", "layers": 4, "hidden": 256, "heads": 4, "seq": 128, "vocab": 2000}
+    out = tmp_path / "tuned"
+    code, text, err = _run(capsys, "tune", *_layers(tmp_path, model=gpt), *_BASE, "-o", out)
+    assert code == 0, err
+    assert "fastest first" in text and "the best of each baseline" in text and "speed-up over the best baseline" in text
+    res = load_tune(out / "tune.json")
+    best = res.winner
+    assert best is not None and res.lower_bound_ms <= best.iteration_ms and best.pp * best.dp == 8
+    assert f"{best.iteration_ms:.6g}" in text.replace("\n", " ")
+    assert _run(capsys, "validate", out / "schedule.json")[0] == 0
+    sched = zb.load_schedule(out / "schedule.json")
+    assert sched.num_ranks == best.pp and sched.num_microbatches == best.microbatches
+    assert max(sched.predicted.iteration) == pytest.approx(best.iteration_ms)
+    launch = Launch.model_validate_json((out / "launch.json").read_text())
+    assert (launch.pp, launch.dp, launch.microbatch_size) == (best.pp, best.dp, best.microbatch_size)
+    run = (out / "run.sh").read_text()
+    command = launch.commands[0]
+    assert command in run and command.startswith("torchrun --nproc-per-node 4 --nnodes 2 --node-rank")
+    assert f"examples/train_gpt.py {out / 'schedule.json'} --dp {best.dp} --tp 1 -b {best.microbatch_size}" in command
+    assert "--layers 4 --hidden 256 --heads 4 --seq 128 --vocab 2000" in command
+    if sched.partition is not None and best.recomputed == 0:
+        args = (out / "torchtitan" / "args.txt").read_text()
+        assert f"--parallelism.data_parallel_replicate_degree {best.dp}" in args
+    by_tokens = [x if x != "-g" else "--global-tokens" for x in _BASE]
+    by_tokens[by_tokens.index("--global-tokens") + 1] = str(16 * 128)  # the same 16 sequences of 128 tokens
+    code, text, _ = _run(capsys, "tune", *_layers(tmp_path), *by_tokens, "--json", "--no-baselines")
+    doc = json.loads(text)
+    assert code == 0 and doc["format"] == "zbsearch.tune" and all(r["source"] == "tune" for r in doc["rows"])
+    assert doc["global_batch"] == 16 and doc["seq"] == 128
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--tp", "3"], "the tensor-parallel degree 3 does not divide the 8 ranks"),
+    (["-g", "7"], "no configuration of 8 ranks (tp 1) takes a global batch of 7"),
+    (["--microbatch-sizes", "1,x"], "--microbatch-sizes '1,x': give whole numbers"),
+    (["--recompute", "some"], "recompute 'some': search none, auto or full"),
+    (["--ranks-per-node", "3"], "cluster: 8 ranks are not whole nodes of 3"),
+    (["--placement", "w"], "placement 'w': search one and/or v"),
+    (["--optimizer", "lamb"], "unknown optimizer 'lamb'"),
+    (["--memory", "lots"], "cannot read the byte budget 'lots'"),
+    (["--intra-gbs", "0"], "cluster: intra_node_gbs"),
+    (["--global-tokens", "2048"], "give the global batch once"),
+])
+def test_bad_tunes_are_one_line_and_write_nothing(tmp_path, capsys, args, words):
+    out = tmp_path / "out"
+    flat = dict(zip(_BASE[::2], _BASE[1::2]))
+    flat.update(zip(args[::2], args[1::2]))
+    code, _, err = _run(capsys, "tune", *_layers(tmp_path), *[x for kv in flat.items() for x in kv], "-o", out)
+    assert code == 1 and err.count("\n") == 1 and words in err, err
+    assert not out.exists()
+
+
+def test_inputs_that_do_not_belong_together_are_one_line(tmp_path, capsys):
+    one = _layers(tmp_path, sizes=(1,))
+    code, _, err = _run(capsys, "tune", *one, *one, *_BASE)
+    assert code == 1 and "are both at microbatch size 1" in err and err.count("\n") == 1
+    code, _, err = _run(capsys, "tune", *_layers(tmp_path, recompute=False), *_BASE, "--recompute", "auto")
+    assert code == 1 and "has no recomputation costs" in err
+    code, _, err = _run(capsys, "tune", "-l", tmp_path / "none.json", *_BASE)
+    assert code == 1 and "no such" in err
+    (tmp_path / "file").write_text("")
+    code, _, err = _run(capsys, "tune", *one, *_BASE, "-o", tmp_path / "file")
+    assert code == 1 and "exists and is not a folder" in err and err.count("\n") == 1
+
+
+def test_the_tuner_and_its_worker_import_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, zbsearch.tuner, zbsearch.tuner.worker, zbsearch.tuner.launch; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False"

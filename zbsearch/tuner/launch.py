@@ -1,0 +1,139 @@
+"""The winner of ``tune`` as files to run it: its schedule, the mesh sizes and command lines.
+
+Into an output folder:
+
+* ``schedule.json``: the winner's schedule, with its ``partition`` (the cut) where it was
+  planned; its profile carries the reductions and optimizer steps it was costed with;
+* ``tune.json``: every configuration and the bound (``zbsearch.tune``);
+* ``launch.json`` (``zbsearch.launch``): the mesh sizes, microbatches, cut and the commands;
+* ``run.sh``: the ``torchrun`` command line for the example trainer that runs the profiled
+  model (``examples/train_gpt.py`` for the built-in GPT, ``examples/train_hf.py`` for a
+  Hugging Face model), started on every node;
+* ``torchtitan/``: ``schedule.csv`` and ``args.txt``, torchtitan's overrides for the plan and
+  its mesh (``zbsearch.planner.torchtitan``), where torchtitan can express it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import ZbError
+from ..formats.fileio import check_writable, write_model, write_text
+from ..formats.layers import LayerProfile
+from ..formats.schedule import Schedule
+from ..planner.torchtitan import torchtitan_export
+from .result import ConfigRow, TuneResult
+
+__all__ = ["Launch", "launch_of", "write_launch", "check_folder"]
+
+
+class Launch(BaseModel):
+    """How to run the winner (see the module)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["zbsearch.launch"] = "zbsearch.launch"
+    version: Literal[1] = 1
+    pp: int
+    dp: int
+    tp: int
+    microbatch_size: int
+    microbatches: int = Field(description="per replica and iteration")
+    global_batch: int
+    placement: str
+    recompute: str
+    layers_per_stage: list[int] | None
+    nodes: int
+    ranks_per_node: int
+    schedule: str = Field(description="the schedule file, in this folder")
+    commands: list[str] = Field(description="run on every node (empty where no example trainer runs the model)")
+    torchtitan_args: list[str] | None = Field(None, description="torchtitan's overrides, where it can run the plan")
+    notes: list[str] = Field(default_factory=list)
+
+
+def _trainer(layers: LayerProfile, row: ConfigRow, schedule: str) -> tuple[list[str] | None, str | None]:
+    """The example trainer's arguments for the profiled model, or why there is none."""
+    model = layers.model or {}
+    source = str(model.get("model", ""))
+    if source == "builtin gpt":
+        args = ["examples/train_gpt.py", schedule, "--dp", str(row.dp), "--tp", str(row.tp),
+                "-b", str(row.microbatch_size)]
+        for key in ("layers", "hidden", "heads", "seq", "vocab"):
+            if isinstance(model.get(key), int):
+                args += [f"--{key}", str(model[key])]
+        return args, None
+    if source.startswith("hf ") or source == "zbsearch.models.hf:build":
+        if row.tp > 1:
+            return None, "examples/train_hf.py runs no tensor parallelism: launch the plan from your own trainer"
+        return ["examples/train_hf.py", schedule, "--dp", str(row.dp), "-b", str(row.microbatch_size)], None
+    return None, (f"no example trainer runs the model of per-layer profile {layers.name!r} ({source or 'unnamed'}): "
+                  "build its stages from the schedule's partition in your trainer")
+
+
+def launch_of(result: TuneResult, schedule: Schedule, layers: LayerProfile, folder: Path) -> Launch:
+    """How to run the winner, its files in ``folder``."""
+    row = result.winner
+    if row is None:
+        raise ZbError("no configuration was costed: nothing to launch")
+    cluster = result.cluster
+    sched_path = str(folder / "schedule.json")
+    notes: list[str] = []
+    args, why = _trainer(layers, row, sched_path)
+    commands = []
+    if args is not None:
+        per_node = min(cluster.ranks, cluster.ranks_per_node)
+        run = ["torchrun", "--nproc-per-node", str(per_node)]
+        if cluster.nodes > 1:
+            run += ["--nnodes", str(cluster.nodes), "--node-rank", "$NODE_RANK", "--rdzv-endpoint", "$MASTER_ADDR:29500"]
+        commands.append(" ".join(shlex.quote(a) if not a.startswith("$") else f'"{a}"' for a in run + args))
+        if cluster.nodes > 1:
+            notes.append("set NODE_RANK (0 .. nodes - 1) and MASTER_ADDR (node 0's address) on every node")
+    if why:
+        notes.append(why)
+    titan: list[str] | None = None
+    if schedule.partition is None:
+        notes.append("torchtitan: the winner has no planned cut of the model's units to export")
+    else:
+        try:
+            exported = torchtitan_export(schedule, str((folder / "torchtitan" / "schedule.csv").resolve()))
+            titan = [*exported.args, "--parallelism.data_parallel_replicate_degree", str(row.dp),
+                     "--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree", str(row.tp)]
+            if result.sharded:
+                notes.append("torchtitan shards with FSDP, not the optimizer state alone: its memory and reductions "
+                             "differ from what was costed")
+        except ZbError as e:
+            notes.append(f"torchtitan: {e}")
+    return Launch(pp=row.pp, dp=row.dp, tp=row.tp, microbatch_size=row.microbatch_size, microbatches=row.microbatches,
+                  global_batch=result.global_batch, placement=row.placement, recompute=row.recompute,
+                  layers_per_stage=row.layers_per_stage, nodes=cluster.nodes, ranks_per_node=cluster.ranks_per_node,
+                  schedule="schedule.json", commands=commands, torchtitan_args=titan, notes=notes)
+
+
+def check_folder(folder: Path) -> None:
+    """One line, before any work, where ``folder`` cannot take the files."""
+    if folder.exists() and not folder.is_dir():
+        raise ZbError(f"{folder}: exists and is not a folder; -o names the folder for tune's files")
+    check_writable(folder / "tune.json")
+
+
+def write_launch(folder: Path, result: TuneResult, schedule: Schedule | None, layers: LayerProfile | None) -> list[Path]:
+    """Write the files of the module into ``folder``; the paths written."""
+    check_folder(folder)
+    written = [write_model(result, folder / "tune.json")]
+    if schedule is None or layers is None:
+        return written
+    launch = launch_of(result, schedule, layers, folder)
+    written.append(write_model(schedule, folder / "schedule.json"))
+    written.append(write_model(launch, folder / "launch.json"))
+    lines = ["#!/bin/sh", "# the configuration zbsearch tune chose; run from a zbsearch checkout, on every node", *(
+        f"# {n}" for n in launch.notes), *launch.commands]
+    written.append(write_text(folder / "run.sh", "\n".join(lines) + "\n"))
+    if launch.torchtitan_args is not None:
+        exported = torchtitan_export(schedule, str((folder / "torchtitan" / "schedule.csv").resolve()))
+        written.append(write_text(folder / "torchtitan" / "schedule.csv", exported.csv))
+        written.append(write_text(folder / "torchtitan" / "args.txt", shlex.join(launch.torchtitan_args) + "\n"))
+    return written

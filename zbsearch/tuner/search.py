@@ -1,0 +1,334 @@
+"""``tune``: the configuration of a whole training job on a cluster, searched with bounds.
+
+1. The space (``space``): pipeline degrees, microbatch sizes and counts for the global batch,
+   placements and recomputation; the baselines beside it (``baselines``).
+2. Before planning anything, each configuration gets a bound over every cut and schedule
+   (``bounds.config_bound``), or a proof that none of its cuts fits the memory.
+3. The baselines are costed first (a share of the time limit): the best of them is the first
+   incumbent.
+4. The configurations are planned in the order of their bounds, each with a share of the time
+   left (its plan's time limit), and costed; a configuration whose bound reaches the best
+   iteration found is pruned: it cannot win. Each runs in a worker process that is stopped
+   where it runs past its share (``worker``), so the time limit holds.
+5. The bound over the whole space is the least of the best iteration and the bounds of every
+   configuration not proven unable to beat it.
+
+Every configuration, planned or baseline, is costed the same way (``costing``); the winner is
+the fastest of all, so it is never slower than a baseline costed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..errors import ZbError
+from ..formats.layers import LayerProfile
+from ..formats.schedule import Schedule
+from .baselines import baseline_configurations
+from .bounds import cannot_fit, config_bound
+from .cluster import Cluster
+from .costing import on_cluster
+from .evaluate import Evaluation, Task
+from .optimizer import OptimizerSetup
+from .result import ConfigRow, TuneResult
+from .sizes import HOW_SIZES_SCALE, SizedLayers
+from .space import PLACEMENTS, Config, configurations
+from .worker import Worker
+
+__all__ = ["tune", "Tuned", "TuneProgress"]
+
+TuneProgress = Callable[[int, int, str], None]  # (configurations done, in all, what is happening)
+
+# share of the time limit for the baselines; the least worth giving a plan, and the most a
+# configuration may run past its share before it is stopped (a share of it, and seconds)
+_BASELINES = 0.25
+_MIN_PLAN_S = 0.5
+_OVERRUN, _OVERRUN_S = 0.5, 2.0
+# the time limit less this share of it (at least _MARGIN_S) is when the search must end
+_MARGIN, _MARGIN_S = 0.02, 0.5
+
+
+@dataclass
+class Tuned:
+    """What ``tune`` returns: the result and the winner's schedule (with its ``partition``
+    where it was planned), and the per-layer profile the winner was costed on."""
+
+    result: TuneResult
+    schedule: Schedule | None
+    layers: LayerProfile | None
+
+
+class _Clock:
+    def __init__(self, limit: float) -> None:
+        self.start = time.monotonic()
+        self.limit = limit
+        self.end = self.start + limit - max(_MARGIN * limit, _MARGIN_S)
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def tune(
+    profiles: Sequence[LayerProfile],
+    cluster: Cluster,
+    global_batch: int,
+    *,
+    tp: int = 1,
+    optimizer: str = "adamw",
+    sharded: bool = False,
+    sizes: Sequence[int] | None = None,
+    placements: Sequence[str] = PLACEMENTS,
+    recompute: Sequence[str] | None = None,
+    seq: int | None = None,
+    time_limit: float = 300.0,
+    plan_time: float | None = None,
+    milp: bool = True,
+    baselines: bool = True,
+    progress: TuneProgress | None = None,
+) -> Tuned:
+    """The fastest configuration found within ``time_limit`` seconds (see the module).
+
+    Args:
+        profiles: per-layer profiles of one model at one or more microbatch sizes, measured at
+            tensor-parallel degree ``tp`` (``zbsearch profile --per-layer -b N``).
+        cluster: ranks, nodes, memory and links.
+        global_batch: sequences per iteration over all replicas.
+        tp: the tensor-parallel degree, given (the profiles are one tensor-parallel rank's).
+        optimizer: ``sgd``, ``adamw`` or ``mixed``; ``sharded``: its state over the replicas.
+        sizes: microbatch sizes to search (default: those measured); other sizes' costs are
+            interpolated or extrapolated (``sizes``).
+        placements: ``one`` and/or ``v``; ``recompute``: the modes searched, ``none``,
+            ``auto`` and/or ``full`` (default: ``auto`` where the profiles have recomputation
+            costs, else ``none``).
+        seq: tokens per sequence for the rates (default: the profiles' ``model.seq``).
+        time_limit: seconds for the whole search.
+        plan_time: the most seconds one configuration's plan may take (default: its share).
+        milp: let plan polish with the solver's MILP windows.
+        baselines: cost torchtitan's and Megatron's defaults beside the search.
+        progress: called with (done, in all, text) as configurations are done.
+
+    Raises:
+        ZbError: bad inputs (one line), or no configuration at all.
+    """
+    clock = _Clock(time_limit)
+    sized = SizedLayers(list(profiles))
+    ref = sized.reference
+    opt = OptimizerSetup(optimizer, sharded)
+    sizes = sorted(set(sizes or sized.measured))
+    modes = _modes(ref, recompute)
+    _check(cluster, tp, global_batch, sizes, placements, time_limit, plan_time, seq)
+    if seq is None:
+        found = (ref.model or {}).get("seq")
+        seq = int(found) if isinstance(found, (int, float)) and found >= 1 else None
+    configs, left_out = configurations(ref.num_units, cluster.ranks, tp, global_batch, sizes, tuple(placements),
+                                       modes)
+    bases, not_based = baseline_configurations(ref, cluster.ranks, tp, global_batch, sizes) if baselines else ([], [])
+    if not configs:
+        raise ZbError(f"no configuration of {cluster.ranks} ranks (tp {tp}) takes a global batch of {global_batch}: "
+                      f"{left_out[0] if left_out else 'nothing to search'}")
+    search = _Search(sized, cluster, opt, tp, global_batch, seq, clock, plan_time, milp, progress,
+                     len(configs) + len(bases))
+    with Worker() as worker:
+        worker.start()  # it imports while the configurations are bounded
+        search.worker = worker
+        search.baselines(bases)
+        search.configurations(configs)
+    return search.result(left_out + not_based, sizes, modes)
+
+
+def _modes(ref: LayerProfile, recompute: Sequence[str] | None) -> tuple[str, ...]:
+    """The recomputation modes searched: as asked, else both where the profile allows."""
+    offers = any(u.t_r is not None and u.m_fc is not None for u in ref.units) or any(
+        u.t_rs is not None and u.m_fs is not None for u in ref.units)
+    if recompute is None:  # auto chooses per microbatch and stage, none included
+        return ("auto",) if offers else ("none",)
+    modes = tuple(dict.fromkeys(recompute))
+    bad = [x for x in modes if x not in ("none", "auto", "full")]
+    if bad or not modes:
+        raise ZbError(f"recompute {bad[0] if bad else 'nothing'!r}: search none, auto or full")
+    if not offers and any(x != "none" for x in modes):
+        raise ZbError(f"per-layer profile {ref.name!r} has no recomputation costs; measure them with zbsearch profile "
+                      "--per-layer --recompute, or search --recompute none")
+    return modes
+
+
+def _check(cluster: Cluster, tp: int, global_batch: int, sizes: list[int], placements: Sequence[str],
+           time_limit: float, plan_time: float | None, seq: int | None) -> None:
+    if tp < 1 or cluster.ranks % tp:
+        raise ZbError(f"the tensor-parallel degree {tp} does not divide the {cluster.ranks} ranks")
+    if global_batch < 1:
+        raise ZbError(f"the global batch must be at least 1 sequence, not {global_batch}")
+    if not sizes or min(sizes) < 1:
+        raise ZbError("microbatch sizes must be at least 1 sequence")
+    bad = [p for p in placements if p not in PLACEMENTS]
+    if bad or not placements:
+        raise ZbError(f"placement {bad[0] if bad else 'nothing'!r}: search one and/or v")
+    if not time_limit > 0 or (plan_time is not None and not plan_time > 0):
+        raise ZbError("time limits must be positive")
+    if seq is not None and seq < 1:
+        raise ZbError(f"the sequence length must be at least 1, not {seq}")
+
+
+class _Search:
+    """The state of one search: the rows found, the incumbent, the worker."""
+
+    def __init__(self, sized: SizedLayers, cluster: Cluster, opt: OptimizerSetup, tp: int, global_batch: int,
+                 seq: int | None, clock: _Clock, plan_time: float | None, milp: bool, progress: TuneProgress | None,
+                 total: int) -> None:
+        self.sized, self.cluster, self.opt, self.tp = sized, cluster, opt, tp
+        self.global_batch, self.seq, self.clock, self.plan_time, self.milp = global_batch, seq, clock, plan_time, milp
+        self.progress, self.total, self.done = progress, total, 0
+        self.rows: list[ConfigRow] = []
+        self.best = float("inf")
+        self.schedule: Schedule | None = None
+        self.winner_layers: LayerProfile | None = None
+        self.worker: Worker | None = None
+        self._layers: dict[tuple[int, float], LayerProfile] = {}
+
+    # ------------------------------------------------------------------ inputs per configuration
+
+    def layers(self, c: Config) -> LayerProfile:
+        """The per-layer profile at the configuration's microbatch size, its pipeline messages
+        on the cluster's links."""
+        key = (c.b, c.mesh.pp_bandwidth(self.cluster))
+        if key not in self._layers:
+            self._layers[key] = on_cluster(self.sized.at(c.b), c.mesh, self.cluster)
+        return self._layers[key]
+
+    def tell(self, text: str) -> None:
+        if self.progress is not None:
+            best = f"; best {self.best:.6g} ms" if self.best < float("inf") else ""
+            self.progress(self.done, self.total, text + best)
+
+    # ------------------------------------------------------------------ the phases
+
+    def baselines(self, bases: list[Config]) -> None:
+        """Cost the baselines within their share of the time limit."""
+        until = min(self.clock.end, self.clock.start + _BASELINES * self.clock.limit)
+        for i, c in enumerate(bases):
+            left = until - time.monotonic()
+            if left <= 0:
+                self.add(c, None, "not planned", note="the baselines' share of the time limit was spent")
+                continue
+            self.tell(f"costing {c}")
+            share = left / (len(bases) - i)
+            ev = self.run(c, float("inf"), share, max(share, left / 2))
+            if ev is None:
+                self.add(c, None, "stopped", note=f"costing it took more than {max(share, left / 2):.3g} s")
+            else:
+                self.add(c, ev, ev.status)
+
+    def configurations(self, configs: list[Config]) -> None:
+        """Plan the configurations in the order of their bounds, pruning by the best found."""
+        bounded: list[tuple[float, Config]] = []
+        for c in configs:
+            self.tell(f"bounding {c}")
+            layers = self.layers(c)
+            why = cannot_fit(layers, c.stages, c.mesh.pp, self.cluster.memory_bytes, self.opt, c.mesh.dp)
+            if why is not None:
+                self.add(c, None, "does not fit", note=why)
+                continue
+            bounded.append((config_bound(layers, c.mesh, c.placement, c.m, c.recompute, self.cluster, self.opt), c))
+        bounded.sort(key=lambda bc: (bc[0], str(bc[1])))
+        stopped: dict[str, tuple[int, float]] = {}  # per placement: the least stages x m whose plan ran past its share
+        for i, (bound, c) in enumerate(bounded):
+            if bound >= self.best * (1 - 1e-9):
+                self.add(c, None, "pruned", bound=bound, note=f"its bound {bound:.6g} ms reaches the best "
+                                                               f"{self.best:.6g} ms")
+                continue
+            open_ = sum(1 for b, _ in bounded[i:] if b < self.best)
+            left = self.clock.left()
+            share = left / max(1, open_)
+            if share < _MIN_PLAN_S and (left < _MIN_PLAN_S or self.rows_costed()):
+                self.add(c, None, "not planned", bound=bound, note="the time limit was spent")
+                continue
+            if self.plan_time is not None:
+                share = min(share, self.plan_time)
+            size = c.stages * c.m
+            known = stopped.get(c.placement)
+            if known is not None and size >= known[0] and share <= known[1]:
+                self.add(c, None, "not planned", bound=bound, note=f"the plan of a smaller {c.placement} configuration "
+                         f"({known[0]} stages x microbatches) ran past its {known[1]:.3g} s")
+                continue
+            self.tell(f"planning {c}")
+            ev = self.run(c, bound, max(share, 0.1), share + max(_OVERRUN * share, _OVERRUN_S))
+            if ev is None:
+                self.add(c, None, "stopped", bound=bound, note=f"its plan ran past its {share:.3g} s")
+                if known is None or size < known[0]:
+                    stopped[c.placement] = (size, share)
+            else:
+                self.add(c, ev, ev.status, bound=bound)
+
+    def rows_costed(self) -> bool:
+        return any(r.status == "costed" for r in self.rows)
+
+    def run(self, c: Config, bound: float, seconds: float, wait: float) -> Evaluation | None:
+        """Evaluate ``c`` in the worker, its plan given ``seconds``; None where it has not
+        answered within ``wait`` seconds, or by the end of the time limit."""
+        assert self.worker is not None
+        task = Task(c, self.layers(c), self.cluster, self.opt, seconds, bound, self.best, self.milp)
+        return self.worker.evaluate(task, wait, self.clock.start + self.clock.limit - _MARGIN_S)
+
+    # ------------------------------------------------------------------ rows and the result
+
+    def add(self, c: Config, ev: Evaluation | None, status: str, bound: float | None = None,
+            note: str | None = None) -> None:
+        """Record a configuration's row (and the winner's schedule where it is the best)."""
+        self.done += 1
+        row = ConfigRow(source=c.source, pp=c.mesh.pp, dp=c.mesh.dp, tp=c.mesh.tp, microbatch_size=c.b,
+                        microbatches=c.m, placement=c.placement,
+                        recompute=c.recompute, sizes=self.sized.how(c.b), status=status,
+                        bound_ms=bound if c.source == "tune" else None, note=note)
+        if ev is not None:
+            row.note = ev.note or note
+            row.time_s = round(ev.time_s, 3)
+            row.schedule = ev.kind
+            row.units_per_stage = list(ev.counts) if ev.counts is not None else None
+            row.layers_per_stage = ev.layers_per_stage
+            if ev.recompute is not None:
+                row.recompute = ev.recompute
+            if ev.bound is not None:
+                row.bound_ms = ev.bound
+            if status == "does not fit" and c.source == "tune" and ev.note and ev.note.startswith("no cut fits"):
+                row.note = ev.note + " (among the cuts plan priced)"
+            got = ev.costed
+            if got is not None:
+                row.iteration_ms = got.iteration
+                row.bubble = got.bubble
+                row.peak_bytes = max(got.peak_bytes)
+                row.recomputed = got.recomputed
+                row.tokens_per_s = self.global_batch * (self.seq or 1) / (got.iteration / 1e3)
+                if got.iteration < self.best:
+                    self.best = got.iteration
+                    if ev.schedule is not None:
+                        self.schedule = ev.schedule
+                        self.winner_layers = self.layers(c)
+        self.rows.append(row)
+        self.tell(f"{c}: {status}")
+
+    def result(self, left_out: list[str], sizes: list[int], modes: tuple[str, ...]) -> Tuned:
+        order = {s: i for i, s in enumerate(("costed", "pruned", "stopped", "not planned", "no schedule", "does not fit"))}
+        rows = sorted(self.rows, key=lambda r: (order[r.status], r.iteration_ms if r.iteration_ms is not None else
+                                                (r.bound_ms if r.bound_ms is not None else float("inf"))))
+        best = next((i for i, r in enumerate(rows) if r.status == "costed"), None)
+        lower = gap = None
+        if best is not None:
+            value = rows[best].iteration_ms
+            assert value is not None
+            # every searched configuration's bound, but where it is proven not to fit
+            bounds = [r.bound_ms for r in rows if r.source == "tune" and r.bound_ms is not None]
+            lower = min([value, *bounds])
+            gap = value / lower - 1 if lower > 0 else 0.0
+        step = ("not priced (no device memory bandwidth given)" if self.cluster.memory_gbs is None else
+                f"the optimizer's state streamed at {self.cluster.memory_gbs:g} GB/s")
+        result = TuneResult(
+            layers=[p.name for p in self.sized.by_size.values()], measured_sizes=self.sized.measured,
+            how_sizes_scale=HOW_SIZES_SCALE, cluster=self.cluster, tp=self.tp,
+            global_batch=self.global_batch, seq=self.seq, optimizer=self.opt.name, sharded=self.opt.sharded,
+            optimizer_step=step, time_limit_s=self.clock.limit, time_s=round(time.monotonic() - self.clock.start, 3),
+            sizes=sizes, recompute=list(modes), rows=rows, best=best, lower_bound_ms=lower, gap=gap, left_out=left_out,
+        )
+        return Tuned(result, self.schedule if best is not None else None, self.winner_layers)
+
