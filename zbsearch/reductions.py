@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from .actions import Action, Op
 
-__all__ = ["Reduction", "lane", "last_backward", "lane_floors", "reduction_time", "with_reductions", "grad_bytes_per_stage",
-           "gain_kept"]
+__all__ = ["Reduction", "lane", "last_backward", "lane_floors", "reduction_time", "with_reductions",
+           "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
 
 Reduction = tuple[int, float, float]  # (stage, start, end), ms
 
@@ -88,20 +88,46 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
     from .errors import ZbError
     from .formats.profile import DataParallel
 
+    _check_per_stage(profile, grad_bytes, t_opt)
+    if replicas < 1 or bandwidth_gbs <= 0 or latency_ms < 0 or min(grad_bytes) < 0:
+        raise ZbError("reductions need at least 1 replica, a positive bandwidth and no negative bytes or latency")
+    t_reduce = [reduction_time(b, replicas, bandwidth_gbs, sharded, latency_ms) for b in grad_bytes]
+    dp = DataParallel(replicas=replicas, sharded=sharded, how="bandwidth", bandwidth_gbs=bandwidth_gbs,
+                      grad_bytes=list(grad_bytes))
+    return _ending_with(profile, dp, t_reduce, t_opt)
+
+
+def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_bytes: Sequence[float], *,
+                             group: str, backend: str, t_opt: Sequence[float] | None = None):
+    """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
+    ``replicas`` as timed on a real group: ``reduce_ms`` per stage (``Quartiles``; ``t_reduce``
+    is the median), ``group`` ``local`` or ``torchrun``, ``backend`` the process group's; and,
+    where given, their optimizer step (``t_opt``, ms per stage)."""
+    from .errors import ZbError
+    from .formats.profile import DataParallel
+
+    _check_per_stage(profile, grad_bytes, t_opt)
+    if len(reduce_ms) != profile.num_stages or replicas < 1:
+        raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one reduction time per stage "
+                      "and at least 1 replica")
+    dp = DataParallel(replicas=replicas, how="measured", grad_bytes=list(grad_bytes), group=group, backend=backend,
+                      reduce_ms=list(reduce_ms))
+    return _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt)
+
+
+def _check_per_stage(profile, grad_bytes: Sequence[float], t_opt: Sequence[float] | None) -> None:
+    from .errors import ZbError
+
     P = profile.num_stages
     if len(grad_bytes) != P or (t_opt is not None and len(t_opt) != P):
         raise ZbError(f"profile {profile.name!r} has {P} stages: give one gradient size (and optimizer time) per stage")
-    if replicas < 1 or bandwidth_gbs <= 0 or latency_ms < 0 or min(grad_bytes) < 0:
-        raise ZbError("reductions need at least 1 replica, a positive bandwidth and no negative bytes or latency")
-    stages = [
-        c.model_copy(update={"t_reduce": reduction_time(b, replicas, bandwidth_gbs, sharded, latency_ms),
-                             "t_opt": None if t_opt is None else t_opt[i]})
-        for i, (c, b) in enumerate(zip(profile.stages, grad_bytes))
-    ]
-    dp = DataParallel(replicas=replicas, sharded=sharded, how="bandwidth", bandwidth_gbs=bandwidth_gbs,
-                      grad_bytes=list(grad_bytes))
-    return profile.model_copy(update={"stages": stages, "data_parallel": dp,
-                                      "name": f"{profile.name}-dp{replicas}"})
+
+
+def _ending_with(profile, dp, t_reduce: Sequence[float], t_opt: Sequence[float] | None):
+    """``profile`` with each stage's ``t_reduce`` and ``t_opt`` and its ``data_parallel`` section."""
+    stages = [c.model_copy(update={"t_reduce": t_reduce[i], "t_opt": None if t_opt is None else t_opt[i]})
+              for i, c in enumerate(profile.stages)]
+    return profile.model_copy(update={"stages": stages, "data_parallel": dp, "name": f"{profile.name}-dp{dp.replicas}"})
 
 
 def grad_bytes_per_stage(text: str, num_stages: int) -> list[float]:
