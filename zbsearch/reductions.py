@@ -22,10 +22,11 @@ Without reductions (``CostModel.has_reductions`` false) a rank's iteration is it
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import permutations
 
 from .actions import Action, Op
 
-__all__ = ["Reduction", "lane", "last_backward", "lane_floors", "reduction_time", "with_reductions",
+__all__ = ["Reduction", "lane", "last_backward", "lane_floors", "iteration_floor", "reduction_time", "with_reductions",
            "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
 
 Reduction = tuple[int, float, float]  # (stage, start, end), ms
@@ -65,6 +66,36 @@ def lane_floors(cost) -> list[float]:
         return [0.0] * cost.num_ranks
     return [min(cost.t_reduce[s] for s in cost.rank_stages(r)) + sum(cost.t_opt[s] for s in cost.rank_stages(r))
             for r in range(cost.num_ranks)]
+
+
+def iteration_floor(span: float, ends: dict[int, float], t_reduce: Sequence[float], t_opt: Sequence[float]) -> float:
+    """The least iteration of a rank holding the stages of ``ends``, given a lower bound on its
+    span (``span``) and on the end of each stage's last backward (``ends``), both from its first
+    start. Whatever order the stages finish in, each one's last backward ends no earlier than
+    its own bound and those of the stages finished before it, the last one no earlier than the
+    span's; the lane then runs the reductions in that order, each from its stage's end, so it
+    ends no earlier than any stage's end plus its reduction and those of the stages after it.
+    The least over the orders, plus the optimizer steps. With one stage: span + its reduction.
+    Sound for any number of stages; beyond 6 the orders are not tried and the floor is the
+    span plus the smallest reduction (``lane_floors``)."""
+    stages = list(ends)
+    steps = sum(t_opt[s] for s in stages)
+    if not stages:
+        return span + steps
+    if len(stages) > 6:
+        return span + min(t_reduce[s] for s in stages) + steps
+    best = float("inf")
+    for order in permutations(stages):
+        lows, low = [], 0.0
+        for k, s in enumerate(order):
+            low = max(low, ends[s])
+            lows.append(max(low, span) if k == len(order) - 1 else low)
+        finish, after = 0.0, 0.0
+        for k in reversed(range(len(order))):
+            after += t_reduce[order[k]]
+            finish = max(finish, lows[k] + after)
+        best = min(best, finish)
+    return best + steps
 
 
 def reduction_time(grad_bytes: float, replicas: int, bandwidth_gbs: float, sharded: bool = False,

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from ..bounds import (
     memory_makespan_lower_bound,
     rank_area_span_lower_bounds,
+    rank_iteration_lower_bounds,
     rank_memory_span_lower_bounds,
     rank_span_lower_bounds,
 )
@@ -110,9 +111,10 @@ class Cuts:
                 memory = rank_area_span_lower_bounds if cost.can_recompute else rank_memory_span_lower_bounds
                 ranks = [max(a, b) for a, b in zip(ranks, memory(cost, self.m, limit))]
             ev.ranks = tuple(sorted(ranks, reverse=True))
-            # the iteration: per rank, its span's bound plus what it adds at least (``Problem.lane_floors``)
+            # the iteration: per rank, the least its reductions let it end (``bounds.rank_iteration_lower_bounds``)
             ev.key = (memory_makespan_lower_bound(cost, self.m, limit, quick=True) if self.objective == "makespan"
-                      else max(b + f for b, f in zip(ranks, problem.lane_floors())))
+                      else max(rank_iteration_lower_bounds(cost, self.m, ranks)) if problem.objective == "iteration"
+                      else max(ranks))
             ev.bound = ev.key
         self.seen[counts] = ev
         return ev
