@@ -1,36 +1,45 @@
-"""Data parallelism around the pipeline: gradient reductions overlapped with the passes still to
-run, against the same reductions after the step.
+"""Data parallelism around the pipeline: the iteration each schedule is predicted to take with its
+gradient reductions, against what it takes with real reductions.
 
-PP x DP on local gloo processes (default PP2 x DP2). The passes are emulated
-(``EmulatedStage``: each sleeps its profile time, so ranks do not compete for cores), the
-reductions are real: every stage holds ``--grad-mb`` MiB of gradients per rank (split between a
-rank's stages, so every placement reduces the same bytes per rank), reduced across the replicas
-with gloo.
+PP x DP on local gloo processes, PP = 2, 3 and 4 (one launch each), DP = 2. The passes are
+emulated (``EmulatedStage``: each sleeps its profile time, so ranks do not compete for cores),
+the reductions are real: every rank holds ``--grad-mb`` MiB of gradients (split between its
+stages, so every placement reduces the same bytes per rank), reduced across the replicas with
+gloo.
 
-Per schedule, round robin after warm-up, barrier to barrier (``zbsearch.app.demo.mesh_replay``,
-what ``zbsearch demo --dp`` runs):
-  overlapped  the runtime with the mesh: a stage's reduction starts at its last W (or BW) of the
-              step and the runtime waits for it at the end of the step
-  after       the runtime on the pipeline group only, then the same reductions (same buckets)
-              started and waited for after ``step()``, as a user adds them to a plain loop
-  none        the runtime on the pipeline group only, no reduction: the passes alone
-  alone       each stage's reduction with nothing else running (all ranks at once)
-Prediction of what the reductions add to the passes alone (``none``, measured): the simulator's
-timeline of the profile; on each rank, the reductions of its stages in the order their last
-backward ends, each starting at that end or when the previous one is done, taking its time
-alone. Overlapped: the iteration ends when the last rank's last pass or last reduction ends;
-after: each rank's last pass, then all its reductions. Predicted iteration = none + that.
-Target: wherever the schedule leaves a rank at least half a reduction of time after a stage's
-last W, the overlapped iteration beats reducing after the step by at least half the reduction
-time; measured iteration within 5% of the prediction.
+Per launch:
+  1. profile the reductions: each stage's reduction of its gradients on the real data-parallel
+     group (the runtime's buckets), every rank at once, for one stage per rank and for the V's
+     pieces; the profile's ``t_reduce`` is the median, the slower replica's;
+  2. schedules on that profile: 1F1B, ZB-H1, ZB-2p (the span-optimal solve at 2p, one stage per
+     rank), the span-optimal solve on the V, and the iteration-aware solve on the V
+     (``--objective iteration``, started from the span solve's schedule);
+  3. each schedule replayed round robin after warm-up, barrier to barrier
+     (``zbsearch.app.demo.mesh_replay``, what ``zbsearch demo --dp`` runs), three ways:
+       overlapped  the runtime with the mesh: a stage's reduction starts at its last W (or BW)
+                   of the step and the runtime waits for it at the end of the step
+       after       the runtime on the pipeline group only, then the same reductions (same
+                   buckets) started and waited for after ``step()``
+       none        the runtime on the pipeline group only, no reduction: the passes alone
+Predictions, from the profile, of the iteration barrier to barrier:
+  simulated   the simulator's timeline with its reduction lane (``zbsearch.reductions``): the
+              last rank's last reduction (overlapped), or each rank's last pass then all its
+              reductions (after); what ``zbsearch simulate`` predicts
+  on passes   the measured passes alone (``none``) plus what the reductions add to the
+              simulated timeline: this takes out the runtime's own time per pass (messages,
+              waking from sleep), which the emulated profile does not hold
+and, from the runtime's trace of the last overlapped step, each reduction's time in the step
+against the profile's (``zbsearch.reduction_times``, what ``simulate --measured`` compares).
+Target: measured iteration within 5% of the prediction for every schedule.
 
 Saves bench/results/data_parallel.json.
-Run: PYTHONPATH=. python bench/data_parallel.py [--pp 2] [--dp 2] [-m 8] [--grad-mb 8] [--iters 8]
+Run: PYTHONPATH=. python bench/data_parallel.py [--pp 2 3 4] [--dp 2] [-m 8] [--grad-mb 24] [--iters 10]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -38,48 +47,73 @@ from common import save
 from pipeline import launch
 
 import zbsearch as zb
+from zbsearch.formats.trace import Trace
+from zbsearch.reduction_times import compare_reductions
 
 UNIT = 2**16  # bytes of emulated activations per M_B
+SOLVE_S = 6.0  # seconds per solve
 
 
-def profile(pp: int, t_f: float, t_b: float, t_w: float) -> zb.Profile:
-    """Equal emulated stages (ms), no link time (local processes)."""
-    st = zb.StageCost(t_f=t_f, t_b=t_b, t_w=t_w, m_f=1.0, m_b=-0.6, m_w=-0.4)
-    return zb.Profile(name=f"emulated-p{pp}", memory_unit="activations", stages=[st] * pp)
+def profile(pp: int, times: list[float], chunks: int, t_reduce: list[float] | None = None) -> zb.Profile:
+    """Equal emulated stages (ms), no link time (local processes): one per rank, or the V's
+    pieces (half a stage each, measured for the V placement); ``t_reduce`` per stage or piece."""
+    from zbsearch.layout import placement
+
+    t_f, t_b, t_w = (t / chunks for t in times)
+    st = zb.StageCost(t_f=t_f, t_b=t_b, t_w=t_w, m_f=1.0 / chunks, m_b=-0.6 / chunks, m_w=-0.4 / chunks)
+    stages = [st if t_reduce is None else st.model_copy(update={"t_reduce": t_reduce[s], "t_opt": 0.0})
+              for s in range(pp * chunks)]
+    return zb.Profile(name=f"emulated-p{pp}" + ("-v" if chunks == 2 else ""), memory_unit="activations", stages=stages,
+                      placement=placement(pp, 2, "v") if chunks == 2 else None)
 
 
-def schedules(prof: zb.Profile, m: int) -> list[zb.Schedule]:
+def schedules(one: zb.Profile, v: zb.Profile, m: int) -> list[zb.Schedule]:
+    """The schedules compared, named by kind."""
     from zbsearch.solver import solve
 
-    out = [zb.build_classic(k, prof, m) for k in ("1f1b", "zb-h1", "interleaved-1f1b", "zb-v")]
-    four = zb.build_classic("interleaved-1f1b", prof, m, chunks=4)  # 4 stages per rank: the earlier ones finish early
-    out.append(four.model_copy(update={"kind": "interleaved-1f1b-4"}))
-    v = solve(prof, m, "2p", chunks=2, time_limit=10).schedule
-    out.append(v.model_copy(update={"kind": "zb-2p-v"}))
+    out = [zb.build_classic(k, one, m) for k in ("1f1b", "zb-h1")]
+    span = solve(one, m, "2p", objective="span", time_limit=SOLVE_S).schedule
+    out.append(span.model_copy(update={"kind": "zb-2p"}))
+    span_v = solve(v, m, "2p", chunks=2, objective="span", time_limit=SOLVE_S).schedule
+    out.append(span_v.model_copy(update={"kind": "zb-2p-v"}))
+    it_v = solve(v, m, "2p", chunks=2, objective="iteration", time_limit=SOLVE_S, start=span_v.rank_actions).schedule
+    out.append(it_v.model_copy(update={"kind": "iteration-2p-v"}))
     return out
 
 
-def predict(sched: zb.Schedule, red: dict[int, float]) -> dict:
-    """Predicted iteration (ms): reductions overlapped (the simulator's reduction lane,
-    ``zbsearch.reductions.lane``), or after the step (module docstring)."""
+def predict(sched: zb.Schedule) -> dict:
+    """The iteration barrier to barrier (ms) the simulator predicts from ``sched``'s profile:
+    the passes, and with the reductions overlapped (its reduction lane) or after the step."""
     from zbsearch.costs import CostModel
-    from zbsearch.reductions import lane, last_backward
+    from zbsearch.reductions import last_backward
     from zbsearch.simulator import simulate
 
     cost = CostModel.from_profile(sched.profile, sched.stage_to_rank)
     tl = simulate(sched.rank_actions, cost)
-    t_reduce = [red.get(s, 0.0) for s in range(sched.num_stages)]
-    overlapped, after, tails, compute = 0.0, 0.0, {}, max(max(e) for e in tl.end)
-    for r, row in enumerate(tl.actions):
-        end = max(tl.end[r])
-        _, finish = lane(row, tl.end[r], t_reduce, [0.0] * sched.num_stages)
-        last = last_backward(row)
-        for s, i in last.items():
-            tails[s] = end - tl.end[r][i]
-        overlapped = max(overlapped, finish)
-        after = max(after, end + sum(red[s] for s in last))
-    return {"overlapped_extra_ms": overlapped - compute, "after_extra_ms": after - compute, "tail_ms": tails,
-            "compute_ms": compute}
+    passes = max(max(e) for e in tl.end)
+    after = max(max(e) + sum(cost.t_reduce[s] for s in last_backward(row)) for row, e in zip(tl.actions, tl.end))
+    tails = {s: max(e) - e[i] for row, e in zip(tl.actions, tl.end) for s, i in last_backward(row).items()}
+    return {"passes_ms": passes, "overlapped_ms": max(tl.finish), "after_ms": after, "tail_ms": tails}
+
+
+def _reductions_alone(stages: dict, dp_group, reps: int) -> dict[int, float]:
+    """Median ms of each of this rank's stages' reductions (the runtime's buckets), every rank
+    reducing its k-th stage at once."""
+    import torch.distributed as dist
+
+    from zbsearch.runtime.data_parallel import GradientReducer
+
+    reducer = GradientReducer(stages, list(stages), dp_group, timeout=300.0)
+    took: dict[int, list[float]] = {s: [] for s in stages}
+    for rep in range(reps + 1):  # one untimed
+        for s in stages:
+            dist.barrier()
+            t0 = time.perf_counter()
+            reducer.start(s)
+            reducer.finish()
+            if rep:
+                took[s].append((time.perf_counter() - t0) * 1e3)
+    return {s: statistics.median(v) for s, v in took.items()}
 
 
 def worker(rank, world, send, cfg: dict) -> dict | None:
@@ -90,86 +124,121 @@ def worker(rank, world, send, cfg: dict) -> dict | None:
     from zbsearch.distributed.mesh import build_mesh
     from zbsearch.runtime import emulated_loss, emulated_stages
 
-    mesh = build_mesh(pp=cfg["pp"], dp_replicate=cfg["dp"])
+    pp = cfg["pp"]
+    mesh = build_mesh(pp=pp, dp_replicate=cfg["dp"])
     me = mesh["pp"].get_local_rank()
-    scheds = schedules(profile(cfg["pp"], *cfg["times"]), cfg["m"])
+    dp_group = mesh["dp_replicate"].get_group()
 
-    def stages_for(sched: zb.Schedule) -> dict:
-        chunks = sched.num_stages // cfg["pp"]  # the same gradient bytes per rank in every placement
-        grad_bytes = cfg["grad_mb"] * 2**20 / chunks
-        stages = emulated_stages(sched.profile, sched.stage_to_rank, bytes_per_unit=UNIT, grad_bytes=grad_bytes)
-        return {s: stages[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == me}
+    def mine(prof: zb.Profile, stage_to_rank: list[int]) -> dict:
+        chunks = len(stage_to_rank) // pp
+        stages = emulated_stages(prof, stage_to_rank, bytes_per_unit=UNIT, grad_bytes=cfg["grad_mb"] * 2**20 / chunks)
+        return {s: stages[s] for s in range(len(stage_to_rank)) if stage_to_rank[s] == me}
+
+    # 1. the reductions' profile, on the data-parallel groups
+    alone = {}
+    for chunks in (1, 2):
+        prof = profile(pp, cfg["times"], chunks)
+        alone[chunks] = _reductions_alone(mine(prof, prof.placement or list(range(pp))), dp_group, cfg["profile_reps"])
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, alone)
+    # 2. the schedules, solved on rank 0
+    box: list = [None]
+    if rank == 0:
+        profs = {}
+        for chunks in (1, 2):
+            t_reduce = [max(part[chunks][s] for part in everyone if s in part[chunks]) for s in range(pp * chunks)]
+            profs[chunks] = profile(pp, cfg["times"], chunks, t_reduce)
+        box[0] = [s.model_dump_json() for s in schedules(profs[1], profs[2], cfg["m"])]
+    dist.broadcast_object_list(box, src=0)
+    scheds = [zb.Schedule.model_validate_json(s) for s in box[0]]
 
     def batch(sched: zb.Schedule):
         return torch.zeros(cfg["m"], 16), torch.zeros(cfg["m"], 16), emulated_loss
 
-    got = mesh_replay(mesh, scheds, stages_for, batch, cfg["iters"], warmup=cfg["warmup"])
-    everyone: list = [None] * world
-    dist.all_gather_object(everyone, {k: v["reduction_stage_ms"] for k, v in got.items()})
+    # 3. the replays
+    got = mesh_replay(mesh, scheds, lambda s: mine(s.profile, s.stage_to_rank), batch, cfg["iters"], warmup=cfg["warmup"])
+    after_runs: list = [None] * world
+    dist.all_gather_object(after_runs, {k: v["reduction_stage_ms"] for k, v in got.items()})
     if rank != 0:
         return None
     out = {}
     for sched in scheds:
-        red: dict[int, float] = {}
-        for part in everyone:  # each rank measured its own stages; replicas agree within noise
+        later: dict[int, float] = {}
+        for part in after_runs:
             for s, v in part[sched.kind].items():
-                red[int(s)] = max(red.get(int(s), 0.0), v)
+                later[int(s)] = max(later.get(int(s), 0.0), v)
         g = got[sched.kind]
-        out[sched.kind] = {"schedule": sched.model_dump_json(), "reduction_alone_ms": red,
+        out[sched.kind] = {"schedule": sched.model_dump_json(), "reduction_alone_after_ms": later,
                            "overlapped_ms": g["overlapped_runs_ms"], "after_ms": g["after_runs_ms"],
-                           "none_ms": g["none_runs_ms"]}
+                           "none_ms": g["none_runs_ms"], "trace": g["trace"]}
     return out
+
+
+def run(pp: int, args) -> dict:
+    cfg = {"pp": pp, "dp": args.dp, "m": args.m, "grad_mb": args.grad_mb, "times": args.times, "iters": args.iters,
+           "warmup": args.warmup, "profile_reps": args.profile_reps}
+    load = os.getloadavg()
+    t0 = time.perf_counter()
+    res = launch(worker, pp * args.dp, cfg)
+    rows = {}
+    print(f"PP{pp} x DP{args.dp}, m={args.m}, {args.grad_mb:g} MiB of gradients per rank, passes {args.times} ms")
+    print(f"{'schedule':15} {'reduce':>6} {'sim pass':>8} {'passes':>7} {'sim over':>8} {'on pass':>8} {'overlap':>8} "
+          f"{'err sim':>7} {'err pass':>8} {'after':>7} {'err':>6}")
+    for kind, doc in res.items():
+        sched = zb.Schedule.model_validate_json(doc["schedule"])
+        cost = zb.CostModel.from_profile(sched.profile, sched.stage_to_rank)
+        pred = predict(sched)
+        over, after = statistics.median(doc["overlapped_ms"]), statistics.median(doc["after_ms"])
+        none = statistics.median(doc["none_ms"])
+        on_passes_over = none + pred["overlapped_ms"] - pred["passes_ms"]
+        on_passes_after = none + pred["after_ms"] - pred["passes_ms"]
+        per_rank = max(sum(cost.t_reduce[s] for s in cost.rank_stages(r)) for r in range(cost.num_ranks))
+        # the last overlapped step's reductions on replica 0 (its trace), against the profile
+        in_step = compare_reductions(sched, [Trace.model_validate_json(doc["trace"])])
+        row = {
+            "reduction_per_rank_ms": per_rank, "t_reduce_ms": list(cost.t_reduce),
+            "reduction_alone_after_ms": doc["reduction_alone_after_ms"], "tail_after_last_w_ms": pred["tail_ms"],
+            "simulated_passes_ms": pred["passes_ms"], "simulated_overlapped_ms": pred["overlapped_ms"],
+            "simulated_after_ms": pred["after_ms"], "simulated_iteration_ms": max(sched.predicted.iteration),
+            "on_passes_overlapped_ms": on_passes_over, "on_passes_after_ms": on_passes_after,
+            "measured_passes_ms": none, "measured_overlapped_ms": over, "measured_after_ms": after,
+            "overlapped_runs_ms": doc["overlapped_ms"], "after_runs_ms": doc["after_ms"], "none_runs_ms": doc["none_ms"],
+            "passes_vs_simulated": none / pred["passes_ms"] - 1,
+            "overlapped_vs_simulated": over / pred["overlapped_ms"] - 1,
+            "overlapped_vs_on_passes": over / on_passes_over - 1,
+            "after_vs_simulated": after / pred["after_ms"] - 1,
+            "after_vs_on_passes": after / on_passes_after - 1,
+            "in_step": [{"rank": x.rank, "stage": x.stage, "measured_ms": x.measured_ms, "predicted_ms": x.predicted_ms,
+                         "measured_delay_ms": x.measured_delay_ms, "predicted_delay_ms": x.predicted_delay_ms}
+                        for x in in_step],
+            "in_step_vs_profiled": statistics.fmean(x.measured_ms / x.predicted_ms for x in in_step) - 1,
+        }
+        rows[kind] = row
+        print(f"{kind:15} {per_rank:6.1f} {pred['passes_ms']:8.1f} {none:7.1f} {pred['overlapped_ms']:8.1f} "
+              f"{on_passes_over:8.1f} {over:8.1f} {row['overlapped_vs_simulated']:+7.1%} "
+              f"{row['overlapped_vs_on_passes']:+8.1%} {after:7.1f} {row['after_vs_on_passes']:+6.1%}", flush=True)
+    return {"pp": pp, "world": pp * args.dp, "schedules": rows, "load_average_before": load,
+            "load_average_after": os.getloadavg(), "wall_s": time.perf_counter() - t0}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--pp", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--dp", type=int, default=2)
     ap.add_argument("-m", type=int, default=8)
     ap.add_argument("--grad-mb", type=float, default=24.0, help="MiB of gradients per rank (all its stages)")
     ap.add_argument("--times", type=float, nargs=3, default=[20.0, 20.0, 15.0], metavar=("T_F", "T_B", "T_W"),
-                    help="emulated pass times, ms")
-    ap.add_argument("--iters", type=int, default=8)
+                    help="emulated pass times of one stage per rank, ms")
+    ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--profile-reps", type=int, default=5, help="timed reductions per stage for the profile")
     ap.add_argument("-o", "--output", default="data_parallel")
     args = ap.parse_args()
-    cfg = {"pp": args.pp, "dp": args.dp, "m": args.m, "grad_mb": args.grad_mb, "times": args.times,
-           "iters": args.iters, "warmup": args.warmup}
     t0 = time.perf_counter()
-    res = launch(worker, args.pp * args.dp, cfg)
-    rows = {}
-    print(f"PP{args.pp} x DP{args.dp}, m={args.m}, {args.grad_mb:g} MiB of gradients per rank, passes {args.times} ms")
-    print(f"{'schedule':18} {'reduce':>7} {'passes':>7} {'pred over':>9} {'meas over':>9} {'pred after':>10} "
-          f"{'meas after':>10} {'saved':>6} {'max tail':>8}")
-    for kind, doc in res.items():
-        sched = zb.Schedule.model_validate_json(doc["schedule"])
-        red = {int(s): v for s, v in doc["reduction_alone_ms"].items()}
-        pred = predict(sched, red)
-        over, after = statistics.median(doc["overlapped_ms"]), statistics.median(doc["after_ms"])
-        none = statistics.median(doc["none_ms"])
-        pred_over, pred_after = none + pred["overlapped_extra_ms"], none + pred["after_extra_ms"]
-        per_rank_red = max(sum(red[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == r)
-                           for r in range(sched.num_ranks))
-        tail = max(pred["tail_ms"].values())
-        row = {
-            "reduction_per_rank_ms": per_rank_red, "reduction_alone_ms": red, "tail_after_last_w_ms": pred["tail_ms"],
-            "predicted_overlapped_ms": pred_over, "predicted_after_ms": pred_after,
-            "simulated_passes_ms": pred["compute_ms"], "measured_passes_ms": none,
-            "measured_overlapped_ms": over, "measured_after_ms": after,
-            "overlapped_runs_ms": doc["overlapped_ms"], "after_runs_ms": doc["after_ms"], "none_runs_ms": doc["none_ms"],
-            "saved_ms": after - over,
-            "reduction_share": per_rank_red / after,
-            "target_applies": tail >= per_rank_red / 2,
-            "target_met": (after - over) >= per_rank_red / 2 if tail >= per_rank_red / 2 else None,
-            "overlapped_vs_predicted": over / pred_over - 1,
-            "after_vs_predicted": after / pred_after - 1,
-        }
-        rows[kind] = row
-        print(f"{kind:18} {per_rank_red:7.1f} {none:7.1f} {pred_over:9.1f} {over:9.1f} {pred_after:10.1f} "
-              f"{after:10.1f} {after - over:6.1f} {tail:8.1f}")
+    runs = [run(pp, args) for pp in args.pp]
     save({"pp": args.pp, "dp": args.dp, "m": args.m, "grad_mb": args.grad_mb, "times_ms": args.times,
-          "iters": args.iters, "warmup": args.warmup, "schedules": rows,
-          "wall_s": time.perf_counter() - t0}, args.output)
+          "iters": args.iters, "warmup": args.warmup, "profile_reps": args.profile_reps, "solve_s": SOLVE_S,
+          "runs": runs, "wall_s": time.perf_counter() - t0}, args.output)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,8 @@ from .tolerances import ABS_TOL, REL_TOL
 
 __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
-    "memory_span_lower_bound", "memory_makespan_lower_bound", "memory_iteration_lower_bound", "rank_memory_span_lower_bounds",
+    "memory_span_lower_bound", "memory_makespan_lower_bound", "memory_iteration_lower_bound", "rank_iteration_lower_bounds",
+    "rank_backward_end_lower_bounds", "rank_memory_span_lower_bounds",
     "rank_area_span_lower_bounds", "rank_deferral_span_lower_bounds", "makespan_from_spans",
 ]
 
@@ -611,13 +612,55 @@ def memory_span_lower_bound(
 def memory_iteration_lower_bound(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> float:
-    """Lower bound on the longest per-rank iteration within ``limit``: per rank, its span's bound
-    plus what its reductions and optimizer steps add at least (``reductions.lane_floors``)
+    """Lower bound on the longest per-rank iteration within ``limit``: per rank, the least its
+    reductions and optimizer steps let it end given its span's bound (``rank_iteration_lower_bounds``)
     (``quick``, ``deadline``: as for ``memory_span_lower_bound``)."""
-    from .reductions import lane_floors
-
     spans = _rank_bounds(cost, num_microbatches, limit, quick, deadline)
-    return max(b + f for b, f in zip(spans, lane_floors(cost)))
+    return max(rank_iteration_lower_bounds(cost, num_microbatches, spans))
+
+
+def rank_iteration_lower_bounds(cost: CostModel, num_microbatches: int, spans: list[float]) -> list[float]:
+    """Per rank, a lower bound on its iteration from ``spans``, lower bounds on its span: its
+    last pass is one of its stages' last backward (W or BW), whose reduction follows it; on a
+    rank with several stages each stage's last backward also ends no earlier than its own bound
+    (``rank_backward_end_lower_bounds``), so a stage that finishes before the last one leaves
+    its reduction on the lane before the last one's (``reductions.iteration_floor``). Without
+    reductions, the spans."""
+    from .reductions import iteration_floor
+
+    if not cost.has_reductions:
+        return list(spans)
+    ends = rank_backward_end_lower_bounds(cost, num_microbatches)
+    return [iteration_floor(b, e, cost.t_reduce, cost.t_opt) for b, e in zip(spans, ends)]
+
+
+def rank_backward_end_lower_bounds(cost: CostModel, num_microbatches: int) -> list[dict[int, float]]:
+    """Per rank, per stage it holds, a lower bound on when the stage's last backward (its last
+    W or BW) ends, from the rank's first start: the Carlier bound of ``rank_span_lower_bounds``
+    with tails to that stage's backward only (the pass types that must precede it, on any
+    rank). On a rank with one stage that is its span: the stage is left at 0 there, which
+    ``iteration_floor`` does not need."""
+    cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W (a BW is a B then a W here)
+    preds = type_graph(cost)
+    out: list[dict[int, float]] = []
+    for r in range(cost.num_ranks):
+        stages = cost.rank_stages(r)
+        if len(stages) == 1:
+            out.append({stages[0]: 0.0})
+            continue
+        rel = earliest_starts(cost, (min(stages), Op.F), preds)
+        mine: dict[int, float] = {}
+        for s in stages:
+            tail = _tails(cost, {(s, Op.W)}, preds)
+            best = 0.0
+            for q in range(cost.num_ranks):
+                jobs = [(rel[n], cost.time(*n), tail[n]) for n in preds
+                        if cost.stage_to_rank[n[0]] == q and rel[n] > _NEG and tail[n] > _NEG]
+                if jobs:
+                    best = max(best, _carlier(jobs, num_microbatches))
+            mine[s] = best
+        out.append(mine)
+    return out
 
 
 def _rank_bounds(

@@ -22,11 +22,12 @@ Without reductions (``CostModel.has_reductions`` false) a rank's iteration is it
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import permutations
 
 from .actions import Action, Op
 
-__all__ = ["Reduction", "lane", "last_backward", "lane_floors", "reduction_time", "with_reductions", "grad_bytes_per_stage",
-           "gain_kept"]
+__all__ = ["Reduction", "lane", "last_backward", "lane_floors", "iteration_floor", "reduction_time", "with_reductions",
+           "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
 
 Reduction = tuple[int, float, float]  # (stage, start, end), ms
 
@@ -67,6 +68,36 @@ def lane_floors(cost) -> list[float]:
             for r in range(cost.num_ranks)]
 
 
+def iteration_floor(span: float, ends: dict[int, float], t_reduce: Sequence[float], t_opt: Sequence[float]) -> float:
+    """The least iteration of a rank holding the stages of ``ends``, given a lower bound on its
+    span (``span``) and on the end of each stage's last backward (``ends``), both from its first
+    start. Whatever order the stages finish in, each one's last backward ends no earlier than
+    its own bound and those of the stages finished before it, the last one no earlier than the
+    span's; the lane then runs the reductions in that order, each from its stage's end, so it
+    ends no earlier than any stage's end plus its reduction and those of the stages after it.
+    The least over the orders, plus the optimizer steps. With one stage: span + its reduction.
+    Sound for any number of stages; beyond 6 the orders are not tried and the floor is the
+    span plus the smallest reduction (``lane_floors``)."""
+    stages = list(ends)
+    steps = sum(t_opt[s] for s in stages)
+    if not stages:
+        return span + steps
+    if len(stages) > 6:
+        return span + min(t_reduce[s] for s in stages) + steps
+    best = float("inf")
+    for order in permutations(stages):
+        lows, low = [], 0.0
+        for k, s in enumerate(order):
+            low = max(low, ends[s])
+            lows.append(max(low, span) if k == len(order) - 1 else low)
+        finish, after = 0.0, 0.0
+        for k in reversed(range(len(order))):
+            after += t_reduce[order[k]]
+            finish = max(finish, lows[k] + after)
+        best = min(best, finish)
+    return best + steps
+
+
 def reduction_time(grad_bytes: float, replicas: int, bandwidth_gbs: float, sharded: bool = False,
                    latency_ms: float = 0.0) -> float:
     """Milliseconds to reduce ``grad_bytes`` of gradients across ``replicas`` ranks on links of
@@ -88,20 +119,46 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
     from .errors import ZbError
     from .formats.profile import DataParallel
 
+    _check_per_stage(profile, grad_bytes, t_opt)
+    if replicas < 1 or bandwidth_gbs <= 0 or latency_ms < 0 or min(grad_bytes) < 0:
+        raise ZbError("reductions need at least 1 replica, a positive bandwidth and no negative bytes or latency")
+    t_reduce = [reduction_time(b, replicas, bandwidth_gbs, sharded, latency_ms) for b in grad_bytes]
+    dp = DataParallel(replicas=replicas, sharded=sharded, how="bandwidth", bandwidth_gbs=bandwidth_gbs,
+                      grad_bytes=list(grad_bytes))
+    return _ending_with(profile, dp, t_reduce, t_opt)
+
+
+def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_bytes: Sequence[float], *,
+                             group: str, backend: str, t_opt: Sequence[float] | None = None):
+    """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
+    ``replicas`` as timed on a real group: ``reduce_ms`` per stage (``Quartiles``; ``t_reduce``
+    is the median), ``group`` ``local`` or ``torchrun``, ``backend`` the process group's; and,
+    where given, their optimizer step (``t_opt``, ms per stage)."""
+    from .errors import ZbError
+    from .formats.profile import DataParallel
+
+    _check_per_stage(profile, grad_bytes, t_opt)
+    if len(reduce_ms) != profile.num_stages or replicas < 1:
+        raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one reduction time per stage "
+                      "and at least 1 replica")
+    dp = DataParallel(replicas=replicas, how="measured", grad_bytes=list(grad_bytes), group=group, backend=backend,
+                      reduce_ms=list(reduce_ms))
+    return _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt)
+
+
+def _check_per_stage(profile, grad_bytes: Sequence[float], t_opt: Sequence[float] | None) -> None:
+    from .errors import ZbError
+
     P = profile.num_stages
     if len(grad_bytes) != P or (t_opt is not None and len(t_opt) != P):
         raise ZbError(f"profile {profile.name!r} has {P} stages: give one gradient size (and optimizer time) per stage")
-    if replicas < 1 or bandwidth_gbs <= 0 or latency_ms < 0 or min(grad_bytes) < 0:
-        raise ZbError("reductions need at least 1 replica, a positive bandwidth and no negative bytes or latency")
-    stages = [
-        c.model_copy(update={"t_reduce": reduction_time(b, replicas, bandwidth_gbs, sharded, latency_ms),
-                             "t_opt": None if t_opt is None else t_opt[i]})
-        for i, (c, b) in enumerate(zip(profile.stages, grad_bytes))
-    ]
-    dp = DataParallel(replicas=replicas, sharded=sharded, how="bandwidth", bandwidth_gbs=bandwidth_gbs,
-                      grad_bytes=list(grad_bytes))
-    return profile.model_copy(update={"stages": stages, "data_parallel": dp,
-                                      "name": f"{profile.name}-dp{replicas}"})
+
+
+def _ending_with(profile, dp, t_reduce: Sequence[float], t_opt: Sequence[float] | None):
+    """``profile`` with each stage's ``t_reduce`` and ``t_opt`` and its ``data_parallel`` section."""
+    stages = [c.model_copy(update={"t_reduce": t_reduce[i], "t_opt": None if t_opt is None else t_opt[i]})
+              for i, c in enumerate(profile.stages)]
+    return profile.model_copy(update={"stages": stages, "data_parallel": dp, "name": f"{profile.name}-dp{dp.replicas}"})
 
 
 def grad_bytes_per_stage(text: str, num_stages: int) -> list[float]:

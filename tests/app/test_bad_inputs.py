@@ -158,7 +158,7 @@ CASES = [
     (["schedule", "1f1b", *P, "--dp", "8", "--dp-bandwidth", "0", "--grad-bytes", "1GB"], None, "a positive bandwidth"),
     (["simulate", "--dp", "8", "--dp-bandwidth", "-5", "--grad-bytes", "1GB"], "good", "a positive bandwidth"),
     (["plan", "-l", "layers.json", "-r", "2", "-m", "2", "--dp", "8"], None, "--dp and --dp-bandwidth go together"),
-    (["profile", "--builtin", "gpt", "--dp", "8"], None, "--dp and --dp-bandwidth go together"),
+    (["profile", "--builtin", "gpt", "--dp-bandwidth", "10"], None, "give --dp N too"),
     (["profile", "--builtin", "gpt", "--dp", "8", "--dp-bandwidth", "0"], None, "--dp-bandwidth must be a positive"),
 ]
 

@@ -43,3 +43,88 @@ def test_a_tied_weight_counts_once_and_frozen_ones_not_at_all():
     assert gradient_bytes(model, torch.bfloat16) == 2 * (64 + 8 + 2)
     assert optimizer_step_ms(model, torch.device("cpu")) > 0
     assert optimizer_step_ms(torch.nn.ReLU(), torch.device("cpu")) == 0.0
+
+
+def _reduce_twice(rank: int, world: int, send) -> tuple[list[list[float]], list[float]]:
+    import torch
+
+    from zbsearch.profiler.gradients import _Gradients, reduction_samples
+
+    grads = _Gradients([((3, 2), torch.float32), ((5,), torch.float32)])
+    for p in grads.params:
+        p.grad.fill_(rank + 1.0)
+    samples = reduction_samples([grads], None, repeat=3, timeout=60)
+    return samples, [float(v) for p in grads.params for v in p.grad.unique()]
+
+
+def test_reduction_samples_time_a_real_all_reduce_across_the_group():
+    from zbsearch.distributed import run_local
+
+    got = run_local(_reduce_twice, 2, timeout=120)
+    for samples, values in got:
+        assert len(samples) == 1 and len(samples[0]) == 3 and min(samples[0]) > 0
+        # 1 + 2 summed across the two ranks, then the sum summed again at each of the 3 more reductions
+        assert values == [3.0 * 2**3] * 2  # each parameter's gradient, every element
+
+
+def test_measured_reductions_are_recorded_with_their_spread_and_survive_a_file(tmp_path):
+    from zbsearch.profiler.gradients import with_measured_data_parallel
+
+    base = zb.resolve_profile("unit-p4")
+    samples = [[2.0, 1.0, 4.0], [3.0, 3.5, 2.5], [1.0, 1.0, 1.0], [8.0, 6.0, 7.0]]
+    prof = with_measured_data_parallel(base, 4, samples, [1e6] * 4, [0.5] * 4, group="local", backend="gloo")
+    assert [st.t_reduce for st in prof.stages] == [2.0, 3.0, 1.0, 7.0]  # each stage's median
+    assert [q.q1 for q in prof.data_parallel.reduce_ms] == [1.5, 2.75, 1.0, 6.5]
+    assert prof.data_parallel.how == "measured" and prof.data_parallel.bandwidth_gbs is None
+    zb.save_profile(prof, tmp_path / "p.json")
+    assert zb.load_profile(tmp_path / "p.json") == prof
+    one = with_measured_data_parallel(base, 1, [[]] * 4, [1e6] * 4, [0.0] * 4, group="local", backend="gloo")
+    assert not one.has_reductions  # one replica reduces nothing
+    old = json.loads((tmp_path / "p.json").read_text())  # a file written before these fields
+    for k in ("group", "backend", "reduce_ms"):
+        del old["data_parallel"][k]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert zb.load_profile(tmp_path / "old.json").data_parallel.reduce_ms is None
+
+
+@pytest.mark.slow
+def test_profile_with_replicas_and_no_bandwidth_times_each_reduction_on_local_processes(tmp_path):
+    out = tmp_path / "p.json"
+    r = subprocess.run([*cli_command(), "profile", "--builtin", "gpt", "--layers", "4", "--hidden", "64", "--seq", "32",
+                        "-b", "2", "--stages", "2", "--repeat", "3", "--rounds", "1", "--warmup", "1", "--threads", "1",
+                        "--dp", "2", "--name", "measured", "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    prof = zb.load_profile(out)
+    dp = prof.data_parallel
+    stages = gpt_stages(GPTConfig(layers=4, hidden=64, heads=4, seq=32, microbatch_size=2, stages=2))
+    want = [4.0 * sum(p.numel() for p in st.parameters() if p.requires_grad) for st in stages]
+    assert prof.name == "measured" and dp.how == "measured" and dp.replicas == 2 and dp.group == "local"
+    assert dp.backend == "gloo" and dp.bandwidth_gbs is None and dp.grad_bytes == pytest.approx(want)
+    for st, q in zip(prof.stages, dp.reduce_ms):
+        assert st.t_reduce == q.median > 0 and q.q1 <= q.median <= q.q3 and st.t_opt > 0
+    assert zb.load_profile(out) == zb.Profile.model_validate_json(out.read_text())  # the fields round-trip
+    back = tmp_path / "back.json"
+    zb.save_profile(prof, back)
+    assert zb.load_profile(back) == prof
+    res = solve(prof, 4, "2p", time_limit=1)
+    assert res.info.objective == "iteration" and max(res.schedule.predicted.iteration) > max(res.schedule.predicted.span)
+
+
+@pytest.mark.slow
+def test_torchrun_times_each_stages_reduction_on_the_replicas_started_with_the_pipeline(tmp_path):
+    import sys
+
+    args = ["profile", "--builtin", "gpt", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "-b", "2",
+            "--stages", "2", "--warmup", "1", "--repeat", "3", "--rounds", "1", "--dp", "2"]
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    r = subprocess.run([*run, "4", "-m", "zbsearch", *args, "-o", "tr.json"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    prof = zb.load_profile(tmp_path / "tr.json")
+    dp = prof.data_parallel
+    assert dp.how == "measured" and dp.group == "torchrun" and dp.backend == "gloo" and dp.replicas == 2
+    assert len(dp.reduce_ms) == 2 and all(st.t_reduce == q.median > 0 for st, q in zip(prof.stages, dp.reduce_ms))
+    assert prof.model_dump()["mode"].startswith("one rank per stage, 2 ranks")  # each replica's pipeline of 2
+    wrong = subprocess.run([*run, "2", "-m", "zbsearch", *args, "-o", "w.json"], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=300)
+    assert wrong.returncode != 0 and "start 2 pipeline ranks x 2 replicas = 4 processes" in wrong.stderr

@@ -39,8 +39,7 @@ def _tiny(seed: int):
     return inst, _with_lane(rng, inst.profile)
 
 
-@pytest.mark.parametrize("seed", range(16))
-def test_iteration_solves_are_sound_against_enumeration(seed):
+def _check_solve(seed: int) -> None:
     inst, prof = _tiny(seed)
     if not prof.has_reductions:
         prof = _with_lane(random.Random(seed + 100), prof)
@@ -58,6 +57,66 @@ def test_iteration_solves_are_sound_against_enumeration(seed):
     assert max(res.schedule.predicted.iteration) == pytest.approx(info.value, rel=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(16))
+def test_iteration_solves_are_sound_against_enumeration(seed):
+    _check_solve(seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(16, 64))
+def test_iteration_solves_are_sound_against_enumeration_on_more_instances(seed):
+    _check_solve(seed)
+
+
+def _bound_instance(seed: int):
+    """Every other one on the V, some with two microbatches."""
+    rng = random.Random(1000 + seed)
+    chunks = 2 if seed % 2 else 1
+    p = 2 if chunks == 2 else rng.choice([2, 3])
+    m = rng.choice([1, 1, 2]) if chunks == 2 else rng.choice([1, 2])
+    inst = random_instance(rng, FAMILIES[seed % 3], p, m, chunks, rng.choice(_LIMITS))
+    prof = _with_lane(rng, inst.profile)
+    if not prof.has_reductions:
+        prof = _with_lane(random.Random(seed), prof)
+    return inst, zb.CostModel.from_profile(prof, inst.stage_to_rank)
+
+
+def _bounds_against_enumeration(seeds) -> int:
+    """Checks the iteration bound against the optimum on each instance; how many it raises
+    above the span bound plus each rank's smallest reduction (the lane's order at work)."""
+    from zbsearch.bounds import _rank_bounds, memory_iteration_lower_bound, rank_iteration_lower_bounds
+    from zbsearch.reductions import lane_floors
+
+    raised = 0
+    for seed in seeds:
+        inst, cost = _bound_instance(seed)
+        try:
+            best, rows = brute_force(cost, inst.m, inst.limit, "iteration")
+        except AssertionError as err:  # too many orders to enumerate
+            if "combinations" not in str(err):
+                raise
+            continue
+        bound = memory_iteration_lower_bound(cost, inst.m, inst.limit)
+        assert bound <= best * (1 + 1e-9), (seed, bound, best)
+        tl = zb.simulate(rows, cost)  # rank by rank too: each rank's bound holds in every schedule
+        spans = _rank_bounds(cost, inst.m, inst.limit)
+        for got, floor in zip(tl.iteration, rank_iteration_lower_bounds(cost, inst.m, spans)):
+            assert floor <= got * (1 + 1e-9), (seed, floor, got)
+        simple = max(b + f for b, f in zip(spans, lane_floors(cost)))
+        raised += bound > simple * (1 + 1e-9)
+    return raised
+
+
+def test_the_iteration_bound_never_exceeds_the_optimum():
+    # on the V the order the stages finish in raises the bound on some of them
+    assert _bounds_against_enumeration(range(24)) > 0
+
+
+@pytest.mark.slow
+def test_the_iteration_bound_never_exceeds_the_optimum_on_more_instances():
+    assert _bounds_against_enumeration(range(24, 160)) > 0
+
+
 def test_on_a_v_the_iteration_objective_hides_reductions_the_span_objective_leaves():
     prof = zb.resolve_profile("1.5b-m24")
     from zbsearch.reductions import with_reductions
@@ -73,3 +132,24 @@ def test_on_a_v_the_iteration_objective_hides_reductions_the_span_objective_leav
 def test_iteration_needs_reductions_in_one_line():
     with pytest.raises(ZbError, match="needs the stages' reduction times"):
         solve(zb.resolve_profile("1.5b-m24"), 8, "2p", objective="iteration", time_limit=1)
+
+
+def test_ordering_w_passes_for_the_lane_hides_every_ranks_earlier_reduction():
+    from zbsearch.reductions import with_reductions
+    from zbsearch.solver.lane_order import order_for_lane
+    from zbsearch.solver.problem import Problem
+
+    prof = with_reductions(zb.resolve_profile("6.2b-m24"), 64, 25.0, [1.55e9] * 8)
+    sched = zb.build_classic("zb-v", prof, 12)
+    cost = zb.CostModel.from_profile(prof, sched.stage_to_rank)
+    rows = order_for_lane(Problem.make(cost, 12, None, "iteration"), sched.rank_actions)
+    before, after = zb.simulate(sched.rank_actions, cost), zb.simulate(rows, cost)
+    t = cost.t_reduce[0]  # every piece reduces as long
+    assert max(i - s for i, s in zip(before.iteration, before.span)) > 1.5 * t  # ZB-V leaves both on some ranks
+    # now every rank's earlier stage's reduction runs beside its last passes: the span plus one
+    for i, s in zip(after.iteration, after.span):
+        assert i == pytest.approx(s + t)
+    assert after.span == pytest.approx(before.span)  # the same passes in the same slots, W passes re-assigned
+    for old, new in zip(sched.rank_actions, rows):
+        assert [a for a in old if a.op is not zb.Op.W] == [a for a in new if a.op is not zb.Op.W]
+        assert sorted(old) == sorted(new)

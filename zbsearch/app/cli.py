@@ -992,8 +992,10 @@ def profile(
     output: str | None = typer.Option(None, "-o", "--output", help="profile JSON to write (default: profiles/NAME.json)"),
     dp: int | None = typer.Option(
         None, "--dp", min=1,
-        help="data-parallel replicas the stages will train in: each stage's gradient all-reduce (its trainable "
-             "parameters' bytes, with --dp-bandwidth) and its AdamW step (timed here) end the iteration"),
+        help="data-parallel replicas the stages will train in: each stage's gradient all-reduce and its AdamW step "
+             "(timed here) end the iteration. The all-reduce is timed on a real group: N local processes (gloo), "
+             "or under torchrun the replicas started with the pipeline (pipeline ranks x N processes); with "
+             "--dp-bandwidth it is priced as a ring all-reduce of the stage's trainable parameters' bytes instead"),
     dp_bandwidth: float | None = DpBandwidthOpt,
 ):
     """Measure per-stage F, B, W times, activation memory and link times; write a profile (bytes).
@@ -1021,8 +1023,9 @@ def profile(
     if per_layer and (placement is not None or layers_per_stage is not None):
         raise ZbError("--per-layer measures every unit apart: --placement and --layers-per-stage do not apply "
                       "(zbsearch plan chooses the cut)")
-    replicas = _replicas(dp, dp_bandwidth)
-    if replicas is not None and per_layer:
+    if dp_bandwidth is not None and dp is None:
+        raise ZbError("--dp-bandwidth prices the reductions of --dp replicas: give --dp N too")
+    if dp is not None and per_layer:
         raise ZbError("--dp applies to stage profiles: zbsearch plan --dp prices each cut's reductions")
     if dp_bandwidth is not None and not dp_bandwidth > 0:
         raise ZbError("--dp-bandwidth must be a positive number of GB/s")
@@ -1075,18 +1078,18 @@ def profile(
     pieces = _pieces(placement, len(spec.stages)) if placement is not None else None
     if name is None and placement is not None:
         name = f"{spec.name}-{device.split(':')[0]}-{placement}"
+    measure = dp if dp is not None and dp_bandwidth is None else None  # timed on a real group
     with profiler.progress_bar(err) as bar:
-        prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar)
+        prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar, replicas=measure)
     if prof is None:  # a torchrun rank other than 0
         return
-    if replicas is not None:
+    if dp is not None and dp_bandwidth is not None:
         from zbsearch.profiler.gradients import with_data_parallel
         from zbsearch.profiler.settings import resolve_device, resolve_dtype
 
-        named = prof.name
-        prof = with_data_parallel(prof, spec.stages, *replicas, resolve_device(device), resolve_dtype(dtype))
-        if name is not None:
-            prof = prof.model_copy(update={"name": named})
+        prof = with_data_parallel(prof, spec.stages, dp, dp_bandwidth, resolve_device(device), resolve_dtype(dtype))
+    if dp is not None and name is not None:  # the name given, not the one the reductions add -dpN to
+        prof = prof.model_copy(update={"name": name})
     if target is None or str(target) != "-":
         out.print(profiler.summary_table(prof))
     elif prof.measured is not None:  # the profile goes to stdout: the warnings to stderr

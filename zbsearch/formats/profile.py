@@ -255,7 +255,8 @@ class Links(BaseModel):
 class DataParallel(BaseModel):
     """How the stages' ``t_reduce`` were found: the replicas each stage's gradients are reduced
     across, whether the data parallelism is sharded, and measured on a real group or computed
-    from the gradient bytes and a bandwidth."""
+    from the gradient bytes and a bandwidth. The fields after ``grad_bytes`` are written where
+    the reductions were measured (older files lack them)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -263,7 +264,13 @@ class DataParallel(BaseModel):
     sharded: bool = False
     how: Literal["measured", "bandwidth"] = "bandwidth"
     bandwidth_gbs: float | None = Field(default=None, gt=0, description="GB/s per rank (how = bandwidth)")
-    grad_bytes: list[float] | None = Field(default=None, description="gradient bytes per stage (how = bandwidth)")
+    grad_bytes: list[float] | None = Field(default=None, description="gradient bytes per stage")
+    group: Literal["local", "torchrun"] | None = Field(default=None, description=(
+        "how = measured: where, on local processes of the profiling machine (its loopback) or on the replicas "
+        "torchrun started"))
+    backend: str | None = Field(default=None, description="how = measured: the process group's backend (gloo, nccl)")
+    reduce_ms: list[Quartiles] | None = Field(default=None, description=(
+        "how = measured: per stage, the spread of its timed reductions; t_reduce is their median"))
 
 
 class Profile(BaseModel):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from ..bounds import (
     makespan_from_spans,
     rank_area_span_lower_bounds,
+    rank_iteration_lower_bounds,
     rank_memory_span_lower_bounds,
     rank_span_lower_bounds,
 )
@@ -114,10 +115,11 @@ class Cuts:
             # each rank's work and the fill its forwards cannot cover, recompute passes counted
             ranks = [max(a, b) for a, b in zip(ranks, self.rank_bounds.of_cut(counts))]
             ev.ranks = tuple(sorted(ranks, reverse=True))
-            # the iteration: per rank, its span's bound plus what it adds at least (``Problem.lane_floors``)
-            # the makespan: per rank, its span's bound after the forwards of one microbatch reach it
+            # the makespan: per rank, its span's bound after the forwards of one microbatch reach it;
+            # the iteration: per rank, the least its reductions let it end (``bounds.rank_iteration_lower_bounds``)
             ev.key = (makespan_from_spans(cost, self.m, ranks) if self.objective == "makespan"
-                      else max(b + f for b, f in zip(ranks, problem.lane_floors())))
+                      else max(rank_iteration_lower_bounds(cost, self.m, ranks)) if problem.objective == "iteration"
+                      else max(ranks))
             ev.bound = ev.key
         self.seen[counts] = ev
         return ev

@@ -1,23 +1,37 @@
 """What a stage adds to the iteration on a data-parallel mesh: the bytes of gradients it
-reduces across its replicas, and its optimizer step.
+reduces across its replicas, the time that reduction takes, and its optimizer step.
 
-``zbsearch profile --dp N --dp-bandwidth GBS`` prices each stage's reduction as a ring
-all-reduce of these bytes (``zbsearch.reductions``) and records the step of torch's AdamW on
-the stage's parameters, timed on the profiling device, as its ``t_opt``.
+``zbsearch profile --dp N`` times each stage's reduction on a real data-parallel group of N
+ranks, as the runtime reduces it (``GradientReducer``: its buckets, flattened and copied back),
+every stage one after the other with all the group's members at once: on N local processes
+of this machine over gloo (``measure_locally``), or under torchrun on the replicas started with
+the pipeline (``reduction_samples`` on each rank's data-parallel group). With
+``--dp-bandwidth GBS`` it prices them instead as a ring all-reduce of these bytes
+(``zbsearch.reductions``). Either way it records the step of torch's AdamW on the stage's
+parameters, timed on the profiling device, as its ``t_opt``.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from ..formats.profile import Profile
-from ..reductions import with_reductions
+from ..distributed import run_local
+from ..formats.profile import Profile, Quartiles
+from ..reductions import with_measured_reductions, with_reductions
+from .measure import Stats
 
-__all__ = ["gradient_bytes", "optimizer_step_ms", "with_data_parallel"]
+__all__ = ["gradient_bytes", "optimizer_step_ms", "with_data_parallel", "reduction_samples", "measure_locally",
+           "with_measured_data_parallel"]
+
+# Untimed reductions of each stage before the timed ones (the first allocates the buckets and
+# opens the group's connections).
+_WARMUP = 1
 
 
 def _trainable(module: nn.Module) -> list[nn.Parameter]:
@@ -64,3 +78,69 @@ def with_data_parallel(profile: Profile, stages: list[nn.Module], replicas: int,
     grads = [gradient_bytes(m, dtype) for m in stages]
     steps = [optimizer_step_ms(m, device, dtype) for m in stages]
     return with_reductions(profile, replicas, bandwidth_gbs, grads, t_opt=steps)
+
+
+@torch.no_grad()
+def reduction_samples(modules: Sequence[nn.Module], group: dist.ProcessGroup | None, repeat: int,
+                      timeout: float) -> list[list[float]]:
+    """Collective over ``group``: per module, ``repeat`` times (ms) of the reduction of its
+    gradients across the group, as the runtime reduces them (``GradientReducer``), each started
+    by every member at once after a barrier. A parameter without a gradient takes part with
+    zeros, which leaves it without one afterwards."""
+    from ..runtime.data_parallel import GradientReducer
+
+    on = group if group is not None else dist.group.WORLD
+    assert on is not None  # the default group exists: the caller joined it
+    reducer = GradientReducer(dict(enumerate(modules)), list(range(len(modules))), on, timeout)
+    cuda = [p.device for m in modules for p in _trainable(m) if p.device.type == "cuda"]
+    out: list[list[float]] = []
+    for i in range(len(modules)):
+        samples = []
+        for rep in range(_WARMUP + repeat):
+            dist.barrier(group=on)
+            t0 = time.perf_counter()
+            reducer.start(i)
+            reducer.finish()
+            if cuda:
+                torch.cuda.synchronize(cuda[0])
+            if rep >= _WARMUP:
+                samples.append((time.perf_counter() - t0) * 1e3)
+        out.append(samples)
+    return out
+
+
+class _Gradients(nn.Module):
+    """Parameters of given shapes and dtypes, with gradients: what a stage's replica reduces."""
+
+    def __init__(self, layout: list[tuple[tuple[int, ...], torch.dtype]]) -> None:
+        super().__init__()
+        self.params = nn.ParameterList(nn.Parameter(torch.zeros(shape, dtype=dtype)) for shape, dtype in layout)
+        for p in self.params:
+            p.grad = torch.ones_like(p)
+
+
+def _local_worker(rank: int, world: int, send, layouts: list, repeat: int, timeout: float) -> list[list[float]]:
+    out = []
+    for layout in layouts:  # one stage's gradients at a time: no more memory than the largest stage's
+        out += reduction_samples([_Gradients(layout)], None, repeat, timeout)
+    return out
+
+
+def measure_locally(stages: Sequence[nn.Module], replicas: int, dtype: torch.dtype | None, repeat: int,
+                    timeout: float) -> list[list[float]]:
+    """Per stage, ``repeat`` times (ms) of its gradients' reduction across ``replicas`` local
+    processes of this machine (gloo on its loopback), each holding gradients of the stage's
+    trainable parameters' shapes in ``dtype`` (None: their own)."""
+    layouts = [[(tuple(p.shape), dtype or p.dtype) for p in _trainable(m)] for m in stages]
+    return run_local(_local_worker, replicas, layouts, repeat, timeout)[0]
+
+
+def with_measured_data_parallel(profile: Profile, replicas: int, samples: Sequence[Sequence[float]],
+                                grad_bytes: Sequence[float], t_opt: Sequence[float], *, group: str,
+                                backend: str) -> Profile:
+    """``profile`` whose stages end the iteration with their reductions as timed (``samples``
+    per stage, ms, on a ``group`` of ``replicas``, ``local`` or ``torchrun``), then their
+    optimizer step (``t_opt``, ms per stage). One replica reduces nothing."""
+    none = Quartiles(median=0.0, q1=0.0, q3=0.0, mean=0.0)
+    spread = [none if replicas == 1 else Quartiles(**Stats.of(list(s)).record()) for s in samples]
+    return with_measured_reductions(profile, replicas, spread, grad_bytes, group=group, backend=backend, t_opt=t_opt)

@@ -45,6 +45,7 @@ from ..formats.profile import Profile
 from ..pooling import pool_profiles
 from ..runtime.identity import model_identity
 from ..runtime.p2p import P2P
+from .gradients import gradient_bytes, measure_locally, optimizer_step_ms, reduction_samples, with_measured_data_parallel
 from .in_step import calibration_orders, calibration_steps, in_step_times, run_in_steps
 from .links import LinkModel, busy_exchange, estimate_link, exchange_plan, pingpong
 from .measure import StageMeasurement, Stats, disturbances, measure_stage
@@ -64,7 +65,7 @@ Progress = Callable[[str, int, int], None]  # (what is being measured, done, tot
 
 def profile_model(
     spec: ModelSpec, settings: Settings, *, placement: list[int] | None = None, name: str | None = None,
-    progress: Progress | None = None,
+    progress: Progress | None = None, replicas: int | None = None,
 ) -> Profile | None:
     """Measure ``spec``'s stages into a profile, on this device or on one rank per pipeline rank.
 
@@ -79,22 +80,85 @@ def profile_model(
             (``--placement v``).
         name: the profile's name (default: the model's and the device type).
         progress: called with (what is being measured, steps done, steps in all).
+        replicas: also time each stage's gradient reduction across this many data-parallel
+            replicas, and its AdamW step (``zbsearch.profiler.gradients``): on one device
+            across as many local processes, under torchrun across the replicas started with
+            the pipeline (WORLD_SIZE = pipeline ranks x replicas; each replica measures its
+            passes, replica 0's are recorded).
 
     Raises:
         ZbError: bad settings, a stage that cannot take its inputs, or ranks that do not fit
-            the placement.
+            the placement (and the replicas).
     """
     settings.check()
+    if replicas is not None and replicas < 1:
+        raise ZbError(f"--dp must be at least 1, not {replicas}")
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return profile_one_device(spec, settings, placement=placement, name=name, progress=progress)
+        prof = profile_one_device(spec, settings, placement=placement, name=name, progress=progress)
+        return prof if replicas is None else _reductions_locally(prof, spec, settings, replicas)
     device = resolve_device(settings.device, _local_rank())
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
-        return profile_distributed(spec, settings, placement=placement, name=name, progress=progress)
+        if replicas is None:
+            return profile_distributed(spec, settings, placement=placement, name=name, progress=progress)
+        return _profile_replicated(spec, settings, placement, name, progress, replicas, device)
     finally:
         dist.destroy_process_group()
+
+
+def _reductions_locally(prof: Profile, spec: ModelSpec, settings: Settings, replicas: int) -> Profile:
+    """``prof`` with each stage's reduction timed across ``replicas`` local processes, and its
+    AdamW step timed on the profiling device."""
+    device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
+    grads = [gradient_bytes(m, dtype) for m in spec.stages]
+    steps = [optimizer_step_ms(m, device, dtype) for m in spec.stages]
+    samples = [[] for _ in spec.stages] if replicas == 1 else measure_locally(
+        spec.stages, replicas, dtype, settings.repeat, settings.timeout)
+    return with_measured_data_parallel(prof, replicas, samples, grads, steps, group="local", backend="gloo")
+
+
+def _profile_replicated(spec: ModelSpec, settings: Settings, placement: list[int] | None, name: str | None,
+                        progress: Progress | None, replicas: int, device: torch.device) -> Profile | None:
+    """Under torchrun with ``replicas`` pipelines: each measures its passes on its own pipeline
+    group, then every rank times its stages' reductions on its data-parallel group (the mesh
+    the runtime builds, ``build_mesh``); the profile of replica 0 on global rank 0."""
+    from ..distributed.mesh import build_mesh
+
+    world = dist.get_world_size()
+    ranks = len(spec.stages) if placement is None else max(placement) + 1
+    if ranks * replicas != world:
+        raise ZbError(f"--dp {replicas} under torchrun times the reductions on the replicas: start {ranks} pipeline "
+                      f"ranks x {replicas} replicas = {ranks * replicas} processes, not {world} (or price them with "
+                      f"--dp-bandwidth)")
+    mesh = build_mesh(pp=ranks, dp_replicate=replicas, device_type=device.type)
+    pp_group, dp_group = mesh["pp"].get_group(), mesh["dp_replicate"].get_group()
+    first = mesh["dp_replicate"].get_local_rank() == 0
+    prof = profile_distributed(spec, settings, placement=placement, group=pp_group, name=name,
+                               progress=progress if first else None)
+    me = mesh["pp"].get_local_rank()
+    owner = list(range(len(spec.stages))) if placement is None else list(placement)
+    mine = [s for s in range(len(spec.stages)) if owner[s] == me]
+    dtype = resolve_dtype(settings.dtype)
+    with _threads(settings.threads):
+        samples = reduction_samples([spec.stages[s] for s in mine], dp_group, settings.repeat, settings.timeout)
+        found = {s: (samples[i], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype))
+                 for i, s in enumerate(mine)}
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, found)
+    if dist.get_rank() != 0:
+        return None
+    assert prof is not None  # global rank 0 is replica 0's pipeline rank 0
+    pooled: dict[int, list[float]] = {}
+    for part in everyone:  # every replica timed the same collectives: pool their samples
+        for s, (got, _, _) in part.items():
+            pooled.setdefault(s, []).extend(got)
+    first_of = {s: v for part in reversed(everyone) for s, v in part.items()}
+    p = len(spec.stages)
+    return with_measured_data_parallel(prof, replicas, [pooled[s] for s in range(p)], [first_of[s][1] for s in range(p)],
+                                       [first_of[s][2] for s in range(p)], group="torchrun",
+                                       backend=str(dist.get_backend(dp_group)))
 
 
 def profile_one_device(

@@ -51,6 +51,8 @@ class Shares:
             MILP: its share of the time left, before the local search (``search_second``). It
             chooses what to recompute together with the order, which the local search does one
             move at a time, and on such problems it is done in about a second.
+        lane: for the iteration, ordering the W passes of multi-stage ranks for the reduction
+            lane (``lane_order``): its share of the time left after the constructions.
     """
 
     construct: float = 1 / 3
@@ -68,6 +70,7 @@ class Shares:
     search_passes: int = 2000
     exact_relaxed: float = 0.5
     exact_recompute: float = 0.5
+    lane: float = 0.25
 
 
 @dataclass

@@ -12,7 +12,7 @@ into a gap, are longer ones), and every candidate is timed by ASAP simulation.
   rank) or its memory limit are never simulated; memory is checked from the rank's prefix
   sums, deadlocks across ranks are found by the simulation.
 * A move is kept when it lowers the objective, or keeps it and lowers the sum of the ranks'
-  spans (a plateau move that makes room). Descent is first-improvement in random order; at
+  spans (for the iteration, of their iterations: a plateau move that makes room). Descent is first-improvement in random order; at
   a local optimum a few random valid moves perturb the best schedule (iterated local search),
   more of them the longer no better schedule turns up.
 * Candidates are timed by a small simulator on integer pass ids (the core simulator's rule,
@@ -120,7 +120,8 @@ class _Model:
         return dur, mem
 
     def score(self, rows: list[list[int]], dur: list[float]) -> tuple[float, float] | None:
-        """(objective, sum of rank spans) of the ASAP timeline, None on a deadlock."""
+        """(objective, sum of rank spans, or for the iteration of rank iterations) of the ASAP
+        timeline, None on a deadlock."""
         deps = self.deps
         end: list[float | None] = [None] * len(dur)
         R = len(rows)
@@ -156,7 +157,7 @@ class _Model:
         spans = [free[r] - first[r] for r in range(R) if rows[r]]
         total = sum(spans)
         if self.lane is not None:  # each rank's reductions one at a time, in the order they are ready
-            value = 0.0
+            value = each = 0.0
             for r in range(R):
                 if not rows[r]:
                     continue
@@ -165,8 +166,9 @@ class _Model:
                 busy = 0.0
                 for at, t in ready:
                     busy = max(busy, at) + t
-                value = max(value, max(free[r], busy) + self.opt[r] - first[r])
-            return value, total
+                mine = max(free[r], busy) + self.opt[r] - first[r]
+                value, each = max(value, mine), each + mine
+            return value, each
         if self.span:
             return max(spans), total
         return max(free) - min(first[r] for r in range(R) if rows[r]), total

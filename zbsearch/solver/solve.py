@@ -59,6 +59,7 @@ from .construct import construct
 from .engines import Engine, default_engines
 from .feasibility import check_limit
 from .heuristic import sequential_schedule
+from .lane_order import order_for_lane
 from .problem import RECOMPUTATIONS, Objective, Problem, Recomputation
 from .verdict import CLOSED as _CLOSED
 from .verdict import decide_status
@@ -293,6 +294,13 @@ class SolveRun:
             if variant != self.rows and self.problem.fits_order(variant):
                 self.offer(variant, self.construction + ", fused")
 
+    def order_lane(self) -> None:
+        """For the iteration, on ranks with several stages: the best with its W passes ordered
+        for the reduction lane (``lane_order``), within ``Shares.lane`` of the time left."""
+        if not self.uniform_costs and not self.budget.expired():
+            self.offer(order_for_lane(self.problem, self.rows, self.budget.share(self.budget.shares.lane)),
+                       self.construction + ", lane order")
+
     def prove(self, bound_fn) -> None:
         """The full lower bound: its slow part gets ``Shares.bound`` of the time left, and is left
         out if it needs more."""
@@ -410,6 +418,7 @@ def solve(
     run.construct(start)
     run.compare_classics()
     run.try_fusing()
+    run.order_lane()
     # keep back time for re-timing a schedule an engine changed, then building and validating
     # the file (together about as long as a simulation; the prediction reuses it)
     budget.keep_back(budget.shares.end_sims * run.sim_s)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ..formats.layers import LayerProfile
 from ..limits import allowance
-from ..planner.search import relaxed_bound, unit_work
+from ..planner.relaxation import relaxed_bound, unit_work
 from .cluster import Cluster, Mesh
 from .costing import full_profile, unit_reductions, unit_steps
 from .optimizer import OptimizerSetup
