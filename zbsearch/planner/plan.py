@@ -286,7 +286,7 @@ def bound_unpriced(inputs: PlanInputs, spaces: dict[Placement, Cuts], clock: Clo
     work). A placement whose every cut was priced is bounded by its cuts (``Search.lower``)."""
     i, deadline = inputs, clock.now() + _RELAX * clock.limit
     return {pl: relaxed_bound(i.layers, i.num_ranks, pl, i.m, i.recompute, budget=i.budget, optimizer=i.optimizer,
-                              deadline=deadline)
+                              deadline=deadline, objective=i.objective)
             for pl, space in spaces.items() if not space.exhaustive}
 
 
