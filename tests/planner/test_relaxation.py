@@ -53,7 +53,8 @@ def _fits(L, cut, budget, recompute) -> bool:
 @pytest.mark.parametrize("seed", range(40))
 def test_the_program_finds_the_least_over_every_cut(seed):
     L, ranks, placement, m, budget, recompute = _instance(seed)
-    ranked = RankBounds(L, ranks, placement, m, recompute, budget, "adamw", None)
+    objective = ("span", "makespan")[seed % 2]
+    ranked = RankBounds(L, ranks, placement, m, recompute, budget, "adamw", None, objective)
     stages = ranks * (2 if placement == "v" else 1)
     space = Cuts(L, ranks, placement, m, budget, "adamw", "span", recompute)
     direct = math.inf
@@ -61,15 +62,15 @@ def test_the_program_finds_the_least_over_every_cut(seed):
         value = ranked.cut_value(counts)
         assert math.isfinite(value) == space.evaluate(counts).feasible  # the same cuts fit the budget
         direct = min(direct, value)
-    got = relaxed_bound(L, ranks, placement, m, recompute, budget=budget, optimizer="adamw")
+    got = relaxed_bound(L, ranks, placement, m, recompute, budget=budget, optimizer="adamw", objective=objective)
     assert got == pytest.approx(direct, rel=1e-12) or (got == direct == math.inf)
 
 
 @pytest.mark.slow  # brute force over every schedule: seconds each
 @pytest.mark.parametrize("seed", range(12))
 def test_the_bound_is_below_every_cuts_exact_optimum(seed):
-    """Tiny models (2 ranks, one stage each or a V, m of 1 or 2): every cut's optimum over every
-    schedule, by brute force."""
+    """Tiny models (2 ranks, one stage each or a V, m of 1 or 2): every cut's optimum span and
+    makespan over every schedule, by brute force."""
     rng = random.Random(1000 + seed)
     placement = "one" if seed % 3 else "v"
     recompute = rng.choice(["none", "auto"])  # brute force cannot require every microbatch recomputed ("full")
@@ -80,7 +81,7 @@ def test_the_bound_is_below_every_cuts_exact_optimum(seed):
     statics = [max(static_bytes(L, Cut(c, placement), "adamw")) for c in compositions(L.num_units, stages)]
     budget = rng.choice([None, max(statics) + rng.uniform(1.2, 3.0) * 1e6])
     space = Cuts(L, 2, placement, m, budget, "adamw", "span", recompute)
-    best = math.inf
+    best = makespan = math.inf
     for counts in compositions(L.num_units, stages):
         cut = Cut(counts, placement)
         if not _fits(L, cut, budget, recompute):
@@ -92,8 +93,11 @@ def test_the_bound_is_below_every_cuts_exact_optimum(seed):
                                max_combinations=500_000)
         assert space.evaluate(counts).key <= value * (1 + 1e-9)  # each cut's own bound, these folded in
         best = min(best, value)
+        makespan = min(makespan, brute_force(cost, m, limit, "makespan", fused=True, recompute=recompute != "none",
+                                             max_combinations=500_000)[0])
     assert best < math.inf
     assert relaxed_bound(L, 2, placement, m, recompute, budget=budget) <= best * (1 + 1e-9)
+    assert relaxed_bound(L, 2, placement, m, recompute, budget=budget, objective="makespan") <= makespan * (1 + 1e-9)
 
 
 def test_a_deadline_falls_back_to_the_busiest_ranks_work():

@@ -8,13 +8,13 @@ them top to bottom):
    balanced one (``search.Cuts``). A cut is priced by its *key*, the solver's quick bound for
    it under its per-rank limit; one whose parameters, gradients, optimizer state and one
    microbatch's activations exceed the budget on some rank has no schedule and is left out.
-2. ``Search``, the bound: over a placement whose every cut was priced, the least over its
-   feasible cuts of the best bound known for each (its key, or the solver's where it solved
-   the cut, which solves raise as they go); over another, the least over every cut of the
-   per-rank bounds that depend on a rank's own units and where the stages after it end
-   (``relaxation.relaxed_bound``).
-   The bound holds over every cut of the placements searched and every schedule within the
-   budget; every phase below reads it, and stops once the best value found meets it.
+2. ``bound_unpriced``, the bound (``Search.lower``): over a placement whose every cut was
+   priced, the least over its feasible cuts of the best bound known for each (its key, or the
+   solver's where it solved the cut, which solves raise as they go); over another, the least
+   over every cut of the per-rank bounds that depend on a rank's own units and where the
+   stages after it end (``relaxation.relaxed_bound``). The bound holds over every cut of the
+   placements searched and every schedule within the budget; every phase below reads it
+   (``Search``), and stops once the best value found meets it.
 3. ``solve_baselines``: the even split, torchtitan's default and Megatron's, each solved with
    the solver at the same budget (a cut two rules share, once).
 4. ``best_first``: cuts solved in order of their key, briefly (the solver's heuristics; with
@@ -46,7 +46,7 @@ import heapq
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import ZbError
 from ..formats.edit import updated
@@ -63,7 +63,8 @@ from .memory import OPTIMIZERS
 from .relaxation import relaxed_bound
 from .search import CutEval, Cuts
 
-__all__ = ["PlanResult", "plan", "ENUMERATE", "Clock", "PlanInputs", "Search"]
+__all__ = ["PlanResult", "plan", "ENUMERATE", "Clock", "PlanInputs", "Search", "price_cuts", "bound_unpriced",
+           "solve_baselines", "best_first", "polish", "compare"]
 
 # Cuts of a placement priced one by one when there are at most this many (12 units on 8
 # stages: 330); beyond, the local search. Each costs a quick bound: milliseconds.
@@ -249,7 +250,7 @@ def plan(
     if progress is not None:
         progress("pricing cuts", math.inf, 0.0)
     spaces = price_cuts(inputs, clock)
-    search = Search(inputs, clock, spaces, progress)
+    search = Search(inputs, clock, spaces, bound_unpriced(inputs, spaces, clock), progress)
     outcomes = solve_baselines(search)
     best_first(search)
     polish(search)
@@ -284,7 +285,17 @@ def price_cuts(inputs: PlanInputs, clock: Clock) -> dict[Placement, Cuts]:
     return spaces
 
 
-# ---- 2. the bound, and what the phases share ----------------------------------------------------
+# ---- 2. the bound ------------------------------------------------------------------------------
+
+def bound_unpriced(inputs: PlanInputs, spaces: dict[Placement, Cuts], clock: Clock) -> dict[Placement, float]:
+    """Per placement whose cuts were not all priced, a bound over every one of its cuts at once
+    (``relaxation.relaxed_bound``), within ``_RELAX`` of the limit (else the busiest rank's
+    work). A placement whose every cut was priced is bounded by its cuts (``Search.lower``)."""
+    i, deadline = inputs, clock.now() + _RELAX * clock.limit
+    return {pl: relaxed_bound(i.layers, i.num_ranks, pl, i.m, i.recompute, budget=i.budget, optimizer=i.optimizer,
+                              deadline=deadline, objective=i.objective, shard=i.shard)
+            for pl, space in spaces.items() if not space.exhaustive}
+
 
 @dataclass
 class Search:
@@ -298,16 +309,9 @@ class Search:
     inputs: PlanInputs
     clock: Clock
     spaces: dict[Placement, Cuts]
+    relaxed: dict[Placement, float]  # the bound over a placement not every cut of which was priced
     progress: Progress | None = None
-    relaxed: dict[Placement, float] = field(default_factory=dict)  # the bound of a placement not every cut priced
     best: CutEval | None = None
-
-    def __post_init__(self) -> None:
-        i = self.inputs
-        deadline = self.clock.now() + _RELAX * self.clock.limit
-        self.relaxed = {pl: relaxed_bound(i.layers, i.num_ranks, pl, i.m, i.recompute, budget=i.budget,
-                                          optimizer=i.optimizer, deadline=deadline, shard=i.shard)
-                        for pl, space in self.spaces.items() if not space.exhaustive}
 
     @property
     def best_value(self) -> float:

@@ -14,7 +14,8 @@ For each rank of a cut, whatever the schedule (``zbsearch.bounds`` proves each f
   (``rank_memory_span_lower_bounds``); its span is at least busy plus that idle time.
 
 A cut one of whose ranks cannot hold one microbatch's activations has no schedule and is left
-out, as ``search.Cuts`` leaves it out.
+out, as ``search.Cuts`` leaves it out. For the makespan, a rank's bound starts once the forwards
+of one microbatch have reached it.
 
 Each rank's bound depends only on its own units and on where the stages after its first end
 (one stage per rank: the units after its stage; the V: the units from its first piece on and
@@ -105,12 +106,15 @@ def min_max_cut(w: list[float], stages: int) -> tuple[int, ...]:
 
 def relaxed_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none", *,
                   budget: float | None = None, optimizer: str = "adamw", deadline: float | None = None,
-                  shard: int | None = None) -> float:
+                  objective: str = "span", shard: int | None = None) -> float:
     """A lower bound on the span of every schedule of every cut of this placement within
     ``budget`` bytes per rank (None: unlimited; parameters, gradients and optimizer state as
-    ``optimizer`` counts them), recomputing as ``recompute`` allows (see the module); inf
-    where no cut fits. ``deadline`` (``time.monotonic()``): past it, the busiest rank's work only."""
-    ranks = RankBounds(layers, num_ranks, placement, m, recompute, budget, optimizer, deadline, shard)
+    ``optimizer`` counts them, sharded over ``shard`` data-parallel ranks where given),
+    recomputing as ``recompute`` allows (see the module); inf where no cut fits. ``objective``
+    "makespan": on the makespan, each rank's bound after the forwards of one microbatch reach it
+    (every other objective is at least the span).
+    ``deadline`` (``time.monotonic()``): past it, the busiest rank's work only."""
+    ranks = RankBounds(layers, num_ranks, placement, m, recompute, budget, optimizer, deadline, objective, shard)
     try:
         return ranks.least()
     except _Late:
@@ -138,8 +142,9 @@ class RankBounds:
 
     def __init__(self, layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none",
                  budget: float | None = None, optimizer: str = "adamw", deadline: float | None = None,
-                 shard: int | None = None) -> None:
+                 objective: str = "span", shard: int | None = None) -> None:
         self.layers, self.P, self.placement, self.m = layers, num_ranks, placement, m
+        self.makespan = objective == "makespan"  # ``least`` bounds the makespan: each rank from when it can start
         self.recompute, self.budget, self.optimizer, self.deadline = recompute, budget, optimizer, deadline
         self.shard = shard
         self.N = n = layers.num_units
@@ -220,7 +225,7 @@ class RankBounds:
                     if self.m * (self.pre_w[hi] - self.pre_w[lo]) > cap:
                         break  # busier still further on
                     fill = self.forward(lo, N) + self.backward(hi, N) + 2 * after * self.link
-                    v = max(so_far, self.rank([(lo, hi)], fill))
+                    v = max(so_far, self.start(lo, r) + self.rank([(lo, hi)], fill))
                     if v <= cap and v < nxt.get(hi, math.inf):
                         nxt[hi] = v
             best = nxt
@@ -248,7 +253,7 @@ class RankBounds:
                         # the fill path: forward from the first piece to the last stage, backward to
                         # the second piece; every link crossed but the V's turn (on one rank)
                         fill = self.forward(a, N) + self.backward(d, N) + (2 * P - 2) * self.link
-                        v = max(so_far, self.rank([(a, b), (c, d)], fill))
+                        v = max(so_far, self.start(a, r) + self.rank([(a, b), (c, d)], fill))
                         if v <= cap and v < nxt.get((b, c), math.inf):
                             nxt[(b, c)] = v
             best = nxt
@@ -256,6 +261,11 @@ class RankBounds:
 
     def forward(self, lo: int, hi: int) -> float:
         return self.pre_f[hi] - self.pre_f[lo]
+
+    def start(self, lo: int, r: int) -> float:
+        """For the makespan, the earliest rank r's first stage (from unit ``lo``) can start: the
+        forwards of the units before it and the r links on the way; 0 for the span."""
+        return self.pre_f[lo] + r * self.link if self.makespan else 0.0
 
     def backward(self, lo: int, hi: int) -> float:
         return self.pre_b[hi] - self.pre_b[lo]
@@ -274,8 +284,10 @@ class RankBounds:
         return out
 
     def cut_value(self, counts: tuple[int, ...]) -> float:
-        """The largest rank bound of the cut ``counts``: a cap for the program (the least is no larger)."""
-        return max(self.of_cut(counts))
+        """The largest rank bound of the cut ``counts`` (for the makespan, each from when its rank
+        can start): a cap for the program (the least is no larger)."""
+        pieces = rank_pieces(counts, self.placement)
+        return max(self.start(ps[0][0], r) + b for r, (ps, b) in enumerate(zip(pieces, self.of_cut(counts))))
 
 
 def _forward_room(ranks: RankBounds, pieces: list[tuple[int, int]], room: float) -> float:
