@@ -26,8 +26,8 @@ from itertools import permutations
 
 from .actions import Action, Op
 
-__all__ = ["Reduction", "lane", "last_backward", "lane_floors", "iteration_floor", "reduction_time", "with_reductions",
-           "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
+__all__ = ["Reduction", "lane", "lane_runs", "last_backward", "lane_floors", "iteration_floor", "reduction_time",
+           "with_reductions", "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
 
 Reduction = tuple[int, float, float]  # (stage, start, end), ms
 
@@ -43,17 +43,27 @@ def last_backward(row: Sequence[Action]) -> dict[int, int]:
     return dict(sorted(last.items(), key=lambda kv: kv[1]))
 
 
+def lane_runs(ready: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """When a lane runs its reductions, given each one's (ready time, duration) in the order
+    they become ready: one at a time, each from its ready time or the previous one's end.
+    (start, end) of each, in that order."""
+    free = 0.0
+    out = []
+    for at, took in ready:
+        start = at if at > free else free
+        free = start + took
+        out.append((start, free))
+    return out
+
+
 def lane(row: Sequence[Action], ends: Sequence[float], t_reduce: Sequence[float],
          t_opt: Sequence[float]) -> tuple[list[Reduction], float]:
     """One rank's reductions (stage, start, end) and the end of its iteration, from its action
     list and the end of each action (module docstring)."""
-    free = 0.0
-    out: list[Reduction] = []
-    for s, i in last_backward(row).items():
-        start = max(free, ends[i])
-        free = start + t_reduce[s]
-        out.append((s, start, free))
-    finish = max([free, *ends[-1:]])
+    last = last_backward(row)
+    runs = lane_runs([(ends[i], t_reduce[s]) for s, i in last.items()])
+    out = [(s, start, end) for s, (start, end) in zip(last, runs)]
+    finish = max([*(end for _, end in runs[-1:]), *ends[-1:]], default=0.0)
     stages = {a.stage for a in row}
     return out, finish + sum(t_opt[s] for s in stages)
 

@@ -85,10 +85,11 @@ class _Grid:
 
     # ---- W passes ------------------------------------------------------------------------
 
-    def place_w(self, split: bool) -> None:
-        """Each device's W passes into its free units, one per backward already run, oldest
-        first (``split``: a W of chunk 1 before one of chunk 0); those left over at the end."""
-        for i in range(self.p):
+    def place_w(self, split: bool, device: int | None = None) -> None:
+        """Each device's W passes (``device``'s only, where given: they depend on its own
+        passes alone) into its free units, one per backward already run, oldest first
+        (``split``: a W of chunk 1 before one of chunk 0); those left over at the end."""
+        for i in range(self.p) if device is None else (device,):
             busy = {u: k for k in range(4) for u in self.units[i][k]}
             end = max(busy)
             owed = {1: 0, 0: 0}  # by chunk
@@ -130,7 +131,8 @@ class _Grid:
             elif u in freeing or (not self.w[i] and owed):
                 cur -= 1
                 owed -= 1
-            top = max(top, cur)
+            if cur > top:
+                top = cur
         return top
 
     # ---- squeezing -----------------------------------------------------------------------
@@ -181,7 +183,7 @@ class _Grid:
                     break
                 self.units[i][k][j] = now
             if with_w and self.units[i][k][j] != now:
-                self.place_w(split=False)  # the W passes follow the backwards they owe
+                self.place_w(split=False, device=i)  # its W passes follow the backwards they owe
                 occupied[i] = {self.units[i][kk][jj] for kk in range(4) for jj in range(self.m)} | {x for x, _ in self.w[i]}
 
     # ---- the order -----------------------------------------------------------------------

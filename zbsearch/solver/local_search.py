@@ -42,6 +42,7 @@ import time
 from ..actions import RECOMPUTES, Action, Op
 from ..dependencies import edge_delay, must_precede, predecessors
 from ..limits import allowance
+from ..reductions import lane_runs
 from ..tolerances import REL_TOL
 from .problem import Problem
 
@@ -163,9 +164,7 @@ class _Model:
                     continue
                 ready = sorted((max(e for k in ks if (e := end[k]) is not None), t) for ks, t in self.lane[r]
                                if any(end[k] is not None for k in ks))
-                busy = 0.0
-                for at, t in ready:
-                    busy = max(busy, at) + t
+                busy = lane_runs(ready)[-1][1] if ready else 0.0
                 mine = max(free[r], busy) + self.opt[r] - first[r]
                 value, each = max(value, mine), each + mine
             return value, each
