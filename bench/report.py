@@ -1201,7 +1201,13 @@ def tune(docs: list[dict]) -> list[str]:
                  f"{d['predicted_ms']:.4g}", ", ".join(f"{x:.4g}" for x in d["measured_ms"])]]
         out += _table(["run", "configuration", "layers per stage", "predicted (ms)", "measured per round (ms)"], rows)
         out += [f"- Speed-up predicted {real['predicted_speedup']:.3f}x, measured {real['measured_speedup']:.3f}x "
-                f"({_pct(real['error'], 1)}; target within 5%: {'met' if abs(real['error']) <= 0.05 else 'not met'}).", ""]
+                f"({_pct(real['error'], 1)}; target within 5%: {'met' if abs(real['error']) <= 0.05 else 'not met'})."]
+        if "busy_ms" in real:
+            b = real["busy_ms"]
+            out += [f"- The 4 processes share {real['cores']} cores: the compute of all ranks together, tuned "
+                    f"{b['tuned']:.4g} ms and torchtitan {b['torchtitan']:.4g} ms per step, predicts the speed-up where the "
+                    f"ranks wait for cores rather than for each other: {real['work_speedup']:.3f}x."]
+        out.append("")
     return out
 
 

@@ -86,6 +86,8 @@ def exact(args) -> dict:
         ("8b-128k", 16, 16, 24, 128, "mixed", True),
         ("9b-256k", 20, 16, 32, 64, "mixed", False),
         ("13b-32k", 24, 16, 40, 128, "mixed", True),
+        ("7b-32k", 16, 16, 80, 256, "mixed", True),  # memory to spare: few stages
+        ("13b-32k", 24, 16, 14, 64, "mixed", False),  # tight: many stages, recomputation
     ]
     rows = []
     for name, layers, ranks, mem, batch, optimizer, sharded in grids:
@@ -236,6 +238,10 @@ def real(args) -> dict:
                    "1f1b", titan.source, tuple(titan.units_per_stage))
         ev = evaluate(Task(c, on_cluster(sized.at(c.b), c.mesh, cl), cl, OptimizerSetup("adamw"), 1.0, 0.0))
         assert ev.schedule is not None and abs(ev.costed.iteration - titan.iteration_ms) < 1e-6 * titan.iteration_ms
+        from zbsearch.prediction import timeline
+
+        # the compute of every rank together: what the steps take where the ranks share fewer cores than they are
+        busy = {"tuned": sum(timeline(tuned.schedule).busy) * win.dp, "torchtitan": sum(timeline(ev.schedule).busy) * titan.dp}
         save_schedule(tuned.schedule, tmp / "tuned.json")
         save_schedule(ev.schedule, tmp / "titan.json")
         runs = {"tuned": (tmp / "tuned.json", win, None), "torchtitan": (tmp / "titan.json", titan, titan.layers_per_stage)}
@@ -266,6 +272,7 @@ def real(args) -> dict:
                                "layers_per_stage": titan.layers_per_stage, "recompute": titan.recompute,
                                "predicted_ms": titan.iteration_ms, "measured_ms": measured["torchtitan"]},
                 "predicted_speedup": predicted, "measured_speedup": got, "error": got / predicted - 1,
+                "busy_ms": busy, "work_speedup": busy["torchtitan"] / busy["tuned"], "cores": os.cpu_count(),
                 "steps": args.real_steps, "warmup": args.real_warmup, "rounds": args.real_rounds}
 
 

@@ -69,6 +69,7 @@ def main() -> None:
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
 
+    stage_layers(zb.load_schedule(args.schedule), args.layers_per_stage)  # a cut that does not fit: before any process
     run_under_torchrun(lambda device: run(args, device))
 
 

@@ -104,3 +104,36 @@ def test_the_tuner_and_its_worker_import_no_torch():
     code = "import sys, zbsearch.tuner, zbsearch.tuner.worker, zbsearch.tuner.launch; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
+
+
+@pytest.mark.slow  # torchrun starts 4 processes
+def test_train_gpt_runs_a_planned_cut_exactly(tmp_path, capsys):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from zbsearch.formats.edit import updated
+    from zbsearch.formats.partition import Partition
+    from zbsearch.formats.schedule import save_schedule
+
+    root = Path(__file__).resolve().parents[2]
+    sched = zb.build_classic("1f1b", zb.load_profile("unit-p4"), 4)
+    sched = zb.build_classic("1f1b", sched.profile.model_copy(update={"stages": sched.profile.stages[:2]}), 4)
+    units = ["embedding", *(f"layer.{i}" for i in range(5)), "head"]
+    part = Partition(layers="gpt", units=units, kinds=["embedding", *["layer"] * 5, "head"], placement="one",
+                     stages=[units[:5], units[5:]], optimizer="adamw", static_bytes=[0, 0], activation_bytes=[0, 0],
+                     value=1.0, lower_bound=1.0, gap=0.0, placements_searched=["one"])
+    path = tmp_path / "plan.json"
+    save_schedule(updated(sched, partition=part), path)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+                        str(root / "examples" / "train_gpt.py"), str(path), "--dp", "2", "--steps", "2", "--check",
+                        "--seq", "16", "--vocab", "96", "--heads", "2", "-b", "2"],
+                       capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    diffs = [float(line.split("= ")[1].split()[0]) for line in r.stdout.splitlines() if "max |grad - one process|" in line]
+    assert len(diffs) == 4 and max(diffs) < 1e-5
+    assert "over stages [0]" in r.stdout and "over stages [1]" in r.stdout
+    bad = subprocess.run([sys.executable, str(root / "examples" / "train_gpt.py"), str(path), "--layers-per-stage", "2,2"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode != 0 and "differs from the plan's cut [4, 1]" in bad.stderr
