@@ -15,8 +15,15 @@ over 1F1B the iteration keeps.
 Target: the iteration-aware schedule never slower than the span-optimal one with its
 reductions; the remaining gap to the bound at most 2%.
 
+Solve time (--speed, on by default): one iteration-aware solve from scratch (no start), with
+reductions across 64 replicas at 25 GB/s (the longest of the sweep), on one stage per rank
+and on the V: the 1.5B and 6.2B profiles at p=8, m=24 with 10 s (target: within 1% of the
+bound), the 28.3B profile at p=32, m=256 with 60 s (target: a valid schedule, validated
+again here, within the limit); wall time as the caller sees it.
+
 Saves bench/results/iteration.json.
 Run: PYTHONPATH=. python bench/iteration.py [--time-limit 10] [--replicas 8 16 64] [--bandwidth 25 50 100]
+     [--no-sweep] [--no-speed]
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ import zbsearch as zb
 from zbsearch.reductions import gain_kept, with_reductions
 from zbsearch.solver import solve
 
-PARAMS = {"1.5b-m24": 1.5e9, "6.2b-m24": 6.2e9}
+PARAMS = {"1.5b-m24": 1.5e9, "6.2b-m24": 6.2e9, "28.3b-m256": 28.3e9}
 M = 24
+# (profile, m, seconds, target gap or None: a valid schedule within the limit is the target)
+SPEED = (("1.5b-m24", 24, 10.0, 0.01), ("6.2b-m24", 24, 10.0, 0.01), ("28.3b-m256", 256, 60.0, None))
 
 
 def iteration_of(sched: zb.Schedule) -> tuple[float, float]:
@@ -40,17 +49,43 @@ def iteration_of(sched: zb.Schedule) -> tuple[float, float]:
     return max(pred.span), max(pred.iteration)
 
 
+def speed() -> list[dict]:
+    """The solve-time targets (module docstring)."""
+    from zbsearch.validator import validate
+
+    out = []
+    for name, m, limit, target in SPEED:
+        base = zb.resolve_profile(name)
+        prof = with_reductions(base, 64, 25.0, [2 * PARAMS[name] / base.num_stages] * base.num_stages)
+        for chunks in (1, 2):
+            t0 = time.perf_counter()
+            res = solve(prof, m, "2p", chunks=chunks, time_limit=limit)
+            wall = time.perf_counter() - t0
+            validate(res.schedule)  # raises if it could not run as written
+            row = {"model": name, "ranks": base.num_stages, "m": m, "chunks": chunks, "time_limit_s": limit,
+                   "wall_s": wall, "solver_time_s": res.info.time_s, "value_ms": res.info.value,
+                   "bound_ms": res.info.lower_bound, "gap": res.info.gap, "status": res.info.status,
+                   "construction": res.info.construction, "target_gap": target,
+                   "met": wall <= limit * 1.1 + 1 and (target is None or res.info.gap <= target)}
+            out.append(row)
+            print(f"speed {name} p={base.num_stages} m={m} {'V' if chunks == 2 else 'one'}: {wall:.1f} s (limit {limit:g}), "
+                  f"gap {res.info.gap:.2%} {res.info.status}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per solve")
     ap.add_argument("--replicas", type=int, nargs="+", default=[8, 16, 64])
     ap.add_argument("--bandwidth", type=float, nargs="+", default=[25.0, 50.0, 100.0])
-    ap.add_argument("--models", nargs="+", default=list(PARAMS))
+    ap.add_argument("--models", nargs="+", default=["1.5b-m24", "6.2b-m24"])
+    ap.add_argument("--no-sweep", action="store_true", help="only the solve-time targets")
+    ap.add_argument("--no-speed", action="store_true", help="without the solve-time targets")
     ap.add_argument("-o", "--output", default="iteration")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = []
-    for name in args.models:
+    for name in [] if args.no_sweep else args.models:
         base = zb.resolve_profile(name)
         for n in args.replicas:
             for gbs in args.bandwidth:
@@ -77,8 +112,9 @@ def main() -> None:
                           f"span-opt {row['schedules']['span']['iteration_ms']:.2f}  iteration-opt "
                           f"{row['schedules']['iteration']['iteration_ms']:.2f}  gain {row['gain_ms']:.2f} ms  gap "
                           f"{row['iteration_gap']:.2%}", flush=True)
-    save({"m": M, "limit": "2p", "time_limit_s": args.time_limit, "rows": rows, "wall_s": time.perf_counter() - t0},
-         args.output)
+    speeds = [] if args.no_speed else speed()
+    save({"m": M, "limit": "2p", "time_limit_s": args.time_limit, "rows": rows, "speed": speeds,
+          "wall_s": time.perf_counter() - t0}, args.output)
 
 
 if __name__ == "__main__":
