@@ -105,14 +105,20 @@ def rank_span_lower_bounds(cost: CostModel, num_microbatches: int) -> list[float
     out = []
     for r in range(cost.num_ranks):
         rel, tail = _rank_paths(cost, r, preds)
-        best = 0.0
-        for q in range(cost.num_ranks):
-            jobs = [(rel[n], cost.time(*n), tail[n]) for n in preds
-                    if cost.stage_to_rank[n[0]] == q and rel[n] > _NEG and tail[n] > _NEG]
-            if jobs:
-                best = max(best, _carlier(jobs, num_microbatches))
-        out.append(best)
+        out.append(_best_carlier(cost, preds, rel, tail, num_microbatches))
     return out
+
+
+def _best_carlier(cost: CostModel, preds, rel, tail, num_microbatches: int) -> float:
+    """The best Carlier bound over the pass types of any one rank, given each type's release
+    (``rel``) and tail (``tail``); 0 where no rank has a type with both."""
+    best = 0.0
+    for q in range(cost.num_ranks):
+        jobs = [(rel[n], cost.time(*n), tail[n]) for n in preds
+                if cost.stage_to_rank[n[0]] == q and rel[n] > _NEG and tail[n] > _NEG]
+        if jobs:
+            best = max(best, _carlier(jobs, num_microbatches))
+    return best
 
 
 def span_lower_bound(cost: CostModel, num_microbatches: int) -> float:
@@ -652,13 +658,7 @@ def rank_backward_end_lower_bounds(cost: CostModel, num_microbatches: int) -> li
         mine: dict[int, float] = {}
         for s in stages:
             tail = _tails(cost, {(s, Op.W)}, preds)
-            best = 0.0
-            for q in range(cost.num_ranks):
-                jobs = [(rel[n], cost.time(*n), tail[n]) for n in preds
-                        if cost.stage_to_rank[n[0]] == q and rel[n] > _NEG and tail[n] > _NEG]
-                if jobs:
-                    best = max(best, _carlier(jobs, num_microbatches))
-            mine[s] = best
+            mine[s] = _best_carlier(cost, preds, rel, tail, num_microbatches)
         out.append(mine)
     return out
 
