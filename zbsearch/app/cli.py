@@ -744,8 +744,8 @@ def tune(
     sizes: str | None = typer.Option(None, "--microbatch-sizes", "-b", help="sizes to search, e.g. 1,2,4 (default: "
                                      "those measured; others interpolated)"),
     placement: str = typer.Option("auto", "--placement", help="one, v or auto (both)"),
-    recompute: str | None = typer.Option(None, "--recompute", help="modes to search: none, auto, or none,auto "
-                                         "(default: both where the profile has recomputation costs)"),
+    recompute: str | None = typer.Option(None, "--recompute", help="modes to search: none, auto, full, comma-"
+                                         "separated (default: auto where the profile has recomputation costs, else none)"),
     time_limit: float = typer.Option(300.0, "--time-limit", "-t", min=1.0, help="seconds for the whole search"),
     plan_time: float | None = typer.Option(None, "--plan-time", min=0.1, help="most seconds one configuration's plan "
                                            "takes (default: its share of the time left)"),

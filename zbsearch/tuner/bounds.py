@@ -12,6 +12,9 @@ schedule, recomputing as the configuration allows:
   pass and steps its parameters, so the longest rank takes at least m times all units' least
   compute plus every unit's optimizer step, over the pipeline ranks, plus the least reduction.
 
+With one stage (``pp = 1``) the rank computes every unit's m microbatches, then reduces all the
+gradients and steps: the bound is that sum.
+
 A configuration does not fit where even its pieces cannot: on every rank the parameters,
 gradients, optimizer state and one microbatch's activations of each of its stages must fit (a
 stage's backward needs its whole forward's activations, whatever is recomputed). Cutting the
