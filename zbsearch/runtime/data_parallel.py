@@ -85,7 +85,8 @@ def refuse_wrapped(stage: int, module: nn.Module) -> None:
     if isinstance(module, FullyShardedDataParallel):
         raise PipelineError(
             f"stage {stage} is wrapped in FullyShardedDataParallel (FSDP1), which the pipeline's split backward cannot "
-            f"drive: pass the module itself and data_group=... or mesh=..., and the runtime reduces the gradients"
+            f"drive: shard the module with fully_shard (FSDP2) instead, or pass it unwrapped with data_group=... or "
+            f"mesh=..., and the runtime reduces the gradients"
         )
 
 
