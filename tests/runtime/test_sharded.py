@@ -124,6 +124,20 @@ def test_a_stage_sharded_in_part_is_refused_in_one_line(one_rank):
     assert "\n" not in str(err.value)
 
 
+def test_a_stage_wrapped_in_fsdp1_is_refused_in_one_line(one_rank):
+    import warnings
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    sched = zb.build_classic("zb-h1", uniform_profile(1), 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FSDP1's deprecation and CPU notices
+        wrapped = FullyShardedDataParallel(nn.Linear(2, 2), device_id=torch.device("cpu"))
+    with pytest.raises(PipelineError, match=r"stage 0 is wrapped in FullyShardedDataParallel \(FSDP1\).*fully_shard") as err:
+        PipelineRuntime(sched, {0: wrapped}, toy_loss)
+    assert "\n" not in str(err.value)
+
+
 def _bad(rank: int, world: int, send, how: str) -> str:
     if how == "tensor-parallel":  # PP1 x DP2 (sharded) x TP2: the built-in GPT's plan, then fully_shard
         from zbsearch.models import GPTConfig, gpt_loss, gpt_stages
