@@ -186,8 +186,6 @@ class PlanInputs:
         if objective not in ("span", "makespan", "iteration"):
             raise ZbError(f"objective must be 'span', 'makespan' or 'iteration', not {objective!r}")
         _check_recompute(layers, recompute)
-        if shard is not None and (isinstance(shard, bool) or not isinstance(shard, int) or shard < 1):
-            raise ZbError(f"shard must be a positive whole number of data-parallel ranks, not {shard!r}")
         return cls(layers, num_ranks, m, budget, places, optimizer, objective, milp, recompute, data_parallel, shard)
 
     def cuts(self, placement: Placement) -> Cuts:

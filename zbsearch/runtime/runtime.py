@@ -53,6 +53,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from ..actions import Action, Op
 from ..dependencies import remote_input
 from ..distributed import heap
+from ..distributed.mesh import mesh_sizes
 from ..distributed.timeouts import PEER_TIMEOUT_S
 from ..formats.schedule import Schedule
 from ..formats.trace import Trace
@@ -203,26 +204,31 @@ class PipelineRuntime:
         self.data_group = data_groups[0] if len(data_groups) == 1 else None  # one group: the replicas'
         self._data_groups = data_groups
         self.replicas = math.prod(dist.get_world_size(g) for g in data_groups)
-        sharded = sorted(s for s, m in self.stages.items() if fsdp_modules(m))
-        if mesh is not None and mesh_sizes_of(mesh).dp_shard > 1 and not sharded:
+        sharded = any(fsdp_modules(m) for m in self.stages.values())
+        shards = mesh_sizes(mesh).dp_shard if mesh is not None else 1
+        if shards > 1 and not sharded:
             raise PipelineError(
-                f"the mesh shards data parallelism over {mesh_sizes_of(mesh).dp_shard} ranks (dp_shard), but rank "
+                f"the mesh shards data parallelism over {shards} ranks (dp_shard), but rank "
                 f"{self.rank}'s stages are not sharded: apply fully_shard(stage, mesh=mesh['dp_shard']) to each stage "
                 f"(its layers first), or put the replicas in dp_replicate"
             )
         for g in data_groups:
             check_replicas(g, self.schedule, self.stages, self.rank, timeout)
         self._dp: GradientReducer | ShardedStages | None = None
-        self._sharded = bool(sharded)
-        if sharded:  # FSDP reduces (sums) across the whole data-parallel dimension, driven by the runtime
-            self._dp = ShardedStages(self.stages, self.replicas, timeout)
+        # FSDP reduces (sums) across the whole data-parallel dimension, driven by the runtime
+        self._sharded = ShardedStages(self.stages, self.replicas) if sharded else None
+        if self._sharded is not None:
+            self._dp = self._sharded
         elif data_groups:
             if len(data_groups) > 1:
                 raise PipelineError("replicated stages take one data-parallel group (data_group=), not several")
             order = [s for _, s in sorted((i, s) for i, s in self._done_at.items())]
             self._dp = GradientReducer(self.stages, order, data_groups[0], timeout, bucket_bytes)
         # each stage's first action, where a sharded stage needs its gathered parameters: position -> stage
-        self._first_at = {i: s for s, i in {a.stage: i for i, a in reversed(list(enumerate(self._actions)))}.items()}
+        first: dict[int, int] = {}
+        for i, a in enumerate(self._actions):
+            first.setdefault(a.stage, i)
+        self._first_at = {i: s for s, i in first.items()}
         self.loss_normalization = loss_normalization
         self._count_tokens = count_tokens or _labelled_tokens
         # d(step loss)/d(microbatch loss): the mean over every replica's microbatches
@@ -299,8 +305,8 @@ class PipelineRuntime:
         try:
             return self._step(mb_inputs, mb_targets)
         except BaseException as err:  # incl. KeyboardInterrupt: the peers are out of step either way
-            if isinstance(self._dp, ShardedStages):
-                self._dp.abort()
+            if self._sharded is not None:
+                self._sharded.abort()
             self._failure = f"unusable after a failed step ({first_line(err)})"
             raise
 
@@ -315,7 +321,7 @@ class PipelineRuntime:
         ckpts: dict[tuple[int, int], Checkpoint] = {}  # F done checkpointed, R to come
         selections: dict[tuple[int, int], Selection] = {}  # F done selectively checkpointed, RS to come
         local: dict[tuple[str, int, int], list] = {}
-        sharded = self._dp if isinstance(self._dp, ShardedStages) else None
+        sharded = self._sharded
         if sharded is not None:  # gather every sharded stage's parameters, kept until its last backward
             sharded.begin_step()
         for pos, a in enumerate(self._actions):
@@ -555,7 +561,7 @@ def _mesh_groups(mesh: DeviceMesh, group, data_group) -> tuple[dist.ProcessGroup
     replicated, then sharded, each where its size is above one."""
     if group is not None or data_group is not None:
         raise PipelineError("give either mesh= or the groups (group=, data_group=), not both")
-    sizes = mesh_sizes_of(mesh)
+    sizes = mesh_sizes(mesh)
     names = mesh.mesh_dim_names or ()
     if "pp" not in names:
         raise PipelineError(f"the mesh has no 'pp' dimension (its dimensions: {', '.join(names) or 'unnamed'})")
@@ -563,9 +569,3 @@ def _mesh_groups(mesh: DeviceMesh, group, data_group) -> tuple[dist.ProcessGroup
     data = [mesh[d].get_group() for d in ("dp_replicate", "dp_shard") if getattr(sizes, d) > 1]
     return pp, data
 
-
-def mesh_sizes_of(mesh: DeviceMesh):
-    """The mesh's sizes (``distributed.mesh.mesh_sizes``)."""
-    from ..distributed.mesh import mesh_sizes
-
-    return mesh_sizes(mesh)

@@ -67,9 +67,7 @@ class ShardedStages:
     data-parallel dimension, over which FSDP's mesh must reduce.
     """
 
-    def __init__(self, stages: Mapping[int, nn.Module], data_size: int, timeout: float) -> None:
-        self.timeout = timeout
-        self.size = data_size
+    def __init__(self, stages: Mapping[int, nn.Module], data_size: int) -> None:
         self._modules = {s: fsdp_modules(m) for s, m in stages.items()}
         for s, module in stages.items():
             mods = self._modules[s]
@@ -81,7 +79,7 @@ class ShardedStages:
                         f"rank, or none"
                     )
                 continue
-            managed = {id(fp.sharded_param) for m in mods for g in _groups(m) for fp in g.fsdp_params}
+            managed = {id(fp.sharded_param): fp for m in mods for g in _groups(m) for fp in g.fsdp_params}
             loose = [n for n, p in trainable if id(p) not in managed]
             if loose:
                 raise PipelineError(
@@ -89,9 +87,7 @@ class ShardedStages:
                     f"apply fully_shard to the stage module itself too (after its layers), so that FSDP reduces every "
                     f"gradient"
                 )
-            tp = next((n for n, p in module.named_parameters() if p.requires_grad and
-                       any(fp.is_dtensor and fp.sharded_param is p for m in mods for g in _groups(m) for fp in g.fsdp_params)),
-                      None)
+            tp = next((n for n, p in trainable if managed[id(p)].is_dtensor), None)
             if tp is not None:
                 raise PipelineError(
                     f"stage {s} is both tensor-parallel and sharded with fully_shard (parameter {tp!r}): not supported by "
@@ -163,11 +159,11 @@ class ShardedStages:
     def finish(self) -> list[int]:
         """Wait for the reductions of this step (FSDP's end-of-backward callback per root) and
         return the stages in the order they were started."""
+        from torch.distributed.fsdp import fully_shard
+
         done = sorted(self._started, key=self._started.__getitem__)
         for s in done:
             for root in self._roots[s]:
-                from torch.distributed.fsdp import fully_shard
-
                 fully_shard.state(root)._root_post_backward_final_callback()  # type: ignore[attr-defined]
         now = time.perf_counter()
         self.last_step = [(s, self._started[s], self._ended[s] if self._on_host else now) for s in done]
