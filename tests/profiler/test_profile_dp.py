@@ -15,11 +15,15 @@ from zbsearch.profiler.gradients import gradient_bytes, optimizer_step_ms
 from zbsearch.solver import solve
 
 
+def _profile(*extra: str) -> subprocess.CompletedProcess:
+    """``zbsearch profile`` of a small built-in GPT on 2 stages, quickly, with ``extra`` options."""
+    return subprocess.run([*cli_command(), "profile", "--builtin", "gpt", "--layers", "4", "--hidden", "64", "--seq", "32",
+                           "-b", "2", "--stages", "2", "--repeat", "3", "--rounds", "1", "--warmup", "1", "--threads", "1",
+                           *extra], capture_output=True, text=True)
+
 def test_profile_with_replicas_prices_each_stages_all_reduce_and_step(tmp_path):
     out = tmp_path / "p.json"
-    r = subprocess.run([*cli_command(), "profile", "--builtin", "gpt", "--layers", "4", "--hidden", "64", "--seq", "32",
-                        "-b", "2", "--stages", "2", "--repeat", "3", "--rounds", "1", "--warmup", "1", "--threads", "1",
-                        "--dp", "8", "--dp-bandwidth", "10", "-o", str(out)], capture_output=True, text=True)
+    r = _profile("--dp", "8", "--dp-bandwidth", "10", "-o", str(out))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     # the stages' trainable parameters, counted here from the model itself (float32)
@@ -90,9 +94,7 @@ def test_measured_reductions_are_recorded_with_their_spread_and_survive_a_file(t
 @pytest.mark.slow
 def test_profile_with_replicas_and_no_bandwidth_times_each_reduction_on_local_processes(tmp_path):
     out = tmp_path / "p.json"
-    r = subprocess.run([*cli_command(), "profile", "--builtin", "gpt", "--layers", "4", "--hidden", "64", "--seq", "32",
-                        "-b", "2", "--stages", "2", "--repeat", "3", "--rounds", "1", "--warmup", "1", "--threads", "1",
-                        "--dp", "2", "--name", "measured", "-o", str(out)], capture_output=True, text=True)
+    r = _profile("--dp", "2", "--name", "measured", "-o", str(out))
     assert r.returncode == 0, r.stderr
     prof = zb.load_profile(out)
     dp = prof.data_parallel
