@@ -337,10 +337,17 @@ def test_importing_zbsearch_is_cheap_and_every_public_name_resolves():
     assert declared == {(mod, name) for name, mod in zb._SOURCES.items()}
 
 
+def _interruptible() -> None:
+    """Ctrl-C as a terminal delivers it, even where the tests themselves run in a background job
+    (a shell starts those with SIGINT ignored, and Python then keeps ignoring it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_exits_130_with_one_line_and_no_file(tmp_path):
     proc = subprocess.Popen([*cli_command(), "solve", "-p", "28.3b-m128", "-m", "128", "-t", "120", "-o", "s.json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=_interruptible)
     time.sleep(10)  # started and solving (an interrupt while Python imports is Python's own)
     assert proc.poll() is None, "finished before the interrupt: pick a longer solve"
     proc.send_signal(signal.SIGINT)
@@ -354,7 +361,7 @@ def test_ctrl_c_exits_130_with_one_line_and_no_file(tmp_path):
 def test_ctrl_c_during_demo_start_up_is_quiet_and_leaves_no_folder(tmp_path):
     # a terminal's Ctrl-C reaches the whole process group: the demo and its worker ranks
     proc = subprocess.Popen([*cli_command(), "demo", "-o", "out"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=tmp_path, start_new_session=True)
+                            text=True, cwd=tmp_path, start_new_session=True, preexec_fn=_interruptible)
     time.sleep(8)
     assert proc.poll() is None
     os.killpg(proc.pid, signal.SIGINT)
