@@ -55,6 +55,16 @@ def test_tune_writes_the_winner_every_command_takes(tmp_path, capsys):
     if sched.partition is not None and best.recomputed == 0:
         args = (out / "torchtitan" / "args.txt").read_text()
         assert f"--parallelism.data_parallel_replicate_degree {best.dp}" in args
+    # the same with the stages sharded over the replicas: what runs them is what was costed
+    sharded = tmp_path / "sharded"
+    code, _, err = _run(capsys, "tune", *_layers(tmp_path, model=gpt), *_BASE, "--shard", "--no-baselines", "-o", sharded)
+    assert code == 0, err
+    res = load_tune(sharded / "tune.json")
+    best, launch = res.winner, Launch.model_validate_json((sharded / "launch.json").read_text())
+    assert res.shard and not res.sharded and best is not None
+    assert ("--shard" in launch.commands[0].split()) == (best.dp > 1)
+    if launch.torchtitan_args is not None:
+        assert f"--parallelism.data_parallel_shard_degree {best.dp}" in " ".join(launch.torchtitan_args)
     by_tokens = [x if x != "-g" else "--global-tokens" for x in _BASE]
     by_tokens[by_tokens.index("--global-tokens") + 1] = str(16 * 128)  # the same 16 sequences of 128 tokens
     code, text, _ = _run(capsys, "tune", *_layers(tmp_path), *by_tokens, "--json", "--no-baselines")
@@ -74,6 +84,7 @@ def test_tune_writes_the_winner_every_command_takes(tmp_path, capsys):
     (["--memory", "lots"], "cannot read the byte budget 'lots'"),
     (["--intra-gbs", "0"], "cluster: intra_node_gbs"),
     (["--global-tokens", "2048"], "give the global batch once"),
+    (["--sharded", "--shard"], "not both"),
 ])
 def test_bad_tunes_are_one_line_and_write_nothing(tmp_path, capsys, args, words):
     out = tmp_path / "out"

@@ -65,10 +65,29 @@ def test_replicated_bytes_are_the_planners(name):
     assert sh.static_bytes(1000, 4000.0, 8) == pytest.approx(whole - state + state / 8 + grads)
 
 
-@pytest.mark.parametrize("name, sharded, dp", [("adamw", False, 4), ("mixed", True, 8), ("sgd", True, 2), ("mixed", False, 1)])
-def test_plan_view_holds_the_bytes_and_reductions_the_tuner_costs(name, sharded, dp):
+@pytest.mark.parametrize("name", ["sgd", "adamw", "mixed"])
+@pytest.mark.parametrize("dp", [2, 3, 8])
+def test_fully_sharded_stages_hold_whole_working_copies_and_a_share_of_the_rest(name, dp):
+    # at a step's peak fully_shard's stages hold each parameter and gradient whole (gathered for the
+    # step); stored parameters and optimizer state are sharded over dp; no buckets
+    opt = OptimizerSetup(name, fully_sharded=True)
+    params, pb = 1000, 4000.0
+    want = {"sgd": pb * (2 + 2 / dp), "adamw": pb * (2 + 3 / dp), "mixed": params * (4 + 12 / dp)}[name]
+    assert opt.static_bytes(params, pb, dp) == pytest.approx(want)
+    assert opt.static_bytes(params, pb, 1) == pytest.approx(OptimizerSetup(name).static_bytes(params, pb, 1))
+    assert opt.static_bytes(params, pb, dp) < OptimizerSetup(name, sharded=True).static_bytes(params, pb, dp)
+    assert opt.step_ms(params, pb, dp, 100.0, 10.0) == pytest.approx(
+        OptimizerSetup(name, sharded=True).step_ms(params, pb, dp, 100.0, 10.0))
+    with pytest.raises(ZbError, match="not both"):
+        OptimizerSetup(name, sharded=True, fully_sharded=True)
+
+
+@pytest.mark.parametrize("name, mode, dp", [("adamw", "", 4), ("mixed", "zero1", 8), ("sgd", "zero1", 2), ("mixed", "", 1),
+                                            ("adamw", "fsdp", 4), ("mixed", "fsdp", 2), ("sgd", "fsdp", 1)])
+def test_plan_view_holds_the_bytes_and_reductions_the_tuner_costs(name, mode, dp):
     layers = random_layers(5, 7, tied=False)
-    opt = OptimizerSetup(name, sharded)
+    opt = OptimizerSetup(name, sharded=mode == "zero1", fully_sharded=mode == "fsdp")
+    scatter = mode == "fsdp" and dp > 1  # a reduce-scatter: half an all-reduce's traffic
     view = opt.plan_view(layers, dp)
     mesh, cluster = Mesh(2, dp, 1), Cluster(ranks=2 * dp, ranks_per_node=2 * dp, intra_node_gbs=37.0, inter_node_gbs=5)
     rng = random.Random(1)
@@ -83,7 +102,8 @@ def test_plan_view_holds_the_bytes_and_reductions_the_tuner_costs(name, sharded,
         planned = stage_profile(view, cut, (dp, 37.0 * opt.bandwidth_factor(dp))) if dp > 1 else None
         costed = full_profile(layers, counts, "v", mesh, cluster, opt)
         for s, (lo, hi) in enumerate(cut.bounds):
-            want = reduction_time(sum(opt.grad_bytes(u.params, u.param_bytes) for u in layers.units[lo:hi]), dp, 37.0)
+            want = reduction_time(sum(opt.grad_bytes(u.params, u.param_bytes) for u in layers.units[lo:hi]), dp, 37.0,
+                                  sharded=scatter)
             assert costed.stages[s].t_reduce == pytest.approx(want)
             if planned is not None:
                 assert planned.stages[s].t_reduce == pytest.approx(want)

@@ -736,6 +736,8 @@ def tune(
     tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel degree, as the profiles were measured at"),
     optimizer: str = typer.Option("adamw", "--optimizer", help="sgd, adamw or mixed (16 B/param)"),
     sharded: bool = typer.Option(False, "--sharded", help="optimizer state sharded over the replicas (ZeRO-1)"),
+    shard: bool = typer.Option(False, "--shard", help="stages sharded over the replicas (fully_shard): parameters, "
+                               "gradients and optimizer state"),
     intra: float = typer.Option(150.0, "--intra-gbs", help="GB/s per rank inside a node"),
     inter: float = typer.Option(25.0, "--inter-gbs", help="GB/s per rank between nodes"),
     latency: float | None = typer.Option(None, "--latency-ms", help="pipeline message latency (default: the profile's)"),
@@ -784,7 +786,7 @@ def tune(
     spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED
     with _bar() as bar:
         task = bar.add_task("starting", total=None)
-        tuned = search(profiles, cluster, global_batch, tp=tp, optimizer=optimizer, sharded=sharded,
+        tuned = search(profiles, cluster, global_batch, tp=tp, optimizer=optimizer, sharded=sharded, shard=shard,
                        sizes=_ints(sizes, "--microbatch-sizes"), seq=seq,
                        placements=("one", "v") if placement == "auto" else (placement,),
                        recompute=None if recompute is None else [x.strip() for x in recompute.split(",")],
@@ -842,7 +844,7 @@ def _bar():
 def _tune_tables(res, top: int) -> list[Table]:
     rate = "tokens/s" if res.seq else "seq/s"
     t = Table(title=f"{res.cluster.ranks} ranks, global batch {res.global_batch}, {res.optimizer}"
-                    f"{' sharded' if res.sharded else ''}: fastest first")
+                    f"{' sharded' if res.sharded else ''}{', stages sharded' if res.shard else ''}: fastest first")
     for col in ("#", "pp.dp.tp", "b x m", "place", "recompute", rate, "ms", "bubble", "GiB", "gap", "by"):
         t.add_column(col, justify="right")
     costed = [r for r in res.rows if r.status == "costed"]

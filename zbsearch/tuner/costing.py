@@ -102,7 +102,8 @@ def full_profile(layers: LayerProfile, counts: Sequence[int], placement: str, me
                 t = layers.tied[k]
                 step += opt.step_ms(t.params, t.param_bytes, mesh.dp, cluster.memory_gbs, bw)
         steps.append(step)
-    return with_reductions(prof, mesh.dp, bw, grads, t_opt=steps).model_copy(update={"name": prof.name})
+    return with_reductions(prof, mesh.dp, bw, grads, sharded=opt.reduce_scatters(mesh.dp),
+                           t_opt=steps).model_copy(update={"name": prof.name})
 
 
 def rank_static(layers: LayerProfile, counts: Sequence[int], placement: str, num_ranks: int, opt: OptimizerSetup,
@@ -138,7 +139,7 @@ def unit_reductions(layers: LayerProfile, mesh: Mesh, cluster: Cluster, opt: Opt
     bw = mesh.dp_bandwidth(cluster)
     return [reduction_time(opt.grad_bytes(u.params, u.param_bytes)
                            + sum(opt.grad_bytes(layers.tied[k].params, layers.tied[k].param_bytes) for k in u.tied),
-                           mesh.dp, bw) for u in layers.units]
+                           mesh.dp, bw, opt.reduce_scatters(mesh.dp)) for u in layers.units]
 
 
 def unit_steps(layers: LayerProfile, mesh: Mesh, cluster: Cluster, opt: OptimizerSetup) -> tuple[list[float], float]:

@@ -55,7 +55,7 @@ class Launch(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
-def _trainer(layers: LayerProfile, row: ConfigRow, schedule: str) -> tuple[list[str] | None, str | None]:
+def _trainer(layers: LayerProfile, row: ConfigRow, schedule: str, shard: bool) -> tuple[list[str] | None, str | None]:
     """The example trainer's arguments for the profiled model, or why there is none."""
     model = layers.model or {}
     source = str(model.get("model", ""))
@@ -65,10 +65,13 @@ def _trainer(layers: LayerProfile, row: ConfigRow, schedule: str) -> tuple[list[
         for key in ("layers", "hidden", "heads", "seq", "vocab"):
             if isinstance(model.get(key), int):
                 args += [f"--{key}", str(model[key])]
-        return args, None
+        return args + (["--shard"] if shard and row.dp > 1 else []), None
     if source.startswith("hf ") or source == "zbsearch.models.hf:build":
         if row.tp > 1:
             return None, "examples/train_hf.py runs no tensor parallelism: launch the plan from your own trainer"
+        if shard and row.dp > 1:
+            return None, ("examples/train_hf.py holds its stages whole: shard them with "
+                          "zbsearch.models.sharding.shard_stage in your own trainer")
         return ["examples/train_hf.py", schedule, "--dp", str(row.dp), "-b", str(row.microbatch_size)], None
     return None, (f"no example trainer runs the model of per-layer profile {layers.name!r} ({source or 'unnamed'}): "
                   "build its stages from the schedule's partition in your trainer")
@@ -82,7 +85,7 @@ def launch_of(result: TuneResult, schedule: Schedule, layers: LayerProfile, fold
     cluster = result.cluster
     sched_path = str(folder / "schedule.json")
     notes: list[str] = []
-    args, why = _trainer(layers, row, sched_path)
+    args, why = _trainer(layers, row, sched_path, result.shard)
     commands = []
     if args is not None:
         per_node = min(cluster.ranks, cluster.ranks_per_node)
@@ -94,17 +97,25 @@ def launch_of(result: TuneResult, schedule: Schedule, layers: LayerProfile, fold
             notes.append("set NODE_RANK (0 .. nodes - 1) and MASTER_ADDR (node 0's address) on every node")
     if why:
         notes.append(why)
+    if args is not None and result.sharded and row.dp > 1:
+        notes.append("the example trainers step a replicated optimizer: wrap it in torch's ZeroRedundancyOptimizer "
+                     "(docs/mesh.md) to hold the memory costed")
     titan: list[str] | None = None
     if schedule.partition is None:
         notes.append("torchtitan: the winner has no planned cut of the model's units to export")
     else:
         try:
             exported = torchtitan_export(schedule, str((folder / "torchtitan" / "schedule.csv").resolve()))
-            titan = [*exported.args, "--parallelism.data_parallel_replicate_degree", str(row.dp),
-                     "--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree", str(row.tp)]
+            replicate, shard = (1, row.dp) if result.shard else (row.dp, 1)
+            titan = [*exported.args, "--parallelism.data_parallel_replicate_degree", str(replicate),
+                     "--parallelism.data_parallel_shard_degree", str(shard), "--parallelism.tensor_parallel_degree",
+                     str(row.tp)]
             if result.sharded:
                 notes.append("torchtitan shards with FSDP, not the optimizer state alone: its memory and reductions "
                              "differ from what was costed")
+            elif result.shard and row.dp > 1:
+                notes.append("torchtitan's FSDP reshards parameters between passes by default; the costing holds them "
+                             "gathered for the step, as zbsearch's runtime does")
         except ZbError as e:
             notes.append(f"torchtitan: {e}")
     return Launch(pp=row.pp, dp=row.dp, tp=row.tp, microbatch_size=row.microbatch_size, microbatches=row.microbatches,

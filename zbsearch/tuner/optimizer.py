@@ -1,7 +1,7 @@
 """What the optimizer costs a rank in bytes and in time, replicated or sharded over the replicas.
 
 Bytes per trainable parameter a rank holds (``zbsearch.planner.memory`` for the replicated
-case, the same rule):
+and the fully sharded case, the same rules):
 
 ===========  ======================  ===========================================
 optimizer    replicated              sharded over dp replicas (ZeRO-1)
@@ -14,6 +14,12 @@ optimizer    replicated              sharded over dp replicas (ZeRO-1)
 With several replicas each rank also holds one more copy of its gradients, the flat buckets
 the runtime reduces them in (``docs/mesh.md``). The gradients reduced are the parameters'
 bytes as profiled (16-bit ones under ``mixed``).
+
+Stages ``fully_sharded`` over the replicas (``fully_shard``, as the runtime runs them) hold, at
+the step's peak, each parameter and gradient whole (gathered for the step) and 1/dp of the
+stored parameters and optimizer state (``planner.memory.parameter_bytes`` with ``shard``), no
+buckets; their gradients are reduce-scattered (half an all-reduce's traffic), each replica steps
+its share, and the parameters are gathered again for the next step (priced with the step).
 
 The optimizer step streams its state through device memory once: it reads the parameter, the
 gradient and the state and writes the parameter and the state (``sgd`` 5x the parameter bytes,
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 
 from ..errors import ZbError
 from ..formats.layers import LayerProfile, TiedParams, Unit
+from ..planner.memory import parameter_bytes
 from ..reductions import reduction_time
 
 __all__ = ["OptimizerSetup", "OPTIMIZER_NAMES"]
@@ -46,14 +53,22 @@ _MIXED_KEPT, _MIXED_STATE, _MIXED_STEP = 4.0, 12.0, 28.0  # bytes per parameter
 
 @dataclass(frozen=True)
 class OptimizerSetup:
-    """An optimizer (``sgd``, ``adamw``, ``mixed``), replicated or ``sharded`` over the replicas."""
+    """An optimizer (``sgd``, ``adamw``, ``mixed``), replicated, its state ``sharded`` over the
+    replicas (ZeRO-1), or the stages ``fully_sharded`` over them (``fully_shard``)."""
 
     name: str
     sharded: bool = False
+    fully_sharded: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZER_NAMES:
             raise ZbError(f"unknown optimizer {self.name!r}; use one of {', '.join(OPTIMIZER_NAMES)}")
+        if self.sharded and self.fully_sharded:
+            raise ZbError("shard the optimizer state alone (--sharded) or the whole stages (--shard), not both")
+
+    def reduce_scatters(self, dp: int) -> bool:
+        """Whether the gradients are reduce-scattered rather than all-reduced over ``dp`` replicas."""
+        return self.fully_sharded and dp > 1
 
     def grad_bytes(self, params: int, param_bytes: float) -> float:
         """Bytes of gradients reduced for ``params`` parameters of ``param_bytes`` bytes."""
@@ -61,6 +76,8 @@ class OptimizerSetup:
 
     def static_bytes(self, params: int, param_bytes: float, dp: int) -> float:
         """Bytes a rank holds for these parameters: themselves, gradients, state, buckets."""
+        if self.reduce_scatters(dp):
+            return parameter_bytes(params, param_bytes, self.name, shard=dp)
         share = 1.0 / dp if self.sharded else 1.0
         if self.name == "mixed":
             held = (_MIXED_KEPT + _MIXED_STATE * share) * params
@@ -72,7 +89,7 @@ class OptimizerSetup:
         """The optimizer step of these parameters on one rank (ms): its share of the state
         streamed at ``memory_gbs``, then, sharded, the gather of the updated parameters."""
         streamed = _MIXED_STEP * params if self.name == "mixed" else _STEP[self.name] * param_bytes
-        if not self.sharded or dp == 1:
+        if not (self.sharded or self.fully_sharded) or dp == 1:
             return 0.0 if memory_gbs is None else streamed / (memory_gbs * 1e9) * 1e3
         step = 0.0 if memory_gbs is None else streamed / dp / (memory_gbs * 1e9) * 1e3
         return step + reduction_time(self.grad_bytes(params, param_bytes), dp, dp_gbs, sharded=True)
@@ -82,8 +99,9 @@ class OptimizerSetup:
         return self.static_bytes(1, 1.0, dp) / self.grad_bytes(1, 1.0)
 
     def bandwidth_factor(self, dp: int) -> float:
-        """What the reductions' bandwidth is multiplied by for ``plan_view``'s gradient bytes."""
-        return self.factor(dp) / 3.0
+        """What the reductions' bandwidth is multiplied by for ``plan_view``'s gradient bytes
+        (plan all-reduces them: twice as fast where the stages reduce-scatter)."""
+        return self.factor(dp) / 3.0 * (2.0 if self.reduce_scatters(dp) else 1.0)
 
     def plan_view(self, layers: LayerProfile, dp: int) -> LayerProfile:
         """``layers`` with parameter bytes that plan's ``sgd`` rule (3x) counts as this
@@ -94,7 +112,7 @@ class OptimizerSetup:
         return layers.model_copy(update={"units": units, "tied": tied})
 
     def __str__(self) -> str:
-        return f"{self.name}{' sharded' if self.sharded else ''}"
+        return f"{self.name}{' sharded' if self.sharded else ''}{', stages sharded' if self.fully_sharded else ''}"
 
 
 def _scaled(u: Unit, param_bytes: float) -> Unit:

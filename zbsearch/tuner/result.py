@@ -80,7 +80,8 @@ class TuneResult(BaseModel):
     global_batch: int = Field(description="sequences per iteration, over all replicas")
     seq: int | None = Field(None, description="tokens per sequence (None: unknown, rates in sequences)")
     optimizer: str
-    sharded: bool
+    sharded: bool = Field(description="the optimizer state sharded over the replicas (ZeRO-1)")
+    shard: bool = Field(False, description="the stages sharded over the replicas (fully_shard)")
     optimizer_step: str = Field(description="how the optimizer step is priced")
     time_limit_s: float
     time_s: float

@@ -78,6 +78,7 @@ def tune(
     tp: int = 1,
     optimizer: str = "adamw",
     sharded: bool = False,
+    shard: bool = False,
     sizes: Sequence[int] | None = None,
     placements: Sequence[str] = PLACEMENTS,
     recompute: Sequence[str] | None = None,
@@ -96,7 +97,8 @@ def tune(
         cluster: ranks, nodes, memory and links.
         global_batch: sequences per iteration over all replicas.
         tp: the tensor-parallel degree, given (the profiles are one tensor-parallel rank's).
-        optimizer: ``sgd``, ``adamw`` or ``mixed``; ``sharded``: its state over the replicas.
+        optimizer: ``sgd``, ``adamw`` or ``mixed``; ``sharded``: its state over the replicas
+            (ZeRO-1); ``shard``: the stages sharded over the replicas (``fully_shard``).
         sizes: microbatch sizes to search (default: those measured); other sizes' costs are
             interpolated or extrapolated (``sizes``).
         placements: ``one`` and/or ``v``; ``recompute``: the modes searched, ``none``,
@@ -115,7 +117,7 @@ def tune(
     clock = _Clock(time_limit)
     sized = SizedLayers(list(profiles))
     ref = sized.reference
-    opt = OptimizerSetup(optimizer, sharded)
+    opt = OptimizerSetup(optimizer, sharded, shard)
     sizes = sorted(set(sizes or sized.measured))
     modes = _modes(ref, recompute)
     _check(cluster, tp, global_batch, sizes, placements, time_limit, plan_time, seq)
@@ -327,6 +329,7 @@ class _Search:
             layers=[p.name for p in self.sized.by_size.values()], measured_sizes=self.sized.measured,
             how_sizes_scale=HOW_SIZES_SCALE, cluster=self.cluster, tp=self.tp,
             global_batch=self.global_batch, seq=self.seq, optimizer=self.opt.name, sharded=self.opt.sharded,
+            shard=self.opt.fully_sharded,
             optimizer_step=step, time_limit_s=self.clock.limit, time_s=round(time.monotonic() - self.clock.start, 3),
             sizes=sizes, recompute=list(modes), rows=rows, best=best, lower_bound_ms=lower, gap=gap, left_out=left_out,
         )
