@@ -39,6 +39,14 @@ stages, times and selective memory take 1/k each, but what a fully checkpointed 
 is its stage's input, whose size does not depend on how many layers follow it: each piece
 keeps the profile stage's ``m_fc`` (the first piece) or their mean (a cut inside a stage, as
 for communication), at most the piece's m_f.
+
+Overlapped pairs. Where the profile records expert-parallel all-to-all inside the passes
+(``a_f`` inside F and R, ``a_b`` inside B and BW; split 1/k like times), a rank may run the
+forward of one (stage, microbatch) and the backward (B or BW) of another as one overlapped
+pair: each pass's all-to-all is in flight while the other computes. ``pair_time`` is the one
+rule for what such a pair costs: the two passes' times (as ``durations`` prices them) less
+what each one's all-to-all hides behind the other's compute,
+``t_F + t_B - min(a_F, t_B - a_B) - min(a_B, t_F - a_F)``.
 """
 
 from __future__ import annotations
@@ -106,6 +114,10 @@ class CostModel:
     # last pass)
     t_reduce: tuple[float, ...] = ()
     t_opt: tuple[float, ...] = ()
+    # per stage, the expert-parallel all-to-all inside F (and R) and inside B (and BW), which an
+    # overlapped pair can hide (empty: none anywhere)
+    a_f: tuple[float, ...] = ()
+    a_b: tuple[float, ...] = ()
 
     def __repr__(self) -> str:
         S = self.num_stages
@@ -183,6 +195,8 @@ class CostModel:
             recompute=offers if any(a or b for a, b in offers) else (),
             t_reduce=tuple((c.t_reduce or 0.0) / k for c in st) if profile.has_reductions else (),
             t_opt=tuple((c.t_opt or 0.0) / k for c in st) if profile.has_reductions else (),
+            a_f=tuple(c.a_f / k for c in st) if profile.has_all_to_all else (),
+            a_b=tuple(c.a_b / k for c in st) if profile.has_all_to_all else (),
         )
 
     def check_microbatches(self, m: int) -> None:
@@ -239,6 +253,33 @@ class CostModel:
     def has_reductions(self) -> bool:
         """Whether the iteration ends with reductions or optimizer steps after the passes."""
         return bool(self.t_reduce)
+
+    @property
+    def has_all_to_all(self) -> bool:
+        """Whether some pass holds all-to-all an overlapped pair can hide (pairing can pay)."""
+        return bool(self.a_f)
+
+    def all_to_all(self, stage: int, op: Op) -> float:
+        """The all-to-all time inside a pass of this type on ``stage`` (ms): a_f in F and R (which
+        repeats the forward's), a_b in B and BW, none in W and RS."""
+        if not self.a_f:
+            return 0.0
+        if op is Op.F or op is Op.R:
+            return self.a_f[stage]
+        if op is Op.B or op is Op.BW:
+            return self.a_b[stage]
+        return 0.0
+
+    def pair_time(self, f: Action, b: Action, t_f: float, t_b: float) -> float:
+        """What the overlapped pair of forward ``f`` and backward ``b`` (B or BW) costs on their
+        rank, the two passes taking ``t_f`` and ``t_b`` alone (``durations``): both computes plus
+        the all-to-all neither hides, each pass's all-to-all hiding behind the other's compute."""
+        a_f, a_b = self.all_to_all(f.stage, Op.F), self.all_to_all(b.stage, b.op)
+        return t_f + t_b - min(a_f, max(0.0, t_b - a_b)) - min(a_b, max(0.0, t_f - a_f))
+
+    def without_all_to_all(self) -> CostModel:
+        """These costs with nothing for an overlapped pair to hide (pairs then cost their sum)."""
+        return replace(self, a_f=(), a_b=()) if self.a_f else self
 
     def without_reductions(self) -> CostModel:
         """These costs with the iteration ending at the last pass."""
