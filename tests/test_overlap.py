@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from tests.helpers import make_profile
-from tests.helpers.reference import needs, random_profile, random_order
+from tests.helpers.reference import needs, random_order, random_profile
 from zbsearch import CostModel, Profile, StageCost
 from zbsearch.actions import Action, Op, parse_row, row_text
 from zbsearch.errors import ZbError
@@ -20,7 +20,6 @@ from zbsearch.formats.schedule import Schedule, load_schedule, save_schedule
 from zbsearch.layout import placement
 from zbsearch.simulator import Deadlock, simulate
 from zbsearch.validator import find_problem
-
 
 # ---- generators ------------------------------------------------------------------------------
 
@@ -56,7 +55,8 @@ def pair_up(rng: random.Random, rows: list[list[Action]], moves: bool) -> tuple[
     for row in rows:
         at, i = [], 0
         while i < len(row) - 1:
-            if row[i].op is Op.F and row[i + 1].op in (Op.B, Op.BW) and rng.random() < 0.7:
+            own = row[i].mb == row[i + 1].mb  # a pair that waits for itself: now and then
+            if row[i].op is Op.F and row[i + 1].op in (Op.B, Op.BW) and rng.random() < (0.05 if own else 0.8):
                 at.append(i)
                 i += 2
             else:
