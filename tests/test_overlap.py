@@ -319,3 +319,21 @@ def test_dependent_pair_message():
     s = _sched(rows, [[0]])
     assert find_problem(s) == ("rank 0: the overlapped pair 0F0+0B0 at position 0 pairs 0B0 with 0F0, which it depends on: "
                                "a pair's passes must not depend on each other")
+
+
+def test_a_pair_is_one_bar_in_every_chart(tmp_path):
+    from zbsearch import render
+
+    rows = [parse_row(["0F0", "0F1", "0B0", "0W0", "0F2+0B1", "0W1", "0B2", "0W2"])]
+    s = _sched([rows[0][0]], [rows[0][1]])
+    panel = render.schedule_panel(s)
+    bars = panel.rows[0]
+    assert [b.text for b in bars] == s.compact()[0]  # one bar per compact action
+    pair = bars[4]
+    assert pair.actions == (Action(0, Op.F, 2), Action(0, Op.B, 1)) and pair.label == "2+1"
+    tl = simulate(s.rank_actions, sched_cost(s), s.overlapped)
+    assert (pair.start, pair.end) == (tl.start[0][4], tl.end[0][5])
+    text = render.render_text([panel], 80)
+    assert "O overlapped forward and backward" in text and "O2+1" in text.splitlines()[1]
+    html = render.write_chart([panel], tmp_path / "g.html")
+    assert "0F2+0B1 (overlapped forward and backward)" in html.read_text()
