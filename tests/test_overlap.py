@@ -337,3 +337,21 @@ def test_a_pair_is_one_bar_in_every_chart(tmp_path):
     assert "O overlapped forward and backward" in text and "O2+1" in text.splitlines()[1]
     html = render.write_chart([panel], tmp_path / "g.html")
     assert "0F2+0B1 (overlapped forward and backward)" in html.read_text()
+
+
+def moe_unit(p: int, share: float = 0.3) -> Profile:
+    data = make_profile(p).model_dump()
+    for st in data["stages"]:
+        st.update(a_f=share * st["t_f"], a_b=share * st["t_b"])
+    return Profile.model_validate(data)
+
+
+def test_compare_shows_dualpipe_v_with_and_without_overlap():
+    from zbsearch import build_classic
+    from zbsearch.compare import compare
+
+    rows = {r["kind"]: r for r in compare(moe_unit(4), 12, time_limit=1.0) if "span" in r}
+    serial = build_classic("dualpipe-v", moe_unit(4), 12, overlap=False)
+    assert serial.overlapped is None and rows["dualpipe-v (no overlap)"]["span"] == max(serial.predicted.span)
+    assert rows["dualpipe-v"]["span"] < rows["dualpipe-v (no overlap)"]["span"]
+    assert "dualpipe-v (no overlap)" not in {r["kind"] for r in compare(make_profile(4), 12, time_limit=1.0)}
