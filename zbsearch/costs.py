@@ -277,6 +277,29 @@ class CostModel:
         a_f, a_b = self.all_to_all(f.stage, Op.F), self.all_to_all(b.stage, b.op)
         return t_f + t_b - min(a_f, max(0.0, t_b - a_b)) - min(a_b, max(0.0, t_f - a_f))
 
+    def paired_floor(self) -> CostModel:
+        """These costs with every forward (checkpointed or not) and backward (B or BW) shortened
+        by its all-to-all, and nothing left to overlap: what bounds are computed on where pairs
+        may form. A pair takes at least its two passes' times less both all-to-alls
+        (``pair_time``), so its forward maps onto such an F at the pair's start and its backward
+        onto such a B right after it, both ending no later than the pair and in the same order:
+        every schedule with pairs maps onto one of these costs, without pairs, whose passes end
+        no later, and a bound on these holds for it. W and recompute passes, which no pair holds,
+        keep their times. Without all-to-all, the costs themselves."""
+        if not self.a_f:
+            return self
+        af, ab = self.a_f, self.a_b
+
+        def less(ts: tuple[float, ...], a: tuple[float, ...]) -> tuple[float, ...]:
+            return tuple(max(0.0, t - x) for t, x in zip(ts, a))
+
+        def offer(o: Recompute | None, s: int) -> Recompute | None:
+            return None if o is None else replace(o, t_f=max(0.0, o.t_f - af[s]))
+
+        offers = tuple((offer(full, s), offer(sel, s)) for s, (full, sel) in enumerate(self.recompute))
+        return replace(self, t_f=less(self.t_f, af), t_ff=less(self.t_ff, af), t_b=less(self.t_b, ab),
+                       t_bw=less(self.t_bw, ab), recompute=offers, a_f=(), a_b=())
+
     def without_all_to_all(self) -> CostModel:
         """These costs with nothing for an overlapped pair to hide (pairs then cost their sum)."""
         return replace(self, a_f=(), a_b=()) if self.a_f else self
@@ -398,7 +421,12 @@ class CostModel:
         the uncheckpointed deltas and the recompute offers stay on: a bound that reasons about
         memory must look at ``can_recompute`` (``zbsearch.bounds``), and take a recompute
         pass's least time (``Recompute.least``).
+
+        Where the passes hold all-to-all, this is ``paired_floor``'s: every pass at the least
+        time an overlapped pair can give it, with no pairs left to form.
         """
+        if self.a_f:
+            return self.paired_floor().for_bounds()
         cheaper_f = any(self.forward(s) < self.t_f[s] for s in range(self.num_stages))
         if not self.fusing_may_pay() and not cheaper_f:
             return self

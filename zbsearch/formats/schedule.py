@@ -83,6 +83,8 @@ class SolverInfo(BaseModel):
     recompute: Literal["none", "auto", "full"] = Field("none", description="the recomputation the solver "
                                                        "could choose: none, per microbatch (auto) or every one (full)")
     recomputed: int = Field(0, description="recompute passes (R, RS) in the schedule: forwards run checkpointed")
+    overlapped_pairs: int = Field(0, description="overlapped forward-backward pairs the schedule runs (where the "
+                                  "profile has all-to-all to hide)")
     bound_covers: BoundCovers | None = Field(None, description="the schedules lower_bound and status 'optimal' cover, "
                                              "decided by recompute (filled from it where absent): no-recompute, those "
                                              "that recompute nothing (even where the profile offers recomputation); "
