@@ -67,7 +67,9 @@ def pair_passes(problem: Problem, rows: Rows, pairs: Pairs | None = None, deadli
 
 
 def _moves(row: list[Action], pairs: list[int]) -> Iterator[tuple[list[Action], list[int]]]:
-    """The rank's next orders and pairs to try (see the module), each a new row or ``row`` itself."""
+    """The rank's next orders and pairs to try (see the module), each a new row or ``row`` itself:
+    for each free forward, pairing with the backward after it, then with each free backward of
+    another microbatch within ``_WINDOW`` positions, moving one of the two next to the other."""
     held = set(pairs) | {i + 1 for i in pairs}
     n = len(row)
     for i, a in enumerate(row):
@@ -75,17 +77,36 @@ def _moves(row: list[Action], pairs: list[int]) -> Iterator[tuple[list[Action], 
             continue
         if i + 1 < n and i + 1 not in held and row[i + 1].op in _BACKWARDS and row[i + 1].mb != a.mb:
             yield row, sorted([*pairs, i])
-            continue
-        k = next((k for k in range(i + 2, n) if k not in held and row[k].op in _BACKWARDS and row[k].mb != a.mb), None)
-        if k is None:
-            continue
-        b = row[k]
-        if not any(x.op in RECOMPUTES and (x.stage, x.mb) == (b.stage, b.mb) for x in row[i + 1:k]):
-            new = row[:i + 1] + [b] + row[i + 1:k] + row[k + 1:]  # pull: b up to just after a
-            yield new, sorted([*(p + 1 if i < p < k else p for p in pairs), i])
-        if not any((x.stage, x.mb) == (a.stage, a.mb) or x.op is Op.F and x.stage > a.stage and x.mb == a.mb
-                   for x in row[i + 1:k]):
-            new = row[:i] + row[i + 1:k] + [a] + row[k:]  # push: a down to just before b
-            yield new, sorted([*(p - 1 if i < p < k else p for p in pairs), k - 1])
+        for k in range(max(0, i - _WINDOW), min(n, i + _WINDOW + 1)):
+            b = row[k]
+            if k in held or k in (i, i + 1) or b.op not in _BACKWARDS or b.mb == a.mb:
+                continue
+            if k > i:
+                yield from _relocated(row, pairs, k, i + 1, i)  # pull: b up to just after a
+                yield from _relocated(row, pairs, i, k - 1, k - 1)  # push: a down to just before b
+            else:
+                yield from _relocated(row, pairs, k, i, i - 1)  # b down to just after a
+                yield from _relocated(row, pairs, i, k, k)  # a up to just before b
     for i in pairs:
         yield row, [p for p in pairs if p != i]
+
+
+_WINDOW = 6  # how far apart a forward and a backward may be for a move to bring them together
+
+
+def _relocated(row: list[Action], pairs: list[int], src: int, dst: int, pair_at: int) -> Iterator[tuple[list[Action], list[int]]]:
+    """``row`` with the action at ``src`` moved to position ``dst`` (the others in between shift
+    by one) and a pair starting at ``pair_at`` of the new row; nothing where a pair would be cut
+    apart or a recompute pass would land after its backward."""
+    lo, hi = min(src, dst), max(src, dst)
+    if any(lo <= p <= hi and not (lo <= p + 1 <= hi) or lo <= p + 1 <= hi and not lo <= p <= hi for p in pairs):
+        return  # a pair straddles the moved stretch
+    moved = row[src]
+    if src > dst and moved.op in _BACKWARDS and any(
+            x.op in RECOMPUTES and (x.stage, x.mb) == (moved.stage, moved.mb) for x in row[dst:src]):
+        return
+    new = row[:src] + row[src + 1:]
+    new.insert(dst, moved)
+    shift = 1 if src > dst else -1
+    kept = [p + shift if lo <= p <= hi and p != src else p for p in pairs]
+    yield new, sorted([*kept, pair_at])
