@@ -15,10 +15,10 @@ import random
 
 import pytest
 
+from tests.helpers.reference import rank_orders
 from zbsearch import CostModel, Profile, StageCost, find_problem
 from zbsearch.actions import Action, Op
 from zbsearch.bounds import memory_span_lower_bound, span_lower_bound
-from zbsearch.dependencies import predecessors
 from zbsearch.errors import ZbError
 from zbsearch.layout import placement
 from zbsearch.simulator import simulate
@@ -46,33 +46,7 @@ def _instance(seed: int, large: bool):
 
 def _orders(cost: CostModel, r: int, m: int) -> list[list[Action]]:
     """Every order of rank r's forwards and fused backwards that respects the dependencies among them."""
-    S = cost.num_stages
-    mine = [(s, op, j) for s in cost.rank_stages(r) for op in (Op.F, Op.B) for j in range(m)]
-    need = {}
-    for x in mine:
-        deps, stack = set(), [x]
-        while stack:
-            for d in predecessors(*stack.pop(), S):
-                if d not in deps:
-                    deps.add(d)
-                    stack.append(d)
-        need[x] = {d for d in deps if d in mine}
-    out: list[list[Action]] = []
-
-    def rec(done: set, seq: list) -> None:
-        if len(seq) == len(mine):
-            out.append([Action(s, Op.BW if op is Op.B else op, j) for s, op, j in seq])
-            return
-        for x in mine:
-            if x not in done and need[x] <= done:
-                done.add(x)
-                seq.append(x)
-                rec(done, seq)
-                seq.pop()
-                done.remove(x)
-
-    rec(set(), [])
-    return out
+    return rank_orders(cost, r, m, ops=(Op.F, Op.B), fuse=True)
 
 
 def _pairings(row: list[Action]) -> list[list[int]]:
