@@ -32,6 +32,13 @@ the last pass anywhere. Communication is a latency on dependency edges between r
 the simulator. Every bound is computed on ``CostModel.for_bounds``, where B and W cost no more
 than a fused BW pass does, so the bounds hold for schedules that fuse, split or mix.
 
+Overlapped pairs. Where the passes hold all-to-all that an overlapped pair can hide, every bound
+here is computed on ``CostModel.paired_floor``: each forward and backward at the least time it
+can take in a pair, no pairs left to form. Every schedule with pairs maps onto one of those
+costs without pairs whose passes end no later, so the bounds hold for schedules with pairs,
+as they do for those without (which take longer on the true costs). Without all-to-all,
+nothing changes.
+
 Recomputation. Where the costs offer it, a schedule may checkpoint any microbatch's forward
 and recompute it: it holds less memory, and its rank does more work. ``for_bounds`` prices an
 F at its cheapest (checkpointed or not) and recompute passes at nothing, so the memory-blind
@@ -46,10 +53,13 @@ join its F and B passes in the one-machine bound across ranks.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from .actions import Op
 from .costs import CostModel
@@ -65,6 +75,19 @@ __all__ = [
 ]
 
 _NEG = float("-inf")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _paired_floor(fn: F) -> F:
+    """``fn`` on ``CostModel.paired_floor`` of the costs it is given: where overlapped pairs
+    may form, every bound reasons on the least time a pass can take in one."""
+    @functools.wraps(fn)
+    def bound(cost: CostModel, *args: Any, **kwargs: Any) -> Any:
+        return fn(cost.paired_floor(), *args, **kwargs)
+
+    return cast(F, bound)
 
 
 def _tails(cost: CostModel, targets: set, preds) -> dict:
@@ -97,6 +120,7 @@ def _carlier(jobs: list[tuple[float, float, float]], m: int) -> float:
     return best
 
 
+@_paired_floor
 def rank_span_lower_bounds(cost: CostModel, num_microbatches: int) -> list[float]:
     """Per rank, the best Carlier bound over sets of pass types of one rank q (q = the rank
     itself or any other rank; see the module docstring)."""
@@ -121,11 +145,13 @@ def _best_carlier(cost: CostModel, preds, rel, tail, num_microbatches: int) -> f
     return best
 
 
+@_paired_floor
 def span_lower_bound(cost: CostModel, num_microbatches: int) -> float:
     """Lower bound on max over ranks of (last end - first start) on that rank."""
     return max(rank_span_lower_bounds(cost, num_microbatches))
 
 
+@_paired_floor
 def makespan_lower_bound(cost: CostModel, num_microbatches: int) -> float:
     """Lower bound on (last end anywhere - first start anywhere)."""
     cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
@@ -198,6 +224,7 @@ def _memory_path(cost: CostModel, s: int, lag: float, m: int, limit: float) -> f
     return max(end_b[-1], end_w[-1])
 
 
+@_paired_floor
 def rank_memory_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float]) -> list[float]:
     """Per rank, a lower bound on its span for schedules whose memory stays within ``limit``.
 
@@ -263,6 +290,7 @@ def _deferred_work(cost: CostModel, q: int, allowed: float, m: int) -> float:
     return work
 
 
+@_paired_floor
 def rank_deferral_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float]) -> list[float]:
     """Per rank, a lower bound on its span for schedules within ``limit``, recomputing or not.
 
@@ -345,6 +373,7 @@ def _jackson(jobs: list[tuple[float, float, float]]) -> float:
     return best
 
 
+@_paired_floor
 def rank_chain_span_lower_bounds(
     cost: CostModel, num_microbatches: int, limit: list[float] | None = None, deadline: float | None = None
 ) -> list[float] | None:
@@ -459,6 +488,7 @@ def rank_chain_span_lower_bounds(
 _LP_MARGIN = 1e-6
 
 
+@_paired_floor
 def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float], whole: bool = True,
                                 deadline: float | None = None) -> list[float]:
     """Per rank, a lower bound on its span for schedules within ``limit``, over every choice of
@@ -605,6 +635,7 @@ def _late(step: int, deadline: float | None) -> bool:
     return deadline is not None and not step & 255 and time.monotonic() > deadline
 
 
+@_paired_floor
 def memory_span_lower_bound(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> float:
@@ -615,6 +646,7 @@ def memory_span_lower_bound(
     return max(_rank_bounds(cost, num_microbatches, limit, quick, deadline))
 
 
+@_paired_floor
 def memory_iteration_lower_bound(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> float:
@@ -625,6 +657,7 @@ def memory_iteration_lower_bound(
     return max(rank_iteration_lower_bounds(cost, num_microbatches, spans))
 
 
+@_paired_floor
 def rank_iteration_lower_bounds(cost: CostModel, num_microbatches: int, spans: list[float]) -> list[float]:
     """Per rank, a lower bound on its iteration from ``spans``, lower bounds on its span: its
     last pass is one of its stages' last backward (W or BW), whose reduction follows it; on a
@@ -640,6 +673,7 @@ def rank_iteration_lower_bounds(cost: CostModel, num_microbatches: int, spans: l
     return [iteration_floor(b, e, cost.t_reduce, cost.t_opt) for b, e in zip(spans, ends)]
 
 
+@_paired_floor
 def rank_backward_end_lower_bounds(cost: CostModel, num_microbatches: int) -> list[dict[int, float]]:
     """Per rank, per stage it holds, a lower bound on when the stage's last backward (its last
     W or BW) ends, from the rank's first start: the Carlier bound of ``rank_span_lower_bounds``
@@ -683,6 +717,7 @@ def _rank_bounds(
     return out
 
 
+@_paired_floor
 def memory_makespan_lower_bound(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> float:
@@ -693,6 +728,7 @@ def memory_makespan_lower_bound(
     return makespan_from_spans(cost, num_microbatches, _rank_bounds(cost, num_microbatches, limit, quick, deadline))
 
 
+@_paired_floor
 def makespan_from_spans(cost: CostModel, num_microbatches: int, spans: list[float]) -> float:
     """Lower bound on the makespan from sound per-rank span bounds ``spans``: rank r cannot start
     before the forwards of one microbatch reach it, and then needs at least its span; never

@@ -19,6 +19,12 @@ runtime runs the mode the profile's costs describe; older files lack it (not sta
 What F allocates must be freed by B and W, so the three memory deltas sum to zero per stage; a
 profile that breaks this is rejected because it would make every memory prediction drift with
 the number of microbatches.
+Optionally, for a mixture-of-experts model, the expert-parallel all-to-all inside the passes
+(``a_f``: dispatch and combine inside F, already counted in t_f; ``a_b``: their mirrors inside
+B and inside the fused backward; W has none, R repeats the forward's), which a rank can hide by
+running a forward and another microbatch's backward as one overlapped pair
+(``zbsearch.costs``), and the expert-parallel degree ``ep`` they were measured on; older files
+lack them: nothing to overlap.
 Per boundary between stages: ``t_comm``, the link's latency (it occupies neither rank), and
 optionally ``t_send`` / ``t_recv``, the host time a message takes from the rank at each end
 (older files lack them: 0).
@@ -108,6 +114,12 @@ class StageCost(BaseModel):
         "sharded), started when the stage's last W or BW of the step has run on its rank; absent: no reduction"))
     t_opt: float | None = Field(default=None, ge=0, description=(
         "the optimizer step of the stage's parameters, after the rank's passes and reductions; absent: 0"))
+    a_f: float = Field(default=0.0, ge=0, description=(
+        "expert-parallel all-to-all time (dispatch and combine) inside the forward, part of t_f (and of t_ff, t_fc "
+        "and t_r, which repeat it): what an overlapped pair can hide behind another pass's compute; 0: none"))
+    a_b: float = Field(default=0.0, ge=0, description=(
+        "expert-parallel all-to-all time inside the input-gradient pass B and the fused backward, part of t_b and "
+        "t_bw (W has none: expert weight gradients are local); 0: none"))
     deferred_first: bool = Field(default=False, description=(
         "a first stage whose W (its whole backward) runs the split's fast path, deferred Linear weight "
         "gradients, rather than one plain backward: measured faster by the profiler; the runtime follows it"))
@@ -116,6 +128,11 @@ class StageCost(BaseModel):
     @classmethod
     def _time_range(cls, v: float | None) -> float | None:
         return None if v is None else _finite_in(v, MAX_TIME_MS)
+
+    @field_validator("a_f", "a_b")
+    @classmethod
+    def _comm_range(cls, v: float) -> float:
+        return _finite_in(v, MAX_TIME_MS)
 
     @field_validator("m_f", "m_b", "m_w", "m_fc", "m_fs")
     @classmethod
@@ -161,6 +178,17 @@ class StageCost(BaseModel):
                                  f"part of what a plain one does")
         if self.t_rf is not None and self.t_r is None:
             raise ValueError("t_rf is given without t_r and m_fc")
+        return self
+
+    @model_validator(mode="after")
+    def _all_to_all_inside(self) -> StageCost:
+        """The all-to-all is part of the passes that run it, so it fits in each of them."""
+        tol = ABS_TOL + 1e-9 * max(self.a_f, self.a_b)
+        for name, a, passes in (("a_f", self.a_f, ("t_f", "t_ff", "t_fc", "t_r", "t_rf")), ("a_b", self.a_b, ("t_b", "t_bw"))):
+            for t in passes:
+                v = getattr(self, t)
+                if v is not None and a > v + tol:
+                    raise ValueError(f"{name} = {a:g} is more than {t} = {v:g}: the all-to-all is part of the pass's time")
         return self
 
     @model_validator(mode="after")
@@ -324,6 +352,13 @@ class Profile(BaseModel):
     microbatch_size: int | None = Field(default=None, ge=1)
     # where the stages record t_reduce: the data parallelism the reductions were found for
     data_parallel: DataParallel | None = None
+    # the expert-parallel degree the stages' all-to-all times (a_f, a_b) were measured or given for
+    ep: int = Field(default=1, ge=1, description="expert-parallel degree of a_f and a_b (1: no expert parallelism)")
+
+    @property
+    def has_all_to_all(self) -> bool:
+        """Whether some stage's passes hold all-to-all that an overlapped pair can hide."""
+        return any(c.a_f > 0 or c.a_b > 0 for c in self.stages)
 
     @property
     def has_reductions(self) -> bool:
