@@ -999,6 +999,13 @@ def profile(
              "or under torchrun the replicas started with the pipeline (pipeline ranks x N processes); with "
              "--dp-bandwidth it is priced as a ring all-reduce of the stage's trainable parameters' bytes instead"),
     dp_bandwidth: float | None = DpBandwidthOpt,
+    tp: int = typer.Option(
+        1, "--tp", min=1,
+        help="tensor-parallel ranks each stage is split over (the runtime's plans: built-in GPT, --hf decoders): its "
+             "passes are measured split, collectives included, per rank. N local processes (gloo), or under torchrun "
+             "the ranks started with the pipeline (pipeline ranks x --dp x N processes); recorded in the profile's mesh"),
+    sequence_parallel: bool = typer.Option(
+        False, "--sequence-parallel", help="with --tp, the built-in GPT's plan also splits the sequence"),
 ):
     """Measure per-stage F, B, W times, activation memory and link times; write a profile (bytes).
 
@@ -1031,6 +1038,13 @@ def profile(
         raise ZbError("--dp applies to stage profiles: zbsearch plan --dp prices each cut's reductions")
     if dp_bandwidth is not None and not dp_bandwidth > 0:
         raise ZbError("--dp-bandwidth must be a positive number of GB/s")
+    if tp > 1 and per_layer:
+        raise ZbError("--tp applies to stage profiles: --per-layer measures whole units on one device")
+    if tp > 1 and dp_bandwidth is not None:
+        raise ZbError("--dp-bandwidth prices whole stages' gradients: with --tp time the reductions of each rank's shards "
+                      "on a real group (--dp N alone)")
+    if sequence_parallel and tp == 1:
+        raise ZbError("--sequence-parallel splits the sequence over the tensor-parallel ranks: give --tp N too")
     if per_layer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ZbError("--per-layer measures on one device: run it without torchrun")
     kinds = None
@@ -1080,9 +1094,12 @@ def profile(
     pieces = _pieces(placement, len(spec.stages)) if placement is not None else None
     if name is None and placement is not None:
         name = f"{spec.name}-{device.split(':')[0]}-{placement}"
+    if name is None and tp > 1:
+        name = f"{spec.name}-{device.split(':')[0]}-tp{tp}{'-sp' if sequence_parallel else ''}"
     measure = dp if dp is not None and dp_bandwidth is None else None  # timed on a real group
     with profiler.progress_bar(err) as bar:
-        prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar, replicas=measure)
+        prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar, replicas=measure, tp=tp,
+                                      sequence_parallel=sequence_parallel)
     if prof is None:  # a torchrun rank other than 0
         return
     if dp is not None and dp_bandwidth is not None:

@@ -25,10 +25,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..errors import ZbError
+from ..formats.mesh import MESH_DIMS
 
 __all__ = ["MESH_DIMS", "MeshSizes", "build_mesh", "mesh_sizes", "mesh_for"]
-
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,9 @@ lack them: nothing to overlap.
 Per boundary between stages: ``t_comm``, the link's latency (it occupies neither rank), and
 optionally ``t_send`` / ``t_recv``, the host time a message takes from the rank at each end
 (older files lack them: 0).
+Optionally, the mesh the costs hold for (``mesh``, ``zbsearch.formats.mesh``): at
+tensor-parallel degree ``tp`` every time and byte is one rank's of the stage's tensor-parallel
+group; older files lack it: one pipeline at degree 1.
 """
 
 from __future__ import annotations
@@ -43,9 +46,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..errors import ZbError
 from ..tolerances import ABS_TOL
 from .fileio import read_model, write_model
+from .mesh import ProfileMesh
+from .spread import Quartiles
 
 __all__ = [
     "SELECTIVE_MODES", "SelectiveMode", "StageCost", "Quartiles", "WayNotTaken", "StageSpread", "Measurement", "Links", "Profile",
+    "ProfileMesh",
     "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES", "profile_misfit", "pass_time_fields",
 ]
 
@@ -213,15 +219,6 @@ def pass_time_fields() -> tuple[str, ...]:
     return tuple(sorted(times, key=lambda name: not fields[name].is_required()))
 
 
-class Quartiles(BaseModel):
-    """A measured time's median, first and third quartile (ms), and its mean where recorded."""
-
-    median: float
-    q1: float
-    q3: float
-    mean: float | None = None  # recorded since links are costed at their mean; older files lack it
-
-
 class WayNotTaken(BaseModel):
     """A first stage's passes timed the other way its W can run (``StageCost.deferred_first``)."""
 
@@ -359,6 +356,35 @@ class Profile(BaseModel):
     def has_all_to_all(self) -> bool:
         """Whether some stage's passes hold all-to-all that an overlapped pair can hide."""
         return any(c.a_f > 0 or c.a_b > 0 for c in self.stages)
+    mesh: ProfileMesh | None = Field(None, description=(
+        "the mesh the costs hold for (zbsearch.formats.mesh): its sizes, the tensor-parallel degree the passes were "
+        "measured at and its link; absent: one pipeline at tensor-parallel degree 1 (see made_for)"))
+
+    @property
+    def made_for(self) -> ProfileMesh:
+        """The mesh the costs hold for: the ``mesh`` section, or, in a profile without one, one
+        pipeline of ``num_ranks`` at tensor-parallel degree 1 with the replicas of its
+        ``data_parallel`` section (sharded or not)."""
+        if self.mesh is not None:
+            return self.mesh
+        dp = self.data_parallel
+        replicas = 1 if dp is None else dp.replicas
+        sharded = dp is not None and dp.sharded
+        return ProfileMesh(pp=self.num_ranks, dp_replicate=1 if sharded else replicas, dp_shard=replicas if sharded else 1)
+
+    @model_validator(mode="after")
+    def _mesh_agrees(self) -> Profile:
+        mesh = self.mesh
+        if mesh is None:
+            return self
+        if mesh.pp != self.num_ranks:
+            raise ValueError(f"mesh.pp is {mesh.pp} but the profile's stages are on {self.num_ranks} pipeline ranks")
+        dp = self.data_parallel
+        replicas, sharded = (1, False) if dp is None else (dp.replicas, dp.sharded)
+        if mesh.dp_replicate * mesh.dp_shard != replicas or (sharded and replicas > 1 and mesh.dp_replicate != 1):
+            raise ValueError(f"mesh dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard} does not match the "
+                             f"data_parallel section's {replicas} {'sharded' if sharded else 'replicated'} replicas")
+        return self
 
     @property
     def has_reductions(self) -> bool:

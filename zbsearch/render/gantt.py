@@ -99,6 +99,7 @@ class Panel:
     # iteration they end (``zbsearch.reductions``); empty and None where the profile has none
     reductions: list[list[tuple[int, float, float]]] = field(default_factory=list)
     iteration: float | None = None
+    mesh: str | None = None  # the mesh the costs are per rank of, beyond the pipeline (``ProfileMesh.describe``)
 
     @property
     def num_ranks(self) -> int:
@@ -130,9 +131,10 @@ class Panel:
         chunks = f" ({self.chunks} chunks/rank)" if self.chunks > 1 else ""
         mem = f"   peak memory {self.peak_memory}" if self.peak_memory else ""
         it = f"   iteration {self.iteration:.4g} ms" if self.iteration is not None else ""
+        mesh = f"   mesh {self.mesh}" if self.mesh else ""
         return (
             f"{self.source}: {self.kind}  p={self.num_ranks} m={self.num_microbatches}{chunks}   "
-            f"span {self.span:.4g} ms{it}   bubble rate {self.bubble_rate:.4f}{mem}"
+            f"span {self.span:.4g} ms{it}   bubble rate {self.bubble_rate:.4f}{mem}{mesh}"
         )
 
     def ops(self) -> list[tuple[str, int]]:
@@ -233,6 +235,9 @@ def schedule_panel(schedule: Schedule) -> Panel:
                      for i in range(len(row)) if i - 1 not in pairs])
     peak = format_memory(max(tl.peak_memory, default=0.0), schedule.profile.memory_unit)
     panel = intervals_panel(schedule.kind, "predicted", schedule.num_microbatches, rows, peak)
+    made = schedule.profile.made_for
+    if made.world > made.pp:  # costs per rank of a wider mesh: say which
+        panel = replace(panel, mesh=made.describe())
     if not tl.finish:
         return panel
     origin = min((row[0] for row in tl.start if row), default=0.0)

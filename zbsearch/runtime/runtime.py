@@ -153,6 +153,8 @@ class PipelineRuntime:
         self._identity = (schedule.profile.model or {}).get("identity") if check_model and not emulated else None
         for s, module in sorted(stages.items()):
             check_stage(self._identity, s, module, schedule.profile.name)
+        if not emulated:
+            _check_tensor_parallel(schedule, stages, mesh, self.rank)
         self.last = schedule.num_stages - 1
         if self.last in stages and loss_fn is None:
             raise PipelineError(f"rank {self.rank} holds the last stage ({self.last}) and needs a loss_fn")
@@ -554,6 +556,41 @@ def _receives_ahead(needs: list, count: int = _LOOKAHEAD) -> list[list]:
             upcoming = [key, *upcoming[: count - 1]]
         ahead.append(upcoming)
     return ahead[::-1]
+
+
+def tensor_parallel_degree(stages: Mapping[int, nn.Module], mesh: DeviceMesh | None) -> int | None:
+    """The tensor-parallel degree this rank's stages run at: the mesh's ``tp`` size, else that of
+    the ``tp`` dimension of the meshes their DTensor parameters live on (``parallelize_stage``
+    on ``mesh["tp"]``), 1 for stages of plain parameters; None where it cannot be told (DTensor
+    parameters on meshes with no dimension named ``tp``)."""
+    if mesh is not None:
+        return mesh_sizes(mesh).tp
+    sizes = set()
+    for module in stages.values():
+        for p in module.parameters():
+            m = getattr(p, "device_mesh", None)
+            if m is None:
+                continue
+            names = m.mesh_dim_names or ()
+            if "tp" not in names:
+                return None
+            sizes.add(m.size(names.index("tp")))
+    return max(sizes) if sizes else 1
+
+
+def _check_tensor_parallel(schedule: Schedule, stages: Mapping[int, nn.Module], mesh: DeviceMesh | None, rank: int) -> None:
+    """Refuse, in one line, stages split at another tensor-parallel degree than the one the
+    schedule's profile measured them at (its ``mesh`` section; a profile without one is not
+    checked, as it does not say)."""
+    made = schedule.profile.mesh
+    have = tensor_parallel_degree(stages, mesh)
+    if made is None or have is None or have == made.tp:
+        return
+    raise PipelineError(
+        f"rank {rank}: schedule {schedule.kind!r} was made for tensor-parallel degree {made.tp} (profile "
+        f"{schedule.profile.name!r} measured the stages at tp {made.tp}), but this rank's stages run at tp {have}: run "
+        f"it at tp {made.tp}, or profile the stages with --tp {have} and make the schedule from that profile"
+    )
 
 
 def _mesh_groups(mesh: DeviceMesh, group, data_group) -> tuple[dist.ProcessGroup, list[dist.ProcessGroup]]:
