@@ -61,6 +61,7 @@ from .engines import Engine, default_engines
 from .feasibility import check_limit
 from .heuristic import sequential_schedule
 from .lane_order import order_for_lane
+from .paired_v import paired_v_candidates
 from .pairing import pair_passes
 from .problem import RECOMPUTATIONS, Objective, Problem, Recomputation
 from .verdict import CLOSED as _CLOSED
@@ -315,16 +316,18 @@ class SolveRun:
             self.report("lower bound")
 
     def overlap(self, until: float) -> None:
-        """Where the passes hold all-to-all: overlapped pairs chosen by ``pair_passes`` on the
-        best schedule, and on each classic one of the placement that comes with its own pairs
-        (dualpipe-v), sharing the time until ``until``; the best of them is kept."""
+        """Where the passes hold all-to-all: overlapped pairs chosen by ``pair_passes`` from the
+        schedules built around pairs (``paired_v``), from the best schedule, and from each
+        classic one of the placement that comes with its own pairs (dualpipe-v), sharing the
+        time until ``until``; the best of them is kept."""
         if not self.problem.cost.has_all_to_all:
             return
         if self.stale or self.timeline is None:
             self.value, self.timeline = self.problem.evaluate(self.rows)
             self.stale = False
         place = list(self.problem.cost.stage_to_rank)
-        starts: list[tuple[str, list[list[Action]], list[list[int]] | None]] = [(self.construction, self.rows, None)]
+        starts: list[tuple[str, list[list[Action]], list[list[int]] | None]] = [*paired_v_candidates(self.problem)]
+        starts.append((self.construction, self.rows, None))
         starts += [(b.kind, b.rows, b.pairs) for b in self.baselines if b.stage_to_rank == place and b.pairs is not None]
         for k, (name, rows, pairs) in enumerate(starts):
             now = time.monotonic()
