@@ -37,7 +37,15 @@ here is computed on ``CostModel.paired_floor``: each forward and backward at the
 can take in a pair, no pairs left to form. Every schedule with pairs maps onto one of those
 costs without pairs whose passes end no later, so the bounds hold for schedules with pairs,
 as they do for those without (which take longer on the true costs). Without all-to-all,
-nothing changes.
+nothing changes. A pair also ends no sooner than either of its passes would alone, so a
+dependency chain takes at least its passes' own times. That gives the *pairing* bound
+(``rank_pairing_span_lower_bounds``): a rank's backwards all wait for a chain from its first
+stage's forward through the last stage and back, so for that long after its first start it
+can run forwards only, which no pair holds. Each of them keeps its all-to-all, and so does a
+backward for each of them (a pair takes one forward and one backward, and a rank has as many
+of each): the rank's span is at least its least busy time with every pass paired, plus that
+window times the all-to-all of an unpaired forward and backward per ms of forward (or the
+window itself, idle, where that is less). Where recompute passes may run it is left out.
 
 Recomputation. Where the costs offer it, a schedule may checkpoint any microbatch's forward
 and recompute it: it holds less memory, and its rank does more work. ``for_bounds`` prices an
@@ -71,7 +79,7 @@ __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
     "memory_span_lower_bound", "memory_makespan_lower_bound", "memory_iteration_lower_bound", "rank_iteration_lower_bounds",
     "rank_backward_end_lower_bounds", "rank_memory_span_lower_bounds",
-    "rank_area_span_lower_bounds", "rank_deferral_span_lower_bounds", "makespan_from_spans",
+    "rank_area_span_lower_bounds", "rank_deferral_span_lower_bounds", "makespan_from_spans", "rank_pairing_span_lower_bounds",
 ]
 
 _NEG = float("-inf")
@@ -145,10 +153,39 @@ def _best_carlier(cost: CostModel, preds, rel, tail, num_microbatches: int) -> f
     return best
 
 
-@_paired_floor
 def span_lower_bound(cost: CostModel, num_microbatches: int) -> float:
     """Lower bound on max over ranks of (last end - first start) on that rank."""
-    return max(rank_span_lower_bounds(cost, num_microbatches))
+    return max(_with_pairing(cost, num_microbatches, rank_span_lower_bounds(cost, num_microbatches)))
+
+
+def rank_pairing_span_lower_bounds(cost: CostModel, num_microbatches: int) -> list[float]:
+    """Per rank, its span's lower bound from what pairs cannot hide (0 where the passes hold no
+    all-to-all, or recompute passes may run; see the module): the least busy time on
+    ``paired_floor`` plus, for the warm-up window no pair can start in, the all-to-all of the
+    forwards that fill it and of the backwards those leave without a partner (or the window's
+    idle time, where that is less)."""
+    if not cost.has_all_to_all or cost.can_recompute:
+        return [0.0] * cost.num_ranks
+    floor, chain = cost.paired_floor().for_bounds(), cost.without_all_to_all().for_bounds()
+    preds = type_graph(chain)
+    m = num_microbatches
+    out = []
+    for r in range(cost.num_ranks):
+        stages = cost.rank_stages(r)
+        busy = m * sum(floor.t_f[s] + floor.t_b[s] + floor.t_w[s] for s in stages)
+        rel = earliest_starts(chain, (min(stages), Op.F), preds)
+        window = min(rel[(s, Op.B)] for s in stages)
+        least_a_b = min(cost.a_b[s] for s in stages)
+        rate = min((cost.a_f[s] + least_a_b) / max(cost.t_f[s], cost.t_ff[s]) for s in stages)
+        out.append(busy + window * min(1.0, rate))
+    return out
+
+
+def _with_pairing(cost: CostModel, num_microbatches: int, spans: list[float]) -> list[float]:
+    """Per-rank span bounds ``spans`` raised to ``rank_pairing_span_lower_bounds`` where higher."""
+    if not cost.has_all_to_all:
+        return spans
+    return [max(a, b) for a, b in zip(spans, rank_pairing_span_lower_bounds(cost, num_microbatches))]
 
 
 @_paired_floor
@@ -635,7 +672,6 @@ def _late(step: int, deadline: float | None) -> bool:
     return deadline is not None and not step & 255 and time.monotonic() > deadline
 
 
-@_paired_floor
 def memory_span_lower_bound(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> float:
@@ -646,7 +682,6 @@ def memory_span_lower_bound(
     return max(_rank_bounds(cost, num_microbatches, limit, quick, deadline))
 
 
-@_paired_floor
 def memory_iteration_lower_bound(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> float:
@@ -702,8 +737,9 @@ def _rank_bounds(
 ) -> list[float]:
     """Per rank, the best of the bounds in this module (``quick``: all but the chain bound, the
     area bound relaxed); where the costs offer recomputation, the memory-aware ones replaced by
-    the area bound."""
-    out = rank_span_lower_bounds(cost, num_microbatches)
+    the area bound; where pairs may form, raised to ``rank_pairing_span_lower_bounds``."""
+    out = _with_pairing(cost, num_microbatches, rank_span_lower_bounds(cost, num_microbatches))
+    cost = cost.paired_floor()
     memory = None if cost.can_recompute else limit  # their memory reasoning assumes no recomputation
     chain = None if quick else rank_chain_span_lower_bounds(cost, num_microbatches, memory, deadline)
     if chain is not None:
@@ -717,14 +753,12 @@ def _rank_bounds(
     return out
 
 
-@_paired_floor
 def memory_makespan_lower_bound(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> float:
     """Lower bound on the makespan within ``limit`` (None: no limit): rank r cannot start before
     the forwards of one microbatch reach it, and then needs at least its span bound
     (``quick``, ``deadline``: as for ``memory_span_lower_bound``)."""
-    cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
     return makespan_from_spans(cost, num_microbatches, _rank_bounds(cost, num_microbatches, limit, quick, deadline))
 
 

@@ -9,7 +9,9 @@ schedule by local search over pairs, the simulator judging every step on the tru
 * pull: the next free backward of another microbatch moved up to just after a free forward,
   then paired with it (the passes in between move down by one);
 * push: a free forward moved down to just before the next free backward, then paired;
-* unpair: a pair split into its two passes again.
+* unpair: a pair split into its two passes again;
+* swap: two adjacent passes that no pair holds exchanged, so that the order itself is searched
+  with its pairs in place (a W moved into the gap a pair leaves, a backward sent on sooner).
 
 A step is kept when the schedule still runs (no deadlock: a pair waits for the inputs of both
 its passes), keeps its recompute passes before their backwards, stays within the memory
@@ -89,6 +91,11 @@ def _moves(row: list[Action], pairs: list[int]) -> Iterator[tuple[list[Action], 
                 yield from _relocated(row, pairs, i, k, k)  # a up to just before b
     for i in pairs:
         yield row, [p for p in pairs if p != i]
+    for i in range(n - 1):  # the order itself, judged with its pairs: two free passes swapped
+        a, b = row[i], row[i + 1]
+        if i in held or i + 1 in held or (a.stage, a.mb) == (b.stage, b.mb) or a.op is b.op is Op.W:
+            continue
+        yield row[:i] + [b, a] + row[i + 2:], pairs
 
 
 _WINDOW = 6  # how far apart a forward and a backward may be for a move to bring them together

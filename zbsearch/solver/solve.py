@@ -61,6 +61,7 @@ from .engines import Engine, default_engines
 from .feasibility import check_limit
 from .heuristic import sequential_schedule
 from .lane_order import order_for_lane
+from .paired_v import paired_v_candidates
 from .pairing import pair_passes
 from .problem import RECOMPUTATIONS, Objective, Problem, Recomputation
 from .verdict import CLOSED as _CLOSED
@@ -315,23 +316,28 @@ class SolveRun:
             self.report("lower bound")
 
     def overlap(self, until: float) -> None:
-        """Where the passes hold all-to-all: overlapped pairs chosen by ``pair_passes`` on the
-        best schedule, and on each classic one of the placement that comes with its own pairs
-        (dualpipe-v), sharing the time until ``until``; the best of them is kept."""
+        """Where the passes hold all-to-all: overlapped pairs chosen by ``pair_passes`` from the
+        schedules built around pairs (``paired_v``), from the best schedule, and from each
+        classic one of the placement that comes with its own pairs (dualpipe-v), sharing the
+        time until ``until`` (past it, those with pairs of their own are only timed); the best
+        of them is kept."""
         if not self.problem.cost.has_all_to_all:
             return
         if self.stale or self.timeline is None:
             self.value, self.timeline = self.problem.evaluate(self.rows)
             self.stale = False
         place = list(self.problem.cost.stage_to_rank)
-        starts: list[tuple[str, list[list[Action]], list[list[int]] | None]] = [(self.construction, self.rows, None)]
+        starts: list[tuple[str, list[list[Action]], list[list[int]] | None]] = [*paired_v_candidates(self.problem)]
+        starts.append((self.construction, self.rows, None))
         starts += [(b.kind, b.rows, b.pairs) for b in self.baselines if b.stage_to_rank == place and b.pairs is not None]
         for k, (name, rows, pairs) in enumerate(starts):
             now = time.monotonic()
-            if now >= until:
+            if now >= until:  # past the time: each start with pairs of its own is still timed (one simulation)
                 self.hit_limit = True
-                break
-            got_rows, got_pairs, value, tl = pair_passes(self.problem, rows, pairs, now + (until - now) / (len(starts) - k))
+                if pairs is None:
+                    continue
+            share = max(0.0, until - now) / (len(starts) - k)
+            got_rows, got_pairs, value, tl = pair_passes(self.problem, rows, pairs, now + share)
             if value < self.value:
                 self.rows, self.overlapped, self.value, self.timeline = got_rows, got_pairs if any(got_pairs) else None, value, tl
                 self.construction = name + (", overlapped" if any(got_pairs) else "")
