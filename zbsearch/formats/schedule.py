@@ -132,6 +132,9 @@ class Schedule(BaseModel):
     solver: SolverInfo | None = None
     # how a planned schedule's stages were cut from the model's units (``zbsearch plan``)
     partition: Partition | None = None
+    # per rank, the positions i where actions i (an F) and i + 1 (a B or BW) run as one
+    # overlapped pair, each one's expert all-to-all hidden behind the other's compute
+    overlapped: list[list[int]] | None = None
 
     # (id of the actions list it was parsed from, parsed lists); model_copy keeps private
     # attributes, so the id guards against a stale cache after ``update={"actions": ...}``.
@@ -175,6 +178,8 @@ class Schedule(BaseModel):
         misfit = profile_misfit(self.profile.num_stages, S, R)
         if misfit:
             raise ValueError(misfit)
+        if self.overlapped is not None and len(self.overlapped) != R:
+            raise ValueError(f"overlapped has {len(self.overlapped)} rows for {R} ranks")
         if self.partition is not None and len(self.partition.stages) != S:
             raise ValueError(f"partition has {len(self.partition.stages)} stages for the schedule's {S}")
         return self
