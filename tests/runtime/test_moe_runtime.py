@@ -148,3 +148,21 @@ def test_pairs_that_cannot_run_are_refused_in_one_line():
             from zbsearch.runtime.runtime import _pairs
 
             _pairs(sched.model_copy(update={"overlapped": pairs}), 0 if pairs[0] else 1)
+
+
+@pytest.mark.slow
+def test_profile_on_an_expert_group_records_the_all_to_all_inside_f_and_b():
+    import functools
+
+    from zbsearch.profiler import Settings, builtin_moe
+    from zbsearch.profiler.experts import profile_expert_parallel
+    from zbsearch.profiler.links import LinkModel
+
+    cfg = _config(2)
+    link = LinkModel(latency_ms=0.05, bandwidth_gb_s=1.0, how="given")
+    prof = profile_expert_parallel(functools.partial(builtin_moe, cfg), 2,
+                                   Settings(warmup=1, repeat=3, rounds=1, recompute=False), link=link)
+    assert prof.ep == 2
+    for st in prof.stages:
+        a_f, a_b = st.a_f, st.a_b
+        assert 0 < a_f <= st.t_f and 0 < a_b <= st.t_b, (a_f, a_b, st)

@@ -128,12 +128,12 @@ class _AllToAll(torch.autograd.Function):
     the way they came, on the backward passes' group."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, send: list[int], recv: list[int], groups: ExpertGroups) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, send: list[int], recv: list[int], groups: ExpertGroups) -> torch.Tensor:
         ctx.send, ctx.recv, ctx.groups = send, recv, groups
         return _exchange(x, send, recv, groups.forward, backward=False)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         return _exchange(grad, ctx.recv, ctx.send, ctx.groups.backward, backward=True), None, None, None
 
 
