@@ -1102,16 +1102,16 @@ def profile(
     if name is None and placement is not None:
         name = f"{spec.name}-{device.split(':')[0]}-{placement}"
     measure = dp if dp is not None and dp_bandwidth is None else None  # timed on a real group
-    if ep is not None:
+    if ep is None:
+        with profiler.progress_bar(err) as bar:
+            prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar, replicas=measure)
+    else:
         import functools
 
         from zbsearch.profiler.experts import profile_expert_parallel
 
         err.print(f"profiling on an expert-parallel group of {ep} local processes", highlight=False)
         prof = profile_expert_parallel(functools.partial(profiler.builtin_moe, moe), ep, settings, name=name)
-    else:
-        with profiler.progress_bar(err) as bar:
-            prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar, replicas=measure)
     if prof is None:  # a torchrun rank other than 0
         return
     if dp is not None and dp_bandwidth is not None:

@@ -29,7 +29,8 @@ import contextlib
 import datetime
 import threading
 import time
-from collections.abc import Iterator, Sequence
+import types
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -43,7 +44,7 @@ from .gpt import Attention, Embedding, GPTConfig, Head
 
 __all__ = [
     "ExpertGroups", "MoE", "MoEConfig", "moe_stages", "is_expert", "mark_expert", "expert_parallel", "all_to_all_time",
-    "AllToAllClock",
+    "AllToAllClock", "exchange", "shard_hf_experts",
 ]
 
 _COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=300)
@@ -188,26 +189,8 @@ class MoE(nn.Module):
         return out.reshape(shape)
 
     def _experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Rows grouped by global expert (``counts`` per expert) -> their experts' outputs, in
-        the same order; across the expert group when sharded."""
-        groups = self.groups
-        if groups is None or groups.size == 1:
-            return self._local(rows, counts.tolist())
-        size, n = groups.size, self.held
-        send = counts.view(size, n).sum(1).tolist()
-        theirs = torch.empty_like(counts)  # from each rank: its rows for each of my experts
-        work = dist.all_to_all_single(theirs, counts, group=groups.forward, async_op=True)
-        assert work is not None
-        work.wait(_COLLECTIVE_TIMEOUT)
-        grid = theirs.view(size, n)
-        recv = grid.sum(1).tolist()
-        got = _AllToAll.apply(rows, send, recv, groups)
-        # received: by source rank, then by my expert; group by my expert for the matmuls
-        label = torch.arange(n, device=rows.device).repeat(size).repeat_interleave(grid.reshape(-1))
-        perm = label.argsort(stable=True)
-        ys = self._local(got[perm], grid.sum(0).tolist())
-        back = torch.empty_like(ys).index_copy(0, perm, ys)
-        return _AllToAll.apply(back, recv, send, groups)
+        """Rows grouped by global expert (``counts`` per expert) -> their experts' outputs."""
+        return exchange(rows, counts, self.groups, self.held, self._local)
 
     def _local(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Rows grouped by the held experts (``counts`` each) through them."""
@@ -215,6 +198,82 @@ class MoE(nn.Module):
         for e, part in enumerate(rows.split(counts)):
             outs.append(F.gelu(part @ self.w_in[e] + self.b_in[e]) @ self.w_out[e])
         return torch.cat(outs) if outs else rows
+
+
+def exchange(rows: torch.Tensor, counts: torch.Tensor, groups: ExpertGroups | None, held: int,
+             local: Callable[[torch.Tensor, list[int]], torch.Tensor]) -> torch.Tensor:
+    """Rows grouped by global expert (``counts`` rows for each) through their experts, in the
+    same order: ``local(rows, per_expert)`` runs the ``held`` experts of this rank on its rows
+    grouped by expert. Across ``groups`` (rank r holds experts r*held ... (r+1)*held - 1) the
+    rows travel there and back with one all-to-all each way, after one of the counts."""
+    if groups is None or groups.size == 1:
+        return local(rows, counts.tolist())
+    size, n = groups.size, held
+    send = counts.view(size, n).sum(1).tolist()
+    theirs = torch.empty_like(counts)  # from each rank: its rows for each of my experts
+    work = dist.all_to_all_single(theirs, counts, group=groups.forward, async_op=True)
+    assert work is not None
+    work.wait(_COLLECTIVE_TIMEOUT)
+    grid = theirs.view(size, n)
+    recv = grid.sum(1).tolist()
+    got = _AllToAll.apply(rows, send, recv, groups)
+    # received: by source rank, then by my expert; grouped by my expert for the matmuls
+    label = torch.arange(n, device=rows.device).repeat(size).repeat_interleave(grid.reshape(-1))
+    perm = label.argsort(stable=True)
+    ys = local(got[perm], grid.sum(0).tolist())
+    back = torch.empty_like(ys).index_copy(0, perm, ys)
+    return _AllToAll.apply(back, recv, send, groups)
+
+
+def _hf_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                        top_k_weights: torch.Tensor) -> torch.Tensor:
+    """A Hugging Face experts module's forward across its expert group (``shard_hf_experts``)."""
+    k = top_k_index.shape[-1]
+    flat = top_k_index.reshape(-1)
+    order = flat.argsort(stable=True)
+    token = order // k
+    counts = torch.bincount(flat, minlength=self.num_experts)
+
+    def local(rows: torch.Tensor, per_expert: list[int]) -> torch.Tensor:
+        outs = []
+        for e, part in enumerate(rows.split(per_expert)):
+            gate, up = F.linear(part, self.gate_up_proj[e]).chunk(2, dim=-1)
+            outs.append(F.linear(self.act_fn(gate) * up, self.down_proj[e]))
+        return torch.cat(outs)
+
+    ys = exchange(hidden_states[token], counts, self._zbsearch_groups, self.gate_up_proj.shape[0], local)
+    ys = ys * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(ys.dtype)
+    return torch.zeros_like(hidden_states).index_add(0, token, ys.to(hidden_states.dtype))
+
+
+def shard_hf_experts(stages: Sequence[nn.Module], groups: ExpertGroups) -> int:
+    """Shard the experts of Hugging Face MoE layers (Mixtral, Qwen2-MoE and the other families
+    whose experts module holds ``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I) and is
+    called with the router's top-k indices and weights) over ``groups``: each rank keeps its
+    share, marked as expert parameters, and the module's forward exchanges the tokens. Cut the
+    model first (``hf_stages`` runs it once, with every expert). Returns the modules sharded."""
+    size, rank = groups.size, groups.rank
+    done = 0
+    for stage in stages:
+        for m in stage.modules():
+            w1, w2 = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+            if not (isinstance(w1, nn.Parameter) and isinstance(w2, nn.Parameter) and w1.dim() == 3
+                    and hasattr(m, "num_experts") and hasattr(m, "act_fn")):
+                continue
+            if getattr(m, "gate_up_proj_bias", None) is not None or getattr(m, "has_bias", False):
+                raise ZbError(f"{type(m).__name__}: experts with biases are not supported under expert parallelism")
+            if m.num_experts % size:
+                raise ZbError(f"{type(m).__name__}: {m.num_experts} experts do not split over {size} ranks")
+            n = m.num_experts // size
+            for name, p in (("gate_up_proj", w1), ("down_proj", w2)):
+                setattr(m, name, mark_expert(nn.Parameter(p.detach()[rank * n:(rank + 1) * n].clone(),
+                                                          requires_grad=p.requires_grad)))
+            m._zbsearch_groups = groups
+            m.forward = types.MethodType(_hf_experts_forward, m)
+            done += 1
+            if stage is stages[0]:
+                stage.split_first_stage = True  # type: ignore[assignment]  # (``expert_parallel``)
+    return done
 
 
 class MoEBlock(nn.Module):
