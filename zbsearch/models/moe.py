@@ -262,13 +262,14 @@ def shard_hf_experts(stages: Sequence[nn.Module], groups: ExpertGroups) -> int:
                 continue
             if getattr(m, "gate_up_proj_bias", None) is not None or getattr(m, "has_bias", False):
                 raise ZbError(f"{type(m).__name__}: experts with biases are not supported under expert parallelism")
-            if m.num_experts % size:
-                raise ZbError(f"{type(m).__name__}: {m.num_experts} experts do not split over {size} ranks")
-            n = m.num_experts // size
+            total = int(getattr(m, "num_experts"))  # noqa: B009  (an int attribute; nn.Module's typing says otherwise)
+            if total % size:
+                raise ZbError(f"{type(m).__name__}: {total} experts do not split over {size} ranks")
+            n = total // size
             for name, p in (("gate_up_proj", w1), ("down_proj", w2)):
                 setattr(m, name, mark_expert(nn.Parameter(p.detach()[rank * n:(rank + 1) * n].clone(),
                                                           requires_grad=p.requires_grad)))
-            m._zbsearch_groups = groups
+            setattr(m, "_zbsearch_groups", groups)  # noqa: B010
             m.forward = types.MethodType(_hf_experts_forward, m)
             done += 1
             if stage is stages[0]:
