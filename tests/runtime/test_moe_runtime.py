@@ -1,7 +1,8 @@
 """Mixture-of-experts under pipeline and expert parallelism: PP2 x EP2 on 4 gloo processes (the
 expert groups are the data-parallel peers of each stage) equals one process holding every
 expert on the global batch, for every schedule kind and for DualPipeV with its overlapped pairs
-run at once, over several AdamW steps."""
+run at once, over several AdamW steps; and with expert groups of one rank (every rank holding
+every expert), the expert copies' gradients summed across the replicas."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import zbsearch as zb
 from tests.helpers.toy import uniform_profile
 from zbsearch.actions import Op
 from zbsearch.distributed import run_local
-from zbsearch.distributed.mesh import build_mesh, expert_groups
+from zbsearch.distributed.mesh import build_mesh, expert_data_group, expert_groups
 from zbsearch.models.gpt import gpt_batch, gpt_loss
 from zbsearch.models.moe import MoE, MoEConfig, all_to_all_time, moe_stages
 from zbsearch.runtime import PipelineError, PipelineRuntime
@@ -61,23 +62,28 @@ def _expert_slice(name: str, rank: int, full: torch.Tensor, held: int) -> torch.
     return full[rank * held:(rank + 1) * held] if name.rsplit(".", 1)[-1] in ("w_in", "b_in", "w_out") else full
 
 
-def _run(rank: int, world: int, send, schedules: list[str], steps: int) -> list:
+def _run(rank: int, world: int, send, schedules: list[tuple[str, int]], steps: int) -> list:
+    """Each (schedule, ep): experts over expert groups of ep ranks of the data dimension (of 2);
+    with ep 1 every rank holds every expert and their copies' gradients are summed."""
     mesh = build_mesh(pp=PP, dp_replicate=EP)
-    groups = expert_groups(mesh)
+    made = {ep: (expert_groups(mesh, ep), expert_data_group(mesh, ep)) for ep in sorted({ep for _, ep in schedules})}
     pp_rank, replica = mesh["pp"].get_local_rank(), mesh["dp_replicate"].get_local_rank()
-    assert groups.rank == replica and groups.size == EP
     done = []
-    for text in schedules:
+    for text, ep in schedules:
+        groups, copies = made[ep]
+        assert groups.size == ep and groups.rank == replica % ep and (copies is None) == (ep == EP)
         sched = zb.Schedule.model_validate_json(text)
         cfg = _config(sched.num_stages)
         ref = moe_stages(cfg, seed=3)
         ours = moe_stages(cfg, seed=3, groups=groups)
         mine = {s: ours[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == pp_rank}
-        held = cfg.experts // EP
+        held = cfg.experts // ep
+        expert_rank = replica % ep
         ref_opt = torch.optim.AdamW([p for st in ref for p in st.parameters()], lr=0.01)
         our_opt = torch.optim.AdamW([p for st in mine.values() for p in st.parameters()], lr=0.01)
         last = sched.num_stages - 1
-        runtime = PipelineRuntime(sched, mine, gpt_loss if last in mine else None, mesh=mesh, timeout=40)
+        runtime = PipelineRuntime(sched, mine, gpt_loss if last in mine else None, mesh=mesh, timeout=60,
+                                  expert_data_group=copies)
         with all_to_all_time() as clock:
             for step in range(steps):
                 ids, targets = gpt_batch(cfg, EP * M, seed=step + 10)
@@ -90,13 +96,13 @@ def _run(rank: int, world: int, send, schedules: list[str], steps: int) -> list:
                     for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
                         where = f"{sched.kind} step {step} stage {s} {name}"
                         assert q.grad is not None and p.grad is not None, where
-                        torch.testing.assert_close(q.grad, _expert_slice(name, replica, p.grad, held), rtol=1e-5,
+                        torch.testing.assert_close(q.grad, _expert_slice(name, expert_rank, p.grad, held), rtol=1e-5,
                                                    atol=1e-6, msg=lambda e, w=where: f"{w}: {e}")
                 ref_opt.step()
                 our_opt.step()
         for s, st in mine.items():  # parameters after the AdamW steps
             for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
-                q, p = q.detach().clone(), _expert_slice(name, replica, p.detach(), held).clone()
+                q, p = q.detach().clone(), _expert_slice(name, expert_rank, p.detach(), held).clone()
                 if name.endswith("attn.qkv.bias"):
                     # the key bias's gradient is zero but for rounding, which Adam turns into steps of
                     # either sign: it only stays within Adam's step bound
@@ -110,15 +116,15 @@ def _run(rank: int, world: int, send, schedules: list[str], steps: int) -> list:
         rows = runtime._timer.rows
         paired = [(a, b) for (a, b0, _, _), (b, c0, _, _) in zip(rows, rows[1:]) if b0 == c0]
         assert len(paired) == len(sched.overlapped[pp_rank] if sched.overlapped else []), sched.kind
-        done.append((sched.kind, clock.forward > 0, clock.backward > 0, runtime._worker is not None))
+        done.append((sched.kind, ep, clock.forward > 0, clock.backward > 0, runtime._worker is not None))
         runtime.close()
     return done
 
 
 def test_pp2_ep2_every_kind_and_overlapped_pairs_equal_one_process():
-    schedules = _schedules()
-    got = run_local(_run, PP * EP, [s.model_dump_json() for s in schedules], 3)
-    assert got[0] == [(s.kind, True, True, s.overlapped is not None) for s in schedules]
+    schedules = [(s, EP) for s in _schedules()] + [(zb.build_classic("zb-h1", uniform_profile(PP), M), 1)]
+    got = run_local(_run, PP * EP, [(s.model_dump_json(), ep) for s, ep in schedules], 3)
+    assert got[0] == [(s.kind, ep, ep > 1, ep > 1, s.overlapped is not None) for s, ep in schedules]
     assert all(g == got[0] for g in got)
 
 
