@@ -3,7 +3,7 @@
 Four local gloo processes: a pipeline of 2 ranks, each pipeline position held by an expert
 group of 2 (the data-parallel peers). Each stage's passes are emulated: its compute sleeps the
 profile's time while holding the process's one "device" (a lock: two passes of one process
-never compute at once, as on one accelerator), and its expert all-to-all is real: in F, a
+never compute at once, as on one accelerator; oversleeping made up as in ``EmulatedStage``), and its expert all-to-all is real: in F, a
 dispatch and a combine of ``--payload-kib`` KiB per rank across the expert group (the same
 autograd all-to-all as ``zbsearch.models.moe``: its backward is the mirror pair, in B); W sleeps
 its time. A pass waiting in an all-to-all does not hold the device, so in an overlapped pair the
@@ -44,8 +44,12 @@ _DEVICE = threading.Lock()  # this process's one device: compute passes take tur
 
 
 def _busy(ms: float) -> None:
+    """Emulated compute: the device held for ``ms``, oversleeping made up as the runtime's
+    emulated stages make it up (``zbsearch.runtime.emulation``)."""
+    from zbsearch.runtime.emulation import _sleep
+
     with _DEVICE:
-        time.sleep(ms / 1e3)
+        _sleep(ms / 1e3)
 
 
 class _Compute(torch.autograd.Function):
@@ -233,7 +237,7 @@ def _report(doc: dict, path: Path) -> None:
         "| data | [bench/results/moe_run.json](../results/moe_run.json) |", "",
         f"Per stage compute F {COMPUTE['f']}, B {COMPUTE['b']}, W {COMPUTE['w']} ms (half per piece of a V), slept "
         "holding the process's one device; the all-to-all is real (dispatch and combine in F, their mirrors in B, "
-        f"{doc['payload_kib']} KiB per rank each way). a_f / a_b: calibrated per stage (stage 0 shown), the slower "
+        f"{doc['payload_kib']} KiB per rank each way). a_f / a_b: calibrated per stage (stage 0 shown), the expert "
         "peers' smaller. Predicted: the simulator's makespan on the calibrated profile. Measured: median iteration, barrier "
         "to barrier.", "",
         "| schedule | pairs | a_f / a_b stage 0 (ms) | predicted (ms) | pairs priced | measured (ms) | measured vs predicted |",

@@ -157,18 +157,26 @@ def test_pairs_that_cannot_run_are_refused_in_one_line():
 
 
 @pytest.mark.slow
-def test_profile_on_an_expert_group_records_the_all_to_all_inside_f_and_b():
-    import functools
+def test_profile_on_an_expert_group_records_the_all_to_all_inside_f_and_b(capsys, tmp_path):
+    """``zbsearch profile --builtin moe --ep 2``: each stage's a_f and a_b, within its F and B."""
+    from tests.helpers import run_main
 
-    from zbsearch.profiler import Settings, builtin_moe
-    from zbsearch.profiler.experts import profile_expert_parallel
-    from zbsearch.profiler.links import LinkModel
-
-    cfg = _config(2)
-    link = LinkModel(latency_ms=0.05, bandwidth_gb_s=1.0, how="given")
-    prof = profile_expert_parallel(functools.partial(builtin_moe, cfg), 2,
-                                   Settings(warmup=1, repeat=3, rounds=1, recompute=False), link=link)
+    out = tmp_path / "moe.json"
+    code, _, err = run_main(capsys, "profile", "--builtin", "moe", "--layers", 2, "--hidden", 16, "--heads", 2, "--seq", 6,
+                            "--microbatch-size", 2, "--stages", 2, "--experts", 4, "--ep", 2, "--warmup", 1, "--repeat", 3,
+                            "--rounds", 1, "-o", out)
+    assert code == 0, err
+    prof = zb.load_profile(out)
     assert prof.ep == 2
     for st in prof.stages:
-        a_f, a_b = st.a_f, st.a_b
-        assert 0 < a_f <= st.t_f and 0 < a_b <= st.t_b, (a_f, a_b, st)
+        assert 0 < st.a_f <= st.t_f and 0 < st.a_b <= st.t_b, st
+
+
+def test_profile_ep_refuses_what_it_cannot_measure_in_one_line(capsys):
+    from tests.helpers import run_main
+
+    for args, words in ((["--builtin", "gpt", "--ep", 2], "--builtin moe"),
+                        (["--builtin", "moe", "--experts", 4, "--ep", 3], "must split"),
+                        (["--builtin", "moe", "--ep", 2, "--dp", 2], "do not apply")):
+        code, _, err = run_main(capsys, "profile", *args, "-o", "-")
+        assert code != 0 and words in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
