@@ -3,11 +3,11 @@
 Four local gloo processes: a pipeline of 2 ranks, each pipeline position held by an expert
 group of 2 (the data-parallel peers). Each stage's passes are emulated: its compute sleeps the
 profile's time while holding the process's one "device" (a lock: two passes of one process
-never compute at once, as on one accelerator; oversleeping made up as in ``EmulatedStage``), and its expert all-to-all is real: in F, a
-dispatch and a combine of ``--payload-kib`` KiB per rank across the expert group (the same
-autograd all-to-all as ``zbsearch.models.moe``: its backward is the mirror pair, in B); W sleeps
-its time. A pass waiting in an all-to-all does not hold the device, so in an overlapped pair the
-other pass computes meanwhile.
+never compute at once, as on one accelerator; oversleeping made up as in ``EmulatedStage``),
+and its expert all-to-all is real: in F, a dispatch and a combine of ``--payload-kib`` KiB per
+rank across the expert group (the same autograd all-to-all as ``zbsearch.models.moe``: its
+backward is the mirror pair, in B); W sleeps its time. A pass waiting in an all-to-all does
+not hold the device, so in an overlapped pair the other pass computes meanwhile.
 
 Per schedule (DualPipeV with and without its overlapped pairs, ZB-V, 1F1B; m = ``-m``):
   1. calibrate: every stage's all-to-all time inside one F and one B, timed around the
