@@ -45,6 +45,9 @@ def mark_pairs(sched: zb.Schedule) -> zb.Schedule:
 def _schedules() -> list[zb.Schedule]:
     prof = uniform_profile(PP)
     out = [zb.build_classic(k, prof, M) for k in ("1f1b", "zb-h1", "zb-v", "interleaved-1f1b")]
+    recompute = zb.StageCost(t_f=1.0, t_b=1.0, t_w=1.0, m_f=1.0, m_b=-0.6, m_w=-0.4, t_r=1.0, m_fc=0.1)
+    out.append(zb.build_classic("1f1b-recompute", zb.Profile(name="unit-r", memory_unit="activations",
+                                                             stages=[recompute] * PP), M))  # R repeats the dispatch
     out.append(mark_pairs(zb.build_classic("dualpipe-v", prof, M)))
     assert all(len(r) >= 2 for r in out[-1].overlapped or [])  # pairs on every rank
     return out
