@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import cast
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -50,7 +51,7 @@ from ..errors import ZbError
 from .gpt import Attention, Block, Embedding, Head
 from .llama import LlamaBlock, TokenEmbedding, _Head
 
-__all__ = ["FusedColwiseParallel", "tp_plan", "parallelize_stage", "fully_shard_layout"]
+__all__ = ["FusedColwiseParallel", "tp_plan", "parallelize_stage", "fully_shard_layout", "full_tensor"]
 
 
 class FusedColwiseParallel(ColwiseParallel):
@@ -69,7 +70,7 @@ class FusedColwiseParallel(ColwiseParallel):
             split = distribute_tensor(param, device_mesh, [_StridedShard(0, split_factor=self.parts)],
                                       src_data_rank=self.src_data_rank)
             module.register_parameter(pname, nn.Parameter(split, requires_grad=param.requires_grad))
-        module._zb_fused_parts = self.parts  # type: ignore[assignment]  # for fully_shard_layout
+        module._zb_fused_parts = self.parts  # for fully_shard_layout
 
     @staticmethod
     def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
@@ -287,8 +288,9 @@ def fully_shard_layout(stage: nn.Module) -> nn.Module:
             continue
         for pname, param in list(module.named_parameters(recurse=False)):
             if not isinstance(param, DTensor) or param.placements != (_StridedShard(0, split_factor=parts),):
-                raise ZbError(f"fully_shard_layout: {type(module).__name__}.{pname} is laid out as {param.placements}, "
-                              f"not as FusedColwiseParallel({parts}) splits it; call it before fully_shard")
+                layout = getattr(param, "placements", "a plain tensor")
+                raise ZbError(f"fully_shard_layout: {type(module).__name__}.{pname} is laid out as {layout}, not as "
+                              f"FusedColwiseParallel({parts}) splits it; call it before fully_shard")
             blocked = DTensor.from_local(param.to_local(), param.device_mesh, (Shard(0),), run_check=False,
                                          shape=param.shape, stride=param.stride())
             module.register_parameter(pname, nn.Parameter(blocked, requires_grad=param.requires_grad))
@@ -296,6 +298,26 @@ def fully_shard_layout(stage: nn.Module) -> nn.Module:
         module._register_load_state_dict_pre_hook(_load_blocked, with_module=True)
         module._zb_blocked = True  # type: ignore[assignment]
     return stage
+
+
+def full_tensor(stage: nn.Module, name: str, tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Parameter ``name`` of ``stage`` (or ``tensor``: its gradient, its optimizer state) as
+    the unparallelized model holds it: a DTensor gathered whole, a fused projection's rows laid
+    out by ``fully_shard_layout`` put back in order; a plain tensor as it is. Every rank of the
+    parameter's mesh calls it (it gathers)."""
+    t = stage.get_parameter(name) if tensor is None else tensor
+    whole = t.full_tensor() if isinstance(t, DTensor) else t
+    module = stage.get_submodule(name.rpartition(".")[0])
+    if not getattr(module, "_zb_blocked", False):
+        return whole
+    mesh = cast(DTensor, stage.get_parameter(name)).device_mesh
+    order = _order(whole.shape[0], _parts(module), mesh.size(mesh.ndim - 1))
+    return whole[torch.argsort(order).to(whole.device)]
+
+
+def _parts(module: nn.Module) -> int:
+    """How many projections a module split by ``FusedColwiseParallel`` fuses."""
+    return int(module.__dict__["_zb_fused_parts"])
 
 
 def _order(rows: int, parts: int, tp: int) -> torch.Tensor:
@@ -307,21 +329,21 @@ def _order(rows: int, parts: int, tp: int) -> torch.Tensor:
 def _save_unblocked(module: nn.Module, state: dict, prefix: str, local_metadata) -> None:
     """The fused parameters in the unparallelized order: the tensor dimension (the mesh's last)
     as ``FusedColwiseParallel`` splits it, gathered over the data-parallel dimensions."""
-    parts = module._zb_fused_parts  # type: ignore[attr-defined]
+    parts = _parts(module)
     for pname, _ in module.named_parameters(recurse=False):
         value = state.get(prefix + pname)
         if not isinstance(value, DTensor):
             continue
-        mesh, n = value.device_mesh, value.device_mesh.ndim
-        local = value.redistribute(mesh, (Replicate(),) * (n - 1) + (Shard(0),)).to_local()
-        state[prefix + pname] = DTensor.from_local(local, mesh, (Replicate(),) * (n - 1) + (_StridedShard(0, split_factor=parts),),
+        mesh, whole = value.device_mesh, [Replicate()] * (value.device_mesh.ndim - 1)
+        local = value.redistribute(mesh, [*whole, Shard(0)]).to_local()
+        state[prefix + pname] = DTensor.from_local(local, mesh, [*whole, _StridedShard(0, split_factor=parts)],
                                                    run_check=False, shape=value.shape, stride=value.stride())
 
 
 def _load_blocked(module: nn.Module, state: dict, prefix: str, local_metadata, strict, missing, unexpected, errors) -> None:
     """The fused parameters of a state dict in the unparallelized order (whole tensors, or
     DTensors of any layout) laid out as the module's parameters (blocked)."""
-    parts = module._zb_fused_parts  # type: ignore[attr-defined]
+    parts = _parts(module)
     for pname, param in module.named_parameters(recurse=False):
         value = state.get(prefix + pname)
         if value is None or not isinstance(param, DTensor) or tuple(value.shape) != tuple(param.shape):
@@ -330,6 +352,6 @@ def _load_blocked(module: nn.Module, state: dict, prefix: str, local_metadata, s
         tp, rank = mesh.size(n - 1), mesh.get_local_rank(n - 1)
         full = value.full_tensor() if isinstance(value, DTensor) else value
         mine = full.detach()[_order(full.shape[0], parts, tp).view(tp, -1)[rank].to(full.device)]
-        blocked = DTensor.from_local(mine.to(param.dtype), mesh, (Replicate(),) * (n - 1) + (Shard(0),), run_check=False,
+        blocked = DTensor.from_local(mine.to(param.dtype), mesh, [Replicate()] * (n - 1) + [Shard(0)], run_check=False,
                                      shape=param.shape, stride=param.stride())
         state[prefix + pname] = blocked.redistribute(mesh, param.placements)
