@@ -132,3 +132,62 @@ def test_pp1_dp_shard2_tp2_split_stages_equal_one_process():
 def test_pp2_dp_shard2_tp2_equals_one_process():
     problems = run_local(_check, 8, (2, 2, 2), _kinds(2, ("zb-h1", "zb-v", "1f1b")), timeout=1800)
     assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
+
+
+# -- the layout itself (one process) ---------------------------------------------------------------
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+def test_the_grouped_order_puts_each_ranks_share_of_each_part_together(parts):
+    from zbsearch.models.tensor_parallel import _order
+
+    for tp in (1, 2, 3, 4, 8):
+        for per in (tp, 2 * tp, 3 * tp):
+            rows = torch.arange(parts * per)
+            assert torch.equal(rows[_order(parts * per, parts, tp)], _blocked(rows, parts, tp)), (parts, tp, per)
+
+
+def _one_rank_stage():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from zbsearch.models import GPTConfig, gpt_stages
+    from zbsearch.models.tensor_parallel import parallelize_stage
+
+    cfg = GPTConfig(layers=2, stages=2, hidden=16, heads=2, seq=8, vocab=16, microbatch_size=1)
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp_shard", "tp"))
+    return gpt_stages(cfg, seed=0)[1], parallelize_stage(gpt_stages(cfg, seed=0)[1], mesh["tp"]), mesh
+
+
+def test_a_sharded_tensor_parallel_stage_saves_and_loads_the_unparallelized_tensors(one_rank):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    from zbsearch.models.sharding import shard_stage
+    from zbsearch.models.tensor_parallel import full_tensor
+
+    ref, stage, mesh = _one_rank_stage()
+    shard_stage(stage, mesh["dp_shard"])
+    theirs = ref.state_dict()
+    ours = stage.state_dict()
+    assert list(ours) == list(theirs)
+    for k, v in ours.items():
+        assert torch.equal(_full(v), theirs[k]), k
+    for n, _ in stage.named_parameters():
+        assert torch.equal(full_tensor(stage, n), ref.get_parameter(n)), n
+    with torch.no_grad():
+        for q in stage.parameters():
+            q.zero_()
+    set_model_state_dict(stage, theirs, options=StateDictOptions(full_state_dict=True))
+    for n, _ in stage.named_parameters():
+        assert torch.equal(full_tensor(stage, n), ref.get_parameter(n)), n
+
+
+def test_a_fused_projection_already_sharded_is_refused_in_one_line(one_rank):
+    from torch.distributed.fsdp import fully_shard
+
+    from zbsearch.errors import ZbError
+    from zbsearch.models.tensor_parallel import fully_shard_layout
+
+    _, stage, mesh = _one_rank_stage()
+    for child in stage.children():
+        fully_shard(child, mesh=mesh["dp_shard"])
+    with pytest.raises(ZbError, match=r"fully_shard_layout: Linear\.weight is laid out as .*; call it before fully_shard") as err:
+        fully_shard_layout(stage)
+    assert "\n" not in str(err.value)

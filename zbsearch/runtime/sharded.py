@@ -32,6 +32,12 @@ Every trainable parameter of a sharded stage must be managed by FSDP (apply ``fu
 the layers, then to the stage itself, as torchtitan does), and FSDP's mesh must span the whole
 data-parallel dimension (``dp_shard``, or ``dp_replicate`` x ``dp_shard`` for hybrid sharding):
 otherwise one line says what to do.
+
+Tensor-parallel stages sharded on top (PP x DP_shard x TP) run the same way: FSDP gathers each
+rank's tensor-parallel shares. A parameter split with a strided layout (a fused projection)
+that FSDP shards again is refused: torch cannot gather that nesting into full tensors, so
+``zbsearch.models.tensor_parallel.fully_shard_layout`` must lay it out first (``shard_stage``
+does).
 """
 
 from __future__ import annotations
