@@ -34,7 +34,7 @@ def _blocked(g: torch.Tensor, parts: int, tp: int) -> torch.Tensor:
     return torch.cat([pieces[k][r] for r in range(tp) for k in range(parts)])
 
 
-def _case(text: str, mesh) -> list[str]:
+def _case(text: str, sp: bool, mesh) -> list[str]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     from zbsearch.models.sharding import shard_stage
@@ -47,14 +47,14 @@ def _case(text: str, mesh) -> list[str]:
     S, last = sched.num_stages, sched.num_stages - 1
     ref, inputs, targets, loss_fn = _model("gpt", S, dp)
     ours = _model("gpt", S)[0]
-    mine = {s: shard_stage(parallelize_stage(ours[s], mesh["tp"]), mesh["dp_shard"])
+    mine = {s: shard_stage(parallelize_stage(ours[s], mesh["tp"], sequence_parallel=sp), mesh["dp_shard"])
             for s in range(S) if sched.stage_to_rank[s] == pp}
     adamw = dict(lr=1e-2, eps=1e-4, weight_decay=0.01)  # eps: see test_tensor_parallel._run_case
     ref_opt = torch.optim.AdamW([q for st in ref for q in st.parameters()], **adamw)
     trained = [q for st in mine.values() for q in st.parameters()]
     our_opt = torch.optim.AdamW(trained, **adamw)
     problems = []
-    name = sched.kind
+    name = f"{sched.kind}{' sequence-parallel' if sp else ''}"
     with PipelineRuntime(sched, mine, loss_fn, mesh=mesh, timeout=120) as rt:
         for step in range(STEPS):
             want = []
@@ -103,22 +103,22 @@ def _case(text: str, mesh) -> list[str]:
     return problems
 
 
-def _check(rank: int, world: int, send, shape: tuple[int, int, int], cases: list[str]) -> list[str]:
+def _check(rank: int, world: int, send, shape: tuple[int, int, int], cases: list[tuple[str, bool]]) -> list[str]:
     from zbsearch.distributed.mesh import build_mesh
 
     warnings.filterwarnings("ignore", message=".*(view tensor|sequential all_gather).*")
     pp, dp, tp = shape
     mesh = build_mesh(pp=pp, dp_shard=dp, tp=tp)
-    return [line for text in cases for line in _case(text, mesh)]
+    return [line for text, sp in cases for line in _case(text, sp, mesh)]
 
 
-def _kinds(p: int, kinds: tuple[str, ...]) -> list[str]:
+def _kinds(p: int, kinds: tuple[str, ...], sp: bool = False) -> list[tuple[str, bool]]:
     from tests.runtime.test_tensor_parallel import _profile
 
     if p == 2:
         by_kind = {s.kind: s for s in schedules()}
-        return [by_kind[k].model_dump_json() for k in kinds]
-    return [zb.build_classic(k, _profile(p), M).model_dump_json() for k in kinds]
+        return [(by_kind[k].model_dump_json(), sp) for k in kinds]
+    return [(zb.build_classic(k, _profile(p), M).model_dump_json(), sp) for k in kinds]
 
 
 def test_pp1_dp_shard2_tp2_split_stages_equal_one_process():
@@ -130,7 +130,9 @@ def test_pp1_dp_shard2_tp2_split_stages_equal_one_process():
 
 @pytest.mark.slow
 def test_pp2_dp_shard2_tp2_equals_one_process():
-    problems = run_local(_check, 8, (2, 2, 2), _kinds(2, ("zb-h1", "zb-v", "1f1b")), timeout=1800)
+    """Eight ranks; the V with sequence parallelism (its norms' gradients are partial sums)."""
+    cases = _kinds(2, ("zb-h1", "1f1b")) + _kinds(2, ("zb-v",), sp=True)
+    problems = run_local(_check, 8, (2, 2, 2), cases, timeout=1800)
     assert all(not x for x in problems), "\n".join(line for x in problems for line in x[:20])
 
 
