@@ -26,7 +26,7 @@ from .actions import RECOMPUTES, Action, Op
 from .costs import CostModel
 from .dependencies import action_predecessor_types, edge_delay, pass_positions
 from .errors import ZbError
-from .reductions import Reduction, lane
+from .reductions import Reduction, gather_ends, gathers, lane
 
 __all__ = ["Timeline", "Deadlock", "simulate", "memory_trace", "peak_memory", "bubble_rate"]
 
@@ -47,7 +47,9 @@ class Timeline:
     the activation memory the rank holds after it, ``busy[r]`` the rank's compute time in F, B
     and W passes (recompute passes not counted, see the module). Where the costs end the
     iteration with reductions (``zbsearch.reductions``), ``reductions[r]`` holds rank r's
-    (stage, start, end) and ``finish[r]`` when its iteration ends, optimizer steps included.
+    (stage, start, end) and ``finish[r]`` when its iteration ends, optimizer steps included;
+    where sharded stages gather their parameters first, ``gathers[r]`` holds those and
+    ``begin[r]`` the start of rank r's step, which its iteration counts from.
     """
 
     actions: list[list[Action]]
@@ -57,6 +59,8 @@ class Timeline:
     busy: list[float]
     reductions: list[list[Reduction]] = field(default_factory=list)
     finish: list[float] = field(default_factory=list)
+    gathers: list[list[Reduction]] = field(default_factory=list)  # per rank, where stages gather (sharded)
+    begin: list[float] = field(default_factory=list)  # per rank, its step's start where it gathers
 
     def __repr__(self) -> str:
         if not self.actions:
@@ -82,6 +86,8 @@ class Timeline:
         steps. The longest is the iteration period."""
         if not self.finish:
             return self.span
+        if self.begin:
+            return [f - b for b, f in zip(self.begin, self.finish)]
         return [(f - s[0]) if s else f for s, f in zip(self.start, self.finish)]
 
     @property
@@ -133,6 +139,7 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
         for op in Op
     }
     durations = cost.durations(rank_actions)
+    release = _releases(rank_actions, cost)
     start = [[0.0] * len(row) for row in rank_actions]
     end = [[0.0] * len(row) for row in rank_actions]
     done = [0] * R  # number of actions finished per rank
@@ -141,13 +148,15 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
     runnable = list(range(R - 1, -1, -1))
     while runnable:
         r = runnable.pop()
-        row, row_start, row_end, row_dur = rank_actions[r], start[r], end[r], durations[r]
+        row, row_start, row_end, row_dur, row_release = rank_actions[r], start[r], end[r], durations[r], release[r]
         n, i, t_free = len(row), done[r], free[r]
         wait = None
         while i < n:
             a = row[i]
             deps = kinds[a.op][a.stage]
             t = t_free
+            if row_release and i in row_release and row_release[i] > t:
+                t = row_release[i]
             for positions, delay in deps:
                 pos = positions[a.mb]
                 if pos is None:  # no rank runs it: reported below, after the run stops
@@ -180,13 +189,33 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
         raise Deadlock(_waits(rank_actions, done, _resolve(rank_actions, where, S)))
 
     busy = [sum(d for a, d in zip(row, dur) if a.op not in RECOMPUTES) for row, dur in zip(rank_actions, durations)]
-    reductions, finish = [], []
+    reductions, finish, gathered, begin = [], [], [], []
     if cost.has_reductions:
         for row, ends in zip(rank_actions, end):
             got, f = lane(row, ends, cost.t_reduce, cost.t_opt)
             reductions.append(got)
             finish.append(f)
-    return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy, reductions, finish)
+    if cost.t_gather:
+        for row, starts in zip(rank_actions, start):
+            got, b = gathers(row, starts, cost.t_gather)
+            gathered.append(got)
+            begin.append(b)
+    return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy, reductions, finish, gathered, begin)
+
+
+def _releases(rank_actions: list[list[Action]], cost: CostModel) -> list[dict[int, float]]:
+    """Per rank, position -> the earliest start of the first pass of each stage whose parameters
+    the rank gathers first (``reductions.gather_ends``); empty without gathers."""
+    if not cost.t_gather:
+        return [{} for _ in rank_actions]
+    out = []
+    for row in rank_actions:
+        ends = gather_ends({a.stage for a in row}, cost.t_gather)
+        first: dict[int, int] = {}
+        for i, a in enumerate(row):
+            first.setdefault(a.stage, i)
+        out.append({i: ends[s] for s, i in first.items() if ends[s] > 0})
+    return out
 
 
 def memory_trace(rank_actions: list[list[Action]], cost: CostModel) -> list[list[float]]:

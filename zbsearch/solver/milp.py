@@ -988,7 +988,7 @@ def _model_form(tl: Timeline, offers: dict[int, tuple[Op, ...]]) -> Timeline:
         start.append(s0)
         end.append(e0)
         memory.append(m0)
-    return Timeline(rows, start, end, memory, tl.busy, tl.reductions, tl.finish)  # the same lane
+    return Timeline(rows, start, end, memory, tl.busy, tl.reductions, tl.finish, tl.gathers, tl.begin)  # the same lane
 
 
 def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed: bool = True) -> WindowResult | None:
