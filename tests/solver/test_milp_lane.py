@@ -22,21 +22,19 @@ from zbsearch.solver.problem import Problem
 from zbsearch.solver.verdict import CLOSED
 
 from .oracle import FAMILIES, brute_force, random_instance, with_fused
+from .test_iteration_objective import _with_lane as _drawn_lane
 
 _LIMITS = ("min", "1p", "1.5p", "2p", "none")
 TOL = 1e-6  # HiGHS's tolerances and the dual bound's margin
 
 
 def _with_lane(rng: random.Random, profile: zb.Profile) -> zb.Profile:
-    """Reductions from nothing to twice a stage's passes, some optimizer steps; at least one reduction."""
-    stages = []
-    for st in profile.stages:
-        work = st.t_f + st.t_b + st.t_w
-        stages.append(st.model_copy(update={"t_reduce": rng.choice([0.0, 0.25, 0.5, 1.0, 2.0]) * work,
-                                            "t_opt": rng.choice([0.0, 0.0, 0.125]) * work}))
-    if not any(st.t_reduce for st in stages):
-        stages[0] = stages[0].model_copy(update={"t_reduce": profile.stages[0].t_b})
-    return profile.model_copy(update={"stages": stages})
+    """``test_iteration_objective``'s reductions and steps, with at least one reduction."""
+    prof = _drawn_lane(rng, profile)
+    if any(st.t_reduce for st in prof.stages):
+        return prof
+    stages = [prof.stages[0].model_copy(update={"t_reduce": profile.stages[0].t_b}), *prof.stages[1:]]
+    return prof.model_copy(update={"stages": stages})
 
 
 def _instance(seed: int):
