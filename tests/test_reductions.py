@@ -88,3 +88,72 @@ def test_reductions_are_no_pass_times_and_survive_a_file(tmp_path):
     assert back == prof and back.data_parallel.replicas == 16 and back.has_reductions
     with pytest.raises(zb.ZbError, match="one gradient size"):
         with_reductions(prof, 2, 1.0, [1.0])
+
+
+# ---- sharded stages: the parameters gathered at the step's start --------------------------------
+
+def _gathering(t_gather, t_reduce, stage_to_rank):
+    S = len(stage_to_rank)
+    return zb.CostModel(stage_to_rank=tuple(stage_to_rank), t_f=(1.0,) * S, t_b=(1.0,) * S, t_w=(1.0,) * S,
+                        t_bw=(2.0,) * S, t_ff=(1.0,) * S, m_f=(1.0,) * S, m_b=(-0.5,) * S, m_w=(-0.5,) * S,
+                        comm_next=(0.0,) * (S - 1), t_reduce=tuple(t_reduce), t_opt=(0.0,) * S, t_gather=tuple(t_gather))
+
+
+def test_a_stages_first_pass_waits_for_its_gather_and_the_iteration_counts_it():
+    # by hand: rank 0 gathers 2 ms, so F0 runs 2-3; rank 1's F 3-4 (its 0.5 ms gather hidden
+    # behind the wait), B 4-5, W 5-6; rank 0's B 5-6, W 6-7; reductions 7-8 and 6-7. Rank 0's
+    # step starts at 0 (its gather ends at its first pass), rank 1's at 2.5 (3 - 0.5).
+    cost = _gathering((2.0, 0.5), (1.0, 1.0), (0, 1))
+    rows = [[zb.Action(s, op, 0) for op in (Op.F, Op.B, Op.W)] for s in (0, 1)]
+    tl = simulate(rows, cost)
+    assert tl.start == [[2.0, 5.0, 6.0], [3.0, 4.0, 5.0]]
+    assert tl.gathers == [[(0, 0.0, 2.0)], [(1, 2.5, 3.0)]]
+    assert tl.begin == [0.0, 2.5]
+    assert tl.iteration == [8.0, 4.5]
+    assert tl.period == 8.0
+
+
+def test_on_a_v_the_rank_gathers_in_stage_order_and_the_later_stage_waits_for_both():
+    # rank 0 holds stages 0 and 3: its gathers run 0-1 (stage 0) then 1-11 (stage 3), so stage
+    # 3's forward, ready at 4, starts at 11
+    cost = _gathering((1.0, 0.0, 0.0, 10.0), (0.0,) * 4, (0, 1, 1, 0))
+    rows = [[zb.Action(0, Op.F, 0), zb.Action(3, Op.F, 0), zb.Action(3, Op.B, 0), zb.Action(3, Op.W, 0),
+             zb.Action(0, Op.B, 0), zb.Action(0, Op.W, 0)],
+            [zb.Action(1, Op.F, 0), zb.Action(2, Op.F, 0), zb.Action(2, Op.B, 0), zb.Action(2, Op.W, 0),
+             zb.Action(1, Op.B, 0), zb.Action(1, Op.W, 0)]]
+    tl = simulate(rows, cost)
+    assert tl.start[0][:2] == [1.0, 11.0]
+    assert tl.gathers[0] == [(0, 0.0, 1.0), (3, 1.0, 11.0)]
+    assert tl.begin[0] == 0.0 and tl.iteration[0] == tl.end[0][-1]
+
+
+def test_sharded_reductions_gather_as_many_bytes_and_old_files_mean_none(tmp_path):
+    prof = zb.resolve_profile("1.5b-m24")
+    assert zb.CostModel.from_profile(prof, list(range(8))).t_gather == ()
+    plain = with_reductions(prof, 8, 50.0, [3e8] * 8)
+    assert all(st.t_gather is None for st in plain.stages)
+    sharded = with_reductions(prof, 8, 50.0, [3e8] * 8, sharded=True)
+    assert [st.t_gather for st in sharded.stages] == [reduction_time(3e8, 8, 50.0, sharded=True)] * 8
+    path = tmp_path / "p.json"
+    zb.save_profile(sharded, path)
+    again = zb.load_profile(str(path))
+    assert zb.CostModel.from_profile(again, list(range(8))).t_gather == (reduction_time(3e8, 8, 50.0, sharded=True),) * 8
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_iteration_bound_with_gathers_never_exceeds_the_optimum(seed):
+    from tests.solver.oracle import brute_force
+    from zbsearch.bounds import memory_iteration_lower_bound
+
+    rng = random.Random(seed)
+    place = [(0, 1), (0, 1, 2), (0, 1, 1, 0)][seed % 3]
+    S = len(place)
+    cost = _gathering([rng.choice([0.0, 0.5, 2.0, 4.0]) for _ in range(S)], [rng.choice([0.0, 1.0, 3.0]) for _ in range(S)],
+                      place)
+    m = 1 if S > 2 else 2
+    best, rows = brute_force(cost, m, None, "iteration")
+    bound = memory_iteration_lower_bound(cost, m, None)
+    assert bound <= best * (1 + 1e-9), (bound, best)
+    # the gathers only add: the bound is at least the one without them
+    without = memory_iteration_lower_bound(replace(cost, t_gather=()), m, None)
+    assert bound >= without - 1e-9

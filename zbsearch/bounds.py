@@ -698,14 +698,17 @@ def rank_iteration_lower_bounds(cost: CostModel, num_microbatches: int, spans: l
     last pass is one of its stages' last backward (W or BW), whose reduction follows it; on a
     rank with several stages each stage's last backward also ends no earlier than its own bound
     (``rank_backward_end_lower_bounds``), so a stage that finishes before the last one leaves
-    its reduction on the lane before the last one's (``reductions.iteration_floor``). Without
-    reductions, the spans."""
+    its reduction on the lane before the last one's (``reductions.iteration_floor``). Where
+    sharded stages gather, the rank's first pass is its lowest stage's (every other stage's
+    forwards need it), whose gather runs first on the lane: the step starts that much before
+    the first pass at least. Without reductions, the spans."""
     from .reductions import iteration_floor
 
     if not cost.has_reductions:
         return list(spans)
     ends = rank_backward_end_lower_bounds(cost, num_microbatches)
-    return [iteration_floor(b, e, cost.t_reduce, cost.t_opt) for b, e in zip(spans, ends)]
+    gather = [cost.t_gather[min(cost.rank_stages(r))] if cost.t_gather else 0.0 for r in range(cost.num_ranks)]
+    return [iteration_floor(b, e, cost.t_reduce, cost.t_opt) + g for b, e, g in zip(spans, ends, gather)]
 
 
 @_paired_floor

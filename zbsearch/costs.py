@@ -118,6 +118,9 @@ class CostModel:
     # overlapped pair can hide (empty: none anywhere)
     a_f: tuple[float, ...] = ()
     a_b: tuple[float, ...] = ()
+    # per stage, gathering its sharded parameters at the step's start, before its first pass
+    # (``zbsearch.reductions``; empty: none)
+    t_gather: tuple[float, ...] = ()
 
     def __repr__(self) -> str:
         S = self.num_stages
@@ -197,6 +200,7 @@ class CostModel:
             t_opt=tuple((c.t_opt or 0.0) / k for c in st) if profile.has_reductions else (),
             a_f=tuple(c.a_f / k for c in st) if profile.has_all_to_all else (),
             a_b=tuple(c.a_b / k for c in st) if profile.has_all_to_all else (),
+            t_gather=tuple((c.t_gather or 0.0) / k for c in st) if any(c.t_gather for c in st) else (),
         )
 
     def check_microbatches(self, m: int) -> None:
@@ -306,7 +310,7 @@ class CostModel:
 
     def without_reductions(self) -> CostModel:
         """These costs with the iteration ending at the last pass."""
-        return replace(self, t_reduce=(), t_opt=()) if self.t_reduce else self
+        return replace(self, t_reduce=(), t_opt=(), t_gather=()) if self.t_reduce else self
 
     def without_recompute(self, keep: tuple[Op, ...] = ()) -> CostModel:
         """These costs with only the recompute passes in ``keep`` offered (none by default)."""

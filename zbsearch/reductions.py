@@ -14,6 +14,19 @@ run (``zbsearch.runtime.data_parallel``). The rule, in one place:
 * the rank's iteration ends once its last pass and its last reduction have ended, plus the
   optimizer steps of its stages (``t_opt``), which follow.
 
+Sharded stages (``fully_shard``) also gather their parameters at the step's start
+(``t_gather``; the runtime starts every gather at once and each stage's first pass waits for
+its own, ``zbsearch.runtime.sharded``):
+
+* a rank's lane runs its gathers first, one at a time in stage order, from the rank's step
+  start; a stage's first pass of the step starts no earlier than its gather's end;
+* every rank starts its step at time 0 (the simulator's origin), so the first pass of stage s
+  waits until the rank's gathers up to s have run (``gather_ends``); the rank's iteration
+  counts from the latest step start that lets each stage's gather end by its first pass (in
+  steady state a rank idle before its first input hides its gathers there);
+* a stage's backward needs the forwards of every later stage, so every reduction becomes ready
+  after the rank's last gather: the gathers never delay a reduction.
+
 A schedule that leaves a rank work after a stage's last backward hides that stage's reduction
 behind it; one whose every stage ends with the rank's last pass pays the reductions in full.
 Without reductions (``CostModel.has_reductions`` false) a rank's iteration is its span.
@@ -21,13 +34,13 @@ Without reductions (``CostModel.has_reductions`` false) a rank's iteration is it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import permutations
 
 from .actions import Action, Op
 
-__all__ = ["Reduction", "lane", "lane_runs", "last_backward", "lane_floors", "iteration_floor", "reduction_time",
-           "with_reductions", "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
+__all__ = ["Reduction", "lane", "lane_runs", "gather_ends", "gathers", "last_backward", "lane_floors", "iteration_floor",
+           "reduction_time", "with_reductions", "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
 
 Reduction = tuple[int, float, float]  # (stage, start, end), ms
 
@@ -66,6 +79,30 @@ def lane(row: Sequence[Action], ends: Sequence[float], t_reduce: Sequence[float]
     finish = max([*(end for _, end in runs[-1:]), *ends[-1:]], default=0.0)
     stages = {a.stage for a in row}
     return out, finish + sum(t_opt[s] for s in stages)
+
+
+def gather_ends(stages: Iterable[int], t_gather: Sequence[float]) -> dict[int, float]:
+    """When each stage's gather ends from its rank's step start: the rank's gathers one at a
+    time in stage order (``stages``: the rank's, any order)."""
+    out, t = {}, 0.0
+    for s in sorted(stages):
+        t += t_gather[s]
+        out[s] = t
+    return out
+
+
+def gathers(row: Sequence[Action], starts: Sequence[float], t_gather: Sequence[float]) -> tuple[list[Reduction], float]:
+    """One rank's gathers (stage, start, end) and its step's start, from its action list and the
+    start of each action: the latest step start that lets each stage's gather end by its first
+    pass (module docstring); with no gathers, its first pass's start."""
+    first: dict[int, float] = {}
+    for a, t in zip(row, starts):
+        first.setdefault(a.stage, t)
+    if not first:
+        return [], 0.0
+    ends = gather_ends(first, t_gather)
+    begin = min(first[s] - ends[s] for s in first)
+    return [(s, begin + e - t_gather[s], begin + e) for s, e in ends.items() if t_gather[s] > 0], begin
 
 
 def lane_floors(cost) -> list[float]:
@@ -125,7 +162,8 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
                     sharded: bool = False, latency_ms: float = 0.0, t_opt: Sequence[float] | None = None):
     """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
     ``replicas`` (``reduction_time`` of each stage's ``grad_bytes``) and, where given, their
-    optimizer step (``t_opt``, ms per stage)."""
+    optimizer step (``t_opt``, ms per stage); ``sharded``, a reduce-scatter, and each stage
+    gathers its parameters (as many bytes) at the step's start (``t_gather``)."""
     from .errors import ZbError
     from .formats.profile import DataParallel
 
@@ -133,9 +171,12 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
     if replicas < 1 or bandwidth_gbs <= 0 or latency_ms < 0 or min(grad_bytes) < 0:
         raise ZbError("reductions need at least 1 replica, a positive bandwidth and no negative bytes or latency")
     t_reduce = [reduction_time(b, replicas, bandwidth_gbs, sharded, latency_ms) for b in grad_bytes]
+    # sharded: the parameters are gathered at the step's start, an all-gather of as many bytes
+    # as the gradients (the same dtype), which a ring moves like a reduce-scatter
+    t_gather = t_reduce if sharded else None
     dp = DataParallel(replicas=replicas, sharded=sharded, how="bandwidth", bandwidth_gbs=bandwidth_gbs,
                       grad_bytes=list(grad_bytes))
-    return _ending_with(profile, dp, t_reduce, t_opt)
+    return _ending_with(profile, dp, t_reduce, t_opt, t_gather)
 
 
 def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_bytes: Sequence[float], *,
@@ -164,9 +205,11 @@ def _check_per_stage(profile, grad_bytes: Sequence[float], t_opt: Sequence[float
         raise ZbError(f"profile {profile.name!r} has {P} stages: give one gradient size (and optimizer time) per stage")
 
 
-def _ending_with(profile, dp, t_reduce: Sequence[float], t_opt: Sequence[float] | None):
-    """``profile`` with each stage's ``t_reduce`` and ``t_opt`` and its ``data_parallel`` section."""
-    stages = [c.model_copy(update={"t_reduce": t_reduce[i], "t_opt": None if t_opt is None else t_opt[i]})
+def _ending_with(profile, dp, t_reduce: Sequence[float], t_opt: Sequence[float] | None,
+                 t_gather: Sequence[float] | None = None):
+    """``profile`` with each stage's ``t_reduce``, ``t_opt`` and ``t_gather`` and its ``data_parallel`` section."""
+    stages = [c.model_copy(update={"t_reduce": t_reduce[i], "t_opt": None if t_opt is None else t_opt[i],
+                                   "t_gather": None if t_gather is None else t_gather[i]})
               for i, c in enumerate(profile.stages)]
     update = {"stages": stages, "data_parallel": dp, "name": f"{profile.name}-dp{dp.replicas}"}
     if profile.mesh is not None:  # the mesh's data-parallel sizes are the reductions'

@@ -31,7 +31,7 @@ from .actions import RECOMPUTES, Action, Op
 from .costs import CostModel
 from .dependencies import action_predecessor_types, edge_delay, pass_positions
 from .errors import ZbError
-from .reductions import Reduction, lane
+from .reductions import Reduction, gather_ends, gathers, lane
 
 __all__ = ["Timeline", "Deadlock", "simulate", "memory_trace", "peak_memory", "bubble_rate"]
 
@@ -53,7 +53,9 @@ class Timeline:
     and W passes (recompute passes not counted, an overlapped pair counted once as the time it
     takes; see the module), ``overlapped[r]`` the positions of rank r's pairs (empty: none). Where the costs end the
     iteration with reductions (``zbsearch.reductions``), ``reductions[r]`` holds rank r's
-    (stage, start, end) and ``finish[r]`` when its iteration ends, optimizer steps included.
+    (stage, start, end) and ``finish[r]`` when its iteration ends, optimizer steps included;
+    where sharded stages gather their parameters first, ``gathers[r]`` holds those and
+    ``begin[r]`` the start of rank r's step, which its iteration counts from.
     """
 
     actions: list[list[Action]]
@@ -64,6 +66,8 @@ class Timeline:
     reductions: list[list[Reduction]] = field(default_factory=list)
     finish: list[float] = field(default_factory=list)
     overlapped: list[list[int]] = field(default_factory=list)
+    gathers: list[list[Reduction]] = field(default_factory=list)  # per rank, where stages gather (sharded)
+    begin: list[float] = field(default_factory=list)  # per rank, its step's start where it gathers
 
     def __repr__(self) -> str:
         if not self.actions:
@@ -89,6 +93,8 @@ class Timeline:
         steps. The longest is the iteration period."""
         if not self.finish:
             return self.span
+        if self.begin:
+            return [f - b for b, f in zip(self.begin, self.finish)]
         return [(f - s[0]) if s else f for s, f in zip(self.start, self.finish)]
 
     @property
@@ -143,6 +149,7 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel, overlapped: list
     }
     durations = cost.durations(rank_actions)
     pairs = pair_times(rank_actions, durations, cost, overlapped)
+    release = _releases(rank_actions, cost)
     start = [[0.0] * len(row) for row in rank_actions]
     end = [[0.0] * len(row) for row in rank_actions]
     done = [0] * R  # number of actions finished per rank
@@ -151,13 +158,16 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel, overlapped: list
     runnable = list(range(R - 1, -1, -1))
     while runnable:
         r = runnable.pop()
-        row, row_start, row_end, row_dur = rank_actions[r], start[r], end[r], durations[r]
+        row, row_start, row_end, row_dur, row_release = rank_actions[r], start[r], end[r], durations[r], release[r]
         row_pairs = pairs[r] if pairs else None
         n, i, t_free = len(row), done[r], free[r]
         wait = None
         while i < n:
             together = row_pairs.get(i) if row_pairs else None  # an overlapped pair's time, or None
             t = t_free
+            for k in (i, i + 1) if together is not None else (i,):  # a stage's first pass waits for its gather
+                if row_release and k in row_release and row_release[k] > t:
+                    t = row_release[k]
             for a in (row[i], row[i + 1]) if together is not None else (row[i],):
                 for positions, delay in kinds[a.op][a.stage]:
                     pos = positions[a.mb]
@@ -200,14 +210,19 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel, overlapped: list
     busy = [sum(d for a, d in zip(row, dur) if a.op not in RECOMPUTES) for row, dur in zip(rank_actions, durations)]
     for r, row_pairs in enumerate(pairs):  # a pair holds its rank for its pair time, not the sum of its passes
         busy[r] -= sum(durations[r][i] + durations[r][i + 1] - t for i, t in row_pairs.items())
-    reductions, finish = [], []
+    reductions, finish, gathered, begin = [], [], [], []
     if cost.has_reductions:
         for row, ends in zip(rank_actions, end):
             got, f = lane(row, ends, cost.t_reduce, cost.t_opt)
             reductions.append(got)
             finish.append(f)
+    if cost.t_gather:
+        for row, starts in zip(rank_actions, start):
+            got, b = gathers(row, starts, cost.t_gather)
+            gathered.append(got)
+            begin.append(b)
     return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy, reductions, finish,
-                    [list(p) for p in pairs] if pairs else [])
+                    overlapped=[list(p) for p in pairs] if pairs else [], gathers=gathered, begin=begin)
 
 
 def pair_times(rank_actions: list[list[Action]], durations: list[list[float]], cost: CostModel,
@@ -218,6 +233,21 @@ def pair_times(rank_actions: list[list[Action]], durations: list[list[float]], c
         return []
     return [{i: cost.pair_time(row[i], row[i + 1], dur[i], dur[i + 1]) for i in at}
             for row, dur, at in zip(rank_actions, durations, overlapped)]
+
+
+def _releases(rank_actions: list[list[Action]], cost: CostModel) -> list[dict[int, float]]:
+    """Per rank, position -> the earliest start of the first pass of each stage whose parameters
+    the rank gathers first (``reductions.gather_ends``); empty without gathers."""
+    if not cost.t_gather:
+        return [{} for _ in rank_actions]
+    out = []
+    for row in rank_actions:
+        ends = gather_ends({a.stage for a in row}, cost.t_gather)
+        first: dict[int, int] = {}
+        for i, a in enumerate(row):
+            first.setdefault(a.stage, i)
+        out.append({i: ends[s] for s, i in first.items() if ends[s] > 0})
+    return out
 
 
 def memory_trace(rank_actions: list[list[Action]], cost: CostModel) -> list[list[float]]:

@@ -583,13 +583,25 @@ def _rank_orders(cost: CostModel, m: int, rank: int, limit: float | None, fused:
     return out
 
 
+def _in_microbatch_order(row: list[Action]) -> bool:
+    """Whether each stage's forwards, its backwards (B or BW) and its W passes run in microbatch order."""
+    seen: dict[tuple[int, Op], int] = {}
+    for a in row:
+        key = (a.stage, Op.B if a.op is Op.BW else a.op)
+        if seen.get(key, -1) > a.mb:
+            return False
+        seen[key] = a.mb
+    return True
+
+
 def brute_force(cost: CostModel, m: int, limit: list[float] | None, objective: str = "span",
                 max_combinations: int = 300_000, fused: bool = False,
-                recompute: bool = False) -> tuple[float, list[list[Action]]]:
+                recompute: bool = False, fifo: bool = False) -> tuple[float, list[list[Action]]]:
     """Least ``objective`` over every combination of per-rank orders, each simulated; with
     ``fused``, for every subset of fused (stage, microbatch) backwards as well; with
     ``recompute``, for every choice of recomputation (none or an offered pass) per (stage,
-    microbatch)."""
+    microbatch); with ``fifo``, over the orders that run each stage's forwards, backwards and
+    W passes in microbatch order only."""
     keys = [(s, j) for s in range(cost.num_stages) for j in range(m)]
     subsets = [frozenset(k for k, bit in zip(keys, bits) if bit)
                for bits in itertools.product((0, 1), repeat=len(keys) if fused else 0)]
@@ -601,6 +613,8 @@ def brute_force(cost: CostModel, m: int, limit: list[float] | None, objective: s
     for chosen, plan in itertools.product(subsets, plans):
         orders = [_rank_orders(cost, m, r, None if limit is None else limit[r], chosen, plan)
                   for r in range(cost.num_ranks)]
+        if fifo:
+            orders = [[row for row in rank if _in_microbatch_order(row)] for rank in orders]
         total += math.prod(len(o) for o in orders)
         assert total <= max_combinations, f"over {max_combinations} combinations"
         for combo in itertools.product(*orders):

@@ -118,6 +118,9 @@ class StageCost(BaseModel):
     t_reduce: float | None = Field(default=None, ge=0, description=(
         "reducing the stage's gradients across its data-parallel replicas (all-reduce, or reduce-scatter where "
         "sharded), started when the stage's last W or BW of the step has run on its rank; absent: no reduction"))
+    t_gather: float | None = Field(default=None, ge=0, description=(
+        "gathering the stage's sharded parameters (all-gather, fully_shard) at the step's start, before its first "
+        "pass; absent: none"))
     t_opt: float | None = Field(default=None, ge=0, description=(
         "the optimizer step of the stage's parameters, after the rank's passes and reductions; absent: 0"))
     a_f: float = Field(default=0.0, ge=0, description=(
@@ -130,7 +133,7 @@ class StageCost(BaseModel):
         "a first stage whose W (its whole backward) runs the split's fast path, deferred Linear weight "
         "gradients, rather than one plain backward: measured faster by the profiler; the runtime follows it"))
 
-    @field_validator("t_f", "t_b", "t_w", "t_bw", "t_ff", "t_fc", "t_r", "t_rf", "t_fs", "t_rs", "t_reduce", "t_opt")
+    @field_validator("t_f", "t_b", "t_w", "t_bw", "t_ff", "t_fc", "t_r", "t_rf", "t_fs", "t_rs", "t_reduce", "t_gather", "t_opt")
     @classmethod
     def _time_range(cls, v: float | None) -> float | None:
         return None if v is None else _finite_in(v, MAX_TIME_MS)
@@ -209,7 +212,7 @@ class StageCost(BaseModel):
 
 
 # a stage's times that are no pass: the iteration's end, after the passes (``reductions``)
-ITERATION_FIELDS = ("t_reduce", "t_opt")
+ITERATION_FIELDS = ("t_reduce", "t_gather", "t_opt")
 
 
 def pass_time_fields() -> tuple[str, ...]:
@@ -388,8 +391,8 @@ class Profile(BaseModel):
 
     @property
     def has_reductions(self) -> bool:
-        """Whether the iteration ends with work after the passes (a stage's reduction or optimizer step)."""
-        return any((c.t_reduce or 0) > 0 or (c.t_opt or 0) > 0 for c in self.stages)
+        """Whether the iteration has work beside the passes (a stage's reduction, gather or optimizer step)."""
+        return any((c.t_reduce or 0) > 0 or (c.t_gather or 0) > 0 or (c.t_opt or 0) > 0 for c in self.stages)
 
     @field_validator("t_comm", "t_send", "t_recv")
     @classmethod

@@ -172,11 +172,13 @@ def _kept_input(layers: LayerProfile, lo: int) -> float:
     return max(kept, inputs + state)
 
 
-def stage_profile(layers: LayerProfile, cut: Cut, data_parallel: tuple[int, float] | None = None) -> Profile:
+def stage_profile(layers: LayerProfile, cut: Cut, data_parallel: tuple[int, float] | None = None,
+                  sharded: bool = False) -> Profile:
     """The ``zbsearch.profile`` of ``layers`` cut by ``cut``: what the solver, simulator and
     runtime take (pieces for the V, with their placement). ``data_parallel`` (replicas, GB/s
     per rank): each stage then ends the iteration with the all-reduce of its units' gradients,
-    as many bytes as their parameters (``zbsearch.reductions``)."""
+    as many bytes as their parameters (``zbsearch.reductions``); ``sharded`` (fully_shard over
+    the replicas), a reduce-scatter, after gathering its parameters at the step's start."""
     cut.check(layers.num_units)
     bounds = cut.bounds
     identity = (layers.model or {}).get("identity") or {}
@@ -202,7 +204,8 @@ def stage_profile(layers: LayerProfile, cut: Cut, data_parallel: tuple[int, floa
     if data_parallel is None:
         return prof
     grads = [sum(layers.units[u].param_bytes for u in range(lo, hi)) for lo, hi in bounds]
-    return with_reductions(prof, data_parallel[0], data_parallel[1], grads).model_copy(update={"name": prof.name})
+    return with_reductions(prof, data_parallel[0], data_parallel[1], grads, sharded=sharded).model_copy(
+        update={"name": prof.name})
 
 
 def activation_need(layers: LayerProfile, cut: Cut, recompute: str = "none") -> list[float]:

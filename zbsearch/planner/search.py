@@ -103,7 +103,7 @@ class Cuts:
         over = -math.inf if limit is None else max(n - x for n, x in zip(need, limit))
         ev = CutEval(cut, static, limit, feasible, over)
         if feasible:
-            ev.profile = stage_profile(self.layers, cut, self.data_parallel)
+            ev.profile = stage_profile(self.layers, cut, self.data_parallel, sharded=self.shard is not None)
             # the costs the solver sees: only the recomputation this plan allows
             problem = Problem.make(CostModel.from_profile(ev.profile, cut.stage_to_rank), self.m,
                                    objective=self.objective, recompute=self.recompute)  # type: ignore[arg-type]

@@ -93,7 +93,7 @@ class ExactMILP:
 
         if run.uniform_costs:
             return
-        span = run.problem.spans  # (for the iteration, the models' values and bounds are spans)
+        span = run.problem.spans
         for relaxed in ((False,) if run.problem.cost.can_recompute else (True, False)) if span else (True,):
             if run.closed():
                 break
@@ -107,7 +107,7 @@ class ExactMILP:
                 if run.offer(res.rows):
                     run.improvements += 1
                 if relaxed and not run.problem.cost.has_all_to_all:  # the model knows no overlapped pairs
-                    run.raise_bound(res.dual_bound + run.problem.lane_floor())
+                    run.raise_bound(res.dual_bound)
                 run.windows += 1
             run.report(self.name)
 

@@ -47,6 +47,7 @@ from .._highs import stdout_muted
 from ..actions import RECOMPUTES, Action, Op
 from ..costs import CostModel, Recompute
 from ..dependencies import PassType, action_index, action_predecessor_types, edge_delay, must_precede
+from ..reductions import lane_runs, last_backward
 from ..simulator import Deadlock, Timeline
 from ..tolerances import EPS_MS, REL_TOL
 from .heuristic import sequential_schedule
@@ -98,7 +99,9 @@ class _HiGHS(pulp.HiGHS):
         h.run()
         self.model_status = h.getModelStatus()
         info = h.getInfo()
-        bound = info.mip_dual_bound
+        # (a model without binaries is an LP: HiGHS reports no MIP bound, its optimum is the bound)
+        lp_optimum = not lp.isMIP() and self.model_status == highspy.HighsModelStatus.kOptimal
+        bound = info.objective_function_value if lp_optimum else info.mip_dual_bound
         self.dual_bound = bound - _DUAL_MARGIN * max(1.0, abs(bound)) if math.isfinite(bound) else _NEG
 
 
@@ -132,35 +135,45 @@ def _chain(x: Action) -> PassType:
 
 
 def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], index, off: list[float | None],
-           dur: list[list[float]]):
+           dur: list[list[float]], steps: list[float], marks: dict | None = None):
     """(tail, rest) of the objective through the passes after the window.
 
-    The objective is the largest (end of a rank's last pass - that rank's start ``off[r]``);
-    ``off[r]`` is a constant (0 for makespan, the fixed start of a rank whose first pass is not
-    in the window) or None when it is a variable of the window (the start of the rank's first
-    pass). Paths are grouped by label: None for ranks with a constant start (already
-    subtracted), r for the rank r with a variable start. tail[(r, i)][label] = longest path
-    from the end of window pass (r, i) to that label's objective; rest[label] = the part no
-    window pass reaches. ``dur``: what each pass costs (``CostModel.durations``)."""
+    The objective is the largest (end of a rank's last pass + ``steps[r]`` - that rank's start
+    ``off[r]``); ``steps[r]`` is what follows the rank's last pass in every schedule (its
+    optimizer steps, for the iteration; else 0); ``off[r]`` is a constant (0 for makespan, the
+    fixed start of a rank whose first pass is not in the window) or None when it is a variable
+    of the window (the start of the rank's first pass). Paths are grouped by label: None for
+    ranks with a constant start (already subtracted), r for the rank r with a variable start,
+    and each label of ``marks`` (label -> (rank, position) of a pass after the window) for the
+    end of that pass (a stage's last backward, which its reduction waits for). tail[(r, i)][label]
+    = longest path from the end of window pass (r, i) to that label's objective; rest[label] =
+    the part no window pass reaches. ``dur``: what each pass costs (``CostModel.durations``)."""
     R = len(rows)
     suffix = sorted((tl.start[r][i], r, i) for r in range(R) for i in range(stop[r], len(rows[r])))
-    labels = [None] + [r for r in range(R) if off[r] is None]
-
-    def sink(label, r: int) -> float:
-        if label is None:
+    labels: list = [None] + [r for r in range(R) if off[r] is None]
+    # per pass, the objectives its end reaches at once: label -> what is added
+    sinks: dict[Key, dict] = {}
+    for r, row in enumerate(rows):
+        if row:
             start = off[r]
-            return -start if start is not None else _NEG
-        return 0.0 if r == label else _NEG
+            ends = sinks.setdefault((r, len(row) - 1), {})
+            if start is not None:
+                ends[None] = steps[r] - start
+            else:
+                ends[r] = steps[r]
+    for label, at in (marks or {}).items():
+        labels.append(label)
+        sinks.setdefault(at, {})[label] = 0.0
+    nothing: dict = {}
 
     tail: dict = {(r, i): {} for r in range(R) for i in range(begin[r], stop[r])}
     for label in labels:
         # Backward: val[(r, i)] = longest path from the end of pass (r, i) to the objective.
-        lt = {(r, i): (sink(label, r) if stop[r] == len(rows[r]) else _NEG) for r in range(R) for i in range(begin[r], stop[r])}
+        lt = {(r, i): (sinks.get((r, len(rows[r]) - 1), nothing).get(label, _NEG) if stop[r] == len(rows[r]) else _NEG)
+              for r in range(R) for i in range(begin[r], stop[r])}
         val: dict = {}
         for _, r, i in reversed(suffix):
-            v = val.get((r, i), _NEG)
-            if i == len(rows[r]) - 1:
-                v = max(v, sink(label, r))
+            v = max(val.get((r, i), _NEG), sinks.get((r, i), nothing).get(label, _NEG))
             if v == _NEG:
                 continue
             w = v + dur[r][i]  # from the end of a predecessor, before delays
@@ -179,7 +192,10 @@ def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[in
                 tail[key][label] = v
     # Forward: end times of passes after the window as far as earlier passes alone drive them.
     ended = [r for r, row in enumerate(rows) if row and begin[r] == len(row)]  # ranks wholly before the window
-    rest = {label: max((tl.end[r][-1] + sink(label, r) for r in ended), default=_NEG) for label in labels}
+    rest = {label: _NEG for label in labels}
+    for r in ended:
+        for label, add in sinks[(r, len(rows[r]) - 1)].items():
+            rest[label] = max(rest[label], tl.end[r][-1] + add)
     base: dict = {}
     for _, r, i in suffix:
         if i > stop[r]:
@@ -194,9 +210,8 @@ def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[in
             elif pi >= stop[pr]:
                 t = max(t, base[(pr, pi)] + delay)
         base[(r, i)] = t + dur[r][i] if t > _NEG else _NEG
-        if i == len(rows[r]) - 1:
-            for label in labels:
-                rest[label] = max(rest[label], base[(r, i)] + sink(label, r))
+        for label, add in sinks.get((r, i), nothing).items():
+            rest[label] = max(rest[label], base[(r, i)] + add)
     return tail, rest
 
 
@@ -238,7 +253,14 @@ class _WindowModel:
             fifo_start = self.fifo_starts(index)
             self.off = [(None if relaxed else fifo_start[r]) if begin[r] == 0 < stop[r]
                         else (tl.start[r][0] if begin[r] > 0 else fifo_start[r]) for r in range(R)]
-        self.tail, self.rest = _tails(problem, rows, tl, begin, stop, index, self.off, self.dur)
+        # For the iteration: per rank, where each stage's last backward is (its reduction's
+        # input), and the optimizer steps that end the rank's iteration
+        c = problem.cost
+        self.lane = problem.objective == "iteration" and c.has_reductions
+        self.last = [last_backward(row) if self.lane else {} for row in rows]
+        self.steps = [sum(c.t_opt[s] for s in {x.stage for x in row}) if self.lane else 0.0 for row in rows]
+        marks = {("g", s): (r, p) for r, last in enumerate(self.last) for s, p in last.items() if p >= stop[r]}
+        self.tail, self.rest = _tails(problem, rows, tl, begin, stop, index, self.off, self.dur, self.steps, marks)
         self.value = problem.value(tl)
         self.slack = 1e-7 * max(1.0, self.value)  # float noise between the simulator's sums and ours
         self.binaries = 0
@@ -336,12 +358,93 @@ class _WindowModel:
                 if (pr, pi) in start:
                     lp += start[k] >= start[(pr, pi)] + self.duration((pr, pi)) + delay
             for label, t in self.tail[k].items():
+                if isinstance(label, tuple):
+                    continue  # the end of a stage's last backward: the lane's (``ready``)
                 lp += self.z >= start[k] + self.duration(k) + t - (self.rank_start[label] if label is not None else 0.0)
             if k[0] in self.rank_start:
                 lp += self.rank_start[k[0]] <= start[k]
         for r, t0 in self.rank_start.items():
             if self.rest[r] > _NEG:
                 lp += self.z >= self.rest[r] - t0
+
+    def add_lane(self) -> None:
+        """For the iteration, each rank's reduction lane (``zbsearch.reductions``): z above the end
+        of its lane plus its optimizer steps, from its start. A stage's reduction is ready when
+        its last backward ends (``ready``); the lane runs one at a time in an order of the
+        model's choice (``lane_end``). The rule runs them in the order they become ready, which
+        ends no later than any other order (a single machine with release times ends first in
+        release order), so the least over orders is the rule's."""
+        if not self.lane:
+            return
+        for r, last in enumerate(self.last):
+            t = self.problem.cost.t_reduce
+            ready = {s: self.ready(r, s, p) for s, p in last.items() if t[s] > 0}
+            if not ready:
+                continue  # no reduction: the rank's span and steps, as ``add_precedence`` has them
+            t0 = self.rank_start.get(r)
+            start = t0 if t0 is not None else self.off[r]
+            self.lp += self.z >= self.lane_end(r, ready) + self.steps[r] - start
+
+    def ready(self, r: int, s: int, p: int):
+        """When stage s's reduction becomes ready: the end of its last backward (position p on
+        rank r in the current schedule), a constant where that is before the window, else a
+        variable above the end of each backward of s in the window or, where the last one is
+        after the window, above its end through its tail."""
+        if p < self.begin[r]:
+            return self.tl.end[r][p]
+        lp, start = self.lp, self.start
+        g = _variable(lp, f"g{s}", None, None)
+        self.warm_start[g.name] = self.tl.end[r][p]
+        if p < self.stop[r]:
+            for i in range(self.begin[r], self.stop[r]):
+                x = self.rows[r][i]
+                if x.stage == s and x.op in (Op.W, Op.BW):
+                    lp += g >= start[(r, i)] + self.duration((r, i))
+            return g
+        label = ("g", s)
+        for k in self.passes:
+            tail = self.tail[k].get(label)
+            if tail is not None:
+                lp += g >= start[k] + self.duration(k) + tail
+        if self.rest[label] > _NEG:
+            lp += g >= self.rest[label]
+        return g
+
+    def lane_end(self, r: int, ready: dict):
+        """The end of rank r's lane, given when each stage's reduction is ready: a constant where
+        every one is, else a variable above each reduction's end, each reduction starting when
+        ready and the pairs ordered by a binary (the current order as the warm start)."""
+        t = self.problem.cost.t_reduce
+        if all(isinstance(v, (int, float)) for v in ready.values()):
+            runs = lane_runs(sorted((v, t[s]) for s, v in ready.items()))
+            return runs[-1][1]
+        if len(ready) == 1:
+            ((one, v),) = ready.items()
+            return v + t[one]
+        lp = self.lp
+        # the warm start: the current schedule's lane, by the rule
+        at = {s: v if isinstance(v, (int, float)) else self.warm_start[v.name] for s, v in ready.items()}
+        order = sorted(ready, key=lambda s: at[s])
+        done = dict(zip(order, lane_runs([(at[x], t[x]) for x in order])))
+        # every reduction starts by when the objective's bound lets the lane end
+        top = self.value + self.slack + (self.horizon if r in self.rank_start else (self.off[r] or 0.0))
+        end = _variable(lp, f"lane{r}", None, None)
+        self.warm_start[end.name] = max(b for _, b in done.values())
+        begins = {}
+        for s, v in ready.items():
+            x = begins[s] = _variable(lp, f"red{r}_{s}", 0.0, top)
+            self.warm_start[x.name] = done[s][0]
+            lp += x >= v
+            lp += end >= x + t[s]
+        stages = sorted(ready)
+        for n, a in enumerate(stages):
+            for b in stages[n + 1:]:
+                y = _variable(lp, f"ro{r}_{a}_{b}", 0, 1, pulp.LpBinary)  # 1: a's reduction first
+                self.warm_start[y.name] = 1.0 if done[a][0] <= done[b][0] else 0.0
+                self.binaries += 1
+                lp += begins[b] >= begins[a] + t[a] - (top + t[a]) * (1 - y)
+                lp += begins[a] >= begins[b] + t[b] - (top + t[b]) * y
+        return end
 
     def add_order_and_memory(self) -> None:
         """Per rank: its chains in microbatch order, the order between chains, its memory rows."""
@@ -885,7 +988,7 @@ def _model_form(tl: Timeline, offers: dict[int, tuple[Op, ...]]) -> Timeline:
         start.append(s0)
         end.append(e0)
         memory.append(m0)
-    return Timeline(rows, start, end, memory, tl.busy)
+    return Timeline(rows, start, end, memory, tl.busy, tl.reductions, tl.finish, gathers=tl.gathers, begin=tl.begin)  # the same lane
 
 
 def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed: bool = True) -> WindowResult | None:
@@ -933,6 +1036,7 @@ def _build(model: _WindowModel) -> bool:
     model.add_variables()
     model.add_objective()
     model.add_precedence()
+    model.add_lane()
     model.add_order_and_memory()
     return True
 
@@ -964,7 +1068,7 @@ def improve(
     # Each window also costs a pass over the schedule to build and one to simulate: keep
     # time for them so the deadline holds at p=32, m=256 too.
     overhead = 3 * (time.monotonic() - tick) + 0.05
-    score = (value, sum(tl.span))
+    score = (value, sum(tl.iteration))
     unit = max(c.t_f[s] + c.t_b[s] + c.t_w[s] for s in range(c.num_stages)) * (c.num_stages // c.num_ranks)
     length = 2.0 * unit
     stats = ImproveStats()
@@ -984,7 +1088,7 @@ def improve(
             if res is not None:
                 stats.binaries = max(stats.binaries, res.binaries)
                 v2, tl2 = problem.evaluate(res.rows)
-                new = (v2, sum(tl2.span))
+                new = (v2, sum(tl2.iteration))
                 better = new[0] < score[0] * (1 - REL_TOL) or (new[0] <= score[0] and new[1] < score[1] * (1 - REL_TOL))
                 if better and problem.fits(tl2):
                     rows, tl, score = res.rows, tl2, new

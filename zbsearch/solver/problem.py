@@ -42,7 +42,6 @@ from ..actions import RECOMPUTES, Action, Op
 from ..costs import CostModel
 from ..formats.schedule import Objective
 from ..limits import allowance, peaks_fit
-from ..reductions import lane_floors
 from ..simulator import Timeline, memory_trace, peak_memory, simulate
 
 __all__ = ["Objective", "Problem", "Recomputation", "RECOMPUTATIONS"]
@@ -94,18 +93,6 @@ class Problem:
         """Whether each rank's time counts from its own first pass (span and iteration), not
         from the first pass of all (makespan)."""
         return self.objective != "makespan"
-
-    def lane_floors(self) -> list[float]:
-        """Per rank, what its iteration adds to its span at least, for the iteration objective
-        (0 for the others): ``reductions.lane_floors``. A bound on rank r's span plus its floor
-        bounds the iteration."""
-        if self.objective != "iteration":
-            return [0.0] * self.num_ranks
-        return lane_floors(self.cost)
-
-    def lane_floor(self) -> float:
-        """The least of ``lane_floors``: a bound on the longest span plus it bounds the iteration."""
-        return min(self.lane_floors(), default=0.0)
 
     def evaluate(self, rows: list[list[Action]], pairs: list[list[int]] | None = None) -> tuple[float, Timeline]:
         """The objective's value of ``rows`` (with overlapped ``pairs``, ``Schedule.overlapped``)
