@@ -40,11 +40,12 @@ class ClassicKind:
     layout: Layout = "looped"
     chunks: int = 1
     any_chunks: bool = False  # whether ``--chunks`` may change ``chunks``
-    timed: bool = False  # the builder repeats its construction, as far as a ``deadline`` keyword allows
+    timed: bool = False  # the builder improves its schedule as far as a ``deadline`` keyword allows (``deadline``)
     recompute: bool = False  # every microbatch recomputed: needs the profile's recomputation costs
 
     def build_by(self, cost: CostModel, m: int, deadline: float | None = None) -> list[list[Action]]:
-        """``build``, cut at ``deadline`` (a ``time.monotonic()`` instant) where the builder can be."""
+        """``build``, cut at ``deadline`` (a ``time.monotonic()`` instant) where the builder can be
+        (``deadline.passed``)."""
         return self.build(cost, m, deadline=deadline) if self.timed else self.build(cost, m)
 
 
@@ -56,8 +57,8 @@ KINDS: dict[str, ClassicKind] = {
     "zb-h1": ClassicKind(zb_h1),
     "zb-h2": ClassicKind(zb_h2),
     "zb-v": ClassicKind(zb_v, layout="v", chunks=2, timed=True),
-    "v-half": ClassicKind(v_half, layout="v", chunks=2),
-    "v-min": ClassicKind(v_min, layout="v", chunks=2),
+    "v-half": ClassicKind(v_half, layout="v", chunks=2, timed=True),
+    "v-min": ClassicKind(v_min, layout="v", chunks=2, timed=True),
     "dualpipe-v": ClassicKind(dualpipe_v, layout="v", chunks=2),
     "1f1b-recompute": ClassicKind(one_f_one_b_recompute, recompute=True),
     "1f1b-split-recompute": ClassicKind(one_f_one_b_split_recompute, recompute=True),
@@ -72,7 +73,7 @@ def build_classic(
     kind: str, profile: Profile, num_microbatches: int, chunks: int | None = None, deadline: float | None = None
 ) -> Schedule:
     """Build a classic schedule on the profile's ranks (one per stage, or its placement's);
-    a builder that improves its schedule by repeating stops at ``deadline`` (``ClassicKind.build_by``)."""
+    a builder that improves its schedule step by step stops at ``deadline`` (``ClassicKind.build_by``)."""
     name = _ALIASES.get(kind.lower(), kind.lower())
     if name not in KINDS:
         raise ZbError(f"unknown schedule kind {name!r}; choose one of: {', '.join(CLASSIC_KINDS)}")
