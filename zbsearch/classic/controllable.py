@@ -171,6 +171,8 @@ class _Grid:
         that keeps every device's peak within the current one (``with_w``: W passes placed,
         which also lets the warm-up move; without, only the cool-down moves); the passes left
         stay where they are once ``deadline`` has passed."""
+        if passed(deadline):
+            return
         cap = max(self.peak(i) for i in range(self.p))
         passes = sorted((self.units[i][k][j], i, k, j) for i in range(self.p) for k in range(4) for j in range(self.m))
         first_b0 = self.units[0][_B0][0]
