@@ -13,7 +13,11 @@ Sections (``--only`` runs some; each is saved into bench/results/plan.json as it
   memory, full recomputation and selective on some, 7 to 10 units, one stage per rank on 3 or 4
   ranks or a V on 2 or 3, m of 3 to 6, a budget a little above the largest static memory of any cut):
   every cut solved by ``solve(recompute="auto")`` at the same budget against ``plan(recompute=
-  "auto")``.
+  "auto")``; every cut whose bound is under the best value solved again for longer, to tell
+  whether the gap is the plan's or the bound's.
+* ``small``: smaller members of that family (5 or 6 units, 2 ranks, m = 3, on a grid): every
+  feasible cut's exact optimum over every order and choice of recomputation (CP-SAT, the tests'
+  oracle; needs ortools), against its key and the plan.
 * ``baselines``: generated Llama-like models (32 layers, hidden 4096, vocabularies 32k, 128k,
   256k), p = 4 and 8, m = 2p, 4p, 8p, 80 GiB per rank, mixed precision: the plan against the even
   split, torchtitan's default and Megatron's, each solved at the same budget.
@@ -247,6 +251,56 @@ def recompute(args) -> dict:
     return {"cut_time_s": args.recompute_cut_time, "plan_time_s": args.recompute_time,
             "long_time_s": args.recompute_long_time, "rows": rows,
             "within_1pct": sum(r["within_1pct"] for r in rows), "bound_ok": sum(r["bound_ok"] for r in rows)}
+
+
+# -- small: the recompute family's gap against exact optima ------------------------------------------
+def _on_grid(L: LayerProfile) -> LayerProfile:
+    """``L`` with times on a 1/8 ms grid, memory on an 8 KiB one and links of one latency (the
+    oracle's integer model needs a grid), and fused backwards as long as split ones (the oracle
+    splits every backward, so no schedule may gain by fusing)."""
+    units = []
+    for u in L.units:
+        d = {k: round(v * 8) / 8 for k, v in u.model_dump().items() if isinstance(v, float) and k.startswith("t_")}
+        d.update({k: float(round(getattr(u, k) / 8192) * 8192) for k in ("m_f", "m_w", "m_fc", "m_fs")
+                  if getattr(u, k) is not None})
+        d.update(m_b=-(d["m_f"] + d["m_w"]), t_bw=d["t_b"] + d["t_w"], output_bytes=0.0)
+        units.append(u.model_copy(update=d))
+    assert L.link is not None
+    return L.model_copy(update={"units": units, "link": L.link.model_copy(update={"latency_ms": 0.125})})
+
+
+def _small_member(seed: int):
+    """A member of the recompute family small enough for the exact oracle: 5 or 6 units on 2
+    ranks, m = 3, a budget where recomputation pays."""
+    rng = random.Random(seed)
+    L = _on_grid(random_layers(seed, rng.randint(3, 4), head=rng.uniform(2, 6), recompute=rng.choice(["full", "both"])))
+    static = max(max(static_bytes(L, Cut(c, "one"), "adamw")) for c in compositions(L.num_units, 2))
+    return L, 2, "one", 3, float(round((static + rng.uniform(2.5, 4.0) * 1e6) / 8192) * 8192)
+
+
+def small(args) -> dict:
+    """Every feasible cut's exact optimum over every order and choice of recomputation (CP-SAT,
+    the tests' oracle), against its key and the plan: which side of the gap is loose."""
+    from tests.solver.oracle import cp_optimum_many
+
+    rows = []
+    for seed in range(args.small_instances):
+        L, ranks, placement, m, budget = _small_member(seed)
+        space = Cuts(L, ranks, placement, m, budget, "adamw", "span", "auto")
+        space.price_all(math.inf)
+        feasible = [ev for ev in space.seen.values() if ev.feasible]
+        jobs = [(zb.CostModel.from_profile(ev.profile, ev.cut.stage_to_rank), m, [float(int(x)) for x in ev.limit], "span",
+                 {"recompute": True}) for ev in feasible]  # type: ignore[arg-type]
+        optima = cp_optimum_many(jobs, time_limit=args.small_oracle_time, processes=2)
+        p = plan(L, ranks, m, budget, placement=placement, time_limit=args.small_plan_time, recompute="auto").partition
+        best = min(r.value for r in optima)
+        rows.append({"seed": seed, "units": L.num_units, "cuts": len(feasible), "proven": all(r.optimal for r in optima),
+                     "keys": [ev.key for ev in feasible], "optima": [r.value for r in optima], "optimum": best,
+                     "plan": p.value, "plan_bound": p.lower_bound, "plan_s": p.time_s,
+                     "plan_side": p.value / best - 1, "bound_side": best / p.lower_bound - 1,
+                     "worst_key": max(r.value / ev.key - 1 for ev, r in zip(feasible, optima))})
+        print(rows[-1])
+    return {"oracle_time_s": args.small_oracle_time, "plan_time_s": args.small_plan_time, "rows": rows}
 
 
 # -- baselines -------------------------------------------------------------------------------------
@@ -576,7 +630,7 @@ def torchtitan(args, tmp: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="units,real,emulated,exact,recompute,baselines,time,torchtitan")
+    ap.add_argument("--only", default="units,real,emulated,exact,recompute,small,baselines,time,torchtitan")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
@@ -588,6 +642,9 @@ def main() -> None:
     ap.add_argument("--recompute-time", type=float, default=10.0, help="plan seconds, recompute family")
     ap.add_argument("--recompute-long-time", type=float, default=3.0,
                     help="seconds per cut solved again where its bound is under the best value (0: none)")
+    ap.add_argument("--small-instances", type=int, default=10, help="small members of the recompute family")
+    ap.add_argument("--small-oracle-time", type=float, default=120.0, help="small: CP-SAT seconds per cut")
+    ap.add_argument("--small-plan-time", type=float, default=5.0, help="small: plan seconds")
     ap.add_argument("--real-placement", default="one")
     ap.add_argument("--real-m", type=int, default=8, help="microbatches of the real runs")
     ap.add_argument("--real-model", default="", help="real runs: the GPT's sizes over the default, key=value,... "
@@ -616,6 +673,8 @@ def main() -> None:
                 got = solve_time(args, tmp)
             elif name == "recompute":
                 got = recompute(args)
+            elif name == "small":
+                got = small(args)
             elif name == "torchtitan":
                 if not args.torchtitan_path:
                     continue

@@ -841,6 +841,20 @@ def plan(docs: list[dict]) -> list[str]:
                             _pct(r["best_known"] / r["plan_bound"] - 1), _pct(r["best_known"] / r["bound_known"] - 1)]
                            for r in e["rows"]])
             out.append("")
+    if "small" in d:
+        e = d["small"]
+        out += ["## Where the gap with recomputation is: exact optima", "", *at(e),
+                "Smaller members of the recompute family (5 or 6 units, 2 ranks, m=3, costs on a grid, fused backwards "
+                f"no cheaper than split ones): every feasible cut's exact optimum over every order and choice of "
+                f"recomputation (CP-SAT, the tests' oracle, up to {e['oracle_time_s']:g} s per cut), against its key and "
+                f"`plan --recompute auto` ({e['plan_time_s']:g} s). *plan side*: plan / optimum; *bound side*: optimum / "
+                "plan's bound; *worst key*: the largest optimum / key over the cuts.", ""]
+        out += _table(["seed", "units", "cuts", "proven", "optimum", "plan", "plan side", "plan's bound", "bound side",
+                       "worst key", "plan s"],
+                      [[str(r["seed"]), str(r["units"]), str(r["cuts"]), "yes" if r["proven"] else "no",
+                        f"{r['optimum']:.6g}", f"{r['plan']:.6g}", _pct(r["plan_side"]), f"{r['plan_bound']:.6g}",
+                        _pct(r["bound_side"]), _pct(r["worst_key"]), f"{r['plan_s']:.1f}"] for r in e["rows"]])
+        out.append("")
     if "time" in d:
         t = d["time"]
         out += ["## Solve time", "", *at(t)]

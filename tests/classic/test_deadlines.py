@@ -17,6 +17,7 @@ from zbsearch import Profile, StageCost, build_classic, find_problem
 from zbsearch.classic import KINDS
 from zbsearch.classic import controllable as ctl
 from zbsearch.classic import deadline as clock
+from zbsearch.solver import solve
 
 
 class Counter:
@@ -81,3 +82,14 @@ def test_a_passed_deadline_leaves_the_building_blocks_unsqueezed(counter, kind, 
     grid.place_w(split=True)
     assert build_classic(kind, prof, m, deadline=0.0).rank_actions == grid.actions()
     assert build_classic(kind, prof, m).rank_actions != grid.actions()  # squeezing moves the warm-up and cool-down
+
+
+def test_a_solve_hands_its_deadlines_to_the_builders(monkeypatch):
+    """With every deadline passed, the solver still compares each V kind, as built unsqueezed."""
+    monkeypatch.setattr(clock, "now", lambda: float("inf"))
+    prof = _profile(4, uneven=True)
+    res = solve(prof, 8, None, chunks=2, time_limit=2.0, milp=False)
+    for kind in ("v-half", "v-min"):
+        unsqueezed = build_classic(kind, prof, 8, deadline=0.0)
+        assert res.info.classic[kind] == pytest.approx(max(unsqueezed.predicted.span))
+        assert res.info.classic[kind] > max(build_classic(kind, prof, 8).predicted.span) - 1e-9
