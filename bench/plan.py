@@ -55,7 +55,7 @@ from common import RESULTS, machine, save_section
 from pipeline import launch, ours, round_robin
 
 import zbsearch as zb
-from tests.helpers.layers import random_layers
+from tests.helpers.layers import on_grid, random_layers
 from zbsearch.formats.layers import LayerProfile
 from zbsearch.formats.trace import Trace
 from zbsearch.planner import Cut, baseline_cuts, llama_layers, plan, stage_profile
@@ -254,26 +254,11 @@ def recompute(args) -> dict:
 
 
 # -- small: the recompute family's gap against exact optima ------------------------------------------
-def _on_grid(L: LayerProfile) -> LayerProfile:
-    """``L`` with times on a 1/8 ms grid, memory on an 8 KiB one and links of one latency (the
-    oracle's integer model needs a grid), and fused backwards as long as split ones (the oracle
-    splits every backward, so no schedule may gain by fusing)."""
-    units = []
-    for u in L.units:
-        d = {k: round(v * 8) / 8 for k, v in u.model_dump().items() if isinstance(v, float) and k.startswith("t_")}
-        d.update({k: float(round(getattr(u, k) / 8192) * 8192) for k in ("m_f", "m_w", "m_fc", "m_fs")
-                  if getattr(u, k) is not None})
-        d.update(m_b=-(d["m_f"] + d["m_w"]), t_bw=d["t_b"] + d["t_w"], output_bytes=0.0)
-        units.append(u.model_copy(update=d))
-    assert L.link is not None
-    return L.model_copy(update={"units": units, "link": L.link.model_copy(update={"latency_ms": 0.125})})
-
-
 def _small_member(seed: int):
     """A member of the recompute family small enough for the exact oracle: 5 or 6 units on 2
     ranks, m = 3, a budget where recomputation pays."""
     rng = random.Random(seed)
-    L = _on_grid(random_layers(seed, rng.randint(3, 4), head=rng.uniform(2, 6), recompute=rng.choice(["full", "both"])))
+    L = on_grid(random_layers(seed, rng.randint(3, 4), head=rng.uniform(2, 6), recompute=rng.choice(["full", "both"])))
     static = max(max(static_bytes(L, Cut(c, "one"), "adamw")) for c in compositions(L.num_units, 2))
     return L, 2, "one", 3, float(round((static + rng.uniform(2.5, 4.0) * 1e6) / 8192) * 8192)
 
