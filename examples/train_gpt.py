@@ -15,6 +15,7 @@ processes = ranks x dp x tp:
     torchrun --nproc-per-node 4 examples/train_gpt.py zbh1.json --dp 2 --steps 20 --check
     torchrun --nproc-per-node 4 examples/train_gpt.py zbh1.json --dp 2 --shard --check
     torchrun --nproc-per-node 8 examples/train_gpt.py zbh1.json --dp 2 --tp 2 --check
+    torchrun --nproc-per-node 8 examples/train_gpt.py zbh1.json --dp 2 --shard --tp 2 --check
 
 gloo on CPU by default, NCCL when CUDA is present (one GPU per rank). Every rank builds the
 same model from one seed and keeps only the stages the schedule places on it; each replica
@@ -33,7 +34,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 import zbsearch as zb
 from zbsearch.distributed.mesh import mesh_for
@@ -41,7 +41,7 @@ from zbsearch.distributed.torchrun import run_under_torchrun
 from zbsearch.formats.trace import save_trace
 from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
 from zbsearch.models.sharding import shard_stage
-from zbsearch.models.tensor_parallel import parallelize_stage
+from zbsearch.models.tensor_parallel import full_tensor, parallelize_stage
 from zbsearch.runtime import PipelineRuntime
 
 
@@ -142,13 +142,9 @@ def one_process(whole, stages, inputs, targets, microbatches: int) -> float:
             x = st(x)
         (gpt_loss(x, y) / microbatches).backward()
     torch.set_num_threads(threads)
-    return max((full(p.grad).cpu() - q.grad).abs().max().item()
-               for s, st in stages.items() for p, q in zip(st.parameters(), whole[s].parameters()))
-
-
-def full(t: torch.Tensor) -> torch.Tensor:
-    """A tensor-parallel or sharded gradient gathered whole (a plain tensor as it is)."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    # a tensor-parallel or sharded gradient gathered whole, in the unparallelized model's order
+    return max((full_tensor(st, n, p.grad).cpu() - q.grad).abs().max().item()
+               for s, st in stages.items() for (n, p), q in zip(st.named_parameters(), whole[s].parameters()))
 
 
 if __name__ == "__main__":

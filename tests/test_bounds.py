@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import make_profile
+from tests.helpers.reference import rank_orders
 from zbsearch import CostModel, ZbError, resolve_profile
-from zbsearch.actions import Action, Op
 from zbsearch.bounds import (
     memory_makespan_lower_bound,
     memory_span_lower_bound,
@@ -19,7 +19,6 @@ from zbsearch.bounds import (
     rank_span_lower_bounds,
     span_lower_bound,
 )
-from zbsearch.dependencies import predecessors
 from zbsearch.formats.edit import updated
 from zbsearch.layout import placement
 from zbsearch.limits import parse_memory_limit
@@ -30,45 +29,11 @@ from zbsearch.solver.milp import exact
 EPS = 1e-9
 
 
-def _rank_orders(cost: CostModel, r: int, m: int, fifo: bool) -> list[list[Action]]:
-    """Every order of rank r's passes that respects the dependencies among them (and, with
-    ``fifo``, microbatch order per stage and kind)."""
-    S = cost.num_stages
-    mine = [(s, op, j) for s in cost.rank_stages(r) for op in (Op.F, Op.B, Op.W) for j in range(m)]
-    need = {}
-    for x in mine:
-        deps, stack = set(), [x]
-        while stack:
-            for p in predecessors(*stack.pop(), S):
-                if p not in deps:
-                    deps.add(p)
-                    stack.append(p)
-        need[x] = {p for p in deps if cost.stage_to_rank[p[0]] == r}
-        if fifo and x[2] > 0:
-            need[x].add((x[0], x[1], x[2] - 1))
-    out: list[list[Action]] = []
-
-    def rec(done: set, seq: list) -> None:
-        if len(seq) == len(mine):
-            out.append([Action(*x) for x in seq])
-            return
-        for x in mine:
-            if x not in done and need[x] <= done:
-                done.add(x)
-                seq.append(x)
-                rec(done, seq)
-                seq.pop()
-                done.remove(x)
-
-    rec(set(), [])
-    return out
-
-
 def _brute_force(problem: Problem, fifo: bool = True) -> float:
     """The least objective over every combination of rank orders that runs and fits."""
     c, m = problem.cost, problem.num_microbatches
     best = float("inf")
-    for rows in itertools.product(*(_rank_orders(c, r, m, fifo) for r in range(c.num_ranks))):
+    for rows in itertools.product(*(rank_orders(c, r, m, fifo) for r in range(c.num_ranks))):
         try:
             value, tl = problem.evaluate(list(rows))
         except ZbError:  # the orders deadlock across ranks

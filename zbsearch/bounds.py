@@ -32,6 +32,21 @@ the last pass anywhere. Communication is a latency on dependency edges between r
 the simulator. Every bound is computed on ``CostModel.for_bounds``, where B and W cost no more
 than a fused BW pass does, so the bounds hold for schedules that fuse, split or mix.
 
+Overlapped pairs. Where the passes hold all-to-all that an overlapped pair can hide, every bound
+here is computed on ``CostModel.paired_floor``: each forward and backward at the least time it
+can take in a pair, no pairs left to form. Every schedule with pairs maps onto one of those
+costs without pairs whose passes end no later, so the bounds hold for schedules with pairs,
+as they do for those without (which take longer on the true costs). Without all-to-all,
+nothing changes. A pair also ends no sooner than either of its passes would alone, so a
+dependency chain takes at least its passes' own times. That gives the *pairing* bound
+(``rank_pairing_span_lower_bounds``): a rank's backwards all wait for a chain from its first
+stage's forward through the last stage and back, so for that long after its first start it
+can run forwards only, which no pair holds. Each of them keeps its all-to-all, and so does a
+backward for each of them (a pair takes one forward and one backward, and a rank has as many
+of each): the rank's span is at least its least busy time with every pass paired, plus that
+window times the all-to-all of an unpaired forward and backward per ms of forward (or the
+window itself, idle, where that is less). Where recompute passes may run it is left out.
+
 Recomputation. Where the costs offer it, a schedule may checkpoint any microbatch's forward
 and recompute it: it holds less memory, and its rank does more work. ``for_bounds`` prices an
 F at its cheapest (checkpointed or not) and recompute passes at nothing, so the memory-blind
@@ -46,10 +61,13 @@ join its F and B passes in the one-machine bound across ranks.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from .actions import Op
 from .costs import CostModel
@@ -61,10 +79,23 @@ __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
     "memory_span_lower_bound", "memory_makespan_lower_bound", "memory_iteration_lower_bound", "rank_iteration_lower_bounds",
     "rank_backward_end_lower_bounds", "rank_memory_span_lower_bounds",
-    "rank_area_span_lower_bounds", "rank_deferral_span_lower_bounds", "makespan_from_spans",
+    "rank_area_span_lower_bounds", "rank_deferral_span_lower_bounds", "makespan_from_spans", "rank_pairing_span_lower_bounds",
 ]
 
 _NEG = float("-inf")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _paired_floor(fn: F) -> F:
+    """``fn`` on ``CostModel.paired_floor`` of the costs it is given: where overlapped pairs
+    may form, every bound reasons on the least time a pass can take in one."""
+    @functools.wraps(fn)
+    def bound(cost: CostModel, *args: Any, **kwargs: Any) -> Any:
+        return fn(cost.paired_floor(), *args, **kwargs)
+
+    return cast(F, bound)
 
 
 def _tails(cost: CostModel, targets: set, preds) -> dict:
@@ -97,6 +128,7 @@ def _carlier(jobs: list[tuple[float, float, float]], m: int) -> float:
     return best
 
 
+@_paired_floor
 def rank_span_lower_bounds(cost: CostModel, num_microbatches: int) -> list[float]:
     """Per rank, the best Carlier bound over sets of pass types of one rank q (q = the rank
     itself or any other rank; see the module docstring)."""
@@ -123,9 +155,40 @@ def _best_carlier(cost: CostModel, preds, rel, tail, num_microbatches: int) -> f
 
 def span_lower_bound(cost: CostModel, num_microbatches: int) -> float:
     """Lower bound on max over ranks of (last end - first start) on that rank."""
-    return max(rank_span_lower_bounds(cost, num_microbatches))
+    return max(_with_pairing(cost, num_microbatches, rank_span_lower_bounds(cost, num_microbatches)))
 
 
+def rank_pairing_span_lower_bounds(cost: CostModel, num_microbatches: int) -> list[float]:
+    """Per rank, its span's lower bound from what pairs cannot hide (0 where the passes hold no
+    all-to-all, or recompute passes may run; see the module): the least busy time on
+    ``paired_floor`` plus, for the warm-up window no pair can start in, the all-to-all of the
+    forwards that fill it and of the backwards those leave without a partner (or the window's
+    idle time, where that is less)."""
+    if not cost.has_all_to_all or cost.can_recompute:
+        return [0.0] * cost.num_ranks
+    floor, chain = cost.paired_floor().for_bounds(), cost.without_all_to_all().for_bounds()
+    preds = type_graph(chain)
+    m = num_microbatches
+    out = []
+    for r in range(cost.num_ranks):
+        stages = cost.rank_stages(r)
+        busy = m * sum(floor.t_f[s] + floor.t_b[s] + floor.t_w[s] for s in stages)
+        rel = earliest_starts(chain, (min(stages), Op.F), preds)
+        window = min(rel[(s, Op.B)] for s in stages)
+        least_a_b = min(cost.a_b[s] for s in stages)
+        rate = min((cost.a_f[s] + least_a_b) / max(cost.t_f[s], cost.t_ff[s]) for s in stages)
+        out.append(busy + window * min(1.0, rate))
+    return out
+
+
+def _with_pairing(cost: CostModel, num_microbatches: int, spans: list[float]) -> list[float]:
+    """Per-rank span bounds ``spans`` raised to ``rank_pairing_span_lower_bounds`` where higher."""
+    if not cost.has_all_to_all:
+        return spans
+    return [max(a, b) for a, b in zip(spans, rank_pairing_span_lower_bounds(cost, num_microbatches))]
+
+
+@_paired_floor
 def makespan_lower_bound(cost: CostModel, num_microbatches: int) -> float:
     """Lower bound on (last end anywhere - first start anywhere)."""
     cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
@@ -198,6 +261,7 @@ def _memory_path(cost: CostModel, s: int, lag: float, m: int, limit: float) -> f
     return max(end_b[-1], end_w[-1])
 
 
+@_paired_floor
 def rank_memory_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float]) -> list[float]:
     """Per rank, a lower bound on its span for schedules whose memory stays within ``limit``.
 
@@ -265,6 +329,7 @@ def _deferred_work(cost: CostModel, q: int, allowed: float, m: int, split: CostM
     return work
 
 
+@_paired_floor
 def rank_deferral_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float]) -> list[float]:
     """Per rank, a lower bound on its span for schedules within ``limit``, recomputing or not.
 
@@ -349,6 +414,7 @@ def _jackson(jobs: list[tuple[float, float, float]]) -> float:
     return best
 
 
+@_paired_floor
 def rank_chain_span_lower_bounds(
     cost: CostModel, num_microbatches: int, limit: list[float] | None = None, deadline: float | None = None
 ) -> list[float] | None:
@@ -463,6 +529,7 @@ def rank_chain_span_lower_bounds(
 _LP_MARGIN = 1e-6
 
 
+@_paired_floor
 def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float], whole: bool = True,
                                 deadline: float | None = None) -> list[float]:
     """Per rank, a lower bound on its span for schedules within ``limit``, over every choice of
@@ -629,6 +696,7 @@ def memory_iteration_lower_bound(
     return max(rank_iteration_lower_bounds(cost, num_microbatches, spans))
 
 
+@_paired_floor
 def rank_iteration_lower_bounds(cost: CostModel, num_microbatches: int, spans: list[float]) -> list[float]:
     """Per rank, a lower bound on its iteration from ``spans``, lower bounds on its span: its
     last pass is one of its stages' last backward (W or BW), whose reduction follows it; on a
@@ -644,6 +712,7 @@ def rank_iteration_lower_bounds(cost: CostModel, num_microbatches: int, spans: l
     return [iteration_floor(b, e, cost.t_reduce, cost.t_opt) for b, e in zip(spans, ends)]
 
 
+@_paired_floor
 def rank_backward_end_lower_bounds(cost: CostModel, num_microbatches: int) -> list[dict[int, float]]:
     """Per rank, per stage it holds, a lower bound on when the stage's last backward (its last
     W or BW) ends, from the rank's first start: the Carlier bound of ``rank_span_lower_bounds``
@@ -672,8 +741,9 @@ def _rank_bounds(
 ) -> list[float]:
     """Per rank, the best of the bounds in this module (``quick``: all but the chain bound, the
     area bound relaxed); where the costs offer recomputation, the memory-aware ones replaced by
-    the area bound."""
-    out = rank_span_lower_bounds(cost, num_microbatches)
+    the area bound; where pairs may form, raised to ``rank_pairing_span_lower_bounds``."""
+    out = _with_pairing(cost, num_microbatches, rank_span_lower_bounds(cost, num_microbatches))
+    cost = cost.paired_floor()
     memory = None if cost.can_recompute else limit  # their memory reasoning assumes no recomputation
     chain = None if quick else rank_chain_span_lower_bounds(cost, num_microbatches, memory, deadline)
     if chain is not None:
@@ -693,10 +763,10 @@ def memory_makespan_lower_bound(
     """Lower bound on the makespan within ``limit`` (None: no limit): rank r cannot start before
     the forwards of one microbatch reach it, and then needs at least its span bound
     (``quick``, ``deadline``: as for ``memory_span_lower_bound``)."""
-    cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
     return makespan_from_spans(cost, num_microbatches, _rank_bounds(cost, num_microbatches, limit, quick, deadline))
 
 
+@_paired_floor
 def makespan_from_spans(cost: CostModel, num_microbatches: int, spans: list[float]) -> float:
     """Lower bound on the makespan from sound per-rank span bounds ``spans``: rank r cannot start
     before the forwards of one microbatch reach it, and then needs at least its span; never

@@ -7,6 +7,10 @@ construction, stops repeating there), then the two solver rows share what is lef
 started by then is not built: it is listed with ``skipped`` saying so, never left out, so a
 table cut short says which rows it lacks.
 
+Where the profile has all-to-all to hide (``Profile.has_all_to_all``), a kind that overlaps
+forward-backward pairs (dualpipe-v) runs them overlapped, and a row ``KIND (no overlap)``
+follows it with the same order run one pass after the other: what the overlap gains.
+
 Where the profile ends the iteration with gradient reductions (``zbsearch.reductions``), each
 row also has its ``iteration`` (ms, the longest rank's) and ``gain_kept``: how much of its
 span's gain over 1F1B remains in the iteration (``reductions.gain_kept``).
@@ -26,7 +30,9 @@ from .formats.schedule import Schedule
 from .limits import parse_memory_limit, peaks_fit
 from .reductions import gain_kept
 
-__all__ = ["SOLVED_KINDS", "compare"]
+__all__ = ["SOLVED_KINDS", "NO_OVERLAP", "compare"]
+
+NO_OVERLAP = "(no overlap)"  # the suffix of a row that runs an overlapping kind's pairs one pass after the other
 
 SOLVED_KINDS = ("zb-1p", "zb-2p")  # the solver's heuristics at 1p and 2p
 
@@ -68,6 +74,9 @@ def compare(
             rows.append({"kind": kind, "error": str(e)})
             continue
         rows.append(_row(kind, sched, profile, mem_limit))
+        if sched.overlapped is not None:
+            serial = build_classic(kind, profile, m, chunks if KINDS[kind].any_chunks else None, deadline=half, overlap=False)
+            rows.append(_row(f"{kind} {NO_OVERLAP}", serial, profile, mem_limit))
     for i, kind in enumerate(SOLVED_KINDS):
         left = deadline - time.monotonic()
         if left <= 0:

@@ -39,6 +39,14 @@ stages, times and selective memory take 1/k each, but what a fully checkpointed 
 is its stage's input, whose size does not depend on how many layers follow it: each piece
 keeps the profile stage's ``m_fc`` (the first piece) or their mean (a cut inside a stage, as
 for communication), at most the piece's m_f.
+
+Overlapped pairs. Where the profile records expert-parallel all-to-all inside the passes
+(``a_f`` inside F and R, ``a_b`` inside B and BW; split 1/k like times), a rank may run the
+forward of one (stage, microbatch) and the backward (B or BW) of another as one overlapped
+pair: each pass's all-to-all is in flight while the other computes. ``pair_time`` is the one
+rule for what such a pair costs: the two passes' times (as ``durations`` prices them) less
+what each one's all-to-all hides behind the other's compute,
+``t_F + t_B - min(a_F, t_B - a_B) - min(a_B, t_F - a_F)``.
 """
 
 from __future__ import annotations
@@ -106,6 +114,10 @@ class CostModel:
     # last pass)
     t_reduce: tuple[float, ...] = ()
     t_opt: tuple[float, ...] = ()
+    # per stage, the expert-parallel all-to-all inside F (and R) and inside B (and BW), which an
+    # overlapped pair can hide (empty: none anywhere)
+    a_f: tuple[float, ...] = ()
+    a_b: tuple[float, ...] = ()
 
     def __repr__(self) -> str:
         S = self.num_stages
@@ -183,6 +195,8 @@ class CostModel:
             recompute=offers if any(a or b for a, b in offers) else (),
             t_reduce=tuple((c.t_reduce or 0.0) / k for c in st) if profile.has_reductions else (),
             t_opt=tuple((c.t_opt or 0.0) / k for c in st) if profile.has_reductions else (),
+            a_f=tuple(c.a_f / k for c in st) if profile.has_all_to_all else (),
+            a_b=tuple(c.a_b / k for c in st) if profile.has_all_to_all else (),
         )
 
     def check_microbatches(self, m: int) -> None:
@@ -239,6 +253,56 @@ class CostModel:
     def has_reductions(self) -> bool:
         """Whether the iteration ends with reductions or optimizer steps after the passes."""
         return bool(self.t_reduce)
+
+    @property
+    def has_all_to_all(self) -> bool:
+        """Whether some pass holds all-to-all an overlapped pair can hide (pairing can pay)."""
+        return bool(self.a_f)
+
+    def all_to_all(self, stage: int, op: Op) -> float:
+        """The all-to-all time inside a pass of this type on ``stage`` (ms): a_f in F and R (which
+        repeats the forward's), a_b in B and BW, none in W and RS."""
+        if not self.a_f:
+            return 0.0
+        if op is Op.F or op is Op.R:
+            return self.a_f[stage]
+        if op is Op.B or op is Op.BW:
+            return self.a_b[stage]
+        return 0.0
+
+    def pair_time(self, f: Action, b: Action, t_f: float, t_b: float) -> float:
+        """What the overlapped pair of forward ``f`` and backward ``b`` (B or BW) costs on their
+        rank, the two passes taking ``t_f`` and ``t_b`` alone (``durations``): both computes plus
+        the all-to-all neither hides, each pass's all-to-all hiding behind the other's compute."""
+        a_f, a_b = self.all_to_all(f.stage, Op.F), self.all_to_all(b.stage, b.op)
+        return t_f + t_b - min(a_f, max(0.0, t_b - a_b)) - min(a_b, max(0.0, t_f - a_f))
+
+    def paired_floor(self) -> CostModel:
+        """These costs with every forward (checkpointed or not) and backward (B or BW) shortened
+        by its all-to-all, and nothing left to overlap: what bounds are computed on where pairs
+        may form. A pair takes at least its two passes' times less both all-to-alls
+        (``pair_time``), so its forward maps onto such an F at the pair's start and its backward
+        onto such a B right after it, both ending no later than the pair and in the same order:
+        every schedule with pairs maps onto one of these costs, without pairs, whose passes end
+        no later, and a bound on these holds for it. W and recompute passes, which no pair holds,
+        keep their times. Without all-to-all, the costs themselves."""
+        if not self.a_f:
+            return self
+        af, ab = self.a_f, self.a_b
+
+        def less(ts: tuple[float, ...], a: tuple[float, ...]) -> tuple[float, ...]:
+            return tuple(max(0.0, t - x) for t, x in zip(ts, a))
+
+        def offer(o: Recompute | None, s: int) -> Recompute | None:
+            return None if o is None else replace(o, t_f=max(0.0, o.t_f - af[s]))
+
+        offers = tuple((offer(full, s), offer(sel, s)) for s, (full, sel) in enumerate(self.recompute))
+        return replace(self, t_f=less(self.t_f, af), t_ff=less(self.t_ff, af), t_b=less(self.t_b, ab),
+                       t_bw=less(self.t_bw, ab), recompute=offers, a_f=(), a_b=())
+
+    def without_all_to_all(self) -> CostModel:
+        """These costs with nothing for an overlapped pair to hide (pairs then cost their sum)."""
+        return replace(self, a_f=(), a_b=()) if self.a_f else self
 
     def without_reductions(self) -> CostModel:
         """These costs with the iteration ending at the last pass."""
@@ -357,7 +421,12 @@ class CostModel:
         the uncheckpointed deltas and the recompute offers stay on: a bound that reasons about
         memory must look at ``can_recompute`` (``zbsearch.bounds``), and take a recompute
         pass's least time (``Recompute.least``).
+
+        Where the passes hold all-to-all, this is ``paired_floor``'s: every pass at the least
+        time an overlapped pair can give it, with no pairs left to form.
         """
+        if self.a_f:
+            return self.paired_floor().for_bounds()
         cheaper_f = any(self.forward(s) < self.t_f[s] for s in range(self.num_stages))
         if not self.fusing_may_pay() and not cheaper_f:
             return self

@@ -22,13 +22,13 @@ def timeline(schedule: Schedule) -> Timeline:
         ZbError: the order cannot run (a deadlock, or a pass no rank runs); ``zbsearch.validate``
             says why.
     """
-    return simulate(schedule.rank_actions, cost_model(schedule))
+    return simulate(schedule.rank_actions, cost_model(schedule), schedule.overlapped)
 
 
 def predict(schedule: Schedule, tl: Timeline | None = None) -> Predicted:
     """The summary of ``tl``, the schedule's timeline on its profile (simulated here if not given)."""
     cost = cost_model(schedule)
-    tl = tl if tl is not None else simulate(schedule.rank_actions, cost)
+    tl = tl if tl is not None else simulate(schedule.rank_actions, cost, schedule.overlapped)
     m = schedule.num_microbatches
     return Predicted(
         makespan=tl.makespan,

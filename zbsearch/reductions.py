@@ -168,7 +168,11 @@ def _ending_with(profile, dp, t_reduce: Sequence[float], t_opt: Sequence[float] 
     """``profile`` with each stage's ``t_reduce`` and ``t_opt`` and its ``data_parallel`` section."""
     stages = [c.model_copy(update={"t_reduce": t_reduce[i], "t_opt": None if t_opt is None else t_opt[i]})
               for i, c in enumerate(profile.stages)]
-    return profile.model_copy(update={"stages": stages, "data_parallel": dp, "name": f"{profile.name}-dp{dp.replicas}"})
+    update = {"stages": stages, "data_parallel": dp, "name": f"{profile.name}-dp{dp.replicas}"}
+    if profile.mesh is not None:  # the mesh's data-parallel sizes are the reductions'
+        sizes = {"dp_replicate": 1, "dp_shard": dp.replicas} if dp.sharded else {"dp_replicate": dp.replicas, "dp_shard": 1}
+        update["mesh"] = profile.mesh.model_copy(update=sizes)
+    return profile.model_copy(update=update)
 
 
 def grad_bytes_per_stage(text: str, num_stages: int) -> list[float]:

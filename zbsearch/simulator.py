@@ -6,7 +6,11 @@ communication delay when that pass ran on another rank). Communication is modell
 latency that does not occupy either rank, which is what asynchronous P2P achieves when
 transfers overlap compute. An action takes what ``CostModel.durations`` gives it (the F of a
 microbatch whose backward its rank runs fused takes t_ff, not t_f; that of a microbatch it
-recomputes the checkpointed forward's time). Memory on a rank changes only through its own
+recomputes the checkpointed forward's time). An overlapped pair (a forward and the backward
+after it, ``overlapped``) starts when its rank is free and the inputs of both passes have
+arrived, and both passes end together, ``CostModel.pair_time`` later; a pair whose backward
+waits for its own forward (directly or through other ranks) can never start: a deadlock, which
+the validator names. Memory on a rank changes only through its own
 actions (``CostModel.memory_deltas``), so the memory curve depends on the order alone, not on
 timing.
 
@@ -15,7 +19,8 @@ Bubble rate generalises the paper's (span - m(T_F+T_B+T_W)) / span to unequal st
 compute of the busiest rank, the part of the iteration a schedule can remove. It equals the
 paper's formula when stages are uniform. A rank's busy time counts its F, B and W passes, not
 its recompute passes: recomputation is work a schedule with more memory would not do, so the
-bubble rate counts it with the idle time.
+bubble rate counts it with the idle time. An overlapped pair counts as the time it holds the
+rank (``pair_time``): what it hides is time the rank does not spend.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ class Timeline:
 
     ``start[r][i]`` and ``end[r][i]`` (ms) are those of rank r's i-th action, ``memory[r][i]``
     the activation memory the rank holds after it, ``busy[r]`` the rank's compute time in F, B
-    and W passes (recompute passes not counted, see the module). Where the costs end the
+    and W passes (recompute passes not counted, an overlapped pair counted once as the time it
+    takes; see the module), ``overlapped[r]`` the positions of rank r's pairs (empty: none). Where the costs end the
     iteration with reductions (``zbsearch.reductions``), ``reductions[r]`` holds rank r's
     (stage, start, end) and ``finish[r]`` when its iteration ends, optimizer steps included.
     """
@@ -57,6 +63,7 @@ class Timeline:
     busy: list[float]
     reductions: list[list[Reduction]] = field(default_factory=list)
     finish: list[float] = field(default_factory=list)
+    overlapped: list[list[int]] = field(default_factory=list)
 
     def __repr__(self) -> str:
         if not self.actions:
@@ -117,8 +124,10 @@ def bubble_rate(period: float, busiest: float) -> float:
     return (period - busiest) / period if period > 0 else 0.0
 
 
-def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
-    """Timeline of ``rank_actions``; raises ZbError on a missing dependency or a deadlock.
+def simulate(rank_actions: list[list[Action]], cost: CostModel, overlapped: list[list[int]] | None = None) -> Timeline:
+    """Timeline of ``rank_actions``, with ``overlapped[r]`` the positions on rank r where a forward
+    and the backward after it run as one pair (``Schedule.overlapped``; None: no pairs); raises
+    ZbError on a missing dependency or a deadlock.
 
     One pass in dependency order: each rank runs until its next action waits for a pass not
     run yet, then parks on the rank that owes the pass and is woken when that rank stops
@@ -133,6 +142,7 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
         for op in Op
     }
     durations = cost.durations(rank_actions)
+    pairs = pair_times(rank_actions, durations, cost, overlapped)
     start = [[0.0] * len(row) for row in rank_actions]
     end = [[0.0] * len(row) for row in rank_actions]
     done = [0] * R  # number of actions finished per rank
@@ -142,29 +152,37 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
     while runnable:
         r = runnable.pop()
         row, row_start, row_end, row_dur = rank_actions[r], start[r], end[r], durations[r]
+        row_pairs = pairs[r] if pairs else None
         n, i, t_free = len(row), done[r], free[r]
         wait = None
         while i < n:
-            a = row[i]
-            deps = kinds[a.op][a.stage]
+            together = row_pairs.get(i) if row_pairs else None  # an overlapped pair's time, or None
             t = t_free
-            for positions, delay in deps:
-                pos = positions[a.mb]
-                if pos is None:  # no rank runs it: reported below, after the run stops
-                    wait = (r, n)
+            for a in (row[i], row[i + 1]) if together is not None else (row[i],):
+                for positions, delay in kinds[a.op][a.stage]:
+                    pos = positions[a.mb]
+                    if pos is None:  # no rank runs it: reported below, after the run stops
+                        wait = (r, n)
+                        break
+                    dr, di = pos
+                    if di >= (i if dr == r else done[dr]):  # a pair's backward cannot wait for its own forward
+                        wait = pos
+                        break
+                    e = end[dr][di] + delay
+                    if e > t:
+                        t = e
+                if wait is not None:
                     break
-                dr, di = pos
-                if di >= (i if dr == r else done[dr]):
-                    wait = pos
-                    break
-                e = end[dr][di] + delay
-                if e > t:
-                    t = e
             if wait is not None:
                 break
             row_start[i] = t
-            t_free = row_end[i] = t + row_dur[i]
-            i += 1
+            if together is None:
+                t_free = row_end[i] = t + row_dur[i]
+                i += 1
+            else:
+                row_start[i + 1] = t
+                t_free = row_end[i] = row_end[i + 1] = t + together
+                i += 2
         done[r], free[r] = i, t_free
         if parked[r]:  # wake the ranks waiting for a pass this rank has now run
             still = []
@@ -177,16 +195,29 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel) -> Timeline:
         if wait is not None:
             parked[wait[0]].append((wait[1], r))
     if any(d < len(row) for d, row in zip(done, rank_actions)):
-        raise Deadlock(_waits(rank_actions, done, _resolve(rank_actions, where, S)))
+        raise Deadlock(_waits(rank_actions, done, _resolve(rank_actions, where, S), overlapped))
 
     busy = [sum(d for a, d in zip(row, dur) if a.op not in RECOMPUTES) for row, dur in zip(rank_actions, durations)]
+    for r, row_pairs in enumerate(pairs):  # a pair holds its rank for its pair time, not the sum of its passes
+        busy[r] -= sum(durations[r][i] + durations[r][i + 1] - t for i, t in row_pairs.items())
     reductions, finish = [], []
     if cost.has_reductions:
         for row, ends in zip(rank_actions, end):
             got, f = lane(row, ends, cost.t_reduce, cost.t_opt)
             reductions.append(got)
             finish.append(f)
-    return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy, reductions, finish)
+    return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy, reductions, finish,
+                    [list(p) for p in pairs] if pairs else [])
+
+
+def pair_times(rank_actions: list[list[Action]], durations: list[list[float]], cost: CostModel,
+               overlapped: list[list[int]] | None) -> list[dict[int, float]]:
+    """Per rank, position of each overlapped pair's forward -> the pair's time (``CostModel.pair_time``
+    of the two passes as ``durations`` prices them); empty where there are no pairs."""
+    if not overlapped or not any(overlapped):
+        return []
+    return [{i: cost.pair_time(row[i], row[i + 1], dur[i], dur[i + 1]) for i in at}
+            for row, dur, at in zip(rank_actions, durations, overlapped)]
 
 
 def memory_trace(rank_actions: list[list[Action]], cost: CostModel) -> list[list[float]]:
@@ -227,11 +258,13 @@ def _resolve(rank_actions: list[list[Action]], where, S: int) -> list[list[list[
     return deps
 
 
-def _waits(rank_actions, done, deps) -> list[tuple[int, Action, Action, int]]:
+def _waits(rank_actions, done, deps, overlapped) -> list[tuple[int, Action, Action, int]]:
     waits = []
     for r, row in enumerate(rank_actions):
         if done[r] < len(row):
-            blocker = next(((dr, di) for dr, di in deps[r][done[r]] if di >= done[dr]), None)
+            i = done[r]
+            waiting = deps[r][i] + (deps[r][i + 1] if overlapped and i in overlapped[r] else [])
+            blocker = next(((dr, di) for dr, di in waiting if di >= done[dr]), None)
             if blocker is not None:
                 dr, di = blocker
                 waits.append((r, row[done[r]], rank_actions[dr][di], dr))

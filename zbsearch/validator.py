@@ -4,7 +4,9 @@ Checks, in this order, and reports the first failure with the action that causes
 placement (each action on the rank that owns its stage), completeness (each F, B and W of
 each stage and microbatch exactly once, BW counting as B and W), recomputation (at most one
 recompute pass per stage and microbatch, one the profile offers on that stage, before that
-microbatch's backward on the rank), same-rank order (no pass
+microbatch's backward on the rank), overlapped pairs (neither pass of a pair depends on the
+other, directly or through other passes: the pair starts when both inputs are there, so such a
+pair could never start), same-rank order (no pass
 before a pass of its own rank it depends on), deadlock (a cycle through the ranks' orders and
 the cross-rank dependencies, found with networkx and printed as the chain of waits), and
 memory (the running activation total on each rank never exceeds the rank's limit).
@@ -17,9 +19,9 @@ and none when the caller hands in the timeline it has already simulated.
 
 from __future__ import annotations
 
-from .actions import RECOMPUTES, Action, Op
+from .actions import RECOMPUTES, Action, Op, pair_text
 from .costs import CostModel
-from .dependencies import action_predecessor_types, pass_positions, recompute_positions
+from .dependencies import action_predecessor_types, must_precede, pass_positions, recompute_positions
 from .errors import ZbError
 from .formats.profile import Profile
 from .formats.schedule import Schedule
@@ -94,10 +96,14 @@ def find_problem(schedule: Schedule, profile: Profile | None = None, memory_limi
         problem = _recompute_problem(rows, where, cost)
         if problem:
             return problem
+    if schedule.overlapped is not None:
+        problem = _pair_problem(rows, schedule.overlapped, S)
+        if problem:
+            return problem
     if timeline is None:
         cost = cost or CostModel.from_profile(profile or schedule.profile, schedule.stage_to_rank)
         try:
-            timeline = simulate(rows, cost)
+            timeline = simulate(rows, cost, schedule.overlapped)
         except Deadlock as dead:  # a pass before one of its own rank it needs, or a cycle across ranks
             return _order_problem(rows, where, S) or "deadlock: " + _wait_cycle(dead.waits)
     else:
@@ -135,6 +141,19 @@ def _recompute_problem(rows: list[list[Action]], where, cost: CostModel) -> str 
         if br == r and bi < i:
             return (f"rank {r}: {a} at position {i} comes after {rows[br][bi]} at position {bi}, "
                     f"whose activations it rebuilds")
+    return None
+
+
+def _pair_problem(rows: list[list[Action]], overlapped: list[list[int]], num_stages: int) -> str | None:
+    """The first overlapped pair whose passes depend on each other (its backward needs its
+    forward, directly or through other passes): the pair would wait for itself."""
+    for r, (row, pairs) in enumerate(zip(rows, overlapped)):
+        for i in pairs:
+            f, b = row[i], row[i + 1]
+            parts = b.parts()
+            if f.mb == b.mb and any(must_precede((f.stage, Op.F), (b.stage, op), num_stages) for op in parts):
+                return (f"rank {r}: the overlapped pair {pair_text(f, b)} at position {i} pairs {b} with {f}, which it "
+                        f"depends on: a pair's passes must not depend on each other")
     return None
 
 

@@ -3,7 +3,8 @@
 
 * V-Half and V-Min: the bubble rates and peak memory published for the authors' own generator
   (unit costs F = B = W per chunk, no communication, B frees nothing and W frees all).
-* DualPipeV: torch's ``ScheduleDualPipeV`` order, its overlapped pairs as F then BW.
+* DualPipeV: torch's ``ScheduleDualPipeV`` order, and its OVERLAP_F_B actions as our overlapped
+  pairs where the profile has all-to-all (F then BW one after the other where it has none).
 * Recomputing kinds: the plain order with an R before every backward, and a peak counted by
   hand: (p - 1 - r) checkpointed microbatches plus one rebuilt on rank r.
 """
@@ -57,12 +58,30 @@ def test_dualpipe_v_is_torchs_order(p, m):
             else:
                 yield Action(a.stage_index, letters[a.computation_type], a.microbatch_index)
 
+    def pairs(acts):
+        at, i = [], 0
+        for a in acts:
+            if a is None:
+                continue
+            if a.computation_type == torch.OVERLAP_F_B:
+                at.append(i)
+            i += len(a.sub_actions) if a.sub_actions else 1
+        return at
+
     sched = build_classic("dualpipe-v", make_profile(p), m)
-    assert find_problem(sched) is None
+    assert find_problem(sched) is None and sched.overlapped is None  # nothing to hide: no pairs
+    prof = make_profile(p).model_dump()
+    for st in prof["stages"]:
+        st.update(a_f=0.3, a_b=0.4)
+    moe = build_classic("dualpipe-v", Profile.model_validate(prof), m)
+    assert find_problem(moe) is None and moe.rank_actions == sched.rank_actions
     ref = torch.ScheduleDualPipeV.__new__(torch.ScheduleDualPipeV)
     ref.pp_group_size, ref._n_microbatches = p, m
     for r in range(p):
-        assert sched.rank_actions[r] == list(flat(ref._calculate_single_rank_operations(r))), r
+        theirs = ref._calculate_single_rank_operations(r)
+        assert sched.rank_actions[r] == list(flat(theirs)), r
+        assert moe.pairs(r) == pairs(theirs), r
+    assert max(moe.predicted.span) < max(sched.predicted.span)
 
 
 @pytest.mark.parametrize("kind,plain", [("1f1b-recompute", "1f1b"), ("1f1b-split-recompute", "1f1b-split"),

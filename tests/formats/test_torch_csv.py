@@ -69,3 +69,43 @@ def test_torch_pipeline_runtime_replays_the_csv_with_our_gradients(kind, tmp_pat
     path = tmp_path / f"{kind}.csv"
     path.write_text(to_torch_csv(zb.build_classic(kind, uniform_profile(2), m)))
     run_local(_ours_and_torch, 2, kind, m, str(path))
+
+
+def test_pairs_in_torch_notation_read_by_torch_parser(tmp_path):
+    """Each overlapped pair is one cell that torch's own parser reads back as OVERLAP_F_B with
+    our two actions in torch's letters; every other cell as before."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    if not hasattr(schedules._ComputationType, "OVERLAP_F_B"):
+        pytest.skip("this torch has no OVERLAP_F_B")
+    from zbsearch.actions import Op
+
+    base = zb.build_classic("1f1b-split", uniform_profile(2), 4)
+    pairs = []
+    for row in base.rank_actions:
+        at, i = [], 0
+        while i < len(row) - 1:
+            if row[i].op is Op.F and row[i + 1].op in (Op.B, Op.BW) and row[i].mb != row[i + 1].mb:
+                at.append(i)
+                i += 2
+            else:
+                i += 1
+        pairs.append(at)
+    assert any(pairs)
+    sched = zb.Schedule.build("paired", base.profile, 4, base.stage_to_rank, base.rank_actions, overlapped=pairs)
+    path = tmp_path / "p.csv"
+    path.write_text(to_torch_csv(sched))
+    runtime = schedules.PipelineScheduleMulti.__new__(schedules.PipelineScheduleMulti)
+    runtime.pipeline_order = {}
+    runtime._validate_and_set_stage_mapping = lambda order: None  # the parser's part only: no stages here
+    runtime._load_csv(str(path))
+    letters = {"F": schedules.FORWARD, "B": schedules.BACKWARD_INPUT, "W": schedules.BACKWARD_WEIGHT,
+               "BW": schedules.FULL_BACKWARD}
+    for r, row in enumerate(sched.compact()):
+        got = runtime.pipeline_order[r]
+        assert len(got) == len(row)
+        for text, a in zip(row, got):
+            ours = [zb.parse_action(t) for t in text.split("+")]
+            parts = a.sub_actions if "+" in text else (a,)
+            assert (a.computation_type == schedules.OVERLAP_F_B) == ("+" in text)
+            assert [(x.stage_index, x.computation_type, x.microbatch_index) for x in parts] == [
+                (o.stage, letters[o.op.value], o.mb) for o in ours]

@@ -21,7 +21,7 @@ from zbsearch.simulator import Deadlock
 
 __all__ = [
     "needs", "reference", "reference_duration", "reference_problem", "outcome", "random_profile", "random_cost",
-    "random_order", "fuse_some", "mutate",
+    "random_order", "fuse_some", "mutate", "rank_orders",
 ]
 
 
@@ -239,3 +239,38 @@ def reference_problem(rows: list[list[Action]], stage_to_rank: list[int], m: int
                 if not fits(cur, limit[r]):
                     return f"rank {r}: memory reaches {cur:.6g} after {a} (position {i}), over its limit {limit[r]:.6g}"
     return None
+
+
+def rank_orders(cost: CostModel, r: int, m: int, fifo: bool = False, ops: tuple[Op, ...] = (Op.F, Op.B, Op.W),
+                fuse: bool = False) -> list[list[Action]]:
+    """Every order of rank r's passes of ``ops`` that respects the dependencies among them (and,
+    with ``fifo``, microbatch order per stage and kind); with ``fuse``, each B as a fused BW."""
+    S = cost.num_stages
+    mine = [(s, op, j) for s in cost.rank_stages(r) for op in ops for j in range(m)]
+    need = {}
+    for x in mine:
+        deps, stack = set(), [x]
+        while stack:
+            for p in predecessors(*stack.pop(), S):
+                if p not in deps:
+                    deps.add(p)
+                    stack.append(p)
+        need[x] = {p for p in deps if cost.stage_to_rank[p[0]] == r}
+        if fifo and x[2] > 0:
+            need[x].add((x[0], x[1], x[2] - 1))
+    out: list[list[Action]] = []
+
+    def rec(done: set, seq: list) -> None:
+        if len(seq) == len(mine):
+            out.append([Action(s, Op.BW if fuse and op is Op.B else op, j) for s, op, j in seq])
+            return
+        for x in mine:
+            if x not in done and need[x] <= done:
+                done.add(x)
+                seq.append(x)
+                rec(done, seq)
+                seq.pop()
+                done.remove(x)
+
+    rec(set(), [])
+    return out

@@ -139,14 +139,18 @@ def test_a_stage_wrapped_in_fsdp1_is_refused_in_one_line(one_rank):
 
 
 def _bad(rank: int, world: int, send, how: str) -> str:
-    if how == "tensor-parallel":  # PP1 x DP2 (sharded) x TP2: the built-in GPT's plan, then fully_shard
+    if how == "tensor-parallel":  # PP1 x DP2 (sharded) x TP2: the built-in GPT's plan, then fully_shard by hand
+        from torch.distributed.fsdp import fully_shard
+
         from zbsearch.models import GPTConfig, gpt_loss, gpt_stages
-        from zbsearch.models.sharding import shard_stage
         from zbsearch.models.tensor_parallel import parallelize_stage
 
         mesh = build_mesh(pp=1, dp_shard=2, tp=2)
         stage = gpt_stages(GPTConfig(layers=1, hidden=16, heads=2, seq=8, vocab=16, microbatch_size=1, stages=1))[0]
-        stage = shard_stage(parallelize_stage(stage, mesh["tp"]), mesh["dp_shard"])
+        stage = parallelize_stage(stage, mesh["tp"])  # without fully_shard_layout: the fused qkv stays strided
+        for child in stage.children():
+            fully_shard(child, mesh=mesh["dp_shard"])
+        fully_shard(stage, mesh=mesh["dp_shard"])
         PipelineRuntime(zb.build_classic("zb-h1", uniform_profile(1), 2), {0: stage}, gpt_loss, mesh=mesh, timeout=20)
         return "built"
     sched = zb.build_classic("zb-h1", uniform_profile(PP), 4)
@@ -162,8 +166,8 @@ def _bad(rank: int, world: int, send, how: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("how, message", [
     ("partial-mesh", r"stage \d is sharded over 1 ranks, but the data-parallel dimension has 2: shard over all of it"),
-    ("tensor-parallel", r"stage 0 is both tensor-parallel and sharded with fully_shard \(parameter '0\.tok\.weight'\): "
-                        r"not supported by this runtime; replicate"),
+    ("tensor-parallel", r"stage 0: parameter '1\.attn\.qkv\.weight' is split with a strided layout \(a fused projection\) "
+                        r"and sharded again by fully_shard, .*fully_shard_layout"),
     ("unsharded", r"the mesh shards data parallelism over 2 ranks \(dp_shard\), but rank \d's stages are not sharded: "
                   r"apply fully_shard"),
 ])

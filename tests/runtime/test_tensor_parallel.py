@@ -569,3 +569,39 @@ def test_post_validation_refuses_dtensor_parameters_in_one_line(one_rank):
     layer = parallelize_module(torch.nn.Linear(4, 4), init_device_mesh("cpu", (1,)), ColwiseParallel())
     with pytest.raises(PipelineError, match="post-validation takes plain parameters, not DTensors"):
         PostValidatedOptimizer(torch.optim.AdamW(layer.parameters()), max_norm=1.0)
+
+
+def test_a_schedule_made_for_another_tensor_parallel_degree_is_refused_in_one_line(one_rank):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from zbsearch.distributed.mesh import MESH_DIMS
+    from zbsearch.formats.mesh import ProfileMesh
+    from zbsearch.models import GPTConfig, gpt_stages
+    from zbsearch.runtime import PipelineError, PipelineRuntime
+
+    base = zb.Profile(name="one", memory_unit="activations", stages=[zb.StageCost(t_f=1, t_b=1, t_w=1, m_f=1, m_b=-0.5,
+                                                                                     m_w=-0.5)])
+
+    def made_for(tp: int | None) -> zb.Schedule:
+        prof = base if tp is None else base.model_copy(update={"mesh": ProfileMesh(pp=1, tp=tp)})
+        return zb.build_classic("1f1b", prof, 2)
+
+    loss = lambda out, y: out.sum()  # noqa: E731
+    for kwargs in ({}, {"mesh": init_device_mesh("cpu", (1, 1, 1, 1), mesh_dim_names=MESH_DIMS)}):
+        with pytest.raises(PipelineError) as err:
+            PipelineRuntime(made_for(2), {0: torch.nn.Linear(4, 4)}, loss, **kwargs)
+        assert str(err.value) == (
+            "rank 0: schedule '1f1b' was made for tensor-parallel degree 2 (profile 'one' measured the stages at tp 2), "
+            "but this rank's stages run at tp 1: run it at tp 2, or profile the stages with --tp 1 and make the "
+            "schedule from that profile")
+        for tp in (None, 1):  # a profile at tp 1, or one that does not say (older files): runs
+            PipelineRuntime(made_for(tp), {0: torch.nn.Linear(4, 4)}, loss, **kwargs).close()
+    # a stage split on a tensor-parallel mesh (of one rank here): its degree is that mesh's
+    from zbsearch.models.tensor_parallel import parallelize_stage
+    from zbsearch.runtime.runtime import tensor_parallel_degree
+
+    cfg = GPTConfig(layers=1, hidden=16, heads=2, seq=8, vocab=32, microbatch_size=2, stages=1)
+    split = parallelize_stage(gpt_stages(cfg)[0], init_device_mesh("cpu", (1,), mesh_dim_names=("tp",)))
+    assert tensor_parallel_degree({0: split}, None) == 1 and tensor_parallel_degree({0: torch.nn.Linear(2, 2)}, None) == 1
+    unnamed = parallelize_stage(gpt_stages(cfg)[0], init_device_mesh("cpu", (1,)))
+    assert tensor_parallel_degree({0: unnamed}, None) is None  # a mesh with no 'tp' dimension: not told

@@ -936,7 +936,13 @@ def profile(
     model_arg: list[str] = typer.Option(
         [], "--model-arg", help="key=value passed to the --model function (repeatable; ints, floats, true/false converted)"
     ),
-    builtin: str | None = typer.Option(None, "--builtin", help="a built-in model instead of --model: gpt"),
+    builtin: str | None = typer.Option(None, "--builtin", help="a built-in model instead of --model: gpt, or moe (gpt "
+                                       "with --experts experts per layer, --top-k per token)"),
+    experts: int = typer.Option(4, "--experts", help="moe: experts per layer"),
+    top_k: int = typer.Option(2, "--top-k", help="moe: experts per token"),
+    ep: int | None = typer.Option(
+        None, "--ep", help="moe: measure on an expert-parallel group of N local processes (gloo), each holding 1/N of "
+                           "the experts; records each stage's all-to-all time inside F and B (a_f, a_b)"),
     hf: str | None = typer.Option(
         None,
         "--hf",
@@ -999,6 +1005,13 @@ def profile(
              "or under torchrun the replicas started with the pipeline (pipeline ranks x N processes); with "
              "--dp-bandwidth it is priced as a ring all-reduce of the stage's trainable parameters' bytes instead"),
     dp_bandwidth: float | None = DpBandwidthOpt,
+    tp: int = typer.Option(
+        1, "--tp", min=1,
+        help="tensor-parallel ranks each stage is split over (the runtime's plans: built-in GPT, --hf decoders): its "
+             "passes are measured split, collectives included, per rank. N local processes (gloo), or under torchrun "
+             "the ranks started with the pipeline (pipeline ranks x --dp x N processes); recorded in the profile's mesh"),
+    sequence_parallel: bool = typer.Option(
+        False, "--sequence-parallel", help="with --tp, the built-in GPT's plan also splits the sequence"),
 ):
     """Measure per-stage F, B, W times, activation memory and link times; write a profile (bytes).
 
@@ -1012,8 +1025,12 @@ def profile(
 
     if sum(x is not None for x in (model, builtin, hf)) != 1:
         raise ZbError("give one of --model package.module:function, --builtin gpt or --hf CONFIG")
-    if builtin is not None and builtin != "gpt":
-        raise ZbError(f"unknown built-in model {builtin!r}; available: gpt")
+    if builtin is not None and builtin not in ("gpt", "moe"):
+        raise ZbError(f"unknown built-in model {builtin!r}; available: gpt, moe")
+    if ep is not None and builtin != "moe":
+        raise ZbError("--ep measures a model with experts: give --builtin moe")
+    if ep is not None and (per_layer or placement is not None or dp is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        raise ZbError("--ep profiles the stages on local processes: --per-layer, --placement, --dp and torchrun do not apply")
     target = _output(output)  # None: profiles/NAME.json, once the name is known
     if target is None:
         check_writable(Path("profiles") / "profile.json")  # that folder must be writable too
@@ -1031,6 +1048,13 @@ def profile(
         raise ZbError("--dp applies to stage profiles: zbsearch plan --dp prices each cut's reductions")
     if dp_bandwidth is not None and not dp_bandwidth > 0:
         raise ZbError("--dp-bandwidth must be a positive number of GB/s")
+    if tp > 1 and per_layer:
+        raise ZbError("--tp applies to stage profiles: --per-layer measures whole units on one device")
+    if tp > 1 and dp_bandwidth is not None:
+        raise ZbError("--dp-bandwidth prices whole stages' gradients: with --tp time the reductions of each rank's shards "
+                      "on a real group (--dp N alone)")
+    if sequence_parallel and tp == 1:
+        raise ZbError("--sequence-parallel splits the sequence over the tensor-parallel ranks: give --tp N too")
     if per_layer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ZbError("--per-layer measures on one device: run it without torchrun")
     kinds = None
@@ -1058,6 +1082,19 @@ def profile(
                 counts = [int(x) for x in text.split(",")] if all(x.strip().isdigit() for x in text.split(",")) else []
                 if len(counts) == len(spec.stages):
                     kinds = profiler.unit_kinds(counts)
+        elif builtin == "moe":
+            from zbsearch.models.moe import MoEConfig
+
+            moe = MoEConfig(layers=layers, hidden=hidden, heads=heads, seq=128 if seq is None else seq,
+                            microbatch_size=4 if microbatch_size is None else microbatch_size, stages=stages,
+                            experts=experts, top_k=top_k)
+            if per_layer:
+                moe = moe.units()
+                kinds = profiler.unit_kinds(list(moe.cut or ()))
+            moe.check()
+            if ep is not None and (ep < 2 or moe.experts % ep):
+                raise ZbError(f"--ep {ep}: the {moe.experts} experts must split over at least 2 processes")
+            spec = profiler.builtin_moe(moe)
         else:
             cfg = GPTConfig(layers=layers, hidden=hidden, heads=heads, seq=128 if seq is None else seq,
                             microbatch_size=4 if microbatch_size is None else microbatch_size, stages=stages)
@@ -1080,9 +1117,20 @@ def profile(
     pieces = _pieces(placement, len(spec.stages)) if placement is not None else None
     if name is None and placement is not None:
         name = f"{spec.name}-{device.split(':')[0]}-{placement}"
+    if name is None and tp > 1:
+        name = f"{spec.name}-{device.split(':')[0]}-tp{tp}{'-sp' if sequence_parallel else ''}"
     measure = dp if dp is not None and dp_bandwidth is None else None  # timed on a real group
-    with profiler.progress_bar(err) as bar:
-        prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar, replicas=measure)
+    if ep is None:
+        with profiler.progress_bar(err) as bar:
+            prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar, replicas=measure,
+                                          tp=tp, sequence_parallel=sequence_parallel)
+    else:
+        import functools
+
+        from zbsearch.profiler.experts import profile_expert_parallel
+
+        err.print(f"profiling on an expert-parallel group of {ep} local processes", highlight=False)
+        prof = profile_expert_parallel(functools.partial(profiler.builtin_moe, moe), ep, settings, name=name)
     if prof is None:  # a torchrun rank other than 0
         return
     if dp is not None and dp_bandwidth is not None:

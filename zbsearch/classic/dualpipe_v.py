@@ -1,5 +1,5 @@
-"""DualPipeV (DeepSeek's DualPipe folded into a V; torch's ``ScheduleDualPipeV``), its overlapped
-forward-and-backward pairs run as an ordinary F followed by a fused BW.
+"""DualPipeV (DeepSeek's DualPipe folded into a V; torch's ``ScheduleDualPipeV``), with its
+forward-and-backward pairs overlapped where the profile has all-to-all to hide.
 
 Rank r holds stages r and 2p-1-r, as in ZB-V. Its order, in eight steps (s0 = r, s1 = 2p-1-r):
 
@@ -14,8 +14,11 @@ Rank r holds stages r and 2p-1-r, as in ZB-V. Its order, in eight steps (s0 = r,
 8. the W passes still pending.
 
 Backwards are fused (BW) where DualPipe runs a full backward and split (B, W later) where it
-runs zero-bubble halves. DualPipe overlaps the two passes of a pair on one device; here they
-run one after the other, as every other schedule's passes do. Needs m >= 2p (as torch).
+runs zero-bubble halves. The pairs of steps 4 and 5 (an F followed by a BW of another
+microbatch) are the ones DualPipe overlaps (``dualpipe_v_pairs``: the positions of their
+forwards, ``Schedule.overlapped``); ``build_classic`` marks them where the profile has
+all-to-all, as DeepSeek's and torch's DualPipeV do, and otherwise leaves the two passes one
+after the other. Needs m >= 2p (as torch).
 """
 
 from __future__ import annotations
@@ -25,11 +28,22 @@ from ..costs import CostModel
 from ..errors import ZbError
 from ..layout import placement
 
-__all__ = ["dualpipe_v"]
+__all__ = ["dualpipe_v", "dualpipe_v_pairs"]
 
 
 def dualpipe_v(cost: CostModel, m: int) -> list[list[Action]]:
     """DualPipeV's order on each rank (see the module)."""
+    return [row for row, _ in _ranks(cost, m)]
+
+
+def dualpipe_v_pairs(cost: CostModel, m: int) -> list[list[int]]:
+    """Per rank, the positions in ``dualpipe_v``'s order of the forwards DualPipeV overlaps with
+    the backward after them (steps 4 and 5; the last rank's first step-4 pair runs apart, as in
+    DeepSeek's code, to send its forward sooner)."""
+    return [pairs for _, pairs in _ranks(cost, m)]
+
+
+def _ranks(cost: CostModel, m: int) -> list[tuple[list[Action], list[int]]]:
     p = cost.num_ranks
     if list(cost.stage_to_rank) != placement(p, 2, "v"):
         raise ZbError("dualpipe-v needs the V placement: rank r holds stages r and 2p-1-r")
@@ -38,9 +52,10 @@ def dualpipe_v(cost: CostModel, m: int) -> list[list[Action]]:
     return [_rank(p, m, r) for r in range(p)]
 
 
-def _rank(p: int, m: int, r: int) -> list[Action]:
+def _rank(p: int, m: int, r: int) -> tuple[list[Action], list[int]]:
     s0, s1 = r, 2 * p - 1 - r
     row: list[Action] = []
+    pairs: list[int] = []  # positions of the forwards overlapped with the backward after them
     nxt = {(s, op): 0 for s in (s0, s1) for op in (Op.F, Op.B)}  # next microbatch per stage and kind
     pending: list[tuple[int, int]] = []  # W owed for split backwards, oldest first
 
@@ -69,13 +84,17 @@ def _rank(p: int, m: int, r: int) -> list[Action]:
         backward(s1, split=True)
         weight()
         forward(s1)
-    for _ in range(m - 2 * p + r + 1):
+    for i in range(m - 2 * p + r + 1):
+        if i or r != p - 1:
+            pairs.append(len(row))
         forward(s0)
         backward(s1, split=False)
+        pairs.append(len(row))
         forward(s1)
         backward(s0, split=False)
     for _ in range(p - 1 - r):
         backward(s1, split=False)
+        pairs.append(len(row))
         forward(s1)
         backward(s0, split=False)
     split = False
@@ -91,4 +110,4 @@ def _rank(p: int, m: int, r: int) -> list[Action]:
         backward(s0, split)
     while pending:
         weight()
-    return row
+    return row, pairs

@@ -13,6 +13,12 @@ per node allow), as torchtitan does, and names the dimensions so that each is re
 ``mesh["dp_replicate"]`` the ranks holding the same stages in the other replicas, and
 ``mesh["tp"]`` the ranks that split each of this rank's layers (``parallelize_module``).
 Every dimension is present, of size 1 where unused, so code need not ask which exist.
+
+Expert parallelism is folded into the data dimension, as DeepSeek and torchtitan fold it: the
+``ep`` ranks of an expert group are data-parallel peers of one pipeline position (consecutive
+ranks of ``dp_replicate x dp_shard``), each holding 1/ep of every MoE layer's experts and
+exchanging tokens with the others; it adds no ranks. ``expert_groups(mesh, ep)`` makes this
+rank's group (``zbsearch.models.moe.ExpertGroups``).
 """
 
 from __future__ import annotations
@@ -25,10 +31,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..errors import ZbError
+from ..formats.mesh import MESH_DIMS
 
-__all__ = ["MESH_DIMS", "MeshSizes", "build_mesh", "mesh_sizes", "mesh_for"]
-
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+__all__ = ["MESH_DIMS", "MeshSizes", "build_mesh", "mesh_sizes", "mesh_for", "expert_groups", "expert_data_group"]
 
 
 @dataclass(frozen=True)
@@ -109,3 +114,54 @@ def mesh_for(num_ranks: int, dp_replicate: int = 1, dp_shard: int = 1, tp: int =
             f"{num_ranks * per} processes, but the job has {world}"
         )
     return build_mesh(num_ranks, dp_replicate, dp_shard, tp, device_type=device_type)
+
+
+
+def expert_groups(mesh: DeviceMesh, ep: int | None = None):  # -> zbsearch.models.moe.ExpertGroups
+    """Collective over the whole mesh: this rank's expert-parallel group, ``ep`` consecutive
+    ranks of its data dimension (``dp_replicate x dp_shard``; default: all of it), as two
+    process groups (one for the forward passes' all-to-all, one for the backward passes').
+    ``ep`` must divide the data dimension; below it, each expert has data/ep copies, whose
+    gradients the runtime sums over ``expert_data_group(mesh, ep)``."""
+    from ..models.moe import ExpertGroups
+
+    me, mine = dist.get_rank(), None
+    for blocks in _expert_blocks(mesh, ep):
+        for ranks in blocks:
+            got = ExpertGroups.new(ranks)  # every rank makes every group, in one order
+            if me in ranks:
+                mine = got
+    assert mine is not None  # every rank is in one block
+    return mine
+
+
+def expert_data_group(mesh: DeviceMesh, ep: int | None = None) -> dist.ProcessGroup | None:
+    """Collective over the whole mesh: the ranks holding the same experts as this one (the same
+    place in the expert groups of its pipeline position), over which expert gradients are
+    summed; None where each expert has one holder (``ep`` = the data dimension)."""
+    me, mine = dist.get_rank(), None
+    copies = [list(ranks) for blocks in _expert_blocks(mesh, ep) for ranks in zip(*blocks)]
+    if all(len(c) == 1 for c in copies):
+        return None
+    for ranks in copies:
+        g = dist.new_group(ranks)
+        if me in ranks:
+            mine = g
+    return mine
+
+
+def _expert_blocks(mesh: DeviceMesh, ep: int | None) -> list[list[list[int]]]:
+    """Per pipeline and tensor position, its data ranks cut into expert groups of ``ep``
+    consecutive ones (default: one group)."""
+    sizes = mesh_sizes(mesh)
+    data = sizes.dp_replicate * sizes.dp_shard
+    ep = data if ep is None else ep
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or data % ep:
+        raise ZbError(f"expert parallelism ep {ep} must divide the data dimension (dp_replicate x dp_shard = {data})")
+    grid = mesh.mesh.reshape(sizes.pp, data, sizes.tp)  # global ranks, MESH_DIMS order
+    out = []
+    for i in range(sizes.pp):
+        for t in range(sizes.tp):
+            ranks = grid[i, :, t].tolist()
+            out.append([ranks[k:k + ep] for k in range(0, data, ep)])
+    return out

@@ -19,9 +19,18 @@ runtime runs the mode the profile's costs describe; older files lack it (not sta
 What F allocates must be freed by B and W, so the three memory deltas sum to zero per stage; a
 profile that breaks this is rejected because it would make every memory prediction drift with
 the number of microbatches.
+Optionally, for a mixture-of-experts model, the expert-parallel all-to-all inside the passes
+(``a_f``: dispatch and combine inside F, already counted in t_f; ``a_b``: their mirrors inside
+B and inside the fused backward; W has none, R repeats the forward's), which a rank can hide by
+running a forward and another microbatch's backward as one overlapped pair
+(``zbsearch.costs``), and the expert-parallel degree ``ep`` they were measured on; older files
+lack them: nothing to overlap.
 Per boundary between stages: ``t_comm``, the link's latency (it occupies neither rank), and
 optionally ``t_send`` / ``t_recv``, the host time a message takes from the rank at each end
 (older files lack them: 0).
+Optionally, the mesh the costs hold for (``mesh``, ``zbsearch.formats.mesh``): at
+tensor-parallel degree ``tp`` every time and byte is one rank's of the stage's tensor-parallel
+group; older files lack it: one pipeline at degree 1.
 """
 
 from __future__ import annotations
@@ -37,9 +46,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..errors import ZbError
 from ..tolerances import ABS_TOL
 from .fileio import read_model, write_model
+from .mesh import ProfileMesh
+from .spread import Quartiles
 
 __all__ = [
     "SELECTIVE_MODES", "SelectiveMode", "StageCost", "Quartiles", "WayNotTaken", "StageSpread", "Measurement", "Links", "Profile",
+    "ProfileMesh",
     "load_profile", "save_profile", "resolve_profile", "BUNDLED_PROFILES", "profile_misfit", "pass_time_fields",
 ]
 
@@ -108,6 +120,12 @@ class StageCost(BaseModel):
         "sharded), started when the stage's last W or BW of the step has run on its rank; absent: no reduction"))
     t_opt: float | None = Field(default=None, ge=0, description=(
         "the optimizer step of the stage's parameters, after the rank's passes and reductions; absent: 0"))
+    a_f: float = Field(default=0.0, ge=0, description=(
+        "expert-parallel all-to-all time (dispatch and combine) inside the forward, part of t_f (and of t_ff, t_fc "
+        "and t_r, which repeat it): what an overlapped pair can hide behind another pass's compute; 0: none"))
+    a_b: float = Field(default=0.0, ge=0, description=(
+        "expert-parallel all-to-all time inside the input-gradient pass B and the fused backward, part of t_b and "
+        "t_bw (W has none: expert weight gradients are local); 0: none"))
     deferred_first: bool = Field(default=False, description=(
         "a first stage whose W (its whole backward) runs the split's fast path, deferred Linear weight "
         "gradients, rather than one plain backward: measured faster by the profiler; the runtime follows it"))
@@ -116,6 +134,11 @@ class StageCost(BaseModel):
     @classmethod
     def _time_range(cls, v: float | None) -> float | None:
         return None if v is None else _finite_in(v, MAX_TIME_MS)
+
+    @field_validator("a_f", "a_b")
+    @classmethod
+    def _comm_range(cls, v: float) -> float:
+        return _finite_in(v, MAX_TIME_MS)
 
     @field_validator("m_f", "m_b", "m_w", "m_fc", "m_fs")
     @classmethod
@@ -164,6 +187,17 @@ class StageCost(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _all_to_all_inside(self) -> StageCost:
+        """The all-to-all is part of the passes that run it, so it fits in each of them."""
+        tol = ABS_TOL + 1e-9 * max(self.a_f, self.a_b)
+        for name, a, passes in (("a_f", self.a_f, ("t_f", "t_ff", "t_fc", "t_r", "t_rf")), ("a_b", self.a_b, ("t_b", "t_bw"))):
+            for t in passes:
+                v = getattr(self, t)
+                if v is not None and a > v + tol:
+                    raise ValueError(f"{name} = {a:g} is more than {t} = {v:g}: the all-to-all is part of the pass's time")
+        return self
+
+    @model_validator(mode="after")
     def _balanced(self) -> StageCost:
         total = self.m_f + self.m_b + self.m_w
         if abs(total) > _MEMORY_BALANCE_RTOL * abs(self.m_f) + ABS_TOL:
@@ -183,15 +217,6 @@ def pass_time_fields() -> tuple[str, ...]:
     fields = StageCost.model_fields
     times = [name for name in fields if name.startswith("t_") and name not in ITERATION_FIELDS]
     return tuple(sorted(times, key=lambda name: not fields[name].is_required()))
-
-
-class Quartiles(BaseModel):
-    """A measured time's median, first and third quartile (ms), and its mean where recorded."""
-
-    median: float
-    q1: float
-    q3: float
-    mean: float | None = None  # recorded since links are costed at their mean; older files lack it
 
 
 class WayNotTaken(BaseModel):
@@ -324,6 +349,42 @@ class Profile(BaseModel):
     microbatch_size: int | None = Field(default=None, ge=1)
     # where the stages record t_reduce: the data parallelism the reductions were found for
     data_parallel: DataParallel | None = None
+    # the expert-parallel degree the stages' all-to-all times (a_f, a_b) were measured or given for
+    ep: int = Field(default=1, ge=1, description="expert-parallel degree of a_f and a_b (1: no expert parallelism)")
+
+    @property
+    def has_all_to_all(self) -> bool:
+        """Whether some stage's passes hold all-to-all that an overlapped pair can hide."""
+        return any(c.a_f > 0 or c.a_b > 0 for c in self.stages)
+    mesh: ProfileMesh | None = Field(None, description=(
+        "the mesh the costs hold for (zbsearch.formats.mesh): its sizes, the tensor-parallel degree the passes were "
+        "measured at and its link; absent: one pipeline at tensor-parallel degree 1 (see made_for)"))
+
+    @property
+    def made_for(self) -> ProfileMesh:
+        """The mesh the costs hold for: the ``mesh`` section, or, in a profile without one, one
+        pipeline of ``num_ranks`` at tensor-parallel degree 1 with the replicas of its
+        ``data_parallel`` section (sharded or not)."""
+        if self.mesh is not None:
+            return self.mesh
+        dp = self.data_parallel
+        replicas = 1 if dp is None else dp.replicas
+        sharded = dp is not None and dp.sharded
+        return ProfileMesh(pp=self.num_ranks, dp_replicate=1 if sharded else replicas, dp_shard=replicas if sharded else 1)
+
+    @model_validator(mode="after")
+    def _mesh_agrees(self) -> Profile:
+        mesh = self.mesh
+        if mesh is None:
+            return self
+        if mesh.pp != self.num_ranks:
+            raise ValueError(f"mesh.pp is {mesh.pp} but the profile's stages are on {self.num_ranks} pipeline ranks")
+        dp = self.data_parallel
+        replicas, sharded = (1, False) if dp is None else (dp.replicas, dp.sharded)
+        if mesh.dp_replicate * mesh.dp_shard != replicas or (sharded and replicas > 1 and mesh.dp_replicate != 1):
+            raise ValueError(f"mesh dp_replicate {mesh.dp_replicate} x dp_shard {mesh.dp_shard} does not match the "
+                             f"data_parallel section's {replicas} {'sharded' if sharded else 'replicated'} replicas")
+        return self
 
     @property
     def has_reductions(self) -> bool:

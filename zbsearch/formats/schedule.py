@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from ..actions import Action, parse_action
+from ..actions import PAIR_SEP, Action, Op, parse_action, parse_row, row_text
 from ..errors import ZbError
 from .fileio import read_model, write_model
 from .partition import Partition
@@ -83,6 +83,8 @@ class SolverInfo(BaseModel):
     recompute: Literal["none", "auto", "full"] = Field("none", description="the recomputation the solver "
                                                        "could choose: none, per microbatch (auto) or every one (full)")
     recomputed: int = Field(0, description="recompute passes (R, RS) in the schedule: forwards run checkpointed")
+    overlapped_pairs: int = Field(0, description="overlapped forward-backward pairs the schedule runs (where the "
+                                  "profile has all-to-all to hide)")
     bound_covers: BoundCovers | None = Field(None, description="the schedules lower_bound and status 'optimal' cover, "
                                              "decided by recompute (filled from it where absent): no-recompute, those "
                                              "that recompute nothing (even where the profile offers recomputation); "
@@ -103,7 +105,10 @@ class Schedule(BaseModel):
     """A pipeline schedule: per rank, the order in which it runs its passes.
 
     ``actions[r]`` lists rank r's actions as text (``"2F0"``: stage 2, forward, microbatch 0;
-    parsed in ``rank_actions``), ``stage_to_rank`` says which rank holds each virtual stage, and
+    parsed in ``rank_actions``), ``overlapped[r]`` the positions on rank r where a forward and
+    the backward after it run as one overlapped pair (``zbsearch.costs``; None: no pairs;
+    actions given in the compact text ``"0F3+5B1"`` are split into the two and their pair
+    listed here), ``stage_to_rank`` says which rank holds each virtual stage, and
     ``profile`` holds the costs the schedule was built for. Timeline, bubble and memory follow
     from these through the simulator (``zbsearch.timeline``); ``predicted`` keeps their summary
     in the file, and ``solver`` says how a solved schedule was found and how close to optimal
@@ -124,6 +129,10 @@ class Schedule(BaseModel):
     num_microbatches: int = Field(ge=1)
     stage_to_rank: list[int]
     actions: list[list[str]]
+    overlapped: list[list[int]] | None = Field(None, description=(
+        "per rank, the positions i where actions[r][i] (a forward) and actions[r][i + 1] (a backward B or BW of "
+        "another microbatch) run as one overlapped pair, each one's all-to-all hidden behind the other's compute; "
+        "absent: no pairs"))
     memory_limit: list[float] | None = None
     # how the limit was asked for ("2p", "40GiB", "capacity"), to recompute it for another profile
     memory_limit_spec: str | None = None
@@ -136,6 +145,28 @@ class Schedule(BaseModel):
     # (id of the actions list it was parsed from, parsed lists); model_copy keeps private
     # attributes, so the id guards against a stale cache after ``update={"actions": ...}``.
     _parsed: tuple[int, list[list[Action]]] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _compact_pairs(cls, data: object) -> object:
+        """Actions written as compact pairs (``"0F3+5B1"``) become the two actions and a position
+        in ``overlapped``."""
+        if not isinstance(data, dict) or not isinstance(data.get("actions"), list):
+            return data
+        rows = data["actions"]
+        if not any(isinstance(t, str) and PAIR_SEP in t for row in rows if isinstance(row, list) for t in row):
+            return data
+        if data.get("overlapped") is not None:
+            raise ValueError("pairs are given both as 'F+B' actions and in overlapped: give them one way")
+        expanded, pairs = [], []
+        for rank, row in enumerate(rows):
+            try:
+                got, at = parse_row(row)
+            except (ZbError, TypeError) as err:
+                raise ValueError(f"rank {rank}: {err}") from None
+            expanded.append([str(a) for a in got])
+            pairs.append(at)
+        return {**data, "actions": expanded, "overlapped": pairs}
 
     @field_validator("actions")
     @classmethod
@@ -177,7 +208,26 @@ class Schedule(BaseModel):
             raise ValueError(misfit)
         if self.partition is not None and len(self.partition.stages) != S:
             raise ValueError(f"partition has {len(self.partition.stages)} stages for the schedule's {S}")
+        if self.overlapped is not None:
+            problem = _pairs_problem(self.actions, self.overlapped)
+            if problem:
+                raise ValueError(problem)
+            if not any(self.overlapped):
+                self.overlapped = None
         return self
+
+    def pairs(self, rank: int) -> list[int]:
+        """The positions on ``rank`` where an overlapped pair starts (its forward), in order."""
+        return self.overlapped[rank] if self.overlapped is not None else []
+
+    @property
+    def num_pairs(self) -> int:
+        """Overlapped pairs in the schedule."""
+        return sum(map(len, self.overlapped)) if self.overlapped is not None else 0
+
+    def compact(self) -> list[list[str]]:
+        """Per rank, the actions as compact text, each overlapped pair as one ``"0F3+5B1"``."""
+        return [row_text(row, self.pairs(r)) for r, row in enumerate(self.rank_actions)]
 
     @property
     def rank_actions(self) -> list[list[Action]]:
@@ -225,6 +275,7 @@ class Schedule(BaseModel):
         memory_limit: list[float] | None = None,
         solver: SolverInfo | None = None,
         memory_limit_spec: str | None = None,
+        overlapped: list[list[int]] | None = None,
     ) -> Schedule:
         """A schedule of ``actions`` (per rank, in order) on ``profile``, checked for shape.
 
@@ -237,6 +288,8 @@ class Schedule(BaseModel):
             solver: how a solver found it.
             memory_limit_spec: how the limit was asked for (``"2p"``), to recompute it for
                 another profile.
+            overlapped: per rank, the positions of forwards that run as one overlapped pair
+                with the backward after them (None: no pairs).
 
         Raises:
             pydantic.ValidationError: an action names a stage or microbatch that does not
@@ -257,10 +310,38 @@ class Schedule(BaseModel):
             memory_limit_spec=memory_limit_spec,
             profile=profile,
             solver=solver,
+            overlapped=None if overlapped is None else [list(p) for p in overlapped],
         )
         sched = cls.model_validate(fields, context={"built": actions})  # no need to parse what we spelled
         sched._parsed = (id(sched.actions), [list(row) for row in actions])
         return sched
+
+
+_PAIR_FIRST = {Op.F.value}
+_PAIR_SECOND = {Op.B.value, Op.BW.value}
+
+
+def _pairs_problem(actions: list[list[str]], overlapped: list[list[int]]) -> str | None:
+    """Why ``overlapped`` does not fit ``actions`` (one line), or None: one list per rank, its
+    positions increasing, each a forward followed by a backward (B or BW), no two pairs sharing
+    an action. Whether the two passes depend on each other is the validator's check."""
+    if len(overlapped) != len(actions):
+        return f"overlapped has {len(overlapped)} rows for {len(actions)} ranks"
+    for rank, (row, pairs) in enumerate(zip(actions, overlapped)):
+        last = -2
+        for i in pairs:
+            if not 0 <= i < len(row) - 1:
+                return (f"overlapped[{rank}] names position {i}, but a pair needs positions {i} and {i + 1} "
+                        f"and rank {rank} has {len(row)} actions")
+            if i <= last + 1:
+                what = "is listed twice" if i == last else "overlaps the pair before it" if i == last + 1 else "is out of order"
+                return f"overlapped[{rank}]: position {i} {what} (positions increase, each pair two actions of its own)"
+            f, b = parse_action(row[i]), parse_action(row[i + 1])
+            if f.op.value not in _PAIR_FIRST or b.op.value not in _PAIR_SECOND:
+                return (f"rank {rank}: the pair at position {i}, {row[i]}{PAIR_SEP}{row[i + 1]}, is not a forward followed "
+                        f"by a backward (B or BW)")
+            last = i
+    return None
 
 
 def load_schedule(path: str | os.PathLike) -> Schedule:

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import cast
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -49,7 +51,7 @@ from ..errors import ZbError
 from .gpt import Attention, Block, Embedding, Head
 from .llama import LlamaBlock, TokenEmbedding, _Head
 
-__all__ = ["FusedColwiseParallel", "tp_plan", "parallelize_stage"]
+__all__ = ["FusedColwiseParallel", "tp_plan", "parallelize_stage", "fully_shard_layout", "full_tensor"]
 
 
 class FusedColwiseParallel(ColwiseParallel):
@@ -68,6 +70,7 @@ class FusedColwiseParallel(ColwiseParallel):
             split = distribute_tensor(param, device_mesh, [_StridedShard(0, split_factor=self.parts)],
                                       src_data_rank=self.src_data_rank)
             module.register_parameter(pname, nn.Parameter(split, requires_grad=param.requires_grad))
+        module._zb_fused_parts = self.parts  # for fully_shard_layout
 
     @staticmethod
     def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
@@ -261,3 +264,94 @@ def _matches(name: str, key: str) -> bool:
     """Whether a module path matches a plan key (``*`` stands for one path segment)."""
     a, b = name.split("."), key.split(".")
     return len(a) == len(b) and all(y == "*" or x == y for x, y in zip(a, b))
+
+
+# -- fused projections under fully_shard ------------------------------------------------------------
+def fully_shard_layout(stage: nn.Module) -> nn.Module:
+    """Lay the fused projections of a stage parallelized by ``parallelize_stage`` out so that
+    ``fully_shard`` composes with them; returns the stage, changed in place. Call it after
+    ``parallelize_stage`` and before ``fully_shard`` (``zbsearch.models.sharding.shard_stage``
+    does).
+
+    A fused projection's parameters are split with ``_StridedShard(0, split_factor=parts)``
+    (each rank's q, k and v rows); ``fully_shard`` shards each rank's share again, and torch
+    cannot describe that nested layout: the full tensors it assembles from it (``full_tensor()``,
+    checkpoints) have their rows mixed up. Here each such parameter becomes ``Shard(0)`` of its
+    rows reordered rank by rank (rank 0's q, k, v, then rank 1's, ...): every rank keeps the same
+    local rows, so the forward and the gradients are unchanged, and FSDP's layout on top is one
+    torch handles. The parameter's own ``full_tensor()`` is then in that order; the module's
+    ``state_dict`` gives, and ``load_state_dict`` takes, the unparallelized model's order (the
+    saved tensors are split over the tensor dimension only)."""
+    for module in stage.modules():
+        parts = getattr(module, "_zb_fused_parts", None)
+        if parts is None or getattr(module, "_zb_blocked", False):
+            continue
+        for pname, param in list(module.named_parameters(recurse=False)):
+            if not isinstance(param, DTensor) or param.placements != (_StridedShard(0, split_factor=parts),):
+                layout = getattr(param, "placements", "a plain tensor")
+                raise ZbError(f"fully_shard_layout: {type(module).__name__}.{pname} is laid out as {layout}, not as "
+                              f"FusedColwiseParallel({parts}) splits it; call it before fully_shard")
+            blocked = DTensor.from_local(param.to_local(), param.device_mesh, (Shard(0),), run_check=False,
+                                         shape=param.shape, stride=param.stride())
+            module.register_parameter(pname, nn.Parameter(blocked, requires_grad=param.requires_grad))
+        module.register_state_dict_post_hook(_save_unblocked)
+        module._register_load_state_dict_pre_hook(_load_blocked, with_module=True)
+        module._zb_blocked = True  # type: ignore[assignment]
+    return stage
+
+
+def full_tensor(stage: nn.Module, name: str, tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Parameter ``name`` of ``stage`` (or ``tensor``: its gradient, its optimizer state) as
+    the unparallelized model holds it: a DTensor gathered whole, a fused projection's rows laid
+    out by ``fully_shard_layout`` put back in order; a plain tensor as it is. Every rank of the
+    parameter's mesh calls it (it gathers)."""
+    t = stage.get_parameter(name) if tensor is None else tensor
+    whole = t.full_tensor() if isinstance(t, DTensor) else t
+    module = stage.get_submodule(name.rpartition(".")[0])
+    if not getattr(module, "_zb_blocked", False):
+        return whole
+    mesh = cast(DTensor, stage.get_parameter(name)).device_mesh
+    order = _order(whole.shape[0], _parts(module), mesh.size(mesh.ndim - 1))
+    return whole[torch.argsort(order).to(whole.device)]
+
+
+def _parts(module: nn.Module) -> int:
+    """How many projections a module split by ``FusedColwiseParallel`` fuses."""
+    return int(module.__dict__["_zb_fused_parts"])
+
+
+def _order(rows: int, parts: int, tp: int) -> torch.Tensor:
+    """Rows of a fused projection in the blocked order: for each rank, its share of each part."""
+    per = rows // parts
+    return torch.arange(rows).view(parts, tp, per // tp).transpose(0, 1).reshape(-1)
+
+
+def _save_unblocked(module: nn.Module, state: dict, prefix: str, local_metadata) -> None:
+    """The fused parameters in the unparallelized order: the tensor dimension (the mesh's last)
+    as ``FusedColwiseParallel`` splits it, gathered over the data-parallel dimensions."""
+    parts = _parts(module)
+    for pname, _ in module.named_parameters(recurse=False):
+        value = state.get(prefix + pname)
+        if not isinstance(value, DTensor):
+            continue
+        mesh, whole = value.device_mesh, [Replicate()] * (value.device_mesh.ndim - 1)
+        local = value.redistribute(mesh, [*whole, Shard(0)]).to_local()
+        state[prefix + pname] = DTensor.from_local(local, mesh, [*whole, _StridedShard(0, split_factor=parts)],
+                                                   run_check=False, shape=value.shape, stride=value.stride())
+
+
+def _load_blocked(module: nn.Module, state: dict, prefix: str, local_metadata, strict, missing, unexpected, errors) -> None:
+    """The fused parameters of a state dict in the unparallelized order (whole tensors, or
+    DTensors of any layout) laid out as the module's parameters (blocked)."""
+    parts = _parts(module)
+    for pname, param in module.named_parameters(recurse=False):
+        value = state.get(prefix + pname)
+        if value is None or not isinstance(param, DTensor) or tuple(value.shape) != tuple(param.shape):
+            continue  # missing or mis-shaped: nn.Module's load reports it
+        mesh, n = param.device_mesh, param.device_mesh.ndim
+        tp, rank = mesh.size(n - 1), mesh.get_local_rank(n - 1)
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        mine = full.detach()[_order(full.shape[0], parts, tp).view(tp, -1)[rank].to(full.device)]
+        blocked = DTensor.from_local(mine.to(param.dtype), mesh, [Replicate()] * (n - 1) + [Shard(0)], run_check=False,
+                                     shape=param.shape, stride=param.stride())
+        state[prefix + pname] = blocked.redistribute(mesh, param.placements)

@@ -7,6 +7,7 @@ pass leaves, and the time to pass the stage's outputs to the next rank. The resu
 =======================  ===============================================================
 ``load_model``           a user's ``package.module:function`` (``stages``)
 ``builtin_gpt``          the built-in GPT (``zbsearch.models``)
+``builtin_moe``          the built-in GPT with experts (``zbsearch.models.moe``)
 ``Settings``             device, dtype, repetitions, threads (``settings``)
 ``profile_model``        one device, or one rank per pipeline rank under torchrun (``run``)
 ``profile_one_device``
@@ -14,6 +15,7 @@ pass leaves, and the time to pass the stage's outputs to the next rank. The resu
 ``measure_stage``        F, B, W of one stage (``measure``)
 ``in_step``              the same passes timed inside steps of the runtime (module)
 ``estimate_link``        latency and bandwidth between two local processes (``links``)
+``profile_expert_parallel``  a MoE model on local expert-parallel processes, with its all-to-all (``experts``)
 ``profile_layers``       every unit of a model apart: a per-layer profile (``layers``)
 ``summary_table``        the profile as a rich table (``report``)
 ``runtime_vs_profile``   per-pass times of runtime traces against the profile (``accuracy``)
@@ -27,7 +29,7 @@ from .measure import StageMeasurement, Stats, measure_stage
 from .report import layers_table, progress_bar, summary_table
 from .run import profile_distributed, profile_model, profile_one_device
 from .settings import Settings, resolve_device
-from .stages import ModelSpec, as_model, builtin_gpt, load_model, parse_model_args
+from .stages import ModelSpec, as_model, builtin_gpt, builtin_moe, load_model, parse_model_args
 
 __all__ = [
     "ModelSpec",
@@ -35,6 +37,7 @@ __all__ = [
     "parse_model_args",
     "as_model",
     "builtin_gpt",
+    "builtin_moe",
     "Settings",
     "resolve_device",
     "profile_model",

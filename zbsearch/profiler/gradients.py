@@ -26,7 +26,7 @@ from ..formats.profile import Profile, Quartiles
 from ..reductions import with_measured_reductions, with_reductions
 from .measure import Stats
 
-__all__ = ["gradient_bytes", "optimizer_step_ms", "with_data_parallel", "reduction_samples", "measure_locally",
+__all__ = ["gradient_layout", "gradient_bytes", "optimizer_step_ms", "with_data_parallel", "reduction_samples", "measure_locally",
            "with_measured_data_parallel"]
 
 # Untimed reductions of each stage before the timed ones (the first allocates the buckets and
@@ -34,14 +34,24 @@ __all__ = ["gradient_bytes", "optimizer_step_ms", "with_data_parallel", "reducti
 _WARMUP = 1
 
 
-def _trainable(module: nn.Module) -> list[nn.Parameter]:
-    """The module's parameters that get gradients, each once (a tied weight is one parameter)."""
-    return [p for p in module.parameters() if p.requires_grad]
+def _trainable(module: nn.Module) -> list[torch.Tensor]:
+    """What this rank holds of the module's parameters that get gradients, each once (a tied
+    weight is one parameter; a tensor-parallel DTensor parameter is its local shard)."""
+    return [p.to_local() if hasattr(p, "to_local") else p for p in module.parameters() if p.requires_grad]
+
+
+Layout = list[tuple[tuple[int, ...], torch.dtype]]  # the shapes and dtypes of a stage's gradients
+
+
+def gradient_layout(module: nn.Module, dtype: torch.dtype | None = None) -> Layout:
+    """The shapes of the gradients ``module`` reduces on this rank, in ``dtype`` (None: each
+    parameter's own)."""
+    return [(tuple(p.shape), dtype or p.dtype) for p in _trainable(module)]
 
 
 def gradient_bytes(module: nn.Module, dtype: torch.dtype | None = None) -> float:
-    """Bytes of the gradients ``module`` reduces: its trainable parameters' elements in
-    ``dtype`` (None: each parameter's own)."""
+    """Bytes of the gradients ``module`` reduces on this rank: its trainable parameters'
+    elements (their local shards, tensor-parallel) in ``dtype`` (None: each parameter's own)."""
     return float(sum(p.numel() * (dtype or p.dtype).itemsize for p in _trainable(module)))
 
 
@@ -112,27 +122,25 @@ def reduction_samples(modules: Sequence[nn.Module], group: dist.ProcessGroup | N
 class _Gradients(nn.Module):
     """Parameters of given shapes and dtypes, with gradients: what a stage's replica reduces."""
 
-    def __init__(self, layout: list[tuple[tuple[int, ...], torch.dtype]]) -> None:
+    def __init__(self, layout: Layout) -> None:
         super().__init__()
         self.params = nn.ParameterList(nn.Parameter(torch.zeros(shape, dtype=dtype)) for shape, dtype in layout)
         for p in self.params:
             p.grad = torch.ones_like(p)
 
 
-def _local_worker(rank: int, world: int, send, layouts: list, repeat: int, timeout: float) -> list[list[float]]:
+def _local_worker(rank: int, world: int, send, layouts: list[Layout], repeat: int, timeout: float) -> list[list[float]]:
     out = []
     for layout in layouts:  # one stage's gradients at a time: no more memory than the largest stage's
         out += reduction_samples([_Gradients(layout)], None, repeat, timeout)
     return out
 
 
-def measure_locally(stages: Sequence[nn.Module], replicas: int, dtype: torch.dtype | None, repeat: int,
-                    timeout: float) -> list[list[float]]:
+def measure_locally(layouts: Sequence[Layout], replicas: int, repeat: int, timeout: float) -> list[list[float]]:
     """Per stage, ``repeat`` times (ms) of its gradients' reduction across ``replicas`` local
     processes of this machine (gloo on its loopback), each holding gradients of the stage's
-    trainable parameters' shapes in ``dtype`` (None: their own)."""
-    layouts = [[(tuple(p.shape), dtype or p.dtype) for p in _trainable(m)] for m in stages]
-    return run_local(_local_worker, replicas, layouts, repeat, timeout)[0]
+    ``gradient_layout``."""
+    return run_local(_local_worker, replicas, list(layouts), repeat, timeout)[0]
 
 
 def with_measured_data_parallel(profile: Profile, replicas: int, samples: Sequence[Sequence[float]],

@@ -15,7 +15,7 @@ from rich.text import Text
 from ..formats.layers import LayerProfile
 from ..formats.profile import Profile, StageSpread
 
-__all__ = ["progress_bar", "summary_table", "layers_table"]
+__all__ = ["progress_bar", "summary_table", "mesh_summary", "layers_table"]
 
 
 @contextlib.contextmanager
@@ -64,7 +64,36 @@ def summary_table(profile: Profile) -> Group:
     where = Text(f"{profile.device or '?'}, {profile.dtype or '?'}, {profile.mode or '?'}; "
                  f"links {profile.links.method if profile.links else '?'}{selective}", style="dim")
     warnings = [Text(f"warning: {w}", style="yellow") for w in (measured.warnings if measured else [])]
-    return Group(t, where, *_first_stage_w(profile, spread[0]), *warnings)
+    mesh = [Text(line, style="dim") for line in mesh_summary(profile)]
+    return Group(t, where, *mesh, *_first_stage_w(profile, spread[0]), *warnings)
+
+
+def mesh_summary(profile: Profile) -> list[str]:
+    """The mesh the profile's costs hold for, and the link of each of its dimensions: the
+    pipeline's messages, the replicas' gradient reductions, the tensor-parallel all-reduce."""
+    made = profile.made_for
+    per = f"; times and bytes are one of the {made.tp} tensor-parallel ranks'" if made.tp > 1 else ""
+    lines = [f"mesh: {made.describe()}{per}"]
+    crossing = [profile.comm(b) for b in range(profile.num_stages - 1)
+                if profile.placement is None or profile.placement[b] != profile.placement[b + 1]]
+    if crossing:
+        how = profile.links.method if profile.links else "given"
+        lines.append(f"  pp link: {sum(crossing) / len(crossing):.3g} ms per message on average ({how})")
+    dp = profile.data_parallel
+    if dp is not None and dp.replicas > 1:
+        what = "reduce-scatter" if dp.sharded else "all-reduce"
+        how = (f"measured on {dp.group or 'a real group'}, {dp.backend or '?'}" if dp.how == "measured"
+               else f"priced at {dp.bandwidth_gbs:.3g} GB/s per rank")
+        times = [c.t_reduce or 0.0 for c in profile.stages]
+        lines.append(f"  {'dp_shard' if dp.sharded else 'dp_replicate'} link: {what} of each stage's gradients, "
+                     f"{min(times):.3g}-{max(times):.3g} ms per stage ({how})")
+    link = made.tp_link
+    if link is not None:
+        q, bus = link.all_reduce_ms, made.tp_bandwidth_gbs()
+        lines.append(f"  tp link: all-reduce of {link.bytes / 2**10:.0f} KiB (one microbatch's hidden state, two per "
+                     f"layer in F and two in B) {q.median:.3g} ms median [{q.q1:.3g}, {q.q3:.3g}]"
+                     + (f", {bus:.3g} GB/s bus bandwidth" if bus else "") + f" ({link.group}, {link.backend})")
+    return lines
 
 
 def _first_stage_w(profile: Profile, first: StageSpread | None) -> list[Text]:

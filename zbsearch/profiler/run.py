@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,11 +42,20 @@ import torch.distributed as dist
 
 from ..distributed.heap import keep_heap
 from ..errors import ZbError
-from ..formats.profile import Profile
+from ..formats.mesh import ProfileMesh, TensorParallelLink
+from ..formats.profile import Profile, Quartiles
 from ..pooling import pool_profiles
 from ..runtime.identity import model_identity
 from ..runtime.p2p import P2P
-from .gradients import gradient_bytes, measure_locally, optimizer_step_ms, reduction_samples, with_measured_data_parallel
+from .gradients import (
+    Layout,
+    gradient_bytes,
+    gradient_layout,
+    measure_locally,
+    optimizer_step_ms,
+    reduction_samples,
+    with_measured_data_parallel,
+)
 from .in_step import calibration_orders, calibration_steps, in_step_times, run_in_steps
 from .links import LinkModel, busy_exchange, estimate_link, exchange_plan, pingpong
 from .measure import StageMeasurement, Stats, disturbances, measure_stage
@@ -65,7 +75,7 @@ Progress = Callable[[str, int, int], None]  # (what is being measured, done, tot
 
 def profile_model(
     spec: ModelSpec, settings: Settings, *, placement: list[int] | None = None, name: str | None = None,
-    progress: Progress | None = None, replicas: int | None = None,
+    progress: Progress | None = None, replicas: int | None = None, tp: int = 1, sequence_parallel: bool = False,
 ) -> Profile | None:
     """Measure ``spec``'s stages into a profile, on this device or on one rank per pipeline rank.
 
@@ -85,71 +95,113 @@ def profile_model(
             across as many local processes, under torchrun across the replicas started with
             the pipeline (WORLD_SIZE = pipeline ranks x replicas; each replica measures its
             passes, replica 0's are recorded).
+        tp: split each stage over this many tensor-parallel ranks with the runtime's plan and
+            measure it there (``zbsearch.profiler.tensor_parallel``): on one device across as
+            many local processes, under torchrun across the ranks started with the pipeline
+            (WORLD_SIZE = pipeline ranks x replicas x tp). Times and memory are per rank.
+        sequence_parallel: with ``tp``, the plan also splits the sequence (the built-in GPT).
 
     Raises:
-        ZbError: bad settings, a stage that cannot take its inputs, or ranks that do not fit
-            the placement (and the replicas).
+        ZbError: bad settings, a stage that cannot take its inputs or be split, or ranks that
+            do not fit the placement (and the replicas and tensor-parallel ranks).
     """
     settings.check()
     if replicas is not None and replicas < 1:
         raise ZbError(f"--dp must be at least 1, not {replicas}")
+    if tp < 1:
+        raise ZbError(f"--tp must be at least 1, not {tp}")
+    if sequence_parallel and tp == 1:
+        raise ZbError("--sequence-parallel splits the sequence over the tensor-parallel ranks: give --tp N too")
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        prof = profile_one_device(spec, settings, placement=placement, name=name, progress=progress)
-        return prof if replicas is None else _reductions_locally(prof, spec, settings, replicas)
+        if tp > 1:
+            from .tensor_parallel import profile_tensor_parallel
+
+            prof, layouts, steps = profile_tensor_parallel(spec, settings, tp, placement=placement, name=name,
+                                                           progress=progress, sequence_parallel=sequence_parallel)
+        else:
+            prof = profile_one_device(spec, settings, placement=placement, name=name, progress=progress)
+            device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
+            layouts = [gradient_layout(m, dtype) for m in spec.stages] if replicas is not None else []
+            steps = [optimizer_step_ms(m, device, dtype) for m in spec.stages] if replicas is not None else []
+        return prof if replicas is None else _reductions_locally(prof, layouts, steps, settings, replicas)
     device = resolve_device(settings.device, _local_rank())
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
-        if replicas is None:
+        if replicas is None and tp == 1:
             return profile_distributed(spec, settings, placement=placement, name=name, progress=progress)
-        return _profile_replicated(spec, settings, placement, name, progress, replicas, device)
+        return _profile_in_mesh(spec, settings, placement, name, progress, replicas, tp, sequence_parallel, device)
     finally:
         dist.destroy_process_group()
 
 
-def _reductions_locally(prof: Profile, spec: ModelSpec, settings: Settings, replicas: int) -> Profile:
-    """``prof`` with each stage's reduction timed across ``replicas`` local processes, and its
-    AdamW step timed on the profiling device."""
-    device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
-    grads = [gradient_bytes(m, dtype) for m in spec.stages]
-    steps = [optimizer_step_ms(m, device, dtype) for m in spec.stages]
-    samples = [[] for _ in spec.stages] if replicas == 1 else measure_locally(
-        spec.stages, replicas, dtype, settings.repeat, settings.timeout)
+def _reductions_locally(prof: Profile, layouts: list[Layout], steps: list[float], settings: Settings,
+                        replicas: int) -> Profile:
+    """``prof`` with each stage's reduction (of gradients laid out as ``layouts``) timed across
+    ``replicas`` local processes, and its AdamW step (``steps``, ms)."""
+    grads = [float(sum(math.prod(shape) * dtype.itemsize for shape, dtype in layout)) for layout in layouts]
+    samples = [[] for _ in layouts] if replicas == 1 else measure_locally(layouts, replicas, settings.repeat,
+                                                                           settings.timeout)
     return with_measured_data_parallel(prof, replicas, samples, grads, steps, group="local", backend="gloo")
 
 
-def _profile_replicated(spec: ModelSpec, settings: Settings, placement: list[int] | None, name: str | None,
-                        progress: Progress | None, replicas: int, device: torch.device) -> Profile | None:
-    """Under torchrun with ``replicas`` pipelines: each measures its passes on its own pipeline
-    group, then every rank times its stages' reductions on its data-parallel group (the mesh
-    the runtime builds, ``build_mesh``); the profile of replica 0 on global rank 0."""
+def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] | None, name: str | None,
+                     progress: Progress | None, replicas: int | None, tp: int, sequence_parallel: bool,
+                     device: torch.device) -> Profile | None:
+    """Under torchrun, in the mesh the runtime builds (``build_mesh``: ``pp x replicas x tp``):
+    each rank splits its stages over its tensor-parallel group, each pipeline measures its passes
+    on its own group, each tensor-parallel group times its all-reduce, and, with ``replicas``,
+    every rank its stages' reductions on its data-parallel group; the profile of the first
+    pipeline on global rank 0."""
     from ..distributed.mesh import build_mesh
+    from .tensor_parallel import hidden_bytes, parallelize_spec, time_all_reduce, with_mesh
 
     world = dist.get_world_size()
     ranks = len(spec.stages) if placement is None else max(placement) + 1
-    if ranks * replicas != world:
-        raise ZbError(f"--dp {replicas} under torchrun times the reductions on the replicas: start {ranks} pipeline "
-                      f"ranks x {replicas} replicas = {ranks * replicas} processes, not {world} (or price them with "
-                      f"--dp-bandwidth)")
-    mesh = build_mesh(pp=ranks, dp_replicate=replicas, device_type=device.type)
+    dp = replicas or 1
+    if ranks * dp * tp != world:
+        need = " x ".join([f"{ranks} pipeline ranks", *([f"{dp} replicas"] if replicas else []),
+                           *([f"{tp} tensor-parallel ranks"] if tp > 1 else [])])
+        also = " (or price the reductions with --dp-bandwidth)" if replicas else ""
+        raise ZbError(f"under torchrun the profile is measured in the job's mesh: start {need} = {ranks * dp * tp} "
+                      f"processes, not {world}{also}")
+    mesh = build_mesh(pp=ranks, dp_replicate=dp, tp=tp, device_type=device.type)
     pp_group, dp_group = mesh["pp"].get_group(), mesh["dp_replicate"].get_group()
-    first = mesh["dp_replicate"].get_local_rank() == 0
-    prof = profile_distributed(spec, settings, placement=placement, group=pp_group, name=name,
-                               progress=progress if first else None)
+    first = mesh["dp_replicate"].get_local_rank() == 0 and mesh["tp"].get_local_rank() == 0
     me = mesh["pp"].get_local_rank()
     owner = list(range(len(spec.stages))) if placement is None else list(placement)
     mine = [s for s in range(len(spec.stages)) if owner[s] == me]
     dtype = resolve_dtype(settings.dtype)
+    if tp > 1:
+        spec.to(device, dtype, only=mine)
+        parallelize_spec(spec, mesh["tp"], mine, sequence_parallel=sequence_parallel)
+    prof = profile_distributed(spec, settings, placement=placement, group=pp_group, name=name,
+                               progress=progress if first else None)
     with _threads(settings.threads):
-        samples = reduction_samples([spec.stages[s] for s in mine], dp_group, settings.repeat, settings.timeout)
-        found = {s: (samples[i], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype))
-                 for i, s in enumerate(mine)}
+        # the hidden state's bytes: what this pipeline's first stage sends on (every pipeline's is alike)
+        sent = [hidden_bytes(prof, tp, sequence_parallel) if prof is not None else None]
+        dist.broadcast_object_list(sent, src=dist.get_global_rank(pp_group, 0), group=pp_group)
+        nbytes = sent[0] if tp > 1 else 0
+        timed = time_all_reduce(nbytes, dtype or torch.float32, mesh["tp"].get_group(), device,
+                                max(settings.repeat, 20)) if nbytes else None
+        found = {}
+        if replicas is not None:
+            samples = reduction_samples([spec.stages[s] for s in mine], dp_group, settings.repeat, settings.timeout)
+            found = {s: (samples[i], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype))
+                     for i, s in enumerate(mine)}
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, found)
     if dist.get_rank() != 0:
         return None
-    assert prof is not None  # global rank 0 is replica 0's pipeline rank 0
+    assert prof is not None  # global rank 0 is the first pipeline's rank 0
+    link = None if timed is None else TensorParallelLink(group="torchrun", backend=str(dist.get_backend(mesh["tp"].get_group())),
+                                                         bytes=nbytes, all_reduce_ms=Quartiles(**timed.record()))
+    if tp > 1:
+        prof = prof.model_copy(update={"mode": f"{prof.mode}, each stage split over {tp} tensor-parallel ranks"})
+    prof = with_mesh(prof, tp, sequence_parallel, link)
+    if replicas is None:
+        return prof
     pooled: dict[int, list[float]] = {}
     for part in everyone:  # every replica timed the same collectives: pool their samples
         for s, (got, _, _) in part.items():
@@ -530,6 +582,7 @@ def _assemble(
         t_send=host_ms["send"] if host_ms else None,
         t_recv=host_ms["recv"] if host_ms else None,
         placement=placement,
+        mesh=None if units else ProfileMesh(pp=ranks),  # one pipeline, whole stages (profile --tp: with_mesh)
         microbatch_size=spec.microbatch[0].shape[0] if spec.microbatch[0].dim() else None,
         device=device_name(device),
         torch=torch.__version__,

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..errors import ZbError
 from ..models.gpt import GPTConfig, gpt_batch, gpt_loss, gpt_stages
+from ..models.moe import ExpertGroups, MoEConfig, moe_stages
 from ..runtime.memory import own_storage
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "parse_model_args",
     "as_model",
     "builtin_gpt",
+    "builtin_moe",
     "as_inputs",
     "run_stage",
     "describe",
@@ -161,6 +163,15 @@ def builtin_gpt(cfg: GPTConfig) -> ModelSpec:
     ids, targets = gpt_batch(cfg)
     name = f"gpt-l{cfg.layers}-h{cfg.hidden}-s{cfg.seq}-b{cfg.microbatch_size}-p{cfg.stages}"
     return ModelSpec(name, gpt_stages(cfg), (ids,), gpt_loss, targets, {"model": "builtin gpt", **asdict(cfg)})
+
+
+def builtin_moe(cfg: MoEConfig, groups: ExpertGroups | None = None) -> ModelSpec:
+    """The built-in GPT with experts (``models.moe``) of ``cfg``, its experts sharded over
+    ``groups`` if given, with one microbatch of its synthetic data and its loss."""
+    ids, targets = gpt_batch(cfg)
+    name = (f"moe-l{cfg.layers}-h{cfg.hidden}-e{cfg.experts}k{cfg.top_k}-s{cfg.seq}-b{cfg.microbatch_size}"
+            f"-p{cfg.stages}")
+    return ModelSpec(name, moe_stages(cfg, groups=groups), (ids,), gpt_loss, targets, {"model": "builtin moe", **asdict(cfg)})
 
 
 def as_inputs(value: object) -> tuple | None:

@@ -11,7 +11,7 @@ import io
 from pathlib import Path
 
 from ..formats.fileio import write_bytes
-from .gantt import OP_NAMES, Panel, colour, text_colour
+from .gantt import OP_NAMES, Panel, colour, key_order, text_colour
 
 __all__ = ["write_figure"]
 
@@ -31,7 +31,7 @@ def _draw_panel(ax, panel: Panel, end: float, axes_px: float, row_in: float) -> 
     px_per_ms = axes_px / end
     thin = any(row and min(b.end - b.start for b in row) * px_per_ms < 4 for row in panel.rows)
     for r, row in enumerate(panel.rows):
-        fills = [colour(b.action.op, b.chunk) for b in row]
+        fills = [colour(*b.key) for b in row]
         ax.broken_barh(
             [(b.start, b.end - b.start) for b in row], (r - 0.4, 0.8), facecolors=fills,
             edgecolors="white", linewidth=0 if thin else 0.6,
@@ -39,7 +39,7 @@ def _draw_panel(ax, panel: Panel, end: float, axes_px: float, row_in: float) -> 
         if font_pt < 4:
             continue
         for b, fill in zip(row, fills):
-            label = str(b.action.mb)
+            label = b.label
             if (b.end - b.start) * px_per_ms >= len(label) * char_px + 3:
                 ax.text((b.start + b.end) / 2, r, label, ha="center", va="center", fontsize=font_pt, color=text_colour(fill))
     for r, lane in enumerate(panel.reductions):  # in the gap below the rank's row
@@ -70,9 +70,9 @@ def write_figure(panels: list[Panel], path: Path, title: str | None = None) -> N
     axes[-1].set_xlim(0, end)
     axes[-1].set_xlabel("time (ms)")
     chunks = max(p.chunks for p in panels)
-    keys = sorted({k for p in panels for k in p.ops()}, key=lambda oc: (oc[1], [*OP_NAMES].index(oc[0])))
+    keys = sorted({k for p in panels for k in p.ops()}, key=lambda oc: (oc[1], key_order(oc[0])))
     handles = [
-        Patch(color=colour(op, c), label=f"{op.value} {OP_NAMES[op]}" + (f", chunk {c}" if chunks > 1 else ""))
+        Patch(color=colour(op, c), label=f"{op} {OP_NAMES[op]}" + (f", chunk {c}" if chunks > 1 else ""))
         for op, c in keys
     ]
     if any(lane for p in panels for lane in p.reductions):

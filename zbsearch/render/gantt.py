@@ -3,7 +3,8 @@
 A ``Panel`` is one timeline, predicted or measured, reduced to bars per rank with times in
 ms from the panel's first start. Colours, characters, tick positions and summary lines live
 here too, so the three backends cannot disagree about what a chart says; they only decide
-how to draw it.
+how to draw it. An overlapped pair (``zbsearch.costs``) is one bar holding both of its
+actions, drawn in a colour of its own and labelled with both microbatches.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ..actions import RECOMPUTES, Action, Op, parse_action
+from ..actions import PAIR_SEP, RECOMPUTES, Action, Op, pair_text, parse_action, parse_row
 from ..formats.schedule import Schedule
 from ..prediction import timeline
 from ..simulator import bubble_rate
@@ -21,6 +22,8 @@ from ..tolerances import REL_TOL
 __all__ = [
     "Bar",
     "Panel",
+    "PAIR",
+    "key_order",
     "schedule_panel",
     "intervals_panel",
     "OP_NAMES",
@@ -31,24 +34,55 @@ __all__ = [
     "op_char",
 ]
 
-OP_NAMES = {Op.F: "forward", Op.B: "input grad", Op.W: "weight grad", Op.BW: "fused B+W", Op.R: "recompute",
-            Op.RS: "selective recompute"}
+PAIR = "F+B"
+"""The key of an overlapped pair's bar where others have their op (Op is a str, so one dict holds both)."""
+OP_NAMES: dict[str, str] = {Op.F: "forward", Op.B: "input grad", Op.W: "weight grad", Op.BW: "fused B+W", Op.R: "recompute",
+                            Op.RS: "selective recompute", PAIR: "overlapped forward and backward"}
 # Hues in the spirit of the paper's figures; chunks of one op share a hue, later ones lighter.
 # Recomputation is red: work a schedule does only for want of memory.
-_BASE_COLOURS = {Op.F: (0x4E, 0x79, 0xA7), Op.B: (0xF2, 0x8E, 0x2B), Op.W: (0x59, 0xA1, 0x4F), Op.BW: (0xB0, 0x7A, 0xA1),
-                 Op.R: (0xE1, 0x57, 0x59), Op.RS: (0x9C, 0x75, 0x5F)}
-# Text rendering: BW and RS get their own letters because two would not fit in one cell.
-_OP_CHARS = {Op.F: "F", Op.B: "B", Op.W: "W", Op.BW: "X", Op.R: "R", Op.RS: "S"}
+_BASE_COLOURS: dict[str, tuple[int, int, int]] = {
+    Op.F: (0x4E, 0x79, 0xA7), Op.B: (0xF2, 0x8E, 0x2B), Op.W: (0x59, 0xA1, 0x4F), Op.BW: (0xB0, 0x7A, 0xA1),
+    Op.R: (0xE1, 0x57, 0x59), Op.RS: (0x9C, 0x75, 0x5F), PAIR: (0x2A, 0x9D, 0x8F)}
+# Text rendering: BW, RS and a pair get their own letters because two would not fit in one cell.
+_OP_CHARS: dict[str, str] = {Op.F: "F", Op.B: "B", Op.W: "W", Op.BW: "X", Op.R: "R", Op.RS: "S", PAIR: "O"}
+_KEY_ORDER = [*Op, PAIR]
+
+
+def key_order(key: str) -> int:
+    """Where an op (or ``PAIR``) comes in legends."""
+    return _KEY_ORDER.index(key)
 
 
 @dataclass(frozen=True, slots=True)
 class Bar:
-    """One action drawn on its rank's row."""
+    """One action drawn on its rank's row, or an overlapped pair: ``action`` its forward,
+    ``partner`` its backward."""
 
     action: Action
     chunk: int  # position of the action's stage among the stages its rank holds
     start: float  # ms from the panel's origin
     end: float
+    partner: Action | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """(op, chunk) of the bar, ``PAIR`` for an overlapped pair: what picks its colour and letter."""
+        return (self.action.op if self.partner is None else PAIR, self.chunk)
+
+    @property
+    def label(self) -> str:
+        """What is written in the bar: its microbatch, or a pair's two (``"3+1"``)."""
+        return str(self.action.mb) if self.partner is None else f"{self.action.mb}{PAIR_SEP}{self.partner.mb}"
+
+    @property
+    def text(self) -> str:
+        """The bar's action as compact text (``"0F3+5B1"`` for a pair)."""
+        return str(self.action) if self.partner is None else pair_text(self.action, self.partner)
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        """The actions the bar runs."""
+        return (self.action,) if self.partner is None else (self.action, self.partner)
 
 
 @dataclass(frozen=True)
@@ -65,6 +99,7 @@ class Panel:
     # iteration they end (``zbsearch.reductions``); empty and None where the profile has none
     reductions: list[list[tuple[int, float, float]]] = field(default_factory=list)
     iteration: float | None = None
+    mesh: str | None = None  # the mesh the costs are per rank of, beyond the pipeline (``ProfileMesh.describe``)
 
     @property
     def num_ranks(self) -> int:
@@ -96,18 +131,19 @@ class Panel:
         chunks = f" ({self.chunks} chunks/rank)" if self.chunks > 1 else ""
         mem = f"   peak memory {self.peak_memory}" if self.peak_memory else ""
         it = f"   iteration {self.iteration:.4g} ms" if self.iteration is not None else ""
+        mesh = f"   mesh {self.mesh}" if self.mesh else ""
         return (
             f"{self.source}: {self.kind}  p={self.num_ranks} m={self.num_microbatches}{chunks}   "
-            f"span {self.span:.4g} ms{it}   bubble rate {self.bubble_rate:.4f}{mem}"
+            f"span {self.span:.4g} ms{it}   bubble rate {self.bubble_rate:.4f}{mem}{mesh}"
         )
 
-    def ops(self) -> list[tuple[Op, int]]:
-        """(op, chunk) pairs that occur, in legend order."""
-        seen = {(b.action.op, b.chunk) for row in self.rows for b in row}
-        return sorted(seen, key=lambda oc: (list(Op).index(oc[0]), oc[1]))
+    def ops(self) -> list[tuple[str, int]]:
+        """(op, chunk) keys of the bars that occur (``Bar.key``), in legend order."""
+        seen = {b.key for row in self.rows for b in row}
+        return sorted(seen, key=lambda oc: (key_order(oc[0]), oc[1]))
 
 
-def colour(op: Op, chunk: int) -> str:
+def colour(op: str, chunk: int) -> str:
     """Hex colour of an (op, chunk) box: chunk 0 the full hue, each later chunk lighter.
 
     Depends on the chunk alone so that stacked panels with different chunk counts agree."""
@@ -122,7 +158,7 @@ def text_colour(background: str) -> str:
     return "#000000" if 0.299 * r + 0.587 * g + 0.114 * b > 150 else "#ffffff"
 
 
-def op_char(op: Op, chunk: int) -> str:
+def op_char(op: str, chunk: int) -> str:
     """Text-mode letter: upper case for even chunks, lower case for odd ones (neighbours differ)."""
     c = _OP_CHARS[op]
     return c.lower() if chunk % 2 else c
@@ -150,11 +186,14 @@ def tick_label(t: float) -> str:
     return f"{round(t, 9):g}"  # round away float noise such as 0.6000000000000001
 
 
-def _chunk_of(rows: list[list[tuple[Action, float, float]]]) -> tuple[list[dict[int, int]], int]:
+Item = tuple[str | Action | tuple[Action, Action], float, float]
+
+
+def _chunk_of(rows: list[list[tuple[tuple[Action, ...], float, float]]]) -> tuple[list[dict[int, int]], int]:
     """Per rank, stage -> chunk index (order of the stage among those the rank runs)."""
     maps = []
     for row in rows:
-        stages = sorted({a.stage for a, _, _ in row})
+        stages = sorted({a.stage for acts, _, _ in row for a in acts})
         maps.append({s: i for i, s in enumerate(stages)})
     return maps, max((len(m) for m in maps), default=1) or 1
 
@@ -163,27 +202,42 @@ def intervals_panel(
     kind: str,
     source: str,
     num_microbatches: int,
-    rows: Sequence[Sequence[tuple[str | Action, float, float]]],
+    rows: Sequence[Sequence[Item]],
     peak_memory: str | None = None,
 ) -> Panel:
-    """A panel from per-rank ``(action, start_ms, end_ms)`` lists, shifted so the first start is 0."""
-    parsed = [
-        sorted(((a if isinstance(a, Action) else parse_action(a), s, e) for a, s, e in row), key=lambda x: x[1]) for row in rows
-    ]
+    """A panel from per-rank ``(action, start_ms, end_ms)`` lists, shifted so the first start is 0;
+    an overlapped pair's action is its two actions (or the compact text ``"0F3+5B1"``)."""
+    parsed = [sorted(((_actions(a), s, e) for a, s, e in row), key=lambda x: x[1]) for row in rows]
     origin = min((row[0][1] for row in parsed if row), default=0.0)
     chunk_maps, chunks = _chunk_of(parsed)
     bars = [
-        [Bar(a, chunk_maps[r][a.stage], s - origin, e - origin) for a, s, e in row] for r, row in enumerate(parsed)
+        [Bar(acts[0], chunk_maps[r][acts[0].stage], s - origin, e - origin, acts[1] if len(acts) > 1 else None)
+         for acts, s, e in row] for r, row in enumerate(parsed)
     ]
     return Panel(kind, source, num_microbatches, chunks, bars, peak_memory)
 
 
+def _actions(a: str | Action | tuple[Action, Action]) -> tuple[Action, ...]:
+    if isinstance(a, Action):
+        return (a,)
+    if isinstance(a, tuple):
+        return a
+    return (parse_action(a),) if PAIR_SEP not in a else tuple(parse_row([a])[0])
+
+
 def schedule_panel(schedule: Schedule) -> Panel:
-    """The simulator's predicted timeline of ``schedule``."""
+    """The simulator's predicted timeline of ``schedule``, each overlapped pair one bar."""
     tl = timeline(schedule)
-    rows = [list(zip(tl.actions[r], tl.start[r], tl.end[r])) for r in range(tl.num_ranks)]
+    rows: list[list[Item]] = []
+    for r in range(tl.num_ranks):
+        row, start, end, pairs = tl.actions[r], tl.start[r], tl.end[r], set(schedule.pairs(r))
+        rows.append([((row[i], row[i + 1]) if i in pairs else row[i], start[i], end[i])
+                     for i in range(len(row)) if i - 1 not in pairs])
     peak = format_memory(max(tl.peak_memory, default=0.0), schedule.profile.memory_unit)
     panel = intervals_panel(schedule.kind, "predicted", schedule.num_microbatches, rows, peak)
+    made = schedule.profile.made_for
+    if made.world > made.pp:  # costs per rank of a wider mesh: say which
+        panel = replace(panel, mesh=made.describe())
     if not tl.finish:
         return panel
     origin = min((row[0] for row in tl.start if row), default=0.0)

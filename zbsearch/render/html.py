@@ -10,9 +10,8 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
-from ..actions import Op
 from ..formats.fileio import write_text
-from .gantt import OP_NAMES, Panel, colour, nice_ticks, text_colour, tick_label
+from .gantt import OP_NAMES, Panel, colour, key_order, nice_ticks, text_colour, tick_label
 
 __all__ = ["write_html"]
 
@@ -48,17 +47,17 @@ def _panel_svg(panel: Panel, end: float, row_h: float) -> str:
         y = r * row_h
         out.append(f'<text x="{_LEFT - 6}" y="{y + row_h * 0.5 + 4:.1f}" text-anchor="end">{r}</text>')
         for b in row:
-            fill = colour(b.action.op, b.chunk)
+            fill = colour(*b.key)
             x, w = _LEFT + b.start * scale, (b.end - b.start) * scale
             # Kept short: p=32, m=256 has ~25k boxes and this line is most of the file.
             tip = (
-                f"{b.action} ({OP_NAMES[b.action.op]}) on rank {r}&#10;{b.start:.3f} to {b.end:.3f} ms ({b.end - b.start:.3f} ms)"
+                f"{b.text} ({OP_NAMES[b.key[0]]}) on rank {r}&#10;{b.start:.3f} to {b.end:.3f} ms ({b.end - b.start:.3f} ms)"
             )
             out.append(
                 f'<rect x="{x:.2f}" y="{y + 1:.1f}" width="{w:.2f}" height="{row_h - 2:.1f}" fill="{fill}">'
                 f"<title>{tip}</title></rect>"
             )
-            label = str(b.action.mb)
+            label = b.label
             if w >= len(label) * _CHAR_W + 3 and row_h >= 12:
                 out.append(
                     f'<text x="{x + w / 2:.2f}" y="{y + row_h * 0.5 + 4:.1f}" text-anchor="middle" '
@@ -70,9 +69,9 @@ def _panel_svg(panel: Panel, end: float, row_h: float) -> str:
 
 def _legend(panels: list[Panel]) -> str:
     chunks = max(p.chunks for p in panels)
-    keys = sorted({k for p in panels for k in p.ops()}, key=lambda oc: (oc[1], list(Op).index(oc[0])))
+    keys = sorted({k for p in panels for k in p.ops()}, key=lambda oc: (oc[1], key_order(oc[0])))
     items = [
-        f'<span><i style="background:{colour(op, c)}"></i>{op.value} {escape(OP_NAMES[op])}'
+        f'<span><i style="background:{colour(op, c)}"></i>{op} {escape(OP_NAMES[op])}'
         + (f", chunk {c}" if chunks > 1 else "")
         + "</span>"
         for op, c in keys

@@ -35,7 +35,7 @@ def with_measured(predicted: Panel, path: str | os.PathLike) -> tuple[list[Panel
     if measured.num_ranks != predicted.num_ranks:
         raise ZbError(f"{path}: the trace has {measured.num_ranks} ranks but the schedule has {predicted.num_ranks}")
     for r, (pr, mr) in enumerate(zip(predicted.rows, measured.rows)):
-        want, got = {b.action for b in pr}, {b.action for b in mr}
+        want, got = {a for b in pr for a in b.actions}, {a for b in mr for a in b.actions}
         if want != got:
             extra, missing = sorted(got - want), sorted(want - got)
             what = f"ran {extra[0]}, which the schedule does not have there" if extra else f"never ran {missing[0]}"

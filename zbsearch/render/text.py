@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from ..actions import Op
-from .gantt import OP_NAMES, Panel, nice_ticks, op_char, tick_label
+from .gantt import OP_NAMES, PAIR, Panel, key_order, nice_ticks, op_char, tick_label
 
 __all__ = ["render_text"]
 
@@ -21,20 +21,21 @@ _MIXED = "#"
 _DOMINANT = 0.6  # share of a column's busy time one op needs to name the column
 _MIN_COLUMNS = 10
 _MAX_ROWS = 64  # per panel; beyond this the middle ranks are elided
-_ANSI = {Op.F: 34, Op.B: 33, Op.W: 32, Op.BW: 35, Op.R: 31, Op.RS: 31}  # odd chunks use the bright variant (+60)
+# odd chunks use the bright variant (+60)
+_ANSI: dict[str, int] = {Op.F: 34, Op.B: 33, Op.W: 32, Op.BW: 35, Op.R: 31, Op.RS: 31, PAIR: 36}
 
 
-def _row_cells(bars, ncols: int, dt: float) -> tuple[list[str], list[tuple[Op, int] | None]]:
-    occupancy: list[dict[tuple[Op, int], float]] = [{} for _ in range(ncols)]
+def _row_cells(bars, ncols: int, dt: float) -> tuple[list[str], list[tuple[str, int] | None]]:
+    occupancy: list[dict[tuple[str, int], float]] = [{} for _ in range(ncols)]
     nbars = [0] * ncols
     for b in bars:
-        key = (b.action.op, b.chunk)
+        key = b.key
         for c in range(int(b.start / dt), min(ncols - 1, int(b.end / dt)) + 1):
             overlap = min(b.end, (c + 1) * dt) - max(b.start, c * dt)
             if overlap > 0:
                 occupancy[c][key] = occupancy[c].get(key, 0.0) + overlap
                 nbars[c] += 1
-    keys: list[tuple[Op, int] | None] = []
+    keys: list[tuple[str, int] | None] = []
     chars = []
     for occ, n in zip(occupancy, nbars):
         busy = sum(occ.values())
@@ -53,14 +54,14 @@ def _row_cells(bars, ncols: int, dt: float) -> tuple[list[str], list[tuple[Op, i
         # Cells whose centre the bar covers are the bar's own; label it if they hold "F12".
         first = math.ceil(b.start / dt - 0.5)
         last = min(ncols - 1, math.ceil(b.end / dt - 0.5) - 1)
-        label = str(b.action.mb)
-        letter = op_char(b.action.op, b.chunk)
+        label = b.label
+        letter = op_char(*b.key)
         if last - first >= len(label) and all(ch == letter for ch in chars[first : last + 1]):
             chars[first + 1 : first + 1 + len(label)] = label
     return chars, keys
 
 
-def _colourise(chars: list[str], keys: list[tuple[Op, int] | None]) -> str:
+def _colourise(chars: list[str], keys: list[tuple[str, int] | None]) -> str:
     out, i = [], 0
     while i < len(chars):
         j = i
@@ -94,7 +95,7 @@ def _axis(ncols: int, dt: float, end: float, pad: str) -> list[str]:
 
 
 def _legend(panels: list[Panel], dt: float) -> str:
-    ops = sorted({op for p in panels for op, _ in p.ops()}, key=list(Op).index)
+    ops = sorted({op for p in panels for op, _ in p.ops()}, key=key_order)
     parts = [f"{op_char(op, 0)} {OP_NAMES[op]}" for op in ops] + [f"{_MIXED} mixed", f"{_IDLE} idle", "digits: microbatch"]
     if any(p.chunks > 1 for p in panels):
         parts.append("lower case: odd chunk")

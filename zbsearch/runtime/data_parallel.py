@@ -13,7 +13,9 @@ global batch's tokens), so the SUM over replicas is the gradient of the loss on 
 as one process would compute it. A parameter that has no gradient on a replica (not used by its
 microbatches) takes part as zeros; each bucket carries one presence flag per parameter, so a
 parameter that no replica gave a gradient keeps ``grad = None``, as on one process. Frozen
-parameters (``requires_grad=False``) are left out. A parameter shared by two stages of one rank
+parameters (``requires_grad=False``) are left out, and so are expert parameters (``is_expert``):
+each rank of an expert-parallel group holds other experts, and a holder's gradient already counts
+the tokens every rank of its group sent them. A parameter shared by two stages of one rank
 is reduced once, after the later of them.
 
 Buckets are flat copies of a stage's gradients (grouped by dtype and device, in reverse order
@@ -37,9 +39,25 @@ from torch.distributed.tensor import DTensor
 from .errors import PipelineError, post, wait
 from .groups import PrivateGloo
 
-__all__ = ["GradientReducer", "DEFAULT_BUCKET_BYTES", "refuse_wrapped", "check_replicas", "replica_sum"]
+__all__ = [
+    "GradientReducer", "DEFAULT_BUCKET_BYTES", "refuse_wrapped", "check_replicas", "replica_sum", "mark_expert", "is_expert",
+    "Reductions",
+]
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
+_EXPERT = "_zbsearch_expert"  # the marker attribute of expert parameters
+
+
+def mark_expert(p: nn.Parameter) -> nn.Parameter:
+    """Mark ``p`` as an expert parameter: held by one rank of its expert-parallel group (other
+    ranks hold other experts), so never reduced across the data-parallel replicas."""
+    setattr(p, _EXPERT, True)
+    return p
+
+
+def is_expert(p: torch.Tensor) -> bool:
+    """Whether ``p`` is an expert parameter (``mark_expert``)."""
+    return bool(getattr(p, _EXPERT, False))
 
 
 @dataclass
@@ -157,6 +175,8 @@ class GradientReducer:
     ``stages``: this rank's stages; ``order``: the stages in the order their gradients become
     complete in a step (a parameter held by several is reduced with the last of them).
     ``group``: the data-parallel process group of this rank (its replicas of the same stages).
+    ``experts``: reduce the expert parameters (over the ranks holding copies of the same
+    experts) instead of the others.
     """
 
     def __init__(
@@ -166,6 +186,7 @@ class GradientReducer:
         group: dist.ProcessGroup,
         timeout: float,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        experts: bool = False,
     ) -> None:
         if bucket_bytes <= 0:
             raise PipelineError(f"bucket_bytes must be positive, not {bucket_bytes}")
@@ -176,12 +197,12 @@ class GradientReducer:
         params: dict[int, nn.Parameter] = {}
         for s in order:
             for p in stages[s].parameters():
-                if p.requires_grad:
+                if p.requires_grad and is_expert(p) == experts:
                     owner[id(p)] = s
                     params[id(p)] = p
         self._buckets: dict[int, list[list[nn.Parameter]]] = {}
         for s in order:
-            mine = [p for p in stages[s].parameters() if p.requires_grad and owner[id(p)] == s]
+            mine = [p for p in stages[s].parameters() if owner.get(id(p)) == s]
             mine = list({id(p): p for p in mine}.values())[::-1]  # once each; the last registered first
             self._buckets[s] = _bucket(mine, bucket_bytes)
         self._pending: list[_Pending] = []
@@ -308,3 +329,31 @@ def _unflatten(params: list[nn.Parameter], flat: torch.Tensor, numel: int) -> No
             else:
                 p.grad = value.clone()
         at += n
+
+
+class Reductions:
+    """Several reducers driven as one (the replicated parameters', the expert copies'); the
+    first one's lane is the step's (``last_step``)."""
+
+    def __init__(self, reducers: Sequence[GradientReducer]) -> None:
+        self.reducers = list(reducers)
+
+    @property
+    def last_step(self) -> list[tuple[int, float, float]]:
+        """The first reducer's (stage, started, completed) of the last step."""
+        return self.reducers[0].last_step
+
+    def start(self, stage: int) -> None:
+        """Launch every reducer's reduction of ``stage``."""
+        for r in self.reducers:
+            r.start(stage)
+
+    def poll(self) -> None:
+        """Note reductions seen complete."""
+        for r in self.reducers:
+            r.poll()
+
+    def finish(self) -> list[int]:
+        """Wait for them all; the stages in the order the first reducer started them."""
+        done = [r.finish() for r in self.reducers]
+        return done[0]

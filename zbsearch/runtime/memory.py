@@ -31,6 +31,7 @@ without them and is charged the same bytes (``footprint``).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Collection, Iterator, Sequence
 
 import torch
@@ -74,24 +75,27 @@ class ActivationMeter:
         self.bytes = 0
         self.peak = 0
         self._refs: dict[int, list[int]] = {}  # storage pointer -> [holders, nbytes]
+        self._lock = threading.Lock()  # an overlapped pair's two passes save and free at once
 
     def add(self, ptr: int, nbytes: int) -> None:
         """Count a storage once, however many saved tensors share it."""
-        entry = self._refs.get(ptr)
-        if entry is None:
-            self._refs[ptr] = [1, nbytes]
-            self.bytes += nbytes
-            self.peak = max(self.peak, self.bytes)
-        else:
-            entry[0] += 1
+        with self._lock:
+            entry = self._refs.get(ptr)
+            if entry is None:
+                self._refs[ptr] = [1, nbytes]
+                self.bytes += nbytes
+                self.peak = max(self.peak, self.bytes)
+            else:
+                entry[0] += 1
 
     def remove(self, ptr: int) -> None:
         """Drop one reference to a storage; its bytes leave the count with the last one."""
-        entry = self._refs[ptr]
-        entry[0] -= 1
-        if entry[0] == 0:
-            del self._refs[ptr]
-            self.bytes -= entry[1]
+        with self._lock:
+            entry = self._refs[ptr]
+            entry[0] -= 1
+            if entry[0] == 0:
+                del self._refs[ptr]
+                self.bytes -= entry[1]
 
     def reset_peak(self) -> None:
         """Start a new peak from the bytes held now."""

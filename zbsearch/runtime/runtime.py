@@ -38,11 +38,14 @@ peers (and gloo closes the pairs of a timed-out wait), so the runtime refuses fu
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import hashlib
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 import torch
@@ -58,7 +61,7 @@ from ..distributed.timeouts import PEER_TIMEOUT_S
 from ..formats.schedule import Schedule
 from ..formats.trace import Trace
 from ..validator import find_problem
-from .data_parallel import DEFAULT_BUCKET_BYTES, GradientReducer, check_replicas, refuse_wrapped, replica_sum
+from .data_parallel import DEFAULT_BUCKET_BYTES, GradientReducer, Reductions, check_replicas, refuse_wrapped, replica_sum
 from .emulation import EmulatedStage
 from .errors import PipelineError, first_line, post, wait
 from .identity import check_batch, check_stage
@@ -98,6 +101,12 @@ class PipelineRuntime:
     (``zbsearch.distributed.heap``: otherwise passes pay page faults that depend on the schedule).
     ``check_model``: refuse stages, or microbatch inputs and targets, other than those the
     schedule's profile measured (``identity``); profiles that recorded none are not checked.
+    Expert parameters (``data_parallel.mark_expert``: a MoE layer's, ``zbsearch.models.moe``)
+    are left out of the data-parallel reduction: each rank of an expert group holds its own;
+    where experts have several copies (expert groups smaller than the data dimension),
+    ``expert_data_group`` is this rank's copies' group (``distributed.mesh.expert_data_group``),
+    over which their gradients are summed. A schedule's overlapped pairs (``Schedule.overlapped``)
+    run their forward and backward at once, in two threads.
     """
 
     def __init__(
@@ -117,6 +126,7 @@ class PipelineRuntime:
         mesh: DeviceMesh | None = None,
         data_group: dist.ProcessGroup | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        expert_data_group: dist.ProcessGroup | None = None,
     ) -> None:
         if loss_normalization not in ("mean", "tokens"):
             raise PipelineError(
@@ -153,6 +163,8 @@ class PipelineRuntime:
         self._identity = (schedule.profile.model or {}).get("identity") if check_model and not emulated else None
         for s, module in sorted(stages.items()):
             check_stage(self._identity, s, module, schedule.profile.name)
+        if not emulated:
+            _check_tensor_parallel(schedule, stages, mesh, self.rank)
         self.last = schedule.num_stages - 1
         if self.last in stages and loss_fn is None:
             raise PipelineError(f"rank {self.rank} holds the last stage ({self.last}) and needs a loss_fn")
@@ -164,6 +176,8 @@ class PipelineRuntime:
         self.loss_fn = loss_fn
         self.meter = ActivationMeter()
         self._actions = schedule.rank_actions[self.rank]
+        self._pairs = _pairs(schedule, self.rank)
+        self._worker: ThreadPoolExecutor | None = None  # runs the forward of each overlapped pair
         self._fused = {(a.stage, a.mb) for a in self._actions if a.op is Op.BW}
         self._recomputed = {(a.stage, a.mb) for a in self._actions if a.op is Op.R}
         whole = sorted(s for s in {a.stage for a in self._actions if a.op is Op.W} if compiled(self.stages[s]))
@@ -214,7 +228,7 @@ class PipelineRuntime:
             )
         for g in data_groups:
             check_replicas(g, self.schedule, self.stages, self.rank, timeout)
-        self._dp: GradientReducer | ShardedStages | None = None
+        self._dp: GradientReducer | Reductions | ShardedStages | None = None
         # FSDP reduces (sums) across the whole data-parallel dimension, driven by the runtime
         self._sharded = ShardedStages(self.stages, self.replicas) if sharded else None
         if self._sharded is not None:
@@ -224,6 +238,9 @@ class PipelineRuntime:
                 raise PipelineError("replicated stages take one data-parallel group (data_group=), not several")
             order = [s for _, s in sorted((i, s) for i, s in self._done_at.items())]
             self._dp = GradientReducer(self.stages, order, data_groups[0], timeout, bucket_bytes)
+            if expert_data_group is not None and dist.get_world_size(expert_data_group) > 1:
+                self._dp = Reductions([self._dp, GradientReducer(self.stages, order, expert_data_group, timeout,
+                                                                 bucket_bytes, experts=True)])
         # each stage's first action, where a sharded stage needs its gathered parameters: position -> stage
         first: dict[int, int] = {}
         for i, a in enumerate(self._actions):
@@ -273,6 +290,9 @@ class PipelineRuntime:
         self._failure = "closed"
         if self._tied is not None:
             self._tied.close()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
         self._comm.close()
 
     def __enter__(self) -> PipelineRuntime:
@@ -324,14 +344,23 @@ class PipelineRuntime:
         sharded = self._sharded
         if sharded is not None:  # gather every sharded stage's parameters, kept until its last backward
             sharded.begin_step()
+        paired = -1  # the position of a pair's backward, run with its forward
         for pos, a in enumerate(self._actions):
-            self._comm.action = self.schedule.actions[self.rank][pos]
-            self._comm.reap()
-            for key in self._ahead[pos]:
-                self._comm.prepost(*key)
-            if sharded is not None and pos in self._first_at:
-                sharded.before(self._first_at[pos])
-            if a.op is Op.F:
+            if pos != paired:
+                self._comm.action = self.schedule.actions[self.rank][pos]
+                self._comm.reap()
+                for at in (pos, pos + 1) if pos in self._pairs else (pos,):
+                    for key in self._ahead[at]:
+                        self._comm.prepost(*key)
+                    if sharded is not None and at in self._first_at:
+                        sharded.before(self._first_at[at])
+            if pos == paired:
+                pass  # ran with the forward before it
+            elif pos in self._pairs:
+                paired = pos + 1
+                self._pair(a, self._actions[paired], passes, ckpts, selections, weights, local, mb_inputs, mb_targets,
+                           losses)
+            elif a.op is Op.F:
                 self._forward(a, passes, ckpts, selections, local, mb_inputs, mb_targets, losses)
             elif a.op is Op.R:
                 self._timer.begin()
@@ -403,17 +432,56 @@ class PipelineRuntime:
         for hook in self._hooks:
             hook(stage)
 
+    def _pair(self, f: Action, b: Action, passes, ckpts, selections, weights, local, mb_inputs, mb_targets,
+              losses) -> None:
+        """An overlapped pair: F's and B's (or BW's) inputs received, then both computed at once,
+        F in the worker thread, so that one's expert all-to-all is in flight while the other
+        computes (each pass's collectives on its own expert group: ``zbsearch.models.moe``);
+        then both outputs sent, F's first."""
+        args = self._forward_args(f, local, mb_inputs)
+        fp, grads = self._backward_grads(b, passes, local)
+        inputs = fp.inputs  # (the backward lets go of them)
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix=f"zbsearch-pair-r{self.rank}")
+        context = contextvars.copy_context()  # the passes see this thread's context, grad mode included
+        grad_mode = torch.is_grad_enabled()
+
+        def forward() -> tuple:
+            with torch.set_grad_enabled(grad_mode), _on_device(self.device):
+                return self._forward_compute(f, args, passes, ckpts, selections, mb_targets)
+
+        self._timer.begin()
+        running = self._worker.submit(context.run, forward)
+        try:
+            input_grads = self._backward_compute(b, fp, grads, weights)
+        finally:
+            outputs = running.result()  # (F's error, if it raised, wins over B's: it came first in the schedule)
+        self._timer.end(f, self.meter.bytes)
+        self._timer.end(b, self.meter.bytes)
+        self._forward_deliver(f, outputs, local, losses)
+        self._backward_deliver(b, inputs, input_grads, local)
+
     def _forward(self, a: Action, passes, ckpts, selections, local, mb_inputs, mb_targets, losses) -> None:
+        args = self._forward_args(a, local, mb_inputs)
+        self._timer.begin()
+        outputs = self._forward_compute(a, args, passes, ckpts, selections, mb_targets)
+        self._timer.end(a, self.meter.bytes)
+        self._forward_deliver(a, outputs, local, losses)
+
+    def _forward_args(self, a: Action, local, mb_inputs) -> Sequence:
+        """F's inputs: the microbatch on the first stage, else the previous stage's outputs."""
         s, j = a.stage, a.mb
         if s == 0:
-            args = mb_inputs[j] if isinstance(mb_inputs[j], tuple) else (mb_inputs[j],)
-        elif self._owner[s - 1] == self.rank:
-            args = [_leaf(t, t.requires_grad) for t in local.pop((ACT, s - 1, j))]
-        else:
-            got = cast("list[torch.Tensor]", self._comm.recv(ACT, s - 1, j))  # activations are never None
-            args = [_leaf(t, meta.requires_grad) for t, meta in zip(got, self._comm.meta[s - 1])]
+            return mb_inputs[j] if isinstance(mb_inputs[j], tuple) else (mb_inputs[j],)
+        if self._owner[s - 1] == self.rank:
+            return [_leaf(t, t.requires_grad) for t in local.pop((ACT, s - 1, j))]
+        got = cast("list[torch.Tensor]", self._comm.recv(ACT, s - 1, j))  # activations are never None
+        return [_leaf(t, meta.requires_grad) for t, meta in zip(got, self._comm.meta[s - 1])]
+
+    def _forward_compute(self, a: Action, args, passes, ckpts, selections, mb_targets) -> tuple:
+        """F's compute: the stage (and the loss on the last stage); its outputs."""
+        s, j = a.stage, a.mb
         post = functools.partial(self._loss, mb_targets[j]) if s == self.last else None
-        self._timer.begin()
         if (s, j) in self._recomputed:  # checkpointed: R rebuilds the activations before the backward
             outputs, ckpts[(s, j)] = self._run_stage(a, checkpointed_forward, self.stages[s], args, post=post,
                                                      meter=self.meter, device=self.device)
@@ -425,7 +493,11 @@ class PipelineRuntime:
                                  meter=self.meter, deferred_first=s == 0 and self._deferred_first, select=select)
             passes[(s, j)] = fp
             outputs = fp.outputs
-        self._timer.end(a, self.meter.bytes)
+        return outputs
+
+    def _forward_deliver(self, a: Action, outputs, local, losses) -> None:
+        """F's outputs to the next stage (or its loss kept, on the last stage)."""
+        s, j = a.stage, a.mb
         if s == self.last:
             loss = outputs[0].detach()
             losses[j] = loss.full_tensor() if hasattr(loss, "full_tensor") else loss  # a DTensor (loss parallel): its value
@@ -437,23 +509,34 @@ class PipelineRuntime:
             self._comm.send(ACT, s, j, list(outputs))
 
     def _backward(self, a: Action, passes, weights, local) -> None:
+        fp, grads = self._backward_grads(a, passes, local)
+        inputs = fp.inputs  # (the backward lets go of them)
+        self._timer.begin()
+        input_grads = self._backward_compute(a, fp, grads, weights)
+        self._timer.end(a, self.meter.bytes)
+        self._backward_deliver(a, inputs, input_grads, local)
+
+    def _backward_grads(self, a: Action, passes, local) -> tuple[ForwardPass, list[torch.Tensor | None]]:
+        """B's forward pass and the gradients of its outputs (the loss seed on the last stage)."""
         s, j = a.stage, a.mb
         fp = passes.pop((s, j))
-        grads: list[torch.Tensor | None]
         if s == self.last:
-            grads = [torch.full_like(fp.outputs[0], self._seed)]
-        elif self._owner[s + 1] == self.rank:
-            grads = local.pop((GRAD, s, j))
-        else:
-            got = iter(self._comm.recv(GRAD, s, j))
-            grads = [next(got) if meta.requires_grad else None for meta in self._comm.meta[s]]
-        inputs = fp.inputs
-        self._timer.begin()
+            return fp, [torch.full_like(fp.outputs[0], self._seed)]
+        if self._owner[s + 1] == self.rank:
+            return fp, local.pop((GRAD, s, j))
+        got = iter(self._comm.recv(GRAD, s, j))
+        return fp, [next(got) if meta.requires_grad else None for meta in self._comm.meta[s]]
+
+    def _backward_compute(self, a: Action, fp: ForwardPass, grads, weights) -> list[torch.Tensor | None]:
+        """B's (or BW's) compute: the input gradients; B leaves W's work in ``weights``."""
         if a.op is Op.BW:
-            input_grads = self._run_stage(a, backward_full, fp, grads)
-        else:
-            input_grads, weights[(s, j)] = self._run_stage(a, backward_input, fp, grads)
-        self._timer.end(a, self.meter.bytes)
+            return self._run_stage(a, backward_full, fp, grads)
+        input_grads, weights[(a.stage, a.mb)] = self._run_stage(a, backward_input, fp, grads)
+        return input_grads
+
+    def _backward_deliver(self, a: Action, inputs, input_grads, local) -> None:
+        """B's input gradients to the previous stage."""
+        s, j = a.stage, a.mb
         if s == 0:
             return
         if self._owner[s - 1] == self.rank:
@@ -534,6 +617,36 @@ class PipelineRuntime:
                 raise PipelineError(f"rank {self.rank} and rank {peer} were given different schedules")
 
 
+def _pairs(schedule: Schedule, rank: int) -> set[int]:
+    """The positions of ``rank``'s overlapped pairs (their F; the B or BW follows), checked for
+    what running them needs: an F then a B or BW of another microbatch, pairs apart."""
+    if schedule.overlapped is None:
+        return set()
+    actions = schedule.rank_actions[rank]
+    starts = sorted(schedule.overlapped[rank])
+    for i, pos in enumerate(starts):
+        if not 0 <= pos < len(actions) - 1:
+            raise PipelineError(f"rank {rank}: overlapped pair at position {pos} is outside its {len(actions)} actions")
+        f, b = actions[pos], actions[pos + 1]
+        if f.op is not Op.F or b.op not in (Op.B, Op.BW):
+            raise PipelineError(f"rank {rank}: overlapped pair {f}+{b}: a pair is an F followed by a B or BW")
+        if f.mb == b.mb:
+            raise PipelineError(f"rank {rank}: overlapped pair {f}+{b}: the backward of a microbatch needs its forward")
+        if i and starts[i - 1] + 1 >= pos:
+            raise PipelineError(f"rank {rank}: overlapped pairs at positions {starts[i - 1]} and {pos} share an action")
+    return set(starts)
+
+
+@contextlib.contextmanager
+def _on_device(device: torch.device) -> Iterator[None]:
+    """This thread's current CUDA device set to ``device`` (a new thread starts on device 0)."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            yield
+    else:
+        yield
+
+
 def _labelled_tokens(target) -> torch.Tensor:
     """Tokens a causal LM loss counts: labels other than -100 (the ignore index)."""
     return (target != -100).sum()
@@ -554,6 +667,41 @@ def _receives_ahead(needs: list, count: int = _LOOKAHEAD) -> list[list]:
             upcoming = [key, *upcoming[: count - 1]]
         ahead.append(upcoming)
     return ahead[::-1]
+
+
+def tensor_parallel_degree(stages: Mapping[int, nn.Module], mesh: DeviceMesh | None) -> int | None:
+    """The tensor-parallel degree this rank's stages run at: the mesh's ``tp`` size, else that of
+    the ``tp`` dimension of the meshes their DTensor parameters live on (``parallelize_stage``
+    on ``mesh["tp"]``), 1 for stages of plain parameters; None where it cannot be told (DTensor
+    parameters on meshes with no dimension named ``tp``)."""
+    if mesh is not None:
+        return mesh_sizes(mesh).tp
+    sizes = set()
+    for module in stages.values():
+        for p in module.parameters():
+            m = getattr(p, "device_mesh", None)
+            if m is None:
+                continue
+            names = m.mesh_dim_names or ()
+            if "tp" not in names:
+                return None
+            sizes.add(m.size(names.index("tp")))
+    return max(sizes) if sizes else 1
+
+
+def _check_tensor_parallel(schedule: Schedule, stages: Mapping[int, nn.Module], mesh: DeviceMesh | None, rank: int) -> None:
+    """Refuse, in one line, stages split at another tensor-parallel degree than the one the
+    schedule's profile measured them at (its ``mesh`` section; a profile without one is not
+    checked, as it does not say)."""
+    made = schedule.profile.mesh
+    have = tensor_parallel_degree(stages, mesh)
+    if made is None or have is None or have == made.tp:
+        return
+    raise PipelineError(
+        f"rank {rank}: schedule {schedule.kind!r} was made for tensor-parallel degree {made.tp} (profile "
+        f"{schedule.profile.name!r} measured the stages at tp {made.tp}), but this rank's stages run at tp {have}: run "
+        f"it at tp {made.tp}, or profile the stages with --tp {have} and make the schedule from that profile"
+    )
 
 
 def _mesh_groups(mesh: DeviceMesh, group, data_group) -> tuple[dist.ProcessGroup, list[dist.ProcessGroup]]:

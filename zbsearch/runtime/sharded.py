@@ -32,6 +32,12 @@ Every trainable parameter of a sharded stage must be managed by FSDP (apply ``fu
 the layers, then to the stage itself, as torchtitan does), and FSDP's mesh must span the whole
 data-parallel dimension (``dp_shard``, or ``dp_replicate`` x ``dp_shard`` for hybrid sharding):
 otherwise one line says what to do.
+
+Tensor-parallel stages sharded on top (PP x DP_shard x TP) run the same way: FSDP gathers each
+rank's tensor-parallel shares. A parameter split with a strided layout (a fused projection)
+that FSDP shards again is refused: torch cannot gather that nesting into full tensors, so
+``zbsearch.models.tensor_parallel.fully_shard_layout`` must lay it out first (``shard_stage``
+does).
 """
 
 from __future__ import annotations
@@ -87,11 +93,13 @@ class ShardedStages:
                     f"apply fully_shard to the stage module itself too (after its layers), so that FSDP reduces every "
                     f"gradient"
                 )
-            tp = next((n for n, p in trainable if managed[id(p)].is_dtensor), None)
-            if tp is not None:
+            nested = next((n for n, p in trainable if _nested_strided(p, managed[id(p)])), None)
+            if nested is not None:
                 raise PipelineError(
-                    f"stage {s} is both tensor-parallel and sharded with fully_shard (parameter {tp!r}): not supported by "
-                    f"this runtime; replicate the tensor-parallel stages over the data-parallel ranks (dp_replicate)"
+                    f"stage {s}: parameter {nested!r} is split with a strided layout (a fused projection) and sharded "
+                    f"again by fully_shard, a layout torch cannot gather into full tensors (full_tensor() and "
+                    f"checkpoints would mix its rows up); lay it out first with "
+                    f"zbsearch.models.tensor_parallel.fully_shard_layout, or shard with zbsearch.models.sharding.shard_stage"
                 )
             for m in mods:
                 for g in _groups(m):
@@ -176,6 +184,19 @@ class ShardedStages:
             for g, mesh_info in items:
                 g.post_forward_mesh_info = mesh_info
         self._reshard, self._gathers, self._started, self._ended = {}, {}, {}, {}
+
+
+def _nested_strided(p: nn.Parameter, fsdp_param) -> bool:
+    """Whether FSDP sharded ``p`` on top of a tensor-parallel ``_StridedShard`` (the placements
+    after FSDP's own mesh dimensions), on the dimension FSDP shards."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if not fsdp_param.is_dtensor:
+        return False
+    placements = getattr(p, "placements", ())
+    own = fsdp_param.mesh_info.mesh.ndim
+    dims = {q.dim for q in placements[:own] if hasattr(q, "dim")}
+    return any(isinstance(q, _StridedShard) and q.dim in dims for q in placements[own:])
 
 
 def _inside(m: nn.Module, outer: nn.Module) -> bool:

@@ -48,6 +48,7 @@ class Baseline:
     stage_to_rank: list[int]
     timeline: Timeline
     limit: list[float] | None  # per rank on its placement
+    pairs: list[list[int]] | None = None  # the kind's overlapped pairs (dualpipe-v where the passes hold all-to-all)
 
 
 def classic_baselines(
@@ -87,12 +88,13 @@ def classic_baselines(
         else:
             limit = list(mem_limit)
         problem = Problem.make(cost, m, tuple(limit) if limit is not None else None, objective, recompute)
-        if done is not None and done[1] is not None:
+        pairs = spec.overlapped(cost, m)
+        if done is not None and done[1] is not None and pairs is None:
             value, tl = problem.value(done[1]), done[1]
         elif not problem.fits_order(rows):
             continue
         else:
-            value, tl = problem.evaluate(rows)
+            value, tl = problem.evaluate(rows, pairs)
         if problem.fits(tl):
-            out.append(Baseline(kind, value, rows, stage_to_rank, tl, limit))
+            out.append(Baseline(kind, value, rows, stage_to_rank, tl, limit, pairs))
     return out, late

@@ -53,6 +53,9 @@ class Shares:
             move at a time, and on such problems it is done in about a second.
         lane: for the iteration, ordering the W passes of multi-stage ranks for the reduction
             lane (``lane_order``): its share of the time left after the constructions.
+        pairs: where the passes hold all-to-all, choosing overlapped pairs on the best order
+            and on the classic orders that come with pairs (``pairing``): its share of the
+            time left after the bound, kept back from the engines.
     """
 
     construct: float = 1 / 3
@@ -71,6 +74,7 @@ class Shares:
     exact_relaxed: float = 0.5
     exact_recompute: float = 0.5
     lane: float = 0.25
+    pairs: float = 0.3
 
 
 @dataclass

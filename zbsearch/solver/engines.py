@@ -78,7 +78,8 @@ class LocalSearch:
 @dataclass
 class ExactMILP:
     """The exact MILP of the whole schedule: the idle relaxation (its dual bound is a lower bound
-    for every schedule, fused, split or mixed) and, for the span, the best FIFO order under ASAP
+    for every schedule, fused, split or mixed, without overlapped pairs: where the passes hold
+    all-to-all it proves nothing, and only its schedules count) and, for the span, the best FIFO order under ASAP
     execution. Where the solve may recompute, the model chooses that too, and is a search over
     FIFO orders only (``milp.exact``): for the span only the ASAP model runs, and no bound comes
     of it."""
@@ -105,7 +106,7 @@ class ExactMILP:
             if res is not None:
                 if run.offer(res.rows):
                     run.improvements += 1
-                if relaxed:
+                if relaxed and not run.problem.cost.has_all_to_all:  # the model knows no overlapped pairs
                     run.raise_bound(res.dual_bound + run.problem.lane_floor())
                 run.windows += 1
             run.report(self.name)

@@ -107,9 +107,10 @@ class Problem:
         """The least of ``lane_floors``: a bound on the longest span plus it bounds the iteration."""
         return min(self.lane_floors(), default=0.0)
 
-    def evaluate(self, rows: list[list[Action]]) -> tuple[float, Timeline]:
-        """The objective's value of ``rows`` and their timeline, on the true costs."""
-        tl = simulate(rows, self.cost)
+    def evaluate(self, rows: list[list[Action]], pairs: list[list[int]] | None = None) -> tuple[float, Timeline]:
+        """The objective's value of ``rows`` (with overlapped ``pairs``, ``Schedule.overlapped``)
+        and their timeline, on the true costs."""
+        tl = simulate(rows, self.cost, pairs)
         return self.value(tl), tl
 
     def fits(self, tl: Timeline) -> bool:

@@ -38,6 +38,7 @@ A solve is a ``SolveRun`` going through named phases, all timed by one ``Budget`
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -60,6 +61,8 @@ from .engines import Engine, default_engines
 from .feasibility import check_limit
 from .heuristic import sequential_schedule
 from .lane_order import order_for_lane
+from .paired_v import paired_v_candidates
+from .pairing import pair_passes
 from .problem import RECOMPUTATIONS, Objective, Problem, Recomputation
 from .verdict import CLOSED as _CLOSED
 from .verdict import decide_status
@@ -153,6 +156,7 @@ class SolveRun:
     stale: bool = False  # rows adopted without timing on the true costs (MILP windows)
     sim_s: float = 0.0  # the longest simulation seen
     built: dict[str, tuple[list[list[Action]], Timeline | None]] = field(default_factory=dict)  # classic, by kind
+    overlapped: list[list[int]] | None = None  # the best schedule's overlapped pairs (``overlap``, at the end)
 
     # ---- what engines use ----------------------------------------------------------------
 
@@ -182,7 +186,7 @@ class SolveRun:
         """Whether the best schedule is within the closing tolerance of the bound: nothing left to search for."""
         return min(self.value, self.elsewhere()) <= self.bound * (1 + _CLOSED)
 
-    def offer(self, rows: list[list[Action]], name: str | None = None) -> bool:
+    def offer(self, rows: list[list[Action]], name: str | None = None) -> bool:  # (before ``overlap``: no pairs)
         """Keep ``rows`` if the simulator times it shorter on the true costs, within the limit and
         recomputing as asked; whether it was kept."""
         if rows is self.rows or not self.problem.complete_recomputation(rows):
@@ -280,8 +284,8 @@ class SolveRun:
             recompute=self.problem.recompute)
         self.hit_limit |= bool(self.not_built)
         place = list(cost.stage_to_rank)
-        for base in self.baselines:
-            if base.stage_to_rank == place and base.value < self.value:
+        for base in self.baselines:  # (one with pairs joins at the end: the phases between keep none)
+            if base.stage_to_rank == place and base.value < self.value and base.pairs is None:
                 self.construction, self.rows, self.timeline, self.value = base.kind, base.rows, base.timeline, base.value
 
     def try_fusing(self) -> None:
@@ -311,6 +315,34 @@ class SolveRun:
             self.hit_limit |= b.now() > deadline  # its slow part left out, or not finished within its share
             self.report("lower bound")
 
+    def overlap(self, until: float) -> None:
+        """Where the passes hold all-to-all: overlapped pairs chosen by ``pair_passes`` from the
+        schedules built around pairs (``paired_v``), from the best schedule, and from each
+        classic one of the placement that comes with its own pairs (dualpipe-v), sharing the
+        time until ``until`` (past it, those with pairs of their own are only timed); the best
+        of them is kept."""
+        if not self.problem.cost.has_all_to_all:
+            return
+        if self.stale or self.timeline is None:
+            self.value, self.timeline = self.problem.evaluate(self.rows)
+            self.stale = False
+        place = list(self.problem.cost.stage_to_rank)
+        starts: list[tuple[str, list[list[Action]], list[list[int]] | None]] = [*paired_v_candidates(self.problem)]
+        starts.append((self.construction, self.rows, None))
+        starts += [(b.kind, b.rows, b.pairs) for b in self.baselines if b.stage_to_rank == place and b.pairs is not None]
+        for k, (name, rows, pairs) in enumerate(starts):
+            now = time.monotonic()
+            if now >= until:  # past the time: each start with pairs of its own is still timed (one simulation)
+                self.hit_limit = True
+                if pairs is None:
+                    continue
+            share = max(0.0, until - now) / (len(starts) - k)
+            got_rows, got_pairs, value, tl = pair_passes(self.problem, rows, pairs, now + share)
+            if value < self.value:
+                self.rows, self.overlapped, self.value, self.timeline = got_rows, got_pairs if any(got_pairs) else None, value, tl
+                self.construction = name + (", overlapped" if any(got_pairs) else "")
+        self.report("overlapped pairs")
+
     def improve(self, engines: Sequence[tuple[Engine, float | None]]) -> None:
         """Each engine in turn until it is done, its share of the time left or the deadline."""
         if not engines or self.closed() or self.budget.expired():
@@ -328,13 +360,14 @@ class SolveRun:
             self.value, self.timeline = self.problem.evaluate(self.rows)
         self.hit_limit = self.hit_limit or self.budget.expired()  # a phase skipped or cut short
         place, chosen_limit = list(self.problem.cost.stage_to_rank), self.limit
-        rows, tl, value = self.rows, self.timeline, self.value
+        rows, tl, value, pairs = self.rows, self.timeline, self.value, self.overlapped
         for base in self.baselines:
             if base.stage_to_rank != place:
                 self.bound = min(self.bound, base.value)
                 if base.value < value:
                     self.construction, rows, tl, value, place, chosen_limit = (base.kind, base.rows, base.timeline,
                                                                                base.value, base.stage_to_rank, base.limit)
+                    pairs = base.pairs
         gap = max(0.0, value / self.bound - 1) if self.bound > 0 else 0.0
         status = decide_status(gap, self.hit_limit)
         fused = sum(a.op is Op.BW for row in rows for a in row)
@@ -349,10 +382,12 @@ class SolveRun:
             classic_not_built=self.not_built, fused_backwards=fused,
             split_backwards=sum(a.op is Op.B for row in rows for a in row),
             recompute=self.problem.recompute, recomputed=recomputed,
+            overlapped_pairs=sum(map(len, pairs)) if pairs else 0,
         )
         m = self.problem.num_microbatches
         sched = Schedule.build(_kind(rows, self.baselines, place, fused, recomputed, self.chunks, self.spec), self.profile,
-                               m, place, rows, memory_limit=chosen_limit, memory_limit_spec=self.spec, solver=info)
+                               m, place, rows, memory_limit=chosen_limit, memory_limit_spec=self.spec, solver=info,
+                               overlapped=pairs)
         validate(sched, timeline=tl)  # tl: the final rows on the true costs, simulated once
         assert self.problem.complete_recomputation(rows) or place != list(self.problem.cost.stage_to_rank)
         self.report("done", value)
@@ -424,7 +459,11 @@ def solve(
     budget.keep_back(budget.shares.end_sims * run.sim_s)
     run.report("constructed")
     run.prove(bound_fn)
+    pairs_until = budget.deadline
+    if true.cost.has_all_to_all:  # the pairs are chosen last, on the best order: keep them a share
+        budget.keep_back(budget.shares.pairs * budget.left())
     run.improve(default_engines(run) if engines is None else [(e, None) for e in engines])
+    run.overlap(pairs_until)
     return run.finish()
 
 

@@ -1,0 +1,176 @@
+"""Mixture-of-experts under pipeline and expert parallelism: PP2 x EP2 on 4 gloo processes (the
+expert groups are the data-parallel peers of each stage) equals one process holding every
+expert on the global batch, for every schedule kind and for DualPipeV with its overlapped pairs
+run at once, over several AdamW steps; and with expert groups of one rank (every rank holding
+every expert), the expert copies' gradients summed across the replicas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import zbsearch as zb
+from tests.helpers.toy import uniform_profile
+from zbsearch.actions import Op
+from zbsearch.costs import CostModel
+from zbsearch.distributed import run_local
+from zbsearch.distributed.mesh import build_mesh, expert_data_group, expert_groups
+from zbsearch.layout import placement
+from zbsearch.models.gpt import gpt_batch, gpt_loss
+from zbsearch.models.moe import MoE, MoEConfig, all_to_all_time, moe_stages
+from zbsearch.runtime import PipelineError, PipelineRuntime
+from zbsearch.runtime.data_parallel import is_expert
+from zbsearch.solver.paired_v import paired_v
+
+PP, EP, M = 2, 2, 4
+
+
+def _config(stages: int) -> MoEConfig:
+    return MoEConfig(layers=stages, hidden=16, heads=2, seq=6, vocab=24, microbatch_size=2, stages=stages, experts=4,
+                     top_k=2)
+
+
+def _schedules() -> list[zb.Schedule]:
+    prof = uniform_profile(PP)
+    out = [zb.build_classic(k, prof, M) for k in ("1f1b", "zb-h1", "zb-v", "interleaved-1f1b")]
+    recompute = zb.StageCost(t_f=1.0, t_b=1.0, t_w=1.0, m_f=1.0, m_b=-0.6, m_w=-0.4, t_r=1.0, m_fc=0.1)
+    out.append(zb.build_classic("1f1b-recompute", zb.Profile(name="unit-r", memory_unit="activations",
+                                                             stages=[recompute] * PP), M))  # R repeats the dispatch
+    out.append(zb.build_classic("dualpipe-v", prof, M, overlap=True))  # DualPipeV's own pairs
+    v = placement(PP, 2, "v")
+    actions, pairs = paired_v(CostModel.from_profile(prof, v), M)  # the solver's paired start: every pair it can
+    out.append(zb.Schedule.build("paired-v", prof, M, v, actions, overlapped=pairs))
+    assert all(len(r) >= 2 for s in out[-2:] for r in s.overlapped or [[]])  # pairs on every rank
+    return out
+
+
+def _reference(stages, ids, targets, microbatches: int) -> None:
+    """One process, every expert, microbatch by microbatch over the global batch (mean loss)."""
+    for x, y in zip(ids.split(2), targets.split(2)):
+        for st in stages:
+            x = st(x)
+        (gpt_loss(x, y) / microbatches).backward()
+
+
+def _expert_slice(name: str, rank: int, full: torch.Tensor, held: int) -> torch.Tensor:
+    return full[rank * held:(rank + 1) * held] if name.rsplit(".", 1)[-1] in ("w_in", "b_in", "w_out") else full
+
+
+def _run(rank: int, world: int, send, schedules: list[tuple[str, int]], steps: int) -> list:
+    """Each (schedule, ep): experts over expert groups of ep ranks of the data dimension (of 2);
+    with ep 1 every rank holds every expert and their copies' gradients are summed."""
+    mesh = build_mesh(pp=PP, dp_replicate=EP)
+    made = {ep: (expert_groups(mesh, ep), expert_data_group(mesh, ep)) for ep in sorted({ep for _, ep in schedules})}
+    pp_rank, replica = mesh["pp"].get_local_rank(), mesh["dp_replicate"].get_local_rank()
+    done = []
+    for text, ep in schedules:
+        groups, copies = made[ep]
+        assert groups.size == ep and groups.rank == replica % ep and (copies is None) == (ep == EP)
+        sched = zb.Schedule.model_validate_json(text)
+        cfg = _config(sched.num_stages)
+        ref = moe_stages(cfg, seed=3)
+        ours = moe_stages(cfg, seed=3, groups=groups)
+        mine = {s: ours[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == pp_rank}
+        held = cfg.experts // ep
+        expert_rank = replica % ep
+        ref_opt = torch.optim.AdamW([p for st in ref for p in st.parameters()], lr=0.01)
+        our_opt = torch.optim.AdamW([p for st in mine.values() for p in st.parameters()], lr=0.01)
+        last = sched.num_stages - 1
+        runtime = PipelineRuntime(sched, mine, gpt_loss if last in mine else None, mesh=mesh, timeout=60,
+                                  expert_data_group=copies)
+        with all_to_all_time() as clock:
+            for step in range(steps):
+                ids, targets = gpt_batch(cfg, EP * M, seed=step + 10)
+                part = slice(replica * M * 2, (replica + 1) * M * 2)
+                ref_opt.zero_grad()
+                our_opt.zero_grad()
+                _reference(ref, ids, targets, EP * M)
+                runtime.step(ids[part] if 0 in mine else None, targets[part] if last in mine else None)
+                for s, st in mine.items():
+                    for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
+                        where = f"{sched.kind} step {step} stage {s} {name}"
+                        assert q.grad is not None and p.grad is not None, where
+                        torch.testing.assert_close(q.grad, _expert_slice(name, expert_rank, p.grad, held), rtol=1e-5,
+                                                   atol=1e-6, msg=lambda e, w=where: f"{w}: {e}")
+                ref_opt.step()
+                our_opt.step()
+        for s, st in mine.items():  # parameters after the AdamW steps
+            for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
+                q, p = q.detach().clone(), _expert_slice(name, expert_rank, p.detach(), held).clone()
+                if name.endswith("attn.qkv.bias"):
+                    # the key bias's gradient is zero but for rounding, which Adam turns into steps of
+                    # either sign: it only stays within Adam's step bound
+                    key = slice(p.numel() // 3, 2 * p.numel() // 3)
+                    assert (q[key] - p[key]).abs().max() <= 0.01 * steps * 1.01, name
+                    q[key] = p[key]
+                torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=lambda e, n=f"{sched.kind} {name}": f"{n}: {e}")
+        experts = [p for st in mine.values() for p in st.parameters() if is_expert(p)]
+        assert experts and all(p.shape[0] == held for p in experts)
+        # pairs ran in the pair thread, both passes timed from one start
+        rows = runtime._timer.rows
+        paired = [(a, b) for (a, b0, _, _), (b, c0, _, _) in zip(rows, rows[1:]) if b0 == c0]
+        assert len(paired) == len(sched.overlapped[pp_rank] if sched.overlapped else []), sched.kind
+        done.append((sched.kind, ep, clock.forward > 0, clock.backward > 0, runtime._worker is not None))
+        runtime.close()
+    return done
+
+
+def test_pp2_ep2_every_kind_and_overlapped_pairs_equal_one_process():
+    schedules = [(s, EP) for s in _schedules()] + [(zb.build_classic("zb-h1", uniform_profile(PP), M), 1)]
+    got = run_local(_run, PP * EP, [(s.model_dump_json(), ep) for s, ep in schedules], 3)
+    assert got[0] == [(s.kind, ep, ep > 1, ep > 1, s.overlapped is not None) for s, ep in schedules]
+    assert all(g == got[0] for g in got)
+
+
+def test_moe_layer_routes_each_token_to_its_top_k_experts():
+    """One process: the layer's output is, per token, the renormalised top-k weighted sum of
+    its experts' outputs, computed token by token (an independent oracle)."""
+    torch.manual_seed(0)
+    layer = MoE(hidden=6, inner=10, experts=5, top_k=2)
+    x = torch.randn(3, 4, 6)
+    got = layer(x)
+    for t in x.reshape(-1, 6):
+        probs = layer.router(t).softmax(-1)
+        w, e = probs.topk(2)
+        want = sum(wi / w.sum() * (torch.nn.functional.gelu(t @ layer.w_in[ei] + layer.b_in[ei]) @ layer.w_out[ei])
+                   for wi, ei in zip(w, e))
+        row = (x.reshape(-1, 6) == t).all(-1).nonzero()[0, 0]
+        torch.testing.assert_close(got.reshape(-1, 6)[row], want, rtol=1e-5, atol=1e-6)
+
+
+def test_pairs_that_cannot_run_are_refused_in_one_line():
+    sched = zb.build_classic("1f1b", uniform_profile(PP), M)
+    acts = sched.rank_actions[1]
+    same = next(i for i in range(len(acts) - 1) if acts[i].op is Op.F and acts[i + 1].op is Op.BW)
+    bad = [("backward of a microbatch", [[], [same]]), ("an F followed by", [[0], []]), ("outside", [[99], []])]
+    for words, pairs in bad:
+        with pytest.raises(PipelineError, match=words):
+            from zbsearch.runtime.runtime import _pairs
+
+            _pairs(sched.model_copy(update={"overlapped": pairs}), 0 if pairs[0] else 1)
+
+
+@pytest.mark.slow
+def test_profile_on_an_expert_group_records_the_all_to_all_inside_f_and_b(capsys, tmp_path):
+    """``zbsearch profile --builtin moe --ep 2``: each stage's a_f and a_b, within its F and B."""
+    from tests.helpers import run_main
+
+    out = tmp_path / "moe.json"
+    code, _, err = run_main(capsys, "profile", "--builtin", "moe", "--layers", 2, "--hidden", 16, "--heads", 2, "--seq", 6,
+                            "--microbatch-size", 2, "--stages", 2, "--experts", 4, "--ep", 2, "--warmup", 1, "--repeat", 3,
+                            "--rounds", 1, "-o", out)
+    assert code == 0, err
+    prof = zb.load_profile(out)
+    assert prof.ep == 2
+    for st in prof.stages:
+        assert 0 < st.a_f <= st.t_f and 0 < st.a_b <= st.t_b, st
+
+
+def test_profile_ep_refuses_what_it_cannot_measure_in_one_line(capsys):
+    from tests.helpers import run_main
+
+    for args, words in ((["--builtin", "gpt", "--ep", 2], "--builtin moe"),
+                        (["--builtin", "moe", "--experts", 4, "--ep", 3], "must split"),
+                        (["--builtin", "moe", "--ep", 2, "--dp", 2], "do not apply")):
+        code, _, err = run_main(capsys, "profile", *args, "-o", "-")
+        assert code != 0 and words in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
