@@ -13,7 +13,11 @@ Sections (``--only`` runs some; each is saved into bench/results/plan.json as it
   memory, full recomputation and selective on some, 7 to 10 units, one stage per rank on 3 or 4
   ranks or a V on 2 or 3, m of 3 to 6, a budget a little above the largest static memory of any cut):
   every cut solved by ``solve(recompute="auto")`` at the same budget against ``plan(recompute=
-  "auto")``.
+  "auto")``; every cut whose bound is under the best value solved again for longer, to tell
+  whether the gap is the plan's or the bound's.
+* ``small``: smaller members of that family (5 or 6 units, 2 ranks, m = 3, on a grid): every
+  feasible cut's exact optimum over every order and choice of recomputation (CP-SAT, the tests'
+  oracle; needs ortools), against its key and the plan.
 * ``baselines``: generated Llama-like models (32 layers, hidden 4096, vocabularies 32k, 128k,
   256k), p = 4 and 8, m = 2p, 4p, 8p, 80 GiB per rank, mixed precision: the plan against the even
   split, torchtitan's default and Megatron's, each solved at the same budget.
@@ -51,12 +55,12 @@ from common import RESULTS, machine, save_section
 from pipeline import launch, ours, round_robin
 
 import zbsearch as zb
-from tests.helpers.layers import random_layers
+from tests.helpers.layers import on_grid, random_layers
 from zbsearch.formats.layers import LayerProfile
 from zbsearch.formats.trace import Trace
 from zbsearch.planner import Cut, baseline_cuts, llama_layers, plan, stage_profile
 from zbsearch.planner.compose import activation_need, static_bytes
-from zbsearch.planner.search import compositions
+from zbsearch.planner.search import Cuts, compositions
 from zbsearch.pooling import pool_layers
 
 OUT = RESULTS / "plan.json"
@@ -187,6 +191,27 @@ def _family(seed: int):
     return L, ranks, placement, m, static + rng.uniform(1.5, 3.0) * 1e6
 
 
+def _where_the_gap_is(L, ranks, placement, m, budget, every, planned, seconds) -> dict:
+    """Which side of the plan's gap is loose: every cut whose bound (its key, or the solver's
+    from the enumeration) is under the best value known, solved again for ``seconds``. The
+    best value known then is the least of every solve and the plan; the bound known, the
+    least over the feasible cuts of the best bound any of them proved."""
+    space = Cuts(L, ranks, placement, m, budget, "adamw", "span", "auto")
+    space.price_all(math.inf)
+    bound = {c: max(ev.key, every[c][1]) for c, ev in space.seen.items() if ev.feasible and c in every}
+    best = min(planned, min(v for v, _, _ in every.values()))
+    again = 0
+    for c in sorted(bound, key=bound.__getitem__):
+        if bound[c] >= best * (1 - 1e-9):
+            break
+        ev = space.seen[c]
+        res = zb.solve(ev.profile, m, ev.limit, chunks=ev.cut.chunks, time_limit=seconds, recompute="auto")
+        bound[c] = max(bound[c], res.info.lower_bound)
+        best = min(best, res.info.value)
+        again += 1
+    return {"long_solved": again, "best_known": best, "bound_known": min(bound.values())}
+
+
 def recompute(args) -> dict:
     rows = []
     for seed in range(args.recompute_instances):
@@ -219,10 +244,48 @@ def recompute(args) -> dict:
                      "plan_gap": part.gap, "plan_s": part.time_s, "plan_solved": part.cuts_solved,
                      "exhaustive": part.exhaustive, "ratio": part.value / best,
                      "within_1pct": part.value <= best * 1.01, "bound_ok": part.lower_bound <= best * (1 + 1e-9)})
+        if args.recompute_long_time > 0:
+            rows[-1].update(_where_the_gap_is(L, ranks, placement, m, budget, every, part.value, args.recompute_long_time))
         print({k: rows[-1][k] for k in ("seed", "units", "ranks", "placement", "m", "feasible", "ratio", "bound_ok",
                                         "plan_recomputed")})
-    return {"cut_time_s": args.recompute_cut_time, "plan_time_s": args.recompute_time, "rows": rows,
+    return {"cut_time_s": args.recompute_cut_time, "plan_time_s": args.recompute_time,
+            "long_time_s": args.recompute_long_time, "rows": rows,
             "within_1pct": sum(r["within_1pct"] for r in rows), "bound_ok": sum(r["bound_ok"] for r in rows)}
+
+
+# -- small: the recompute family's gap against exact optima ------------------------------------------
+def _small_member(seed: int):
+    """A member of the recompute family small enough for the exact oracle: 5 or 6 units on 2
+    ranks, m = 3, a budget where recomputation pays."""
+    rng = random.Random(seed)
+    L = on_grid(random_layers(seed, rng.randint(3, 4), head=rng.uniform(2, 6), recompute=rng.choice(["full", "both"])))
+    static = max(max(static_bytes(L, Cut(c, "one"), "adamw")) for c in compositions(L.num_units, 2))
+    return L, 2, "one", 3, float(round((static + rng.uniform(2.5, 4.0) * 1e6) / 8192) * 8192)
+
+
+def small(args) -> dict:
+    """Every feasible cut's exact optimum over every order and choice of recomputation (CP-SAT,
+    the tests' oracle), against its key and the plan: which side of the gap is loose."""
+    from tests.solver.oracle import cp_optimum_many
+
+    rows = []
+    for seed in range(args.small_instances):
+        L, ranks, placement, m, budget = _small_member(seed)
+        space = Cuts(L, ranks, placement, m, budget, "adamw", "span", "auto")
+        space.price_all(math.inf)
+        feasible = [ev for ev in space.seen.values() if ev.feasible]
+        jobs = [(zb.CostModel.from_profile(ev.profile, ev.cut.stage_to_rank), m, [float(int(x)) for x in ev.limit], "span",
+                 {"recompute": True}) for ev in feasible]  # type: ignore[arg-type]
+        optima = cp_optimum_many(jobs, time_limit=args.small_oracle_time, processes=2)
+        p = plan(L, ranks, m, budget, placement=placement, time_limit=args.small_plan_time, recompute="auto").partition
+        best = min(r.value for r in optima)
+        rows.append({"seed": seed, "units": L.num_units, "cuts": len(feasible), "proven": all(r.optimal for r in optima),
+                     "keys": [ev.key for ev in feasible], "optima": [r.value for r in optima], "optimum": best,
+                     "plan": p.value, "plan_bound": p.lower_bound, "plan_s": p.time_s,
+                     "plan_side": p.value / best - 1, "bound_side": best / p.lower_bound - 1,
+                     "worst_key": max(r.value / ev.key - 1 for ev, r in zip(feasible, optima))})
+        print(rows[-1])
+    return {"oracle_time_s": args.small_oracle_time, "plan_time_s": args.small_plan_time, "rows": rows}
 
 
 # -- baselines -------------------------------------------------------------------------------------
@@ -552,7 +615,7 @@ def torchtitan(args, tmp: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="units,real,emulated,exact,recompute,baselines,time,torchtitan")
+    ap.add_argument("--only", default="units,real,emulated,exact,recompute,small,baselines,time,torchtitan")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
@@ -562,6 +625,11 @@ def main() -> None:
     ap.add_argument("--recompute-instances", type=int, default=12, help="instances of the recompute family")
     ap.add_argument("--recompute-cut-time", type=float, default=0.3, help="seconds per cut, recompute family")
     ap.add_argument("--recompute-time", type=float, default=10.0, help="plan seconds, recompute family")
+    ap.add_argument("--recompute-long-time", type=float, default=3.0,
+                    help="seconds per cut solved again where its bound is under the best value (0: none)")
+    ap.add_argument("--small-instances", type=int, default=10, help="small members of the recompute family")
+    ap.add_argument("--small-oracle-time", type=float, default=120.0, help="small: CP-SAT seconds per cut")
+    ap.add_argument("--small-plan-time", type=float, default=5.0, help="small: plan seconds")
     ap.add_argument("--real-placement", default="one")
     ap.add_argument("--real-m", type=int, default=8, help="microbatches of the real runs")
     ap.add_argument("--real-model", default="", help="real runs: the GPT's sizes over the default, key=value,... "
@@ -590,6 +658,8 @@ def main() -> None:
                 got = solve_time(args, tmp)
             elif name == "recompute":
                 got = recompute(args)
+            elif name == "small":
+                got = small(args)
             elif name == "torchtitan":
                 if not args.torchtitan_path:
                     continue

@@ -308,17 +308,19 @@ def rank_memory_span_lower_bounds(cost: CostModel, num_microbatches: int, limit:
     return out
 
 
-def _deferred_work(cost: CostModel, q: int, allowed: float, m: int) -> float:
-    """Most W time rank q can leave for after its last B starts: that B's own W, and the W of
-    other microbatches pending then, each holding m_f + m_b (``for_bounds`` costs) beside the
-    last B's microbatch, whole (m_f), within ``allowed``; whole microbatches for one stage,
-    else a fractional knapsack over its stages, an upper bound on any integer choice."""
+def _deferred_work(cost: CostModel, q: int, allowed: float, m: int, split: CostModel) -> float:
+    """Most W time (``for_bounds`` costs) rank q can leave for after its last B starts: that
+    B's own W, and the W of other microbatches pending then, beside the last B's microbatch,
+    whole (m_f), within ``allowed``. A W pending is a split backward's: its microbatch holds
+    what the B of ``split`` (the costs before ``for_bounds`` moved W's memory into B, as a fused
+    BW frees it) leaves, m_f + m_b. Whole microbatches for one stage, else a fractional
+    knapsack over its stages, an upper bound on any integer choice."""
     stages = cost.rank_stages(q)
     room = allowed - min(cost.m_f[s] for s in stages) + m * len(stages) * ABS_TOL  # done ones may hold -ABS_TOL
     work = max(cost.t_w[s] for s in stages)  # the last B's own W
     left = {s: m - (len(stages) == 1) for s in stages}  # one stage: the last B's microbatch is not among them
-    for s in sorted(stages, key=lambda s: -cost.t_w[s] / max(cost.m_f[s] + cost.m_b[s], 1e-300)):
-        held = cost.m_f[s] + cost.m_b[s]
+    for s in sorted(stages, key=lambda s: -cost.t_w[s] / max(split.m_f[s] + split.m_b[s], 1e-300)):
+        held = split.m_f[s] + split.m_b[s]
         n = left[s] if held <= 0 else min(left[s], max(room, 0.0) / held)
         if len(stages) == 1:
             n = min(left[s], math.floor(n * (1 + REL_TOL)))
@@ -333,12 +335,14 @@ def rank_deferral_span_lower_bounds(cost: CostModel, num_microbatches: int, limi
 
     Rank q runs every F and every B of its stages before its last B ends, and every W but those
     still pending when it starts and its own. Just before that B nothing else is in flight on
-    q: its microbatch holds m_f, each pending W's m_f + m_b and none less than nothing, within
-    the limit: a knapsack bounds their time. For rank r, q's first pass starts no earlier than the
+    q: its microbatch holds m_f, each pending W's m_f + m_b (a split backward's B leaves that:
+    a fused one leaves no W) and none less than nothing, within the limit: a knapsack bounds
+    their time. For rank r, q's first pass starts no earlier than the
     dependency path from r's first pass allows (q at or after r along the pipeline) and the
     end of q's last B still needs the path from it to r's end: r's span is at least that
     release + the work above + that tail (the one-machine bound of ``rank_span_lower_bounds``
     with the W passes memory forces before the last B)."""
+    split = cost  # what a split backward's microbatch holds between its B and its W
     cost = cost.for_bounds()  # fused BW passes may be cheaper than B + W
     m = num_microbatches
     preds = type_graph(cost)
@@ -348,14 +352,14 @@ def rank_deferral_span_lower_bounds(cost: CostModel, num_microbatches: int, limi
         best = 0.0
         for q in range(cost.num_ranks):
             allowed = allowance(limit[q])
-            if not math.isfinite(allowed) or not _balanced_rank(cost, q):
+            if not math.isfinite(allowed) or not _balanced_rank(cost, q) or not _balanced_rank(split, q):
                 continue
             theirs = cost.rank_stages(q)
             start = min(rel[(s, op)] for s in theirs for op in (Op.F, Op.B, Op.W))
             end = min(tail[(s, Op.B)] for s in theirs)
             if start == _NEG or end == _NEG:
                 continue
-            work = m * sum(cost.t_f[s] + cost.t_b[s] + cost.t_w[s] for s in theirs) - _deferred_work(cost, q, allowed, m)
+            work = m * sum(cost.t_f[s] + cost.t_b[s] + cost.t_w[s] for s in theirs) - _deferred_work(cost, q, allowed, m, split)
             best = max(best, start + work + end)
         out.append(best)
     return out

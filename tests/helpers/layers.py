@@ -47,3 +47,18 @@ def random_layers(seed: int, layers: int, *, head: float = 3.0, tied: bool = Fal
     return LayerProfile(name=f"random-{seed}", units=units,
                         tied={"embedding": TiedParams(params=50_000, param_bytes=2e5)} if tied else {},
                         link=LinkEstimate(latency_ms=comm, bandwidth_gb_s=10.0), microbatch_size=1)
+
+
+def on_grid(L: LayerProfile) -> LayerProfile:
+    """``L`` with times on a 1/8 ms grid, memory on an 8 KiB one and links of one latency (the
+    oracle's integer model needs a grid), and fused backwards as long as split ones (the oracle
+    splits every backward, so no schedule may gain by fusing)."""
+    units = []
+    for u in L.units:
+        d = {k: round(v * 8) / 8 for k, v in u.model_dump().items() if isinstance(v, float) and k.startswith("t_")}
+        d.update({k: float(round(getattr(u, k) / 8192) * 8192) for k in ("m_f", "m_w", "m_fc", "m_fs")
+                  if getattr(u, k) is not None})
+        d.update(m_b=-(d["m_f"] + d["m_w"]), t_bw=d["t_b"] + d["t_w"], output_bytes=0.0)
+        units.append(u.model_copy(update=d))
+    assert L.link is not None
+    return L.model_copy(update={"units": units, "link": L.link.model_copy(update={"latency_ms": 0.125})})

@@ -75,3 +75,18 @@ def test_deferral_bound_is_the_memory_blind_one_without_a_limit_that_binds():
         free = [1e9] * len(inst.limit)
         assert max(rank_deferral_span_lower_bounds(inst.cost, inst.m, free)) <= \
             max(rank_span_lower_bounds(inst.cost, inst.m)) * (1 + TOL)
+
+
+def test_a_split_backwards_hold_caps_the_deferred_w_where_fusing_or_recomputing_is_offered():
+    """Where a fused backward may be cheaper or a forward cheaper checkpointed, the bounds' costs
+    (``for_bounds``) free all memory at B, as a fused BW does; a W still pending is a split
+    backward's, whose microbatch holds what its B leaves. The bound that counts that rises
+    above the one on the fused memory alone, and stays at or below the exact optimum."""
+    cases = [_instance(seed) for seed in (7, 12, 24, 36)]
+    jobs = [(i.cost, i.m, i.limit, "span", {"recompute": i.cost.can_recompute, "fused": i.cost.fusing_may_pay()})
+            for i in cases]
+    for inst, res in zip(cases, cp_optimum_many(jobs, time_limit=30, processes=2)):
+        assert res.optimal
+        split = max(rank_deferral_span_lower_bounds(inst.cost, inst.m, inst.limit))
+        fused = max(rank_deferral_span_lower_bounds(inst.cost.for_bounds(), inst.m, inst.limit))
+        assert fused < split <= res.value * (1 + TOL), (inst.limit, fused, split, res.value)

@@ -41,7 +41,7 @@ class ClassicKind:
     layout: Layout = "looped"
     chunks: int = 1
     any_chunks: bool = False  # whether ``--chunks`` may change ``chunks``
-    timed: bool = False  # the builder repeats its construction, as far as a ``deadline`` keyword allows
+    timed: bool = False  # the builder improves its schedule as far as a ``deadline`` keyword allows (``deadline``)
     recompute: bool = False  # every microbatch recomputed: needs the profile's recomputation costs
     pairs: Pairing | None = None  # the forward-backward pairs the kind overlaps where the profile has all-to-all
 
@@ -53,7 +53,8 @@ class ClassicKind:
         return self.pairs(cost, m)
 
     def build_by(self, cost: CostModel, m: int, deadline: float | None = None) -> list[list[Action]]:
-        """``build``, cut at ``deadline`` (a ``time.monotonic()`` instant) where the builder can be."""
+        """``build``, cut at ``deadline`` (a ``time.monotonic()`` instant) where the builder can be
+        (``deadline.passed``)."""
         return self.build(cost, m, deadline=deadline) if self.timed else self.build(cost, m)
 
 
@@ -65,8 +66,8 @@ KINDS: dict[str, ClassicKind] = {
     "zb-h1": ClassicKind(zb_h1),
     "zb-h2": ClassicKind(zb_h2),
     "zb-v": ClassicKind(zb_v, layout="v", chunks=2, timed=True),
-    "v-half": ClassicKind(v_half, layout="v", chunks=2),
-    "v-min": ClassicKind(v_min, layout="v", chunks=2),
+    "v-half": ClassicKind(v_half, layout="v", chunks=2, timed=True),
+    "v-min": ClassicKind(v_min, layout="v", chunks=2, timed=True),
     "dualpipe-v": ClassicKind(dualpipe_v, layout="v", chunks=2, pairs=dualpipe_v_pairs),
     "1f1b-recompute": ClassicKind(one_f_one_b_recompute, recompute=True),
     "1f1b-split-recompute": ClassicKind(one_f_one_b_split_recompute, recompute=True),
@@ -82,7 +83,7 @@ def build_classic(
     overlap: bool | None = None,
 ) -> Schedule:
     """Build a classic schedule on the profile's ranks (one per stage, or its placement's);
-    a builder that improves its schedule by repeating stops at ``deadline`` (``ClassicKind.build_by``).
+    a builder that improves its schedule step by step stops at ``deadline`` (``ClassicKind.build_by``).
     A kind that overlaps forward-backward pairs (dualpipe-v) marks them where the profile has
     all-to-all to hide, or as ``overlap`` says (False: its passes one after the other)."""
     name = _ALIASES.get(kind.lower(), kind.lower())

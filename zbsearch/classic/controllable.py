@@ -21,6 +21,11 @@ backwards squeezed once more, and the W passes put back into the units left free
 first. Like the authors' generator, the construction counts unit times and unit memory (a
 chunk's forward allocates 1, its W frees it); the order it gives is then timed on the real
 costs by the simulator, as their runtime runs it.
+
+Squeezing tries every free unit of every pass outside the steady state, which on many ranks and
+microbatches takes seconds: given a ``deadline``, it stops there and the blocks as squeezed so
+far are returned (every move keeps the passes' inputs before them and the peak within the
+block's, so a squeeze stopped anywhere is a valid schedule; ``deadline.passed``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from ..actions import Action, Op
 from ..costs import CostModel
 from ..errors import ZbError
 from ..layout import placement
+from .deadline import passed
 
 __all__ = ["v_half", "v_min", "building_block"]
 
@@ -49,17 +55,17 @@ def building_block(p: int, kind: str) -> list[list[int]]:
     raise ZbError(f"unknown building block {kind!r}: 'v-half' or 'v-min'")
 
 
-def v_half(cost: CostModel, m: int) -> list[list[Action]]:
-    """V-Half on the V placement."""
-    return _controllable(cost, m, "v-half")
+def v_half(cost: CostModel, m: int, deadline: float | None = None) -> list[list[Action]]:
+    """V-Half on the V placement, squeezed until ``deadline`` at most."""
+    return _controllable(cost, m, "v-half", deadline)
 
 
-def v_min(cost: CostModel, m: int) -> list[list[Action]]:
-    """V-Min on the V placement."""
-    return _controllable(cost, m, "v-min")
+def v_min(cost: CostModel, m: int, deadline: float | None = None) -> list[list[Action]]:
+    """V-Min on the V placement, squeezed until ``deadline`` at most."""
+    return _controllable(cost, m, "v-min", deadline)
 
 
-def _controllable(cost: CostModel, m: int, kind: str) -> list[list[Action]]:
+def _controllable(cost: CostModel, m: int, kind: str, deadline: float | None) -> list[list[Action]]:
     p = cost.num_ranks
     if list(cost.stage_to_rank) != placement(p, 2, "v"):
         raise ZbError(f"{kind} needs the V placement: rank r holds stages r and 2p-1-r")
@@ -68,9 +74,9 @@ def _controllable(cost: CostModel, m: int, kind: str) -> list[list[Action]]:
     units = [[[start + 6 * j for j in range(m)] for start in dev] for dev in block]
     grid = _Grid(p, m, units)
     grid.place_w(split=False)
-    grid.squeeze(with_w=True)
+    grid.squeeze(with_w=True, deadline=deadline)
     grid.drop_w()
-    grid.squeeze(with_w=False)
+    grid.squeeze(with_w=False, deadline=deadline)
     grid.drop_w()
     grid.place_w(split=True)
     return grid.actions()
@@ -160,16 +166,21 @@ class _Grid:
         stop = self.units[0][_F0][self.m - 1]
         return start <= self.units[i][k][j] <= stop
 
-    def squeeze(self, with_w: bool) -> None:
+    def squeeze(self, with_w: bool, deadline: float | None = None) -> None:
         """Move each pass outside the steady state to the earliest free unit its inputs allow
         that keeps every device's peak within the current one (``with_w``: W passes placed,
-        which also lets the warm-up move; without, only the cool-down moves)."""
+        which also lets the warm-up move; without, only the cool-down moves); the passes left
+        stay where they are once ``deadline`` has passed."""
+        if passed(deadline):
+            return
         cap = max(self.peak(i) for i in range(self.p))
         passes = sorted((self.units[i][k][j], i, k, j) for i in range(self.p) for k in range(4) for j in range(self.m))
         first_b0 = self.units[0][_B0][0]
         occupied = [{self.units[i][k][j] for k in range(4) for j in range(self.m)} | {u for u, _ in self.w[i]}
                     for i in range(self.p)]
         for now, i, k, j in passes:
+            if passed(deadline):
+                return
             if self.steady(k, j, i) or (not with_w and now < first_b0):
                 continue
             lo = self.earliest(i, k, j)

@@ -49,7 +49,6 @@ times longer.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from itertools import product
 
@@ -60,11 +59,12 @@ from ..errors import ZbError
 from ..layout import placement
 from ..limits import fits
 from ..tolerances import EPS_MS
+from .deadline import passed
 
 
 def zb_v(cost: CostModel, m: int, deadline: float | None = None) -> list[list[Action]]:
-    """The best of the constructions described above; once ``deadline`` (a ``time.monotonic()``
-    instant) has passed, the best of those built so far (at least one)."""
+    """The best of the constructions described above; once ``deadline`` has passed, the best of
+    those built so far (at least one: ``deadline.passed``)."""
     p = cost.num_ranks
     if list(cost.stage_to_rank) != placement(p, 2, "v"):
         raise ZbError("zb-v needs the V placement: rank r holds stages r and 2p-1-r")
@@ -76,7 +76,7 @@ def zb_v(cost: CostModel, m: int, deadline: float | None = None) -> list[list[Ac
             rows, span = _Builder(cost, m, limit, fill_b, fill_f, slack).build()
             if max(span) < best - EPS_MS:
                 best_rows, best = rows, max(span)
-            if deadline is not None and time.monotonic() > deadline:
+            if passed(deadline):
                 assert best_rows is not None  # the first build beats inf
                 return best_rows
             if max(span) >= last - EPS_MS:

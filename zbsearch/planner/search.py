@@ -2,7 +2,8 @@
 
 For a cut, ``CutEval`` holds its stage profile, its per-rank activation limit (the budget less
 parameters, gradients and optimizer state) and its *key*: the solver's quick lower bound for
-that cut under that limit (``zbsearch.bounds``), valid for every schedule of the cut. The
+that cut under that limit (``zbsearch.bounds``: per rank, the one-machine, memory or area
+and deferral bounds), valid for every schedule of the cut. The
 planner solves cuts in order of their key and stops once the next key reaches the best value
 found: no cut left can beat it.
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from ..bounds import (
     makespan_from_spans,
     rank_area_span_lower_bounds,
+    rank_deferral_span_lower_bounds,
     rank_iteration_lower_bounds,
     rank_memory_span_lower_bounds,
     rank_span_lower_bounds,
@@ -109,9 +111,10 @@ class Cuts:
                                    objective=self.objective, recompute=self.recompute)  # type: ignore[arg-type]
             cost = problem.cost
             ranks = rank_span_lower_bounds(cost, self.m)
-            if limit is not None:  # the memory-aware bound that holds for every recomputation choice
+            if limit is not None:  # the memory-aware bounds that hold for every recomputation choice
                 memory = rank_area_span_lower_bounds if cost.can_recompute else rank_memory_span_lower_bounds
-                ranks = [max(a, b) for a, b in zip(ranks, memory(cost, self.m, limit))]
+                ranks = [max(a, b, c) for a, b, c in zip(ranks, memory(cost, self.m, limit),
+                                                          rank_deferral_span_lower_bounds(cost, self.m, limit))]
             # each rank's work and the fill its forwards cannot cover, recompute passes counted
             ranks = [max(a, b) for a, b in zip(ranks, self.rank_bounds.of_cut(counts))]
             ev.ranks = tuple(sorted(ranks, reverse=True))

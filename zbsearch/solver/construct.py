@@ -69,8 +69,20 @@ def checkpointed_candidates(problem: Problem) -> tuple[str, ...]:
     return tuple(sorted(kinds, key=lambda k: k != "zb-h1"))
 
 
-def _checkpointed(problem: Problem, kind: str, deadline: float) -> list[list[Action]]:
+def _classic(problem: Problem, kind: str, deadline: float, built: dict | None) -> list[list[Action]]:
+    """The classic kind's order on the problem's costs: as ``built`` holds it (built on the same
+    costs by an earlier construction of this solve), else built by ``deadline`` and kept there."""
+    done = built.get(kind) if built is not None else None
+    if done is not None:
+        return done[0]
     rows = KINDS[kind].build_by(problem.cost, problem.num_microbatches, deadline)
+    if built is not None:
+        built[kind] = (rows, None)
+    return rows
+
+
+def _checkpointed(problem: Problem, kind: str, deadline: float, built: dict | None) -> list[list[Action]]:
+    rows = _classic(problem, kind, deadline, built)
     if problem.fits_order(rows):
         raise ZbError("fits without recomputation: a classic candidate already")
     out = checkpointed(problem, rows)
@@ -103,8 +115,9 @@ def construct(
     value), as soon as it is built. The refinement stops once a list schedule reaches
     ``target`` (a lower bound: nothing better exists). Also returns the runners-up (up to
     ``_STARTS - 1``: the best simulated candidate within the limit of each other origin, best
-    first): further starts for the local search. ``built`` receives the classic schedules it
-    built, by kind, with their timelines where it simulated them (None: over the limit).
+    first): further starts for the local search. ``built``: the classic schedules built on these costs, by kind, with their
+    timelines where simulated (None: over the limit, or not simulated); those it holds are
+    reused, those built here are added.
     ``refine``: the refinement takes at most this many times as long as the grid took. Last,
     whether a deadline left some of this work undone."""
     # The checkpointed classic orders first, while time is fresh: cheap to build, and where the
@@ -119,7 +132,7 @@ def construct(
             cut = True
             break
         try:
-            rows = _checkpointed(problem, kind, hard)
+            rows = _checkpointed(problem, kind, hard, built)
         except ZbError:
             continue
         tick = time.monotonic()
@@ -174,11 +187,10 @@ def construct(
     cands: list[tuple[str, str, Callable[[], list[list[Action]]]]] = []
     if given is not None:
         cands.append(("given", "given", lambda: given))
-    cost, m = problem.cost, problem.num_microbatches
     cands += [("refined", name, functools.partial(_same, rows)) for _, name, rows in refined[:keep]]
     cands += [("grid", name, functools.partial(_same, rows)) for _, name, rows, _ in found[:keep]]
     for kind in classic_candidates(problem):
-        cands.append(("classic", kind, functools.partial(KINDS[kind].build_by, cost, m, deadline)))
+        cands.append(("classic", kind, functools.partial(_classic, problem, kind, deadline, built)))
     cands.append(("sequential", "sequential", lambda: sequential_schedule(problem)))
     early = len(timed)
     for origin, name, build in cands:
@@ -190,8 +202,6 @@ def construct(
         except ZbError:  # the kind does not apply here (e.g. DualPipeV below 2p microbatches)
             continue
         cut |= origin == "classic" and time.monotonic() > deadline  # (ZB-V repeats its construction until then)
-        if origin == "classic" and built is not None:
-            built[name] = (rows, None)
         if not problem.fits_order(rows) or not problem.complete_recomputation(rows):
             continue  # over the limit (e.g. ZB-H2 at 1p), or not recomputing as asked: no need to time it
         tick = time.monotonic()

@@ -988,7 +988,8 @@ def _model_form(tl: Timeline, offers: dict[int, tuple[Op, ...]]) -> Timeline:
         start.append(s0)
         end.append(e0)
         memory.append(m0)
-    return Timeline(rows, start, end, memory, tl.busy, tl.reductions, tl.finish, gathers=tl.gathers, begin=tl.begin)  # the same lane
+    return Timeline(rows, start, end, memory, tl.busy, tl.reductions, tl.finish,  # the same lane
+                    gathers=tl.gathers, begin=tl.begin)
 
 
 def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed: bool = True) -> WindowResult | None:
