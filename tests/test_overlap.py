@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from tests.helpers import make_profile
-from tests.helpers.reference import needs, random_order, random_profile
+from tests.helpers.reference import needs, positions, random_order, random_profile
 from zbsearch import CostModel, Profile, StageCost
 from zbsearch.actions import Action, Op, parse_row, row_text
 from zbsearch.errors import ZbError
@@ -100,11 +100,7 @@ def reference(rows: list[list[Action]], cost: CostModel, pairs: list[list[int]])
     """(start, end, memory, busy) by round-robin sweeps over blocks (an action, or a pair that
     starts once the inputs of both of its passes have arrived), or Deadlock with the waits."""
     S = cost.num_stages
-    where = {}
-    for r, row in enumerate(rows):
-        for i, a in enumerate(row):
-            for op in a.parts():
-                where.setdefault((a.stage, op, a.mb), (r, i))
+    where = positions(rows)
     blocks = [[[i, i + 1] if i in pairs[r] else [i] for i in range(len(row)) if i - 1 not in pairs[r]]
               for r, row in enumerate(rows)]
     start = [[None] * len(row) for row in rows]

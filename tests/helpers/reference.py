@@ -44,14 +44,20 @@ def reference_duration(row: list[Action], a: Action, cost: CostModel) -> float:
     return {Op.B: cost.t_b, Op.W: cost.t_w, Op.BW: cost.t_bw}[a.op][a.stage]
 
 
-def reference(rows: list[list[Action]], cost: CostModel):
-    """(start, end, memory, busy) by round-robin sweeps, or raises like the simulator."""
-    S = cost.num_stages
-    where = {}
+def positions(rows: list[list[Action]]) -> dict:
+    """(stage, basic op, microbatch) -> (rank, index) of the first action that performs it."""
+    where: dict = {}
     for r, row in enumerate(rows):
         for i, a in enumerate(row):
             for op in a.parts():
                 where.setdefault((a.stage, op, a.mb), (r, i))
+    return where
+
+
+def reference(rows: list[list[Action]], cost: CostModel):
+    """(start, end, memory, busy) by round-robin sweeps, or raises like the simulator."""
+    S = cost.num_stages
+    where = positions(rows)
     for r, row in enumerate(rows):
         for a in row:
             for dep in needs(a, S):
