@@ -65,11 +65,11 @@ def _trainer(layers: LayerProfile, row: ConfigRow, schedule: str, shard: bool) -
         for key in ("layers", "hidden", "heads", "seq", "vocab"):
             if isinstance(model.get(key), int):
                 args += [f"--{key}", str(model[key])]
-        return args + (["--shard"] if shard and row.dp > 1 else []), None
+        return args + (["--shard"] if shard else []), None
     if source.startswith("hf ") or source == "zbsearch.models.hf:build":
         if row.tp > 1:
             return None, "examples/train_hf.py runs no tensor parallelism: launch the plan from your own trainer"
-        if shard and row.dp > 1:
+        if shard:
             return None, ("examples/train_hf.py holds its stages whole: shard them with "
                           "zbsearch.models.sharding.shard_stage in your own trainer")
         return ["examples/train_hf.py", schedule, "--dp", str(row.dp), "-b", str(row.microbatch_size)], None
@@ -85,7 +85,8 @@ def launch_of(result: TuneResult, schedule: Schedule, layers: LayerProfile, fold
     cluster = result.cluster
     sched_path = str(folder / "schedule.json")
     notes: list[str] = []
-    args, why = _trainer(layers, row, sched_path, result.shard)
+    fsdp = result.shard and row.dp > 1  # the stages sharded over more than one replica
+    args, why = _trainer(layers, row, sched_path, fsdp)
     commands = []
     if args is not None:
         per_node = min(cluster.ranks, cluster.ranks_per_node)
@@ -113,7 +114,7 @@ def launch_of(result: TuneResult, schedule: Schedule, layers: LayerProfile, fold
             if result.sharded:
                 notes.append("torchtitan shards with FSDP, not the optimizer state alone: its memory and reductions "
                              "differ from what was costed")
-            elif result.shard and row.dp > 1:
+            elif fsdp:
                 notes.append("torchtitan's FSDP reshards parameters between passes by default; the costing holds them "
                              "gathered for the step, as zbsearch's runtime does")
         except ZbError as e:
