@@ -142,12 +142,16 @@ def test_pairs_that_cannot_run_are_refused_in_one_line():
     sched = zb.build_classic("1f1b", uniform_profile(PP), M)
     acts = sched.rank_actions[1]
     same = next(i for i in range(len(acts) - 1) if acts[i].op is Op.F and acts[i + 1].op is Op.BW)
-    bad = [("backward of a microbatch", [[], [same]]), ("an F followed by", [[0], []]), ("outside", [[99], []])]
-    for words, pairs in bad:
-        with pytest.raises(PipelineError, match=words):
-            from zbsearch.runtime.runtime import _pairs
+    bad = [("backward of a microbatch needs its forward", [[], [same]]),
+           ("is not a forward followed by a backward", [[0], []]),
+           ("names position 99, but a pair needs positions 99 and 100", [[99], []]),
+           ("overlaps the pair before it", [[], [same, same + 1]])]
+    from zbsearch.runtime.runtime import _pairs
 
+    for words, pairs in bad:
+        with pytest.raises(PipelineError, match=words) as e:
             _pairs(sched.model_copy(update={"overlapped": pairs}), 0 if pairs[0] else 1)
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.slow
