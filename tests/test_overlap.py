@@ -188,9 +188,10 @@ def test_profile_fields_load_check_and_split():
     assert not old.has_all_to_all and old.ep == 1
     assert CostModel.from_profile(old, [0, 1]).a_f == ()
     data = old.model_dump()
-    data["stages"][0]["a_f"], data["stages"][0]["a_b"], data["ep"] = 0.4, 0.6, 4
+    data["stages"][0]["a_f"], data["stages"][0]["a_b"] = 0.4, 0.6
+    data["mesh"] = {"pp": 2, "ep": 4}
     prof = Profile.model_validate(data)
-    assert prof.has_all_to_all and prof.ep == 4
+    assert prof.has_all_to_all and prof.ep == 4 and prof.mesh.ep == 4
     cost = CostModel.from_profile(prof, placement(2, 2, "v"))  # each profile stage cut in two
     assert cost.a_f == (0.2, 0.2, 0.0, 0.0) and cost.a_b == (0.3, 0.3, 0.0, 0.0)
     assert cost.all_to_all(0, Op.R) == 0.2 and cost.all_to_all(0, Op.W) == 0.0 and cost.all_to_all(1, Op.BW) == 0.3

@@ -18,7 +18,8 @@ from .fileio import read_model, write_model
 from .partition import Partition
 from .profile import Profile, profile_misfit
 
-__all__ = ["Objective", "BoundCovers", "bound_covers", "Predicted", "SolverInfo", "Schedule", "pairs_problem", "load_schedule", "save_schedule"]
+__all__ = ["Objective", "BoundCovers", "bound_covers", "Predicted", "SolverInfo", "Schedule", "pairs_problem", "load_schedule",
+           "save_schedule"]
 
 Objective = Literal["span", "makespan", "iteration"]
 BoundCovers = Literal["no-recompute", "any-recompute", "full-recompute"]

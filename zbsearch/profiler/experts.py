@@ -63,7 +63,8 @@ def _measure(rank: int, world: int, send, build: Callable, settings: Settings, n
     # part of in the profile's timing, and what a pass spends in its all-to-all is part of its time
     stages = [st.model_copy(update={"a_f": min(f, st.t_f), "a_b": min(b, st.t_b)})
               for st, f, b in zip(prof.stages, a_f, a_b)]
-    return prof.model_copy(update={"stages": stages, "ep": world, "name": name or f"{prof.name}-ep{world}"})
+    mesh = prof.made_for.model_copy(update={"ep": world})
+    return prof.model_copy(update={"stages": stages, "mesh": mesh, "name": name or f"{prof.name}-ep{world}"})
 
 
 def all_to_all_ms(spec: ModelSpec, settings: Settings) -> tuple[list[float], list[float]]:
