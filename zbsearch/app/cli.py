@@ -734,6 +734,8 @@ def tune(
                                              help="tokens per iteration, all replicas (instead of -g)"),
     seq: int | None = typer.Option(None, "--seq", min=1, help="tokens per sequence (default: the profile's)"),
     tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel degree, as the profiles were measured at"),
+    ep: int | None = typer.Option(None, "--ep", min=1, help="expert-parallel degree of a MoE model, as the profiles' "
+                                  "all-to-all was measured at (default: theirs); meshes whose dp it divides"),
     optimizer: str = typer.Option("adamw", "--optimizer", help="sgd, adamw or mixed (16 B/param)"),
     sharded: bool = typer.Option(False, "--sharded", help="optimizer state sharded over the replicas (ZeRO-1)"),
     shard: bool = typer.Option(False, "--shard", help="stages sharded over the replicas (fully_shard): parameters, "
@@ -786,7 +788,7 @@ def tune(
     spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED
     with _bar() as bar:
         task = bar.add_task("starting", total=None)
-        tuned = search(profiles, cluster, global_batch, tp=tp, optimizer=optimizer, sharded=sharded, shard=shard,
+        tuned = search(profiles, cluster, global_batch, tp=tp, ep=ep, optimizer=optimizer, sharded=sharded, shard=shard,
                        sizes=_ints(sizes, "--microbatch-sizes"), seq=seq,
                        placements=("one", "v") if placement == "auto" else (placement,),
                        recompute=None if recompute is None else [x.strip() for x in recompute.split(",")],
@@ -809,8 +811,10 @@ def tune(
         return
     assert best.iteration_ms is not None and res.lower_bound_ms is not None and res.gap is not None
     rate = "tokens/s" if res.seq else "sequences/s"
-    out.print(f"best: pp {best.pp} x dp {best.dp} x tp {best.tp}, {best.microbatches} microbatches of "
-              f"{best.microbatch_size}, {best.placement}, recompute {best.recompute}: {_fmt(best.iteration_ms)} ms, "
+    pairs = f", {best.overlapped_pairs} overlapped pairs" if best.overlapped_pairs else ""
+    out.print(f"best: pp {best.pp} x dp {best.dp} x tp {best.tp}{f' (ep {res.ep})' if res.ep > 1 else ''}, "
+              f"{best.microbatches} microbatches of {best.microbatch_size}, {best.placement}, recompute {best.recompute}"
+              f"{pairs}: {_fmt(best.iteration_ms)} ms, "
               f"{best.tokens_per_s:.6g} {rate}; bound over every configuration {_fmt(res.lower_bound_ms)} ms, gap "
               f"{res.gap:.2%}", soft_wrap=True, highlight=False)
     if base is not None and base.iteration_ms:
