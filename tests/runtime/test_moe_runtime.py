@@ -15,9 +15,12 @@ from zbsearch.actions import Op
 from zbsearch.costs import CostModel
 from zbsearch.distributed import run_local
 from zbsearch.distributed.mesh import build_mesh, expert_data_group, expert_groups
+from zbsearch.formats.trace import Trace
+from zbsearch.idle_time import measure_idle_time
 from zbsearch.layout import placement
 from zbsearch.models.gpt import gpt_batch, gpt_loss
 from zbsearch.models.moe import MoE, MoEConfig, all_to_all_time, moe_stages
+from zbsearch.pass_times import compare_pass_times
 from zbsearch.runtime import PipelineError, PipelineRuntime
 from zbsearch.runtime.data_parallel import is_expert
 from zbsearch.solver.paired_v import paired_v
@@ -62,7 +65,7 @@ def _run(rank: int, world: int, send, schedules: list[tuple[str, int]], steps: i
     mesh = build_mesh(pp=PP, dp_replicate=EP)
     made = {ep: (expert_groups(mesh, ep), expert_data_group(mesh, ep)) for ep in sorted({ep for _, ep in schedules})}
     pp_rank, replica = mesh["pp"].get_local_rank(), mesh["dp_replicate"].get_local_rank()
-    done = []
+    done, traces = [], []
     for text, ep in schedules:
         groups, copies = made[ep]
         assert groups.size == ep and groups.rank == replica % ep and (copies is None) == (ep == EP)
@@ -111,15 +114,37 @@ def _run(rank: int, world: int, send, schedules: list[tuple[str, int]], steps: i
         paired = [(a, b) for (a, b0, _, _), (b, c0, _, _) in zip(rows, rows[1:]) if b0 == c0]
         assert len(paired) == len(sched.overlapped[pp_rank] if sched.overlapped else []), sched.kind
         done.append((sched.kind, ep, clock.forward > 0, clock.backward > 0, runtime._worker is not None))
+        if sched.overlapped is not None:  # the last step's trace, pairs and all (on each pipeline's rank 0)
+            trace = runtime.trace()
+            traces.append(None if trace is None else trace.model_dump_json())
         runtime.close()
-    return done
+    return done, traces
 
 
 def test_pp2_ep2_every_kind_and_overlapped_pairs_equal_one_process():
     schedules = [(s, EP) for s in _schedules()] + [(zb.build_classic("zb-h1", uniform_profile(PP), M), 1)]
     got = run_local(_run, PP * EP, [(s.model_dump_json(), ep) for s, ep in schedules], 3)
-    assert got[0] == [(s.kind, ep, ep > 1, ep > 1, s.overlapped is not None) for s, ep in schedules]
-    assert all(g == got[0] for g in got)
+    assert got[0][0] == [(s.kind, ep, ep > 1, ep > 1, s.overlapped is not None) for s, ep in schedules]
+    assert all(g[0] == got[0][0] for g in got)
+    # the real traces of the paired runs: each pair compared as one block, the waits split around it
+    paired = [s for s, _ in schedules if s.overlapped is not None]
+    assert len(got[0][1]) == len(paired)
+    for sched, text in zip(paired, got[0][1]):
+        trace = Trace.model_validate_json(text)
+        rows = compare_pass_times(sched, [trace])
+        for r in range(PP):
+            mine = {x.kind: x for x in rows if x.rank == r}
+            pairs = [(sched.rank_actions[r][i], sched.rank_actions[r][i + 1]) for i in sched.pairs(r)]
+            kinds = {f"F+{b.op.value}" for _, b in pairs}
+            assert sum(mine[k].count for k in kinds) == len(pairs) > 0, sched.kind
+            alone = sum(a.op is Op.F for a in sched.rank_actions[r]) - len(pairs)
+            assert mine["F"].count == alone and all(mine[k].measured_ms > 0 for k in kinds)
+            events = {(e.pid, e.action): e for e in trace.traceEvents}
+            blocks = [(events[(r, b)].ts + events[(r, b)].dur - events[(r, f)].ts) / 1e3 for f, b in pairs]
+            assert sum(mine[k].count * mine[k].measured_ms for k in kinds) == pytest.approx(sum(blocks))
+        for w in measure_idle_time(sched, [trace]):
+            assert min(w.idle_ms, w.dependency_ms, w.link_ms, w.local_ms) >= 0
+            assert w.idle_ms == pytest.approx(w.dependency_ms + w.link_ms + w.local_ms)
 
 
 def test_moe_layer_routes_each_token_to_its_top_k_experts():

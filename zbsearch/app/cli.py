@@ -300,7 +300,7 @@ def simulate(
         if passes is None:
             out.print_json(pred.model_dump_json())
         else:
-            rows = [{"rank": x.rank, "op": x.op.value, "count": x.count, "measured_ms": x.measured_ms,
+            rows = [{"rank": x.rank, "op": x.kind, "count": x.count, "measured_ms": x.measured_ms,
                      "predicted_ms": x.predicted_ms, "ratio": x.ratio} for x in passes]
             out.print_json(json.dumps({"predicted": pred.model_dump(), "passes": rows, "waits": [vars(w) for w in waits or []]}))
         return
@@ -329,7 +329,7 @@ def _pass_table(passes: list[PassTimes], steps: int) -> Table:
     for col in ("rank", "pass", "count", "measured (ms)", "predicted (ms)", "measured / predicted"):
         t.add_column(col, justify="right")
     for x in passes:
-        t.add_row(str(x.rank), x.op.value, str(x.count), _fmt(x.measured_ms), _fmt(x.predicted_ms), f"{x.ratio:.3f}")
+        t.add_row(str(x.rank), x.kind, str(x.count), _fmt(x.measured_ms), _fmt(x.predicted_ms), f"{x.ratio:.3f}")
     return t
 
 
