@@ -15,6 +15,7 @@ from zbsearch.actions import Op
 from zbsearch.costs import CostModel
 from zbsearch.distributed import run_local
 from zbsearch.distributed.mesh import build_mesh, expert_data_group, expert_groups
+from zbsearch.formats.layers import load_layers
 from zbsearch.formats.trace import Trace
 from zbsearch.idle_time import measure_idle_time
 from zbsearch.layout import placement
@@ -195,11 +196,41 @@ def test_profile_on_an_expert_group_records_the_all_to_all_inside_f_and_b(capsys
         assert 0 < st.a_f <= st.t_f and 0 < st.a_b <= st.t_b, st
 
 
+@pytest.mark.slow
+def test_units_profiled_on_an_expert_group_plan_with_pairs(capsys, tmp_path):
+    """``zbsearch profile --builtin moe --per-layer --ep 2``: each layer's a_f and a_b within its
+    passes, none in the embedding and the head; ``zbsearch plan`` on it schedules with its
+    all-to-all, DualPipeV among the baselines, never faster than the plan."""
+    from tests.helpers import run_main
+
+    out = tmp_path / "units.json"
+    code, _, err = run_main(capsys, "profile", "--builtin", "moe", "--layers", 2, "--hidden", 16, "--heads", 2, "--seq", 6,
+                            "--microbatch-size", 2, "--experts", 4, "--ep", 2, "--per-layer", "--warmup", 1,
+                            "--repeat", 3, "--rounds", 1, "-o", out)
+    assert code == 0, err
+    layers = load_layers(out)
+    assert layers.ep == 2 and [u.kind for u in layers.units] == ["embedding", "layer", "layer", "head"]
+    for u in layers.units:
+        if u.kind == "layer":
+            assert 0 < u.a_f <= u.t_f and 0 < u.a_b <= u.t_b, u
+        else:
+            assert u.a_f == u.a_b == 0, u
+    sched_path = tmp_path / "plan.json"
+    code, _, err = run_main(capsys, "plan", "-l", out, "-r", 2, "-m", 8, "--placement", "v", "-t", 4, "--json",
+                            "-o", sched_path)
+    assert code == 0, err
+    sched = zb.load_schedule(sched_path)
+    assert zb.find_problem(sched) is None and sched.profile.ep == 2 and sched.profile.has_all_to_all
+    dpv = [b for b in sched.partition.baselines if b.name.startswith("dualpipe-v")]
+    assert dpv and all(b.value is None or sched.partition.value <= b.value * (1 + 1e-9) for b in dpv)
+
+
 def test_profile_ep_refuses_what_it_cannot_measure_in_one_line(capsys):
     from tests.helpers import run_main
 
     for args, words in ((["--builtin", "gpt", "--ep", 2], "--builtin moe"),
                         (["--builtin", "moe", "--experts", 4, "--ep", 3], "must split"),
-                        (["--builtin", "moe", "--ep", 2, "--dp", 2], "do not apply")):
+                        (["--builtin", "moe", "--ep", 2, "--dp", 2], "do not apply"),
+                        (["--builtin", "moe", "--ep", 2, "--placement", "v"], "do not apply")):
         code, _, err = run_main(capsys, "profile", *args, "-o", "-")
         assert code != 0 and words in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2, err

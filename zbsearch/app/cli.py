@@ -1033,8 +1033,8 @@ def profile(
         raise ZbError(f"unknown built-in model {builtin!r}; available: gpt, moe")
     if ep is not None and builtin != "moe":
         raise ZbError("--ep measures a model with experts: give --builtin moe")
-    if ep is not None and (per_layer or placement is not None or dp is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1):
-        raise ZbError("--ep profiles the stages on local processes: --per-layer, --placement, --dp and torchrun do not apply")
+    if ep is not None and (placement is not None or dp is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        raise ZbError("--ep profiles the stages on local processes: --placement, --dp and torchrun do not apply")
     target = _output(output)  # None: profiles/NAME.json, once the name is known
     if target is None:
         check_writable(Path("profiles") / "profile.json")  # that folder must be writable too
@@ -1112,8 +1112,17 @@ def profile(
                                  keep_heap=keep_heap, timeout=timeout, recompute=recompute, in_step=in_step,
                                  selective=mode)
     if per_layer:
-        with profiler.progress_bar(err) as bar:
-            found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar)
+        if ep is not None:
+            import functools
+
+            from zbsearch.profiler.experts import layers_expert_parallel
+
+            err.print(f"profiling the units on an expert-parallel group of {ep} local processes", highlight=False)
+            found = layers_expert_parallel(functools.partial(profiler.builtin_moe, moe), ep, settings, kinds=kinds,
+                                           name=name)
+        else:
+            with profiler.progress_bar(err) as bar:
+                found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar)
         if target is None or str(target) != "-":
             out.print(profiler.layers_table(found))
         _write(found, target or Path("profiles") / f"{found.name}.json")
