@@ -136,3 +136,16 @@ def test_units_without_all_to_all_plan_as_before():
     assert res.schedule.num_pairs == 0 and res.schedule.profile.mesh is None
     assert not any(b.name.startswith("dualpipe-v") for b in res.partition.baselines)
     assert all(b.overlapped_pairs == 0 for b in res.partition.baselines)
+
+
+def test_the_plan_command_lists_dualpipe_v_and_the_pairs(capsys, tmp_path):
+    from tests.helpers import run_main
+    from zbsearch.formats.layers import save_layers
+
+    save_layers(moe_layers(5, 8, share=0.35), tmp_path / "moe.json")
+    code, text, err = run_main(capsys, "plan", "-l", tmp_path / "moe.json", "-r", 2, "-m", 8, "--placement", "v",
+                               "-t", 2, "-o", tmp_path / "s.json")
+    assert code == 0, err
+    sched = zb.load_schedule(tmp_path / "s.json")
+    assert "dualpipe-v" in text and "(even cut)" in text and "pairs" in text
+    assert (f"{sched.num_pairs} overlapped pairs" in text) == (sched.num_pairs > 0)

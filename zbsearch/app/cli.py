@@ -692,7 +692,9 @@ def _plan_tables(sched: zb.Schedule) -> list[Table]:
     part = sched.partition
     assert part is not None
     kinds = dict(zip(part.units, part.kinds))
-    t = Table(title=f"plan: {len(part.stages)} stages on {sched.num_ranks} ranks ({part.placement}), m={sched.num_microbatches}")
+    paired = f", {sched.num_pairs} overlapped pairs" if sched.num_pairs else ""
+    t = Table(title=f"plan: {len(part.stages)} stages on {sched.num_ranks} ranks ({part.placement}), "
+                    f"m={sched.num_microbatches}{paired}")
     for col in ("stage", "rank", "units", "layers"):
         t.add_column(col, justify="right")
     for s, names in enumerate(part.stages):
@@ -711,13 +713,16 @@ def _plan_tables(sched: zb.Schedule) -> list[Table]:
     b = Table(title=f"baselines, solved at the same budget{how}")
     cols = ["cut", "layers per stage", f"{part.objective} (ms)", "plan's speed-up", "peak (GiB)"]
     cols += ["recomputed"] if part.recompute != "none" else []
+    pairs = sched.num_pairs > 0 or any(x.overlapped_pairs for x in part.baselines)
+    cols += ["pairs"] if pairs else []
     for col in (*cols, "note"):
         b.add_column(col, justify="right")
     for x in part.baselines:
         speed = f"{x.value / part.value:.3f}x" if x.value else "-"
         b.add_row(x.name, ",".join(map(str, x.layers_per_stage)) or "-", _fmt(x.value) if x.value else "-", speed,
                   _gib(max(x.peak_bytes)) if x.peak_bytes else "-",
-                  *([str(x.recomputed) if x.value else "-"] if part.recompute != "none" else []), x.note or "")
+                  *([str(x.recomputed) if x.value else "-"] if part.recompute != "none" else []),
+                  *([str(x.overlapped_pairs) if x.value else "-"] if pairs else []), x.note or "")
     return [t, r, b]
 
 

@@ -438,14 +438,14 @@ def _dualpipe_v(search: Search, rule: str, ev: CutEval) -> CutOutcome:
     if ev.result is None or ev.result.info.value > base.value:
         # the cut's solve, which takes DualPipeV among its candidates, so that the plan is never slower
         search.report(f"solving {ev.cut} from DualPipeV")
-        search.solve(ev, max(_DUALPIPE_S, search.clock.seconds(_DUALPIPE_S)), False)
+        search.solve(ev, _DUALPIPE_S, False)
     kinds = [u.kind for u in layers.units]
     return CutOutcome(
         name=name, placement="v", units_per_stage=list(ev.cut.counts),
         layers_per_stage=[sum(k == "layer" for k in kinds[lo:hi]) for lo, hi in ev.cut.bounds], value=base.value,
         peak_bytes=[s + a for s, a in zip(ev.static, base.timeline.peak_memory)],
         overlapped_pairs=sum(map(len, base.pairs or [])),
-        note="DualPipeV's own order and overlapped pairs, not solved")
+        note="its own order and pairs, not solved")
 
 
 # ---- 4. best first ----------------------------------------------------------------------------
