@@ -3,6 +3,8 @@ overlapped pairs costed as pairs, DualPipeV among the baselines."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import zbsearch as zb
@@ -14,6 +16,7 @@ from zbsearch.tuner import Cluster, OptimizerSetup, tune
 from zbsearch.tuner.baselines import baseline_configurations
 from zbsearch.tuner.costing import on_cluster
 from zbsearch.tuner.evaluate import Task, evaluate
+from zbsearch.tuner.launch import write_launch
 from zbsearch.tuner.space import configurations
 
 
@@ -59,7 +62,7 @@ def test_a_dualpipe_v_baseline_is_costed_with_its_pairs():
 
 
 @pytest.mark.slow  # tunes for seconds
-def test_tune_with_experts_picks_pairs_and_beats_every_baseline():
+def test_tune_with_experts_picks_pairs_and_beats_every_baseline(tmp_path):
     profiles = _moe()
     cluster = Cluster(ranks=8, ranks_per_node=8, memory_bytes=None, intra_node_gbs=50.0, inter_node_gbs=5.0)
     tuned = tune(profiles, cluster, 32, time_limit=8.0, plan_time=0.4, recompute=["none"])
@@ -73,6 +76,10 @@ def test_tune_with_experts_picks_pairs_and_beats_every_baseline():
     assert any(r.overlapped_pairs for r in costed if r.source == "tune")
     assert max(tuned.schedule.predicted.iteration) == pytest.approx(res.winner.iteration_ms)
     assert all(r.bound_ms <= r.iteration_ms * (1 + 1e-9) for r in costed if r.source == "tune")
+    write_launch(tmp_path, res, tuned.schedule, tuned.layers)
+    launch = json.loads((tmp_path / "launch.json").read_text())
+    assert launch["ep"] == 2 and any("groups of 2" in n for n in launch["notes"])
+    assert zb.load_schedule(tmp_path / "schedule.json").num_pairs == tuned.schedule.num_pairs
 
 
 def test_the_degree_given_must_be_the_profiles():
