@@ -89,3 +89,20 @@ def test_the_degree_given_must_be_the_profiles():
     assert "\n" not in str(e.value)
     with pytest.raises(ZbError, match="expert-parallel degrees 2, 4"):
         tune([_moe()[0], _moe(ep=4)[1]], cluster, 32, time_limit=2.0)
+
+
+def test_tune_ep_on_the_command_line(tmp_path, capsys):
+    """``--ep`` as the profiles were measured at: the best line names it; another: one line."""
+    from tests.helpers import run_main
+    from zbsearch.formats.layers import save_layers
+
+    paths = []
+    for L in _moe():
+        paths += ["-l", tmp_path / f"{L.name}.json"]
+        save_layers(L, paths[-1])
+    code, text, err = run_main(capsys, "tune", *paths, "-r", 4, "-g", 16, "--ep", 2, "-t", 4, "--plan-time", 0.3,
+                               "--recompute", "none", "--no-baselines", "-o", tmp_path / "out")
+    assert code == 0, err
+    assert "(ep 2)" in text and json.loads((tmp_path / "out" / "tune.json").read_text())["ep"] == 2
+    code, _, err = run_main(capsys, "tune", *paths, "-r", 4, "-g", 16, "--ep", 4, "-t", 4)
+    assert code != 0 and "measured at ep 2" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
