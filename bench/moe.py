@@ -21,6 +21,7 @@ import time
 from common import save
 
 from zbsearch import Profile, StageCost, build_classic, solve, validate
+from zbsearch.formats.mesh import ProfileMesh
 
 CASES = [(8, 16), (8, 32), (16, 32), (8, 64), (16, 64)]
 SHARES = [0.2, 0.3, 0.4]
@@ -30,7 +31,8 @@ T_F, T_B, T_W = 2.0, 2.0, 1.6
 def profile(p: int, share: float) -> Profile:
     """A DeepSeek-like MoE profile: every stage alike, the all-to-all ``share`` of F and of B."""
     st = StageCost(t_f=T_F, t_b=T_B, t_w=T_W, m_f=1.0, m_b=-0.5, m_w=-0.5, a_f=share * T_F, a_b=share * T_B)
-    return Profile(name=f"moe-p{p}-a2a{round(share * 100)}", memory_unit="activations", stages=[st] * p, t_comm=0.05, ep=8)
+    return Profile(name=f"moe-p{p}-a2a{round(share * 100)}", memory_unit="activations", stages=[st] * p, t_comm=0.05,
+                   mesh=ProfileMesh(pp=p, ep=8))
 
 
 def main() -> None:

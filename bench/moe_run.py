@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 import zbsearch as zb
+from zbsearch.formats.mesh import ProfileMesh
 
 PP, EP = 2, 2
 COMPUTE = {"f": 12.0, "b": 12.0, "w": 8.0}  # ms of emulated compute per stage (a V's pieces: half)
@@ -164,7 +165,8 @@ def _profile(stage_a: dict[int, tuple[float, float]], num_stages: int) -> zb.Pro
         a_f, a_b = stage_a[s]
         stages.append(zb.StageCost(t_f=c["f"] + a_f, t_b=c["b"] + a_b, t_w=c["w"], t_bw=c["b"] + a_b + c["w"], m_f=1,
                                    m_b=-0.5, m_w=-0.5, a_f=a_f, a_b=a_b))
-    return zb.Profile(name="moe-emulated", memory_unit="activations", stages=stages, ep=EP)
+    return zb.Profile(name="moe-emulated", memory_unit="activations", stages=stages,
+                      mesh=ProfileMesh(pp=num_stages, ep=EP))
 
 
 def _predict(sched: zb.Schedule, prof: zb.Profile) -> tuple[float, bool]:

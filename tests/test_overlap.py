@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import make_profile
 from tests.helpers.reference import needs, positions, random_order, random_profile
-from zbsearch import CostModel, Profile, StageCost
+from zbsearch import CostModel, Profile, StageCost, build_classic, solve
 from zbsearch.actions import Action, Op, parse_row, row_text
 from zbsearch.errors import ZbError
 from zbsearch.formats.fileio import parse_model
@@ -188,9 +188,10 @@ def test_profile_fields_load_check_and_split():
     assert not old.has_all_to_all and old.ep == 1
     assert CostModel.from_profile(old, [0, 1]).a_f == ()
     data = old.model_dump()
-    data["stages"][0]["a_f"], data["stages"][0]["a_b"], data["ep"] = 0.4, 0.6, 4
+    data["stages"][0]["a_f"], data["stages"][0]["a_b"] = 0.4, 0.6
+    data["mesh"] = {"pp": 2, "ep": 4}
     prof = Profile.model_validate(data)
-    assert prof.has_all_to_all and prof.ep == 4
+    assert prof.has_all_to_all and prof.ep == 4 and prof.mesh.ep == 4
     cost = CostModel.from_profile(prof, placement(2, 2, "v"))  # each profile stage cut in two
     assert cost.a_f == (0.2, 0.2, 0.0, 0.0) and cost.a_b == (0.3, 0.3, 0.0, 0.0)
     assert cost.all_to_all(0, Op.R) == 0.2 and cost.all_to_all(0, Op.W) == 0.0 and cost.all_to_all(1, Op.BW) == 0.3
@@ -351,3 +352,13 @@ def test_compare_shows_dualpipe_v_with_and_without_overlap():
     assert serial.overlapped is None and rows["dualpipe-v (no overlap)"]["span"] == max(serial.predicted.span)
     assert rows["dualpipe-v"]["span"] < rows["dualpipe-v (no overlap)"]["span"]
     assert "dualpipe-v (no overlap)" not in {r["kind"] for r in compare(make_profile(4), 12, time_limit=1.0)}
+
+
+def test_however_short_the_time_a_solve_is_never_slower_than_dualpipe_v():
+    """Where the passes hold all-to-all, DualPipeV is built and timed whatever time is left."""
+    st = StageCost(t_f=2.0, t_b=2.0, t_w=1.6, m_f=1.0, m_b=-0.5, m_w=-0.5, a_f=0.8, a_b=0.8)
+    prof = Profile(name="moe-p8", memory_unit="activations", stages=[st] * 8, t_comm=0.05)
+    dpv = build_classic("dualpipe-v", prof, 32)
+    res = solve(prof, 32, list(dpv.predicted.peak_memory), chunks=2, time_limit=0.01)
+    assert "dualpipe-v" in res.info.classic and "dualpipe-v" not in res.info.classic_not_built
+    assert res.info.value <= max(dpv.predicted.span) * (1 + 1e-9)

@@ -14,6 +14,11 @@ ends of the producers, splits every gap on a rank into
 * local: the rest of a gap before an action with no input from another rank (the runtime's own
   overhead between passes).
 
+An overlapped pair (``Schedule.overlapped``) starts once the inputs of both its passes are in,
+as the simulator starts it, so the gap before it is explained by the later of the two, and is a
+link wait where either pass takes an input from another rank; its two passes end together, with
+no gap between them.
+
 A rank's first action counts from the step's first action on any rank. Clocks are aligned by
 the runtime (``trace``), so a wait a little below 0 (the alignment's error) counts as none.
 """
@@ -68,12 +73,17 @@ def measure_idle_time(schedule: Schedule, traces: list[Trace]) -> list[RankIdleT
                     done[(ev.action.stage, op, ev.action.mb)] = (ev.ts + ev.dur) / 1e3
         for r, row in enumerate(rows):
             prev = 0.0
-            for ev in row:
-                a, start = ev.action, ev.ts / 1e3
+            pairs = set(schedule.pairs(r))
+            for k, ev in enumerate(row):
+                start = ev.ts / 1e3
+                if k - 1 in pairs:  # a pair's backward: it ran with the forward before it
+                    prev = max(prev, start + ev.dur / 1e3)
+                    continue
+                held = [ev.action, row[k + 1].action] if k in pairs else [ev.action]
                 gap = max(start - prev, 0.0)
                 ready = max(
                     (done[(ds, dop, a.mb)] + edge_delay(cost, ds, a.stage)
-                     for ds, dop in action_predecessor_types(a.stage, a.op, S)),
+                     for a in held for ds, dop in action_predecessor_types(a.stage, a.op, S)),
                     default=0.0,
                 )
                 explained = min(max(ready - prev, 0.0), gap)
@@ -81,7 +91,7 @@ def measure_idle_time(schedule: Schedule, traces: list[Trace]) -> list[RankIdleT
                 acc = sums[r]
                 acc[0] += gap
                 acc[1] += explained
-                if remote_input(a, schedule.stage_to_rank) is not None:
+                if any(remote_input(a, schedule.stage_to_rank) is not None for a in held):
                     acc[2] += beyond
                     if beyond > _RESOLUTION_MS:
                         acc[4] += 1

@@ -92,3 +92,31 @@ def test_the_link_and_the_chart_say_the_mesh():
     assert title.endswith("mesh pp 4 x tp 2 (sequence parallel)")
     plain = render_text([schedule_panel(zb.build_classic("1f1b", make_profile(4), 4))], 100).splitlines()[0]
     assert "mesh" not in plain
+
+
+def test_a_top_level_ep_moves_into_the_mesh_and_saves_there(tmp_path):
+    """Files written when the expert-parallel degree sat beside the mesh load with it in the mesh."""
+    for base in (make_profile(2), with_reductions(make_profile(2), 4, 10.0, [1e6] * 2), _tp2(2)):
+        data = json.loads(base.model_dump_json(exclude_none=True))
+        data["ep"] = 4
+        (tmp_path / "old.json").write_text(json.dumps(data))
+        prof = zb.load_profile(tmp_path / "old.json")
+        assert prof.ep == prof.mesh.ep == 4 and "ep" not in (prof.model_extra or {})
+        assert prof.mesh.model_copy(update={"ep": 1}) == base.made_for  # nothing else in the mesh changes
+        zb.save_profile(prof, tmp_path / "new.json")
+        saved = json.loads((tmp_path / "new.json").read_text())
+        assert "ep" not in saved and saved["mesh"]["ep"] == 4
+        assert zb.load_profile(tmp_path / "new.json") == prof
+        data["ep"] = 1  # the default: no mesh section made for it
+        (tmp_path / "old.json").write_text(json.dumps(data))
+        assert zb.load_profile(tmp_path / "old.json").mesh == base.mesh
+    assert make_profile(2).ep == 1 and "ep 3" in ProfileMesh(pp=2, ep=3).describe()
+    data = json.loads(_tp2(2).model_dump_json())
+    data["mesh"]["ep"], data["ep"] = 2, 4
+    with pytest.raises(ValidationError, match="disagrees with mesh.ep 2"):
+        zb.Profile.model_validate(data)
+    for bad in (0, "2", True):
+        data = json.loads(make_profile(2).model_dump_json())
+        data["ep"] = bad
+        with pytest.raises(ValidationError, match="ep must be a whole number"):
+            zb.Profile.model_validate(data)

@@ -62,3 +62,15 @@ def on_grid(L: LayerProfile) -> LayerProfile:
         units.append(u.model_copy(update=d))
     assert L.link is not None
     return L.model_copy(update={"units": units, "link": L.link.model_copy(update={"latency_ms": 0.125})})
+
+
+def moe_layers(seed: int, layers: int, share: float = 0.3, ep: int = 8, **kw) -> LayerProfile:
+    """``random_layers`` of a mixture-of-experts model: each decoder layer's F and B hold
+    expert-parallel all-to-all, ``share`` of their times (about; drawn per layer), measured at
+    ``ep``; the embedding and the head hold none."""
+    L = random_layers(seed, layers, **kw)
+    rng = random.Random(seed + 20_000)
+    units = [u if u.kind != "layer" else u.model_copy(update={"a_f": u.t_f * share * rng.uniform(0.8, 1.2),
+                                                                "a_b": u.t_b * share * rng.uniform(0.8, 1.2)})
+             for u in L.units]
+    return L.model_copy(update={"units": units, "ep": ep, "name": f"moe-{seed}"})

@@ -15,9 +15,13 @@ from zbsearch.actions import Op
 from zbsearch.costs import CostModel
 from zbsearch.distributed import run_local
 from zbsearch.distributed.mesh import build_mesh, expert_data_group, expert_groups
+from zbsearch.formats.layers import load_layers
+from zbsearch.formats.trace import Trace
+from zbsearch.idle_time import measure_idle_time
 from zbsearch.layout import placement
 from zbsearch.models.gpt import gpt_batch, gpt_loss
 from zbsearch.models.moe import MoE, MoEConfig, all_to_all_time, moe_stages
+from zbsearch.pass_times import compare_pass_times
 from zbsearch.runtime import PipelineError, PipelineRuntime
 from zbsearch.runtime.data_parallel import is_expert
 from zbsearch.solver.paired_v import paired_v
@@ -62,7 +66,7 @@ def _run(rank: int, world: int, send, schedules: list[tuple[str, int]], steps: i
     mesh = build_mesh(pp=PP, dp_replicate=EP)
     made = {ep: (expert_groups(mesh, ep), expert_data_group(mesh, ep)) for ep in sorted({ep for _, ep in schedules})}
     pp_rank, replica = mesh["pp"].get_local_rank(), mesh["dp_replicate"].get_local_rank()
-    done = []
+    done, traces = [], []
     for text, ep in schedules:
         groups, copies = made[ep]
         assert groups.size == ep and groups.rank == replica % ep and (copies is None) == (ep == EP)
@@ -111,15 +115,37 @@ def _run(rank: int, world: int, send, schedules: list[tuple[str, int]], steps: i
         paired = [(a, b) for (a, b0, _, _), (b, c0, _, _) in zip(rows, rows[1:]) if b0 == c0]
         assert len(paired) == len(sched.overlapped[pp_rank] if sched.overlapped else []), sched.kind
         done.append((sched.kind, ep, clock.forward > 0, clock.backward > 0, runtime._worker is not None))
+        if sched.overlapped is not None:  # the last step's trace, pairs and all (on each pipeline's rank 0)
+            trace = runtime.trace()
+            traces.append(None if trace is None else trace.model_dump_json())
         runtime.close()
-    return done
+    return done, traces
 
 
 def test_pp2_ep2_every_kind_and_overlapped_pairs_equal_one_process():
     schedules = [(s, EP) for s in _schedules()] + [(zb.build_classic("zb-h1", uniform_profile(PP), M), 1)]
     got = run_local(_run, PP * EP, [(s.model_dump_json(), ep) for s, ep in schedules], 3)
-    assert got[0] == [(s.kind, ep, ep > 1, ep > 1, s.overlapped is not None) for s, ep in schedules]
-    assert all(g == got[0] for g in got)
+    assert got[0][0] == [(s.kind, ep, ep > 1, ep > 1, s.overlapped is not None) for s, ep in schedules]
+    assert all(g[0] == got[0][0] for g in got)
+    # the real traces of the paired runs: each pair compared as one block, the waits split around it
+    paired = [s for s, _ in schedules if s.overlapped is not None]
+    assert len(got[0][1]) == len(paired)
+    for sched, text in zip(paired, got[0][1]):
+        trace = Trace.model_validate_json(text)
+        rows = compare_pass_times(sched, [trace])
+        for r in range(PP):
+            mine = {x.kind: x for x in rows if x.rank == r}
+            pairs = [(sched.rank_actions[r][i], sched.rank_actions[r][i + 1]) for i in sched.pairs(r)]
+            kinds = {f"F+{b.op.value}" for _, b in pairs}
+            assert sum(mine[k].count for k in kinds) == len(pairs) > 0, sched.kind
+            alone = sum(a.op is Op.F for a in sched.rank_actions[r]) - len(pairs)
+            assert mine["F"].count == alone and all(mine[k].measured_ms > 0 for k in kinds)
+            events = {(e.pid, e.action): e for e in trace.traceEvents}
+            blocks = [(events[(r, b)].ts + events[(r, b)].dur - events[(r, f)].ts) / 1e3 for f, b in pairs]
+            assert sum(mine[k].count * mine[k].measured_ms for k in kinds) == pytest.approx(sum(blocks))
+        for w in measure_idle_time(sched, [trace]):
+            assert min(w.idle_ms, w.dependency_ms, w.link_ms, w.local_ms) >= 0
+            assert w.idle_ms == pytest.approx(w.dependency_ms + w.link_ms + w.local_ms)
 
 
 def test_moe_layer_routes_each_token_to_its_top_k_experts():
@@ -142,12 +168,16 @@ def test_pairs_that_cannot_run_are_refused_in_one_line():
     sched = zb.build_classic("1f1b", uniform_profile(PP), M)
     acts = sched.rank_actions[1]
     same = next(i for i in range(len(acts) - 1) if acts[i].op is Op.F and acts[i + 1].op is Op.BW)
-    bad = [("backward of a microbatch", [[], [same]]), ("an F followed by", [[0], []]), ("outside", [[99], []])]
-    for words, pairs in bad:
-        with pytest.raises(PipelineError, match=words):
-            from zbsearch.runtime.runtime import _pairs
+    bad = [("backward of a microbatch needs its forward", [[], [same]]),
+           ("is not a forward followed by a backward", [[0], []]),
+           ("names position 99, but a pair needs positions 99 and 100", [[99], []]),
+           ("overlaps the pair before it", [[], [same, same + 1]])]
+    from zbsearch.runtime.runtime import _pairs
 
+    for words, pairs in bad:
+        with pytest.raises(PipelineError, match=words) as e:
             _pairs(sched.model_copy(update={"overlapped": pairs}), 0 if pairs[0] else 1)
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.slow
@@ -166,11 +196,41 @@ def test_profile_on_an_expert_group_records_the_all_to_all_inside_f_and_b(capsys
         assert 0 < st.a_f <= st.t_f and 0 < st.a_b <= st.t_b, st
 
 
+@pytest.mark.slow
+def test_units_profiled_on_an_expert_group_plan_with_pairs(capsys, tmp_path):
+    """``zbsearch profile --builtin moe --per-layer --ep 2``: each layer's a_f and a_b within its
+    passes, none in the embedding and the head; ``zbsearch plan`` on it schedules with its
+    all-to-all, DualPipeV among the baselines, never faster than the plan."""
+    from tests.helpers import run_main
+
+    out = tmp_path / "units.json"
+    code, _, err = run_main(capsys, "profile", "--builtin", "moe", "--layers", 2, "--hidden", 16, "--heads", 2, "--seq", 6,
+                            "--microbatch-size", 2, "--experts", 4, "--ep", 2, "--per-layer", "--warmup", 1,
+                            "--repeat", 3, "--rounds", 1, "-o", out)
+    assert code == 0, err
+    layers = load_layers(out)
+    assert layers.ep == 2 and [u.kind for u in layers.units] == ["embedding", "layer", "layer", "head"]
+    for u in layers.units:
+        if u.kind == "layer":
+            assert 0 < u.a_f <= u.t_f and 0 < u.a_b <= u.t_b, u
+        else:
+            assert u.a_f == u.a_b == 0, u
+    sched_path = tmp_path / "plan.json"
+    code, _, err = run_main(capsys, "plan", "-l", out, "-r", 2, "-m", 8, "--placement", "v", "-t", 4, "--json",
+                            "-o", sched_path)
+    assert code == 0, err
+    sched = zb.load_schedule(sched_path)
+    assert zb.find_problem(sched) is None and sched.profile.ep == 2 and sched.profile.has_all_to_all
+    dpv = [b for b in sched.partition.baselines if b.name.startswith("dualpipe-v")]
+    assert dpv and all(b.value is None or sched.partition.value <= b.value * (1 + 1e-9) for b in dpv)
+
+
 def test_profile_ep_refuses_what_it_cannot_measure_in_one_line(capsys):
     from tests.helpers import run_main
 
     for args, words in ((["--builtin", "gpt", "--ep", 2], "--builtin moe"),
                         (["--builtin", "moe", "--experts", 4, "--ep", 3], "must split"),
-                        (["--builtin", "moe", "--ep", 2, "--dp", 2], "do not apply")):
+                        (["--builtin", "moe", "--ep", 2, "--dp", 2], "do not apply"),
+                        (["--builtin", "moe", "--ep", 2, "--placement", "v"], "do not apply")):
         code, _, err = run_main(capsys, "profile", *args, "-o", "-")
         assert code != 0 and words in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2, err

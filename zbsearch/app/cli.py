@@ -300,7 +300,7 @@ def simulate(
         if passes is None:
             out.print_json(pred.model_dump_json())
         else:
-            rows = [{"rank": x.rank, "op": x.op.value, "count": x.count, "measured_ms": x.measured_ms,
+            rows = [{"rank": x.rank, "op": x.kind, "count": x.count, "measured_ms": x.measured_ms,
                      "predicted_ms": x.predicted_ms, "ratio": x.ratio} for x in passes]
             out.print_json(json.dumps({"predicted": pred.model_dump(), "passes": rows, "waits": [vars(w) for w in waits or []]}))
         return
@@ -329,7 +329,7 @@ def _pass_table(passes: list[PassTimes], steps: int) -> Table:
     for col in ("rank", "pass", "count", "measured (ms)", "predicted (ms)", "measured / predicted"):
         t.add_column(col, justify="right")
     for x in passes:
-        t.add_row(str(x.rank), x.op.value, str(x.count), _fmt(x.measured_ms), _fmt(x.predicted_ms), f"{x.ratio:.3f}")
+        t.add_row(str(x.rank), x.kind, str(x.count), _fmt(x.measured_ms), _fmt(x.predicted_ms), f"{x.ratio:.3f}")
     return t
 
 
@@ -692,7 +692,9 @@ def _plan_tables(sched: zb.Schedule) -> list[Table]:
     part = sched.partition
     assert part is not None
     kinds = dict(zip(part.units, part.kinds))
-    t = Table(title=f"plan: {len(part.stages)} stages on {sched.num_ranks} ranks ({part.placement}), m={sched.num_microbatches}")
+    paired = f", {sched.num_pairs} overlapped pairs" if sched.num_pairs else ""
+    t = Table(title=f"plan: {len(part.stages)} stages on {sched.num_ranks} ranks ({part.placement}), "
+                    f"m={sched.num_microbatches}{paired}")
     for col in ("stage", "rank", "units", "layers"):
         t.add_column(col, justify="right")
     for s, names in enumerate(part.stages):
@@ -711,13 +713,16 @@ def _plan_tables(sched: zb.Schedule) -> list[Table]:
     b = Table(title=f"baselines, solved at the same budget{how}")
     cols = ["cut", "layers per stage", f"{part.objective} (ms)", "plan's speed-up", "peak (GiB)"]
     cols += ["recomputed"] if part.recompute != "none" else []
+    pairs = sched.num_pairs > 0 or any(x.overlapped_pairs for x in part.baselines)
+    cols += ["pairs"] if pairs else []
     for col in (*cols, "note"):
         b.add_column(col, justify="right")
     for x in part.baselines:
         speed = f"{x.value / part.value:.3f}x" if x.value else "-"
         b.add_row(x.name, ",".join(map(str, x.layers_per_stage)) or "-", _fmt(x.value) if x.value else "-", speed,
                   _gib(max(x.peak_bytes)) if x.peak_bytes else "-",
-                  *([str(x.recomputed) if x.value else "-"] if part.recompute != "none" else []), x.note or "")
+                  *([str(x.recomputed) if x.value else "-"] if part.recompute != "none" else []),
+                  *([str(x.overlapped_pairs) if x.value else "-"] if pairs else []), x.note or "")
     return [t, r, b]
 
 
@@ -734,6 +739,8 @@ def tune(
                                              help="tokens per iteration, all replicas (instead of -g)"),
     seq: int | None = typer.Option(None, "--seq", min=1, help="tokens per sequence (default: the profile's)"),
     tp: int = typer.Option(1, "--tp", min=1, help="tensor-parallel degree, as the profiles were measured at"),
+    ep: int | None = typer.Option(None, "--ep", min=1, help="expert-parallel degree of a MoE model, as the profiles' "
+                                  "all-to-all was measured at (default: theirs); meshes whose dp it divides"),
     optimizer: str = typer.Option("adamw", "--optimizer", help="sgd, adamw or mixed (16 B/param)"),
     sharded: bool = typer.Option(False, "--sharded", help="optimizer state sharded over the replicas (ZeRO-1)"),
     shard: bool = typer.Option(False, "--shard", help="stages sharded over the replicas (fully_shard): parameters, "
@@ -786,7 +793,7 @@ def tune(
     spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED
     with _bar() as bar:
         task = bar.add_task("starting", total=None)
-        tuned = search(profiles, cluster, global_batch, tp=tp, optimizer=optimizer, sharded=sharded, shard=shard,
+        tuned = search(profiles, cluster, global_batch, tp=tp, ep=ep, optimizer=optimizer, sharded=sharded, shard=shard,
                        sizes=_ints(sizes, "--microbatch-sizes"), seq=seq,
                        placements=("one", "v") if placement == "auto" else (placement,),
                        recompute=None if recompute is None else [x.strip() for x in recompute.split(",")],
@@ -809,8 +816,10 @@ def tune(
         return
     assert best.iteration_ms is not None and res.lower_bound_ms is not None and res.gap is not None
     rate = "tokens/s" if res.seq else "sequences/s"
-    out.print(f"best: pp {best.pp} x dp {best.dp} x tp {best.tp}, {best.microbatches} microbatches of "
-              f"{best.microbatch_size}, {best.placement}, recompute {best.recompute}: {_fmt(best.iteration_ms)} ms, "
+    pairs = f", {best.overlapped_pairs} overlapped pairs" if best.overlapped_pairs else ""
+    out.print(f"best: pp {best.pp} x dp {best.dp} x tp {best.tp}{f' (ep {res.ep})' if res.ep > 1 else ''}, "
+              f"{best.microbatches} microbatches of {best.microbatch_size}, {best.placement}, recompute {best.recompute}"
+              f"{pairs}: {_fmt(best.iteration_ms)} ms, "
               f"{best.tokens_per_s:.6g} {rate}; bound over every configuration {_fmt(res.lower_bound_ms)} ms, gap "
               f"{res.gap:.2%}", soft_wrap=True, highlight=False)
     if base is not None and base.iteration_ms:
@@ -1029,8 +1038,8 @@ def profile(
         raise ZbError(f"unknown built-in model {builtin!r}; available: gpt, moe")
     if ep is not None and builtin != "moe":
         raise ZbError("--ep measures a model with experts: give --builtin moe")
-    if ep is not None and (per_layer or placement is not None or dp is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1):
-        raise ZbError("--ep profiles the stages on local processes: --per-layer, --placement, --dp and torchrun do not apply")
+    if ep is not None and (placement is not None or dp is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        raise ZbError("--ep profiles the stages on local processes: --placement, --dp and torchrun do not apply")
     target = _output(output)  # None: profiles/NAME.json, once the name is known
     if target is None:
         check_writable(Path("profiles") / "profile.json")  # that folder must be writable too
@@ -1108,8 +1117,17 @@ def profile(
                                  keep_heap=keep_heap, timeout=timeout, recompute=recompute, in_step=in_step,
                                  selective=mode)
     if per_layer:
-        with profiler.progress_bar(err) as bar:
-            found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar)
+        if ep is not None:
+            import functools
+
+            from zbsearch.profiler.experts import layers_expert_parallel
+
+            err.print(f"profiling the units on an expert-parallel group of {ep} local processes", highlight=False)
+            found = layers_expert_parallel(functools.partial(profiler.builtin_moe, moe), ep, settings, kinds=kinds,
+                                           name=name)
+        else:
+            with profiler.progress_bar(err) as bar:
+                found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar)
         if target is None or str(target) != "-":
             out.print(profiler.layers_table(found))
         _write(found, target or Path("profiles") / f"{found.name}.json")

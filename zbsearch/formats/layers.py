@@ -14,6 +14,10 @@ and the random generators' state, ``checkpoint_state_bytes``), and selective rec
 ``t_fs``, ``t_rs``, ``m_fs`` where a unit offers it, re-running the modules of the mode
 ``selective`` names (as a stage profile's); older files lack them: no recomputation.
 
+For a mixture-of-experts model, each unit's expert-parallel all-to-all inside its passes
+(``a_f`` inside F, ``a_b`` inside B, as a stage profile's: part of their times) and the
+expert-parallel degree ``ep`` they were measured on; older files lack them: nothing to overlap.
+
 Link times between units on two ranks are ``t_comm`` where the profiler measured or estimated
 one per boundary, else ``link``'s latency plus the boundary's bytes over its bandwidth.
 ``zbsearch.planner`` cuts the units into stages; ``zbsearch.planner.compose`` says how a
@@ -108,6 +112,9 @@ class LayerProfile(BaseModel):
         "which modules the units' selective recomputation (t_fs, t_rs, m_fs) re-runs: 'attention' (each layer's "
         "attention core) or 'mlp' (each layer's MLP), as a stage profile's; absent: not stated"))
     microbatch_size: int | None = Field(default=None, ge=1)
+    ep: int = Field(1, ge=1, description=(
+        "expert-parallel ranks the units' all-to-all times (a_f, a_b) hold for; a cut's stage profile records it in "
+        "its mesh section (1: no expert parallelism)"))
     device: str | None = None
     torch: str | None = None
     dtype: str | None = None
@@ -142,6 +149,11 @@ class LayerProfile(BaseModel):
         return self
 
     @property
+    def has_all_to_all(self) -> bool:
+        """Whether some unit's passes hold all-to-all that an overlapped pair can hide."""
+        return any(u.a_f > 0 or u.a_b > 0 for u in self.units)
+
+    @property
     def num_units(self) -> int:
         """Units, in model order."""
         return len(self.units)
@@ -159,7 +171,8 @@ class LayerProfile(BaseModel):
 
     def __repr__(self) -> str:
         layers = sum(u.kind == "layer" for u in self.units)
-        return f"LayerProfile({self.name!r}, units={self.num_units} ({layers} layers), memory_unit='bytes')"
+        experts = f", ep={self.ep}" if self.ep > 1 else ""
+        return f"LayerProfile({self.name!r}, units={self.num_units} ({layers} layers){experts}, memory_unit='bytes')"
 
     __str__ = __repr__
 

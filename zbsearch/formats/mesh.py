@@ -7,7 +7,10 @@ layer and keeps its share of the activations, and with data parallelism each sta
 iteration with its gradients' reduction. The section records the sizes the costs hold for, and
 the tensor-parallel collective as ``zbsearch profile --tp`` timed it; the link of the other
 dimensions is where it always was (``t_comm`` and ``links`` for the pipeline, the
-``data_parallel`` section for the replicas). A profile without the section is of one pipeline
+``data_parallel`` section for the replicas). For a mixture-of-experts model the section also
+records the expert-parallel degree ``ep`` the stages' all-to-all times (``a_f``, ``a_b``) hold
+for: expert parallelism is folded into the data dimension (an expert group is ``ep`` data-parallel
+peers of one pipeline position), so it adds no ranks to the mesh. A profile without the section is of one pipeline
 at tensor-parallel degree 1 (``Profile.made_for`` fills the data-parallel sizes from its
 ``data_parallel`` section, where it has one).
 
@@ -65,6 +68,9 @@ class ProfileMesh(BaseModel):
     tp: int = Field(1, ge=1, description="tensor-parallel ranks sharing each stage")
     sequence_parallel: bool = Field(False, description="the tensor-parallel plan also splits the sequence")
     tp_link: TensorParallelLink | None = Field(None, description="the tensor-parallel all-reduce, as timed (tp > 1)")
+    ep: int = Field(1, ge=1, description=(
+        "expert-parallel ranks the stages' all-to-all times (a_f, a_b) hold for, folded into the data dimension "
+        "(1: no expert parallelism)"))
 
     @property
     def world(self) -> int:
@@ -74,7 +80,8 @@ class ProfileMesh(BaseModel):
     def describe(self) -> str:
         """E.g. ``pp 4 x dp_replicate 2 x tp 2`` (sizes of 1 left out, except the pipeline's)."""
         parts = [f"pp {self.pp}"] + [f"{n} {getattr(self, n)}" for n in MESH_DIMS[1:] if getattr(self, n) > 1]
-        return " x ".join(parts) + (" (sequence parallel)" if self.sequence_parallel and self.tp > 1 else "")
+        notes = ["sequence parallel"] * (self.sequence_parallel and self.tp > 1) + [f"ep {self.ep}"] * (self.ep > 1)
+        return " x ".join(parts) + (f" ({', '.join(notes)})" if notes else "")
 
     def tp_bandwidth_gbs(self) -> float | None:
         """The bus bandwidth per rank (GB/s) the tensor-parallel all-reduce's median time implies,

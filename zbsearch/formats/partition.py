@@ -32,6 +32,8 @@ class CutOutcome(BaseModel):
     lower_bound: float | None = Field(None, description="the solver's bound for this cut under the budget (ms)")
     peak_bytes: list[float] | None = Field(None, description="per rank: static bytes plus the schedule's peak activations")
     recomputed: int = Field(0, description="recompute passes in the cut's schedule: forwards run checkpointed")
+    overlapped_pairs: int = Field(0, description=(
+        "overlapped forward-backward pairs in the cut's schedule (where the passes hold all-to-all)"))
     note: str | None = Field(None, description="why there is no value (over the budget, not applicable)")
 
 

@@ -23,7 +23,8 @@ Optionally, for a mixture-of-experts model, the expert-parallel all-to-all insid
 (``a_f``: dispatch and combine inside F, already counted in t_f; ``a_b``: their mirrors inside
 B and inside the fused backward; W has none, R repeats the forward's), which a rank can hide by
 running a forward and another microbatch's backward as one overlapped pair
-(``zbsearch.costs``), and the expert-parallel degree ``ep`` they were measured on; older files
+(``zbsearch.costs``), with the expert-parallel degree they were measured on in the ``mesh``
+section (``ep``; files that kept it at the top level load with it moved there); older files
 lack them: nothing to overlap.
 Per boundary between stages: ``t_comm``, the link's latency (it occupies neither rank), and
 optionally ``t_send`` / ``t_recv``, the host time a message takes from the rank at each end
@@ -352,16 +353,20 @@ class Profile(BaseModel):
     microbatch_size: int | None = Field(default=None, ge=1)
     # where the stages record t_reduce: the data parallelism the reductions were found for
     data_parallel: DataParallel | None = None
-    # the expert-parallel degree the stages' all-to-all times (a_f, a_b) were measured or given for
-    ep: int = Field(default=1, ge=1, description="expert-parallel degree of a_f and a_b (1: no expert parallelism)")
+    mesh: ProfileMesh | None = Field(None, description=(
+        "the mesh the costs hold for (zbsearch.formats.mesh): its sizes, the tensor-parallel degree the passes were "
+        "measured at and its link, the expert-parallel degree of a_f and a_b; absent: one pipeline at tensor-parallel "
+        "degree 1 without expert parallelism (see made_for)"))
+
+    @property
+    def ep(self) -> int:
+        """The expert-parallel degree the stages' all-to-all times hold for (the mesh's ``ep``)."""
+        return self.made_for.ep
 
     @property
     def has_all_to_all(self) -> bool:
         """Whether some stage's passes hold all-to-all that an overlapped pair can hide."""
         return any(c.a_f > 0 or c.a_b > 0 for c in self.stages)
-    mesh: ProfileMesh | None = Field(None, description=(
-        "the mesh the costs hold for (zbsearch.formats.mesh): its sizes, the tensor-parallel degree the passes were "
-        "measured at and its link; absent: one pipeline at tensor-parallel degree 1 (see made_for)"))
 
     @property
     def made_for(self) -> ProfileMesh:
@@ -374,6 +379,25 @@ class Profile(BaseModel):
         replicas = 1 if dp is None else dp.replicas
         sharded = dp is not None and dp.sharded
         return ProfileMesh(pp=self.num_ranks, dp_replicate=1 if sharded else replicas, dp_shard=replicas if sharded else 1)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _ep_into_mesh(cls, data: Any, handler: Any) -> Profile:
+        """Files (and callers) that give the expert-parallel degree as a top-level ``ep``, where
+        it was kept before the mesh section held it: the profile has it in ``mesh.ep``."""
+        if not isinstance(data, dict) or "ep" not in data:
+            return handler(data)
+        data = dict(data)
+        ep = data.pop("ep")
+        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+            raise ValueError(f"ep must be a whole number of at least 1 (expert-parallel ranks), not {ep!r}")
+        prof = handler(data)
+        if ep == 1 or prof.made_for.ep == ep:
+            return prof
+        if prof.mesh is not None and prof.mesh.ep != 1:
+            raise ValueError(f"ep {ep} at the top level disagrees with mesh.ep {prof.mesh.ep}: give it once, in the mesh")
+        prof.mesh = prof.made_for.model_copy(update={"ep": ep})
+        return prof
 
     @model_validator(mode="after")
     def _mesh_agrees(self) -> Profile:

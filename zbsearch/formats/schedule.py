@@ -18,7 +18,8 @@ from .fileio import read_model, write_model
 from .partition import Partition
 from .profile import Profile, profile_misfit
 
-__all__ = ["Objective", "BoundCovers", "bound_covers", "Predicted", "SolverInfo", "Schedule", "load_schedule", "save_schedule"]
+__all__ = ["Objective", "BoundCovers", "bound_covers", "Predicted", "SolverInfo", "Schedule", "pairs_problem", "load_schedule",
+           "save_schedule"]
 
 Objective = Literal["span", "makespan", "iteration"]
 BoundCovers = Literal["no-recompute", "any-recompute", "full-recompute"]
@@ -209,7 +210,7 @@ class Schedule(BaseModel):
         if self.partition is not None and len(self.partition.stages) != S:
             raise ValueError(f"partition has {len(self.partition.stages)} stages for the schedule's {S}")
         if self.overlapped is not None:
-            problem = _pairs_problem(self.actions, self.overlapped)
+            problem = pairs_problem(self.actions, self.overlapped)
             if problem:
                 raise ValueError(problem)
             if not any(self.overlapped):
@@ -321,7 +322,7 @@ _PAIR_FIRST = {Op.F.value}
 _PAIR_SECOND = {Op.B.value, Op.BW.value}
 
 
-def _pairs_problem(actions: list[list[str]], overlapped: list[list[int]]) -> str | None:
+def pairs_problem(actions: list[list[str]], overlapped: list[list[int]]) -> str | None:
     """Why ``overlapped`` does not fit ``actions`` (one line), or None: one list per rank, its
     positions increasing, each a forward followed by a backward (B or BW), no two pairs sharing
     an action. Whether the two passes depend on each other is the validator's check."""

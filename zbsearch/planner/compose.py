@@ -36,6 +36,12 @@ each unit measured as a stage of its own):
   forward keeps is the offering units' ``m_fs`` and the others' whole ``m_f``, the recompute
   pass the offering units' ``t_rs``.
 
+Expert-parallel all-to-all (a mixture-of-experts model's units, ``a_f`` and ``a_b``): a stage's
+is its units' sum, inside its F and its B, and the stage profile records the per-layer
+profile's ``ep`` in its mesh section. A first stage holding all-to-all is split as later stages
+are (the runtime splits a first stage with experts, so that its mirrors run in B, where the
+costs put them): its F, B and W are its units' split ones, summed.
+
 Links cost the boundary unit's ``LayerProfile.comm``; a hand-over between two pieces of one
 rank costs nothing (the cost model sees to it).
 """
@@ -47,6 +53,7 @@ from typing import Literal
 
 from ..errors import ZbError
 from ..formats.layers import LayerProfile, Unit
+from ..formats.mesh import ProfileMesh
 from ..formats.partition import check_names
 from ..formats.profile import MIN_TIME_MS, Profile, StageCost
 from ..layout import placement as layout
@@ -122,7 +129,10 @@ def stage_cost(layers: LayerProfile, lo: int, hi: int) -> StageCost:
     extra = _stage_recompute(layers, lo, hi)
     t_bw = sum(u.fused_backward for u in us)
     m_f = sum(u.m_f for u in us)
-    if lo == 0:  # the first stage: no input gradient, its W is the whole backward, its F not split
+    a_f, a_b = sum(u.a_f for u in us), sum(u.a_b for u in us)
+    if a_f or a_b:
+        extra.update(a_f=a_f, a_b=a_b)
+    if _plain_first(layers, lo, hi):  # the first stage: no input gradient, its W is the whole backward, its F not split
         first = us[0]
         t_f = t_ff
         t_b, m_b = first.t_b, first.m_b
@@ -138,8 +148,10 @@ def _stage_recompute(layers: LayerProfile, lo: int, hi: int) -> dict[str, float]
     units do not offer them."""
     us = layers.units[lo:hi]
 
-    def forward(u: Unit) -> float:  # a unit's forward as the stage runs it (not split on the first stage)
-        return u.fused_forward if lo == 0 else u.t_f
+    plain = _plain_first(layers, lo, hi)
+
+    def forward(u: Unit) -> float:  # a unit's forward as the stage runs it (not split on a plain first stage)
+        return u.fused_forward if plain else u.t_f
 
     out: dict[str, float] = {}
     m_f = sum(u.m_f for u in us)
@@ -157,6 +169,12 @@ def _stage_recompute(layers: LayerProfile, lo: int, hi: int) -> dict[str, float]
                    t_rs=max(sum(u.t_rs for u, o in zip(us, offers) if o), MIN_TIME_MS),  # type: ignore[misc]
                    m_fs=sum(u.m_fs if o else u.m_f for u, o in zip(us, offers)))  # type: ignore[misc]
     return out
+
+
+def _plain_first(layers: LayerProfile, lo: int, hi: int) -> bool:
+    """Whether the stage of units ``[lo, hi)`` is a first stage the runtime does not split: one
+    without all-to-all (see the module)."""
+    return lo == 0 and not any(u.a_f or u.a_b for u in layers.units[lo:hi])
 
 
 def _kept_input(layers: LayerProfile, lo: int) -> float:
@@ -200,6 +218,7 @@ def stage_profile(layers: LayerProfile, cut: Cut, data_parallel: tuple[int, floa
         dtype=layers.dtype,
         mode=f"composed from the per-layer profile {layers.name!r}",
         model=model,
+        mesh=ProfileMesh(pp=cut.num_ranks, ep=layers.ep) if layers.ep > 1 else None,
     )
     if data_parallel is None:
         return prof

@@ -16,7 +16,10 @@ them top to bottom):
    placements searched and every schedule within the budget; every phase below reads it
    (``Search``), and stops once the best value found meets it.
 3. ``solve_baselines``: the even split, torchtitan's default and Megatron's, each solved with
-   the solver at the same budget (a cut two rules share, once).
+   the solver at the same budget (a cut two rules share, once). Where the units hold
+   expert-parallel all-to-all, DualPipeV too, as DeepSeek runs it (its order and its
+   overlapped pairs), on each V baseline cut where it fits the budget; a cut whose solve did
+   not beat it is solved again, at least long enough to take it among its candidates.
 4. ``best_first``: cuts solved in order of their key, briefly (the solver's heuristics; with
    recomputation its MILP windows too, which decide what to recompute far better), until the
    next key reaches the best value found, or the phase's time is up. A cut that improves the
@@ -26,7 +29,11 @@ them top to bottom):
 6. ``compare``: the best cut found, its schedule with the ``partition`` section: the bound,
    the gap and every baseline's outcome.
 
-Every value is the simulator's on the composed stage costs. Recomputation (``recompute``):
+Every value is the simulator's on the composed stage costs. Where the units hold
+expert-parallel all-to-all (a mixture-of-experts model's ``a_f`` and ``a_b``), every cut's
+stage profile holds its units' (``compose``), so the solver chooses overlapped pairs on it, with
+DualPipeV's order and pairs among its candidates wherever they fit, and every bound holds for
+schedules with pairs (``relaxation``, ``zbsearch.bounds``). Recomputation (``recompute``):
 every cut, baselines included, is composed with its units' recomputation costs and solved
 with the solver's ``recompute``; its memory need counts what a checkpointed microbatch keeps,
 its bounds hold for every choice of what to recompute that the mode allows (``search``), so
@@ -85,6 +92,9 @@ _POLISH, _POLISH_WITHIN = 3, 0.03
 _MARGIN, _MARGIN_S = 0.02, 0.2
 # The least a solve is given, and the least worth starting once a plan is in hand.
 _MIN_SOLVE_S = 0.05
+# What the solve of a cut DualPipeV beats is given, however short the limit: enough to build and
+# time the classic schedules, DualPipeV among them, so the plan is never slower than it.
+_DUALPIPE_S = 0.5
 
 
 @dataclass
@@ -401,7 +411,41 @@ def solve_baselines(search: Search) -> list[CutOutcome]:
             search.report(f"solving baseline {name}")
             search.solve(ev, seconds, True)
         outcomes.append(_outcome(name, layers, ev, None if ev.result is not None else "no schedule within the budget"))
+    if layers.has_all_to_all:  # what a hand-made MoE schedule gives on the same cuts
+        for pl, b in rules:
+            if pl == "v" and b.cut is not None:
+                outcomes.append(_dualpipe_v(search, b.name, cuts[(pl, b.cut.counts)]))
     return outcomes
+
+
+def _dualpipe_v(search: Search, rule: str, ev: CutEval) -> CutOutcome:
+    """DualPipeV on a V baseline cut, as DeepSeek runs it (its order, its overlapped pairs),
+    timed on the plan's objective, or why it has no value (over the budget, too few microbatches)."""
+    from ..solver.baselines import CLASSIC_BY_CHUNKS, classic_baselines
+
+    name, layers = f"dualpipe-v ({rule} cut)", search.inputs.layers
+    if not ev.feasible:
+        return _outcome(name, layers, ev, "over the budget: one microbatch's activations do not fit")
+    assert ev.profile is not None
+    m = search.inputs.m
+    if m < 2 * ev.cut.num_ranks:
+        return _outcome(name, layers, ev, f"DualPipeV needs at least {2 * ev.cut.num_ranks} microbatches")
+    got, _ = classic_baselines(ev.profile, m, ev.limit, 2, search.inputs.objective,  # type: ignore[arg-type]
+                               skip=[k for k in CLASSIC_BY_CHUNKS[2] if k != "dualpipe-v"])
+    if not got:
+        return _outcome(name, layers, ev, "over the budget: its activations do not fit")
+    base = got[0]
+    if ev.result is None or ev.result.info.value > base.value:
+        # the cut's solve, which takes DualPipeV among its candidates, so that the plan is never slower
+        search.report(f"solving {ev.cut} from DualPipeV")
+        search.solve(ev, _DUALPIPE_S, False)
+    kinds = [u.kind for u in layers.units]
+    return CutOutcome(
+        name=name, placement="v", units_per_stage=list(ev.cut.counts),
+        layers_per_stage=[sum(k == "layer" for k in kinds[lo:hi]) for lo, hi in ev.cut.bounds], value=base.value,
+        peak_bytes=[s + a for s, a in zip(ev.static, base.timeline.peak_memory)],
+        overlapped_pairs=sum(map(len, base.pairs or [])),
+        note="its own order and pairs, not solved")
 
 
 # ---- 4. best first ----------------------------------------------------------------------------
@@ -541,7 +585,8 @@ def _outcome(name: str, layers: LayerProfile, ev: CutEval, note: str | None) -> 
         name=name, placement=ev.cut.placement, units_per_stage=list(ev.cut.counts), layers_per_stage=per_layer,
         value=None if res is None else res.info.value, lower_bound=None if res is None else res.info.lower_bound,
         peak_bytes=None if res is None else [s + a for s, a in zip(ev.static, res.timeline.peak_memory)],
-        recomputed=0 if res is None else res.info.recomputed, note=note,
+        recomputed=0 if res is None else res.info.recomputed,
+        overlapped_pairs=0 if res is None else res.info.overlapped_pairs, note=note,
     )
 
 

@@ -13,6 +13,14 @@ For each rank of a cut, whatever the schedule (``zbsearch.bounds`` proves each f
   gradients and optimizer state: a fractional knapsack), so it idles the rest of that time
   (``rank_memory_span_lower_bounds``); its span is at least busy plus that idle time.
 
+With expert-parallel all-to-all in the units (``a_f``, ``a_b``), where overlapped pairs may
+hide it, the busy time counts every forward and backward at its least in a pair, its time less
+its all-to-all (``paired_floor``, as ``CostModel.paired_floor`` prices them for the solver's
+bounds); the fill path keeps the passes' own times, since a pair ends no sooner than either of
+its passes alone, and before the fill path ends the rank has no backward to pair a forward with.
+Counting the forwards it runs meanwhile at their least keeps the bound sound: each keeps its
+all-to-all, which the busy time left out.
+
 A cut one of whose ranks cannot hold one microbatch's activations has no schedule and is left
 out, as ``search.Cuts`` leaves it out. For the makespan, a rank's bound starts once the forwards
 of one microbatch have reached it.
@@ -40,14 +48,31 @@ from ..limits import allowance
 from .compose import Placement, least_kept
 from .memory import parameter_bytes
 
-__all__ = ["relaxed_bound", "work_bound", "RankBounds", "unit_work", "min_max_cut"]
+__all__ = ["relaxed_bound", "work_bound", "RankBounds", "unit_work", "paired_floor", "min_max_cut"]
 
 
 def unit_work(layers: LayerProfile, recompute: str = "none") -> list[float]:
     """Per unit, the least compute one microbatch needs there: the cheaper forward and backward,
     a forward checkpointed and recomputed counted with its recompute pass where ``recompute``
-    allows it (``auto``: the cheapest way; ``full``: every microbatch recomputed)."""
-    return [_least_forward(u, recompute) + _least_backward(u) for u in layers.units]
+    allows it (``auto``: the cheapest way; ``full``: every microbatch recomputed), each forward
+    and backward at its least in an overlapped pair (``paired_floor``)."""
+    return [_least_forward(u, recompute) + _least_backward(u) for u in map(paired_floor, layers.units)]
+
+
+def paired_floor(u: Unit) -> Unit:
+    """``u`` with its forwards (plain, fused, checkpointed) and backwards (B, BW) shortened by
+    their all-to-all, as ``CostModel.paired_floor`` shortens a stage's: the least each can take
+    in an overlapped pair. W and recompute passes keep their times; ``u`` itself without
+    all-to-all."""
+    if not (u.a_f or u.a_b):
+        return u
+
+    def less(t: float | None, a: float) -> float | None:
+        return None if t is None else max(0.0, t - a)
+
+    return u.model_copy(update={"t_f": less(u.t_f, u.a_f), "t_ff": less(u.t_ff, u.a_f), "t_fc": less(u.t_fc, u.a_f),
+                                "t_fs": less(u.t_fs, u.a_f), "t_b": less(u.t_b, u.a_b), "t_bw": less(u.t_bw, u.a_b),
+                                "a_f": 0.0, "a_b": 0.0})
 
 
 def _least_backward(u: Unit) -> float:
@@ -151,7 +176,8 @@ class RankBounds:
         self.S = num_ranks * (2 if placement == "v" else 1)
         us = layers.units
         self.w = unit_work(layers, recompute)
-        ahead = [_least_forward(u, recompute) for u in us]  # a forward's side of the busy time (with R)
+        # a forward's side of the busy time (with R), at its least in a pair as the busy time counts it
+        ahead = [_least_forward(paired_floor(u), recompute) for u in us]
         self.pre_w, self.pre_ahead = _prefix(self.w), _prefix(ahead)
         self.pre_f = _prefix([_path_forward(u, recompute) for u in us])  # on the fill path
         self.pre_b = _prefix([min(u.t_b, u.fused_backward) for u in us])  # input gradients on the fill path

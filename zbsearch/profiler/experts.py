@@ -9,7 +9,10 @@ the expert all-to-all calls of each stage's F and B with the runtime's own split
 F (dispatch and combine), ``a_b`` inside one B (their mirrors). They are part of t_f and t_b,
 not added to them (and at most them): the schedule's overlapped pairs hide them behind
 another pass's compute.
-The profile of the group's first process is returned, with ``ep`` recorded.
+The profile of the group's first process is returned, with ``ep`` recorded (in its mesh
+section). ``layers_expert_parallel`` measures a model cut into its units the same way, as
+``profile_layers`` measures them, and returns the per-layer profile with each unit's ``a_f``,
+``a_b`` and the ``ep`` (for ``zbsearch plan`` and ``zbsearch tune``).
 
 Every process runs the same passes in the same order, so each all-to-all meets its peers; the
 processes share the machine's cores, as ranks of one node do.
@@ -18,19 +21,24 @@ processes share the machine's cores, as ranks of one node do.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 
 from ..distributed import run_local
 from ..errors import ZbError
-from ..formats.profile import Profile
+from ..formats.layers import LayerProfile, UnitKind
+from ..formats.profile import Profile, StageCost
+from .layers import profile_layers
 from .links import LinkModel, estimate_link
 from .run import profile_one_device
 from .settings import Settings, resolve_device, resolve_dtype
 from .stages import ModelSpec, leaves, run_stage
 
-__all__ = ["profile_expert_parallel", "all_to_all_ms"]
+__all__ = ["profile_expert_parallel", "layers_expert_parallel", "all_to_all_ms"]
+
+S = TypeVar("S", bound=StageCost)
 
 
 def profile_expert_parallel(build: Callable, ep: int, settings: Settings, *, name: str | None = None,
@@ -42,28 +50,66 @@ def profile_expert_parallel(build: Callable, ep: int, settings: Settings, *, nam
     Raises:
         ZbError: ``ep`` below 2, or a model whose experts do not split over ``ep`` ranks.
     """
+    got = _on_group(build, ep, settings, name, link, False, None)
+    assert isinstance(got, Profile)
+    return got
+
+
+def layers_expert_parallel(build: Callable, ep: int, settings: Settings, *, kinds: Sequence[UnitKind] | None = None,
+                           name: str | None = None, link: LinkModel | None = None) -> LayerProfile:
+    """The per-layer profile of ``build(groups)``, whose stages are the model's units (``kinds``:
+    theirs, as for ``profile_layers``), measured on ``ep`` local processes, with each unit's
+    ``a_f`` and ``a_b`` and the ``ep``.
+
+    Raises:
+        ZbError: as ``profile_expert_parallel``, or fewer than two units.
+    """
+    got = _on_group(build, ep, settings, name, link, True, None if kinds is None else list(kinds))
+    assert isinstance(got, LayerProfile)
+    return got
+
+
+def _on_group(build: Callable, ep: int, settings: Settings, name: str | None, link: LinkModel | None, units: bool,
+              kinds: list[UnitKind] | None) -> Profile | LayerProfile:
+    """What ``_measure`` returns on the group's first process."""
     settings.check()
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
         raise ZbError(f"--ep must be a whole number of at least 2 (expert-parallel processes), not {ep!r}")
     if link is None:
         link = estimate_link(resolve_device(settings.device))
-    got = run_local(_measure, ep, build, settings, name, link, timeout=max(600.0, 20 * settings.timeout))
-    return got[0]
+    return run_local(_measure, ep, build, settings, name, link, units, kinds, timeout=max(600.0, 20 * settings.timeout))[0]
 
 
 def _measure(rank: int, world: int, send, build: Callable, settings: Settings, name: str | None,
-             link: LinkModel) -> Profile:
+             link: LinkModel, units: bool, kinds: list[UnitKind] | None) -> Profile | LayerProfile:
+    """This process's profile: of the stages, or, with ``units``, of the stages as the units
+    (of ``kinds``) of a per-layer profile."""
     from ..models.moe import ExpertGroups
 
     groups = ExpertGroups.new(range(world))
     spec: ModelSpec = build(groups)
+    if units:
+        layers = profile_layers(spec, settings, kinds=kinds, name=name, link=link)
+        a_f, a_b = all_to_all_ms(spec, settings)
+        return layers.model_copy(update={"units": _within(layers.units, a_f, a_b), "ep": world,
+                                         "name": name or f"{layers.name}-ep{world}"})
     prof = profile_one_device(spec, settings, name=name, link=link)
     a_f, a_b = all_to_all_ms(spec, settings)
-    # timed in passes of their own: on a loaded machine a wait for a peer can outlast the pass it is
-    # part of in the profile's timing, and what a pass spends in its all-to-all is part of its time
-    stages = [st.model_copy(update={"a_f": min(f, st.t_f), "a_b": min(b, st.t_b)})
-              for st, f, b in zip(prof.stages, a_f, a_b)]
-    return prof.model_copy(update={"stages": stages, "ep": world, "name": name or f"{prof.name}-ep{world}"})
+    mesh = prof.made_for.model_copy(update={"ep": world})
+    return prof.model_copy(update={"stages": _within(prof.stages, a_f, a_b), "mesh": mesh,
+                                   "name": name or f"{prof.name}-ep{world}"})
+
+
+def _within(stages: list[S], a_f: list[float], a_b: list[float]) -> list[S]:
+    """Each stage (or unit) with its all-to-all, at most the pass it is part of: timed in passes
+    of their own, on a loaded machine a wait for a peer can outlast the pass it is part of in
+    the profile's timing."""
+    def least(st: S, names: tuple[str, ...]) -> float:
+        return min(t for t in (getattr(st, n) for n in names) if t is not None)
+
+    return [st.model_copy(update={"a_f": min(f, least(st, ("t_f", "t_ff", "t_fc", "t_r", "t_rf"))),
+                                  "a_b": min(b, least(st, ("t_b", "t_bw")))})
+            for st, f, b in zip(stages, a_f, a_b)]
 
 
 def all_to_all_ms(spec: ModelSpec, settings: Settings) -> tuple[list[float], list[float]]:

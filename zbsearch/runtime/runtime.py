@@ -58,7 +58,7 @@ from ..dependencies import remote_input
 from ..distributed import heap
 from ..distributed.mesh import mesh_sizes
 from ..distributed.timeouts import PEER_TIMEOUT_S
-from ..formats.schedule import Schedule
+from ..formats.schedule import Schedule, pairs_problem
 from ..formats.trace import Trace
 from ..validator import find_problem
 from .data_parallel import DEFAULT_BUCKET_BYTES, GradientReducer, Reductions, check_replicas, refuse_wrapped, replica_sum
@@ -619,22 +619,19 @@ class PipelineRuntime:
 
 def _pairs(schedule: Schedule, rank: int) -> set[int]:
     """The positions of ``rank``'s overlapped pairs (their F; the B or BW follows), checked for
-    what running them needs: an F then a B or BW of another microbatch, pairs apart."""
+    what running them needs: the schedule's rule for pairs (``pairs_problem``) and, since a pair
+    runs its two passes at once, a backward of another microbatch than its forward's."""
     if schedule.overlapped is None:
         return set()
+    problem = pairs_problem(schedule.actions, schedule.overlapped)
+    if problem:
+        raise PipelineError(problem)
     actions = schedule.rank_actions[rank]
-    starts = sorted(schedule.overlapped[rank])
-    for i, pos in enumerate(starts):
-        if not 0 <= pos < len(actions) - 1:
-            raise PipelineError(f"rank {rank}: overlapped pair at position {pos} is outside its {len(actions)} actions")
+    for pos in schedule.overlapped[rank]:
         f, b = actions[pos], actions[pos + 1]
-        if f.op is not Op.F or b.op not in (Op.B, Op.BW):
-            raise PipelineError(f"rank {rank}: overlapped pair {f}+{b}: a pair is an F followed by a B or BW")
         if f.mb == b.mb:
             raise PipelineError(f"rank {rank}: overlapped pair {f}+{b}: the backward of a microbatch needs its forward")
-        if i and starts[i - 1] + 1 >= pos:
-            raise PipelineError(f"rank {rank}: overlapped pairs at positions {starts[i - 1]} and {pos} share an action")
-    return set(starts)
+    return set(schedule.overlapped[rank])
 
 
 @contextlib.contextmanager

@@ -10,7 +10,9 @@ candidate as it is. A kind is left out where it does not apply (interleaved 1F1B
 of p), where the profile's pieces were measured for another placement, or where its memory
 exceeds the limit (each placement's limit: ``<x>p`` counts that placement's M_B). Each costs a
 build and a simulation, which at the largest sizes and shortest time limits may not fit: a
-kind not built in time is named, never silently left out.
+kind not built in time is named, never silently left out. Where the passes hold all-to-all the
+solver builds DualPipeV (with its pairs) however short the time, so that it never returns a
+schedule slower than the hand-made one for such models.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def classic_baselines(
     profile: Profile, m: int, mem_limit: str | Sequence[float] | None, chunks: int, objective: Objective,
     deadline: float | None = None, until: float | None = None,
     built: dict[str, tuple[list[list[Action]], Timeline | None]] | None = None, skip: Collection[str] = (),
-    recompute: Recomputation = "none",
+    recompute: Recomputation = "none", always: Collection[str] = (),
 ) -> tuple[list[Baseline], list[str]]:
     """Each classic kind for ``chunks`` (but those in ``skip``) that applies and fits
     ``mem_limit`` (text as the user wrote it, per-rank values, or None), timed, and the kinds
@@ -63,7 +65,8 @@ def classic_baselines(
     already built on their placement under these costs, with their timelines where simulated
     (None: over the limit); ``deadline``: for kinds that repeat their construction (ZB-V).
     ``recompute``: the recomputation allowed (the recomputing kinds join where it is not
-    "none"; with "full" they are the only ones)."""
+    "none"; with "full" they are the only ones). ``always``: kinds built and timed even once
+    ``until`` has passed."""
     out, late = [], []
     recomputing = RECOMPUTING_BY_CHUNKS.get(chunks, ()) if recompute != "none" else ()
     kinds = recomputing if recompute == "full" else CLASSIC_BY_CHUNKS.get(chunks, ()) + recomputing
@@ -71,7 +74,7 @@ def classic_baselines(
         if kind in skip:
             continue
         done = built.get(kind) if built else None
-        if done is None and until is not None and time.monotonic() > until:
+        if done is None and until is not None and time.monotonic() > until and kind not in always:
             late.append(kind)
             continue
         spec = KINDS[kind]

@@ -273,15 +273,16 @@ class SolveRun:
         """The classic schedules within the limit, on the true costs: candidates, and what to
         beat (those the construction built are reused). Each new one costs a build and a
         simulation: one is started only while ``Shares.classic_sims`` simulations' time is left
-        before the end's reserve. 1F1B is left out where splitting loses nothing: 1F1B with split
-        backwards is never longer."""
+        before the end's reserve (DualPipeV, where the passes hold all-to-all, whatever is
+        left). 1F1B is left out where splitting loses nothing: 1F1B with split backwards is never
+        longer."""
         sh, b = self.budget.shares, self.budget
         cost = self.problem.cost
         self.baselines, self.not_built = classic_baselines(
             self.profile, self.problem.num_microbatches, self.spec if self.spec is not None else self.limit, self.chunks,
             self.problem.objective, deadline=b.at(sh.classics), until=b.deadline - sh.classic_sims * self.sim_s,
             built=None if self.uniform_costs else self.built, skip=() if cost.fusing_may_pay() else ("1f1b",),
-            recompute=self.problem.recompute)
+            recompute=self.problem.recompute, always=("dualpipe-v",) if cost.has_all_to_all else ())
         self.hit_limit |= bool(self.not_built)
         place = list(cost.stage_to_rank)
         for base in self.baselines:  # (one with pairs joins at the end: the phases between keep none)

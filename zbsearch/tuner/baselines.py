@@ -16,6 +16,13 @@ For every pipeline degree pp >= 2 of the ranks (the data-parallel degree the res
 * ``Megatron interleaved``: its interleaved schedule, two model chunks per rank, where the
   microbatches are a multiple of pp, as Megatron requires.
 
+* ``DualPipeV``: where the units hold expert-parallel all-to-all (a mixture-of-experts model),
+  DeepSeek's DualPipeV with its overlapped pairs, the even split cutting 2 pp pieces of a V, at
+  each microbatch size searched whose microbatches are at least 2 pp, as it requires.
+
+With an expert-parallel degree ``ep`` the expert groups lie in the data dimension, so only meshes
+whose data-parallel degree ``ep`` divides are costed (as in the search).
+
 A 1F1B baseline whose activations do not fit recomputes every microbatch fully (Megatron's
 ``--recompute-granularity full``, torchtitan's full activation checkpointing), where the
 profile has recomputation costs; an interleaved one that does not fit is left out (no
@@ -32,11 +39,11 @@ from .space import Config, divisors
 __all__ = ["baseline_configurations", "AS_NEEDED", "FAMILIES"]
 
 AS_NEEDED = "full where needed"
-FAMILIES = ("torchtitan 1F1B", "torchtitan interleaved", "Megatron 1F1B", "Megatron interleaved")
+FAMILIES = ("torchtitan 1F1B", "torchtitan interleaved", "Megatron 1F1B", "Megatron interleaved", "DualPipeV")
 
 
 def baseline_configurations(layers: LayerProfile, ranks: int, tp: int, global_batch: int,
-                            sizes: list[int]) -> tuple[list[Config], list[str]]:
+                            sizes: list[int], ep: int = 1) -> tuple[list[Config], list[str]]:
     """The baselines' configurations (see the module), and, in words, those that do not apply."""
     out: list[Config] = []
     left_out: list[str] = []
@@ -46,6 +53,10 @@ def baseline_configurations(layers: LayerProfile, ranks: int, tp: int, global_ba
             continue
         dp = ranks // (tp * pp)
         mesh = Mesh(pp, dp, tp)
+        if dp % ep:
+            continue  # (the search leaves the mesh out and says why)
+        if layers.has_all_to_all:
+            out += _dualpipe_v(layers, mesh, global_batch, sizes, left_out)
         for chunks, kind, placement in ((1, "1f1b", "one"), (2, "interleaved-1f1b", "looped")):
             rules = {b.name: b for b in baseline_cuts(layers, pp, "one" if chunks == 1 else "v")}
             family = "1F1B" if chunks == 1 else "interleaved"
@@ -75,3 +86,22 @@ def baseline_configurations(layers: LayerProfile, ranks: int, tp: int, global_ba
                     continue
                 out.append(Config(mesh, b, m, placement, recompute, kind, name, megatron.cut.counts))
     return out, left_out
+
+
+def _dualpipe_v(layers: LayerProfile, mesh: Mesh, global_batch: int, sizes: list[int], left_out: list[str]) -> list[Config]:
+    """DualPipeV's configurations at ``mesh`` (see the module)."""
+    name, pp, dp = "DualPipeV", mesh.pp, mesh.dp
+    even = next((b for b in baseline_cuts(layers, pp, "v") if b.name == "even"), None)
+    if even is None or even.cut is None:
+        left_out.append(f"{name} at {mesh}: {even.note if even else 'no layers to cut'}")
+        return []
+    out = []
+    for b in sizes:
+        if global_batch % (dp * b):
+            continue
+        m = global_batch // (dp * b)
+        if m < 2 * pp:
+            left_out.append(f"{name} at {mesh}, b={b}: {m} microbatches, fewer than the {2 * pp} it needs")
+            continue
+        out.append(Config(mesh, b, m, "v", "none", "dualpipe-v", name, even.cut.counts))
+    return out

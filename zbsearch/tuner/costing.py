@@ -1,7 +1,9 @@
 """A configuration's iteration: its schedule on the stage costs of its cut, ended by the
 stages' gradient reductions across the replicas and the optimizer steps.
 
-Each stage's profile is composed from its units (``zbsearch.planner.compose``). Each stage
+Each stage's profile is composed from its units (``zbsearch.planner.compose``), their
+expert-parallel all-to-all included, so a schedule's overlapped pairs cost what the cost model
+says a pair costs. Each stage
 reduces its units' gradients, and a tied parameter's on every stage that uses it, across the
 ``dp`` replicas as a ring all-reduce at the mesh's data-parallel bandwidth; each rank then steps
 the optimizer over the parameters it holds, a tied one once (``optimizer``). The simulator's
@@ -85,8 +87,9 @@ def full_profile(layers: LayerProfile, counts: Sequence[int], placement: str, me
     cut = Cut(tuple(counts), "v" if placement == "v" else "one")
     prof = stage_profile(layers, cut)
     owner = stage_to_rank(mesh.pp, len(counts), placement)
-    if placement == "looped":
-        prof = prof.model_copy(update={"placement": owner})
+    if placement == "looped":  # the stages' ranks, in the mesh section too where the profile has one
+        made = None if prof.mesh is None else prof.mesh.model_copy(update={"pp": mesh.pp})
+        prof = prof.model_copy(update={"placement": owner, "mesh": made})
     bw = mesh.dp_bandwidth(cluster)
     grads, steps = [], []
     stepped: set[tuple[int, str]] = set()  # (rank, tied key): a tied parameter stepped once per rank
@@ -121,9 +124,10 @@ def rank_static(layers: LayerProfile, counts: Sequence[int], placement: str, num
 
 
 def cost_schedule(kind: str, profile: Profile, m: int, owner: list[int], actions: list[list[Action]],
-                  static: list[float]) -> tuple[Schedule, Costed]:
-    """The schedule of ``actions`` on ``profile`` (one with reductions), and its iteration."""
-    sched = Schedule.build(kind, profile, m, owner, actions)
+                  static: list[float], overlapped: list[list[int]] | None = None) -> tuple[Schedule, Costed]:
+    """The schedule of ``actions`` on ``profile`` (one with reductions), with its overlapped
+    pairs where it has any, and its iteration."""
+    sched = Schedule.build(kind, profile, m, owner, actions, overlapped=overlapped)
     tl = timeline(sched)
     with_prediction(sched, tl)
     pred = sched.predicted

@@ -60,6 +60,7 @@ class Evaluation:
     note: str | None = None
     time_s: float = 0.0
     schedule: Schedule | None = field(default=None, repr=False)
+    pairs: int = 0  # the schedule's overlapped pairs
 
 
 def evaluate(task: Task) -> Evaluation:
@@ -74,6 +75,7 @@ def evaluate(task: Task) -> Evaluation:
     except ZbError as e:
         out = Evaluation("no schedule", note=str(e))
     out.time_s = time.monotonic() - t0
+    out.pairs = out.schedule.num_pairs if out.schedule is not None else 0
     if out.schedule is not None and (out.costed is None or out.costed.iteration >= task.incumbent):
         out.schedule = None
     return out
@@ -102,7 +104,7 @@ def _planned(task: Task) -> Evaluation:
     full = full_profile(layers, counts, c.placement, mesh, task.cluster, opt)
     static = rank_static(layers, counts, c.placement, mesh.pp, opt, mesh.dp)
     sched, costed = cost_schedule(f"plan ({res.schedule.kind})", full, c.m, res.schedule.stage_to_rank,
-                                  res.schedule.rank_actions, static)
+                                  res.schedule.rank_actions, static, res.schedule.overlapped)
     steps, _ = unit_steps(layers, mesh, task.cluster, opt)
     bound = min(costed.iteration, max(task.bound, res.partition.lower_bound + min(steps)))
     part = res.partition.model_copy(update={
@@ -134,7 +136,7 @@ def _fixed(task: Task) -> Evaluation:
     over = ""
     for kind in kinds:
         built = build_classic(kind, full, c.m)
-        sched, costed = cost_schedule(kind, full, c.m, owner, built.rank_actions, static)
+        sched, costed = cost_schedule(kind, full, c.m, owner, built.rank_actions, static, built.overlapped)
         acts = [p - s for p, s in zip(costed.peak_bytes, static)]
         if budget is None or all(a <= allowance(budget - s) for a, s in zip(acts, static)):
             recompute = "full" if kind.endswith("-recompute") else "none"

@@ -41,6 +41,8 @@ class Launch(BaseModel):
     pp: int
     dp: int
     tp: int
+    ep: int = Field(1, ge=1, description=(
+        "expert-parallel degree: expert groups of ep data-parallel peers of each pipeline rank (1: none)"))
     microbatch_size: int
     microbatches: int = Field(description="per replica and iteration")
     global_batch: int
@@ -98,6 +100,9 @@ def launch_of(result: TuneResult, schedule: Schedule, layers: LayerProfile, fold
             notes.append("set NODE_RANK (0 .. nodes - 1) and MASTER_ADDR (node 0's address) on every node")
     if why:
         notes.append(why)
+    if result.ep > 1:
+        notes.append(f"expert parallelism: each pipeline rank's experts over groups of {result.ep} of its {row.dp} "
+                     "data-parallel peers (zbsearch.distributed.mesh.expert_groups, expert_data_group; docs/moe.md)")
     if args is not None and result.sharded and row.dp > 1:
         notes.append("the example trainers step a replicated optimizer: wrap it in torch's ZeroRedundancyOptimizer "
                      "(docs/mesh.md) to hold the memory costed")
@@ -111,6 +116,10 @@ def launch_of(result: TuneResult, schedule: Schedule, layers: LayerProfile, fold
             titan = [*exported.args, "--parallelism.data_parallel_replicate_degree", str(replicate),
                      "--parallelism.data_parallel_shard_degree", str(shard), "--parallelism.tensor_parallel_degree",
                      str(row.tp)]
+            if schedule.num_pairs:
+                notes.append("torchtitan: the overlapped pairs are torch's OVERLAP_F_B actions in the CSV, which torch's "
+                             "schedule runtime runs one after the other unless an overlap function is registered for "
+                             "them (register_custom_function); zbsearch's runtime overlaps them")
             if result.sharded:
                 notes.append("torchtitan shards with FSDP, not the optimizer state alone: its memory and reductions "
                              "differ from what was costed")
@@ -119,8 +128,9 @@ def launch_of(result: TuneResult, schedule: Schedule, layers: LayerProfile, fold
                              "gathered for the step, as zbsearch's runtime does")
         except ZbError as e:
             notes.append(f"torchtitan: {e}")
-    return Launch(pp=row.pp, dp=row.dp, tp=row.tp, microbatch_size=row.microbatch_size, microbatches=row.microbatches,
-                  global_batch=result.global_batch, placement=row.placement, recompute=row.recompute,
+    return Launch(pp=row.pp, dp=row.dp, tp=row.tp, ep=result.ep, microbatch_size=row.microbatch_size,
+                  microbatches=row.microbatches, global_batch=result.global_batch, placement=row.placement,
+                  recompute=row.recompute,
                   layers_per_stage=row.layers_per_stage, nodes=cluster.nodes, ranks_per_node=cluster.ranks_per_node,
                   schedule="schedule.json", commands=commands, torchtitan_args=titan, notes=notes)
 

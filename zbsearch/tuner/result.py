@@ -59,6 +59,8 @@ class ConfigRow(BaseModel):
     units_per_stage: list[int] | None = None
     layers_per_stage: list[int] | None = None
     recomputed: int | None = Field(None, description="forwards checkpointed and recomputed by the schedule")
+    overlapped_pairs: int | None = Field(None, description=(
+        "overlapped forward-backward pairs in the schedule, hiding expert-parallel all-to-all"))
     note: str | None = None
     time_s: float = 0.0
 
@@ -77,6 +79,9 @@ class TuneResult(BaseModel):
     recompute: list[str] = Field(description="recomputation modes searched")
     cluster: Cluster
     tp: int
+    ep: int = Field(1, ge=1, description=(
+        "expert-parallel degree: each expert group is ep data-parallel peers of one pipeline rank (1: none; older "
+        "files: 1)"))
     global_batch: int = Field(description="sequences per iteration, over all replicas")
     seq: int | None = Field(None, description="tokens per sequence (None: unknown, rates in sequences)")
     optimizer: str

@@ -76,6 +76,7 @@ def tune(
     global_batch: int,
     *,
     tp: int = 1,
+    ep: int | None = None,
     optimizer: str = "adamw",
     sharded: bool = False,
     shard: bool = False,
@@ -97,6 +98,10 @@ def tune(
         cluster: ranks, nodes, memory and links.
         global_batch: sequences per iteration over all replicas.
         tp: the tensor-parallel degree, given (the profiles are one tensor-parallel rank's).
+        ep: the expert-parallel degree of a mixture-of-experts model, given (default: the
+            profiles', ``LayerProfile.ep``, which their all-to-all times hold for): only meshes
+            whose data-parallel degree it divides are costed, their schedules with overlapped
+            pairs where those pay, DualPipeV among the baselines.
         optimizer: ``sgd``, ``adamw`` or ``mixed``; ``sharded``: its state over the replicas
             (ZeRO-1); ``shard``: the stages sharded over the replicas (``fully_shard``).
         sizes: microbatch sizes to search (default: those measured); other sizes' costs are
@@ -121,17 +126,19 @@ def tune(
     sizes = sorted(set(sizes or sized.measured))
     modes = _modes(ref, recompute)
     _check(cluster, tp, global_batch, sizes, placements, time_limit, plan_time, seq)
+    ep = _expert_parallel(list(profiles), ep)
     if seq is None:
         found = (ref.model or {}).get("seq")
         seq = int(found) if isinstance(found, (int, float)) and found >= 1 else None
     configs, left_out = configurations(ref.num_units, cluster.ranks, tp, global_batch, sizes, tuple(placements),
-                                       modes)
-    bases, not_based = baseline_configurations(ref, cluster.ranks, tp, global_batch, sizes) if baselines else ([], [])
+                                       modes, ep)
+    bases, not_based = (baseline_configurations(ref, cluster.ranks, tp, global_batch, sizes, ep) if baselines
+                        else ([], []))
     if not configs:
-        raise ZbError(f"no configuration of {cluster.ranks} ranks (tp {tp}) takes a global batch of {global_batch}: "
-                      f"{left_out[0] if left_out else 'nothing to search'}")
+        raise ZbError(f"no configuration of {cluster.ranks} ranks (tp {tp}{f', ep {ep}' if ep > 1 else ''}) takes a "
+                      f"global batch of {global_batch}: {left_out[0] if left_out else 'nothing to search'}")
     search = _Search(sized, cluster, opt, tp, global_batch, seq, clock, plan_time, milp, progress,
-                     len(configs) + len(bases))
+                     len(configs) + len(bases), ep)
     with Worker() as worker:
         worker.start()  # it imports while the configurations are bounded
         search.worker = worker
@@ -156,6 +163,24 @@ def _modes(ref: LayerProfile, recompute: Sequence[str] | None) -> tuple[str, ...
     return modes
 
 
+def _expert_parallel(profiles: list[LayerProfile], ep: int | None) -> int:
+    """The expert-parallel degree searched: ``ep`` where given, else the profiles'; one line
+    where the profiles disagree or were measured at another degree than the one given (their
+    all-to-all times hold for theirs)."""
+    found = sorted({p.ep for p in profiles})
+    if len(found) > 1:
+        raise ZbError(f"the per-layer profiles were measured at expert-parallel degrees {', '.join(map(str, found))}: "
+                      "give profiles of one degree")
+    if ep is None:
+        return found[0]
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise ZbError(f"the expert-parallel degree must be a whole number of at least 1, not {ep!r}")
+    if ep != found[0] and any(p.has_all_to_all for p in profiles):
+        raise ZbError(f"--ep {ep}: the per-layer profiles' all-to-all times were measured at ep {found[0]}; profile the "
+                      f"model at --ep {ep} (zbsearch profile --per-layer --ep {ep})")
+    return ep
+
+
 def _check(cluster: Cluster, tp: int, global_batch: int, sizes: list[int], placements: Sequence[str],
            time_limit: float, plan_time: float | None, seq: int | None) -> None:
     if tp < 1 or cluster.ranks % tp:
@@ -178,8 +203,8 @@ class _Search:
 
     def __init__(self, sized: SizedLayers, cluster: Cluster, opt: OptimizerSetup, tp: int, global_batch: int,
                  seq: int | None, clock: _Clock, plan_time: float | None, milp: bool, progress: TuneProgress | None,
-                 total: int) -> None:
-        self.sized, self.cluster, self.opt, self.tp = sized, cluster, opt, tp
+                 total: int, ep: int = 1) -> None:
+        self.sized, self.cluster, self.opt, self.tp, self.ep = sized, cluster, opt, tp, ep
         self.global_batch, self.seq, self.clock, self.plan_time, self.milp = global_batch, seq, clock, plan_time, milp
         self.progress, self.total, self.done = progress, total, 0
         self.rows: list[ConfigRow] = []
@@ -301,6 +326,7 @@ class _Search:
                 row.bubble = got.bubble
                 row.peak_bytes = max(got.peak_bytes)
                 row.recomputed = got.recomputed
+                row.overlapped_pairs = ev.pairs
                 row.tokens_per_s = self.global_batch * (self.seq or 1) / (got.iteration / 1e3)
                 if got.iteration < self.best:
                     self.best = got.iteration
@@ -327,7 +353,7 @@ class _Search:
                 f"the optimizer's state streamed at {self.cluster.memory_gbs:g} GB/s")
         result = TuneResult(
             layers=[p.name for p in self.sized.by_size.values()], measured_sizes=self.sized.measured,
-            how_sizes_scale=HOW_SIZES_SCALE, cluster=self.cluster, tp=self.tp,
+            how_sizes_scale=HOW_SIZES_SCALE, cluster=self.cluster, tp=self.tp, ep=self.ep,
             global_batch=self.global_batch, seq=self.seq, optimizer=self.opt.name, sharded=self.opt.sharded,
             shard=self.opt.fully_sharded,
             optimizer_step=step, time_limit_s=self.clock.limit, time_s=round(time.monotonic() - self.clock.start, 3),

@@ -7,7 +7,10 @@ takes ``global_batch / dp`` sequences, as ``m`` microbatches of ``b`` sequences,
 microbatch size ``b`` searched that divides it. With ``pp >= 2`` the stages are placed one per
 rank (``one``) or two per rank in a V (``v``, where there are at least 2 pp units), and the
 schedule may recompute as each mode searched allows (``none``, ``auto``); the cut is the
-planner's. With ``pp = 1`` every unit is on one stage, run microbatch after microbatch.
+planner's. With ``pp = 1`` every unit is on one stage, run microbatch after microbatch. With
+the expert-parallel degree ``ep`` given (a mixture-of-experts model), each expert group is
+``ep`` data-parallel peers of one pipeline rank: meshes whose ``dp`` it does not divide are
+left out.
 """
 
 from __future__ import annotations
@@ -56,13 +59,17 @@ def divisors(n: int) -> list[int]:
 
 def configurations(num_units: int, ranks: int, tp: int, global_batch: int, sizes: list[int],
                    placements: tuple[str, ...] = PLACEMENTS,
-                   recompute: tuple[str, ...] = RECOMPUTE_MODES) -> tuple[list[Config], list[str]]:
+                   recompute: tuple[str, ...] = RECOMPUTE_MODES, ep: int = 1) -> tuple[list[Config], list[str]]:
     """Every configuration (see the module), and, in words, the meshes and sizes left out."""
     out: list[Config] = []
     left_out: list[str] = []
     for pp in divisors(ranks // tp):
         dp = ranks // (tp * pp)
         mesh = Mesh(pp, dp, tp)
+        if dp % ep:
+            left_out.append(f"{mesh}: the expert-parallel degree {ep} does not divide the {dp} data-parallel ranks "
+                            "its expert groups lie in")
+            continue
         if pp > num_units:
             left_out.append(f"{mesh}: {num_units} units cannot fill {pp} stages")
             continue
