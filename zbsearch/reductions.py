@@ -225,11 +225,14 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
 
 
 def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_bytes: Sequence[float], *,
-                             group: str, backend: str, t_opt: Sequence[float] | None = None):
+                             group: str, backend: str, t_opt: Sequence[float] | None = None,
+                             slowdown: Sequence | None = None):
     """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
     ``replicas`` as timed on a real group: ``reduce_ms`` per stage (``Quartiles``; ``t_reduce``
     is the median), ``group`` ``local`` or ``torchrun``, ``backend`` the process group's; and,
-    where given, their optimizer step (``t_opt``, ms per stage)."""
+    where given, their optimizer step (``t_opt``, ms per stage) and how much the reduction
+    slowed a pass beside it (``slowdown``, per stage ``Quartiles`` of the factor or None where
+    not measured; ``reduce_slowdown`` is the median, at least 1)."""
     from .errors import ZbError
     from .formats.profile import DataParallel
 
@@ -237,9 +240,17 @@ def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_b
     if len(reduce_ms) != profile.num_stages or replicas < 1:
         raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one reduction time per stage "
                       "and at least 1 replica")
+    if slowdown is not None and len(slowdown) != profile.num_stages:
+        raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one slowdown per stage")
     dp = DataParallel(replicas=replicas, how="measured", grad_bytes=list(grad_bytes), group=group, backend=backend,
-                      reduce_ms=list(reduce_ms))
-    return _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt)
+                      reduce_ms=list(reduce_ms), slowdown=None if slowdown is None else list(slowdown))
+    out = _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt)
+    if slowdown is None:
+        return out
+    from .formats.profile import MAX_SLOWDOWN
+
+    factors = [None if q is None else min(MAX_SLOWDOWN, max(1.0, q.median)) for q in slowdown]
+    return out.model_copy(update={"stages": [c.model_copy(update={"reduce_slowdown": f}) for c, f in zip(out.stages, factors)]})
 
 
 def _check_per_stage(profile, grad_bytes: Sequence[float], t_opt: Sequence[float] | None) -> None:

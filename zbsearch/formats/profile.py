@@ -305,9 +305,10 @@ class DataParallel(BaseModel):
     backend: str | None = Field(default=None, description="how = measured: the process group's backend (gloo, nccl)")
     reduce_ms: list[Quartiles] | None = Field(default=None, description=(
         "how = measured: per stage, the spread of its timed reductions; t_reduce is their median"))
-    slowdown: list[Quartiles] | None = Field(default=None, description=(
+    slowdown: list[Quartiles | None] | None = Field(default=None, description=(
         "how = measured: per stage, the spread of the factor by which its reduction running beside a pass slowed "
-        "the pass (the pass's time beside the reduction over its time alone); reduce_slowdown is the median"))
+        "the pass (the pass's time beside the reduction over its time alone; None: not measured); reduce_slowdown is the "
+        "median, at least 1"))
 
 
 class Profile(BaseModel):

@@ -217,6 +217,12 @@ class GradientReducer:
         """The parameters reduced when ``stage`` is done."""
         return [p for ps in self._buckets[stage] for p in ps]
 
+    def buffers(self, stage: int) -> list[torch.Tensor]:
+        """Zeros shaped as the flat buckets ``start(stage)`` reduces, one per bucket: what the
+        profiler reduces to time the reduction beside a pass (``zbsearch.profiler.slowdown``)."""
+        return [torch.zeros(sum(_shard(p).numel() for p in ps) + len(ps), dtype=ps[0].dtype, device=ps[0].device)
+                for ps in self._buckets[stage]]
+
     @torch.no_grad()
     def start(self, stage: int) -> None:
         """Launch the reduction of ``stage``'s gradients (asynchronous)."""
