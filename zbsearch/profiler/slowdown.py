@@ -7,21 +7,20 @@ kernels take streaming multiprocessors and memory bandwidth. The simulator slows
 stage's factor while the reduction runs (``zbsearch.reductions``); this module measures it, on
 a real data-parallel group, every member at once:
 
-* the stage's pass (its forward and whole backward on the profiled microbatch, seeded with ones:
-  the loss left out) timed alone, ``repeat`` times after ``warmup``;
-* then timed again while the stage's reduction runs beside it, as the runtime's buckets
+* after ``warmup`` passes, ``repeat`` rounds of: the stage's pass (its forward and whole
+  backward on the profiled microbatch, seeded with ones: the loss left out) timed alone, then
+  timed again while the stage's reduction runs beside it, as the runtime's buckets
   (``GradientReducer.buffers``) all-reduced on the group back to back on a thread of their own,
   so that the lane is busy for the whole pass; the members stop the reductions together once
-  every one has timed its passes (a flag reduced with them).
+  every one has timed its pass (a flag reduced with them).
 
-A sample is a pass's time beside the reduction over the median alone; a pass that ended after
-its rank's reductions had stopped is left out (another member finished first). The samples'
-median is the factor, at least 1.
+A sample is a round's pass beside the reduction over its pass alone just before: pairing them
+keeps a drift in the machine's load out of the ratio. A pass that ended after its rank's
+reductions had stopped is left out. The samples' median is the factor, at least 1.
 """
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -81,16 +80,17 @@ def slowdown_samples(passes: Sequence[Callable[[], None]], buffers: Sequence[lis
     for run, bufs in zip(passes, buffers):
         for _ in range(warmup):
             run()
-        alone = statistics.median(timed(run) for _ in range(repeat))
-        lane = _Lane(bufs, group)
-        dist.barrier(group=group)
-        lane.begin(timeout)
         samples = []
         for _ in range(repeat):
+            alone = timed(run)
+            lane = _Lane(bufs, group)
+            dist.barrier(group=group)
+            lane.begin(timeout)
             took = timed(run)
-            if not lane.stopped.is_set():  # the lane ran for the whole pass
+            whole = not lane.stopped.is_set()  # the lane ran for the whole pass
+            lane.end(timeout)
+            if whole:
                 samples.append(took / alone if alone > 0 else 1.0)
-        lane.end(timeout)
         out.append(samples)
     return out
 
@@ -112,7 +112,7 @@ class _Lane:
                     for b in self.buffers:
                         dist.all_reduce(b, group=self.group)
                     self.flag.fill_(1.0 if self.stop.is_set() else 0.0)
-                    dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=self.group)
+                    dist.all_reduce(self.flag, op=dist.ReduceOp.MIN, group=self.group)  # 1 once every member asks
                     self.started.set()
                     if self.flag.item() > 0:
                         break
@@ -124,6 +124,9 @@ class _Lane:
 
     def begin(self, timeout: float) -> None:
         """Start the reductions; return once one has run on every member."""
+        from ..runtime.data_parallel import note_in_flight
+
+        note_in_flight(None, self.stopped.is_set)
         self.thread.start()
         if not self.started.wait(timeout):
             raise ZbError(f"the data-parallel reduction did not complete within {timeout:g} s while timing its slowdown")
