@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import zbsearch as zb
 from tests.helpers.reference import needs, positions, random_cost, random_order, reference_duration
 from zbsearch.actions import Op
+from zbsearch.bounds import memory_iteration_lower_bound
 from zbsearch.reductions import slowed_end, with_reductions
 from zbsearch.simulator import simulate
 
@@ -140,6 +141,9 @@ def test_the_simulator_agrees_with_an_event_by_event_reference(seed, gathers):
     for r in range(len(rows)):
         assert all(e >= f - 1e-9 for e, f in zip(tl.end[r], fast.end[r]))
     assert tl.busy == fast.busy
+    # the iteration bound, which prices passes at full speed, stays below the slowed schedule
+    m = sum(a.op is Op.F and a.stage == 0 for row in rows for a in row)
+    assert memory_iteration_lower_bound(cost, m, None, quick=True) <= tl.period * (1 + 1e-9) + 1e-9
 
 
 def test_a_factor_of_one_is_compute_at_its_own_speed():
@@ -176,8 +180,6 @@ def test_a_reduction_beside_the_drain_slows_the_passes_it_overlaps():
 
 
 def test_bounds_hold_and_the_solver_never_calls_a_slowed_schedule_optimal_above_its_bound():
-    from zbsearch.bounds import memory_iteration_lower_bound
-
     rng = random.Random(7)
     statuses, slowed = [], 0
     for k in range(6):
