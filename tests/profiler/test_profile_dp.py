@@ -115,6 +115,9 @@ def test_measured_reductions_are_recorded_with_their_spread_and_survive_a_file(t
     # each stage's median factor, at least 1 (a pass measured faster beside the reduction: none); not measured: None
     assert [st.reduce_slowdown for st in prof.stages] == [pytest.approx(1.3), 1.0, pytest.approx(1.1), None]
     assert prof.data_parallel.slowdown[1].median == 0.95 and prof.data_parallel.slowdown[3] is None
+    from zbsearch.profiler.report import mesh_summary
+
+    assert "    passes beside it run 1-1.3 times slower (reduce_slowdown, 3 of 4 stages measured)" in mesh_summary(prof)
     assert [q.q1 for q in prof.data_parallel.reduce_ms] == [1.5, 2.75, 1.0, 6.5]
     assert prof.data_parallel.how == "measured" and prof.data_parallel.bandwidth_gbs is None
     zb.save_profile(prof, tmp_path / "p.json")
