@@ -8,15 +8,16 @@ stage's factor while the reduction runs (``zbsearch.reductions``); this module m
 a real data-parallel group, every member at once:
 
 * after ``warmup`` passes, ``repeat`` rounds of: the stage's pass (its forward and whole
-  backward on the profiled microbatch, seeded with ones: the loss left out) timed alone, then
-  timed again while the stage's reduction runs beside it, as the runtime's buckets
-  (``GradientReducer.buffers``) all-reduced on the group back to back on a thread of their own,
-  so that the lane is busy for the whole pass; the members stop the reductions together once
-  every one has timed its pass (a flag reduced with them).
+  backward on the profiled microbatch, seeded with ones: the loss left out) timed alone and
+  timed while the stage's reduction runs beside it (alone first in even rounds, last in odd
+  ones, so that what a pass's place in the round does to it cancels); the reduction is the
+  runtime's buckets (``GradientReducer.buffers``) all-reduced on the group back to back on a
+  thread of their own, so that the lane is busy for the whole pass; the members stop the
+  reductions together once every one has timed its pass (a flag reduced with them).
 
-A sample is a round's pass beside the reduction over its pass alone just before: pairing them
-keeps a drift in the machine's load out of the ratio. A pass that ended after its rank's
-reductions had stopped is left out. The samples' median is the factor, at least 1.
+A sample is a round's pass beside the reduction over its pass alone: pairing them keeps a
+drift in the machine's load out of the ratio. A pass that ended after its rank's reductions
+had stopped is left out. The samples' median is the factor, at least 1.
 """
 
 from __future__ import annotations
@@ -81,14 +82,15 @@ def slowdown_samples(passes: Sequence[Callable[[], None]], buffers: Sequence[lis
         for _ in range(warmup):
             run()
         samples = []
-        for _ in range(repeat):
-            alone = timed(run)
+        for k in range(repeat):
+            first = timed(run) if k % 2 == 0 else None  # alone first in even rounds, after in odd ones
             lane = _Lane(bufs, group)
             dist.barrier(group=group)
             lane.begin(timeout)
             took = timed(run)
             whole = not lane.stopped.is_set()  # the lane ran for the whole pass
             lane.end(timeout)
+            alone = first if first is not None else timed(run)
             if whole:
                 samples.append(took / alone if alone > 0 else 1.0)
         out.append(samples)
