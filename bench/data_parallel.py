@@ -5,12 +5,18 @@ PP x DP on local gloo processes, PP = 2, 3 and 4 (one launch each), DP = 2. The 
 emulated (``EmulatedStage``: each sleeps its profile time, so ranks do not compete for cores),
 the reductions are real: every rank holds ``--grad-mb`` MiB of gradients (split between its
 stages, so every placement reduces the same bytes per rank), reduced across the replicas with
-gloo.
+gloo. A sleep is not slowed by a reduction beside it as a real pass is: the emulated device
+slows its passes by ``--slowdown`` while one of its process's reductions is in flight (the
+emulation's ``reduce_slowdown``; 1: never), for as long as the real reduction runs.
 
 Per launch:
   1. profile the reductions: each stage's reduction of its gradients on the real data-parallel
      group (the runtime's buckets), every rank at once, for one stage per rank and for the V's
-     pieces; the profile's ``t_reduce`` is the median, the slower replica's;
+     pieces; the profile's ``t_reduce`` is the median, the slower replica's; and, as ``zbsearch
+     profile --dp`` does (``zbsearch.profiler.slowdown``), each stage's emulated pass timed
+     alone and beside its reduction: the profile's ``reduce_slowdown`` is the median factor
+     over both replicas (what the emulated slowdown, the runtime's own work and the
+     contention for the cores add up to);
   2. schedules on that profile: 1F1B, ZB-H1, ZB-2p (the span-optimal solve at 2p, one stage per
      rank), the span-optimal solve on the V, and the iteration-aware solve on the V
      (``--objective iteration``, started from the span solve's schedule);
@@ -33,7 +39,7 @@ against the profile's (``zbsearch.reduction_times``, what ``simulate --measured`
 Target: measured iteration within 5% of the prediction for every schedule.
 
 Saves bench/results/data_parallel.json.
-Run: PYTHONPATH=. python bench/data_parallel.py [--pp 2 3 4] [--dp 2] [-m 8] [--grad-mb 24] [--iters 10]
+Run: PYTHONPATH=. python bench/data_parallel.py [--pp 2 3 4] [--dp 2] [-m 8] [--grad-mb 24] [--iters 10] [--slowdown F]
 """
 
 from __future__ import annotations
@@ -54,15 +60,19 @@ UNIT = 2**16  # bytes of emulated activations per M_B
 SOLVE_S = 6.0  # seconds per solve
 
 
-def profile(pp: int, times: list[float], chunks: int, t_reduce: list[float] | None = None) -> zb.Profile:
+def profile(pp: int, times: list[float], chunks: int, t_reduce: list[float] | None = None,
+            slowdown: list[float] | None = None) -> zb.Profile:
     """Equal emulated stages (ms), no link time (local processes): one per rank, or the V's
-    pieces (half a stage each, measured for the V placement); ``t_reduce`` per stage or piece."""
+    pieces (half a stage each, measured for the V placement); ``t_reduce`` and ``slowdown``
+    (``reduce_slowdown``) per stage or piece."""
     from zbsearch.layout import placement
 
     t_f, t_b, t_w = (t / chunks for t in times)
     st = zb.StageCost(t_f=t_f, t_b=t_b, t_w=t_w, m_f=1.0 / chunks, m_b=-0.6 / chunks, m_w=-0.4 / chunks)
     stages = [st if t_reduce is None else st.model_copy(update={"t_reduce": t_reduce[s], "t_opt": 0.0})
               for s in range(pp * chunks)]
+    if slowdown is not None:
+        stages = [c.model_copy(update={"reduce_slowdown": f if f > 1.0 else None}) for c, f in zip(stages, slowdown)]
     return zb.Profile(name=f"emulated-p{pp}" + ("-v" if chunks == 2 else ""), memory_unit="activations", stages=stages,
                       placement=placement(pp, 2, "v") if chunks == 2 else None)
 
@@ -93,7 +103,9 @@ def predict(sched: zb.Schedule) -> dict:
     passes = max(max(e) for e in tl.end)
     after = max(max(e) + sum(cost.t_reduce[s] for s in last_backward(row)) for row, e in zip(tl.actions, tl.end))
     tails = {s: max(e) - e[i] for row, e in zip(tl.actions, tl.end) for s, i in last_backward(row).items()}
-    return {"passes_ms": passes, "overlapped_ms": max(tl.finish), "after_ms": after, "tail_ms": tails}
+    full_speed = simulate(sched.rank_actions, cost.without_slowdown())  # the reductions slowing no pass
+    return {"passes_ms": passes, "overlapped_ms": max(tl.finish), "after_ms": after, "tail_ms": tails,
+            "overlapped_full_speed_ms": max(full_speed.finish)}
 
 
 def _reductions_alone(stages: dict, dp_group, reps: int) -> dict[int, float]:
@@ -116,6 +128,19 @@ def _reductions_alone(stages: dict, dp_group, reps: int) -> dict[int, float]:
     return {s: statistics.median(v) for s, v in took.items()}
 
 
+def _slowdown_alone(stages: dict, dp_group, reps: int) -> dict[int, list[float]]:
+    """Each of this rank's stages' pass timed beside its reduction against alone (factors), as
+    ``zbsearch profile --dp`` times it, every rank its k-th stage at once."""
+    import torch
+
+    from zbsearch.profiler.slowdown import reduction_buffers, slowdown_samples, stage_pass
+
+    x = torch.zeros(16, requires_grad=True)
+    got = slowdown_samples([stage_pass(m, (x,)) for m in stages.values()],
+                           [reduction_buffers(m, dp_group, 300.0) for m in stages.values()], dp_group, reps, 1, 300.0)
+    return dict(zip(stages, got))
+
+
 def worker(rank, world, send, cfg: dict) -> dict | None:
     import torch
     import torch.distributed as dist
@@ -130,24 +155,32 @@ def worker(rank, world, send, cfg: dict) -> dict | None:
     dp_group = mesh["dp_replicate"].get_group()
 
     def mine(prof: zb.Profile, stage_to_rank: list[int]) -> dict:
+        """This rank's emulated stages, slowed as the emulated device is (``--slowdown``)."""
         chunks = len(stage_to_rank) // pp
-        stages = emulated_stages(prof, stage_to_rank, bytes_per_unit=UNIT, grad_bytes=cfg["grad_mb"] * 2**20 / chunks)
+        device = [cfg["slowdown"]] * prof.num_stages
+        emulated = prof.model_copy(update={"stages": [c.model_copy(update={"reduce_slowdown": f if f > 1.0 else None})
+                                                      for c, f in zip(prof.stages, device)]})
+        stages = emulated_stages(emulated, stage_to_rank, bytes_per_unit=UNIT, grad_bytes=cfg["grad_mb"] * 2**20 / chunks)
         return {s: stages[s] for s in range(len(stage_to_rank)) if stage_to_rank[s] == me}
 
-    # 1. the reductions' profile, on the data-parallel groups
-    alone = {}
+    # 1. the reductions' profile, on the data-parallel groups: their times, then how much they slow the passes
+    alone, slowed = {}, {}
     for chunks in (1, 2):
         prof = profile(pp, cfg["times"], chunks)
-        alone[chunks] = _reductions_alone(mine(prof, prof.placement or list(range(pp))), dp_group, cfg["profile_reps"])
+        stages = mine(prof, prof.placement or list(range(pp)))
+        alone[chunks] = _reductions_alone(stages, dp_group, cfg["profile_reps"])
+        slowed[chunks] = _slowdown_alone(stages, dp_group, cfg["profile_reps"])
     everyone: list = [None] * world
-    dist.all_gather_object(everyone, alone)
+    dist.all_gather_object(everyone, (alone, slowed))
     # 2. the schedules, solved on rank 0
     box: list = [None]
     if rank == 0:
         profs = {}
         for chunks in (1, 2):
-            t_reduce = [max(part[chunks][s] for part in everyone if s in part[chunks]) for s in range(pp * chunks)]
-            profs[chunks] = profile(pp, cfg["times"], chunks, t_reduce)
+            t_reduce = [max(part[0][chunks][s] for part in everyone if s in part[0][chunks]) for s in range(pp * chunks)]
+            factors = [max(1.0, statistics.median([f for part in everyone if s in part[1][chunks] for f in part[1][chunks][s]]
+                                                  or [1.0])) for s in range(pp * chunks)]
+            profs[chunks] = profile(pp, cfg["times"], chunks, t_reduce, factors)
         box[0] = [s.model_dump_json() for s in schedules(profs[1], profs[2], cfg["m"])]
     dist.broadcast_object_list(box, src=0)
     scheds = [zb.Schedule.model_validate_json(s) for s in box[0]]
@@ -176,7 +209,7 @@ def worker(rank, world, send, cfg: dict) -> dict | None:
 
 def run(pp: int, args) -> dict:
     cfg = {"pp": pp, "dp": args.dp, "m": args.m, "grad_mb": args.grad_mb, "times": args.times, "iters": args.iters,
-           "warmup": args.warmup, "profile_reps": args.profile_reps}
+           "warmup": args.warmup, "profile_reps": args.profile_reps, "slowdown": args.slowdown}
     load = os.getloadavg()
     t0 = time.perf_counter()
     res = launch(worker, pp * args.dp, cfg)
@@ -200,6 +233,10 @@ def run(pp: int, args) -> dict:
             "reduction_alone_after_ms": doc["reduction_alone_after_ms"], "tail_after_last_w_ms": pred["tail_ms"],
             "simulated_passes_ms": pred["passes_ms"], "simulated_overlapped_ms": pred["overlapped_ms"],
             "simulated_after_ms": pred["after_ms"], "simulated_iteration_ms": max(sched.predicted.iteration),
+            "slowdown": [c.reduce_slowdown or 1.0 for c in sched.profile.stages],
+            "simulated_overlapped_full_speed_ms": pred["overlapped_full_speed_ms"],
+            "on_passes_overlapped_full_speed_ms": none + pred["overlapped_full_speed_ms"] - pred["passes_ms"],
+            "overlapped_vs_on_passes_full_speed": over / (none + pred["overlapped_full_speed_ms"] - pred["passes_ms"]) - 1,
             "on_passes_overlapped_ms": on_passes_over, "on_passes_after_ms": on_passes_after,
             "measured_passes_ms": none, "measured_overlapped_ms": over, "measured_after_ms": after,
             "overlapped_runs_ms": doc["overlapped_ms"], "after_runs_ms": doc["after_ms"], "none_runs_ms": doc["none_ms"],
@@ -232,12 +269,15 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--profile-reps", type=int, default=5, help="timed reductions per stage for the profile")
+    ap.add_argument("--slowdown", type=float, default=1.0,
+                    help="how much slower the emulated passes run while a reduction of their process is in flight")
     ap.add_argument("-o", "--output", default="data_parallel")
     args = ap.parse_args()
     t0 = time.perf_counter()
     runs = [run(pp, args) for pp in args.pp]
     save({"pp": args.pp, "dp": args.dp, "m": args.m, "grad_mb": args.grad_mb, "times_ms": args.times,
           "iters": args.iters, "warmup": args.warmup, "profile_reps": args.profile_reps, "solve_s": SOLVE_S,
+          "slowdown": args.slowdown,
           "runs": runs, "wall_s": time.perf_counter() - t0}, args.output)
 
 

@@ -1057,7 +1057,10 @@ def data_parallel(docs: list[dict]) -> list[str]:
            f"{doc['grad_mb']:g} MiB of gradients per rank (split between a rank's stages). Per launch the reductions "
            f"are profiled first on the data-parallel groups ({doc['profile_reps']} timed per stage, every rank at once), "
            f"the schedules solved on that profile ({doc['solve_s']:g} s per solve), then {doc['iters']} timed rounds "
-           f"after {doc['warmup']} of warm-up, each round every schedule three ways, barrier to barrier; medians.", "",
+           f"after {doc['warmup']} of warm-up, each round every schedule three ways, barrier to barrier; medians."
+           + (f" The emulated passes run {doc['slowdown']:g} times slower while a reduction of their process is in flight; "
+              "each stage's factor is measured as `zbsearch profile --dp` does (its pass beside its reduction against "
+              "alone) and is in the profile the schedules are solved and predicted on." if "slowdown" in doc else ""), "",
            "- *zb-2p*: the span-optimal solve at 2p; *zb-2p-v*: the same on the V; *iteration-2p-v*: the iteration-aware "
            "solve on the V (`--objective iteration`), started from zb-2p-v.",
            "- *passes*: the runtime with no reduction; *overlapped*: the runtime with the mesh, each stage's reduction "
@@ -1067,6 +1070,10 @@ def data_parallel(docs: list[dict]) -> list[str]:
            "predicts); *on passes*: the measured passes plus what the reductions add to the simulated timeline.",
            "- *reductions in step vs profiled*: in the last overlapped step (the runtime's trace of replica 0), how much "
            "longer each reduction took than the profile says, mean over the ranks' stages.", ""]
+    slowed = "slowdown" in doc
+    if slowed:
+        out[-1:] = ["- *slowdown*: the profile's factors (median over the stages), measured; *at full speed*: the "
+                    "prediction on measured passes with every factor 1 (measured vs).", ""]
     worst_sim, worst_pass, worst_after = 0.0, 0.0, 0.0
     for run in doc["runs"]:
         sc = run["schedules"]
@@ -1086,21 +1093,29 @@ def data_parallel(docs: list[dict]) -> list[str]:
                          f"{r['simulated_overlapped_ms']:.1f} ({r['overlapped_vs_simulated']:+.1%})",
                          f"{r['on_passes_overlapped_ms']:.1f} ({r['overlapped_vs_on_passes']:+.1%})",
                          f"{r['measured_after_ms']:.1f} ({r['after_vs_on_passes']:+.1%})",
-                         f"{r['in_step_vs_profiled']:+.0%}", gain])
+                         f"{r['in_step_vs_profiled']:+.0%}", gain]
+                        + ([f"{statistics.median(r['slowdown']):.2f}",
+                            f"{r['on_passes_overlapped_full_speed_ms']:.1f} ({r['overlapped_vs_on_passes_full_speed']:+.1%})"]
+                           if slowed else []))
             worst_sim = max(worst_sim, abs(r["overlapped_vs_simulated"]))
             worst_pass = max(worst_pass, abs(r["overlapped_vs_on_passes"]))
             worst_after = max(worst_after, abs(r["after_vs_on_passes"]))
         out += _table(["schedule", "reductions per rank", "passes simulated / measured", "overlapped measured",
                        "simulated (measured vs)", "on passes (measured vs)", "after measured (vs on passes)",
-                       "reductions in step vs profiled", "vs 1F1B measured / simulated"], body)
+                       "reductions in step vs profiled", "vs 1F1B measured / simulated"]
+                      + (["slowdown", "at full speed (measured vs)"] if slowed else []), body)
     share = [(r["measured_after_ms"] - r["measured_passes_ms"]) / r["measured_after_ms"]
              for run in doc["runs"] for r in run["schedules"].values()]
     runtime = [r["passes_vs_simulated"] for run in doc["runs"] for r in run["schedules"].values()]
     errs = [abs(r["overlapped_vs_on_passes"]) for run in doc["runs"] for r in run["schedules"].values()]
+    full = [abs(r["overlapped_vs_on_passes_full_speed"]) for run in doc["runs"] for r in run["schedules"].values()
+            if "overlapped_vs_on_passes_full_speed" in r]
     out += [f"- Reductions add {min(share):.0%}-{max(share):.0%} of the iteration reduced after the step.",
             f"- Overlapped iteration against the prediction on measured passes: {sum(e <= 0.05 for e in errs)} of "
             f"{len(errs)} within 5%; largest |measured / predicted - 1| {worst_pass:.1%} (target 5%: "
             f"{'met' if worst_pass <= 0.05 else 'not met'}); reduced after the step {worst_after:.1%}.",
+            *([f"- At full speed (every factor 1): {sum(e <= 0.05 for e in full)} of {len(errs)} within 5%; largest "
+               f"{max(full):.1%}."] if slowed else []),
             f"- Against the simulator alone: {worst_sim:.1%}; the passes alone ran {min(runtime):+.0%} to "
             f"{max(runtime):+.0%} against their simulation (the runtime's own time per pass, which the emulated "
             "profile does not hold).", ""]
@@ -1357,7 +1372,8 @@ TOPICS = {
                        "notes)", "about 20 minutes in all", recompute),
     "data-parallel": Topic("Data-parallel reductions: the iteration measured against its prediction", ("data_parallel.json",),
                            lambda d: f"PYTHONPATH=. python bench/data_parallel.py --pp {' '.join(map(str, d['pp']))} "
-                                     f"--dp {d['dp']} --iters {d['iters']} --warmup {d['warmup']}",
+                                     f"--dp {d['dp']} --iters {d['iters']} --warmup {d['warmup']}"
+                                     + (f" --slowdown {d['slowdown']:g}" if "slowdown" in d else ""),
                            lambda d: f"{d.get('wall_s', 0) / 60:.0f} minutes", data_parallel),
     "compiled": Topic("torch.compile under the split backward", ("compiled.json",),
                       lambda d: f"PYTHONPATH=. python bench/compiled.py --hidden {d['hidden']} --seq {d['seq']} "

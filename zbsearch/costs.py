@@ -121,6 +121,9 @@ class CostModel:
     # per stage, gathering its sharded parameters at the step's start, before its first pass
     # (``zbsearch.reductions``; empty: none)
     t_gather: tuple[float, ...] = ()
+    # per stage, the factor by which its reduction or gather slows its rank's passes while it
+    # runs on the rank's lane (``zbsearch.reductions``; empty: no slowdown anywhere)
+    slowdown: tuple[float, ...] = ()
 
     def __repr__(self) -> str:
         S = self.num_stages
@@ -201,6 +204,8 @@ class CostModel:
             a_f=tuple(c.a_f / k for c in st) if profile.has_all_to_all else (),
             a_b=tuple(c.a_b / k for c in st) if profile.has_all_to_all else (),
             t_gather=tuple((c.t_gather or 0.0) / k for c in st) if any(c.t_gather for c in st) else (),
+            slowdown=tuple(c.reduce_slowdown or 1.0 for c in st)
+            if profile.has_reductions and any((c.reduce_slowdown or 1.0) > 1.0 for c in st) else (),
         )
 
     def check_microbatches(self, m: int) -> None:
@@ -310,7 +315,13 @@ class CostModel:
 
     def without_reductions(self) -> CostModel:
         """These costs with the iteration ending at the last pass."""
-        return replace(self, t_reduce=(), t_opt=(), t_gather=()) if self.t_reduce else self
+        return replace(self, t_reduce=(), t_opt=(), t_gather=(), slowdown=()) if self.t_reduce else self
+
+    def without_slowdown(self) -> CostModel:
+        """These costs with every pass at its own speed beside the reductions: every schedule's
+        times under them are no later than under these (``zbsearch.reductions``), so bounds and
+        models that ignore the slowdown hold for these costs too."""
+        return replace(self, slowdown=()) if self.slowdown else self
 
     def without_recompute(self, keep: tuple[Op, ...] = ()) -> CostModel:
         """These costs with only the recompute passes in ``keep`` offered (none by default)."""

@@ -10,7 +10,13 @@ run (``zbsearch.runtime.data_parallel``). The rule, in one place:
 * a rank's lane runs its reductions one at a time, in the order they become ready (the order
   of the rank's actions): the runtime starts them on one data-parallel group, which runs its
   collectives in order;
-* compute runs beside the lane at its own speed;
+* while the lane runs stage s's reduction, the rank's passes run at 1/``slowdown[s]`` of their
+  speed (``reduce_slowdown``, a factor >= 1 measured by ``zbsearch profile --dp``: the
+  collective takes cores, memory bandwidth and the host's attention from the passes beside it);
+  a pass that overlaps the lane for part of its time is slowed for that part only
+  (``slowed_end``). The lane's runs that can overlap a pass are known when it starts: a
+  reduction becomes ready at the end of one of the rank's own passes, so every later one starts
+  after the pass ends. A factor of 1 (older files) is compute at its own speed;
 * the rank's iteration ends once its last pass and its last reduction have ended, plus the
   optimizer steps of its stages (``t_opt``), which follow.
 
@@ -25,7 +31,13 @@ its own, ``zbsearch.runtime.sharded``):
   counts from the latest step start that lets each stage's gather end by its first pass (in
   steady state a rank idle before its first input hides its gathers there);
 * a stage's backward needs the forwards of every later stage, so every reduction becomes ready
-  after the rank's last gather: the gathers never delay a reduction.
+  after the rank's last gather: the gathers never delay a reduction;
+* while stage s's gather runs (from the rank's step start at 0, as its first pass waits for it)
+  the rank's passes run at 1/``slowdown[s]`` of their speed, as beside a reduction.
+
+A pass's time under a slowdown is never below its time alone, and a pass starting later never
+ends earlier, so every pass of a schedule ends no earlier than without the slowdown: bounds
+computed at full speed (``CostModel.without_slowdown``) hold with it.
 
 A schedule that leaves a rank work after a stage's last backward hides that stage's reduction
 behind it; one whose every stage ends with the rank's last pass pays the reductions in full.
@@ -39,10 +51,12 @@ from itertools import permutations
 
 from .actions import Action, Op
 
-__all__ = ["Reduction", "lane", "lane_runs", "gather_ends", "gathers", "last_backward", "lane_floors", "iteration_floor",
+__all__ = ["Reduction", "Slowing", "lane", "lane_runs", "slowed_end", "gather_runs", "gather_ends", "gathers", "last_backward",
+           "lane_floors", "iteration_floor",
            "reduction_time", "with_reductions", "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
 
 Reduction = tuple[int, float, float]  # (stage, start, end), ms
+Slowing = tuple[float, float, float]  # (start, end, factor): a run of the lane that slows the passes beside it
 
 
 def last_backward(row: Sequence[Action]) -> dict[int, int]:
@@ -79,6 +93,37 @@ def lane(row: Sequence[Action], ends: Sequence[float], t_reduce: Sequence[float]
     finish = max([*(end for _, end in runs[-1:]), *ends[-1:]], default=0.0)
     stages = {a.stage for a in row}
     return out, finish + sum(t_opt[s] for s in stages)
+
+
+def slowed_end(start: float, work: float, runs: Sequence[Slowing], first: int = 0) -> float:
+    """When a pass of ``work`` ms alone, started at ``start``, ends beside the lane's ``runs``
+    (start, end, factor; in time order, not overlapping, from index ``first``): at full speed
+    outside them, at 1/factor inside (module docstring)."""
+    t, left = start, work
+    for k in range(first, len(runs)):
+        a, b, f = runs[k]
+        if b <= t or f == 1.0:
+            continue
+        if a > t:
+            if t + left <= a:
+                return t + left
+            left -= a - t
+            t = a
+        if left * f <= b - t:
+            return t + left * f
+        left -= (b - t) / f
+        t = b
+    return t + left
+
+
+def gather_runs(stages: Iterable[int], t_gather: Sequence[float], slowdown: Sequence[float]) -> list[Slowing]:
+    """A rank's gathers as runs of its lane that slow its passes (start, end, factor), from the
+    simulator's origin, one at a time in stage order (``gather_ends``); none where no factor
+    exceeds 1."""
+    if not slowdown:
+        return []
+    ends = gather_ends(stages, t_gather)
+    return [(e - t_gather[s], e, slowdown[s]) for s, e in ends.items() if t_gather[s] > 0 and slowdown[s] > 1.0]
 
 
 def gather_ends(stages: Iterable[int], t_gather: Sequence[float]) -> dict[int, float]:
@@ -180,11 +225,14 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
 
 
 def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_bytes: Sequence[float], *,
-                             group: str, backend: str, t_opt: Sequence[float] | None = None):
+                             group: str, backend: str, t_opt: Sequence[float] | None = None,
+                             slowdown: Sequence | None = None):
     """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
     ``replicas`` as timed on a real group: ``reduce_ms`` per stage (``Quartiles``; ``t_reduce``
     is the median), ``group`` ``local`` or ``torchrun``, ``backend`` the process group's; and,
-    where given, their optimizer step (``t_opt``, ms per stage)."""
+    where given, their optimizer step (``t_opt``, ms per stage) and how much the reduction
+    slowed a pass beside it (``slowdown``, per stage ``Quartiles`` of the factor or None where
+    not measured; ``reduce_slowdown`` is the median, at least 1)."""
     from .errors import ZbError
     from .formats.profile import DataParallel
 
@@ -192,9 +240,17 @@ def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_b
     if len(reduce_ms) != profile.num_stages or replicas < 1:
         raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one reduction time per stage "
                       "and at least 1 replica")
+    if slowdown is not None and len(slowdown) != profile.num_stages:
+        raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one slowdown per stage")
     dp = DataParallel(replicas=replicas, how="measured", grad_bytes=list(grad_bytes), group=group, backend=backend,
-                      reduce_ms=list(reduce_ms))
-    return _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt)
+                      reduce_ms=list(reduce_ms), slowdown=None if slowdown is None else list(slowdown))
+    out = _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt)
+    if slowdown is None:
+        return out
+    from .formats.profile import MAX_SLOWDOWN
+
+    factors = [None if q is None else min(MAX_SLOWDOWN, max(1.0, q.median)) for q in slowdown]
+    return out.model_copy(update={"stages": [c.model_copy(update={"reduce_slowdown": f}) for c, f in zip(out.stages, factors)]})
 
 
 def _check_per_stage(profile, grad_bytes: Sequence[float], t_opt: Sequence[float] | None) -> None:

@@ -21,6 +21,10 @@ paper's formula when stages are uniform. A rank's busy time counts its F, B and 
 its recompute passes: recomputation is work a schedule with more memory would not do, so the
 bubble rate counts it with the idle time. An overlapped pair counts as the time it holds the
 rank (``pair_time``): what it hides is time the rank does not spend.
+
+Where a stage's reduction or gather slows its rank's passes while it runs (``CostModel.slowdown``,
+the rule in ``zbsearch.reductions``), a pass beside the lane ends later than its time alone;
+busy time still counts its time alone, so the slowdown counts with the idle time.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from .actions import RECOMPUTES, Action, Op
 from .costs import CostModel
 from .dependencies import action_predecessor_types, edge_delay, pass_positions
 from .errors import ZbError
-from .reductions import Reduction, gather_ends, gathers, lane
+from .reductions import Reduction, Slowing, gather_ends, gather_runs, gathers, lane, last_backward, slowed_end
 
 __all__ = ["Timeline", "Deadlock", "simulate", "memory_trace", "peak_memory", "bubble_rate"]
 
@@ -150,6 +154,7 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel, overlapped: list
     durations = cost.durations(rank_actions)
     pairs = pair_times(rank_actions, durations, cost, overlapped)
     release = _releases(rank_actions, cost)
+    slow = _SlowLanes(rank_actions, cost) if cost.slowdown else None
     start = [[0.0] * len(row) for row in rank_actions]
     end = [[0.0] * len(row) for row in rank_actions]
     done = [0] * R  # number of actions finished per rank
@@ -187,11 +192,11 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel, overlapped: list
                 break
             row_start[i] = t
             if together is None:
-                t_free = row_end[i] = t + row_dur[i]
+                t_free = row_end[i] = t + row_dur[i] if slow is None else slow.end(r, i, t, row_dur[i], 1)
                 i += 1
             else:
                 row_start[i + 1] = t
-                t_free = row_end[i] = row_end[i + 1] = t + together
+                t_free = row_end[i] = row_end[i + 1] = t + together if slow is None else slow.end(r, i, t, together, 2)
                 i += 2
         done[r], free[r] = i, t_free
         if parked[r]:  # wake the ranks waiting for a pass this rank has now run
@@ -223,6 +228,37 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel, overlapped: list
             begin.append(b)
     return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy, reductions, finish,
                     overlapped=[list(p) for p in pairs] if pairs else [], gathers=gathered, begin=begin)
+
+
+class _SlowLanes:
+    """Per rank, the runs of its lane that slow its passes (``reductions.slowed_end``), grown as
+    its passes end: its gathers from the start, then each stage's reduction once its last W or
+    BW has ended, queued as ``reductions.lane_runs`` queues them."""
+
+    def __init__(self, rank_actions: list[list[Action]], cost: CostModel):
+        self.t_reduce, self.slowdown = cost.t_reduce, cost.slowdown
+        self.closing = [{i: s for s, i in last_backward(row).items()} for row in rank_actions]
+        self.runs: list[list[Slowing]] = [gather_runs({a.stage for a in row}, cost.t_gather, cost.slowdown)
+                                          if cost.t_gather else [] for row in rank_actions]
+        self.free = [0.0] * len(rank_actions)  # when each rank's lane is free of reductions
+        self.past = [0] * len(rank_actions)  # per rank, runs ended before its next pass can start
+
+    def end(self, r: int, i: int, start: float, work: float, count: int) -> float:
+        """The end of rank r's pass (or pair, ``count`` 2) at position i, started at ``start``
+        with ``work`` ms alone; the reductions it makes ready join the lane."""
+        runs, k = self.runs[r], self.past[r]
+        while k < len(runs) and runs[k][1] <= start:
+            k += 1
+        self.past[r] = k
+        end = slowed_end(start, work, runs, k)
+        for j in range(i, i + count):
+            s = self.closing[r].get(j)
+            if s is not None:
+                begin = end if end > self.free[r] else self.free[r]
+                self.free[r] = begin + self.t_reduce[s]
+                if self.t_reduce[s] > 0 and self.slowdown[s] > 1.0:
+                    runs.append((begin, self.free[r], self.slowdown[s]))
+        return end
 
 
 def pair_times(rank_actions: list[list[Action]], durations: list[list[float]], cost: CostModel,

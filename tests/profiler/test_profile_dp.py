@@ -49,26 +49,59 @@ def test_a_tied_weight_counts_once_and_frozen_ones_not_at_all():
     assert optimizer_step_ms(torch.nn.ReLU(), torch.device("cpu")) == 0.0
 
 
-def _reduce_twice(rank: int, world: int, send) -> tuple[list[list[float]], list[float]]:
+def _reduce_twice(rank: int, world: int, send) -> tuple[list[list[float]], list[float], list[list[float]]]:
+    import threading
+    import time
+
     import torch
 
     from zbsearch.profiler.gradients import _Gradients, reduction_samples
+    from zbsearch.profiler.slowdown import LANE_THREAD, reduction_buffers, slowdown_samples
 
     grads = _Gradients([((3, 2), torch.float32), ((5,), torch.float32)])
     for p in grads.params:
         p.grad.fill_(rank + 1.0)
     samples = reduction_samples([grads], None, repeat=3, timeout=60)
-    return samples, [float(v) for p in grads.params for v in p.grad.unique()]
+
+    def artificial() -> None:  # a pass that takes twice as long while a reduction runs beside it
+        busy = any(t.name == LANE_THREAD and t.is_alive() for t in threading.enumerate())
+        time.sleep(0.02 if busy else 0.01)
+
+    bufs = reduction_buffers(grads, None, 60)
+    slow = slowdown_samples([artificial, artificial], [bufs, []], None, repeat=4, warmup=1, timeout=60)
+    return samples, [float(v) for p in grads.params for v in p.grad.unique()], slow
 
 
-def test_reduction_samples_time_a_real_all_reduce_across_the_group():
+def test_reduction_samples_time_a_real_all_reduce_across_the_group_and_the_slowdown_beside_it():
     from zbsearch.distributed import run_local
 
     got = run_local(_reduce_twice, 2, timeout=120)
-    for samples, values in got:
+    for samples, values, slow in got:
         assert len(samples) == 1 and len(samples[0]) == 3 and min(samples[0]) > 0
         # 1 + 2 summed across the two ranks, then the sum summed again at each of the 3 more reductions
         assert values == [3.0 * 2**3] * 2  # each parameter's gradient, every element
+        # the slowdown: the pass timed beside the reductions (zeros: the gradients above are untouched),
+        # 20 ms against 10 ms alone, with the sleeps' jitter
+        assert len(slow) == 2 and all(len(s) == 4 for s in slow)  # each pass overlapped whole: none left out
+        assert all(1.5 < f < 3.0 for s in slow for f in s)
+    _record(got)
+
+
+def _record(got) -> None:
+    """The factors the two processes timed, recorded as a profile records them."""
+    import statistics
+
+    from zbsearch.profiler.gradients import with_measured_data_parallel
+
+    pooled = [got[0][2][s] + got[1][2][s] for s in range(2)]
+    base = zb.resolve_profile("unit-p4").model_copy(update={"stages": zb.resolve_profile("unit-p4").stages[:2]})
+    prof = with_measured_data_parallel(base, 2, [[1.0, 2.0]] * 2, [1e6] * 2, [0.0] * 2, group="local", backend="gloo",
+                                       slowdown=[pooled[0], []])
+    assert prof.stages[0].reduce_slowdown == pytest.approx(statistics.median(pooled[0]))
+    assert prof.data_parallel.slowdown[0].median == prof.stages[0].reduce_slowdown
+    assert prof.stages[1].reduce_slowdown is None and prof.data_parallel.slowdown[1] is None  # no sample kept
+    cost = zb.CostModel.from_profile(prof, [0, 1])
+    assert cost.slowdown == (prof.stages[0].reduce_slowdown, 1.0)
 
 
 def test_measured_reductions_are_recorded_with_their_spread_and_survive_a_file(tmp_path):
@@ -76,8 +109,15 @@ def test_measured_reductions_are_recorded_with_their_spread_and_survive_a_file(t
 
     base = zb.resolve_profile("unit-p4")
     samples = [[2.0, 1.0, 4.0], [3.0, 3.5, 2.5], [1.0, 1.0, 1.0], [8.0, 6.0, 7.0]]
-    prof = with_measured_data_parallel(base, 4, samples, [1e6] * 4, [0.5] * 4, group="local", backend="gloo")
+    prof = with_measured_data_parallel(base, 4, samples, [1e6] * 4, [0.5] * 4, group="local", backend="gloo",
+                                       slowdown=[[1.2, 1.4, 1.3], [0.9, 0.95, 1.0], [1.1], []])
     assert [st.t_reduce for st in prof.stages] == [2.0, 3.0, 1.0, 7.0]  # each stage's median
+    # each stage's median factor, at least 1 (a pass measured faster beside the reduction: none); not measured: None
+    assert [st.reduce_slowdown for st in prof.stages] == [pytest.approx(1.3), 1.0, pytest.approx(1.1), None]
+    assert prof.data_parallel.slowdown[1].median == 0.95 and prof.data_parallel.slowdown[3] is None
+    from zbsearch.profiler.report import mesh_summary
+
+    assert "    passes beside it run 1-1.3 times slower (reduce_slowdown, 3 of 4 stages measured)" in mesh_summary(prof)
     assert [q.q1 for q in prof.data_parallel.reduce_ms] == [1.5, 2.75, 1.0, 6.5]
     assert prof.data_parallel.how == "measured" and prof.data_parallel.bandwidth_gbs is None
     zb.save_profile(prof, tmp_path / "p.json")
@@ -85,10 +125,14 @@ def test_measured_reductions_are_recorded_with_their_spread_and_survive_a_file(t
     one = with_measured_data_parallel(base, 1, [[]] * 4, [1e6] * 4, [0.0] * 4, group="local", backend="gloo")
     assert not one.has_reductions  # one replica reduces nothing
     old = json.loads((tmp_path / "p.json").read_text())  # a file written before these fields
-    for k in ("group", "backend", "reduce_ms"):
+    for k in ("group", "backend", "reduce_ms", "slowdown"):
         del old["data_parallel"][k]
+    for st in old["stages"]:
+        del st["reduce_slowdown"]
     (tmp_path / "old.json").write_text(json.dumps(old))
-    assert zb.load_profile(tmp_path / "old.json").data_parallel.reduce_ms is None
+    older = zb.load_profile(tmp_path / "old.json")
+    assert older.data_parallel.reduce_ms is None and older.data_parallel.slowdown is None
+    assert zb.CostModel.from_profile(older, [0, 1, 2, 3]).slowdown == ()  # old files: no slowdown
 
 
 @pytest.mark.slow
@@ -104,6 +148,10 @@ def test_profile_with_replicas_and_no_bandwidth_times_each_reduction_on_local_pr
     assert dp.backend == "gloo" and dp.bandwidth_gbs is None and dp.grad_bytes == pytest.approx(want)
     for st, q in zip(prof.stages, dp.reduce_ms):
         assert st.t_reduce == q.median > 0 and q.q1 <= q.median <= q.q3 and st.t_opt > 0
+    # each stage's pass timed beside its reduction: a factor recorded with its spread, at least 1
+    assert len(dp.slowdown) == 2
+    for st, q in zip(prof.stages, dp.slowdown):
+        assert st.reduce_slowdown == max(1.0, q.median) and q.q1 <= q.median <= q.q3 and q.median > 0
     assert zb.load_profile(out) == zb.Profile.model_validate_json(out.read_text())  # the fields round-trip
     back = tmp_path / "back.json"
     zb.save_profile(prof, back)
@@ -126,6 +174,7 @@ def test_torchrun_times_each_stages_reduction_on_the_replicas_started_with_the_p
     dp = prof.data_parallel
     assert dp.how == "measured" and dp.group == "torchrun" and dp.backend == "gloo" and dp.replicas == 2
     assert len(dp.reduce_ms) == 2 and all(st.t_reduce == q.median > 0 for st, q in zip(prof.stages, dp.reduce_ms))
+    assert len(dp.slowdown) == 2 and all(st.reduce_slowdown == max(1.0, q.median) for st, q in zip(prof.stages, dp.slowdown))
     assert prof.model_dump()["mode"].startswith("one rank per stage, 2 ranks")  # each replica's pipeline of 2
     wrong = subprocess.run([*run, "2", "-m", "zbsearch", *args, "-o", "w.json"], capture_output=True, text=True,
                            cwd=tmp_path, timeout=300)

@@ -124,3 +124,34 @@ def test_simulate_measured_prints_the_pass_table(tmp_path):
     assert w["link_ms"] == 0  # nothing comes from another rank
     bad = run_cli("simulate", tmp_path / "s.json", "--measured", tmp_path / "missing.json")
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_an_emulated_pass_slows_by_the_profiles_factor_while_a_reduction_is_in_flight(monkeypatch):
+    """On a fake clock: a 20 ms pass of a stage whose reduction slows passes 2x, beside a
+    reduction in flight for its first 10 ms, does 5 ms of its work then and ends at 25 ms; the
+    same pass with nothing in flight ends at 20 ms."""
+    import time
+
+    from zbsearch.runtime import data_parallel
+
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    monkeypatch.setattr(emulation, "_lag", 0.0)
+    monkeypatch.setattr(data_parallel, "_IN_FLIGHT", [])
+    prof = make_profile(2, t_f=20.0, t_b=1.0, t_w=1.0)
+    prof = prof.model_copy(update={"stages": [st.model_copy(update={"reduce_slowdown": f}) for st, f in
+                                              zip(prof.stages, (2.0, 3.0))]})
+    stage = emulated_stages(prof, [0, 1])[0]
+    data_parallel.note_in_flight(0, lambda: now[0] >= 0.010 - 1e-12)
+    stage(torch.zeros(16))
+    assert now[0] == pytest.approx(0.025)
+    now[0] = 1.0
+    stage(torch.zeros(16))
+    assert now[0] == pytest.approx(1.020)  # nothing in flight: its own speed
+    data_parallel.note_in_flight(1, lambda: now[0] >= 2.006 - 1e-12)  # the other stage's reduction: its factor, 3
+    now[0] = 2.0
+    stage(torch.zeros(16))
+    assert now[0] == pytest.approx(2.0 + 0.006 + 0.018)
+    plain = emulated_stages(make_profile(2, t_f=20.0, t_b=1.0, t_w=1.0), [0, 1])[0]
+    assert plain.slowed is None  # no factor: the plain sleep, never sliced

@@ -74,6 +74,9 @@ MAX_MEMORY = 1e15
 # Measured times are floored here: a B with nothing to do (a first stage) can read 0 on a coarse
 # clock, and a profile's times are positive.
 MIN_TIME_MS = 1e-6
+# Largest slowdown accepted from a reduction running beside the passes: a pass 100 times slower
+# says the measurement went wrong, not that the links contend with compute.
+MAX_SLOWDOWN = 100.0
 
 
 def _finite_in(v: float, limit: float) -> float:
@@ -124,6 +127,9 @@ class StageCost(BaseModel):
         "pass; absent: none"))
     t_opt: float | None = Field(default=None, ge=0, description=(
         "the optimizer step of the stage's parameters, after the rank's passes and reductions; absent: 0"))
+    reduce_slowdown: float | None = Field(default=None, ge=1, le=MAX_SLOWDOWN, description=(
+        "how much slower the rank's passes run while the stage's reduction (or gather) runs on its lane: a pass "
+        "that takes t alone takes reduce_slowdown * t beside it (zbsearch.reductions); absent: 1, no slowdown"))
     a_f: float = Field(default=0.0, ge=0, description=(
         "expert-parallel all-to-all time (dispatch and combine) inside the forward, part of t_f (and of t_ff, t_fc "
         "and t_r, which repeat it): what an overlapped pair can hide behind another pass's compute; 0: none"))
@@ -300,6 +306,10 @@ class DataParallel(BaseModel):
     backend: str | None = Field(default=None, description="how = measured: the process group's backend (gloo, nccl)")
     reduce_ms: list[Quartiles] | None = Field(default=None, description=(
         "how = measured: per stage, the spread of its timed reductions; t_reduce is their median"))
+    slowdown: list[Quartiles | None] | None = Field(default=None, description=(
+        "how = measured: per stage, the spread of the factor by which its reduction running beside a pass slowed "
+        "the pass (the pass's time beside the reduction over its time alone; None: not measured); reduce_slowdown is the "
+        "median, at least 1"))
 
 
 class Profile(BaseModel):

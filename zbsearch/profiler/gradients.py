@@ -8,7 +8,10 @@ of this machine over gloo (``measure_locally``), or under torchrun on the replic
 the pipeline (``reduction_samples`` on each rank's data-parallel group). With
 ``--dp-bandwidth GBS`` it prices them instead as a ring all-reduce of these bytes
 (``zbsearch.reductions``). Either way it records the step of torch's AdamW on the stage's
-parameters, timed on the profiling device, as its ``t_opt``.
+parameters, timed on the profiling device, as its ``t_opt``. Where it times the reductions on a
+real group it also times each stage's pass with the stage's reduction running beside it, and
+records how much slower the pass ran (``reduce_slowdown``, ``zbsearch.profiler.slowdown``);
+on local processes only for stages of one rank each (not ``--tp``).
 """
 
 from __future__ import annotations
@@ -129,26 +132,51 @@ class _Gradients(nn.Module):
             p.grad = torch.ones_like(p)
 
 
-def _local_worker(rank: int, world: int, send, layouts: list[Layout], repeat: int, timeout: float) -> list[list[float]]:
+def _local_worker(rank: int, world: int, send, layouts: list[Layout], repeat: int, timeout: float,
+                  work: list[tuple[nn.Module, tuple]] | None, warmup: int,
+                  threads: int | None) -> tuple[list[list[float]], list[list[float]] | None]:
+    from .slowdown import reduction_buffers, slowdown_samples, stage_pass
+
+    if threads is not None:
+        torch.set_num_threads(threads)
     out = []
     for layout in layouts:  # one stage's gradients at a time: no more memory than the largest stage's
         out += reduction_samples([_Gradients(layout)], None, repeat, timeout)
-    return out
+    if work is None:
+        return out, None
+    slow = []
+    with torch.enable_grad():
+        for layout, (module, inputs) in zip(layouts, work):
+            bufs = reduction_buffers(_Gradients(layout), None, timeout)
+            slow += slowdown_samples([stage_pass(module, inputs)], [bufs], None, repeat, warmup, timeout)
+    return out, slow
 
 
-def measure_locally(layouts: Sequence[Layout], replicas: int, repeat: int, timeout: float) -> list[list[float]]:
+def measure_locally(layouts: Sequence[Layout], replicas: int, repeat: int, timeout: float,
+                    work: Sequence[tuple[nn.Module, tuple]] | None = None, warmup: int = 1,
+                    threads: int | None = None) -> tuple[list[list[float]], list[list[float]] | None]:
     """Per stage, ``repeat`` times (ms) of its gradients' reduction across ``replicas`` local
     processes of this machine (gloo on its loopback), each holding gradients of the stage's
-    ``gradient_layout``."""
-    return run_local(_local_worker, replicas, list(layouts), repeat, timeout)[0]
+    ``gradient_layout``; and, given each stage's module and inputs (``work``), the factors by
+    which the reduction running beside the stage's pass slowed it (``zbsearch.profiler.slowdown``,
+    None without ``work``), the processes running ``threads`` threads each."""
+    return run_local(_local_worker, replicas, list(layouts), repeat, timeout, None if work is None else list(work),
+                     warmup, threads)[0]
 
 
 def with_measured_data_parallel(profile: Profile, replicas: int, samples: Sequence[Sequence[float]],
                                 grad_bytes: Sequence[float], t_opt: Sequence[float], *, group: str,
-                                backend: str) -> Profile:
+                                backend: str, slowdown: Sequence[Sequence[float]] | None = None) -> Profile:
     """``profile`` whose stages end the iteration with their reductions as timed (``samples``
     per stage, ms, on a ``group`` of ``replicas``, ``local`` or ``torchrun``), then their
-    optimizer step (``t_opt``, ms per stage). One replica reduces nothing."""
+    optimizer step (``t_opt``, ms per stage), and, where measured, how much each reduction
+    slowed the passes beside it (``slowdown``: per stage, the factors; none kept: not
+    measured). One replica reduces nothing and slows nothing."""
     none = Quartiles(median=0.0, q1=0.0, q3=0.0, mean=0.0)
     spread = [none if replicas == 1 else Quartiles(**Stats.of(list(s)).record()) for s in samples]
-    return with_measured_reductions(profile, replicas, spread, grad_bytes, group=group, backend=backend, t_opt=t_opt)
+    factors = None
+    if slowdown is not None and replicas > 1:
+        factors = [None if not f else Quartiles(**Stats.of(list(f) * 2 if len(f) == 1 else list(f)).record())
+                   for f in slowdown]
+    return with_measured_reductions(profile, replicas, spread, grad_bytes, group=group, backend=backend, t_opt=t_opt,
+                                    slowdown=factors)

@@ -87,6 +87,10 @@ def mesh_summary(profile: Profile) -> list[str]:
         times = [c.t_reduce or 0.0 for c in profile.stages]
         lines.append(f"  {'dp_shard' if dp.sharded else 'dp_replicate'} link: {what} of each stage's gradients, "
                      f"{min(times):.3g}-{max(times):.3g} ms per stage ({how})")
+        factors = [c.reduce_slowdown for c in profile.stages if c.reduce_slowdown is not None]
+        if factors:
+            lines.append(f"    passes beside it run {min(factors):.3g}-{max(factors):.3g} times slower (reduce_slowdown, "
+                         f"{len(factors)} of {profile.num_stages} stages measured)")
     link = made.tp_link
     if link is not None:
         q, bus = link.all_reduce_ms, made.tp_bandwidth_gbs()

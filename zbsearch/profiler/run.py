@@ -60,7 +60,8 @@ from .in_step import calibration_orders, calibration_steps, in_step_times, run_i
 from .links import LinkModel, busy_exchange, estimate_link, exchange_plan, pingpong
 from .measure import StageMeasurement, Stats, disturbances, measure_stage
 from .settings import Settings, cpu_cores, device_name, resolve_device, resolve_dtype
-from .stages import ModelSpec, leaves, run_stage
+from .slowdown import reduction_buffers, slowdown_samples, stage_pass
+from .stages import ModelSpec, leaves, run_stage, stage_inputs
 
 __all__ = ["Progress", "profile_model", "profile_one_device", "profile_distributed"]
 
@@ -94,7 +95,8 @@ def profile_model(
             replicas, and its AdamW step (``zbsearch.profiler.gradients``): on one device
             across as many local processes, under torchrun across the replicas started with
             the pipeline (WORLD_SIZE = pipeline ranks x replicas; each replica measures its
-            passes, replica 0's are recorded).
+            passes, replica 0's are recorded); and how much each stage's reduction slows its
+            pass beside it (``zbsearch.profiler.slowdown``; not on local tensor-parallel ranks).
         tp: split each stage over this many tensor-parallel ranks with the runtime's plan and
             measure it there (``zbsearch.profiler.tensor_parallel``): on one device across as
             many local processes, under torchrun across the ranks started with the pipeline
@@ -118,12 +120,14 @@ def profile_model(
 
             prof, layouts, steps = profile_tensor_parallel(spec, settings, tp, placement=placement, name=name,
                                                            progress=progress, sequence_parallel=sequence_parallel)
+            work = None  # the tensor-parallel stages' passes need their group: the slowdown is not timed
         else:
             prof = profile_one_device(spec, settings, placement=placement, name=name, progress=progress)
             device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
             layouts = [gradient_layout(m, dtype) for m in spec.stages] if replicas is not None else []
             steps = [optimizer_step_ms(m, device, dtype) for m in spec.stages] if replicas is not None else []
-        return prof if replicas is None else _reductions_locally(prof, layouts, steps, settings, replicas)
+            work = list(zip(spec.stages, stage_inputs(spec))) if replicas is not None else None
+        return prof if replicas is None else _reductions_locally(prof, layouts, steps, settings, replicas, work)
     device = resolve_device(settings.device, _local_rank())
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -137,13 +141,16 @@ def profile_model(
 
 
 def _reductions_locally(prof: Profile, layouts: list[Layout], steps: list[float], settings: Settings,
-                        replicas: int) -> Profile:
+                        replicas: int, work: list[tuple[torch.nn.Module, tuple]] | None = None) -> Profile:
     """``prof`` with each stage's reduction (of gradients laid out as ``layouts``) timed across
-    ``replicas`` local processes, and its AdamW step (``steps``, ms)."""
+    ``replicas`` local processes, and its AdamW step (``steps``, ms); given each stage's module
+    and inputs (``work``), how much the reduction slows the stage's pass beside it
+    (``zbsearch.profiler.slowdown``)."""
     grads = [float(sum(math.prod(shape) * dtype.itemsize for shape, dtype in layout)) for layout in layouts]
-    samples = [[] for _ in layouts] if replicas == 1 else measure_locally(layouts, replicas, settings.repeat,
-                                                                           settings.timeout)
-    return with_measured_data_parallel(prof, replicas, samples, grads, steps, group="local", backend="gloo")
+    samples, slowdown = ([[] for _ in layouts], None) if replicas == 1 else measure_locally(
+        layouts, replicas, settings.repeat, settings.timeout, work, settings.warmup, settings.threads)
+    return with_measured_data_parallel(prof, replicas, samples, grads, steps, group="local", backend="gloo",
+                                       slowdown=slowdown)
 
 
 def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] | None, name: str | None,
@@ -176,8 +183,9 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
     if tp > 1:
         spec.to(device, dtype, only=mine)
         parallelize_spec(spec, mesh["tp"], mine, sequence_parallel=sequence_parallel)
+    inputs: dict[int, tuple] = {}
     prof = profile_distributed(spec, settings, placement=placement, group=pp_group, name=name,
-                               progress=progress if first else None)
+                               progress=progress if first else None, kept_inputs=inputs)
     with _threads(settings.threads):
         # the hidden state's bytes: what this pipeline's first stage sends on (every pipeline's is alike)
         sent = [hidden_bytes(prof, tp, sequence_parallel) if prof is not None else None]
@@ -188,8 +196,12 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
         found = {}
         if replicas is not None:
             samples = reduction_samples([spec.stages[s] for s in mine], dp_group, settings.repeat, settings.timeout)
-            found = {s: (samples[i], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype))
-                     for i, s in enumerate(mine)}
+            with torch.enable_grad():
+                slow = slowdown_samples([stage_pass(spec.stages[s], inputs[s]) for s in mine],
+                                        [reduction_buffers(spec.stages[s], dp_group, settings.timeout) for s in mine],
+                                        dp_group, settings.repeat, settings.warmup, settings.timeout, device)
+            found = {s: (samples[i], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype),
+                         slow[i]) for i, s in enumerate(mine)}
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, found)
     if dist.get_rank() != 0:
@@ -203,14 +215,16 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
     if replicas is None:
         return prof
     pooled: dict[int, list[float]] = {}
+    slowed: dict[int, list[float]] = {}
     for part in everyone:  # every replica timed the same collectives: pool their samples
-        for s, (got, _, _) in part.items():
+        for s, (got, _, _, factors) in part.items():
             pooled.setdefault(s, []).extend(got)
+            slowed.setdefault(s, []).extend(factors)
     first_of = {s: v for part in reversed(everyone) for s, v in part.items()}
     p = len(spec.stages)
     return with_measured_data_parallel(prof, replicas, [pooled[s] for s in range(p)], [first_of[s][1] for s in range(p)],
                                        [first_of[s][2] for s in range(p)], group="torchrun",
-                                       backend=str(dist.get_backend(dp_group)))
+                                       backend=str(dist.get_backend(dp_group)), slowdown=[slowed[s] for s in range(p)])
 
 
 def profile_one_device(
@@ -235,10 +249,7 @@ def profile_one_device(
         keep_heap()
     with _threads(settings.threads), torch.enable_grad():
         spec.to(device, resolve_dtype(settings.dtype))
-        inputs, x = [], spec.microbatch
-        for s in range(p):
-            inputs.append(leaves(x))
-            x = run_stage(spec, s, inputs[-1])
+        inputs = stage_inputs(spec)
         total = settings.rounds * p * reps + 1
         done = 0
 
@@ -279,12 +290,13 @@ def profile_one_device(
 
 def profile_distributed(
     spec: ModelSpec, settings: Settings, *, placement: list[int] | None = None, group: dist.ProcessGroup | None = None,
-    name: str | None = None, progress: Progress | None = None,
+    name: str | None = None, progress: Progress | None = None, kept_inputs: dict[int, tuple] | None = None,
 ) -> Profile | None:
     """Collective over ``group``: the profile on rank 0, None elsewhere. Each rank measures the
     stages ``placement`` gives it (piece -> rank; default one stage per rank) on its own device,
     and times the real link for each boundary between two ranks; a boundary between two pieces
-    of one rank is a local hand-over and costs 0, as in the runtime."""
+    of one rank is a local hand-over and costs 0, as in the runtime. ``kept_inputs`` gets this
+    rank's stages' inputs (stage -> its inputs), for measurements after the profile's."""
     settings.check()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     p = len(spec.stages)
@@ -301,7 +313,7 @@ def profile_distributed(
         # outputs, received from its rank or handed over locally. A failure is passed down the
         # chain, then shared, so that every rank stops with the same message.
         error: str | None = None
-        inputs: dict[int, tuple] = {}
+        inputs: dict[int, tuple] = {} if kept_inputs is None else kept_inputs
         outs: dict[int, tuple] = {}
         for s in range(p):
             if owner[s] != rank:

@@ -191,6 +191,17 @@ def describe(tensors: Sequence[torch.Tensor]) -> str:
     return ", ".join(f"{str(t.dtype).removeprefix('torch.')}{tuple(t.shape)}" for t in tensors)
 
 
+def stage_inputs(spec: ModelSpec) -> list[tuple[torch.Tensor, ...]]:
+    """Each stage's inputs as the runtime hands them over (``leaves``): the microbatch, then each
+    stage's real outputs, from one forward of every stage in turn (autograd on)."""
+    inputs, x = [], spec.microbatch
+    with torch.enable_grad():
+        for s in range(len(spec.stages)):
+            inputs.append(leaves(x))
+            x = run_stage(spec, s, inputs[-1])
+    return inputs
+
+
 def run_stage(spec: ModelSpec, stage: int, inputs: tuple) -> tuple[torch.Tensor, ...]:
     """One forward of a stage, with autograd on (its outputs say which need a gradient); a stage
     that cannot take its inputs, or returns something else than tensors, is a one-line error."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -41,7 +41,7 @@ from .groups import PrivateGloo
 
 __all__ = [
     "GradientReducer", "DEFAULT_BUCKET_BYTES", "refuse_wrapped", "check_replicas", "replica_sum", "mark_expert", "is_expert",
-    "Reductions",
+    "Reductions", "note_in_flight", "in_flight",
 ]
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
@@ -58,6 +58,24 @@ def mark_expert(p: nn.Parameter) -> nn.Parameter:
 def is_expert(p: torch.Tensor) -> bool:
     """Whether ``p`` is an expert parameter (``mark_expert``)."""
     return bool(getattr(p, _EXPERT, False))
+
+
+# This process's reductions started and not yet seen complete: (stage, whether it is done),
+# stage None for one that stands for any stage (the profiler's, ``zbsearch.profiler.slowdown``).
+_IN_FLIGHT: list[tuple[int | None, Callable[[], bool]]] = []
+
+
+def note_in_flight(stage: int | None, done: Callable[[], bool]) -> None:
+    """Note a reduction this process has started: ``done()`` says when it has completed."""
+    _IN_FLIGHT.append((stage, done))
+
+
+def in_flight() -> list[int | None]:
+    """The stages whose reductions this process has started and that have not completed yet
+    (None: any stage): what an emulated stage asks to run at the speed the profile gives it
+    beside a reduction (``zbsearch.runtime.emulation``)."""
+    _IN_FLIGHT[:] = [(s, done) for s, done in _IN_FLIGHT if not done()]
+    return [s for s, _ in _IN_FLIGHT]
 
 
 @dataclass
@@ -217,6 +235,12 @@ class GradientReducer:
         """The parameters reduced when ``stage`` is done."""
         return [p for ps in self._buckets[stage] for p in ps]
 
+    def buffers(self, stage: int) -> list[torch.Tensor]:
+        """Zeros shaped as the flat buckets ``start(stage)`` reduces, one per bucket: what the
+        profiler reduces to time the reduction beside a pass (``zbsearch.profiler.slowdown``)."""
+        return [torch.zeros(sum(_shard(p).numel() for p in ps) + len(ps), dtype=ps[0].dtype, device=ps[0].device)
+                for ps in self._buckets[stage]]
+
     @torch.no_grad()
     def start(self, stage: int) -> None:
         """Launch the reduction of ``stage``'s gradients (asynchronous)."""
@@ -227,6 +251,8 @@ class GradientReducer:
             work = post(functools.partial(dist.all_reduce, flat, group=self.group, async_op=True), what)
             pending.buckets.append(_Bucket(params, flat.numel() - len(params), flat, work))
         self._pending.append(pending)
+        buckets = pending.buckets
+        note_in_flight(stage, lambda: all(b.work is None or b.work.is_completed() for b in buckets))  # type: ignore[attr-defined]
 
     def poll(self) -> None:
         """Note the time of reductions seen complete (between passes: no wait)."""

@@ -30,6 +30,14 @@ work in each pass (building the graph, the split's bookkeeping, the autograd cal
 top, and runs slower after a sleep than in a tight loop (the core has run other processes in
 between): an emulated pass costs a little more than its profile says. To predict a run of
 emulated stages, profile them as real ones (``zbsearch.profiler.profile_one_device``).
+
+A sleep is not slowed by a reduction running beside it, as a real pass is (the profile's
+``reduce_slowdown``, ``zbsearch.reductions``). Where the profile gives a factor above 1, an
+emulated pass sleeps in short slices and, for each slice, counts as done only 1/factor of the
+time slept while one of its process's reductions is in flight
+(``zbsearch.runtime.data_parallel.in_flight``; the factor of the stage being reduced, the
+largest where several are): the emulated device slows as the profile says, for as long as the
+real reduction runs.
 """
 
 from __future__ import annotations
@@ -51,6 +59,10 @@ __all__ = ["EmulatedStage", "emulated_stages", "emulated_loss"]
 _lag = 0.0  # how much this process's passes have overslept and not yet made up
 
 
+# Longest slice a slowed pass sleeps before it looks again whether a reduction is in flight (s).
+_SLICE = 1e-3
+
+
 def _sleep(seconds: float) -> None:
     """Sleep ``seconds``, less what earlier passes overslept (OS wake-up latency, which grows
     when ranks outnumber cores), so that a rank's sleeps add up to what the profile says."""
@@ -61,6 +73,44 @@ def _sleep(seconds: float) -> None:
     if seconds > _lag:
         time.sleep(seconds - _lag)
     _lag = max(0.0, _lag + time.perf_counter() - t0 - seconds)
+
+
+def _sleep_slowed(seconds: float, slowed: _Slowed) -> None:
+    """``_sleep``, at the speed ``slowed`` gives for each slice (at most ``_SLICE``) beside this
+    process's reductions in flight."""
+    global _lag
+    if seconds <= 0:
+        return
+    left = seconds - _lag  # what is left to do at full speed
+    t = time.perf_counter()
+    while left > 0:
+        factor = slowed.factor()
+        time.sleep(min(_SLICE, left * factor))
+        now = time.perf_counter()
+        left -= (now - t) / factor
+        t = now
+    _lag = -left
+
+
+def _pause(seconds: float, slowed: _Slowed | None) -> None:
+    """A pass's sleep: slowed beside reductions where the profile says so."""
+    if slowed is None:
+        _sleep(seconds)
+    else:
+        _sleep_slowed(seconds, slowed)
+
+
+class _Slowed:
+    """How much slower an emulated stage runs now: the profile's factor of the stage whose
+    reduction is in flight in this process (its own for one standing for any stage), 1 without."""
+
+    def __init__(self, stage: int, factors: tuple[float, ...]) -> None:
+        self.stage, self.factors = stage, factors
+
+    def factor(self) -> float:
+        from .data_parallel import in_flight
+
+        return max([1.0, *(self.factors[self.stage if s is None else s] for s in in_flight())])
 
 
 class _Fusion:
@@ -75,10 +125,10 @@ class _Timed(torch.autograd.Function):
     Weight sleeps ``fused`` instead of ``t_bwd`` when it runs in that same call."""
 
     @staticmethod
-    def forward(ctx, x, t_fwd, t_bwd, nbytes, fusion, fused):
-        _sleep(t_fwd)
+    def forward(ctx, x, t_fwd, t_bwd, nbytes, fusion, fused, slowed):
+        _pause(t_fwd, slowed)
         ctx.save_for_backward(torch.empty(nbytes, dtype=torch.uint8, device=x.device))
-        ctx.t_bwd, ctx.fusion, ctx.fused = t_bwd, fusion, fused
+        ctx.t_bwd, ctx.fusion, ctx.fused, ctx.slowed = t_bwd, fusion, fused, slowed
         return x.clone()
 
     @staticmethod
@@ -86,10 +136,10 @@ class _Timed(torch.autograd.Function):
         task = torch._C._current_graph_task_id()
         if ctx.fused is None:
             ctx.fusion.task = task
-            _sleep(ctx.t_bwd)
+            _pause(ctx.t_bwd, ctx.slowed)
         else:
-            _sleep(ctx.fused if ctx.fusion.task == task else ctx.t_bwd)
-        return grad, None, None, None, None, None
+            _pause(ctx.fused if ctx.fusion.task == task else ctx.t_bwd, ctx.slowed)
+        return grad, None, None, None, None, None, None
 
 
 class _Gradient(torch.autograd.Function):
@@ -119,15 +169,18 @@ class EmulatedStage(nn.Module):
 
     ``b_bytes`` of activations live from F to B, ``w_bytes`` from F to W. ``grad_bytes``: the
     stage's trainable parameters, whose gradients W produces (for data-parallel reductions of a
-    real stage's size; the weight W sleeps for is ``width`` floats).
+    real stage's size; the weight W sleeps for is ``width`` floats). ``slowdown``: per stage of
+    the placement, how much slower the passes run while that stage's reduction is in flight in
+    this process (``stage``: this one's index; empty: never slowed; see the module).
     """
 
     def __init__(
         self, t_f: float, t_b: float, t_w: float, b_bytes: float = 0, w_bytes: float = 0, width: int = 16,
         t_bw: float | None = None, t_ff: float | None = None, t_fc: float | None = None, t_r: float | None = None,
-        t_rf: float | None = None, grad_bytes: float = 0,
+        t_rf: float | None = None, grad_bytes: float = 0, slowdown: tuple[float, ...] = (), stage: int = 0,
     ) -> None:
         super().__init__()
+        self.slowed = _Slowed(stage, tuple(slowdown)) if any(f > 1.0 for f in slowdown) else None
         self.t_f, self.t_b, self.t_w = t_f, t_b, t_w
         self.t_bw = t_b + t_w if t_bw is None else t_bw
         self.t_ff = t_f if t_ff is None else t_ff
@@ -148,7 +201,7 @@ class EmulatedStage(nn.Module):
         """F: sleep the forward's time and pass ``x`` on; its backward sleeps B's and W's times."""
         fusion = _Fusion()
         weight = self.weight if self.ballast is None else _Gradient.apply(self.weight, self)
-        w = _Timed.apply(weight, 0.0, self.t_w, self.w_bytes, fusion, max(self.t_bw - self.t_b, 0.0))  # Weight
+        w = _Timed.apply(weight, 0.0, self.t_w, self.w_bytes, fusion, max(self.t_bw - self.t_b, 0.0), self.slowed)  # Weight
         mode = recompute_mode()
         if mode == "checkpointed":
             t_fwd = self.t_fc
@@ -156,7 +209,7 @@ class EmulatedStage(nn.Module):
             t_fwd = self.t_rf if fused_forward() else self.t_r
         else:
             t_fwd = self.t_ff if fused_forward() else self.t_f
-        return _Timed.apply(x + w, t_fwd, self.t_b, self.b_bytes, fusion, None)  # Act
+        return _Timed.apply(x + w, t_fwd, self.t_b, self.b_bytes, fusion, None, self.slowed)  # Act
 
 
 def emulated_stages(
@@ -172,8 +225,11 @@ def emulated_stages(
     Times are the profile's milliseconds times ``time_scale`` (0 gives zero-time passes, to
     measure the runtime's own overhead); memory is the profile's units times ``bytes_per_unit``.
     ``grad_bytes``: each stage's parameter bytes, whose gradients W produces (``EmulatedStage``).
+    Each stage slows beside a reduction in flight as the profile's ``reduce_slowdown`` says.
     """
     cost = CostModel.from_profile(profile.compute_only(), stage_to_rank)  # the runtime does the messages
+    k = cost.num_stages // profile.num_stages  # as the cost model maps the profile's stages
+    slowdown = tuple(profile.stages[s // k].reduce_slowdown or 1.0 for s in range(cost.num_stages))
     ms = time_scale / 1e3
     full = [(None, None, None) if (o := cost.offer(s, Op.R)) is None else (o.t_f * ms, o.t_r * ms, o.time(fused=True) * ms)
             for s in range(cost.num_stages)]
@@ -182,7 +238,7 @@ def emulated_stages(
             cost.t_f[s] * ms, cost.t_b[s] * ms, cost.t_w[s] * ms,
             b_bytes=max(-cost.m_b[s], 0.0) * bytes_per_unit, w_bytes=max(-cost.m_w[s], 0.0) * bytes_per_unit,
             width=width, t_bw=cost.t_bw[s] * ms, t_ff=cost.t_ff[s] * ms,
-            t_fc=full[s][0], t_r=full[s][1], t_rf=full[s][2], grad_bytes=grad_bytes,
+            t_fc=full[s][0], t_r=full[s][1], t_rf=full[s][2], grad_bytes=grad_bytes, slowdown=slowdown, stage=s,
         )
         for s in range(cost.num_stages)
     ]

@@ -1,0 +1,147 @@
+"""How much a running reduction slows the passes beside it: each stage's ``reduce_slowdown``.
+
+The runtime starts a stage's gradient reduction at its last W and goes on with the passes left
+(``zbsearch.runtime.data_parallel``). The collective is not free for them: on a CPU gloo's
+threads take cores, caches and memory bandwidth from the passes; on a GPU the communication
+kernels take streaming multiprocessors and memory bandwidth. The simulator slows a pass by the
+stage's factor while the reduction runs (``zbsearch.reductions``); this module measures it, on
+a real data-parallel group, every member at once:
+
+* after ``warmup`` passes, ``repeat`` rounds of: the stage's pass (its forward and whole
+  backward on the profiled microbatch, seeded with ones: the loss left out) timed alone and
+  timed while the stage's reduction runs beside it (alone first in even rounds, last in odd
+  ones, so that what a pass's place in the round does to it cancels); the reduction is the
+  runtime's buckets (``GradientReducer.buffers``) all-reduced on the group back to back on a
+  thread of their own, so that the lane is busy for the whole pass; the members stop the
+  reductions together once every one has timed its pass (a flag reduced with them).
+
+A sample is a round's pass beside the reduction over its pass alone: pairing them keeps a
+drift in the machine's load out of the ratio. A pass that ended after its rank's reductions
+had stopped is left out. The samples' median is the factor, at least 1.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import ZbError
+from .stages import as_inputs
+
+__all__ = ["LANE_THREAD", "stage_pass", "reduction_buffers", "slowdown_samples"]
+
+LANE_THREAD = "zbsearch-reduction-lane"  # the name of the thread that keeps a reduction running
+
+
+def stage_pass(module: nn.Module, inputs: tuple) -> Callable[[], None]:
+    """The stage's forward and whole backward on ``inputs``, seeded with ones on the outputs
+    that need a gradient."""
+
+    def run() -> None:
+        outs = [t for t in as_inputs(module(*inputs)) or () if t.requires_grad]
+        if outs:
+            torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+
+    return run
+
+
+def reduction_buffers(module: nn.Module, group: dist.ProcessGroup | None, timeout: float) -> list[torch.Tensor]:
+    """Zeros shaped as the buckets the runtime reduces for ``module`` on ``group`` (zeros sum to
+    zeros, so repeating the reduction changes nothing)."""
+    from ..runtime.data_parallel import GradientReducer
+
+    on = group if group is not None else dist.group.WORLD
+    assert on is not None  # the caller joined the default group
+    return GradientReducer({0: module}, [0], on, timeout).buffers(0)
+
+
+def slowdown_samples(passes: Sequence[Callable[[], None]], buffers: Sequence[list[torch.Tensor]],
+                     group: dist.ProcessGroup | None, repeat: int, warmup: int, timeout: float,
+                     device: torch.device | None = None) -> list[list[float]]:
+    """Collective over ``group``: per stage, the factors by which its reduction (``buffers``)
+    running beside its pass (``passes``) slowed the pass (module docstring); fewer than
+    ``repeat`` where passes outlasted the reductions."""
+    cuda = device is not None and device.type == "cuda"
+
+    def timed(run: Callable[[], None]) -> float:
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        run()
+        if cuda:
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - t0) * 1e3
+
+    out = []
+    for run, bufs in zip(passes, buffers):
+        for _ in range(warmup):
+            run()
+        samples = []
+        for k in range(repeat):
+            first = timed(run) if k % 2 == 0 else None  # alone first in even rounds, after in odd ones
+            lane = _Lane(bufs, group)
+            dist.barrier(group=group)
+            lane.begin(timeout)
+            took = timed(run)
+            whole = not lane.stopped.is_set()  # the lane ran for the whole pass
+            lane.end(timeout)
+            alone = first if first is not None else timed(run)
+            if whole:
+                samples.append(took / alone if alone > 0 else 1.0)
+        out.append(samples)
+    return out
+
+
+class _Lane:
+    """A stage's reduction repeated on a thread until every member of the group asks it to stop."""
+
+    def __init__(self, buffers: list[torch.Tensor], group: dist.ProcessGroup | None) -> None:
+        self.buffers, self.group = buffers, group
+        self.flag = torch.zeros(1, device=buffers[0].device if buffers else "cpu")
+        self.started, self.stopped, self.stop = threading.Event(), threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=LANE_THREAD, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with torch.no_grad():
+                while True:
+                    for b in self.buffers:
+                        dist.all_reduce(b, group=self.group)
+                    self.flag.fill_(1.0 if self.stop.is_set() else 0.0)
+                    dist.all_reduce(self.flag, op=dist.ReduceOp.MIN, group=self.group)  # 1 once every member asks
+                    self.started.set()
+                    if self.flag.item() > 0:
+                        break
+        except BaseException as err:  # re-raised on the measuring thread
+            self.error = err
+        finally:
+            self.stopped.set()
+            self.started.set()
+
+    def begin(self, timeout: float) -> None:
+        """Start the reductions; return once one has run on every member."""
+        from ..runtime.data_parallel import note_in_flight
+
+        note_in_flight(None, self.stopped.is_set)
+        self.thread.start()
+        if not self.started.wait(timeout):
+            raise ZbError(f"the data-parallel reduction did not complete within {timeout:g} s while timing its slowdown")
+        self._check()
+
+    def end(self, timeout: float) -> None:
+        """Ask the members to stop and wait for the last reduction."""
+        self.stop.set()
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise ZbError(f"the data-parallel reductions did not stop within {timeout:g} s after timing their slowdown")
+        self._check()
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise ZbError(f"the data-parallel reduction failed while timing its slowdown: {self.error}")
