@@ -78,9 +78,9 @@ class LocalSearch:
 @dataclass
 class ExactMILP:
     """The exact MILP of the whole schedule: the idle relaxation (its dual bound is a lower bound
-    for every schedule, fused, split or mixed, without overlapped pairs: where the passes hold
-    all-to-all it proves nothing, and only its schedules count) and, for the span, the best FIFO order under ASAP
-    execution. Where the solve may recompute, the model chooses that too, and is a search over
+    for every schedule, fused, split or mixed, with or without overlapped pairs, which it
+    chooses where the passes hold all-to-all; where fusing may pay there it has no pairs and
+    proves nothing) and, for the span, the best FIFO order under ASAP execution. Where the solve may recompute, the model chooses that too, and is a search over
     FIFO orders only (``milp.exact``): for the span only the ASAP model runs, and no bound comes
     of it."""
 
@@ -101,12 +101,13 @@ class ExactMILP:
                 run.hit_limit = True  # a model left unsolved
                 break
             left = until - time.monotonic()
-            res = exact(run.problem, run.rows, left * (self.relaxed_share if relaxed and span else 1.0), relaxed)
+            res = exact(run.problem, run.rows, left * (self.relaxed_share if relaxed and span else 1.0), relaxed,
+                        pairs=run.overlapped)
             run.hit_limit |= res is None or not res.optimal  # HiGHS stopped at its time (it starts from a solution)
             if res is not None:
-                if run.offer(res.rows):
+                if run.offer(res.rows, pairs=res.pairs):
                     run.improvements += 1
-                if relaxed and not run.problem.cost.has_all_to_all:  # the model knows no overlapped pairs
+                if relaxed:  # (-inf where the model is no bound)
                     run.raise_bound(res.dual_bound)
                 run.windows += 1
             run.report(self.name)
@@ -114,25 +115,27 @@ class ExactMILP:
 
 @dataclass
 class MILPWindows:
-    """MILP windows over the schedule (``milp.improve``) until the gap closes or ``until``; the
-    windows' model is the idle relaxation, whose solutions the simulator then times."""
+    """MILP windows over the schedule (``milp.improve_paired``: with overlapped pairs where the
+    passes hold all-to-all) until the gap closes or ``until``; the windows' model is the idle
+    relaxation, whose solutions the simulator then times."""
 
     name: str = "MILP windows"
 
     def improve(self, run: SolveRun, until: float) -> None:
         """Re-order windows of the best schedule with the MILP until no window improves or time runs out."""
-        from .milp import improve
+        from .milp import improve_paired
 
         if run.closed():
             return
         if time.monotonic() >= until:
             run.hit_limit = True
             return
-        rows, stats = improve(run.search, run.rows, until, lambda v, st: run.report(self.name, v), run.target())
+        rows, pairs, stats = improve_paired(run.search, run.rows, run.overlapped, until,
+                                            lambda v, st: run.report(self.name, v), run.target())
         run.windows += stats.windows
         run.improvements += stats.improved
         run.hit_limit |= not stats.converged
-        run.adopt_unchecked(rows)
+        run.adopt_unchecked(rows, pairs)
 
 
 def default_engines(run: SolveRun) -> list[tuple[Engine, float | None]]:
