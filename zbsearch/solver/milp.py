@@ -436,7 +436,8 @@ class _WindowModel:
                 lp += pulp.lpSum(self.y[key] for key in keys) <= 1
             lp += start[k] + self.duration(k) <= self.latest_end[k]  # (the time bounds assumed the pass alone)
         for (ki, kk), y in self.y.items():
-            big = max(self.latest_end[ki] - self.dlo(ki) - self.earliest[kk], self.latest_end[kk] - self.dlo(kk) - self.earliest[ki], 0.0)
+            big = max(self.latest_end[ki] - self.dlo(ki) - self.earliest[kk],
+                      self.latest_end[kk] - self.dlo(kk) - self.earliest[ki], 0.0)
             lp += start[ki] - start[kk] <= big * (1 - y)
             lp += start[kk] - start[ki] <= big * (1 - y)
 
