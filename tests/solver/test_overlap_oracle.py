@@ -26,6 +26,7 @@ from zbsearch.layout import placement
 from zbsearch.simulator import simulate
 from zbsearch.solver import solve
 from zbsearch.solver.heuristic import sequential_schedule
+from zbsearch.solver.local_search import local_search_paired
 from zbsearch.solver.milp import exact
 from zbsearch.solver.problem import Problem
 
@@ -164,3 +165,17 @@ def test_the_exact_milp_with_pairs_against_the_oracle(verdicts):
                     else:
                         paired += res.pairs is not None
     assert paired > 0  # (the instances pay for pairs: see test_pairs_pay_on_these_instances)
+
+
+def test_the_local_search_pairs_and_reaches_the_oracle(verdicts):
+    # from the sequential schedule (no pairs) with a budget of simulations, not of time: valid,
+    # never below the optimum, and at it on at least 90% of the instances
+    reached = 0
+    for seed, cost, m, limit, best, _, _, _ in verdicts:
+        problem = Problem.make(cost, m, tuple(limit) if limit is not None else None, "span")
+        rows, pairs = local_search_paired(problem, sequential_schedule(problem), None, float("inf"),
+                                          evaluations=3000, target=best * (1 + TOL))
+        value, tl = problem.evaluate(rows, pairs)
+        assert problem.fits(tl) and value >= best * (1 - TOL), seed
+        reached += value <= best * (1 + TOL)
+    assert reached >= 0.9 * len(verdicts)

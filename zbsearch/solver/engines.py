@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..actions import Action
-from .local_search import local_search
+from .local_search import local_search_paired
 
 if TYPE_CHECKING:
     from .solve import SolveRun
@@ -46,10 +46,11 @@ class Engine(Protocol):
 
 @dataclass
 class LocalSearch:
-    """The local search over every per-rank order (non-FIFO too), fused or split backwards and,
-    where allowed, recomputation: for ``share`` of the time left from the best schedule, then
-    as long from each of the solve's further starts in turn (``with_starts``), until one
-    reaches the bound; not with uniform costs (not the true objective)."""
+    """The local search over every per-rank order (non-FIFO too), fused or split backwards,
+    overlapped pairs where the passes hold all-to-all and, where allowed, recomputation: for
+    ``share`` of the time left from the best schedule (with its pairs), then as long from each
+    of the solve's further starts in turn (``with_starts``), until one reaches the bound; not
+    with uniform costs (not the true objective)."""
 
     share: float
     with_starts: bool = False
@@ -66,10 +67,11 @@ class LocalSearch:
                 run.hit_limit = True  # a start left unsearched
                 break
             stop = time.monotonic() + self.share * (until - time.monotonic())
-            found = local_search(run.problem, begin, stop, target=run.target())
+            found, pairs = local_search_paired(run.problem, begin, run.overlapped if begin is run.rows else None, stop,
+                                               target=run.target())
             # it ends at its time, at the target (then the gap closes) or where no move is allowed at all
             cut = time.monotonic() >= stop
-            run.offer(found)
+            run.offer(found, pairs=pairs)
             run.hit_limit |= cut and not run.closed()
             run.report(self.name)
         run.searched += run.value < before

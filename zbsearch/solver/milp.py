@@ -431,10 +431,10 @@ class _WindowModel:
                     self.pair_time[key] = c.pair_time(row[i], row[k], self.dur[r][i], self.dur[r][k])
                     self.partners.setdefault((r, i), []).append(key)
                     self.partners.setdefault((r, k), []).append(key)
-        for k, keys in self.partners.items():
+        for one, keys in self.partners.items():
             if len(keys) > 1:
                 lp += pulp.lpSum(self.y[key] for key in keys) <= 1
-            lp += start[k] + self.duration(k) <= self.latest_end[k]  # (the time bounds assumed the pass alone)
+            lp += start[one] + self.duration(one) <= self.latest_end[one]  # (the time bounds assumed the pass alone)
         for (ki, kk), y in self.y.items():
             big = max(self.latest_end[ki] - self.dlo(ki) - self.earliest[kk],
                       self.latest_end[kk] - self.dlo(kk) - self.earliest[ki], 0.0)
