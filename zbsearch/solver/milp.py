@@ -31,6 +31,16 @@ fused or split as it is; the exact model chooses, where fusing may pay (``_Choic
 Windows keep each microbatch's recomputation as it is too (a recompute pass orders against the
 others like any pass, before its backward by ``dependencies.must_precede``); the exact model has
 no recompute choice, so where the costs offer recomputation it is no bound (``exact`` refuses).
+
+Overlapped pairs. Where the passes hold all-to-all (``CostModel.has_all_to_all``) a binary y
+says whether a forward and a backward (B or BW) of another microbatch on one rank run as one
+pair, for each such two passes of the window that no dependency or band orders and that would
+save time (a pair that hides nothing is no better than its passes in turn); a pass has at most
+one partner. Paired, the two start together and both end at the start plus
+``CostModel.pair_time`` (a pass's duration is affine in its y's), the order rows between them
+are lifted and the forward comes first in the order, so that memory counts as the simulator
+counts it. A window keeps the pairs outside it: those after it enter the tails as one pass each
+(``_paired_after``). Models where fusing or recomputation is a choice have no pairs.
 """
 
 from __future__ import annotations
@@ -1166,6 +1176,8 @@ def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed
     split = _split(rows, set(range(cost.num_stages)) - choice)
     pairs = _split_pairs(rows, pairs) if pairs is not None else None
     rows = _fifo(problem, split)
+    if pairs is not None and not _pairs_fit(rows, pairs):
+        pairs = None  # (FIFO orders start from the sequential schedule)
     if pairs is not None:
         try:
             _, tl = problem.evaluate(rows, pairs)
@@ -1188,6 +1200,12 @@ def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed
     if res is not None and (offers or (cost.has_all_to_all and choice)):
         res = replace(res, dual_bound=_NEG)
     return res
+
+
+def _pairs_fit(rows: list[list[Action]], pairs: list[list[int]]) -> bool:
+    """Whether each pair of ``pairs`` is a forward and a backward of another microbatch in ``rows``."""
+    return all(i + 1 < len(row) and row[i].op is Op.F and row[i + 1].op in (Op.B, Op.BW) and row[i].mb != row[i + 1].mb
+               for row, at in zip(rows, pairs) for i in at)
 
 
 def _split_pairs(rows: list[list[Action]], pairs: list[list[int]]) -> list[list[int]]:

@@ -30,7 +30,10 @@ A solve is a ``SolveRun`` going through named phases, all timed by one ``Budget`
 4. ``improve``: the search engines in turn (``engines``; the seam where another one plugs in):
    a local search over per-rank orders, fused or split backwards and recomputation (non-FIFO
    orders too, judged by simulation), the exact MILP on small problems, the local search
-   again, then MILP windows until the gap closes or the time limit.
+   again, then MILP windows until the gap closes or the time limit. Where the passes hold
+   all-to-all, the schedules built around overlapped pairs join the candidates first
+   (``offer_paired``), every engine chooses pairs too, and ``overlap`` searches pairs and
+   order once more at the end.
 5. ``finish``: the final schedule is validated by the core validator, memory limit included,
    before anything is returned; ``verdict`` says what it means.
 """
@@ -344,6 +347,19 @@ class SolveRun:
                 self.construction = name + (", overlapped" if any(got_pairs) else "")
         self.report("overlapped pairs")
 
+    def offer_paired(self) -> None:
+        """Where the passes hold all-to-all: the schedules built around pairs (``paired_v``) and
+        each classic one of the placement with pairs of its own (dualpipe-v), as candidates the
+        search engines start from (they choose pairs too)."""
+        if not self.problem.cost.has_all_to_all:
+            return
+        place = list(self.problem.cost.stage_to_rank)
+        starts = [*paired_v_candidates(self.problem)]
+        starts += [(b.kind, b.rows, b.pairs) for b in self.baselines if b.stage_to_rank == place and b.pairs is not None]
+        for name, rows, pairs in starts:
+            self.offer(rows, name, pairs)
+        self.report("overlapped pairs")
+
     def improve(self, engines: Sequence[tuple[Engine, float | None]]) -> None:
         """Each engine in turn until it is done, its share of the time left or the deadline."""
         if not engines or self.closed() or self.budget.expired():
@@ -463,6 +479,7 @@ def solve(
     pairs_until = budget.deadline
     if true.cost.has_all_to_all:  # the pairs are chosen last, on the best order: keep them a share
         budget.keep_back(budget.shares.pairs * budget.left())
+    run.offer_paired()
     run.improve(default_engines(run) if engines is None else [(e, None) for e in engines])
     run.overlap(pairs_until)
     return run.finish()
