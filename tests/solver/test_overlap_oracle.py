@@ -25,6 +25,7 @@ from zbsearch.errors import ZbError
 from zbsearch.layout import placement
 from zbsearch.simulator import simulate
 from zbsearch.solver import solve
+from zbsearch.solver.engines import ExactMILP
 from zbsearch.solver.heuristic import sequential_schedule
 from zbsearch.solver.local_search import local_search_paired
 from zbsearch.solver.milp import exact
@@ -179,3 +180,15 @@ def test_the_local_search_pairs_and_reaches_the_oracle(verdicts):
         assert problem.fits(tl) and value >= best * (1 - TOL), seed
         reached += value <= best * (1 + TOL)
     assert reached >= 0.9 * len(verdicts)
+
+
+def test_the_exact_milp_proves_solves_with_pairs_optimal(verdicts):
+    # the exact MILP as the solve's only engine: its bound, sound with pairs, closes the gap at
+    # the oracle's optimum where its schedules reach it (a time limit it need not reach)
+    proven = 0
+    for seed, cost, m, limit, best, _, _, _ in verdicts[:6]:
+        prof = _instance(seed, large=m == 3 or cost.num_stages == 4)[0]  # (the fixture's instance)
+        res = solve(prof, m, limit, chunks=cost.num_stages // 2, time_limit=60, objective="span", engines=[ExactMILP()])
+        assert res.info.lower_bound <= best * (1 + TOL) and res.info.value >= best * (1 - TOL), seed
+        proven += res.info.status == "optimal"
+    assert proven >= 4
