@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..actions import Action
-from .local_search import local_search
+from .local_search import local_search_paired
 
 if TYPE_CHECKING:
     from .solve import SolveRun
@@ -46,10 +46,11 @@ class Engine(Protocol):
 
 @dataclass
 class LocalSearch:
-    """The local search over every per-rank order (non-FIFO too), fused or split backwards and,
-    where allowed, recomputation: for ``share`` of the time left from the best schedule, then
-    as long from each of the solve's further starts in turn (``with_starts``), until one
-    reaches the bound; not with uniform costs (not the true objective)."""
+    """The local search over every per-rank order (non-FIFO too), fused or split backwards,
+    overlapped pairs where the passes hold all-to-all and, where allowed, recomputation: for
+    ``share`` of the time left from the best schedule (with its pairs), then as long from each
+    of the solve's further starts in turn (``with_starts``), until one reaches the bound; not
+    with uniform costs (not the true objective)."""
 
     share: float
     with_starts: bool = False
@@ -66,10 +67,11 @@ class LocalSearch:
                 run.hit_limit = True  # a start left unsearched
                 break
             stop = time.monotonic() + self.share * (until - time.monotonic())
-            found = local_search(run.problem, begin, stop, target=run.target())
+            found, pairs = local_search_paired(run.problem, begin, run.overlapped if begin is run.rows else None, stop,
+                                               target=run.target())
             # it ends at its time, at the target (then the gap closes) or where no move is allowed at all
             cut = time.monotonic() >= stop
-            run.offer(found)
+            run.offer(found, pairs=pairs)
             run.hit_limit |= cut and not run.closed()
             run.report(self.name)
         run.searched += run.value < before
@@ -78,11 +80,11 @@ class LocalSearch:
 @dataclass
 class ExactMILP:
     """The exact MILP of the whole schedule: the idle relaxation (its dual bound is a lower bound
-    for every schedule, fused, split or mixed, without overlapped pairs: where the passes hold
-    all-to-all it proves nothing, and only its schedules count) and, for the span, the best FIFO order under ASAP
-    execution. Where the solve may recompute, the model chooses that too, and is a search over
-    FIFO orders only (``milp.exact``): for the span only the ASAP model runs, and no bound comes
-    of it."""
+    for every schedule, fused, split or mixed, with or without overlapped pairs, which it
+    chooses where the passes hold all-to-all; where fusing may pay there it has no pairs and
+    proves nothing) and, for the span, the best FIFO order under ASAP execution. Where the
+    solve may recompute, the model chooses that too, and is a search over FIFO orders only
+    (``milp.exact``): for the span only the ASAP model runs, and no bound comes of it."""
 
     relaxed_share: float = 0.5
     name: str = "exact MILP"
@@ -101,12 +103,13 @@ class ExactMILP:
                 run.hit_limit = True  # a model left unsolved
                 break
             left = until - time.monotonic()
-            res = exact(run.problem, run.rows, left * (self.relaxed_share if relaxed and span else 1.0), relaxed)
+            res = exact(run.problem, run.rows, left * (self.relaxed_share if relaxed and span else 1.0), relaxed,
+                        pairs=run.overlapped)
             run.hit_limit |= res is None or not res.optimal  # HiGHS stopped at its time (it starts from a solution)
             if res is not None:
-                if run.offer(res.rows):
+                if run.offer(res.rows, pairs=res.pairs):
                     run.improvements += 1
-                if relaxed and not run.problem.cost.has_all_to_all:  # the model knows no overlapped pairs
+                if relaxed:  # (-inf where the model is no bound)
                     run.raise_bound(res.dual_bound)
                 run.windows += 1
             run.report(self.name)
@@ -114,25 +117,27 @@ class ExactMILP:
 
 @dataclass
 class MILPWindows:
-    """MILP windows over the schedule (``milp.improve``) until the gap closes or ``until``; the
-    windows' model is the idle relaxation, whose solutions the simulator then times."""
+    """MILP windows over the schedule (``milp.improve_paired``: with overlapped pairs where the
+    passes hold all-to-all) until the gap closes or ``until``; the windows' model is the idle
+    relaxation, whose solutions the simulator then times."""
 
     name: str = "MILP windows"
 
     def improve(self, run: SolveRun, until: float) -> None:
         """Re-order windows of the best schedule with the MILP until no window improves or time runs out."""
-        from .milp import improve
+        from .milp import improve_paired
 
         if run.closed():
             return
         if time.monotonic() >= until:
             run.hit_limit = True
             return
-        rows, stats = improve(run.search, run.rows, until, lambda v, st: run.report(self.name, v), run.target())
+        rows, pairs, stats = improve_paired(run.search, run.rows, run.overlapped, until,
+                                            lambda v, st: run.report(self.name, v), run.target())
         run.windows += stats.windows
         run.improvements += stats.improved
         run.hit_limit |= not stats.converged
-        run.adopt_unchecked(rows)
+        run.adopt_unchecked(rows, pairs)
 
 
 def default_engines(run: SolveRun) -> list[tuple[Engine, float | None]]:

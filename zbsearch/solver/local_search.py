@@ -30,6 +30,12 @@ into a gap, are longer ones), and every candidate is timed by ASAP simulation.
   between its F and its backward, take it out, or trade one for the other in place. Its F then
   costs and keeps what a checkpointed forward does. Recompute passes move like any other pass,
   within their F and their backward. With "full" every forward stays recomputed.
+* Where the passes hold all-to-all (``CostModel.has_all_to_all``) and the caller takes pairs
+  (``local_search_paired``), a move also pairs a forward with the backward of another
+  microbatch right after it into one overlapped pair (``CostModel.pair_time``), pulls the
+  next backward up to just after a forward and pairs them, or unpairs a pair. A move that
+  separates a pair's passes unpairs it; a pair whose backward waits for its own forward
+  deadlocks and is discarded.
 * ``deadline`` (time.monotonic()) is checked between simulations: an expired one returns the
   input unchanged.
 """
@@ -46,12 +52,14 @@ from ..reductions import lane_runs
 from ..tolerances import REL_TOL
 from .problem import Problem
 
-__all__ = ["local_search"]
+__all__ = ["local_search", "local_search_paired"]
 
 _OPS = (Op.F, Op.B, Op.W)
 # which backwards are fused, which forwards are checkpointed for which recompute pass
 State = tuple[frozenset[tuple[int, int]], frozenset[tuple[int, int, Op]]]
 _PLAIN: State = (frozenset(), frozenset())
+Pairs = frozenset[int]  # the forwards (ids) that run as one overlapped pair with the backward after them
+_NONE: Pairs = frozenset()
 
 
 class _Model:
@@ -62,9 +70,10 @@ class _Model:
     per one offered (absent but where it is recomputed). Durations and memory deltas depend on
     which backwards are fused and which forwards checkpointed: ``costs`` gives them for a state."""
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Problem, pairing: bool = False) -> None:
         c, m, S = problem.cost, problem.num_microbatches, problem.cost.num_stages
         self.cost = c
+        self.pairing = pairing and c.has_all_to_all
         ops = {s: (*_OPS, *c.recompute_ops(s)) for s in range(S)}
         self.actions = [Action(s, op, j) for s in range(S) for op in ops[s] for j in range(m)]
         self.id = {(a.stage, a.op, a.mb): k for k, a in enumerate(self.actions)}
@@ -120,9 +129,31 @@ class _Model:
             mem[ident[(s, Op.F, j)]] = offer.keep
         return dur, mem
 
-    def score(self, rows: list[list[int]], dur: list[float]) -> tuple[float, float] | None:
+    def pairable(self, f: int, b: int) -> bool:
+        """Whether forward f and the pass b may run as one overlapped pair: b a backward (B or
+        BW: one id) of another microbatch."""
+        x, y = self.actions[f], self.actions[b]
+        return x.op is Op.F and y.op is Op.B and x.mb != y.mb
+
+    def pair_time(self, f: int, b: int, dur: list[float]) -> float:
+        """What the pair of forward f and backward b costs (``CostModel.pair_time``)."""
+        return self.cost.pair_time(self.actions[f], self.actions[b], dur[f], dur[b])
+
+    def valid_pairs(self, rows: list[list[int]], pairs: Pairs) -> Pairs:
+        """The forwards of ``pairs`` that still have a backward to pair with right after them."""
+        if not pairs:
+            return pairs
+        out = set()
+        for row in rows:
+            for i in range(len(row) - 1):
+                if row[i] in pairs and self.pairable(row[i], row[i + 1]):
+                    out.add(row[i])
+        return frozenset(out)
+
+    def score(self, rows: list[list[int]], dur: list[float], pairs: Pairs = _NONE) -> tuple[float, float] | None:
         """(objective, sum of rank spans, or for the iteration of rank iterations) of the ASAP
-        timeline, None on a deadlock."""
+        timeline, None on a deadlock. ``pairs``: the forwards that run as one overlapped pair
+        with the backward after them (where there is one: ``valid_pairs``)."""
         deps = self.deps
         end: list[float | None] = [None] * len(dur)
         R = len(rows)
@@ -135,6 +166,15 @@ class _Model:
                 n = len(row)
                 while i < n:
                     k = row[i]
+                    if pairs and k in pairs and i + 1 < n and self.pairable(k, row[i + 1]):
+                        s = self._pair_start(t, k, row[i + 1], end)
+                        if s is None:
+                            break
+                        if i == 0:
+                            first[r] = s
+                        t = end[k] = end[row[i + 1]] = s + self.pair_time(k, row[i + 1], dur)
+                        i += 2
+                        continue
                     s = t
                     for d, delay in deps[k]:
                         e = end[d]
@@ -171,6 +211,40 @@ class _Model:
         if self.span:
             return max(spans), total
         return max(free) - min(first[r] for r in range(R) if rows[r]), total
+
+    def _pair_start(self, t: float, f: int, b: int, end: list[float | None]) -> float | None:
+        """When the pair of f and b can start, its rank free at t: both passes' inputs there
+        (None: one is not run yet)."""
+        for k in (f, b):
+            for d, delay in self.deps[k]:
+                e = end[d]
+                if e is None:
+                    return None
+                if e + delay > t:
+                    t = e + delay
+        return t
+
+    def pair_moves(self, row: list[int], pairs: Pairs, i: int, limit: float, reach: int,
+                   mem: list[float]) -> list[tuple[list[int], Pairs]]:
+        """The rows and pairs that pairing the forward at row[i] gives (with the backward after
+        it, or with a later backward within ``reach`` pulled up to just after it, the passes in
+        between moving down by one, within the memory limit and its rank's own dependencies),
+        or unpairing it where it is paired."""
+        k = row[i]
+        if k in pairs:
+            return [(row, pairs - {k})]
+        if self.actions[k].op is not Op.F:
+            return []
+        out: list[tuple[list[int], Pairs]] = []
+        held = {x for x in pairs} | {row[j + 1] for j in range(len(row) - 1) if row[j] in pairs}
+        for j in range(i + 1, min(len(row), i + 1 + reach)):
+            b = row[j]
+            if b in held or not self.pairable(k, b) or (j > i + 1 and self.before[b] & set(row[i + 1:j])):
+                continue  # (held by a pair, or a pass between that b needs: b cannot move up past it)
+            new = row if j == i + 1 else _moved(row, j, i + 1)
+            if new is row or max(_prefix(mem, new), default=0.0) <= limit:
+                out.append((new, pairs | {k}))
+        return out
 
     def targets(self, row: list[int], i: int, prefix: list[float], limit: float, reach: int, mem: list[float]) -> list[int]:
         """Positions pass row[i] may move to (at most ``reach`` away) without passing a pass of
@@ -287,56 +361,86 @@ def local_search(
     (time.monotonic()) or until the objective reaches ``target`` (a lower bound: nothing better
     exists). ``rows``: a valid schedule, split, fused or mixed.
     ``reach``: how far a pass may move on its rank (default: anywhere). ``evaluations``: at
-    most this many candidates simulated (a budget independent of the machine's speed)."""
+    most this many candidates simulated (a budget independent of the machine's speed).
+    No overlapped pairs (``local_search_paired`` chooses them)."""
+    return _search(problem, rows, None, deadline, reach, seed, target, evaluations, pairing=False)[0]
+
+
+def local_search_paired(
+    problem: Problem,
+    rows: list[list[Action]],
+    pairs: list[list[int]] | None,
+    deadline: float,
+    *,
+    reach: int | None = None,
+    seed: int = 0,
+    target: float = float("-inf"),
+    evaluations: int | None = None,
+) -> tuple[list[list[Action]], list[list[int]] | None]:
+    """``local_search`` from ``rows`` with overlapped ``pairs`` (None: none), choosing pairs too
+    where the passes hold all-to-all: the rows and their pairs (None: none), no worse than the
+    input's."""
+    return _search(problem, rows, pairs, deadline, reach, seed, target, evaluations, pairing=True)
+
+
+def _search(problem: Problem, rows: list[list[Action]], pairs: list[list[int]] | None, deadline: float,
+            reach: int | None, seed: int, target: float, evaluations: int | None,
+            pairing: bool) -> tuple[list[list[Action]], list[list[int]] | None]:
+    given = pairs if pairs and any(pairs) else None
     if time.monotonic() >= deadline:
-        return rows
-    value0, tl0 = problem.evaluate(rows)
+        return rows, given
+    value0, tl0 = problem.evaluate(rows, given)
     if value0 <= target or not problem.fits(tl0):
-        return rows
-    model = _Model(problem)
+        return rows, given
+    model = _Model(problem, pairing or given is not None)
     state0: State = (frozenset((a.stage, a.mb) for row in rows for a in row if a.op is Op.BW),
                      frozenset((a.stage, a.mb, a.op) for row in rows for a in row if a.op in RECOMPUTES))
     ids = [[model.id[(a.stage, Op.B if a.op is Op.BW else a.op, a.mb)] for a in row] for row in rows]
+    pairs0: Pairs = frozenset(ids[r][i] for r, at in enumerate(given or []) for i in at)
     rng = random.Random(seed)
-    best, best_fused = cur, cur_fused = ids, state0
+    best, best_fused, best_pairs = cur, cur_fused, cur_pairs = ids, state0, pairs0
     cur_dur, cur_mem = model.costs(cur_fused)
-    first = model.score(ids, cur_dur)
+    first = model.score(ids, cur_dur, cur_pairs)
     assert first is not None  # the core simulator just ran it
     best_score = cur_score = first
     R = len(ids)
     reach = reach if reach is not None else max(map(len, ids))
     used = 0
     misses = 0  # perturbations in a row that led to no better schedule
+    toggling = model.choice or model.any_recompute
 
     def spent() -> bool:
         return (evaluations is not None and used >= evaluations) or time.monotonic() >= deadline
 
     while not spent() and best_score[0] > target:
         improved, tried = False, used
-        moves = [(r, i) for r in range(R) for i in range(len(cur[r]))]
-        moves += [(r, -1 - i) for r, i in moves if model.choice or model.any_recompute]  # toggles (negative: at i)
+        moves = [(r, i, 0) for r in range(R) for i in range(len(cur[r]))]
+        moves += [(r, i, 1) for r, i, _ in moves if toggling] + [(r, i, 2) for r, i, _ in moves if model.pairing]
         rng.shuffle(moves)  # positions on a rank shift as moves are kept: still valid ones
         prefixes = [_prefix(cur_mem, row) for row in cur]
-        for r, i in moves:
-            if i < 0:  # fuse or split the backward at -1 - i
-                if -1 - i >= len(cur[r]):
-                    continue
-                cands = model.toggles(cur[r], -1 - i, cur_fused, model.allowed[r], reach)
+        for r, i, kind in moves:
+            if i >= len(cur[r]):
+                continue
+            cands: list[tuple[list[int], State, Pairs]]
+            if kind == 1:  # fuse or split the backward at i, or recompute the forward at i or not
+                cands = [(row, st, cur_pairs) for row, st in model.toggles(cur[r], i, cur_fused, model.allowed[r], reach)]
+            elif kind == 2:  # pair the forward at i, or unpair it
+                near, limit = min(reach, _PAIR_REACH), model.allowed[r]
+                cands = [(row, cur_fused, ps) for row, ps in model.pair_moves(cur[r], cur_pairs, i, limit, near, cur_mem)]
             else:
-                if i >= len(cur[r]):
-                    continue
-                cands = [(_moved(cur[r], i, j), cur_fused)
+                cands = [(_moved(cur[r], i, j), cur_fused, cur_pairs)
                          for j in model.targets(cur[r], i, prefixes[r], model.allowed[r], reach, cur_mem)]
-            for new_row, new_fused in cands:
+            for new_row, new_fused, new_pairs in cands:
                 if spent():
                     break
                 used += 1
                 cand = list(cur)
                 cand[r] = new_row
                 dur = cur_dur if new_fused is cur_fused else model.costs(new_fused)[0]
-                sc = model.score(cand, dur)
+                sc = model.score(cand, dur, new_pairs)
                 if sc is not None and _better(sc, cur_score):
                     cur, cur_score, improved = cand, sc, True
+                    cur_pairs = model.valid_pairs(cur, new_pairs)
                     if new_fused is not cur_fused:
                         cur_fused = new_fused
                         cur_dur, cur_mem = model.costs(cur_fused)
@@ -344,7 +448,7 @@ def local_search(
                     else:
                         prefixes[r] = _prefix(cur_mem, cand[r])
                     if _better(cur_score, best_score):
-                        best, best_fused, best_score, misses = cur, cur_fused, cur_score, 0
+                        best, best_fused, best_pairs, best_score, misses = cur, cur_fused, cur_pairs, cur_score, 0
                     break
             if spent() or best_score[0] <= target:
                 break
@@ -353,20 +457,27 @@ def local_search(
         if not improved:  # a local optimum: perturb the best schedule, harder after each miss
             misses += 1
             cur, cur_fused = _perturb(model, best, best_fused, rng, reach, 2 + min(misses // 4, 10))
+            cur_pairs = model.valid_pairs(cur, best_pairs)
             cur_dur, cur_mem = model.costs(cur_fused)
             used += 1
-            sc = model.score(cur, cur_dur)
+            sc = model.score(cur, cur_dur, cur_pairs)
             if sc is not None:
                 cur_score = sc
             else:
-                cur, cur_fused, cur_score = best, best_fused, best_score
+                cur, cur_fused, cur_pairs, cur_score = best, best_fused, best_pairs, best_score
                 cur_dur, cur_mem = model.costs(cur_fused)
-    if best is ids:
-        return rows
+    if best is ids and best_pairs == pairs0:
+        return rows, given
     out = [[Action(a.stage, Op.BW, a.mb) if a.op is Op.B and (a.stage, a.mb) in best_fused[0] else a
             for a in (model.actions[k] for k in row)] for row in best]
-    value, tl = problem.evaluate(out)
-    return out if value <= value0 and problem.fits(tl) else rows
+    out_pairs = [[i for i in range(len(row) - 1) if row[i] in best_pairs and model.pairable(row[i], row[i + 1])]
+                 for row in best]
+    found = out_pairs if any(out_pairs) else None
+    value, tl = problem.evaluate(out, found)
+    return (out, found) if value <= value0 and problem.fits(tl) else (rows, given)
+
+
+_PAIR_REACH = 8  # how far down a backward may be pulled up to pair with a forward
 
 
 def _perturb(model: _Model, rows: list[list[int]], fused: State, rng: random.Random, reach: int,

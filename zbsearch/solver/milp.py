@@ -31,6 +31,16 @@ fused or split as it is; the exact model chooses, where fusing may pay (``_Choic
 Windows keep each microbatch's recomputation as it is too (a recompute pass orders against the
 others like any pass, before its backward by ``dependencies.must_precede``); the exact model has
 no recompute choice, so where the costs offer recomputation it is no bound (``exact`` refuses).
+
+Overlapped pairs. Where the passes hold all-to-all (``CostModel.has_all_to_all``) a binary y
+says whether a forward and a backward (B or BW) of another microbatch on one rank run as one
+pair, for each such two passes of the window that no dependency or band orders and that would
+save time (a pair that hides nothing is no better than its passes in turn); a pass has at most
+one partner. Paired, the two start together and both end at the start plus
+``CostModel.pair_time`` (a pass's duration is affine in its y's), the order rows between them
+are lifted and the forward comes first in the order, so that memory counts as the simulator
+counts it. A window keeps the pairs outside it: those after it enter the tails as one pass each
+(``_paired_after``). Models where fusing or recomputation is a choice have no pairs.
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ from ..tolerances import EPS_MS, REL_TOL
 from .heuristic import sequential_schedule
 from .problem import Problem
 
-__all__ = ["WindowResult", "ImproveStats", "solve_window", "improve", "exact"]
+__all__ = ["WindowResult", "ImproveStats", "solve_window", "improve", "improve_paired", "exact"]
 
 _NEG = float("-inf")
 _INF = float("inf")
@@ -113,6 +123,7 @@ class WindowResult:
     dual_bound: float  # HiGHS's bound on this window's objective
     optimal: bool
     binaries: int
+    pairs: list[list[int]] | None = None  # the new rows' overlapped pairs (``Schedule.overlapped``; None: none)
 
 
 Key = tuple[int, int]  # a pass by (rank, position in the rank's list)
@@ -215,6 +226,24 @@ def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[in
     return tail, rest
 
 
+def _paired_after(cost: CostModel, rows: list[list[Action]], stop: list[int], index, dur: list[list[float]],
+                  pairs: list[list[int]]):
+    """(index, durations) for ``_tails`` where overlapped pairs start after the window: each such
+    pair's forward takes no time and its backward the pair's (``pair_time``), and what needs
+    the forward waits for the backward's end. The pair then starts when its rank is free and
+    both passes' inputs are there, and both end together, as the simulator runs it."""
+    after = [(r, i) for r, at in enumerate(pairs) for i in at if i >= stop[r]]
+    if not after:
+        return index, dur
+    index, dur = dict(index), [list(d) for d in dur]
+    for r, i in after:
+        f, b = rows[r][i], rows[r][i + 1]
+        t = cost.pair_time(f, b, dur[r][i], dur[r][i + 1])
+        index[(f.stage, f.op, f.mb)] = (r, i + 1)
+        dur[r][i], dur[r][i + 1] = 0.0, t
+    return index, dur
+
+
 def _window_positions(rows: list[list[Action]], tl: Timeline, t1: float, t2: float) -> tuple[list[int], list[int]]:
     """Per rank, the positions [begin, stop) of the passes that start in [t1, t2)."""
     R = len(rows)
@@ -233,7 +262,7 @@ class _WindowModel:
     pass i, weight 1 when it surely does, else the order binary (or 1 - it)."""
 
     def __init__(self, problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], band: float, secondary: bool,
-                 relaxed: bool = False):
+                 relaxed: bool = False, pairs: list[list[int]] | None = None, paired: bool = True):
         self.problem, self.rows, self.tl, self.begin, self.stop = problem, rows, tl, begin, stop
         self.band, self.secondary = band, secondary
         self.deltas: list[list[float]] | None = None
@@ -241,6 +270,11 @@ class _WindowModel:
         self.index = index = action_index(rows)
         self.inputs = {k: list(_inputs(problem, rows, index, *k)) for k in self.passes}
         self.dur = self.pass_durations()
+        self.given_pairs = [sorted(p) for p in pairs] if pairs else [[] for _ in rows]
+        self.y: dict[tuple[Key, Key], pulp.LpVariable] = {}  # (forward, backward) -> 1 where they run as a pair
+        self.pair_time: dict[tuple[Key, Key], float] = {}
+        self.partners: dict[Key, list[tuple[Key, Key]]] = {}
+        self.paired = paired
         # Each rank's span runs from its first pass. When that pass is in the window its start
         # is, with ``relaxed``, a variable: the model is then the idle relaxation (a rank may
         # start late), valid over every order, FIFO or not (see ``problem``). Otherwise it is
@@ -260,7 +294,8 @@ class _WindowModel:
         self.last = [last_backward(row) if self.lane else {} for row in rows]
         self.steps = [sum(c.t_opt[s] for s in {x.stage for x in row}) if self.lane else 0.0 for row in rows]
         marks = {("g", s): (r, p) for r, last in enumerate(self.last) for s, p in last.items() if p >= stop[r]}
-        self.tail, self.rest = _tails(problem, rows, tl, begin, stop, index, self.off, self.dur, self.steps, marks)
+        tail_index, tail_dur = _paired_after(problem.cost, rows, stop, index, self.dur, self.given_pairs)
+        self.tail, self.rest = _tails(problem, rows, tl, begin, stop, tail_index, self.off, tail_dur, self.steps, marks)
         self.value = problem.value(tl)
         self.slack = 1e-7 * max(1.0, self.value)  # float noise between the simulator's sums and ours
         self.binaries = 0
@@ -281,8 +316,14 @@ class _WindowModel:
         return [arrive[min(c.rank_stages(r))] for r in range(c.num_ranks)]
 
     def duration(self, k: Key):
-        """How long pass k takes: a number here (an affine expression where the model chooses)."""
-        return self.dur[k[0]][k[1]]
+        """How long pass k takes: a number, or where it may run in an overlapped pair, its time
+        alone plus, for the pair chosen, what the pair adds (both passes of a pair end at its
+        start plus ``CostModel.pair_time``); an affine expression where the model chooses."""
+        d = self.dur[k[0]][k[1]]
+        keys = self.partners.get(k)
+        if not keys:
+            return d
+        return d + pulp.lpSum((self.pair_time[key] - d) * self.y[key] for key in keys)
 
     def dlo(self, k: Key) -> float:
         """The least pass k can take (what its time bounds use)."""
@@ -344,6 +385,71 @@ class _WindowModel:
         # the start of each rank whose first pass is in the window
         self.rank_start = {r: _variable(lp, f"t{r}", 0.0, self.horizon) for r, o in enumerate(self.off) if o is None}
         self.warm_start.update({f"t{r}": tl.start[r][0] for r in self.rank_start})
+        self.add_pairs()
+
+    def pairs_allowed(self) -> bool:
+        """Whether the model chooses overlapped pairs: where the passes hold all-to-all, if asked."""
+        return self.paired and self.problem.cost.has_all_to_all
+
+    def pair_candidate(self, r: int, i: int, k: int, given: bool) -> bool:
+        """Whether forward i and backward k of rank r may run as one overlapped pair: another
+        microbatch, no order between them fixed by a dependency or the band, a pair that hides
+        something (one that hides nothing is no better than the two passes in turn) and that the
+        time bounds leave room for; a pair of the given schedule always (its warm start)."""
+        f, b = self.rows[r][i], self.rows[r][k]
+        if f.mb == b.mb:
+            return False
+        if given:
+            return True
+        S = self.problem.cost.num_stages
+        if (f.mb <= b.mb and must_precede((f.stage, Op.F), _chain(b), S)) or \
+                (b.mb <= f.mb and must_precede(_chain(b), (f.stage, Op.F), S)):
+            return False
+        if abs(self.tl.start[r][i] - self.tl.start[r][k]) > self.band:
+            return False
+        di, dk = self.dur[r][i], self.dur[r][k]
+        t = self.problem.cost.pair_time(f, b, di, dk)
+        if t >= di + dk - EPS_MS:
+            return False
+        ki, kk = (r, i), (r, k)
+        lo = max(self.earliest[ki], self.earliest[kk])
+        return lo + t <= min(self.latest_end[ki], self.latest_end[kk]) + EPS_MS
+
+    def add_pairs(self) -> None:
+        """Where the passes hold all-to-all: a binary y per candidate (forward, backward) pair of
+        a rank (``pair_candidate``), at most one partner per pass; a pair's passes start
+        together and end at its start plus ``pair_time`` (``duration``); ``add_order`` lets the
+        two overlap, the forward first in the order (its memory counts first, as in the
+        simulator). The given schedule's pairs in the window are the warm start."""
+        if not self.pairs_allowed():
+            return
+        lp, start, c = self.lp, self.start, self.problem.cost
+        for r, row in enumerate(self.rows):
+            given = set(self.given_pairs[r])
+            window = range(self.begin[r], self.stop[r])
+            backs = [k for k in window if row[k].op in (Op.B, Op.BW)]
+            for i in window:
+                if row[i].op is not Op.F:
+                    continue
+                for k in backs:
+                    if not self.pair_candidate(r, i, k, i in given and k == i + 1):
+                        continue
+                    key = ((r, i), (r, k))
+                    y = self.y[key] = _variable(lp, f"y{r}_{i}_{k}", 0, 1, pulp.LpBinary)
+                    self.warm_start[y.name] = 1.0 if i in given and k == i + 1 else 0.0
+                    self.binaries += 1
+                    self.pair_time[key] = c.pair_time(row[i], row[k], self.dur[r][i], self.dur[r][k])
+                    self.partners.setdefault((r, i), []).append(key)
+                    self.partners.setdefault((r, k), []).append(key)
+        for one, keys in self.partners.items():
+            if len(keys) > 1:
+                lp += pulp.lpSum(self.y[key] for key in keys) <= 1
+            lp += start[one] + self.duration(one) <= self.latest_end[one]  # (the time bounds assumed the pass alone)
+        for (ki, kk), y in self.y.items():
+            big = max(self.latest_end[ki] - self.dlo(ki) - self.earliest[kk],
+                      self.latest_end[kk] - self.dlo(kk) - self.earliest[ki], 0.0)
+            lp += start[ki] - start[kk] <= big * (1 - y)
+            lp += start[kk] - start[ki] <= big * (1 - y)
 
     def add_objective(self) -> None:
         """z, plus (``secondary``) a tiny weight on the start times so passes start early."""
@@ -484,7 +590,10 @@ class _WindowModel:
         ordered = self.fifo_chain(Y)
         for k in others:
             yk = rows[r][k]
-            if (xi.mb <= yk.mb and must_precede(X, Y, S)) or tl.start[r][k] - tl.start[r][i] > self.band:
+            pair = self.y.get(((r, i), (r, k)) if xi.op is Op.F else ((r, k), (r, i)))
+            if pair is not None:
+                self.add_pair_order(r, i, k, pair)
+            elif (xi.mb <= yk.mb and must_precede(X, Y, S)) or tl.start[r][k] - tl.start[r][i] > self.band:
                 first_after = k if first_after is None else first_after
                 before[k].append((i, 1))
                 if not ordered:
@@ -515,6 +624,27 @@ class _WindowModel:
             lp += start[(r, i)] >= start[(r, last_before)] + dur((r, last_before))
         if first_after is not None and ordered:
             lp += start[(r, first_after)] >= start[(r, i)] + dur((r, i))
+
+    def add_pair_order(self, r: int, i: int, k: int, pair) -> None:
+        """Order passes i and k of rank r, which may run as an overlapped pair (binary ``pair``),
+        by a binary as ``add_order`` does, the order rows lifted where they pair; paired, the
+        forward is first."""
+        lp, start, dur, latest, earliest = self.lp, self.start, self.duration, self.latest_end, self.earliest
+        v = _variable(lp, f"o{r}_{i}_{k}", 0, 1, pulp.LpBinary)  # 1: i before k
+        self.warm_start[v.name] = 1.0 if (self.tl.start[r][i], i) < (self.tl.start[r][k], k) else 0.0
+        self.binaries += 1
+        m1 = latest[(r, i)] - earliest[(r, k)]
+        m2 = latest[(r, k)] - earliest[(r, i)]
+        if self.rows[r][i].op is Op.F:
+            lp += start[(r, k)] >= start[(r, i)] + dur((r, i)) - m1 * (1 - v) - max(m1, 0.0) * pair
+            lp += start[(r, i)] >= start[(r, k)] + dur((r, k)) - m2 * v
+            lp += v >= pair
+        else:
+            lp += start[(r, k)] >= start[(r, i)] + dur((r, i)) - m1 * (1 - v)
+            lp += start[(r, i)] >= start[(r, k)] + dur((r, k)) - m2 * v - max(m2, 0.0) * pair
+            lp += v <= 1 - pair
+        self.before[r][k].append((i, v))
+        self.before[r][i].append((k, 1 - v))
 
     def fifo_chain(self, chain: PassType) -> bool:
         """Whether the chain's passes run in a fixed order (all of them here)."""
@@ -550,7 +680,25 @@ class _WindowModel:
             return None
         optimal = solver.model_status == highspy.HighsModelStatus.kOptimal
         bound = solver.dual_bound - (self.eps * sum(self.latest_end[k] for k in self.passes) if self.eps else 0.0)
-        return WindowResult(self.decode(), pulp.value(self.z), bound, optimal, self.binaries)
+        rows = self.decode()
+        return WindowResult(rows, pulp.value(self.z), bound, optimal, self.binaries, self.decode_pairs(rows))
+
+    def decode_pairs(self, new_rows: list[list[Action]]) -> list[list[int]] | None:
+        """The overlapped pairs of ``new_rows`` (None: none): those the model chose, and the given
+        ones outside the window, each where its forward now is."""
+        chosen = [key for key, y in self.y.items() if round(pulp.value(y)) == 1]
+        kept = [((r, i), (r, i + 1)) for r, at in enumerate(self.given_pairs) for i in at
+                if not self.begin[r] <= i < self.stop[r]]
+        out: list[list[int]] = [[] for _ in new_rows]
+        where: dict[int, dict[Action, int]] = {}
+        for (r, i), (_, k) in chosen + kept:
+            at = where.get(r)
+            if at is None:
+                at = where[r] = {a: n for n, a in enumerate(new_rows[r])}
+            f, b = at.get(self.rows[r][i]), at.get(self.rows[r][k])
+            if f is not None and b == f + 1:
+                out[r].append(f)
+        return [sorted(p) for p in out] if any(out) else None
 
     def decode(self) -> list[list[Action]]:
         """New order per rank: a pass's position is the number of window passes before it, read
@@ -577,13 +725,18 @@ def solve_window(
     time_limit: float,
     secondary: bool = True,
     relaxed: bool = False,
+    pairs: list[list[int]] | None = None,
+    paired: bool = True,
 ) -> WindowResult | None:
     """Re-optimise the passes that start in [t1, t2); None if the window is empty.
-    ``relaxed``: each rank's start is free (the idle relaxation; see ``_WindowModel``)."""
+    ``relaxed``: each rank's start is free (the idle relaxation; see ``_WindowModel``).
+    ``pairs``: the overlapped pairs of ``rows`` (``tl`` times them): those outside the window
+    stay, those inside are the warm start of the window's choice of pairs (``paired``: where
+    the passes hold all-to-all, the window chooses pairs; else it keeps none of its own)."""
     begin, stop = _window_positions(rows, tl, t1, t2)
     if begin == stop:
         return None
-    model = _WindowModel(problem, rows, tl, begin, stop, band, secondary, relaxed)
+    model = _WindowModel(problem, rows, tl, begin, stop, band, secondary, relaxed, pairs, paired)
     if not _build(model):
         return None  # cannot happen for a consistent timeline; be safe rather than wrong
     return model.solve(time_limit)
@@ -792,6 +945,9 @@ class _ChoiceModel(_WindowModel):
     def fifo_chain(self, chain: PassType) -> bool:
         return not (chain[1] is Op.W and chain[0] in self.choice)
 
+    def pairs_allowed(self) -> bool:
+        return False  # its durations are affine in the choices: a pair's would be a product
+
     def own_memory(self, r: int, ids: list[int], pos: int):
         x = self.rows[r][ids[pos]]
         own = super().own_memory(r, ids, pos) + self._moved_sum(r, ids[:pos])
@@ -992,7 +1148,8 @@ def _model_form(tl: Timeline, offers: dict[int, tuple[Op, ...]]) -> Timeline:
                     gathers=tl.gathers, begin=tl.begin)
 
 
-def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed: bool = True) -> WindowResult | None:
+def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed: bool = True,
+          pairs: list[list[int]] | None = None) -> WindowResult | None:
     """The whole schedule as one window, with no band, over split, fused and mixed schedules
     and, where the costs offer recomputation, over every choice of it.
 
@@ -1006,14 +1163,30 @@ def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed
     model chooses, and where recomputation is offered each forward plain or checkpointed
     (``_ChoiceModel``); elsewhere a BW is split into B then W, which loses nothing. With
     recomputation FIFO orders are not known to lose nothing (``problem``): the model is a
-    search over them and its dual bound no bound (``dual_bound`` is -inf)."""
+    search over them and its dual bound no bound (``dual_bound`` is -inf).
+
+    Where the passes hold all-to-all, the model also chooses overlapped pairs (``pairs``: those
+    of ``rows``, the warm start): FIFO still loses nothing in the idle relaxation, since a pair
+    is two passes in one time slot and what it costs depends on their stages, not on their
+    microbatches. With a choice of fusing or recomputation it has no pairs, and no bound."""
     cost = problem.cost
     choice = _choice_stages(cost)
     offers = {s: ops for s in range(cost.num_stages) if (ops := cost.recompute_ops(s))}
-    rows = _fifo(problem, _split(rows, set(range(cost.num_stages)) - choice))
-    _, tl = problem.evaluate(rows)
+    pairs = pairs if cost.has_all_to_all and not choice and not offers and pairs and any(pairs) else None
+    split = _split(rows, set(range(cost.num_stages)) - choice)
+    pairs = _split_pairs(rows, pairs) if pairs is not None else None
+    rows = _fifo(problem, split)
+    if pairs is not None and not _pairs_fit(rows, pairs):
+        pairs = None  # (FIFO orders start from the sequential schedule)
+    if pairs is not None:
+        try:
+            _, tl = problem.evaluate(rows, pairs)
+        except Deadlock:  # relabelled to FIFO, a pair may wait for itself: then none
+            pairs = None
+    if pairs is None:
+        _, tl = problem.evaluate(rows)
     if not choice and not offers:
-        res = solve_window(problem, rows, tl, 0.0, _INF, _INF, time_limit, secondary=False, relaxed=relaxed)
+        res = solve_window(problem, rows, tl, 0.0, _INF, _INF, time_limit, secondary=False, relaxed=relaxed, pairs=pairs)
     else:
         fused = {(x.stage, x.mb) for row in rows for x in row if x.op is Op.BW}
         redo = {(x.stage, x.mb): x.op for row in rows for x in row if x.op in RECOMPUTES}
@@ -1023,10 +1196,31 @@ def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed
     if res is not None and not problem.fits_order(res.rows):
         # HiGHS's feasibility tolerance lets a memory row slip (a peak of 1.00000003 under 1.0):
         # keep the given order; the dual bound is still a bound
-        res = replace(res, rows=rows)
-    if res is not None and offers:
+        res = replace(res, rows=rows, pairs=pairs)
+    if res is not None and (offers or (cost.has_all_to_all and choice)):
         res = replace(res, dual_bound=_NEG)
     return res
+
+
+def _pairs_fit(rows: list[list[Action]], pairs: list[list[int]]) -> bool:
+    """Whether each pair of ``pairs`` is a forward and a backward of another microbatch in ``rows``."""
+    return all(i + 1 < len(row) and row[i].op is Op.F and row[i + 1].op in (Op.B, Op.BW) and row[i].mb != row[i + 1].mb
+               for row, at in zip(rows, pairs) for i in at)
+
+
+def _split_pairs(rows: list[list[Action]], pairs: list[list[int]]) -> list[list[int]]:
+    """``pairs`` of ``rows`` where ``_split`` has run every BW as its B then its W (outside the
+    choice stages): a pair's forward moves down by one per BW split before it."""
+    out = []
+    for row, at in zip(rows, pairs):
+        shift, k, moved = 0, 0, []
+        for i in sorted(at):
+            while k < i:
+                shift += row[k].op is Op.BW
+                k += 1
+            moved.append(i + shift)
+        out.append(moved)
+    return out
 
 
 def _build(model: _WindowModel) -> bool:
@@ -1062,10 +1256,26 @@ def improve(
     (time.monotonic()), keeping each re-optimised window that the simulator confirms is
     better. Windows grow after a sweep without improvement; a window that hits its time
     limit makes the next ones smaller. Stops as soon as the objective reaches ``target``
-    (a lower bound: nothing better exists)."""
+    (a lower bound: nothing better exists). No overlapped pairs (``improve_paired`` chooses them)."""
+    rows, _, stats = improve_paired(problem, rows, None, deadline, on_step, target, paired=False)
+    return rows, stats
+
+
+def improve_paired(
+    problem: Problem,
+    rows: list[list[Action]],
+    pairs: list[list[int]] | None,
+    deadline: float,
+    on_step=None,
+    target: float = _NEG,
+    paired: bool = True,
+) -> tuple[list[list[Action]], list[list[int]] | None, ImproveStats]:
+    """``improve`` from ``rows`` with overlapped ``pairs`` (None: none), each window choosing
+    its pairs where the passes hold all-to-all and ``paired`` (those outside it stay): the
+    rows, their pairs (None: none) and what the search did."""
     c = problem.cost
     tick = time.monotonic()
-    value, tl = problem.evaluate(rows)
+    value, tl = problem.evaluate(rows, pairs)
     # Each window also costs a pass over the schedule to build and one to simulate: keep
     # time for them so the deadline holds at p=32, m=256 too.
     overhead = 3 * (time.monotonic() - tick) + 0.05
@@ -1084,15 +1294,19 @@ def improve(
         t1 = 0.0
         while t1 < horizon and time_left():
             left = deadline - time.monotonic() - overhead
-            res = solve_window(problem, rows, tl, t1, t1 + length, length, min(left, 2.0 + length / unit))
+            res = solve_window(problem, rows, tl, t1, t1 + length, length, min(left, 2.0 + length / unit), pairs=pairs,
+                               paired=paired)
             stats.windows += 1
             if res is not None:
                 stats.binaries = max(stats.binaries, res.binaries)
-                v2, tl2 = problem.evaluate(res.rows)
+                try:
+                    v2, tl2 = problem.evaluate(res.rows, res.pairs)
+                except Deadlock:  # (a decoding the model's tolerances let slip: cannot win)
+                    v2, tl2 = _INF, tl
                 new = (v2, sum(tl2.iteration))
                 better = new[0] < score[0] * (1 - REL_TOL) or (new[0] <= score[0] and new[1] < score[1] * (1 - REL_TOL))
                 if better and problem.fits(tl2):
-                    rows, tl, score = res.rows, tl2, new
+                    rows, pairs, tl, score = res.rows, res.pairs, tl2, new
                     stats.improved += 1
                     swept_better = True
                     horizon = max(e[-1] for e in tl.end if e)
@@ -1111,4 +1325,4 @@ def improve(
             length *= 1.5
     if score[0] <= target:
         stats.converged = True  # optimal: the target is a lower bound
-    return rows, stats
+    return rows, pairs, stats

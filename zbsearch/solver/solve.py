@@ -30,7 +30,10 @@ A solve is a ``SolveRun`` going through named phases, all timed by one ``Budget`
 4. ``improve``: the search engines in turn (``engines``; the seam where another one plugs in):
    a local search over per-rank orders, fused or split backwards and recomputation (non-FIFO
    orders too, judged by simulation), the exact MILP on small problems, the local search
-   again, then MILP windows until the gap closes or the time limit.
+   again, then MILP windows until the gap closes or the time limit. Where the passes hold
+   all-to-all, the schedules built around overlapped pairs join the candidates first
+   (``offer_paired``), every engine chooses pairs too, and ``overlap`` searches pairs and
+   order once more at the end.
 5. ``finish``: the final schedule is validated by the core validator, memory limit included,
    before anything is returned; ``verdict`` says what it means.
 """
@@ -186,24 +189,25 @@ class SolveRun:
         """Whether the best schedule is within the closing tolerance of the bound: nothing left to search for."""
         return min(self.value, self.elsewhere()) <= self.bound * (1 + _CLOSED)
 
-    def offer(self, rows: list[list[Action]], name: str | None = None) -> bool:  # (before ``overlap``: no pairs)
-        """Keep ``rows`` if the simulator times it shorter on the true costs, within the limit and
-        recomputing as asked; whether it was kept."""
+    def offer(self, rows: list[list[Action]], name: str | None = None, pairs: list[list[int]] | None = None) -> bool:
+        """Keep ``rows`` (with overlapped ``pairs``, None: none) if the simulator times it shorter
+        on the true costs, within the limit and recomputing as asked; whether it was kept."""
         if rows is self.rows or not self.problem.complete_recomputation(rows):
             return False
-        value, tl = self.problem.evaluate(rows)
+        pairs = pairs if pairs and any(pairs) else None
+        value, tl = self.problem.evaluate(rows, pairs)
         if value < self.value and self.problem.fits(tl):
-            self.rows, self.value, self.timeline = rows, value, tl
+            self.rows, self.overlapped, self.value, self.timeline = rows, pairs, value, tl
             if name is not None:
                 self.construction = name
             return True
         return False
 
-    def adopt_unchecked(self, rows: list[list[Action]]) -> None:
-        """Take ``rows`` as they are (MILP windows, which keep only what the simulator confirms
-        on the search's costs); timed on the true costs at the end."""
+    def adopt_unchecked(self, rows: list[list[Action]], pairs: list[list[int]] | None = None) -> None:
+        """Take ``rows`` with overlapped ``pairs`` as they are (MILP windows, which keep only what
+        the simulator confirms on the search's costs); timed on the true costs at the end."""
         if rows is not self.rows:
-            self.rows, self.stale = rows, True
+            self.rows, self.overlapped, self.stale = rows, pairs if pairs and any(pairs) else None, True
 
     def raise_bound(self, bound: float) -> None:
         """Keep the larger of the bound held and ``bound`` (every bound is sound, so the largest holds)."""
@@ -325,11 +329,11 @@ class SolveRun:
         if not self.problem.cost.has_all_to_all:
             return
         if self.stale or self.timeline is None:
-            self.value, self.timeline = self.problem.evaluate(self.rows)
+            self.value, self.timeline = self.problem.evaluate(self.rows, self.overlapped)
             self.stale = False
         place = list(self.problem.cost.stage_to_rank)
         starts: list[tuple[str, list[list[Action]], list[list[int]] | None]] = [*paired_v_candidates(self.problem)]
-        starts.append((self.construction, self.rows, None))
+        starts.append((self.construction, self.rows, self.overlapped))
         starts += [(b.kind, b.rows, b.pairs) for b in self.baselines if b.stage_to_rank == place and b.pairs is not None]
         for k, (name, rows, pairs) in enumerate(starts):
             now = time.monotonic()
@@ -342,6 +346,19 @@ class SolveRun:
             if value < self.value:
                 self.rows, self.overlapped, self.value, self.timeline = got_rows, got_pairs if any(got_pairs) else None, value, tl
                 self.construction = name + (", overlapped" if any(got_pairs) else "")
+        self.report("overlapped pairs")
+
+    def offer_paired(self) -> None:
+        """Where the passes hold all-to-all: the schedules built around pairs (``paired_v``) and
+        each classic one of the placement with pairs of its own (dualpipe-v), as candidates the
+        search engines start from (they choose pairs too)."""
+        if not self.problem.cost.has_all_to_all:
+            return
+        place = list(self.problem.cost.stage_to_rank)
+        starts = [*paired_v_candidates(self.problem)]
+        starts += [(b.kind, b.rows, b.pairs) for b in self.baselines if b.stage_to_rank == place and b.pairs is not None]
+        for name, rows, pairs in starts:
+            self.offer(rows, name, pairs)
         self.report("overlapped pairs")
 
     def improve(self, engines: Sequence[tuple[Engine, float | None]]) -> None:
@@ -358,7 +375,7 @@ class SolveRun:
         """The result: timed on the true costs, the classic schedules on other placements as
         candidates (the bound covers them), validated, with its prediction and verdict."""
         if self.stale or self.timeline is None:
-            self.value, self.timeline = self.problem.evaluate(self.rows)
+            self.value, self.timeline = self.problem.evaluate(self.rows, self.overlapped)
         self.hit_limit = self.hit_limit or self.budget.expired()  # a phase skipped or cut short
         place, chosen_limit = list(self.problem.cost.stage_to_rank), self.limit
         rows, tl, value, pairs = self.rows, self.timeline, self.value, self.overlapped
@@ -463,6 +480,7 @@ def solve(
     pairs_until = budget.deadline
     if true.cost.has_all_to_all:  # the pairs are chosen last, on the best order: keep them a share
         budget.keep_back(budget.shares.pairs * budget.left())
+    run.offer_paired()
     run.improve(default_engines(run) if engines is None else [(e, None) for e in engines])
     run.overlap(pairs_until)
     return run.finish()
