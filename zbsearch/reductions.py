@@ -39,8 +39,9 @@ from itertools import permutations
 
 from .actions import Action, Op
 
-__all__ = ["Reduction", "lane", "lane_runs", "gather_ends", "gathers", "last_backward", "lane_floors", "iteration_floor",
-           "reduction_time", "with_reductions", "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
+__all__ = ["Reduction", "lane", "lane_runs", "gather_ends", "gather_releases", "gathers", "last_backward", "lane_floors",
+           "iteration_floor", "reduction_time", "with_reductions", "with_measured_reductions", "grad_bytes_per_stage",
+           "gain_kept"]
 
 Reduction = tuple[int, float, float]  # (stage, start, end), ms
 
@@ -89,6 +90,19 @@ def gather_ends(stages: Iterable[int], t_gather: Sequence[float]) -> dict[int, f
         t += t_gather[s]
         out[s] = t
     return out
+
+
+def gather_releases(row: Sequence[Action], t_gather: Sequence[float]) -> dict[int, float]:
+    """Position -> when it may start, for the first pass of each stage of a rank's action list
+    whose gather (or an earlier one of the rank) takes time: the end of its gather
+    (``gather_ends``). Empty without gathers."""
+    if not t_gather:
+        return {}
+    first: dict[int, int] = {}
+    for i, a in enumerate(row):
+        first.setdefault(a.stage, i)
+    ends = gather_ends(first, t_gather)
+    return {i: ends[s] for s, i in first.items() if ends[s] > 0}
 
 
 def gathers(row: Sequence[Action], starts: Sequence[float], t_gather: Sequence[float]) -> tuple[list[Reduction], float]:
