@@ -73,6 +73,11 @@ DpOpt = typer.Option(
          "them (with --dp-bandwidth and --grad-bytes)",
 )
 DpBandwidthOpt = typer.Option(None, "--dp-bandwidth", help="GB/s per rank on the data-parallel links (ring all-reduce)")
+ShardOpt = typer.Option(
+    False, "--shard",
+    help="the --dp ranks shard the stages (fully_shard): each stage reduce-scatters its gradients and gathers its "
+         "parameters (as many bytes) at the step's start, before its first pass",
+)
 GradBytesOpt = typer.Option(
     None, "--grad-bytes",
     help="gradient bytes to reduce: the model's total (3GB, split evenly over the stages) or one per stage, "
@@ -223,7 +228,9 @@ def _iteration_words(prof: zb.Profile) -> str:
     """What the iteration counts beyond the span, in words."""
     dp = prof.data_parallel
     across = f" across {dp.replicas} replicas" if dp is not None else ""
-    return f"the span, then the gradient reductions{across} and optimizer steps the passes do not hide"
+    gathers = "from each rank's step start: the parameter gathers its first passes wait for, " if any(
+        st.t_gather for st in prof.stages) else ""
+    return f"{gathers}the span, then the gradient reductions{across} and optimizer steps the passes do not hide"
 
 
 def _replicas(dp: int | None, bandwidth: float | None) -> tuple[int, float] | None:
@@ -233,16 +240,20 @@ def _replicas(dp: int | None, bandwidth: float | None) -> tuple[int, float] | No
     return None if dp is None or bandwidth is None else (dp, bandwidth)
 
 
-def _with_dp(prof: zb.Profile, dp: int | None, bandwidth: float | None, grad_bytes: str | None) -> zb.Profile:
-    """The profile with each stage's reduction across ``dp`` replicas, where the options ask for it."""
+def _with_dp(prof: zb.Profile, dp: int | None, bandwidth: float | None, grad_bytes: str | None,
+             shard: bool = False) -> zb.Profile:
+    """The profile with each stage's reduction across ``dp`` replicas, where the options ask for it
+    (``shard``: the stages sharded over them, so each also gathers its parameters at the step's start)."""
     if dp is None and bandwidth is None and grad_bytes is None:
+        if shard:
+            raise ZbError("--shard needs --dp, --dp-bandwidth and --grad-bytes: the ranks the stages are sharded over")
         return prof
     if dp is None or bandwidth is None or grad_bytes is None:
         raise ZbError("--dp, --dp-bandwidth and --grad-bytes go together: the replicas, GB/s per rank, and the "
                       "gradient bytes to reduce")
     from zbsearch.reductions import grad_bytes_per_stage, with_reductions
 
-    return with_reductions(prof, dp, bandwidth, grad_bytes_per_stage(grad_bytes, prof.num_stages))
+    return with_reductions(prof, dp, bandwidth, grad_bytes_per_stage(grad_bytes, prof.num_stages), sharded=shard)
 
 
 @app.command()
@@ -255,12 +266,13 @@ def schedule(
     dp: int | None = DpOpt,
     dp_bandwidth: float | None = DpBandwidthOpt,
     grad_bytes: str | None = GradBytesOpt,
+    shard: bool = ShardOpt,
     old_chunks: int | None = OldChunksOpt,
 ):
     """Build a classic schedule (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V) for a profile."""
     chunks = _renamed_chunks(chunks, old_chunks)
     path = _output(output)
-    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes)
+    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes, shard)
     sched = zb.build_classic(kind, prof, m, chunks)
     zb.validate(sched)
     if path is not None:
@@ -285,12 +297,13 @@ def simulate(
     dp: int | None = DpOpt,
     dp_bandwidth: float | None = DpBandwidthOpt,
     grad_bytes: str | None = GradBytesOpt,
+    shard: bool = ShardOpt,
 ):
     """Simulate a schedule: per-rank span, busy time, bubble and peak memory (and the iteration,
     where the profile or --dp ends it with gradient reductions)."""
     sched = _load_schedule(schedule_path, profile, mem_limit, force)
     if dp is not None or dp_bandwidth is not None or grad_bytes is not None:
-        sched = sched.model_copy(update={"profile": _with_dp(sched.profile, dp, dp_bandwidth, grad_bytes)})
+        sched = sched.model_copy(update={"profile": _with_dp(sched.profile, dp, dp_bandwidth, grad_bytes, shard)})
     tl = zb.timeline(sched)
     pred = zb.predict(sched, tl)
     traces = [load_trace(t) for t in measured] if measured else []
@@ -374,6 +387,7 @@ def compare(
     dp: int | None = DpOpt,
     dp_bandwidth: float | None = DpBandwidthOpt,
     grad_bytes: str | None = GradBytesOpt,
+    shard: bool = ShardOpt,
     old_chunks: int | None = OldChunksOpt,
 ):
     """All schedule kinds side by side on one profile (with the iteration's reductions where the
@@ -381,7 +395,7 @@ def compare(
     from zbsearch.compare import compare as compare_kinds
 
     chunks = _renamed_chunks(chunks, old_chunks)
-    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes)
+    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes, shard)
     with _spinner() as bar:
         task = bar.add_task("building", total=None)
         rows = compare_kinds(prof, m, chunks=chunks, mem_limit=mem_limit, time_limit=time_limit,
@@ -576,6 +590,7 @@ def solve(
     dp: int | None = DpOpt,
     dp_bandwidth: float | None = DpBandwidthOpt,
     grad_bytes: str | None = GradBytesOpt,
+    shard: bool = ShardOpt,
     old_chunks: int | None = OldPlacementOpt,
 ):
     """Find the schedule with the least bubble under a memory limit, and how far from optimal it can be."""
@@ -583,7 +598,7 @@ def solve(
 
     chunks = _solver_chunks(placement, old_chunks)
     path = _output(output)
-    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes)
+    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes, shard)
     cost = zb.CostModel.from_profile(prof, solver.solver_placement(prof.num_ranks, chunks))
     zb.parse_memory_limit(mem_limit, prof, cost)  # a bad limit fails now, not under the progress display
     with _spinner() as bar:
