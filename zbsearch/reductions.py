@@ -194,21 +194,26 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
 
 
 def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_bytes: Sequence[float], *,
-                             group: str, backend: str, t_opt: Sequence[float] | None = None):
+                             group: str, backend: str, t_opt: Sequence[float] | None = None,
+                             gather_ms: Sequence | None = None):
     """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
     ``replicas`` as timed on a real group: ``reduce_ms`` per stage (``Quartiles``; ``t_reduce``
     is the median), ``group`` ``local`` or ``torchrun``, ``backend`` the process group's; and,
-    where given, their optimizer step (``t_opt``, ms per stage)."""
+    where given, their optimizer step (``t_opt``, ms per stage). ``gather_ms`` (``Quartiles``
+    per stage): the stages are sharded, their reductions reduce-scatters, and each gathers its
+    parameters at the step's start (``t_gather``, the median)."""
     from .errors import ZbError
     from .formats.profile import DataParallel
 
     _check_per_stage(profile, grad_bytes, t_opt)
-    if len(reduce_ms) != profile.num_stages or replicas < 1:
-        raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one reduction time per stage "
-                      "and at least 1 replica")
-    dp = DataParallel(replicas=replicas, how="measured", grad_bytes=list(grad_bytes), group=group, backend=backend,
-                      reduce_ms=list(reduce_ms))
-    return _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt)
+    if len(reduce_ms) != profile.num_stages or replicas < 1 or (gather_ms is not None and len(gather_ms) != len(reduce_ms)):
+        raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one reduction (and gather) time per "
+                      "stage and at least 1 replica")
+    dp = DataParallel(replicas=replicas, sharded=gather_ms is not None, how="measured", grad_bytes=list(grad_bytes),
+                      group=group, backend=backend, reduce_ms=list(reduce_ms),
+                      gather_ms=None if gather_ms is None else list(gather_ms))
+    return _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt,
+                        None if gather_ms is None else [q.median for q in gather_ms])
 
 
 def _check_per_stage(profile, grad_bytes: Sequence[float], t_opt: Sequence[float] | None) -> None:

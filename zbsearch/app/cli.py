@@ -1020,6 +1020,11 @@ def profile(
              "or under torchrun the replicas started with the pipeline (pipeline ranks x N processes); with "
              "--dp-bandwidth it is priced as a ring all-reduce of the stage's trainable parameters' bytes instead"),
     dp_bandwidth: float | None = DpBandwidthOpt,
+    shard: bool = typer.Option(
+        False, "--shard",
+        help="with --dp N, the stages are sharded over the N replicas (fully_shard): each stage's parameter gather at the "
+             "step's start and its gradient reduce-scatter are timed as the runtime runs them (with --dp-bandwidth, "
+             "priced as a ring all-gather and reduce-scatter of the parameters' bytes)"),
     tp: int = typer.Option(
         1, "--tp", min=1,
         help="tensor-parallel ranks each stage is split over (the runtime's plans: built-in GPT, --hf decoders): its "
@@ -1059,6 +1064,11 @@ def profile(
                       "(zbsearch plan chooses the cut)")
     if dp_bandwidth is not None and dp is None:
         raise ZbError("--dp-bandwidth prices the reductions of --dp replicas: give --dp N too")
+    if shard and dp is None:
+        raise ZbError("--shard needs --dp N: the replicas the stages are sharded over")
+    if shard and tp > 1 and dp_bandwidth is None:
+        raise ZbError("--shard with --tp: the sharded tensor-parallel stages' gathers are not timed; price them with "
+                      "--dp-bandwidth")
     if dp is not None and per_layer:
         raise ZbError("--dp applies to stage profiles: zbsearch plan --dp prices each cut's reductions")
     if dp_bandwidth is not None and not dp_bandwidth > 0:
@@ -1138,7 +1148,8 @@ def profile(
     if ep is None:
         with profiler.progress_bar(err) as bar:
             prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar, replicas=measure,
-                                          tp=tp, sequence_parallel=sequence_parallel)
+                                          tp=tp, sequence_parallel=sequence_parallel,
+                                          shard=shard and measure is not None)
     else:
         import functools
 
@@ -1152,7 +1163,8 @@ def profile(
         from zbsearch.profiler.gradients import with_data_parallel
         from zbsearch.profiler.settings import resolve_device, resolve_dtype
 
-        prof = with_data_parallel(prof, spec.stages, dp, dp_bandwidth, resolve_device(device), resolve_dtype(dtype))
+        prof = with_data_parallel(prof, spec.stages, dp, dp_bandwidth, resolve_device(device), resolve_dtype(dtype),
+                                  sharded=shard)
     if dp is not None and name is not None:  # the name given, not the one the reductions add -dpN to
         prof = prof.model_copy(update={"name": name})
     if target is None or str(target) != "-":

@@ -281,10 +281,11 @@ class Links(BaseModel):
 
 
 class DataParallel(BaseModel):
-    """How the stages' ``t_reduce`` were found: the replicas each stage's gradients are reduced
-    across, whether the data parallelism is sharded, and measured on a real group or computed
-    from the gradient bytes and a bandwidth. The fields after ``grad_bytes`` are written where
-    the reductions were measured (older files lack them)."""
+    """How the stages' ``t_reduce`` (and, sharded, ``t_gather``) were found: the replicas each
+    stage's gradients are reduced across, whether the data parallelism is sharded, and measured
+    on a real group or computed from the gradient bytes and a bandwidth. The fields after
+    ``grad_bytes`` are written where the reductions were measured (older files lack them, and
+    ``gather_ms`` where they were not sharded)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -299,6 +300,8 @@ class DataParallel(BaseModel):
     backend: str | None = Field(default=None, description="how = measured: the process group's backend (gloo, nccl)")
     reduce_ms: list[Quartiles] | None = Field(default=None, description=(
         "how = measured: per stage, the spread of its timed reductions; t_reduce is their median"))
+    gather_ms: list[Quartiles] | None = Field(default=None, description=(
+        "how = measured, sharded: per stage, the spread of its timed parameter gathers; t_gather is their median"))
 
 
 class Profile(BaseModel):
