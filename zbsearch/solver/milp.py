@@ -33,7 +33,9 @@ on its rank starts after its gather, and for the iteration each rank counts from
 start: in the exact relaxed model a variable at most each stage's first pass less the end of its
 gather, so the dual bound is one on the iteration with the gathers; elsewhere the step's start is
 priced from the earliest the later stages' first passes can start, so a model never promises
-less than the simulator gives. Windows keep each microbatch's recomputation as it is too (a recompute pass orders against the
+less than the simulator gives.
+
+Windows keep each microbatch's recomputation as it is too (a recompute pass orders against the
 others like any pass, before its backward by ``dependencies.must_precede``); the exact model has
 no recompute choice, so where the costs offer recomputation it is no bound (``exact`` refuses).
 """
@@ -302,12 +304,10 @@ class _WindowModel:
         keys = sorted((tl.start[r][i], tl.end[r][i], r, i) for r in range(len(rows)) for i in range(begin[r], len(rows[r])))
         low: dict[Key, float] = {}
         for _, _, r, i in keys:
-            if i < stop[r] or begin[r] == stop[r]:  # after the passes before the window
-                t = tl.end[r][begin[r] - 1] if begin[r] > 0 else 0.0
-                if i > stop[r]:
-                    t = low[(r, i - 1)] + self.dur[r][i - 1]
-            elif i > stop[r]:
+            if i > stop[r]:  # after the window, in its order
                 t = low[(r, i - 1)] + self.dur[r][i - 1]
+            elif i < stop[r] or begin[r] == stop[r]:  # after the passes before the window
+                t = tl.end[r][begin[r] - 1] if begin[r] > 0 else 0.0
             else:  # the first pass after the window follows every window pass of its rank
                 t = max(low[(r, k)] + self.dlo((r, k)) for k in range(begin[r], stop[r]))
             for pr, pi, delay in _inputs(self.problem, rows, self.index, r, i):
