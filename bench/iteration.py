@@ -21,9 +21,13 @@ and on the V: the 1.5B and 6.2B profiles at p=8, m=24 with 10 s (target: within 
 bound), the 28.3B profile at p=32, m=256 with 60 s (target: a valid schedule, validated
 again here, within the limit); wall time as the caller sees it.
 
-Saves bench/results/iteration.json.
+With --shard the stages are sharded over the replicas (fully_shard): each reduction is a ring
+reduce-scatter, and each stage first gathers its parameters at the step's start (an all-gather
+of as many bytes), which the simulator, the bounds and the solver's exact MILP all price.
+
+Saves bench/results/iteration.json (iteration_sharded.json with --shard).
 Run: PYTHONPATH=. python bench/iteration.py [--time-limit 10] [--replicas 8 16 64] [--bandwidth 25 50 100]
-     [--no-sweep] [--no-speed]
+     [--no-sweep] [--no-speed] [--shard]
 """
 
 from __future__ import annotations
@@ -81,8 +85,10 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["1.5b-m24", "6.2b-m24"])
     ap.add_argument("--no-sweep", action="store_true", help="only the solve-time targets")
     ap.add_argument("--no-speed", action="store_true", help="without the solve-time targets")
-    ap.add_argument("-o", "--output", default="iteration")
+    ap.add_argument("--shard", action="store_true", help="stages sharded over the replicas: reduce-scatters and gathers")
+    ap.add_argument("-o", "--output", default=None, help="results name (default: iteration, or iteration_sharded)")
     args = ap.parse_args()
+    output = args.output or ("iteration_sharded" if args.shard else "iteration")
     t0 = time.perf_counter()
     rows = []
     for name in [] if args.no_sweep else args.models:
@@ -91,14 +97,16 @@ def main() -> None:
             for gbs in args.bandwidth:
                 for chunks in (1, 2):
                     stages = base.num_stages * chunks
-                    prof = with_reductions(base, n, gbs, [2 * PARAMS[name] / base.num_stages] * base.num_stages)
+                    prof = with_reductions(base, n, gbs, [2 * PARAMS[name] / base.num_stages] * base.num_stages,
+                                           sharded=args.shard)
                     classic = {k: zb.build_classic(k, prof, M) for k in (("1f1b", "zb-h1") if chunks == 1 else ("zb-v",))}
                     span = solve(prof, M, "2p", chunks=chunks, objective="span", time_limit=args.time_limit)
                     it = solve(prof, M, "2p", chunks=chunks, time_limit=args.time_limit,
                                start=span.schedule.rank_actions)
                     b_span, b_it = iteration_of(classic.get("1f1b") or zb.build_classic("1f1b", prof, M))
                     row = {"model": name, "replicas": n, "bandwidth_gbs": gbs, "chunks": chunks, "stages": stages,
-                           "t_reduce_ms": prof.stages[0].t_reduce / chunks, "schedules": {}}
+                           "t_reduce_ms": prof.stages[0].t_reduce / chunks,
+                           "t_gather_ms": (prof.stages[0].t_gather or 0.0) / chunks, "schedules": {}}
                     for kind, sched in [*classic.items(), ("span", span.schedule), ("iteration", it.schedule)]:
                         s, i = iteration_of(sched)
                         row["schedules"][kind] = {"span_ms": s, "iteration_ms": i,
@@ -113,8 +121,9 @@ def main() -> None:
                           f"{row['schedules']['iteration']['iteration_ms']:.2f}  gain {row['gain_ms']:.2f} ms  gap "
                           f"{row['iteration_gap']:.2%}", flush=True)
     speeds = [] if args.no_speed else speed()
-    save({"m": M, "limit": "2p", "time_limit_s": args.time_limit, "rows": rows, "speed": speeds,
-          "wall_s": time.perf_counter() - t0}, args.output)
+    save({"m": M, "limit": "2p", "time_limit_s": args.time_limit, "sharded": args.shard, "replicas": args.replicas,
+          "bandwidth": args.bandwidth, "rows": rows, "speed": speeds,
+          "wall_s": time.perf_counter() - t0}, output)
 
 
 if __name__ == "__main__":

@@ -1146,11 +1146,17 @@ def compiled(docs: list[dict]) -> list[str]:
 def iteration(docs: list[dict]) -> list[str]:
     doc = docs[0]
     out = [f"The paper's profiles at p=8, m={doc['m']}, limit {doc['limit']}; each stage reduces its share of the model's "
-           "bf16 gradients (2 bytes per parameter, split evenly over the stages) as a ring all-reduce; "
+           "bf16 gradients (2 bytes per parameter, split evenly over the stages) as a ring "
+           f"{'reduce-scatter' if doc.get('sharded') else 'all-reduce'}; "
            f"{doc['time_limit_s']:g} s per solve. *span*: the span-optimal solve, then its reductions; *iteration*: "
            "the iteration-aware solve (`--objective iteration`) started from the span solve's schedule. *kept*: how much "
-           "of a schedule's span gain over 1F1B its iteration keeps.", "",
-           "## Iteration (ms)", ""]
+           "of a schedule's span gain over 1F1B its iteration keeps.", ""]
+    sharded = bool(doc.get("sharded"))
+    if sharded:
+        out += ["Stages sharded over the replicas (`fully_shard`): each reduction is a ring reduce-scatter (half the "
+                "all-reduce's bytes), and each stage first gathers its parameters at the step's start (an all-gather of as "
+                "many bytes, *gather per stage*), which the simulator, the bounds and the exact MILP price.", ""]
+    out += ["## Iteration (ms)", ""]
     body = []
     worst_gap, slower = 0.0, []
     for r in doc["rows"]:
@@ -1158,13 +1164,15 @@ def iteration(docs: list[dict]) -> list[str]:
         place = "V" if r["chunks"] == 2 else "one"
         classic = " / ".join(f"{k} {v['iteration_ms']:.1f}" for k, v in sc.items() if k not in ("span", "iteration"))
         kept = sc["iteration"]["gain_kept"]
-        body.append([r["model"], str(r["replicas"]), f"{r['bandwidth_gbs']:g}", place, f"{r['t_reduce_ms']:.1f}", classic,
+        body.append([r["model"], str(r["replicas"]), f"{r['bandwidth_gbs']:g}", place,
+                     *([f"{r.get('t_gather_ms', 0.0):.1f}"] if sharded else []), f"{r['t_reduce_ms']:.1f}", classic,
                      f"{sc['span']['iteration_ms']:.2f}", f"{sc['iteration']['iteration_ms']:.2f}", f"{r['gain_ms']:.2f}",
                      f"{r['iteration_gap']:.2%}", "-" if kept is None else f"{kept:.0%}"])
         worst_gap = max(worst_gap, r["iteration_gap"])
         if r["gain_ms"] < -1e-9:
             slower.append(f"{r['model']} dp{r['replicas']} {r['bandwidth_gbs']:g} GB/s {place}")
-    out += _table(["model", "replicas", "GB/s", "placement", "reduce per stage", "classic", "span, then reductions",
+    out += _table(["model", "replicas", "GB/s", "placement", *(["gather per stage"] if sharded else []), "reduce per stage",
+                   "classic", "span, then reductions",
                    "iteration-aware", "gain", "gap to bound", "kept"], body)
     gains = [r["gain_ms"] for r in doc["rows"]]
     out += [f"- Iteration-aware never slower than the span-optimal schedule with its reductions: "
@@ -1384,7 +1392,10 @@ TOPICS = {
                       lambda d: f"{d.get('wall_s', 0):.0f} s", compiled),
     "iteration": Topic("The iteration with data-parallel reductions", ("iteration.json",),
                        lambda d: f"PYTHONPATH=. python bench/iteration.py --time-limit {d['time_limit_s']:g}"
-                                 + ("" if d.get("speed") else " --no-speed"),
+                                 + ("" if d.get("speed") else " --no-speed")
+                                 + "".join(f" --{k} {' '.join(f'{x:g}' if isinstance(x, float) else str(x) for x in d[k])}"
+                                           for k in ("replicas", "bandwidth") if k in d)
+                                 + (" --shard" if d.get("sharded") else ""),
                        lambda d: f"{d.get('wall_s', 0) / 60:.0f} minutes", iteration),
     "iteration-milp": Topic("The iteration-aware MILP against the heuristics", ("iteration_milp.json",),
                             lambda d: "PYTHONPATH=. python bench/iteration_milp.py --count {count} --seed {seed} "

@@ -51,9 +51,9 @@ from itertools import permutations
 
 from .actions import Action, Op
 
-__all__ = ["Reduction", "Slowing", "lane", "lane_runs", "slowed_end", "gather_runs", "gather_ends", "gathers", "last_backward",
-           "lane_floors", "iteration_floor",
-           "reduction_time", "with_reductions", "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
+__all__ = ["Reduction", "Slowing", "lane", "lane_runs", "slowed_end", "gather_runs", "gather_ends", "gather_releases",
+           "gathers", "last_backward", "lane_floors", "iteration_floor", "reduction_time", "with_reductions",
+           "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
 
 Reduction = tuple[int, float, float]  # (stage, start, end), ms
 Slowing = tuple[float, float, float]  # (start, end, factor): a run of the lane that slows the passes beside it
@@ -134,6 +134,19 @@ def gather_ends(stages: Iterable[int], t_gather: Sequence[float]) -> dict[int, f
         t += t_gather[s]
         out[s] = t
     return out
+
+
+def gather_releases(row: Sequence[Action], t_gather: Sequence[float]) -> dict[int, float]:
+    """Position -> when it may start, for the first pass of each stage of a rank's action list
+    whose gather (or an earlier one of the rank) takes time: the end of its gather
+    (``gather_ends``). Empty without gathers."""
+    if not t_gather:
+        return {}
+    first: dict[int, int] = {}
+    for i, a in enumerate(row):
+        first.setdefault(a.stage, i)
+    ends = gather_ends(first, t_gather)
+    return {i: ends[s] for s, i in first.items() if ends[s] > 0}
 
 
 def gathers(row: Sequence[Action], starts: Sequence[float], t_gather: Sequence[float]) -> tuple[list[Reduction], float]:
@@ -226,25 +239,30 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
 
 def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_bytes: Sequence[float], *,
                              group: str, backend: str, t_opt: Sequence[float] | None = None,
-                             slowdown: Sequence | None = None):
+                             slowdown: Sequence | None = None, gather_ms: Sequence | None = None):
     """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
     ``replicas`` as timed on a real group: ``reduce_ms`` per stage (``Quartiles``; ``t_reduce``
     is the median), ``group`` ``local`` or ``torchrun``, ``backend`` the process group's; and,
     where given, their optimizer step (``t_opt``, ms per stage) and how much the reduction
     slowed a pass beside it (``slowdown``, per stage ``Quartiles`` of the factor or None where
-    not measured; ``reduce_slowdown`` is the median, at least 1)."""
+    not measured; ``reduce_slowdown`` is the median, at least 1). ``gather_ms`` (``Quartiles``
+    per stage): the stages are sharded, their reductions reduce-scatters, and each gathers its
+    parameters at the step's start (``t_gather``, the median)."""
     from .errors import ZbError
     from .formats.profile import DataParallel
 
     _check_per_stage(profile, grad_bytes, t_opt)
-    if len(reduce_ms) != profile.num_stages or replicas < 1:
-        raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one reduction time per stage "
-                      "and at least 1 replica")
+    if len(reduce_ms) != profile.num_stages or replicas < 1 or (gather_ms is not None and len(gather_ms) != len(reduce_ms)):
+        raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one reduction (and gather) time per "
+                      "stage and at least 1 replica")
     if slowdown is not None and len(slowdown) != profile.num_stages:
         raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one slowdown per stage")
-    dp = DataParallel(replicas=replicas, how="measured", grad_bytes=list(grad_bytes), group=group, backend=backend,
-                      reduce_ms=list(reduce_ms), slowdown=None if slowdown is None else list(slowdown))
-    out = _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt)
+    dp = DataParallel(replicas=replicas, sharded=gather_ms is not None, how="measured", grad_bytes=list(grad_bytes),
+                      group=group, backend=backend, reduce_ms=list(reduce_ms),
+                      gather_ms=None if gather_ms is None else list(gather_ms),
+                      slowdown=None if slowdown is None else list(slowdown))
+    out = _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt,
+                       None if gather_ms is None else [q.median for q in gather_ms])
     if slowdown is None:
         return out
     from .formats.profile import MAX_SLOWDOWN

@@ -35,7 +35,7 @@ from .actions import RECOMPUTES, Action, Op
 from .costs import CostModel
 from .dependencies import action_predecessor_types, edge_delay, pass_positions
 from .errors import ZbError
-from .reductions import Reduction, Slowing, gather_ends, gather_runs, gathers, lane, last_backward, slowed_end
+from .reductions import Reduction, Slowing, gather_releases, gather_runs, gathers, lane, last_backward, slowed_end
 
 __all__ = ["Timeline", "Deadlock", "simulate", "memory_trace", "peak_memory", "bubble_rate"]
 
@@ -273,17 +273,8 @@ def pair_times(rank_actions: list[list[Action]], durations: list[list[float]], c
 
 def _releases(rank_actions: list[list[Action]], cost: CostModel) -> list[dict[int, float]]:
     """Per rank, position -> the earliest start of the first pass of each stage whose parameters
-    the rank gathers first (``reductions.gather_ends``); empty without gathers."""
-    if not cost.t_gather:
-        return [{} for _ in rank_actions]
-    out = []
-    for row in rank_actions:
-        ends = gather_ends({a.stage for a in row}, cost.t_gather)
-        first: dict[int, int] = {}
-        for i, a in enumerate(row):
-            first.setdefault(a.stage, i)
-        out.append({i: ends[s] for s, i in first.items() if ends[s] > 0})
-    return out
+    the rank gathers first (``reductions.gather_releases``); empty without gathers."""
+    return [gather_releases(row, cost.t_gather) for row in rank_actions]
 
 
 def memory_trace(rank_actions: list[list[Action]], cost: CostModel) -> list[list[float]]:

@@ -4,6 +4,7 @@ stages' own parameters, so that solve then minimises the iteration."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 
 import pytest
@@ -179,3 +180,105 @@ def test_torchrun_times_each_stages_reduction_on_the_replicas_started_with_the_p
     wrong = subprocess.run([*run, "2", "-m", "zbsearch", *args, "-o", "w.json"], capture_output=True, text=True,
                            cwd=tmp_path, timeout=300)
     assert wrong.returncode != 0 and "start 2 pipeline ranks x 2 replicas = 4 processes" in wrong.stderr
+
+
+# ---- sharded stages: each one's gather at the step's start and its reduce-scatter --------------
+
+def _shard_twice(rank: int, world: int, send) -> list[tuple[list[float], list[float]]]:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from zbsearch.profiler.gradients import sharded_samples
+
+    units = [[((6, 4), torch.float32), ((4,), torch.float32)], [((5, 3), torch.float32)]]
+    return sharded_samples([units, units[1:]], init_device_mesh("cpu", (world,)), repeat=3)
+
+
+def test_sharded_samples_time_fsdps_gather_and_reduce_scatter_on_a_real_group():
+    from zbsearch.distributed import run_local
+
+    for per_stage in run_local(_shard_twice, 2, timeout=180):
+        assert len(per_stage) == 2
+        for gathers, reductions in per_stage:
+            assert len(gathers) == len(reductions) == 3 and min(gathers) > 0 and min(reductions) > 0
+
+
+def test_a_stages_units_are_those_shard_stage_shards():
+    import torch
+
+    from zbsearch.profiler.gradients import shard_units
+
+    stage = gpt_stages(GPTConfig(layers=4, hidden=64, heads=4, seq=32, microbatch_size=2, stages=2))[0]
+    units = shard_units(stage)
+    holders = [c for c in stage.children() if any(True for _ in c.parameters())]
+    assert len(units) == len(holders)  # one unit per child holding parameters: the stage root holds none of its own
+    assert sum(math.prod(s) * d.itemsize for u in units for s, d in u) == gradient_bytes(stage)
+    lin = torch.nn.Linear(8, 8)
+    tied = torch.nn.ModuleDict({"a": lin, "b": lin})
+    tied.register_parameter("own", torch.nn.Parameter(torch.zeros(3)))
+    assert shard_units(tied) == [[((8, 8), torch.float32), ((8,), torch.float32)], [((3,), torch.float32)]]
+
+
+def test_measured_gathers_are_recorded_and_the_simulator_waits_for_them(tmp_path):
+    from zbsearch.profiler.gradients import with_measured_data_parallel
+
+    base = zb.resolve_profile("unit-p4")
+    reductions = [[2.0, 1.0, 4.0]] * 4
+    gathers = [[3.0, 5.0, 4.0], [1.0, 1.0, 1.5], [0.5, 1.0, 0.5], [2.0, 2.5, 1.5]]
+    prof = with_measured_data_parallel(base, 4, reductions, [1e6] * 4, [0.0] * 4, group="local", backend="gloo",
+                                       gathers=gathers)
+    dp = prof.data_parallel
+    assert dp.sharded and [st.t_gather for st in prof.stages] == [4.0, 1.0, 0.5, 2.0]  # each stage's median
+    assert [q.q3 for q in dp.gather_ms] == [4.5, 1.25, 0.75, 2.25]
+    zb.save_profile(prof, tmp_path / "p.json")
+    assert zb.load_profile(tmp_path / "p.json") == prof
+    old = json.loads((tmp_path / "p.json").read_text())  # a file written before gathers were timed
+    del old["data_parallel"]["gather_ms"]
+    for st in old["stages"]:
+        del st["t_gather"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    back = zb.load_profile(tmp_path / "old.json")
+    assert back.data_parallel.gather_ms is None and all(st.t_gather is None for st in back.stages)
+    # simulate: rank 0's first pass waits for its 4 ms gather and so does every pass after it (1F1B);
+    # the other ranks' inputs come after their own gathers, which their steps start with: each
+    # rank's iteration grows by its own stage's gather
+    sched = zb.build_classic("1f1b", prof, 8)
+    plain = zb.build_classic("1f1b", back, 8)
+    tl, tl0 = zb.timeline(sched), zb.timeline(plain)
+    assert tl.start[0][0] == 4.0 and tl.gathers[0] == [(0, 0.0, 4.0)]
+    assert tl.iteration == pytest.approx([x + g for x, g in zip(tl0.iteration, [4.0, 1.0, 0.5, 2.0])])
+    zb.save_schedule(sched, tmp_path / "s.json")
+    r = subprocess.run([*cli_command(), "simulate", str(tmp_path / "s.json")], capture_output=True, text=True)
+    assert r.returncode == 0 and f"iteration {tl.period:.6g}"[:13] in " ".join(r.stdout.split())
+
+
+@pytest.mark.slow
+def test_profile_with_sharded_replicas_times_each_gather_on_local_processes(tmp_path):
+    out = tmp_path / "p.json"
+    r = _profile("--dp", "2", "--shard", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    prof = zb.load_profile(out)
+    dp = prof.data_parallel
+    assert dp.how == "measured" and dp.sharded and dp.group == "local" and len(dp.gather_ms) == 2
+    for st, q, g in zip(prof.stages, dp.reduce_ms, dp.gather_ms):
+        assert st.t_reduce == q.median > 0 and st.t_gather == g.median > 0 and g.q1 <= g.median <= g.q3
+    res = solve(prof, 4, "2p", time_limit=1)
+    tl = zb.timeline(res.schedule)
+    assert tl.gathers and tl.start[0][0] >= prof.stages[0].t_gather  # the first pass waits for its gather
+    assert _profile("--shard").returncode != 0
+
+
+@pytest.mark.slow
+def test_torchrun_times_each_sharded_stages_gather_on_the_replicas(tmp_path):
+    import sys
+
+    args = ["profile", "--builtin", "gpt", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq", "16", "-b", "2",
+            "--stages", "2", "--warmup", "1", "--repeat", "3", "--rounds", "1", "--dp", "2", "--shard"]
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+    r = subprocess.run([*run, "-m", "zbsearch", *args, "-o", "tr.json"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    prof = zb.load_profile(tmp_path / "tr.json")
+    dp = prof.data_parallel
+    assert dp.group == "torchrun" and dp.sharded and len(dp.gather_ms) == 2
+    assert all(st.t_gather == q.median > 0 for st, q in zip(prof.stages, dp.gather_ms))

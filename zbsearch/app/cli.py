@@ -73,6 +73,11 @@ DpOpt = typer.Option(
          "them (with --dp-bandwidth and --grad-bytes)",
 )
 DpBandwidthOpt = typer.Option(None, "--dp-bandwidth", help="GB/s per rank on the data-parallel links (ring all-reduce)")
+ShardOpt = typer.Option(
+    False, "--shard",
+    help="the --dp ranks shard the stages (fully_shard): each stage reduce-scatters its gradients and gathers its "
+         "parameters (as many bytes) at the step's start, before its first pass",
+)
 GradBytesOpt = typer.Option(
     None, "--grad-bytes",
     help="gradient bytes to reduce: the model's total (3GB, split evenly over the stages) or one per stage, "
@@ -223,7 +228,9 @@ def _iteration_words(prof: zb.Profile) -> str:
     """What the iteration counts beyond the span, in words."""
     dp = prof.data_parallel
     across = f" across {dp.replicas} replicas" if dp is not None else ""
-    return f"the span, then the gradient reductions{across} and optimizer steps the passes do not hide"
+    gathers = "from each rank's step start: the parameter gathers its first passes wait for, " if any(
+        st.t_gather for st in prof.stages) else ""
+    return f"{gathers}the span, then the gradient reductions{across} and optimizer steps the passes do not hide"
 
 
 def _replicas(dp: int | None, bandwidth: float | None) -> tuple[int, float] | None:
@@ -233,16 +240,20 @@ def _replicas(dp: int | None, bandwidth: float | None) -> tuple[int, float] | No
     return None if dp is None or bandwidth is None else (dp, bandwidth)
 
 
-def _with_dp(prof: zb.Profile, dp: int | None, bandwidth: float | None, grad_bytes: str | None) -> zb.Profile:
-    """The profile with each stage's reduction across ``dp`` replicas, where the options ask for it."""
+def _with_dp(prof: zb.Profile, dp: int | None, bandwidth: float | None, grad_bytes: str | None,
+             shard: bool = False) -> zb.Profile:
+    """The profile with each stage's reduction across ``dp`` replicas, where the options ask for it
+    (``shard``: the stages sharded over them, so each also gathers its parameters at the step's start)."""
     if dp is None and bandwidth is None and grad_bytes is None:
+        if shard:
+            raise ZbError("--shard needs --dp, --dp-bandwidth and --grad-bytes: the ranks the stages are sharded over")
         return prof
     if dp is None or bandwidth is None or grad_bytes is None:
         raise ZbError("--dp, --dp-bandwidth and --grad-bytes go together: the replicas, GB/s per rank, and the "
                       "gradient bytes to reduce")
     from zbsearch.reductions import grad_bytes_per_stage, with_reductions
 
-    return with_reductions(prof, dp, bandwidth, grad_bytes_per_stage(grad_bytes, prof.num_stages))
+    return with_reductions(prof, dp, bandwidth, grad_bytes_per_stage(grad_bytes, prof.num_stages), sharded=shard)
 
 
 @app.command()
@@ -255,12 +266,13 @@ def schedule(
     dp: int | None = DpOpt,
     dp_bandwidth: float | None = DpBandwidthOpt,
     grad_bytes: str | None = GradBytesOpt,
+    shard: bool = ShardOpt,
     old_chunks: int | None = OldChunksOpt,
 ):
     """Build a classic schedule (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V) for a profile."""
     chunks = _renamed_chunks(chunks, old_chunks)
     path = _output(output)
-    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes)
+    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes, shard)
     sched = zb.build_classic(kind, prof, m, chunks)
     zb.validate(sched)
     if path is not None:
@@ -285,12 +297,13 @@ def simulate(
     dp: int | None = DpOpt,
     dp_bandwidth: float | None = DpBandwidthOpt,
     grad_bytes: str | None = GradBytesOpt,
+    shard: bool = ShardOpt,
 ):
     """Simulate a schedule: per-rank span, busy time, bubble and peak memory (and the iteration,
     where the profile or --dp ends it with gradient reductions)."""
     sched = _load_schedule(schedule_path, profile, mem_limit, force)
     if dp is not None or dp_bandwidth is not None or grad_bytes is not None:
-        sched = sched.model_copy(update={"profile": _with_dp(sched.profile, dp, dp_bandwidth, grad_bytes)})
+        sched = sched.model_copy(update={"profile": _with_dp(sched.profile, dp, dp_bandwidth, grad_bytes, shard)})
     tl = zb.timeline(sched)
     pred = zb.predict(sched, tl)
     traces = [load_trace(t) for t in measured] if measured else []
@@ -374,6 +387,7 @@ def compare(
     dp: int | None = DpOpt,
     dp_bandwidth: float | None = DpBandwidthOpt,
     grad_bytes: str | None = GradBytesOpt,
+    shard: bool = ShardOpt,
     old_chunks: int | None = OldChunksOpt,
 ):
     """All schedule kinds side by side on one profile (with the iteration's reductions where the
@@ -381,7 +395,7 @@ def compare(
     from zbsearch.compare import compare as compare_kinds
 
     chunks = _renamed_chunks(chunks, old_chunks)
-    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes)
+    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes, shard)
     with _spinner() as bar:
         task = bar.add_task("building", total=None)
         rows = compare_kinds(prof, m, chunks=chunks, mem_limit=mem_limit, time_limit=time_limit,
@@ -576,6 +590,7 @@ def solve(
     dp: int | None = DpOpt,
     dp_bandwidth: float | None = DpBandwidthOpt,
     grad_bytes: str | None = GradBytesOpt,
+    shard: bool = ShardOpt,
     old_chunks: int | None = OldPlacementOpt,
 ):
     """Find the schedule with the least bubble under a memory limit, and how far from optimal it can be."""
@@ -583,7 +598,7 @@ def solve(
 
     chunks = _solver_chunks(placement, old_chunks)
     path = _output(output)
-    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes)
+    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes, shard)
     cost = zb.CostModel.from_profile(prof, solver.solver_placement(prof.num_ranks, chunks))
     zb.parse_memory_limit(mem_limit, prof, cost)  # a bad limit fails now, not under the progress display
     with _spinner() as bar:
@@ -1014,6 +1029,11 @@ def profile(
              "or under torchrun the replicas started with the pipeline (pipeline ranks x N processes); with "
              "--dp-bandwidth it is priced as a ring all-reduce of the stage's trainable parameters' bytes instead"),
     dp_bandwidth: float | None = DpBandwidthOpt,
+    shard: bool = typer.Option(
+        False, "--shard",
+        help="with --dp N, the stages are sharded over the N replicas (fully_shard): each stage's parameter gather at the "
+             "step's start and its gradient reduce-scatter are timed as the runtime runs them (with --dp-bandwidth, "
+             "priced as a ring all-gather and reduce-scatter of the parameters' bytes)"),
     tp: int = typer.Option(
         1, "--tp", min=1,
         help="tensor-parallel ranks each stage is split over (the runtime's plans: built-in GPT, --hf decoders): its "
@@ -1053,6 +1073,11 @@ def profile(
                       "(zbsearch plan chooses the cut)")
     if dp_bandwidth is not None and dp is None:
         raise ZbError("--dp-bandwidth prices the reductions of --dp replicas: give --dp N too")
+    if shard and dp is None:
+        raise ZbError("--shard needs --dp N: the replicas the stages are sharded over")
+    if shard and tp > 1 and dp_bandwidth is None:
+        raise ZbError("--shard with --tp: the sharded tensor-parallel stages' gathers are not timed; price them with "
+                      "--dp-bandwidth")
     if dp is not None and per_layer:
         raise ZbError("--dp applies to stage profiles: zbsearch plan --dp prices each cut's reductions")
     if dp_bandwidth is not None and not dp_bandwidth > 0:
@@ -1141,7 +1166,8 @@ def profile(
     if ep is None:
         with profiler.progress_bar(err) as bar:
             prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar, replicas=measure,
-                                          tp=tp, sequence_parallel=sequence_parallel)
+                                          tp=tp, sequence_parallel=sequence_parallel,
+                                          shard=shard and measure is not None)
     else:
         import functools
 
@@ -1155,7 +1181,8 @@ def profile(
         from zbsearch.profiler.gradients import with_data_parallel
         from zbsearch.profiler.settings import resolve_device, resolve_dtype
 
-        prof = with_data_parallel(prof, spec.stages, dp, dp_bandwidth, resolve_device(device), resolve_dtype(dtype))
+        prof = with_data_parallel(prof, spec.stages, dp, dp_bandwidth, resolve_device(device), resolve_dtype(dtype),
+                                  sharded=shard)
     if dp is not None and name is not None:  # the name given, not the one the reductions add -dpN to
         prof = prof.model_copy(update={"name": name})
     if target is None or str(target) != "-":

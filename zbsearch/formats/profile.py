@@ -288,10 +288,11 @@ class Links(BaseModel):
 
 
 class DataParallel(BaseModel):
-    """How the stages' ``t_reduce`` were found: the replicas each stage's gradients are reduced
-    across, whether the data parallelism is sharded, and measured on a real group or computed
-    from the gradient bytes and a bandwidth. The fields after ``grad_bytes`` are written where
-    the reductions were measured (older files lack them)."""
+    """How the stages' ``t_reduce`` (and, sharded, ``t_gather``) were found: the replicas each
+    stage's gradients are reduced across, whether the data parallelism is sharded, and measured
+    on a real group or computed from the gradient bytes and a bandwidth. The fields after
+    ``grad_bytes`` are written where the reductions were measured (older files lack them, and
+    ``gather_ms`` where they were not sharded)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -310,6 +311,8 @@ class DataParallel(BaseModel):
         "how = measured: per stage, the spread of the factor by which its reduction running beside a pass slowed "
         "the pass (the pass's time beside the reduction over its time alone; None: not measured); reduce_slowdown is the "
         "median, at least 1"))
+    gather_ms: list[Quartiles] | None = Field(default=None, description=(
+        "how = measured, sharded: per stage, the spread of its timed parameter gathers; t_gather is their median"))
 
 
 class Profile(BaseModel):

@@ -12,6 +12,12 @@ parameters, timed on the profiling device, as its ``t_opt``. Where it times the 
 real group it also times each stage's pass with the stage's reduction running beside it, and
 records how much slower the pass ran (``reduce_slowdown``, ``zbsearch.profiler.slowdown``);
 on local processes only for stages of one rank each (not ``--tp``).
+
+With ``--shard`` the stages are sharded over the replicas (``fully_shard``), and each stage's
+step starts by gathering its parameters and ends by reduce-scattering its gradients: both are
+timed as the runtime runs them (``zbsearch.runtime.sharded``), on a stand-in with the stage's
+units (``shard_units``: its parameters' shapes, sharded unit by unit as ``shard_stage`` shards
+a stage) over the data-parallel group (``sharded_samples``), or priced from the bytes.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from ..reductions import with_measured_reductions, with_reductions
 from .measure import Stats
 
 __all__ = ["gradient_layout", "gradient_bytes", "optimizer_step_ms", "with_data_parallel", "reduction_samples", "measure_locally",
-           "with_measured_data_parallel"]
+           "with_measured_data_parallel", "shard_units", "sharded_samples", "measure_sharded_locally"]
 
 # Untimed reductions of each stage before the timed ones (the first allocates the buckets and
 # opens the group's connections).
@@ -85,12 +91,13 @@ def optimizer_step_ms(module: nn.Module, device: torch.device, dtype: torch.dtyp
 
 
 def with_data_parallel(profile: Profile, stages: list[nn.Module], replicas: int, bandwidth_gbs: float,
-                       device: torch.device, dtype: torch.dtype | None = None) -> Profile:
+                       device: torch.device, dtype: torch.dtype | None = None, sharded: bool = False) -> Profile:
     """``profile`` whose stages end the iteration with the ring all-reduce of their gradients
-    across ``replicas`` at ``bandwidth_gbs`` GB/s per rank, then their AdamW step (timed here)."""
+    across ``replicas`` at ``bandwidth_gbs`` GB/s per rank, then their AdamW step (timed here);
+    ``sharded``, a reduce-scatter, after an all-gather of as many bytes at the step's start."""
     grads = [gradient_bytes(m, dtype) for m in stages]
     steps = [optimizer_step_ms(m, device, dtype) for m in stages]
-    return with_reductions(profile, replicas, bandwidth_gbs, grads, t_opt=steps)
+    return with_reductions(profile, replicas, bandwidth_gbs, grads, t_opt=steps, sharded=sharded)
 
 
 @torch.no_grad()
@@ -164,19 +171,126 @@ def measure_locally(layouts: Sequence[Layout], replicas: int, repeat: int, timeo
                      warmup, threads)[0]
 
 
+def shard_units(module: nn.Module, dtype: torch.dtype | None = None) -> list[Layout]:
+    """The layouts of ``module``'s units as ``zbsearch.models.sharding.shard_stage`` shards it:
+    each child holding parameters, then the module's own (each parameter once, in ``dtype``;
+    None: its own). Each unit is one all-gather and one reduce-scatter."""
+    seen: set[int] = set()
+    units = []
+    for params in [*(list(c.parameters()) for c in module.children()), list(module.parameters(recurse=False))]:
+        layout = [(tuple(p.shape), dtype or p.dtype) for p in params if p.requires_grad and id(p) not in seen]
+        seen.update(map(id, params))
+        if layout:
+            units.append(layout)
+    return units
+
+
+class _Unit(nn.Module):
+    """One unit's parameters; its forward adds their sum, so the backward gives each a gradient."""
+
+    def __init__(self, layout: Layout, device: torch.device) -> None:
+        super().__init__()
+        self.params = nn.ParameterList(nn.Parameter(torch.zeros(shape, dtype=dtype, device=device)) for shape, dtype in layout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + sum(p.sum().float() for p in self.params)
+
+
+class _StandIn(nn.Module):
+    """A stage's units (``shard_units``) one after another: what a sharded stage gathers and reduces."""
+
+    def __init__(self, units: list[Layout], device: torch.device) -> None:
+        super().__init__()
+        self.units = nn.ModuleList(_Unit(u, device) for u in units)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for u in self.units:
+            x = u(x)
+        return x
+
+
+def sharded_samples(stages: Sequence[list[Layout]], mesh, repeat: int) -> list[tuple[list[float], list[float]]]:
+    """Collective over ``mesh`` (a one-dimensional DeviceMesh of the data-parallel ranks): per
+    stage (its units, ``shard_units``), ``repeat`` times (ms) of gathering its parameters and of
+    reduce-scattering its gradients, each started by every member at once after a barrier, as the
+    runtime runs a sharded stage's step (``ShardedStages``: every unit's gather started at the
+    step's start and waited for before the first pass; FSDP's post-backward after the last
+    backward, waited for before the optimizer step), on a stand-in of its units sharded with
+    ``fully_shard`` unit by unit. The forward and backward between them are not timed."""
+    from torch.distributed.fsdp import fully_shard
+
+    from ..runtime.sharded import ShardedStages
+
+    device = torch.device(mesh.device_type, torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
+    group = mesh.get_group()
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    out = []
+    for units in stages:
+        stand = _StandIn(units, device)
+        for u in stand.units:
+            fully_shard(u, mesh=mesh)
+        fully_shard(stand, mesh=mesh)
+        sharded = ShardedStages({0: stand}, mesh.size())
+        gathers, reductions = [], []
+        for rep in range(_WARMUP + repeat):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            sharded.begin_step()
+            sharded.before(0)
+            sync()
+            t1 = time.perf_counter()
+            stand(torch.zeros((), device=device)).backward()
+            sync()
+            dist.barrier(group=group)
+            t2 = time.perf_counter()
+            sharded.start(0)
+            sharded.finish()
+            sync()
+            t3 = time.perf_counter()
+            if rep >= _WARMUP:
+                gathers.append((t1 - t0) * 1e3)
+                reductions.append((t3 - t2) * 1e3)
+        out.append((gathers, reductions))
+    return out
+
+
+def _sharded_worker(rank: int, world: int, send, stages: list[list[Layout]],
+                    repeat: int) -> list[tuple[list[float], list[float]]]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return sharded_samples(stages, init_device_mesh("cpu", (world,)), repeat)
+
+
+def measure_sharded_locally(stages: Sequence[list[Layout]], replicas: int, repeat: int,
+                            timeout: float) -> list[tuple[list[float], list[float]]]:
+    """Per stage (its units, ``shard_units``), ``repeat`` times (ms) of its gather and of its
+    reduce-scatter across ``replicas`` local processes of this machine (gloo on its loopback)."""
+    return run_local(_sharded_worker, replicas, list(stages), repeat, timeout=max(timeout, 60.0) * (1 + len(stages)))[0]
+
+
 def with_measured_data_parallel(profile: Profile, replicas: int, samples: Sequence[Sequence[float]],
                                 grad_bytes: Sequence[float], t_opt: Sequence[float], *, group: str,
-                                backend: str, slowdown: Sequence[Sequence[float]] | None = None) -> Profile:
+                                backend: str, slowdown: Sequence[Sequence[float]] | None = None,
+                                gathers: Sequence[Sequence[float]] | None = None) -> Profile:
     """``profile`` whose stages end the iteration with their reductions as timed (``samples``
     per stage, ms, on a ``group`` of ``replicas``, ``local`` or ``torchrun``), then their
     optimizer step (``t_opt``, ms per stage), and, where measured, how much each reduction
     slowed the passes beside it (``slowdown``: per stage, the factors; none kept: not
-    measured). One replica reduces nothing and slows nothing."""
+    measured); ``gathers``, the stages sharded: the samples are reduce-scatters, and each
+    stage's step starts with its gather, as timed (ms per stage). One replica reduces, gathers
+    and slows nothing."""
     none = Quartiles(median=0.0, q1=0.0, q3=0.0, mean=0.0)
-    spread = [none if replicas == 1 else Quartiles(**Stats.of(list(s)).record()) for s in samples]
+
+    def spread(times: Sequence[Sequence[float]]) -> list[Quartiles]:
+        return [none if replicas == 1 else Quartiles(**Stats.of(list(s)).record()) for s in times]
+
     factors = None
     if slowdown is not None and replicas > 1:
         factors = [None if not f else Quartiles(**Stats.of(list(f) * 2 if len(f) == 1 else list(f)).record())
                    for f in slowdown]
-    return with_measured_reductions(profile, replicas, spread, grad_bytes, group=group, backend=backend, t_opt=t_opt,
-                                    slowdown=factors)
+    return with_measured_reductions(profile, replicas, spread(samples), grad_bytes, group=group, backend=backend,
+                                    t_opt=t_opt, slowdown=factors, gather_ms=None if gathers is None else spread(gathers))

@@ -52,8 +52,11 @@ from .gradients import (
     gradient_bytes,
     gradient_layout,
     measure_locally,
+    measure_sharded_locally,
     optimizer_step_ms,
     reduction_samples,
+    shard_units,
+    sharded_samples,
     with_measured_data_parallel,
 )
 from .in_step import calibration_orders, calibration_steps, in_step_times, run_in_steps
@@ -77,6 +80,7 @@ Progress = Callable[[str, int, int], None]  # (what is being measured, done, tot
 def profile_model(
     spec: ModelSpec, settings: Settings, *, placement: list[int] | None = None, name: str | None = None,
     progress: Progress | None = None, replicas: int | None = None, tp: int = 1, sequence_parallel: bool = False,
+    shard: bool = False,
 ) -> Profile | None:
     """Measure ``spec``'s stages into a profile, on this device or on one rank per pipeline rank.
 
@@ -102,6 +106,9 @@ def profile_model(
             many local processes, under torchrun across the ranks started with the pipeline
             (WORLD_SIZE = pipeline ranks x replicas x tp). Times and memory are per rank.
         sequence_parallel: with ``tp``, the plan also splits the sequence (the built-in GPT).
+        shard: with ``replicas``, the stages are sharded over them (``fully_shard``): each
+            stage's parameter gather and gradient reduce-scatter are timed as the runtime runs
+            them (``zbsearch.profiler.gradients.sharded_samples``).
 
     Raises:
         ZbError: bad settings, a stage that cannot take its inputs or be split, or ranks that
@@ -114,6 +121,10 @@ def profile_model(
         raise ZbError(f"--tp must be at least 1, not {tp}")
     if sequence_parallel and tp == 1:
         raise ZbError("--sequence-parallel splits the sequence over the tensor-parallel ranks: give --tp N too")
+    if shard and (replicas is None or tp > 1):
+        raise ZbError("--shard times the stages sharded over --dp N replicas (without --tp: price them with "
+                      "--dp-bandwidth)" if replicas is not None else "--shard needs --dp N: the replicas the stages are "
+                      "sharded over")
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         if tp > 1:
             from .tensor_parallel import profile_tensor_parallel
@@ -126,8 +137,9 @@ def profile_model(
             device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
             layouts = [gradient_layout(m, dtype) for m in spec.stages] if replicas is not None else []
             steps = [optimizer_step_ms(m, device, dtype) for m in spec.stages] if replicas is not None else []
-            work = list(zip(spec.stages, stage_inputs(spec))) if replicas is not None else None
-        return prof if replicas is None else _reductions_locally(prof, layouts, steps, settings, replicas, work)
+            work = list(zip(spec.stages, stage_inputs(spec))) if replicas is not None and not shard else None
+        units = [shard_units(m, resolve_dtype(settings.dtype)) for m in spec.stages] if shard else None
+        return prof if replicas is None else _reductions_locally(prof, layouts, steps, settings, replicas, work, units)
     device = resolve_device(settings.device, _local_rank())
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -135,18 +147,25 @@ def profile_model(
     try:
         if replicas is None and tp == 1:
             return profile_distributed(spec, settings, placement=placement, name=name, progress=progress)
-        return _profile_in_mesh(spec, settings, placement, name, progress, replicas, tp, sequence_parallel, device)
+        return _profile_in_mesh(spec, settings, placement, name, progress, replicas, tp, sequence_parallel, device, shard)
     finally:
         dist.destroy_process_group()
 
 
 def _reductions_locally(prof: Profile, layouts: list[Layout], steps: list[float], settings: Settings,
-                        replicas: int, work: list[tuple[torch.nn.Module, tuple]] | None = None) -> Profile:
+                        replicas: int, work: list[tuple[torch.nn.Module, tuple]] | None = None,
+                        units: list[list[Layout]] | None = None) -> Profile:
     """``prof`` with each stage's reduction (of gradients laid out as ``layouts``) timed across
     ``replicas`` local processes, and its AdamW step (``steps``, ms); given each stage's module
     and inputs (``work``), how much the reduction slows the stage's pass beside it
-    (``zbsearch.profiler.slowdown``)."""
+    (``zbsearch.profiler.slowdown``); ``units`` (each stage's, ``shard_units``): the stages
+    sharded, each one's gather and reduce-scatter timed."""
     grads = [float(sum(math.prod(shape) * dtype.itemsize for shape, dtype in layout)) for layout in layouts]
+    if units is not None:
+        both = [([], []) for _ in units] if replicas == 1 else measure_sharded_locally(units, replicas, settings.repeat,
+                                                                                       settings.timeout)
+        return with_measured_data_parallel(prof, replicas, [r for _, r in both], grads, steps, group="local",
+                                           backend="gloo", gathers=[g for g, _ in both])
     samples, slowdown = ([[] for _ in layouts], None) if replicas == 1 else measure_locally(
         layouts, replicas, settings.repeat, settings.timeout, work, settings.warmup, settings.threads)
     return with_measured_data_parallel(prof, replicas, samples, grads, steps, group="local", backend="gloo",
@@ -155,7 +174,7 @@ def _reductions_locally(prof: Profile, layouts: list[Layout], steps: list[float]
 
 def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] | None, name: str | None,
                      progress: Progress | None, replicas: int | None, tp: int, sequence_parallel: bool,
-                     device: torch.device) -> Profile | None:
+                     device: torch.device, shard: bool = False) -> Profile | None:
     """Under torchrun, in the mesh the runtime builds (``build_mesh``: ``pp x replicas x tp``):
     each rank splits its stages over its tensor-parallel group, each pipeline measures its passes
     on its own group, each tensor-parallel group times its all-reduce, and, with ``replicas``,
@@ -193,15 +212,19 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
         nbytes = sent[0] if tp > 1 else 0
         timed = time_all_reduce(nbytes, dtype or torch.float32, mesh["tp"].get_group(), device,
                                 max(settings.repeat, 20)) if nbytes else None
-        found = {}
-        if replicas is not None:
+        found: dict[int, tuple] = {}
+        if replicas is not None and shard:  # sharded stages: each one's gather and reduce-scatter
+            both = sharded_samples([shard_units(spec.stages[s], dtype) for s in mine], mesh["dp_replicate"], settings.repeat)
+            found = {s: (both[i][1], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype),
+                         both[i][0], []) for i, s in enumerate(mine)}
+        elif replicas is not None:
             samples = reduction_samples([spec.stages[s] for s in mine], dp_group, settings.repeat, settings.timeout)
             with torch.enable_grad():
                 slow = slowdown_samples([stage_pass(spec.stages[s], inputs[s]) for s in mine],
                                         [reduction_buffers(spec.stages[s], dp_group, settings.timeout) for s in mine],
                                         dp_group, settings.repeat, settings.warmup, settings.timeout, device)
             found = {s: (samples[i], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype),
-                         slow[i]) for i, s in enumerate(mine)}
+                         [], slow[i]) for i, s in enumerate(mine)}
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, found)
     if dist.get_rank() != 0:
@@ -216,15 +239,20 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
         return prof
     pooled: dict[int, list[float]] = {}
     slowed: dict[int, list[float]] = {}
+    gathered: dict[int, list[float]] = {}
     for part in everyone:  # every replica timed the same collectives: pool their samples
-        for s, (got, _, _, factors) in part.items():
+        for s, (got, _, _, gathers, factors) in part.items():
             pooled.setdefault(s, []).extend(got)
             slowed.setdefault(s, []).extend(factors)
+            if shard:
+                gathered.setdefault(s, []).extend(gathers)
     first_of = {s: v for part in reversed(everyone) for s, v in part.items()}
     p = len(spec.stages)
     return with_measured_data_parallel(prof, replicas, [pooled[s] for s in range(p)], [first_of[s][1] for s in range(p)],
                                        [first_of[s][2] for s in range(p)], group="torchrun",
-                                       backend=str(dist.get_backend(dp_group)), slowdown=[slowed[s] for s in range(p)])
+                                       backend=str(dist.get_backend(dp_group)),
+                                       slowdown=None if shard else [slowed[s] for s in range(p)],
+                                       gathers=[gathered[s] for s in range(p)] if shard else None)
 
 
 def profile_one_device(

@@ -11,12 +11,11 @@ import io
 from pathlib import Path
 
 from ..formats.fileio import write_bytes
-from .gantt import OP_NAMES, Panel, colour, key_order, text_colour
+from .gantt import LANE_COLOURS, LANE_NAMES, OP_NAMES, Panel, colour, key_order, text_colour
 
 __all__ = ["write_figure"]
 
 _WIDTH_IN = 14.0
-_REDUCTION = "#4d4d4d"  # the reduction lane, under each rank's passes
 _DPI = 150
 
 
@@ -42,9 +41,11 @@ def _draw_panel(ax, panel: Panel, end: float, axes_px: float, row_in: float) -> 
             label = b.label
             if (b.end - b.start) * px_per_ms >= len(label) * char_px + 3:
                 ax.text((b.start + b.end) / 2, r, label, ha="center", va="center", fontsize=font_pt, color=text_colour(fill))
-    for r, lane in enumerate(panel.reductions):  # in the gap below the rank's row
-        ax.broken_barh([(a, b - a) for _, a, b in lane], (r + 0.41, 0.08), facecolors=_REDUCTION,
-                       edgecolors="white", linewidth=0.4)
+    for r in range(panel.num_ranks):  # the lane, in the gap below the rank's row: gathers, then reductions
+        lane = panel.lane(r)
+        if lane:
+            ax.broken_barh([(a, b - a) for _, _, a, b in lane], (r + 0.41, 0.08),
+                           facecolors=[LANE_COLOURS[kind] for kind, _, _, _ in lane], edgecolors="white", linewidth=0.4)
     ax.set_ylim(panel.num_ranks - 0.5, -0.5)
     ax.set_yticks(range(panel.num_ranks), [str(r) for r in range(panel.num_ranks)], fontsize=min(9, max(5, row_pt * 0.7)))
     ax.set_ylabel("rank")
@@ -75,8 +76,8 @@ def write_figure(panels: list[Panel], path: Path, title: str | None = None) -> N
         Patch(color=colour(op, c), label=f"{op} {OP_NAMES[op]}" + (f", chunk {c}" if chunks > 1 else ""))
         for op, c in keys
     ]
-    if any(lane for p in panels for lane in p.reductions):
-        handles.append(Patch(color=_REDUCTION, label="gradient reduction (data parallel)"))
+    on_lane = {kind for p in panels for r in range(p.num_ranks) for kind, _, _, _ in p.lane(r)}
+    handles += [Patch(color=LANE_COLOURS[kind], label=name) for kind, name in LANE_NAMES.items() if kind in on_lane]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 8), frameon=False, fontsize=9)
     if title:
         fig.suptitle(title, fontsize=12)

@@ -23,6 +23,11 @@ __all__ = [
     "Bar",
     "Panel",
     "PAIR",
+    "GATHER",
+    "REDUCTION",
+    "LANE_NAMES",
+    "LANE_COLOURS",
+    "LANE_CHARS",
     "key_order",
     "schedule_panel",
     "intervals_panel",
@@ -36,6 +41,11 @@ __all__ = [
 
 PAIR = "F+B"
 """The key of an overlapped pair's bar where others have their op (Op is a str, so one dict holds both)."""
+GATHER, REDUCTION = "gather", "reduction"
+"""The two kinds of work on a rank's lane beside its passes."""
+LANE_NAMES: dict[str, str] = {GATHER: "parameter gather (sharded)", REDUCTION: "gradient reduction (data parallel)"}
+LANE_COLOURS: dict[str, str] = {GATHER: "#8f7fc2", REDUCTION: "#4d4d4d"}
+LANE_CHARS: dict[str, str] = {GATHER: "~", REDUCTION: "="}
 OP_NAMES: dict[str, str] = {Op.F: "forward", Op.B: "input grad", Op.W: "weight grad", Op.BW: "fused B+W", Op.R: "recompute",
                             Op.RS: "selective recompute", PAIR: "overlapped forward and backward"}
 # Hues in the spirit of the paper's figures; chunks of one op share a hue, later ones lighter.
@@ -99,6 +109,9 @@ class Panel:
     # iteration they end (``zbsearch.reductions``); empty and None where the profile has none
     reductions: list[list[tuple[int, float, float]]] = field(default_factory=list)
     iteration: float | None = None
+    # per rank, where sharded stages gather their parameters at the step's start (stage, start,
+    # end), on the same lane before the passes; empty where no stage gathers
+    gathers: list[list[tuple[int, float, float]]] = field(default_factory=list)
     mesh: str | None = None  # the mesh the costs are per rank of, beyond the pipeline (``ProfileMesh.describe``)
 
     @property
@@ -116,7 +129,19 @@ class Panel:
     def end(self) -> float:
         """The last end on any rank (ms from the panel's origin): how wide the panel is drawn."""
         bars = max((b.end for row in self.rows for b in row), default=0.0)
-        return max([bars, *(e for lane in self.reductions for _, _, e in lane)])
+        return max([bars, *(e for lane in (*self.reductions, *self.gathers) for _, _, e in lane)])
+
+    def lane(self, r: int) -> list[tuple[str, int, float, float]]:
+        """Rank r's lane beside its passes: (``GATHER`` or ``REDUCTION``, stage, start, end) in
+        time order; empty where the panel has neither."""
+        got = [(GATHER, s, a, b) for s, a, b in (self.gathers[r] if r < len(self.gathers) else ())]
+        got += [(REDUCTION, s, a, b) for s, a, b in (self.reductions[r] if r < len(self.reductions) else ())]
+        return sorted(got, key=lambda x: x[2])
+
+    @property
+    def has_lane(self) -> bool:
+        """Whether some rank has a gather or a reduction to draw."""
+        return any(self.gathers) or any(self.reductions)
 
     @property
     def bubble_rate(self) -> float:
@@ -204,11 +229,14 @@ def intervals_panel(
     num_microbatches: int,
     rows: Sequence[Sequence[Item]],
     peak_memory: str | None = None,
+    origin: float | None = None,
 ) -> Panel:
-    """A panel from per-rank ``(action, start_ms, end_ms)`` lists, shifted so the first start is 0;
-    an overlapped pair's action is its two actions (or the compact text ``"0F3+5B1"``)."""
+    """A panel from per-rank ``(action, start_ms, end_ms)`` lists, shifted so ``origin`` (default:
+    the first start) is 0; an overlapped pair's action is its two actions (or the compact text
+    ``"0F3+5B1"``)."""
     parsed = [sorted(((_actions(a), s, e) for a, s, e in row), key=lambda x: x[1]) for row in rows]
-    origin = min((row[0][1] for row in parsed if row), default=0.0)
+    if origin is None:
+        origin = min((row[0][1] for row in parsed if row), default=0.0)
     chunk_maps, chunks = _chunk_of(parsed)
     bars = [
         [Bar(acts[0], chunk_maps[r][acts[0].stage], s - origin, e - origin, acts[1] if len(acts) > 1 else None)
@@ -226,7 +254,9 @@ def _actions(a: str | Action | tuple[Action, Action]) -> tuple[Action, ...]:
 
 
 def schedule_panel(schedule: Schedule) -> Panel:
-    """The simulator's predicted timeline of ``schedule``, each overlapped pair one bar."""
+    """The simulator's predicted timeline of ``schedule``, each overlapped pair one bar, with
+    each rank's lane (its gathers and reductions) where the profile has them; time 0 is the
+    first start of a pass or, where stages gather, of a step."""
     tl = timeline(schedule)
     rows: list[list[Item]] = []
     for r in range(tl.num_ranks):
@@ -234,12 +264,15 @@ def schedule_panel(schedule: Schedule) -> Panel:
         rows.append([((row[i], row[i + 1]) if i in pairs else row[i], start[i], end[i])
                      for i in range(len(row)) if i - 1 not in pairs])
     peak = format_memory(max(tl.peak_memory, default=0.0), schedule.profile.memory_unit)
-    panel = intervals_panel(schedule.kind, "predicted", schedule.num_microbatches, rows, peak)
+    origin = min([*(row[0] for row in tl.start if row), *tl.begin], default=0.0)
+    panel = intervals_panel(schedule.kind, "predicted", schedule.num_microbatches, rows, peak, origin)
     made = schedule.profile.made_for
     if made.world > made.pp:  # costs per rank of a wider mesh: say which
         panel = replace(panel, mesh=made.describe())
     if not tl.finish:
         return panel
-    origin = min((row[0] for row in tl.start if row), default=0.0)
-    lanes = [[(s, a - origin, b - origin) for s, a, b in lane] for lane in tl.reductions]
-    return replace(panel, reductions=lanes, iteration=tl.period)
+
+    def shifted(lanes: list[list[tuple[int, float, float]]]) -> list[list[tuple[int, float, float]]]:
+        return [[(s, a - origin, b - origin) for s, a, b in lane] for lane in lanes]
+
+    return replace(panel, reductions=shifted(tl.reductions), gathers=shifted(tl.gathers), iteration=tl.period)

@@ -11,7 +11,7 @@ from html import escape
 from pathlib import Path
 
 from ..formats.fileio import write_text
-from .gantt import OP_NAMES, Panel, colour, key_order, nice_ticks, text_colour, tick_label
+from .gantt import LANE_COLOURS, LANE_NAMES, OP_NAMES, Panel, colour, key_order, nice_ticks, text_colour, tick_label
 
 __all__ = ["write_html"]
 
@@ -63,6 +63,13 @@ def _panel_svg(panel: Panel, end: float, row_h: float) -> str:
                     f'<text x="{x + w / 2:.2f}" y="{y + row_h * 0.5 + 4:.1f}" text-anchor="middle" '
                     f'fill="{text_colour(fill)}">{label}</text>'
                 )
+        lane_h = max(2.0, row_h * 0.15)  # the lane: a thin strip at the foot of the rank's row
+        for kind, s, t0, t1 in panel.lane(r):
+            tip = f"{LANE_NAMES[kind]} of stage {s} on rank {r}&#10;{t0:.3f} to {t1:.3f} ms ({t1 - t0:.3f} ms)"
+            out.append(
+                f'<rect x="{_LEFT + t0 * scale:.2f}" y="{y + row_h - lane_h:.1f}" width="{(t1 - t0) * scale:.2f}" '
+                f'height="{lane_h:.1f}" fill="{LANE_COLOURS[kind]}"><title>{tip}</title></rect>'
+            )
     out.append("</svg>")
     return "\n".join(out)
 
@@ -76,6 +83,9 @@ def _legend(panels: list[Panel]) -> str:
         + "</span>"
         for op, c in keys
     ]
+    on_lane = {kind for p in panels for r in range(p.num_ranks) for kind, _, _, _ in p.lane(r)}
+    items += [f'<span><i style="background:{LANE_COLOURS[kind]}"></i>{escape(name)}</span>'
+              for kind, name in LANE_NAMES.items() if kind in on_lane]
     return '<p class="legend">' + "".join(items) + "<span>blank: idle</span><span>hover a box for its times</span></p>"
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from ..actions import Op
-from .gantt import OP_NAMES, PAIR, Panel, key_order, nice_ticks, op_char, tick_label
+from .gantt import LANE_CHARS, LANE_NAMES, OP_NAMES, PAIR, Panel, key_order, nice_ticks, op_char, tick_label
 
 __all__ = ["render_text"]
 
@@ -61,6 +61,18 @@ def _row_cells(bars, ncols: int, dt: float) -> tuple[list[str], list[tuple[str, 
     return chars, keys
 
 
+def _lane_cells(lane: list[tuple[str, int, float, float]], ncols: int, dt: float) -> str:
+    """A rank's lane as one line: each column the kind of lane work that covers most of it
+    (``LANE_CHARS``), blank where there is none."""
+    cover: list[dict[str, float]] = [{} for _ in range(ncols)]
+    for kind, _, a, b in lane:
+        for c in range(max(0, int(a / dt)), min(ncols - 1, int(b / dt)) + 1):
+            overlap = min(b, (c + 1) * dt) - max(a, c * dt)
+            if overlap > 0:
+                cover[c][kind] = cover[c].get(kind, 0.0) + overlap
+    return "".join(LANE_CHARS[max(occ, key=lambda k: occ[k])] if occ else " " for occ in cover).rstrip()
+
+
 def _colourise(chars: list[str], keys: list[tuple[str, int] | None]) -> str:
     out, i = [], 0
     while i < len(chars):
@@ -99,6 +111,8 @@ def _legend(panels: list[Panel], dt: float) -> str:
     parts = [f"{op_char(op, 0)} {OP_NAMES[op]}" for op in ops] + [f"{_MIXED} mixed", f"{_IDLE} idle", "digits: microbatch"]
     if any(p.chunks > 1 for p in panels):
         parts.append("lower case: odd chunk")
+    on_lane = {kind for p in panels for r in range(p.num_ranks) for kind, _, _, _ in p.lane(r)}
+    parts += [f"{LANE_CHARS[kind]} {name}" for kind, name in LANE_NAMES.items() if kind in on_lane]
     parts.append(f"1 column = {dt:.3g} ms")
     return "   ".join(parts)
 
@@ -124,6 +138,8 @@ def render_text(panels: list[Panel], width: int = 120, title: str | None = None,
             chars, keys = _row_cells(panel.rows[r], ncols, dt)
             body = _colourise(chars, keys) if colour else "".join(chars)
             lines.append(f"{f'r{r}':<{label_w}}|{body}")
+            if panel.has_lane:  # under the rank's passes: its gathers and reductions
+                lines.append(f"{'':<{label_w}}:{_lane_cells(panel.lane(r), ncols, dt)}")
     lines += _axis(ncols, dt, end, pad)
     lines.append(_legend(panels, dt))
     return "\n".join(lines)

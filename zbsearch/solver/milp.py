@@ -28,6 +28,13 @@ window covering the whole schedule and no band, each rank's span measured from i
 (a variable), the model is the exact idle relaxation and HiGHS's dual bound, less a margin for
 its tolerances, is a lower bound for every schedule (``exact``). Windows keep each backward
 fused or split as it is; the exact model chooses, where fusing may pay (``_ChoiceModel``).
+Where sharded stages gather their parameters (``zbsearch.reductions``), each stage's first pass
+on its rank starts after its gather, and for the iteration each rank counts from its step's
+start: in the exact relaxed model a variable at most each stage's first pass less the end of its
+gather, so the dual bound is one on the iteration with the gathers; elsewhere the step's start is
+priced from the earliest the later stages' first passes can start, so a model never promises
+less than the simulator gives.
+
 Windows keep each microbatch's recomputation as it is too (a recompute pass orders against the
 others like any pass, before its backward by ``dependencies.must_precede``); the exact model has
 no recompute choice, so where the costs offer recomputation it is no bound (``exact`` refuses).
@@ -57,7 +64,7 @@ from .._highs import stdout_muted
 from ..actions import RECOMPUTES, Action, Op
 from ..costs import CostModel, Recompute
 from ..dependencies import PassType, action_index, action_predecessor_types, edge_delay, must_precede
-from ..reductions import lane_runs, last_backward
+from ..reductions import gather_ends, gather_releases, lane_runs, last_backward
 from ..simulator import Deadlock, Timeline
 from ..tolerances import EPS_MS, REL_TOL
 from .heuristic import sequential_schedule
@@ -146,7 +153,7 @@ def _chain(x: Action) -> PassType:
 
 
 def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], index, off: list[float | None],
-           dur: list[list[float]], steps: list[float], marks: dict | None = None):
+           dur: list[list[float]], steps: list[float], marks: dict | None = None, release: dict | None = None):
     """(tail, rest) of the objective through the passes after the window.
 
     The objective is the largest (end of a rank's last pass + ``steps[r]`` - that rank's start
@@ -220,6 +227,8 @@ def _tails(problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[in
                 t = max(t, tl.end[pr][pi] + delay)
             elif pi >= stop[pr]:
                 t = max(t, base[(pr, pi)] + delay)
+        if release:  # a stage's first pass waits for its gather
+            t = max(t, release.get((r, i), _NEG))
         base[(r, i)] = t + dur[r][i] if t > _NEG else _NEG
         for label, add in sinks.get((r, i), nothing).items():
             rest[label] = max(rest[label], base[(r, i)] + add)
@@ -261,6 +270,8 @@ class _WindowModel:
     ``before[r][i]``: (k, weight) for each pass k of another chain on rank r that may run before
     pass i, weight 1 when it surely does, else the order binary (or 1 - it)."""
 
+    asap = False  # (``_ChoiceModel``: each rank's start a variable held to its ASAP start)
+
     def __init__(self, problem: Problem, rows, tl: Timeline, begin: list[int], stop: list[int], band: float, secondary: bool,
                  relaxed: bool = False, pairs: list[list[int]] | None = None, paired: bool = True):
         self.problem, self.rows, self.tl, self.begin, self.stop = problem, rows, tl, begin, stop
@@ -275,30 +286,98 @@ class _WindowModel:
         self.pair_time: dict[tuple[Key, Key], float] = {}
         self.partners: dict[Key, list[tuple[Key, Key]]] = {}
         self.paired = paired
-        # Each rank's span runs from its first pass. When that pass is in the window its start
-        # is, with ``relaxed``, a variable: the model is then the idle relaxation (a rank may
-        # start late), valid over every order, FIFO or not (see ``problem``). Otherwise it is
-        # the rank's ASAP start under FIFO orders (F(s0, 0) as soon as microbatch 0 arrives),
-        # so that the model's value is the simulator's for the FIFO orders it ranges over.
+        c = problem.cost
+        # Sharded stages: the first pass of each stage on its rank waits for its gather
+        # (``reductions.gather_releases``), and for the iteration each rank counts from its step's
+        # start, the latest that lets every gather end by its stage's first pass
+        self.release = {(r, i): t for r, row in enumerate(rows) for i, t in gather_releases(row, c.t_gather).items()}
+        self.lane = problem.objective == "iteration" and c.has_reductions
+        self.from_begin = self.lane and bool(c.t_gather)
+        self.gather_at = [gather_ends({x.stage for x in row}, c.t_gather) if self.from_begin else {} for row in rows]
+        # Each rank's span runs from its first pass (its step's start where it gathers). When
+        # that pass is in the window its start is, with ``relaxed``, a variable: the model is then
+        # the idle relaxation (a rank may start late), valid over every order, FIFO or not (see
+        # ``problem``). Otherwise it is the rank's ASAP start under FIFO orders (F(s0, 0) as soon
+        # as microbatch 0 arrives and its gather has ended), so that the model's value is the
+        # simulator's for the FIFO orders it ranges over. A rank's later stages may end its step's
+        # start earlier (``begin_cap``), which outside the idle relaxation is priced from the
+        # earliest their first passes can start: never later than the simulator's.
         R = len(rows)
+        self.lower = self.lower_starts()
+        self.begin_cap = self.begin_caps(relaxed and not self.asap)
         if problem.objective == "makespan":
             self.off: list[float | None] = [0.0] * R
         else:
             fifo_start = self.fifo_starts(index)
-            self.off = [(None if relaxed else fifo_start[r]) if begin[r] == 0 < stop[r]
-                        else (tl.start[r][0] if begin[r] > 0 else fifo_start[r]) for r in range(R)]
+            first = [(None if relaxed else fifo_start[r]) if begin[r] == 0 < stop[r]
+                     else (tl.start[r][0] if begin[r] > 0 else fifo_start[r]) for r in range(R)]
+            if self.from_begin:  # the step's start: the lowest stage's term, then the others' (``begin_cap``)
+                lowest = [at[min(at)] if at else 0.0 for at in self.gather_at]
+                first = [None if f is None else min(f - g, cap) for f, g, cap in zip(first, lowest, self.begin_cap)]
+            self.off = first
         # For the iteration: per rank, where each stage's last backward is (its reduction's
         # input), and the optimizer steps that end the rank's iteration
-        c = problem.cost
-        self.lane = problem.objective == "iteration" and c.has_reductions
         self.last = [last_backward(row) if self.lane else {} for row in rows]
         self.steps = [sum(c.t_opt[s] for s in {x.stage for x in row}) if self.lane else 0.0 for row in rows]
         marks = {("g", s): (r, p) for r, last in enumerate(self.last) for s, p in last.items() if p >= stop[r]}
         tail_index, tail_dur = _paired_after(problem.cost, rows, stop, index, self.dur, self.given_pairs)
-        self.tail, self.rest = _tails(problem, rows, tl, begin, stop, tail_index, self.off, tail_dur, self.steps, marks)
+        self.tail, self.rest = _tails(problem, rows, tl, begin, stop, tail_index, self.off, tail_dur, self.steps, marks,
+                                      self.release)
+        # the model's value of the given schedule: the simulator's, or more where a step's start is priced low
         self.value = problem.value(tl)
+        if self.from_begin and tl.finish:
+            self.value = max([self.value, *(f - o for f, o in zip(tl.finish, self.off) if o is not None),
+                              *(f - cap for f, cap in zip(tl.finish, self.begin_cap))])
         self.slack = 1e-7 * max(1.0, self.value)  # float noise between the simulator's sums and ours
         self.binaries = 0
+
+    def lower_starts(self) -> dict[Key, float]:
+        """The earliest each pass of the window and after it can start in any order the model
+        ranges over: after the passes before the window on its rank, its inputs and its gather;
+        one after the window also after every window pass of its rank and the passes between."""
+        rows, tl, begin, stop = self.rows, self.tl, self.begin, self.stop
+        keys = sorted((tl.start[r][i], tl.end[r][i], r, i) for r in range(len(rows)) for i in range(begin[r], len(rows[r])))
+        low: dict[Key, float] = {}
+        for _, _, r, i in keys:
+            if i > stop[r]:  # after the window, in its order
+                t = low[(r, i - 1)] + self.dur[r][i - 1]
+            elif i < stop[r] or begin[r] == stop[r]:  # after the passes before the window
+                t = tl.end[r][begin[r] - 1] if begin[r] > 0 else 0.0
+            else:  # the first pass after the window follows every window pass of its rank
+                t = max(low[(r, k)] + self.dlo((r, k)) for k in range(begin[r], stop[r]))
+            for pr, pi, delay in _inputs(self.problem, rows, self.index, r, i):
+                t = max(t, (tl.end[pr][pi] if pi < begin[pr] else low[(pr, pi)] + self._least(pr, pi)) + delay)
+            low[(r, i)] = max(t, self.release.get((r, i), 0.0))
+        return low
+
+    def _least(self, r: int, i: int) -> float:
+        """The least pass i of rank r can take: ``dlo`` in the window, its cost after it."""
+        return self.dlo((r, i)) if i < self.stop[r] else self.dur[r][i]
+
+    def begin_caps(self, idle: bool) -> list[float]:
+        """Per rank, where it counts from its step's start, the latest start its later stages'
+        gathers leave it (each stage's first pass less its gather's end): exact for a pass before
+        the window, else from the earliest it can start (``lower_starts``), so never later than
+        the simulator's; ``idle``, the model's start variable takes those in the window exactly
+        (``add_precedence``) and those after it are left out (a relaxation). Infinite where
+        nothing caps it."""
+        caps = [_INF] * len(self.rows)
+        for r, row in enumerate(self.rows):
+            first: dict[int, int] = {}
+            for i, x in enumerate(row):
+                first.setdefault(x.stage, i)
+            if not first or not self.from_begin:
+                continue
+            ends, s0 = self.gather_at[r], min(first)
+            variable = idle and self.begin[r] == 0 < self.stop[r]
+            for s, i in first.items():
+                if ends[s] <= ends[s0]:
+                    continue  # its term is never below the lowest stage's
+                if i < self.begin[r]:
+                    caps[r] = min(caps[r], self.tl.start[r][i] - ends[s])
+                elif not variable:
+                    caps[r] = min(caps[r], self.lower[(r, i)] - ends[s])
+        return caps
 
     def pass_durations(self) -> list[list[float]]:
         """What each pass of the schedule costs (``CostModel.durations``)."""
@@ -310,8 +389,9 @@ class _WindowModel:
         c = self.problem.cost
         arrive, t = [], 0.0
         for s in range(c.num_stages):
-            arrive.append(t)
             r, i = index[(s, Op.F, 0)]
+            t = max(t, self.release.get((r, i), 0.0))  # its gather, where it is its rank's first of the stage
+            arrive.append(t)
             t = t + self.dur[r][i] + (edge_delay(c, s, s + 1) if s + 1 < c.num_stages else 0.0)
         return [arrive[min(c.rank_stages(r))] for r in range(c.num_ranks)]
 
@@ -348,7 +428,7 @@ class _WindowModel:
             t = tl.end[r][begin[r] - 1] if begin[r] > 0 else 0.0
             for pr, pi, delay in self.inputs[(r, i)]:
                 t = max(t, (tl.end[pr][pi] if pi < begin[pr] else self.earliest[(pr, pi)] + self.dlo((pr, pi))) + delay)
-            self.earliest[(r, i)] = t
+            self.earliest[(r, i)] = max(t, self.release.get((r, i), 0.0))
         # A horizon every pass can be assumed to end by: left-shift any schedule until its
         # ranks' busy intervals (each at most the objective long) and the messages between
         # them leave no idle gap.
@@ -384,7 +464,8 @@ class _WindowModel:
         self.warm_start["z"] = self.value
         # the start of each rank whose first pass is in the window
         self.rank_start = {r: _variable(lp, f"t{r}", 0.0, self.horizon) for r, o in enumerate(self.off) if o is None}
-        self.warm_start.update({f"t{r}": tl.start[r][0] for r in self.rank_start})
+        self.warm_start.update({f"t{r}": min(tl.begin[r] if self.from_begin else tl.start[r][0], self.begin_cap[r])
+                                for r in self.rank_start})
         self.add_pairs()
 
     def pairs_allowed(self) -> bool:
@@ -467,11 +548,20 @@ class _WindowModel:
                 if isinstance(label, tuple):
                     continue  # the end of a stage's last backward: the lane's (``ready``)
                 lp += self.z >= start[k] + self.duration(k) + t - (self.rank_start[label] if label is not None else 0.0)
-            if k[0] in self.rank_start:
-                lp += self.rank_start[k[0]] <= start[k]
+            if k[0] in self.rank_start:  # from the rank's step start, its gathers end before each stage's first pass
+                lp += self.rank_start[k[0]] <= start[k] - self.gathered(k)
         for r, t0 in self.rank_start.items():
             if self.rest[r] > _NEG:
                 lp += self.z >= self.rest[r] - t0
+            if self.begin_cap[r] < _INF:
+                lp += t0 <= self.begin_cap[r]
+
+    def gathered(self, k: Key) -> float:
+        """Where the rank counts from its step's start: the end of the rank's gathers up to pass
+        k's stage (``reductions.gather_ends``), which its first pass of the stage, and so every
+        later one, starts after; else 0."""
+        r, i = k
+        return self.gather_at[r].get(self.rows[r][i].stage, 0.0)
 
     def add_lane(self) -> None:
         """For the iteration, each rank's reduction lane (``zbsearch.reductions``): z above the end
@@ -889,12 +979,35 @@ class _ChoiceModel(_WindowModel):
             kb, kw = self.index[(s, Op.B, j)], self.index[(s, Op.W, j)]
             big = max(0.0, self.latest_end[kw] - self.earliest[kb] - self.dlo(kb))
             lp += start[kw] <= start[kb] + self.duration(kb) + big * (1 - u)
-        if self.asap:
+        if self.asap:  # each rank starts when microbatch 0's forwards reach it, each after its gather
             for r, t0 in self.rank_start.items():
+                s0 = min(c.rank_stages(r))
                 path = 0.0
-                for s in range(min(c.rank_stages(r))):
-                    path = path + self.duration(self.index[(s, Op.F, 0)]) + edge_delay(c, s, s + 1)
-                lp += t0 == path
+                for s in range(s0 + 1):
+                    k = self.index[(s, Op.F, 0)]
+                    if self.release.get(k, 0.0) > 0:
+                        path = self.at_least(path, self.release[k], f"arr{r}_{s}")
+                    if s < s0:
+                        path = path + self.duration(k) + edge_delay(c, s, s + 1)
+                if self.from_begin:  # the step's start, at most (``add_precedence`` caps it by the later stages)
+                    lp += t0 <= path - self.gathered(self.index[(s0, Op.F, 0)])
+                else:
+                    lp += t0 == path
+
+    def at_least(self, x, floor: float, name: str):
+        """A variable equal to max(x, floor) in every solution (a binary picks the larger); x an
+        affine expression of the model, at least 0 and at most its horizon."""
+        lp = self.lp
+        v = _variable(lp, name, floor, None)
+        y = _variable(lp, f"{name}_y", 0, 1, pulp.LpBinary)  # 1: the floor is the larger
+        big = self.horizon + floor
+        lp += v >= x
+        lp += v <= x + big * y
+        lp += v <= floor + big * (1 - y)
+        at = _warm_value(x, self.warm_start)
+        self.warm_start[v.name], self.warm_start[y.name] = max(at, floor), 1.0 if floor > at else 0.0
+        self.binaries += 1
+        return v
 
     def add_recompute_variables(self) -> None:
         """x per (stage, microbatch, recompute pass offered) and g, what it moves from the F to
@@ -1026,6 +1139,15 @@ class _ChoiceModel(_WindowModel):
                                    for k, w in self.before[r][i] if k in here)
             out.append([_decoded(row[i], fused, redo) for i in sorted(here, key=lambda i: pos[i])])
         return out
+
+
+def _warm_value(x, warm: dict[str, float]) -> float:
+    """The value of a number, variable or affine expression of the model at the warm start."""
+    if isinstance(x, (int, float)):
+        return float(x)
+    if isinstance(x, pulp.LpVariable):
+        return warm.get(x.name, 0.0)
+    return sum(coef * warm.get(v.name, 0.0) for v, coef in x.items()) + x.constant
 
 
 def _decoded(x: Action, fused: set[tuple[int, int]], redo: dict[tuple[int, int], Op]) -> Action:
