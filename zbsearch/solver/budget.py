@@ -11,8 +11,9 @@ kept back: ``keep_back`` moves the deadline earlier by what such a step has been
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
+
+from ..classic import deadline as clock
 
 __all__ = ["Shares", "Budget"]
 
@@ -84,29 +85,29 @@ class Budget:
 
     limit: float
     shares: Shares = field(default_factory=Shares)
-    start: float = field(default_factory=time.monotonic)
+    start: float = field(default_factory=lambda: clock.now())
     kept: float = 0.0  # seconds kept back for the end
 
     @property
     def deadline(self) -> float:
-        """When the searches must stop (``time.monotonic()``)."""
+        """When the searches must stop (``self.now()``)."""
         return self.start + self.limit - self.kept
 
     def now(self) -> float:
-        """The clock every phase reads (monotonic seconds)."""
-        return time.monotonic()
+        """The clock every phase reads (monotonic seconds; the classic builders' too)."""
+        return clock.now()
 
     def elapsed(self) -> float:
         """Seconds since the solve started."""
-        return time.monotonic() - self.start
+        return self.now() - self.start
 
     def left(self) -> float:
         """Seconds until the deadline (0 once passed)."""
-        return max(0.0, self.deadline - time.monotonic())
+        return max(0.0, self.deadline - self.now())
 
     def expired(self) -> bool:
         """Whether the time limit has passed."""
-        return time.monotonic() >= self.deadline
+        return self.now() >= self.deadline
 
     def at(self, fraction: float) -> float:
         """The instant ``fraction`` of the limit after the start, no later than the deadline."""
@@ -114,7 +115,7 @@ class Budget:
 
     def share(self, fraction: float) -> float:
         """The instant ``fraction`` of the time left from now, before the deadline."""
-        now = time.monotonic()
+        now = self.now()
         return now + fraction * max(0.0, self.deadline - now)
 
     def keep_back(self, seconds: float) -> None:

@@ -229,7 +229,7 @@ class SolveRun:
         hard = b.deadline
         end = b.at(sh.construct) if self.milp else b.at(sh.grid)
         subs = [(self.search, self.problem)]
-        if self.problem.recompute == "auto":
+        if self.problem.recompute == "auto" and b.now() < end:  # (past it they would be skipped below)
             subs += [pair for mode in ("none", "full") if (pair := self._restricted(mode)) is not None]
         outs = []
         for k, (search, true) in enumerate(subs):
@@ -240,6 +240,9 @@ class SolveRun:
                 deadline = until if self.milp else now + (hard - now) * own
             else:  # each a list schedule within its share, else the classic or sequential ones
                 until = now + ((end if self.milp else hard) - now) / (len(subs) - k)
+                if until <= now:  # only further candidates: none past the time (each costs simulations)
+                    self.hit_limit = True
+                    break
                 last = deadline = until
             given = start if k == 0 else None  # (a start may recompute)
             # with engines to follow, the grid stops at the deadline (construct's default)
