@@ -99,17 +99,20 @@ def construct(
     problem: Problem, deadline: float, hard: float, start=None, keep: int = 3, grid: float | None = None,
     report: Callable[[float], None] | None = None, target: float = float("-inf"),
     built: dict[str, tuple[list[list[Action]], Timeline | None]] | None = None, refine: float = 3.0,
+    late: float = 0.0, step: float = 0.0,
 ) -> tuple[str, list[list[Action]], Timeline, float, list[list[list[Action]]], bool]:
     """Best of the checkpointed classic orders (``checkpointed_candidates``, timed first: the
     first before ``hard``, the others within ``_CHECKPOINTED`` of the time to ``deadline``), the
     given start, the list-scheduling grid (ordered most-promising first; ranked by their own
     timing, only the best few simulated; the best ``_REFINED`` structures with their wait knobs
     refined, within the grid's deadline), the classic schedules and the sequential one, as far
-    as ``deadline`` allows: once it has passed, the first schedule in hand within the limit is
-    kept and little more is built (of the classic orders not built already only the one needing
-    the least memory, the last: on thousands of passes each build and simulation takes a large
-    part of a second), then the sequential schedule, which needs the least memory of any
-    schedule. Until one list
+    as ``deadline`` allows: once it has passed, the first of these within the limit is kept
+    (besides the checkpointed ones); where the next build or simulation would end more than
+    ``late`` seconds after it (each taking as long as the longest so far, or ``step``), the
+    first schedule in hand is, and little more is built (of the classic orders not built
+    already only the one needing the least memory, the last: on thousands of passes each build
+    and simulation takes a large part of a second), then the sequential schedule, which needs
+    the least memory of any schedule. Until one list
     schedule is found the grid runs to ``hard`` (the solve's deadline less what its end needs),
     where a list schedule still running is cut. ``grid``:
     when the grid stops once one list schedule is found (default ``deadline``). ``report``
@@ -127,16 +130,20 @@ def construct(
     timed: list[tuple[float, str, list[list[Action]], Timeline, str]] = []
     sim_s = 0.0
     cut = False
+    # the longest one build or simulation has taken (here, or ``step`` before): what the next may take
     began = clock.now()
     until = began + _CHECKPOINTED * (deadline - began)
     for kind in checkpointed_candidates(problem):
         if timed and clock.now() > until or clock.now() > hard:
             cut = True
             break
+        tick = clock.now()
         try:
             rows = _checkpointed(problem, kind, hard, built)
         except ZbError:
             continue
+        finally:
+            step = max(step, clock.now() - tick)
         tick = clock.now()
         value, tl = problem.evaluate(rows)
         sim_s = max(sim_s, clock.now() - tick)
@@ -195,17 +202,26 @@ def construct(
         cands.append(("classic", kind, functools.partial(_classic, problem, kind, deadline, built)))
     cands.append(("sequential", "sequential", lambda: sequential_schedule(problem)))
     thrifty = classic_candidates(problem)[-1:]  # the classic order needing the least memory
+    early = len(timed)
     for origin, name, build in cands:
-        if clock.now() > deadline and (timed or origin == "classic" and name not in thrifty
-                                       and (built is None or name not in built)):
-            cut = True  # past the deadline: the first schedule in hand is kept, little more is built
+        now = clock.now()
+        step = max(step, sim_s)
+        if now + step > deadline + late and now > deadline and (
+                timed or origin == "classic" and name not in thrifty and (built is None or name not in built)):
+            cut = True  # past the deadline and the next step would end past ``late``: keep what is in hand
             if timed:
                 break
             continue
+        if now > deadline and len(timed) > early:
+            cut = True
+            break
+        tick = clock.now()
         try:
             rows = build()
         except ZbError:  # the kind does not apply here (e.g. DualPipeV below 2p microbatches)
             continue
+        finally:
+            step = max(step, clock.now() - tick)
         cut |= origin == "classic" and clock.now() > deadline  # (ZB-V repeats its construction until then)
         if not problem.fits_order(rows) or not problem.complete_recomputation(rows):
             continue  # over the limit (e.g. ZB-H2 at 1p), or not recomputing as asked: no need to time it
