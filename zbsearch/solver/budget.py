@@ -32,9 +32,10 @@ class Shares:
             with the solver's own choice of recomputation.
         refine: the wait knobs of the grid's best policies are refined for at most this many
             times as long as the grid took.
-        late: how long past its deadline (this share of the limit) a construction still builds
-            and times candidates; after that it keeps the first schedule it has (on thousands of
-            passes one build and simulation takes a large part of a second).
+        late, late_s: how long past its deadline (this share of the limit, or these seconds
+            where more) a construction still builds and times candidates; after that it keeps
+            the first schedule it has (on thousands of passes one build and simulation takes a
+            large part of a second; on a few hundred, milliseconds, and each candidate counts).
         classics: the classic baselines are built by this share of the limit; one is started
             only while ``classic_sims`` simulations' time is left before the end's reserve.
         classic_sims: see ``classics``.
@@ -67,6 +68,7 @@ class Shares:
     restricted: float = 1 / 3
     refine: float = 3.0
     late: float = 0.25
+    late_s: float = 1.0
     classics: float = 1 / 3
     classic_sims: int = 5
     end_sims: int = 2

@@ -228,7 +228,7 @@ class SolveRun:
         built: dict[str, tuple[list[list[Action]], Timeline | None]] = {}
         hard = b.deadline
         end = b.at(sh.construct) if self.milp else b.at(sh.grid)
-        late = sh.late * b.limit
+        late = max(sh.late * b.limit, sh.late_s)
         subs = [(self.search, self.problem)]
         if self.problem.recompute == "auto" and b.now() < end + late:  # (past it they would be skipped below)
             subs += [pair for mode in ("none", "full") if (pair := self._restricted(mode)) is not None]
