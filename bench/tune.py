@@ -116,6 +116,9 @@ def exact(args) -> dict:
                "tune": w.iteration_ms, "tune_config": f"pp{w.pp} dp{w.dp} b{w.microbatch_size} m{w.microbatches} "
                f"{w.placement}", "ratio": w.iteration_ms / every[best_name], "bound": res.lower_bound_ms,
                "bound_ok": res.lower_bound_ms <= every[best_name] * (1 + 1e-9), "gap": res.gap,
+               "bound_before": res.bound_before_planning_ms, "gap_before": res.gap_before_planning,
+               "bound_before_ok": (res.bound_before_planning_ms is not None
+                                   and res.bound_before_planning_ms <= every[best_name] * (1 + 1e-9)),
                "planned_by_tune": sum(r.status == "costed" for r in res.rows),
                "statuses": {s: sum(r.status == s for r in res.rows) for s in {r.status for r in res.rows}},
                "enumeration_s": enum_s, "tune_s": tune_s}

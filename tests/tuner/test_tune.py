@@ -57,6 +57,8 @@ def test_tune_is_within_one_percent_of_every_configuration_and_its_bound_holds(r
     assert res.winner is not None and res.winner.iteration_ms <= best * 1.01
     assert res.lower_bound_ms <= best * (1 + 1e-9)
     assert res.gap == pytest.approx(res.winner.iteration_ms / res.lower_bound_ms - 1)
+    assert res.bound_before_planning_ms is not None and res.bound_before_planning_ms <= best * (1 + 1e-9)
+    assert res.bound_before_planning_ms <= res.lower_bound_ms * (1 + 1e-9)
     planned = [r for r in res.rows if r.status == "costed"]
     assert len(planned) < len(res.rows)  # some were pruned or proven not to fit
     assert all(r.bound_ms <= r.iteration_ms * (1 + 1e-9) for r in planned)
@@ -77,3 +79,33 @@ def test_the_time_limit_holds_and_the_winner_is_never_slower_than_a_baseline():
     assert {r.source for r in res.rows} >= {"tune", "torchtitan 1F1B", "Megatron 1F1B"}
     statuses = {r.status for r in res.rows}
     assert statuses <= {"costed", "pruned", "not planned", "stopped", "does not fit", "no schedule"}
+
+
+@pytest.mark.slow  # plans every configuration of two grids
+@pytest.mark.parametrize("memory, optimizer", [(0.3 * 2**30, "adamw"), (0.45 * 2**30, "mixed")])
+def test_each_bound_before_planning_is_below_its_configurations_plan(memory, optimizer):
+    """Tight memory (recomputation pays; some configurations fit nothing): every configuration's
+    bound before planning, memory and recomputation counted, is at most what its plan costs."""
+    from zbsearch.tuner.bounds import config_bound
+
+    profiles, ranks, batch = _profiles(layers=12, vocab=16000), 16, 128
+    cluster = Cluster(ranks=ranks, ranks_per_node=8, memory_bytes=memory, intra_node_gbs=20.0, inter_node_gbs=2.0,
+                      memory_gbs=200.0)
+    opt = OptimizerSetup(optimizer, True)
+    sized = SizedLayers(profiles)
+    configs, _ = configurations(sized.reference.num_units, ranks, 1, batch, sized.measured, ("one", "v"), ("auto",))
+    costed = raised = 0
+    for c in configs:
+        layers = on_cluster(sized.at(c.b), c.mesh, cluster)
+        if cannot_fit(layers, c.stages, c.mesh.pp, cluster.memory_bytes, opt, c.mesh.dp) is not None:
+            continue
+        bound = config_bound(layers, c.mesh, c.placement, c.m, c.recompute, cluster, opt)
+        ev = evaluate(Task(c, layers, cluster, opt, PLAN_S, 0.0))
+        if ev.costed is None:
+            continue
+        costed += 1
+        assert bound <= ev.costed.iteration * (1 + 1e-9), (str(c), bound, ev.costed.iteration)
+        free = config_bound(layers, c.mesh, c.placement, c.m, c.recompute, cluster.model_copy(update={"memory_bytes": None}),
+                            opt)
+        raised += bound > free * (1 + 1e-6)
+    assert costed >= 6 and raised >= 1, (costed, raised)  # the memory raised some configuration's bound

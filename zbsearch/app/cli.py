@@ -836,7 +836,10 @@ def tune(
               f"{best.microbatches} microbatches of {best.microbatch_size}, {best.placement}, recompute {best.recompute}"
               f"{pairs}: {_fmt(best.iteration_ms)} ms, "
               f"{best.tokens_per_s:.6g} {rate}; bound over every configuration {_fmt(res.lower_bound_ms)} ms, gap "
-              f"{res.gap:.2%}", soft_wrap=True, highlight=False)
+              f"{res.gap:.2%}" + (f" (before planning {_fmt(res.bound_before_planning_ms)} ms, gap "
+                                  f"{res.gap_before_planning:.2%})" if res.bound_before_planning_ms is not None
+                                  and res.gap_before_planning is not None else ""),
+              soft_wrap=True, highlight=False)
     if base is not None and base.iteration_ms:
         out.print(f"speed-up over the best baseline ({base.source}, pp {base.pp} x dp {base.dp}, b {base.microbatch_size}"
                   f"): {base.iteration_ms / best.iteration_ms:.3f}x", soft_wrap=True, highlight=False)

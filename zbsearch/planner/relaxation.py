@@ -11,7 +11,14 @@ For each rank of a cut, whatever the schedule (``zbsearch.bounds`` proves each f
   runs forwards (and recompute passes) only, at most m of each stage, and without
   recomputation under a budget no more than its limit holds (the budget less its parameters,
   gradients and optimizer state: a fractional knapsack), so it idles the rest of that time
-  (``rank_memory_span_lower_bounds``); its span is at least busy plus that idle time.
+  (``rank_memory_span_lower_bounds``); its span is at least busy plus that idle time;
+* area (under a budget): each microbatch runs each of the rank's stages in one way the mode
+  allows (plain; checkpointed and recomputed, fully or selectively), which adds its time
+  beyond the least forward and keeps its bytes from its forward's end to its backward's start,
+  at least the dependency path through the later stages apart. Those bytes never exceed what
+  the budget leaves the rank's activations, so over the span T their integral is at most that
+  times T, while T is at least busy plus the time the ways add: the least T over every
+  fractional choice of ways (``rank_area_span_lower_bounds`` proves the same for one cut).
 
 With expert-parallel all-to-all in the units (``a_f``, ``a_b``), where overlapped pairs may
 hide it, the busy time counts every forward and backward at its least in a pair, its time less
@@ -45,8 +52,11 @@ import time
 
 from ..formats.layers import LayerProfile, Unit
 from ..limits import allowance
-from .compose import Placement, least_kept
+from .compose import Placement, least_kept, stage_cost
 from .memory import parameter_bytes
+
+# Shares above the busiest rank's work that the program is asked about first (``relaxed_bound``).
+_TRIES = (0.03, 0.06, 0.12, 0.25, 0.5)
 
 __all__ = ["relaxed_bound", "work_bound", "RankBounds", "unit_work", "paired_floor", "min_max_cut"]
 
@@ -131,19 +141,35 @@ def min_max_cut(w: list[float], stages: int) -> tuple[int, ...]:
 
 def relaxed_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none", *,
                   budget: float | None = None, optimizer: str = "adamw", deadline: float | None = None,
-                  objective: str = "span", shard: int | None = None) -> float:
+                  objective: str = "span", shard: int | None = None, cap: float = math.inf) -> float:
     """A lower bound on the span of every schedule of every cut of this placement within
     ``budget`` bytes per rank (None: unlimited; parameters, gradients and optimizer state as
     ``optimizer`` counts them, sharded over ``shard`` data-parallel ranks where given),
     recomputing as ``recompute`` allows (see the module); inf where no cut fits. ``objective``
     "makespan": on the makespan, each rank's bound after the forwards of one microbatch reach it
     (every other objective is at least the span).
-    ``deadline`` (``time.monotonic()``): past it, the busiest rank's work only."""
-    ranks = RankBounds(layers, num_ranks, placement, m, recompute, budget, optimizer, deadline, objective, shard)
+    ``deadline`` (``time.monotonic()``): past it, the largest value the program has proven
+    every cut to reach (at least the busiest rank's work). ``cap``: a value the caller needs
+    the bound only up to (the best found elsewhere): where every cut's is at least that,
+    ``cap`` is returned, sooner.
+
+    The program prunes every partial cut above the value it is asked about, so it first runs
+    below a few values growing from the busiest rank's work (``_TRIES``): each that no cut is
+    below is proven, and the first that some cut is below gives the least itself; then below
+    ``cap``."""
+    proven = work_bound(layers, num_ranks, placement, m, recompute)
+    ranks = RankBounds(layers, num_ranks, placement, m, recompute, budget, optimizer, deadline, objective, shard, cap)
     try:
-        return ranks.least()
+        for grow in (*_TRIES, math.inf):
+            below = min(cap, proven * (1 + grow))
+            ranks.cap = below
+            got = ranks.least()
+            if got < below or below >= cap:
+                return got
+            proven = below  # no cut is below it
+        return proven  # (not reached: the last try is below cap)
     except _Late:
-        return work_bound(layers, num_ranks, placement, m, recompute)
+        return proven
 
 
 def work_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none") -> float:
@@ -167,8 +193,9 @@ class RankBounds:
 
     def __init__(self, layers: LayerProfile, num_ranks: int, placement: Placement, m: int, recompute: str = "none",
                  budget: float | None = None, optimizer: str = "adamw", deadline: float | None = None,
-                 objective: str = "span", shard: int | None = None) -> None:
+                 objective: str = "span", shard: int | None = None, cap: float = math.inf) -> None:
         self.layers, self.P, self.placement, self.m = layers, num_ranks, placement, m
+        self.cap = cap  # the least is wanted only below it (``relaxed_bound``)
         self.makespan = objective == "makespan"  # ``least`` bounds the makespan: each rank from when it can start
         self.recompute, self.budget, self.optimizer, self.deadline = recompute, budget, optimizer, deadline
         self.shard = shard
@@ -188,6 +215,8 @@ class RankBounds:
         self.pre_static = _prefix([parameter_bytes(u.params, u.param_bytes, optimizer, shard) + u.frozen_bytes for u in us])
         self.tied = [(i, u.tied) for i, u in enumerate(us) if u.tied]
         self.keeps: dict[tuple[int, int], float] = {}
+        self.stage_ways: dict[tuple[int, int], list[tuple[float, float]]] = {}
+        self.areas: dict[tuple[int, int, int], tuple[float, float, list[tuple[float, float]]] | None] = {}
         self.steps = 0
 
     # ---- one rank's bound ---------------------------------------------------------------
@@ -209,10 +238,10 @@ class RankBounds:
             got = self.keeps[(lo, hi)] = least_kept(self.layers, lo, hi, self.recompute)
         return got
 
-    def rank(self, pieces: list[tuple[int, int]], fill: float) -> float:
-        """The bound on the span of a rank holding ``pieces`` (in model order) whose fill path
-        (forward from its first stage to the last, backward to its last stage) takes ``fill``;
-        inf where it cannot hold one microbatch's activations."""
+    def rank(self, pieces: list[tuple[int, int]], fill: float, r: int) -> float:
+        """The bound on the span of rank ``r`` holding ``pieces`` (in model order) whose fill
+        path (forward from its first stage to the last, backward to its last stage) takes
+        ``fill``; inf where it cannot hold one microbatch's activations."""
         self.steps += 1
         if self.deadline is not None and self.steps & 1023 == 1 and time.monotonic() > self.deadline:
             raise _Late
@@ -229,7 +258,89 @@ class RankBounds:
         ahead = m * sum(self.pre_ahead[hi] - self.pre_ahead[lo] for lo, hi in pieces)  # every forward (and R)
         if self.memory:
             ahead = min(ahead, _forward_room(self, pieces, allowance(lim)))
-        return busy + max(0.0, fill - ahead)
+        bound = busy + max(0.0, fill - ahead)
+        if self.budget is not None and (self.recompute == "full" or self.plain_area(pieces, r) > allowance(lim) * bound):
+            bound = max(bound, self.area(pieces, r, busy, allowance(lim)))  # (else every microbatch plain fits it)
+        return bound
+
+    def plain_area(self, pieces: list[tuple[int, int]], r: int) -> float:
+        """What every microbatch held plain on ``pieces`` of rank ``r`` holds (see ``area``)."""
+        n = self.N
+        return self.m * sum((self.pre_mf[hi] - self.pre_mf[lo]) * (self.forward(hi, n) + self.backward(hi, n)
+                                                                     + links * self.link)
+                            for (lo, hi), links in zip(pieces, self.links_after(r)))
+
+    def ways(self, lo: int, hi: int) -> list[tuple[float, float]]:
+        """Per way the mode allows a microbatch to run the stage of units ``[lo, hi)``: (what it
+        keeps from its forward's end to its backward's start, the time its forward and recompute
+        pass take beyond the units' least forwards, ``unit_work``'s)."""
+        got = self.stage_ways.get((lo, hi))
+        if got is None:
+            c = stage_cost(self.layers, lo, hi)
+            least = self.pre_ahead[hi] - self.pre_ahead[lo]
+            if c.m_f + (c.m_b or 0.0) < 0:  # a backward frees more than the forward allocated: nothing held counts
+                self.stage_ways[(lo, hi)] = []
+                return []
+            ways = [] if self.recompute == "full" else [(c.m_f, min(c.t_f, c.fused_forward))]
+            if self.recompute != "none" and c.t_r is not None and c.m_fc is not None and c.t_fc is not None:
+                ways.append((c.m_fc, c.t_fc + min(c.t_r, c.t_rf if c.t_rf is not None else c.t_r)))
+            if self.recompute == "auto" and c.t_rs is not None and c.m_fs is not None and c.t_fs is not None:
+                ways.append((c.m_fs, c.t_fs + c.t_rs))
+            got = self.stage_ways[(lo, hi)] = [(keep, max(0.0, t - least)) for keep, t in ways]
+        return got
+
+    def area(self, pieces: list[tuple[int, int]], r: int, busy: float, room: float) -> float:
+        """The span's bound from the area its microbatches hold (see the module): the least T
+        with T >= busy + the extra time of the ways chosen and room x T >= the area they hold,
+        over every fractional choice of ways (a multiple-choice knapsack's LP relaxation, below
+        every whole choice); busy where nothing is held."""
+        if room <= 0:
+            return math.inf
+        extra = area = 0.0
+        steps: list[tuple[float, float]] = []  # (area saved per ms of extra, ms): every microbatch's hull steps
+        for (lo, hi), links in zip(pieces, self.links_after(r)):
+            got = self.piece_area(lo, hi, links)
+            if got is None:
+                return busy
+            extra += got[0]
+            area += got[1]
+            steps += got[2]
+        t = busy + extra
+        short = area - room * t  # area not yet covered by room x T
+        for rate, length in sorted(steps, reverse=True):
+            if short <= 0:
+                break
+            used = min(length, short / (room + rate))
+            t += used
+            short -= used * (room + rate)
+        if short > 0:
+            t += short / room
+        return t
+
+    def piece_area(self, lo: int, hi: int, links: int) -> tuple[float, float, list[tuple[float, float]]] | None:
+        """For m microbatches on the stage of units ``[lo, hi)`` with ``links`` links after it:
+        the extra time and area of the least-extra way, and the steps of the lower hull of the
+        others (area saved per ms, ms); None where nothing held counts (``ways``)."""
+        key = (lo, hi, links)
+        if key in self.areas:
+            return self.areas[key]
+        ways = self.ways(lo, hi)
+        out = None
+        if ways:
+            held = self.forward(hi, self.N) + self.backward(hi, self.N) + links * self.link
+            hull = _lower_hull([(x, keep * held) for keep, x in ways])
+            m = self.m
+            out = (m * hull[0][0], m * hull[0][1],
+                   [((a0 - a1) / (x1 - x0), m * (x1 - x0)) for (x0, a0), (x1, a1) in zip(hull, hull[1:])])
+        self.areas[key] = out
+        return out
+
+    def links_after(self, r: int) -> list[int]:
+        """Per stage of rank ``r`` (in model order), the links between ranks a microbatch crosses
+        after it, forward and back (the V's turn stays on one rank)."""
+        if self.placement == "one":
+            return [2 * (self.P - 1 - r)]
+        return [2 * (self.S - 2 - r), 2 * r]
 
     # ---- the least over cuts ------------------------------------------------------------
 
@@ -241,7 +352,7 @@ class RankBounds:
         """One stage per rank: stage by stage, the least largest bound of the stages so far for
         each place the current stage may end."""
         N, S = self.N, self.S
-        cap = self.cut_value(min_max_cut(self.w, S))
+        cap = min(self.cap, self.cut_value(min_max_cut(self.w, S)))
         best = {0: 0.0}
         for r in range(S):
             nxt: dict[int, float] = {}
@@ -251,7 +362,7 @@ class RankBounds:
                     if self.m * (self.pre_w[hi] - self.pre_w[lo]) > cap:
                         break  # busier still further on
                     fill = self.forward(lo, N) + self.backward(hi, N) + 2 * after * self.link
-                    v = max(so_far, self.start(lo, r) + self.rank([(lo, hi)], fill))
+                    v = max(so_far, self.start(lo, r) + self.rank([(lo, hi)], fill, r))
                     if v <= cap and v < nxt.get(hi, math.inf):
                         nxt[hi] = v
             best = nxt
@@ -261,7 +372,7 @@ class RankBounds:
         """The V: rank by rank from the outside in, the least largest bound of the ranks so far for
         each pair (where the rank's first piece ends, where its second starts)."""
         N, P = self.N, self.P
-        cap = self.cut_value(min_max_cut(self.w, self.S))
+        cap = min(self.cap, self.cut_value(min_max_cut(self.w, self.S)))
         best = {(0, N): 0.0}
         for r in range(P):
             inner = 2 * (P - 1 - r)  # pieces left between this rank's two
@@ -279,7 +390,7 @@ class RankBounds:
                         # the fill path: forward from the first piece to the last stage, backward to
                         # the second piece; every link crossed but the V's turn (on one rank)
                         fill = self.forward(a, N) + self.backward(d, N) + (2 * P - 2) * self.link
-                        v = max(so_far, self.start(a, r) + self.rank([(a, b), (c, d)], fill))
+                        v = max(so_far, self.start(a, r) + self.rank([(a, b), (c, d)], fill, r))
                         if v <= cap and v < nxt.get((b, c), math.inf):
                             nxt[(b, c)] = v
             best = nxt
@@ -306,7 +417,7 @@ class RankBounds:
                 fill = self.forward(ps[0][0], N) + self.backward(ps[0][1], N) + 2 * (P - 1 - r) * self.link
             else:
                 fill = self.forward(ps[0][0], N) + self.backward(ps[1][1], N) + (2 * P - 2) * self.link
-            out.append(self.rank(ps, fill))
+            out.append(self.rank(ps, fill, r))
         return out
 
     def cut_value(self, counts: tuple[int, ...]) -> float:
@@ -334,6 +445,21 @@ def _forward_room(ranks: RankBounds, pieces: list[tuple[int, int]], room: float)
         work += n * t
         room -= n * mem
     return work
+
+
+def _lower_hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The lower convex hull of (extra, area) points from the least extra, each next point
+    holding less area: where a fractional mix of ways can be (the others are no better)."""
+    pts = sorted(points)
+    hull: list[tuple[float, float]] = []
+    for x, a in pts:
+        if hull and a >= hull[-1][1]:
+            continue  # costs more, saves nothing
+        while len(hull) >= 2 and ((hull[-1][1] - hull[-2][1]) * (x - hull[-2][0])
+                                  >= (a - hull[-2][1]) * (hull[-1][0] - hull[-2][0])):
+            hull.pop()  # on or above the segment from the one before to this one
+        hull.append((x, a))
+    return hull
 
 
 def rank_pieces(counts: tuple[int, ...], placement: Placement) -> list[list[tuple[int, int]]]:

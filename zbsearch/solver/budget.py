@@ -11,8 +11,9 @@ kept back: ``keep_back`` moves the deadline earlier by what such a step has been
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
+
+from ..classic import deadline as clock
 
 __all__ = ["Shares", "Budget"]
 
@@ -31,6 +32,10 @@ class Shares:
             with the solver's own choice of recomputation.
         refine: the wait knobs of the grid's best policies are refined for at most this many
             times as long as the grid took.
+        late, late_s: how long past its deadline (this share of the limit, or these seconds
+            where more) a construction still builds and times candidates; after that it keeps
+            the first schedule it has (on thousands of passes one build and simulation takes a
+            large part of a second; on a few hundred, milliseconds, and each candidate counts).
         classics: the classic baselines are built by this share of the limit; one is started
             only while ``classic_sims`` simulations' time is left before the end's reserve.
         classic_sims: see ``classics``.
@@ -62,6 +67,8 @@ class Shares:
     grid: float = 2 / 3
     restricted: float = 1 / 3
     refine: float = 3.0
+    late: float = 0.25
+    late_s: float = 1.0
     classics: float = 1 / 3
     classic_sims: int = 5
     end_sims: int = 2
@@ -84,29 +91,29 @@ class Budget:
 
     limit: float
     shares: Shares = field(default_factory=Shares)
-    start: float = field(default_factory=time.monotonic)
+    start: float = field(default_factory=lambda: clock.now())
     kept: float = 0.0  # seconds kept back for the end
 
     @property
     def deadline(self) -> float:
-        """When the searches must stop (``time.monotonic()``)."""
+        """When the searches must stop (``self.now()``)."""
         return self.start + self.limit - self.kept
 
     def now(self) -> float:
-        """The clock every phase reads (monotonic seconds)."""
-        return time.monotonic()
+        """The clock every phase reads (monotonic seconds; the classic builders' too)."""
+        return clock.now()
 
     def elapsed(self) -> float:
         """Seconds since the solve started."""
-        return time.monotonic() - self.start
+        return self.now() - self.start
 
     def left(self) -> float:
         """Seconds until the deadline (0 once passed)."""
-        return max(0.0, self.deadline - time.monotonic())
+        return max(0.0, self.deadline - self.now())
 
     def expired(self) -> bool:
         """Whether the time limit has passed."""
-        return time.monotonic() >= self.deadline
+        return self.now() >= self.deadline
 
     def at(self, fraction: float) -> float:
         """The instant ``fraction`` of the limit after the start, no later than the deadline."""
@@ -114,7 +121,7 @@ class Budget:
 
     def share(self, fraction: float) -> float:
         """The instant ``fraction`` of the time left from now, before the deadline."""
-        now = time.monotonic()
+        now = self.now()
         return now + fraction * max(0.0, self.deadline - now)
 
     def keep_back(self, seconds: float) -> None:

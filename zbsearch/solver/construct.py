@@ -12,11 +12,11 @@ which fits every feasible limit.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 
 from ..actions import Action
 from ..classic import KINDS
+from ..classic import deadline as clock
 from ..errors import ZbError
 from ..layout import placement
 from ..simulator import Timeline
@@ -99,17 +99,22 @@ def construct(
     problem: Problem, deadline: float, hard: float, start=None, keep: int = 3, grid: float | None = None,
     report: Callable[[float], None] | None = None, target: float = float("-inf"),
     built: dict[str, tuple[list[list[Action]], Timeline | None]] | None = None, refine: float = 3.0,
+    late: float = 0.0, step: float = 0.0,
 ) -> tuple[str, list[list[Action]], Timeline, float, list[list[list[Action]]], bool]:
     """Best of the checkpointed classic orders (``checkpointed_candidates``, timed first: the
-    first always, the others within ``_CHECKPOINTED`` of the time to ``deadline``), the given
-    start, the list-scheduling grid (ordered most-promising first; ranked by their own timing,
-    only the best few simulated; the best ``_REFINED`` structures with their wait knobs
+    first before ``hard``, the others within ``_CHECKPOINTED`` of the time to ``deadline``), the
+    given start, the list-scheduling grid (ordered most-promising first; ranked by their own
+    timing, only the best few simulated; the best ``_REFINED`` structures with their wait knobs
     refined, within the grid's deadline), the classic schedules and the sequential one, as far
     as ``deadline`` allows: once it has passed, the first of these within the limit is kept
-    (the sequential schedule, last, always is: it needs the least memory of any schedule).
-    Until one list schedule is found the grid runs to ``hard`` (the solve's deadline less what
-    its end needs), where a list schedule still running is cut: then the first classic schedule
-    within the limit (built in milliseconds), or else the sequential one, is kept. ``grid``:
+    (besides the checkpointed ones); where the next build or simulation would end more than
+    ``late`` seconds after it (each taking as long as the longest so far, or ``step``), the
+    first schedule in hand is, and little more is built (of the classic orders not built
+    already only the one needing the least memory, the last: on thousands of passes each build
+    and simulation takes a large part of a second), then the sequential schedule, which needs
+    the least memory of any schedule. Until one list
+    schedule is found the grid runs to ``hard`` (the solve's deadline less what its end needs),
+    where a list schedule still running is cut. ``grid``:
     when the grid stops once one list schedule is found (default ``deadline``). ``report``
     hears each better list schedule's value by its own timing (never below its simulated
     value), as soon as it is built. The refinement stops once a list schedule reaches
@@ -125,28 +130,32 @@ def construct(
     timed: list[tuple[float, str, list[list[Action]], Timeline, str]] = []
     sim_s = 0.0
     cut = False
-    began = time.monotonic()
+    # the longest one build or simulation has taken (here, or ``step`` before): what the next may take
+    began = clock.now()
     until = began + _CHECKPOINTED * (deadline - began)
     for kind in checkpointed_candidates(problem):
-        if timed and time.monotonic() > until or time.monotonic() > hard:
+        if timed and clock.now() > until or clock.now() > hard:
             cut = True
             break
+        tick = clock.now()
         try:
             rows = _checkpointed(problem, kind, hard, built)
         except ZbError:
             continue
-        tick = time.monotonic()
+        finally:
+            step = max(step, clock.now() - tick)
+        tick = clock.now()
         value, tl = problem.evaluate(rows)
-        sim_s = max(sim_s, time.monotonic() - tick)
+        sim_s = max(sim_s, clock.now() - tick)
         if problem.fits(tl):
             if report is not None and all(value < v for v, *_ in timed):
                 report(value)
             timed.append((value, f"{kind}, checkpointed", rows, tl, "checkpointed"))
     found: list[tuple[float, str, list[list[Action]], Policy]] = []
-    began = time.monotonic()
+    began = clock.now()
     for policy in candidate_policies(problem):
         until = (deadline if grid is None else grid) if found else hard
-        if time.monotonic() > until:
+        if clock.now() > until:
             cut = True
             break
         out = list_schedule(problem, policy, until)
@@ -155,14 +164,14 @@ def construct(
                 report(out[1])
             found.append((out[1], policy.name, out[0], policy))
         else:  # stuck on memory, or still running at ``until``
-            cut |= time.monotonic() > until
+            cut |= clock.now() > until
     found.sort(key=lambda x: x[0])
     # The best few policies of distinct structure (depth, lag, fit), their wait knobs refined
     # over every value that changes the schedule: the grid samples them at a few points only.
     # Their schedules are candidates next to the grid's best, not instead of them: the grid's
     # are often better starts for the local search (their waits are less tightly phased).
     phase = (deadline if grid is None else grid) if found else hard
-    until = min(phase, time.monotonic() + refine * (time.monotonic() - began))
+    until = min(phase, clock.now() + refine * (clock.now() - began))
     refined: list[tuple[float, str, list[list[Action]]]] = []
     structures: set[tuple] = set()
     for value, _, _, policy in found:
@@ -170,12 +179,12 @@ def construct(
         so_far = min([found[0][0]] + [v for v, _, _ in refined])
         if len(structures) == _REFINED or shape in structures or so_far <= target:
             continue
-        if time.monotonic() > until:
+        if clock.now() > until:
             cut |= until == phase  # (its own share, ``refine``, is no share of the time limit)
             continue
         structures.add(shape)
         better = refine_waits(problem, policy, value, until, target)
-        cut |= until == phase and time.monotonic() > until  # its sweep of the knobs stops there
+        cut |= until == phase and clock.now() > until  # its sweep of the knobs stops there
         if better is not None:
             if report is not None and better[2] < so_far:
                 report(better[2])
@@ -192,21 +201,33 @@ def construct(
     for kind in classic_candidates(problem):
         cands.append(("classic", kind, functools.partial(_classic, problem, kind, deadline, built)))
     cands.append(("sequential", "sequential", lambda: sequential_schedule(problem)))
+    thrifty = classic_candidates(problem)[-1:]  # the classic order needing the least memory
     early = len(timed)
     for origin, name, build in cands:
-        if len(timed) > early and time.monotonic() > deadline:
+        now = clock.now()
+        step = max(step, sim_s)
+        if now + step > deadline + late and now > deadline and (
+                timed or origin == "classic" and name not in thrifty and (built is None or name not in built)):
+            cut = True  # past the deadline and the next step would end past ``late``: keep what is in hand
+            if timed:
+                break
+            continue
+        if now > deadline and len(timed) > early:
             cut = True
             break
+        tick = clock.now()
         try:
             rows = build()
         except ZbError:  # the kind does not apply here (e.g. DualPipeV below 2p microbatches)
             continue
-        cut |= origin == "classic" and time.monotonic() > deadline  # (ZB-V repeats its construction until then)
+        finally:
+            step = max(step, clock.now() - tick)
+        cut |= origin == "classic" and clock.now() > deadline  # (ZB-V repeats its construction until then)
         if not problem.fits_order(rows) or not problem.complete_recomputation(rows):
             continue  # over the limit (e.g. ZB-H2 at 1p), or not recomputing as asked: no need to time it
-        tick = time.monotonic()
+        tick = clock.now()
         value, tl = problem.evaluate(rows)
-        sim_s = max(sim_s, time.monotonic() - tick)
+        sim_s = max(sim_s, clock.now() - tick)
         if origin == "classic" and built is not None:
             built[name] = (rows, tl)
         if problem.fits(tl):

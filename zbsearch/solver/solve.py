@@ -232,8 +232,9 @@ class SolveRun:
         built: dict[str, tuple[list[list[Action]], Timeline | None]] = {}
         hard = b.deadline
         end = b.at(sh.construct) if self.milp else b.at(sh.grid)
+        late = max(sh.late * b.limit, sh.late_s)
         subs = [(self.search, self.problem)]
-        if self.problem.recompute == "auto":
+        if self.problem.recompute == "auto" and b.now() < end + late:  # (past it they would be skipped below)
             subs += [pair for mode in ("none", "full") if (pair := self._restricted(mode)) is not None]
         outs = []
         for k, (search, true) in enumerate(subs):
@@ -244,12 +245,16 @@ class SolveRun:
                 deadline = until if self.milp else now + (hard - now) * own
             else:  # each a list schedule within its share, else the classic or sequential ones
                 until = now + ((end if self.milp else hard) - now) / (len(subs) - k)
+                if now + self.sim_s >= until + late:  # only further candidates: none ending long past the time
+                    self.hit_limit = True
+                    break
                 last = deadline = until
             given = start if k == 0 else None  # (a start may recompute)
             # with engines to follow, the grid stops at the deadline (construct's default)
             name, rows, tl, sim_s, others, cut = construct(search, deadline, last, given, report=building,
                                                            target=self.target(), grid=None if self.milp else until,
-                                                           built=built, refine=sh.refine)
+                                                           built=built, refine=sh.refine, late=late,
+                                                           step=self.sim_s)
             self.hit_limit |= cut
             # timed on the true costs with every recomputation the solve allows
             value, tl = (true.value(tl), tl) if search is self.problem else self.problem.evaluate(rows)

@@ -4,10 +4,12 @@ schedule, and a proof, where there is one, that no cut of it fits the memory.
 The bound is the larger of two, each holding for every cut of the placement and every
 schedule, recomputing as the configuration allows:
 
-* the planner's relaxed bound on the longest rank's span (``relaxed_bound``: m times the least
-  busiest-rank compute over all cuts), plus what every rank adds after its last pass at least:
-  one stage's reduction (the least any unit's gradients take; a stage holds at least one) and
-  the optimizer step of at least one unit;
+* the planner's relaxed bound on the longest rank's span (``relaxed_bound``: the least over
+  every cut of the largest per-rank bound from the rank's work, the fill its forwards cannot
+  cover and the area its microbatches hold against what the rank's memory leaves them, the
+  plan's budget and static bytes counted as ``plan`` counts them), plus what every rank adds
+  after its last pass at least: one stage's reduction (the least any unit's gradients take; a
+  stage holds at least one) and the optimizer step of at least one unit;
 * the mean over ranks: each rank computes its units' m microbatches, reduces after its last
   pass and steps its parameters, so the longest rank takes at least m times all units' least
   compute plus every unit's optimizer step, over the pipeline ranks, plus the least reduction.
@@ -25,6 +27,8 @@ stages, or the ranks' static bytes together exceed what the ranks hold, no cut f
 
 from __future__ import annotations
 
+import math
+
 from ..formats.layers import LayerProfile
 from ..limits import allowance
 from ..planner.relaxation import relaxed_bound, unit_work
@@ -36,8 +40,11 @@ __all__ = ["config_bound", "cannot_fit"]
 
 
 def config_bound(layers: LayerProfile, mesh: Mesh, placement: str, m: int, recompute: str, cluster: Cluster,
-                 opt: OptimizerSetup) -> float:
-    """A lower bound (ms) on the iteration of every cut and schedule of this configuration."""
+                 opt: OptimizerSetup, cap: float = math.inf, deadline: float | None = None) -> float:
+    """A lower bound (ms) on the iteration of every cut and schedule of this configuration.
+    ``cap``: the bound is wanted only up to it (the best iteration known: a configuration whose
+    bound reaches it is pruned), which makes it faster; ``deadline`` (``time.monotonic()``):
+    past it the span's program falls back to the busiest rank's work."""
     reduce = min(unit_reductions(layers, mesh, cluster, opt))
     steps, tied = unit_steps(layers, mesh, cluster, opt)
     work = unit_work(layers, recompute)
@@ -45,8 +52,12 @@ def config_bound(layers: LayerProfile, mesh: Mesh, placement: str, m: int, recom
     if mesh.pp == 1:  # one stage: its whole reduction and step follow its last pass
         whole = full_profile(layers, (layers.num_units,), "one", mesh, cluster, opt).stages[0]
         return m * sum(work) + (whole.t_reduce or 0.0) + (whole.t_opt or 0.0)
-    span = relaxed_bound(layers, mesh.pp, "v" if placement == "v" else "one", m, recompute)
-    return max(mean, span + reduce + min(steps))
+    if mean >= cap:
+        return mean
+    after = reduce + min(steps)
+    span = relaxed_bound(opt.plan_view(layers, mesh.dp), mesh.pp, "v" if placement == "v" else "one", m, recompute,
+                         budget=cluster.memory_bytes, optimizer="sgd", deadline=deadline, cap=cap - after)
+    return max(mean, span + after)
 
 
 def cannot_fit(layers: LayerProfile, pieces: int, ranks: int, budget: float | None, opt: OptimizerSetup,

@@ -13,7 +13,8 @@ schedule may recompute, and what came of it. Status:
 
 ``lower_bound_ms`` holds over every configuration searched and every cut and schedule of each:
 the least of the best iteration and the bounds of the configurations that were not proven
-unable to beat it. Read and write with ``load_tune`` / ``save_tune``.
+unable to beat it. ``bound_before_planning_ms`` holds too, from what was known before any
+configuration was planned (what pruned them). Read and write with ``load_tune`` / ``save_tune``.
 """
 
 from __future__ import annotations
@@ -94,6 +95,12 @@ class TuneResult(BaseModel):
     best: int | None = Field(None, description="index of the winner in rows")
     lower_bound_ms: float | None = None
     gap: float | None = None
+    bound_before_planning_ms: float | None = Field(
+        None, description="the bound over every configuration searched from what is known before any is planned: the "
+                          "least of the configurations' bounds before planning (each up to the best baseline's "
+                          "iteration) and the best baseline's iteration")
+    gap_before_planning: float | None = Field(None, description="the winner's iteration over bound_before_planning_ms, "
+                                                                "less 1")
     left_out: list[str] = Field(default_factory=list, description="meshes and sizes not in the space, and why")
 
     @property

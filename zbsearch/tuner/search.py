@@ -2,10 +2,12 @@
 
 1. The space (``space``): pipeline degrees, microbatch sizes and counts for the global batch,
    placements and recomputation; the baselines beside it (``baselines``).
-2. Before planning anything, each configuration gets a bound over every cut and schedule
-   (``bounds.config_bound``), or a proof that none of its cuts fits the memory.
-3. The baselines are costed first (a share of the time limit): the best of them is the first
+2. The baselines are costed first (a share of the time limit): the best of them is the first
    incumbent.
+3. Before planning anything, each configuration gets a bound over every cut and schedule
+   within the memory (``bounds.config_bound``, only up to the incumbent, within a share of
+   the time), or a proof that none of its cuts fits the memory. The least of these and the
+   incumbent is the bound over the whole space before planning.
 4. The configurations are planned in the order of their bounds, each with a share of the time
    left (its plan's time limit), and costed; a configuration whose bound reaches the best
    iteration found is pruned: it cannot win. Each runs in a worker process that is stopped
@@ -19,6 +21,7 @@ the fastest of all, so it is never slower than a baseline costed.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,6 +49,8 @@ TuneProgress = Callable[[int, int, str], None]  # (configurations done, in all, 
 _BASELINES = 0.25
 _MIN_PLAN_S = 0.5
 _OVERRUN, _OVERRUN_S = 0.5, 2.0
+# share of the time left after the baselines for bounding every configuration before planning
+_BOUNDS = 0.2
 # the time limit less this share of it (at least _MARGIN_S) is when the search must end
 _MARGIN, _MARGIN_S = 0.02, 0.5
 
@@ -213,6 +218,7 @@ class _Search:
         self.winner_layers: LayerProfile | None = None
         self.worker: Worker | None = None
         self._layers: dict[tuple[int, float], LayerProfile] = {}
+        self.before: float | None = None  # the bound over the space before planning
 
     # ------------------------------------------------------------------ inputs per configuration
 
@@ -250,14 +256,24 @@ class _Search:
     def configurations(self, configs: list[Config]) -> None:
         """Plan the configurations in the order of their bounds, pruning by the best found."""
         bounded: list[tuple[float, Config]] = []
-        for c in configs:
+        until = min(self.clock.end, time.monotonic() + _BOUNDS * self.clock.left())
+        for i, c in enumerate(configs):
             self.tell(f"bounding {c}")
             layers = self.layers(c)
             why = cannot_fit(layers, c.stages, c.mesh.pp, self.cluster.memory_bytes, self.opt, c.mesh.dp)
             if why is not None:
                 self.add(c, None, "does not fit", note=why)
                 continue
-            bounded.append((config_bound(layers, c.mesh, c.placement, c.m, c.recompute, self.cluster, self.opt), c))
+            deadline = time.monotonic() + max(0.0, until - time.monotonic()) / (len(configs) - i)
+            bound = config_bound(layers, c.mesh, c.placement, c.m, c.recompute, self.cluster, self.opt, cap=self.best,
+                                 deadline=deadline)
+            if bound == math.inf:  # the relaxation found no cut that fits the memory
+                self.add(c, None, "does not fit", note="no cut's stages fit the memory with one microbatch's activations "
+                                                       "each")
+                continue
+            bounded.append((bound, c))
+        # before planning: every configuration searched is at least the least of these and the best baseline
+        self.before = min([self.best, *(b for b, _ in bounded)]) if bounded or self.best < math.inf else None
         bounded.sort(key=lambda bc: (bc[0], str(bc[1])))
         stopped: dict[str, tuple[int, float]] = {}  # per placement: the least stages x m whose plan ran past its share
         for i, (bound, c) in enumerate(bounded):
@@ -341,7 +357,7 @@ class _Search:
         rows = sorted(self.rows, key=lambda r: (order[r.status], r.iteration_ms if r.iteration_ms is not None else
                                                 (r.bound_ms if r.bound_ms is not None else float("inf"))))
         best = next((i for i, r in enumerate(rows) if r.status == "costed"), None)
-        lower = gap = None
+        lower = gap = before = before_gap = None
         if best is not None:
             value = rows[best].iteration_ms
             assert value is not None
@@ -349,6 +365,9 @@ class _Search:
             bounds = [r.bound_ms for r in rows if r.source == "tune" and r.bound_ms is not None]
             lower = min([value, *bounds])
             gap = value / lower - 1 if lower > 0 else 0.0
+            if self.before is not None:
+                before = min(self.before, value)
+                before_gap = value / before - 1 if before > 0 else 0.0
         step = ("not priced (no device memory bandwidth given)" if self.cluster.memory_gbs is None else
                 f"the optimizer's state streamed at {self.cluster.memory_gbs:g} GB/s")
         result = TuneResult(
@@ -357,7 +376,8 @@ class _Search:
             global_batch=self.global_batch, seq=self.seq, optimizer=self.opt.name, sharded=self.opt.sharded,
             shard=self.opt.fully_sharded,
             optimizer_step=step, time_limit_s=self.clock.limit, time_s=round(time.monotonic() - self.clock.start, 3),
-            sizes=sizes, recompute=list(modes), rows=rows, best=best, lower_bound_ms=lower, gap=gap, left_out=left_out,
+            sizes=sizes, recompute=list(modes), rows=rows, best=best, lower_bound_ms=lower, gap=gap,
+            bound_before_planning_ms=before, gap_before_planning=before_gap, left_out=left_out,
         )
         return Tuned(result, self.schedule if best is not None else None, self.winner_layers)
 
