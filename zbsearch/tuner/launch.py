@@ -8,7 +8,7 @@ Into an output folder:
 * ``launch.json`` (``zbsearch.launch``): the mesh sizes, microbatches, cut and the commands;
 * ``run.sh``: the ``torchrun`` command line for the example trainer that runs the profiled
   model (``examples/train_gpt.py`` for the built-in GPT, ``examples/train_hf.py`` for a
-  Hugging Face model), started on every node;
+  Hugging Face model), started on every node; its arguments go on to the trainer;
 * ``torchtitan/``: ``schedule.csv`` and ``args.txt``, torchtitan's overrides for the plan and
   its mesh (``zbsearch.planner.torchtitan``), where torchtitan can express it;
 * ``baselines/NAME/``: ``schedule.json``, ``launch.json`` and ``run.sh`` of the best
@@ -174,7 +174,7 @@ def _write_run(folder: Path, result: TuneResult, schedule: Schedule, layers: Lay
     written.append(write_model(launch, folder / "launch.json"))
     what = "the configuration zbsearch tune chose" if row is None else f"the best {row.source} configuration"
     lines = ["#!/bin/sh", f"# {what}; run from a zbsearch checkout, on every node", *(
-        f"# {n}" for n in launch.notes), *launch.commands]
+        f"# {n}" for n in launch.notes), *(f'{c} "$@"' for c in launch.commands)]
     written.append(write_text(folder / "run.sh", "\n".join(lines) + "\n"))
     if launch.torchtitan_args is not None:
         exported = torchtitan_export(schedule, str((folder / "torchtitan" / "schedule.csv").resolve()))
