@@ -1,5 +1,6 @@
-"""The command lines ``zbsearch tune -o`` writes start the example trainer and finish steps:
-the winner's and each baseline's, on a pipeline x data-parallel mesh of 4 local processes."""
+"""The ``run.sh`` files ``zbsearch tune -o`` writes start the example trainer and finish steps
+on a pipeline x data-parallel mesh of 4 local processes; each baseline's files beside the
+winner's hold its configuration as costed."""
 
 from __future__ import annotations
 
@@ -50,13 +51,15 @@ def _mesh_launch(out: Path) -> tuple[Path, Launch]:
     raise AssertionError("tune wrote no pipeline x data-parallel configuration for 4 ranks")
 
 
-def _run(command: str, *extra: str) -> list[float]:
-    """Run a written command line from the checkout; the losses its steps printed."""
+def _run(folder: Path, command: str, *extra: str) -> list[float]:
+    """Run a written ``run.sh`` from the checkout, ``extra`` passed on to the trainer; the losses
+    its steps printed."""
     args = shlex.split(command)
     assert args[:3] == ["torchrun", "--nproc-per-node", "4"] and args[3] == "examples/train_gpt.py"
-    args = [sys.executable, "-m", "torch.distributed.run", *args[1:], *extra]
-    r = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=600,
-                       env={**os.environ, "OMP_NUM_THREADS": "1",
+    assert f'{command} "$@"' in (folder / "run.sh").read_text().splitlines()
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])  # this Python's torchrun
+    r = subprocess.run(["sh", str(folder / "run.sh"), *extra], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PATH": path,
                             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     assert r.returncode == 0, r.stderr[-3000:]
     return [float(line.split()[3]) for line in r.stdout.splitlines() if line.startswith("step ")]
@@ -78,15 +81,19 @@ def test_tune_writes_a_baselines_launch_beside_the_winners_and_it_runs(tmp_path,
             row.pp, row.dp, row.microbatch_size, row.microbatches)
         assert sched.num_ranks == row.pp and sched.num_microbatches == row.microbatches
         assert f"--layers-per-stage {','.join(map(str, row.layers_per_stage))}" in launch.commands[0]
-        assert launch.commands[0] in (folder / "run.sh").read_text()
+        if name.startswith("torchtitan"):  # torchtitan's own default at the mesh, to run it there
+            args = (folder / "torchtitan" / "args.txt").read_text().split()
+            assert args[args.index("--parallelism.pipeline_parallel_degree") + 1] == str(row.pp)
+            assert args[args.index("--parallelism.data_parallel_replicate_degree") + 1] == str(row.dp)
+            assert args[args.index("--training.local_batch_size") + 1] == str(row.microbatch_size * row.microbatches)
     folder, launch = _mesh_launch(out)
-    losses = _run(launch.commands[0], "--steps", "1")
+    losses = _run(folder, launch.commands[0], "--steps", "1")
     assert len(losses) == 1 and losses[0] > 0  # replica 0's last stage printed its step
 
 
 @pytest.mark.slow  # torchrun starts 4 more processes
 def test_a_written_launch_runs_emulated(tmp_path, capsys):
     out = _tuned(tmp_path, capsys)
-    _, launch = _mesh_launch(out)
-    losses = _run(launch.commands[0], "--steps", "2", "--emulate")
+    folder, launch = _mesh_launch(out)
+    losses = _run(folder, launch.commands[0], "--steps", "2", "--emulate")
     assert len(losses) == 2

@@ -10,7 +10,8 @@ Into an output folder:
   model (``examples/train_gpt.py`` for the built-in GPT, ``examples/train_hf.py`` for a
   Hugging Face model), started on every node; its arguments go on to the trainer;
 * ``torchtitan/``: ``schedule.csv`` and ``args.txt``, torchtitan's overrides for the plan and
-  its mesh (``zbsearch.planner.torchtitan``), where torchtitan can express it;
+  its mesh (``zbsearch.planner.torchtitan``), where torchtitan can express it; for a
+  torchtitan baseline, ``args.txt`` alone: torchtitan's own schedule and cut at its mesh;
 * ``baselines/NAME/``: ``schedule.json``, ``launch.json`` and ``run.sh`` of the best
   configuration of each baseline costed (``torchtitan-1f1b``, ``megatron-interleaved``...), its
   cut given to the trainer (``--layers-per-stage``): run it beside the winner to measure the
@@ -35,6 +36,9 @@ from .result import ConfigRow, TuneResult
 
 if TYPE_CHECKING:
     from .search import Runnable
+
+# torchtitan's baselines: its schedule's name (``parallelism.pipeline_parallel_schedule``)
+_TORCHTITAN = {"torchtitan 1F1B": "1F1B", "torchtitan interleaved": "Interleaved1F1B"}
 
 __all__ = ["Launch", "launch_of", "write_launch", "check_folder", "baseline_folder"]
 
@@ -116,15 +120,20 @@ def launch_of(result: TuneResult, schedule: Schedule, layers: LayerProfile, fold
         notes.append("the example trainers step a replicated optimizer: wrap it in torch's ZeroRedundancyOptimizer "
                      "(docs/mesh.md) to hold the memory costed")
     titan: list[str] | None = None
-    if schedule.partition is None:
+    replicate, shard = (1, row.dp) if result.shard else (row.dp, 1)
+    mesh = ["--parallelism.data_parallel_replicate_degree", str(replicate), "--parallelism.data_parallel_shard_degree",
+            str(shard), "--parallelism.tensor_parallel_degree", str(row.tp)]
+    if row.source in _TORCHTITAN:  # torchtitan's own default at this mesh: its cut, its schedule
+        titan = ["--parallelism.pipeline_parallel_degree", str(row.pp), "--parallelism.pipeline_parallel_schedule",
+                 _TORCHTITAN[row.source], "--parallelism.pipeline_parallel_microbatch_size", str(row.microbatch_size),
+                 "--training.local_batch_size", str(row.microbatch_size * row.microbatches), *mesh,
+                 "--activation_checkpoint.mode", "full" if row.recompute == "full" else "none"]
+    elif schedule.partition is None:
         notes.append("torchtitan: the schedule has no planned cut of the model's units to export")
     else:
         try:
             exported = torchtitan_export(schedule, str((folder / "torchtitan" / "schedule.csv").resolve()))
-            replicate, shard = (1, row.dp) if result.shard else (row.dp, 1)
-            titan = [*exported.args, "--parallelism.data_parallel_replicate_degree", str(replicate),
-                     "--parallelism.data_parallel_shard_degree", str(shard), "--parallelism.tensor_parallel_degree",
-                     str(row.tp)]
+            titan = [*exported.args, *mesh]
             if result.sharded:
                 notes.append("torchtitan shards with FSDP, not the optimizer state alone: its memory and reductions "
                              "differ from what was costed")
@@ -177,7 +186,8 @@ def _write_run(folder: Path, result: TuneResult, schedule: Schedule, layers: Lay
         f"# {n}" for n in launch.notes), *(f'{c} "$@"' for c in launch.commands)]
     written.append(write_text(folder / "run.sh", "\n".join(lines) + "\n"))
     if launch.torchtitan_args is not None:
-        exported = torchtitan_export(schedule, str((folder / "torchtitan" / "schedule.csv").resolve()))
-        written.append(write_text(folder / "torchtitan" / "schedule.csv", exported.csv))
+        if schedule.partition is not None:
+            exported = torchtitan_export(schedule, str((folder / "torchtitan" / "schedule.csv").resolve()))
+            written.append(write_text(folder / "torchtitan" / "schedule.csv", exported.csv))
         written.append(write_text(folder / "torchtitan" / "args.txt", shlex.join(launch.torchtitan_args) + "\n"))
     return written
