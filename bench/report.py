@@ -1299,6 +1299,10 @@ def tune_run(docs: list[dict]) -> list[str]:
            f"{doc['steps']} steps, the table's the median over the rounds. *work bound*: the CPU work of every process in "
            f"one step (passes and optimizer steps, as profiled) over the {cores} cores, or the prediction where larger: "
            "what the step takes where the processes wait for cores rather than for each other.", ""]
+    if "profiles" in doc:
+        out += ["Profiles, per microbatch size: " + "; ".join(
+            f"b={p['b']}: {p['per_sequence_ms']:.1f} ms of F + B + W per sequence, {p['s']:.0f} s, load {p['load']:.1f} "
+            "after" for p in doc["profiles"]) + ".", ""]
     for res in doc["results"]:
         loads = res["loads"]
         out += [f"## {res['ranks']} processes", "",

@@ -58,16 +58,22 @@ def _zb(*args: str, cwd: Path) -> str:
     return r.stdout
 
 
-def profile(args, tmp: Path) -> list[Path]:
-    """Per-layer profiles of the model at each microbatch size."""
-    paths = []
+def profile(args, tmp: Path) -> tuple[list[Path], list[dict]]:
+    """Per-layer profiles of the model at each microbatch size, and per size what it took, the
+    load after it, and the compute per sequence it measured (F + B + W of every unit over b): a
+    load that changed between sizes shows as a per-sequence cost that jumps with the size."""
+    paths, took = [], []
     for b in SIZES:
         path = tmp / f"gpt-b{b}.json"
+        t0 = time.monotonic()
         _zb("profile", "--builtin", "gpt", "--layers", str(args.layers), "--hidden", str(args.hidden), "--heads",
             str(args.heads), "--seq", str(args.seq), "-b", str(b), "--per-layer",
             "--threads", "1", "--repeat", str(args.repeat), "--rounds", "2", "-o", str(path), cwd=tmp)
         paths.append(path)
-    return paths
+        units = json.loads(path.read_text())["units"]
+        took.append({"b": b, "s": time.monotonic() - t0, "load": os.getloadavg()[0],
+                     "per_sequence_ms": sum(u["t_f"] + u["t_b"] + u["t_w"] for u in units) / b})
+    return paths, took
 
 
 def optimizer_gbs(model: dict) -> dict:
@@ -201,7 +207,7 @@ def main() -> None:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        paths = profile(args, tmp)
+        paths, sizes = profile(args, tmp)
         profiled_s = time.monotonic() - t0
         first = json.loads(paths[0].read_text())
         link, model = first["link"], {k: v for k, v in first["model"].items() if k != "identity"}
@@ -214,7 +220,7 @@ def main() -> None:
     doc = {"model": model,
            "sizes": list(SIZES), "global_batch": args.global_batch, "tune_time_s": args.tune_time,
            "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "repeat": args.repeat,
-           "target": TARGET, "default": DEFAULT, "link": link, "optimizer": opt, "units_b4": units,
+           "target": TARGET, "default": DEFAULT, "link": link, "optimizer": opt, "units_b4": units, "profiles": sizes,
            "profile_s": profiled_s, "load_before": load_before, "total_s": time.monotonic() - t0, "results": results}
     save(doc, path=args.output)
 
