@@ -1310,8 +1310,11 @@ def tune_run(docs: list[dict]) -> list[str]:
                 f"{res['tune']['lower_bound_ms']:.4g} ms (gap {_pct(res['tune']['gap'], 2)}). Load average during the runs "
                 f"{min(loads):.1f} to {max(loads):.1f} on {cores} cores.", ""]
         rows = []
+        shape = {n: (r["pp"], r["dp"], r["b"], r["m"], r["placement"], r["schedule"]) for n, r in res["runs"].items()}
+        same = [n for n in shape if n != "tuned" and shape[n] == shape["tuned"]]
         for name, r in res["runs"].items():
-            rows.append([name, f"pp{r['pp']} dp{r['dp']} b{r['b']} m{r['m']} {r['placement']}", r["schedule"] or "-",
+            label = f"tuned (= {same[0]})" if name == "tuned" and same else name
+            rows.append([label, f"pp{r['pp']} dp{r['dp']} b{r['b']} m{r['m']} {r['placement']}", r["schedule"] or "-",
                          ",".join(map(str, r["layers_per_stage"] or [])), f"{r['predicted_ms']:.1f}",
                          f"{r['emulated_ms']:.1f}", f"{r['real_ms']:.1f}", f"{r['work_bound_ms']:.1f}"])
         out += _table(["run", "configuration", "schedule", "layers per stage", "predicted (ms)", "emulated (ms)",
