@@ -1311,6 +1311,67 @@ def tune(docs: list[dict]) -> list[str]:
     return out
 
 
+def tune_run(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    md, opt, link = doc["model"], doc["optimizer"], doc["link"]
+    cores = doc["machine"]["cores"]
+    out = [f"The built-in GPT ({md['layers']} layers, hidden {md['hidden']}, {md['heads']} heads, sequences of "
+           f"{md['seq']}, vocabulary {md['vocab']}), profiled per layer at microbatch sizes "
+           f"{', '.join(map(str, doc['sizes']))} ({doc['profile_s']:.0f} s), global batch {doc['global_batch']}, AdamW. "
+           f"Links: the profile's estimate between local processes, {link['bandwidth_gb_s']:.3g} GB/s and "
+           f"{link['latency_ms']:.3g} ms, for pipeline messages and reductions alike. AdamW's step over the whole model "
+           f"({opt['param_bytes'] / 1e6:.2f} MB of parameters) took {opt['step_ms']:.2f} ms at one thread: "
+           f"{opt['memory_gbs']:.3g} GB/s for the bytes the tuner streams, given to `tune` as `--memory-gbs`.", "",
+           f"Each configuration runs the command line `tune -o` wrote for it (the winner's `launch.json`, the baselines' "
+           f"`baselines/NAME/launch.json`) with `--steps {doc['warmup'] + doc['steps']}`, real and with `--emulate`, "
+           f"{doc['rounds']} rounds, the order turned each round; a run's figure is the median of its last "
+           f"{doc['steps']} steps, the table's the median over the rounds. *work bound*: the CPU work of every process in "
+           f"one step (passes and optimizer steps, as profiled) over the {cores} cores, or the prediction where larger: "
+           "what the step takes where the processes wait for cores rather than for each other.", ""]
+    if "profiles" in doc:
+        out += ["Profiles, per microbatch size: " + "; ".join(
+            f"b={p['b']}: {p['per_sequence_ms']:.1f} ms of F + B + W per sequence, {p['s']:.0f} s, load {p['load']:.1f} "
+            "after" for p in doc["profiles"]) + ".", ""]
+    for res in doc["results"]:
+        loads = res["loads"]
+        out += [f"## {res['ranks']} processes", "",
+                f"`tune` took {res['tune']['time_s']:.1f} s; bound over every configuration "
+                f"{res['tune']['lower_bound_ms']:.4g} ms (gap {_pct(res['tune']['gap'], 2)}). Load average during the runs "
+                f"{min(loads):.1f} to {max(loads):.1f} on {cores} cores.", ""]
+        rows = []
+        shape = {n: (r["pp"], r["dp"], r["b"], r["m"], r["placement"], r["schedule"]) for n, r in res["runs"].items()}
+        same = [n for n in shape if n != "tuned" and shape[n] == shape["tuned"]]
+        for name, r in res["runs"].items():
+            label = f"tuned (= {same[0]})" if name == "tuned" and same else name
+            rows.append([label, f"pp{r['pp']} dp{r['dp']} b{r['b']} m{r['m']} {r['placement']}", r["schedule"] or "-",
+                         ",".join(map(str, r["layers_per_stage"] or [])), f"{r['predicted_ms']:.1f}",
+                         f"{r['emulated_ms']:.1f}", f"{r['real_ms']:.1f}", f"{r['work_bound_ms']:.1f}"])
+        out += _table(["run", "configuration", "schedule", "layers per stage", "predicted (ms)", "emulated (ms)",
+                       "real (ms)", "work bound (ms)"], rows)
+        rows = []
+        for name, r in res["runs"].items():
+            if name == "tuned":
+                continue
+            sp = r["speedup"]
+            rows.append([f"tuned over {name}", f"{sp['predicted']:.3f}x",
+                         f"{sp['emulated']:.3f}x ({_pct(sp['emulated'] / sp['predicted'] - 1, 1)})",
+                         f"{sp['real']:.3f}x ({_pct(sp['real'] / sp['predicted'] - 1, 1)})", f"{sp['work_bound']:.3f}x",
+                         ", ".join(f"{x:.3f}" for x in sp["per_round"]["emulated"]),
+                         ", ".join(f"{x:.3f}" for x in sp["per_round"]["real"])])
+        out += _table(["speed-up", "predicted", "emulated", "real", "work bound", "emulated per round", "real per round"],
+                      rows)
+        sp = res["runs"][doc["default"]]["speedup"]
+        err = {k: sp[k] / sp["predicted"] - 1 for k in ("emulated", "real")}
+        out += [f"- Over the torchtitan-style default ({doc['default']}), target within {doc['target']:.0%} of the "
+                f"predicted speed-up: emulated passes {_pct(err['emulated'], 1)} "
+                f"({'met' if abs(err['emulated']) <= doc['target'] else 'not met'}), real passes {_pct(err['real'], 1)} "
+                f"({'met' if abs(err['real']) <= doc['target'] else 'not met'}).",
+                f"- {res['ranks']} processes on {cores} cores, load average up to {max(loads):.1f}: "
+                + ("the real passes wait for cores; the work bound predicts their speed-up as "
+                   f"{sp['work_bound']:.3f}x." if max(loads) > cores or res["ranks"] > cores else "a core per process."), ""]
+    return out
+
+
 def moe(docs: list[dict]) -> list[str]:
     doc = docs[0]
     st = doc["stage"]
@@ -1412,6 +1473,10 @@ TOPICS = {
                   "PYTHONPATH=. python bench/tune.py --plan-time 1 --case-time 120",
                   lambda d: f"{sum(d[k].get('section_s', 0) for k in ('exact', 'baselines', 'time', 'real') if k in d) / 60:.0f}"
                             " minutes", tune),
+    "tune-run": Topic("Tune's choice run on local processes against torchtitan's default", ("tune_run.json",),
+                      lambda d: f"PYTHONPATH=. python bench/tune_run.py --ranks {','.join(str(r['ranks']) for r in d['results'])}"
+                                f" --rounds {d['rounds']} --steps {d['steps']} --warmup {d['warmup']}",
+                      lambda d: f"{d.get('total_s', 0) / 60:.0f} minutes", tune_run),
     "moe": Topic("Overlapped pairs on MoE profiles: solved against DualPipeV", ("moe.json",),
                  lambda d: f"PYTHONPATH=. python bench/moe.py --time-limit {d['time_limit_s']:g}",
                  lambda d: f"{d.get('wall_s', 0) / 60:.0f} minutes", moe),

@@ -11,11 +11,8 @@ Sections (``--only`` runs some; each is saved into bench/results/tune.json as it
   of torchtitan's and Megatron-LM's defaults, costed the same way; the speed-up distribution.
 * ``time``: 80 layers (70B), 64 ranks, 3 microbatch sizes, the ``zbsearch tune`` command
   timed from the outside at several time limits: what it chose by then.
-* ``real``: the built-in GPT on CPU, 4 local processes: per-layer profiles at microbatch sizes
-  1, 2 and 4 (one thread, as each rank runs), ``zbsearch tune`` for 4 ranks on one node (its
-  links the profile's estimate between local processes), and ``examples/train_gpt.py`` under
-  torchrun running the winner and the best torchtitan-style default in turns: the measured
-  speed-up (median step times) against the predicted one.
+
+The real runs of tune's choice on local processes are ``bench/tune_run.py``'s.
 
 The generated profiles (``zbsearch.planner.llama_layers``) run a rank at a rate that grows with
 the tokens of a microbatch, ``tflops x tokens / (tokens + 512)``, as accelerators fill better
@@ -204,81 +201,6 @@ def time_target(args) -> dict:
     return {"model": "70b-128k", "ranks": 64, "global_batch": 1024, "rows": rows}
 
 
-def _steps(text: str) -> list[float]:
-    """The step times (ms) train_gpt.py printed."""
-    return [float(line.split()[-2]) for line in text.splitlines() if line.startswith("step ")]
-
-
-def real(args) -> dict:
-    """A tuned configuration against torchtitan's default, run by examples/train_gpt.py."""
-    from zbsearch.formats.layers import load_layers
-    from zbsearch.formats.schedule import save_schedule
-    from zbsearch.tuner import Mesh
-    from zbsearch.tuner.space import Config
-
-    gpt = dict(layers=args.real_layers, hidden=args.real_hidden, heads=4, seq=args.real_seq, vocab=512)
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        paths = []
-        for b in SIZES:
-            path = tmp / f"gpt-b{b}.json"
-            subprocess.run([sys.executable, "-m", "zbsearch", "profile", "--builtin", "gpt", "--layers", str(gpt["layers"]),
-                            "--hidden", str(gpt["hidden"]), "--heads", "4", "--seq", str(gpt["seq"]), "-b", str(b),
-                            "--per-layer", "--threads", "1", "--repeat", "10", "--rounds", "2", "-o", str(path)],
-                           check=True, capture_output=True, cwd=tmp, env=ENV)
-            paths.append(path)
-        profs = [load_layers(p) for p in paths]
-        link = profs[0].link
-        cl = Cluster(ranks=4, ranks_per_node=4, memory_bytes=None, intra_node_gbs=link.bandwidth_gb_s,
-                     inter_node_gbs=link.bandwidth_gb_s, link_latency_ms=link.latency_ms)
-        tuned = tune(profs, cl, args.real_batch, optimizer="adamw", time_limit=args.real_time)
-        res, win = tuned.result, tuned.result.winner
-        assert win is not None and tuned.schedule is not None
-        titan = min((r for r in res.rows if r.source == "torchtitan 1F1B" and r.iteration_ms), key=lambda r: r.iteration_ms)
-        # the default's schedule, costed again as tune costed it
-        sized = SizedLayers(profs)
-        c = Config(Mesh(titan.pp, titan.dp, 1), titan.microbatch_size, titan.microbatches, "one", "full where needed",
-                   "1f1b", titan.source, tuple(titan.units_per_stage))
-        ev = evaluate(Task(c, on_cluster(sized.at(c.b), c.mesh, cl), cl, OptimizerSetup("adamw"), 1.0, 0.0))
-        assert ev.schedule is not None and abs(ev.costed.iteration - titan.iteration_ms) < 1e-6 * titan.iteration_ms
-        from zbsearch.prediction import timeline
-
-        # the compute of every rank together: what the steps take where the ranks share fewer cores than they are
-        busy = {"tuned": sum(timeline(tuned.schedule).busy) * win.dp, "torchtitan": sum(timeline(ev.schedule).busy) * titan.dp}
-        save_schedule(tuned.schedule, tmp / "tuned.json")
-        save_schedule(ev.schedule, tmp / "titan.json")
-        runs = {"tuned": (tmp / "tuned.json", win, None), "torchtitan": (tmp / "titan.json", titan, titan.layers_per_stage)}
-        measured: dict[str, list[float]] = {k: [] for k in runs}
-        for rnd in range(args.real_rounds):
-            for name, (sched, row, cut) in runs.items():
-                cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-                       str(ROOT / "examples" / "train_gpt.py"), str(sched), "--dp", str(row.dp), "-b",
-                       str(row.microbatch_size), "--steps", str(args.real_steps),
-                       *[x for k, v in gpt.items() for x in (f"--{k}", str(v))],
-                       *(["--layers-per-stage", ",".join(map(str, cut))] if cut else [])]
-                r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp,
-                                   env={**ENV, "OMP_NUM_THREADS": "1"})
-                if r.returncode:
-                    raise SystemExit(r.stderr[-3000:])
-                steps = _steps(r.stdout)[args.real_warmup:]
-                measured[name].append(statistics.median(steps))
-                print(f"real round {rnd} {name}: median step {measured[name][-1]:.1f} ms", flush=True)
-        med = {k: statistics.median(v) for k, v in measured.items()}
-        predicted = titan.iteration_ms / win.iteration_ms
-        got = med["torchtitan"] / med["tuned"]
-        print(f"real: predicted speed-up {predicted:.3f}, measured {got:.3f}", flush=True)
-        return {"model": gpt, "sizes": list(SIZES), "global_batch": args.real_batch, "link": link.model_dump(),
-                "tuned": {"pp": win.pp, "dp": win.dp, "b": win.microbatch_size, "m": win.microbatches,
-                          "placement": win.placement, "layers_per_stage": win.layers_per_stage,
-                          "predicted_ms": win.iteration_ms, "measured_ms": measured["tuned"]},
-                "torchtitan": {"pp": titan.pp, "dp": titan.dp, "b": titan.microbatch_size, "m": titan.microbatches,
-                               "layers_per_stage": titan.layers_per_stage, "recompute": titan.recompute,
-                               "predicted_ms": titan.iteration_ms, "measured_ms": measured["torchtitan"]},
-                "predicted_speedup": predicted, "measured_speedup": got, "error": got / predicted - 1,
-                "busy_ms": busy, "work_speedup": busy["torchtitan"] / busy["tuned"], "cores": os.cpu_count(),
-                "steps": args.real_steps, "warmup": args.real_warmup, "rounds": args.real_rounds}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="exact,baselines,time")
@@ -286,18 +208,10 @@ def main() -> None:
     ap.add_argument("--case-time", type=float, default=120.0, help="baselines: tune's time limit per case")
     ap.add_argument("--cases", type=int, default=0, help="baselines: the first N cases only")
     ap.add_argument("--limits", type=float, nargs="+", default=[60.0, 300.0], help="time: tune's time limits")
-    ap.add_argument("--real-layers", type=int, default=8)
-    ap.add_argument("--real-hidden", type=int, default=128)
-    ap.add_argument("--real-seq", type=int, default=64)
-    ap.add_argument("--real-batch", type=int, default=32, help="real: the global batch (sequences)")
-    ap.add_argument("--real-time", type=float, default=60.0, help="real: tune's time limit")
-    ap.add_argument("--real-steps", type=int, default=25)
-    ap.add_argument("--real-warmup", type=int, default=5)
-    ap.add_argument("--real-rounds", type=int, default=3)
     args = ap.parse_args()
     for name in args.only.split(","):
         t0 = time.monotonic()
-        got = {"exact": exact, "baselines": baselines, "time": time_target, "real": real}[name](args)
+        got = {"exact": exact, "baselines": baselines, "time": time_target}[name](args)
         got["section_s"] = time.monotonic() - t0
         got["load_average"] = os.getloadavg()
         _store(name, got)

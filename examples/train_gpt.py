@@ -17,6 +17,14 @@ processes = ranks x dp x tp:
     torchrun --nproc-per-node 8 examples/train_gpt.py zbh1.json --dp 2 --tp 2 --check
     torchrun --nproc-per-node 8 examples/train_gpt.py zbh1.json --dp 2 --shard --tp 2 --check
 
+``--emulate`` runs the same mesh and schedule with stages that sleep the schedule's profiled
+times instead of computing (``zbsearch.runtime.emulation``): the messages between stages have
+the real activations' size and the gradient reductions the real stages' bytes, and the optimizer
+step sleeps the profile's ``t_opt``. It measures what the schedule and the mesh take apart from
+the compute, e.g. on a machine with fewer cores than processes, where real passes wait for a core:
+
+    torchrun --nproc-per-node 4 examples/train_gpt.py tuned/schedule.json --dp 2 --steps 20 --emulate
+
 gloo on CPU by default, NCCL when CUDA is present (one GPU per rank). Every rank builds the
 same model from one seed and keeps only the stages the schedule places on it; each replica
 takes its share of every global batch, and the runtime reduces each stage's gradients across
@@ -42,7 +50,7 @@ from zbsearch.formats.trace import save_trace
 from zbsearch.models import GPTConfig, gpt_batch, gpt_loss, gpt_stages
 from zbsearch.models.sharding import shard_stage
 from zbsearch.models.tensor_parallel import full_tensor, parallelize_stage
-from zbsearch.runtime import PipelineRuntime
+from zbsearch.runtime import PipelineRuntime, emulated_loss, emulated_stages
 
 
 def main() -> None:
@@ -64,10 +72,14 @@ def main() -> None:
     ap.add_argument("--shard", action="store_true", help="shard each stage over the --dp ranks (fully_shard)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (processes = ranks x dp x tp)")
     ap.add_argument("--check", action="store_true", help="compare every step's gradients with one process on the global batch")
+    ap.add_argument("--emulate", action="store_true",
+                    help="stages sleep the schedule's profiled times instead of computing; messages and reductions real")
     args = ap.parse_args()
     for name in ("steps", "dp", "tp", "microbatch_size", "heads", "seq", "vocab"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.emulate and (args.check or args.tp > 1 or args.shard):
+        ap.error("--emulate runs whole, replicated stages that compute nothing: not with --check, --tp or --shard")
 
     stage_layers(zb.load_schedule(args.schedule), args.layers_per_stage)  # a cut that does not fit: before any process
     run_under_torchrun(lambda device: run(args, device))
@@ -86,6 +98,9 @@ def run(args, device: torch.device) -> None:
     cfg.check()
     whole = gpt_stages(cfg)
     stages = {s: st.to(device) for s, st in enumerate(whole) if sched.stage_to_rank[s] == rank}
+    if args.emulate:
+        emulate(args, sched, stages, mesh, data, device)
+        return
     if args.tp > 1:  # each layer's heads and MLP columns split over the stage's tensor-parallel ranks
         stages = {s: parallelize_stage(st, mesh["tp"]) for s, st in stages.items()}
     if args.shard:  # each layer, then the stage, sharded over the data-parallel ranks
@@ -115,6 +130,28 @@ def run(args, device: torch.device) -> None:
     if trace is not None and args.trace is not None:
         save_trace(trace, args.trace)
         print(f"wrote {args.trace}", flush=True)
+    runtime.close()
+
+
+def emulate(args, sched, stages, mesh, data: str, device: torch.device) -> None:
+    """``--emulate``: the steps with each stage sleeping its profiled passes (see the module)."""
+    m, S = sched.num_microbatches, sched.num_stages
+    stages = {  # each holding its real stage's gradient bytes, for the reductions
+        s: emulated_stages(sched.profile, sched.stage_to_rank, bytes_per_unit=1.0, width=args.hidden,
+                           grad_bytes=sum(p.numel() * p.element_size() for p in st.parameters()))[s].to(device)
+        for s, st in stages.items()}
+    step_s = sum(sched.profile.stages[s].t_opt or 0.0 for s in stages) / 1e3  # this rank's optimizer steps
+    rows = m * args.microbatch_size  # one replica's share, activations of the real size
+    inputs = torch.zeros(rows, args.seq, args.hidden, device=device)
+    runtime = PipelineRuntime(sched, stages, emulated_loss, device=device, timeout=args.timeout, mesh=mesh)
+    replica = mesh[data].get_local_rank()
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        losses = runtime.step(inputs if 0 in stages else None, inputs if S - 1 in stages else None)
+        time.sleep(step_s)
+        if losses is not None and replica == 0:
+            print(f"step {step:3d}  loss {losses.mean().item():.4f}  {1e3 * (time.perf_counter() - t0):7.1f} ms",
+                  flush=True)
     runtime.close()
 
 

@@ -817,7 +817,7 @@ def tune(
                        progress=lambda done, total, text: bar.update(task, completed=done, total=total, description=text))
     res = tuned.result
     if folder is not None:
-        for path in write_launch(folder, res, tuned.schedule, tuned.layers):
+        for path in write_launch(folder, res, tuned.schedule, tuned.layers, tuned.baselines):
             err.print(f"wrote {path}", highlight=False, soft_wrap=True)
     if as_json:
         out.print_json(res.model_dump_json())

@@ -19,8 +19,8 @@ Torch-free, like the planner it calls.
 from .cluster import Cluster, Mesh
 from .optimizer import OptimizerSetup
 from .result import ConfigRow, TuneResult, load_tune, save_tune
-from .search import Tuned, tune
+from .search import Runnable, Tuned, tune
 from .sizes import SizedLayers
 
-__all__ = ["tune", "Tuned", "TuneResult", "ConfigRow", "load_tune", "save_tune", "Cluster", "Mesh", "SizedLayers",
+__all__ = ["tune", "Tuned", "Runnable", "TuneResult", "ConfigRow", "load_tune", "save_tune", "Cluster", "Mesh", "SizedLayers",
            "OptimizerSetup"]

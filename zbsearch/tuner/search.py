@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import ZbError
 from ..formats.layers import LayerProfile
@@ -40,7 +40,7 @@ from .sizes import HOW_SIZES_SCALE, SizedLayers
 from .space import PLACEMENTS, Config, configurations
 from .worker import Worker
 
-__all__ = ["tune", "Tuned", "TuneProgress"]
+__all__ = ["tune", "Tuned", "Runnable", "TuneProgress"]
 
 TuneProgress = Callable[[int, int, str], None]  # (configurations done, in all, what is happening)
 
@@ -55,14 +55,25 @@ _BOUNDS = 0.2
 _MARGIN, _MARGIN_S = 0.02, 0.5
 
 
+@dataclass(frozen=True)
+class Runnable:
+    """A costed row's schedule, and the per-layer profile it was costed on."""
+
+    row: ConfigRow
+    schedule: Schedule
+    layers: LayerProfile
+
+
 @dataclass
 class Tuned:
     """What ``tune`` returns: the result and the winner's schedule (with its ``partition``
-    where it was planned), and the per-layer profile the winner was costed on."""
+    where it was planned), and the per-layer profile the winner was costed on; ``baselines``:
+    the best configuration of each baseline costed (by its name), to run beside the winner."""
 
     result: TuneResult
     schedule: Schedule | None
     layers: LayerProfile | None
+    baselines: dict[str, Runnable] = field(default_factory=dict)
 
 
 class _Clock:
@@ -216,6 +227,7 @@ class _Search:
         self.best = float("inf")
         self.schedule: Schedule | None = None
         self.winner_layers: LayerProfile | None = None
+        self.family: dict[str, Runnable] = {}  # per baseline, its best configuration's schedule
         self.worker: Worker | None = None
         self._layers: dict[tuple[int, float], LayerProfile] = {}
         self.before: float | None = None  # the bound over the space before planning
@@ -247,7 +259,9 @@ class _Search:
                 continue
             self.tell(f"costing {c}")
             share = left / (len(bases) - i)
-            ev = self.run(c, float("inf"), share, max(share, left / 2))
+            best = self.family.get(c.source)  # its schedule comes back where it beats the baseline's best
+            ev = self.run(c, float("inf"), share, max(share, left / 2),
+                          float("inf") if best is None else best.row.iteration_ms or float("inf"))
             if ev is None:
                 self.add(c, None, "stopped", note=f"costing it took more than {max(share, left / 2):.3g} s")
             else:
@@ -307,11 +321,14 @@ class _Search:
     def rows_costed(self) -> bool:
         return any(r.status == "costed" for r in self.rows)
 
-    def run(self, c: Config, bound: float, seconds: float, wait: float) -> Evaluation | None:
+    def run(self, c: Config, bound: float, seconds: float, wait: float, incumbent: float | None = None
+            ) -> Evaluation | None:
         """Evaluate ``c`` in the worker, its plan given ``seconds``; None where it has not
-        answered within ``wait`` seconds, or by the end of the time limit."""
+        answered within ``wait`` seconds, or by the end of the time limit. Its schedule comes
+        back where it is faster than ``incumbent`` (default: the best iteration found)."""
         assert self.worker is not None
-        task = Task(c, self.layers(c), self.cluster, self.opt, seconds, bound, self.best, self.milp)
+        task = Task(c, self.layers(c), self.cluster, self.opt, seconds, bound,
+                    self.best if incumbent is None else max(incumbent, self.best), self.milp)
         return self.worker.evaluate(task, wait, self.clock.start + self.clock.limit - _MARGIN_S)
 
     # ------------------------------------------------------------------ rows and the result
@@ -349,6 +366,10 @@ class _Search:
                     if ev.schedule is not None:
                         self.schedule = ev.schedule
                         self.winner_layers = self.layers(c)
+                known = self.family.get(c.source)
+                if c.source != "tune" and ev.schedule is not None and (
+                        known is None or got.iteration < (known.row.iteration_ms or float("inf"))):
+                    self.family[c.source] = Runnable(row, ev.schedule, self.layers(c))
         self.rows.append(row)
         self.tell(f"{c}: {status}")
 
@@ -379,5 +400,5 @@ class _Search:
             sizes=sizes, recompute=list(modes), rows=rows, best=best, lower_bound_ms=lower, gap=gap,
             bound_before_planning_ms=before, gap_before_planning=before_gap, left_out=left_out,
         )
-        return Tuned(result, self.schedule if best is not None else None, self.winner_layers)
+        return Tuned(result, self.schedule if best is not None else None, self.winner_layers, dict(self.family))
 
