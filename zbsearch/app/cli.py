@@ -298,7 +298,7 @@ def simulate(
     measured: list[Path] | None = typer.Option(
         None, "--measured",
         help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted, "
-             "and where idle time went",
+             "where idle time went, and in a mesh the gathers, reductions and where each rank's step ends",
     ),
     force: bool = ForceOpt,
     dp: int | None = DpOpt,
