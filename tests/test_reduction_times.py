@@ -107,6 +107,12 @@ def test_gathers_and_the_steps_end_compare_with_the_lane_worked_out_by_hand():
     assert [(x.rank, x.count) for x in ends] == [(0, 1), (1, 1), (None, 1)]
     assert [x.measured_ms for x in ends] == pytest.approx([16.2, 15.1, 16.2])
     assert [x.predicted_ms for x in ends] == pytest.approx([15.0, 14.0, 15.0])
+    # rank 1 starting its step 3 ms earlier (done early with the previous one) moves neither: the
+    # step starts with rank 0, which runs its first pass; rank 1's gather now took 6.2 ms from its issue
+    early = _measured()
+    early.zbsearch.gathers[1][0] = (1, -5000.0, 1200.0, 2000.0)
+    assert [x.measured_ms for x in compare_lane_ends(sched, [early])] == pytest.approx([16.2, 15.1, 16.2])
+    assert compare_gathers(sched, [early])[1].measured_ms == pytest.approx(6.2)
     # without gathers both count from the first pass: rank 0's at 0 measured, at 2 ms predicted
     plain = compare_lane_ends(sched, [_measured(gathers=False)])
     assert [x.measured_ms for x in plain] == pytest.approx([14.0, 12.9, 14.0])

@@ -13,9 +13,9 @@ predicts the same figures from the profile's ``t_reduce`` and ``t_gather``:
 * a gather: how long from the step's start (when the runtime issues every gather of the rank)
   until it was complete, and how long before the stage's first pass it was. One that takes
   longer than predicted delays the rank's first pass;
-* the lane's end: per rank, from the step's start (its first gather issued on any rank, else
-  its first pass) to the end of its last pass or reduction, and the step's, the latest of them.
-  The optimizer step is left out: the runtime's step ends before it.
+* the lane's end: per rank, from the step's start (on the rank of the step's first pass: its
+  first gather issued, else that pass) to the end of its last pass or reduction, and the
+  step's, the latest of them. The optimizer step is left out: the runtime's step ends before it.
 """
 
 from __future__ import annotations
@@ -159,15 +159,21 @@ class LaneEnd:
 def compare_lane_ends(schedule: Schedule, traces: list[Trace]) -> list[LaneEnd]:
     """Per rank, then the step: from the step's start to the end of the rank's last pass or
     reduction, measured (mean over ``traces``) and predicted, optimizer steps left out (module
-    docstring). The step starts at the first gather issued on any rank in a trace that records
-    gathers (and in the prediction, at the first gather's start there), else at the first pass."""
+    docstring).
+
+    The step starts on the rank that runs its first pass: with no barrier between steps, a rank
+    that finished the previous step early starts this one early and only waits longer for its
+    input, so the step's work starts with the first pass's rank. Where a trace records gathers,
+    at that rank's first gather issued (and in the prediction, at that rank's step start),
+    else at the first pass."""
     if not traces:
         return []
     tl = timeline(schedule)
     lanes = tl.reductions or [[] for _ in tl.end]
     last = [max([*e[-1:], *(b for _, _, b in lane)], default=0.0) for e, lane in zip(tl.end, lanes)]
-    first_pass = min((s[0] for s in tl.start if s), default=0.0)
-    from_gather = min(tl.begin) if tl.gathers and tl.begin else first_pass
+    first = min((r for r in range(tl.num_ranks) if tl.start[r]), key=lambda r: tl.start[r][0], default=0)
+    first_pass = tl.start[first][0] if tl.start[first] else 0.0
+    from_gather = tl.begin[first] if tl.gathers and tl.begin else first_pass
     measured: list[list[float]] = []
     predicted: list[list[float]] = []
     for i, trace in enumerate(traces):
@@ -175,8 +181,9 @@ def compare_lane_ends(schedule: Schedule, traces: list[Trace]) -> list[LaneEnd]:
         if len(rows) != schedule.num_ranks:
             raise ZbError(f"trace {i + 1} has {len(rows)} ranks but the schedule has {schedule.num_ranks}")
         done = trace.zbsearch.reductions or [[] for _ in rows]
-        issued = [b for lane in trace.zbsearch.gathers or [] for _, b, _, _ in lane]
-        origin = min(issued) if issued else min((row[0].ts for row in rows if row), default=0.0)
+        r0 = min((r for r in range(len(rows)) if rows[r]), key=lambda r: rows[r][0].ts, default=0)
+        issued = [b for _, b, _, _ in (trace.zbsearch.gathers or [[] for _ in rows])[r0]]
+        origin = min(issued) if issued else rows[r0][0].ts if rows[r0] else 0.0
         measured.append([(max([*(ev.ts + ev.dur for ev in row), *(e for _, _, e in lane)], default=origin) - origin) / 1e3
                          for row, lane in zip(rows, done)])
         start = from_gather if issued else first_pass

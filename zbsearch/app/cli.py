@@ -371,8 +371,9 @@ def _gather_table(rows: list[GatherTimes], steps: int) -> Table:
 
 
 def _lane_end_table(rows: list[LaneEnd], steps: int) -> Table:
-    t = Table(title=f"where each rank's step ends, mean over {steps} measured step(s): from the step's start (first "
-                    "gather, else first pass) to its last pass or reduction, optimizer steps left out")
+    t = Table(title=f"where each rank's step ends, mean over {steps} measured step(s): from the step's start (the "
+                    "first gather on the first pass's rank, else that pass) to its last pass or reduction, optimizer "
+                    "steps left out")
     for col in ("rank", "measured (ms)", "predicted (ms)", "measured / predicted"):
         t.add_column(col, justify="right")
     for x in rows:
