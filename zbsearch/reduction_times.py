@@ -20,6 +20,7 @@ predicts the same figures from the profile's ``t_reduce`` and ``t_gather``:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .actions import Op
@@ -45,6 +46,21 @@ class ReductionTimes:
     predicted_delay_ms: float | None
 
 
+def _entries(schedule: Schedule, traces: list[Trace], lane: str) -> Iterator[tuple[int, int, list, tuple]]:
+    """(trace index, rank, the rank's events, entry) for each entry of each trace's ``lane``
+    (``reductions`` or ``gathers``; traces without it skipped)."""
+    for i, trace in enumerate(traces):
+        lanes = getattr(trace.zbsearch, lane)
+        if lanes is None:
+            continue
+        if len(lanes) != schedule.num_ranks:
+            raise ZbError(f"trace {i + 1} has {lane} of {len(lanes)} ranks but the schedule has {schedule.num_ranks}")
+        rows = trace.rank_events()
+        for r, entries in enumerate(lanes):
+            for entry in entries:
+                yield i, r, rows[r], entry
+
+
 def _last_backward_end(events, stage: int) -> float | None:
     ends = [ev.ts + ev.dur for ev in events if ev.args.stage == stage and ev.args.op in (Op.W, Op.BW)]
     return max(ends) if ends else None
@@ -55,20 +71,12 @@ def compare_reductions(schedule: Schedule, traces: list[Trace]) -> list[Reductio
     empty where none did."""
     measured: dict[tuple[int, int], list[tuple[float, float]]] = {}
     order: dict[tuple[int, int], float] = {}
-    for i, trace in enumerate(traces):
-        lanes = trace.zbsearch.reductions
-        if lanes is None:
-            continue
-        if len(lanes) != schedule.num_ranks:
-            raise ZbError(f"trace {i + 1} has reductions of {len(lanes)} ranks but the schedule has {schedule.num_ranks}")
-        rows = trace.rank_events()
-        for r, lane in enumerate(lanes):
-            for s, start, end in lane:
-                ready = _last_backward_end(rows[r], s)
-                if ready is None:
-                    raise ZbError(f"trace {i + 1}: rank {r} reduced stage {s}, whose backward it never ran")
-                measured.setdefault((r, s), []).append(((end - start) / 1e3, (start - ready) / 1e3))
-                order.setdefault((r, s), start)
+    for i, r, events, (s, start, end) in _entries(schedule, traces, "reductions"):
+        ready = _last_backward_end(events, s)
+        if ready is None:
+            raise ZbError(f"trace {i + 1}: rank {r} reduced stage {s}, whose backward it never ran")
+        measured.setdefault((r, s), []).append(((end - start) / 1e3, (start - ready) / 1e3))
+        order.setdefault((r, s), start)
     if not measured:
         return []
     predicted: dict[tuple[int, int], tuple[float, float]] = {}
@@ -110,20 +118,12 @@ def compare_gathers(schedule: Schedule, traces: list[Trace]) -> list[GatherTimes
     empty where none did."""
     measured: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
     order: dict[tuple[int, int], float] = {}
-    for i, trace in enumerate(traces):
-        lanes = trace.zbsearch.gathers
-        if lanes is None:
-            continue
-        if len(lanes) != schedule.num_ranks:
-            raise ZbError(f"trace {i + 1} has gathers of {len(lanes)} ranks but the schedule has {schedule.num_ranks}")
-        rows = trace.rank_events()
-        for r, lane in enumerate(lanes):
-            for s, start, end, nbytes in lane:
-                first = _first_start(rows[r], s)
-                if first is None:
-                    raise ZbError(f"trace {i + 1}: rank {r} gathered stage {s}, whose passes it never ran")
-                measured.setdefault((r, s), []).append(((end - start) / 1e3, (first - end) / 1e3, nbytes))
-                order.setdefault((r, s), start)
+    for i, r, events, (s, start, end, nbytes) in _entries(schedule, traces, "gathers"):
+        first = _first_start(events, s)
+        if first is None:
+            raise ZbError(f"trace {i + 1}: rank {r} gathered stage {s}, whose passes it never ran")
+        measured.setdefault((r, s), []).append(((end - start) / 1e3, (first - end) / 1e3, nbytes))
+        order.setdefault((r, s), start)
     if not measured:
         return []
     predicted: dict[tuple[int, int], tuple[float, float]] = {}

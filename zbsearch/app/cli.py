@@ -359,38 +359,41 @@ def _measured_lane(sched: zb.Schedule, traces: list) -> dict:
 
 
 def _gather_table(rows: list[GatherTimes], steps: int) -> Table:
-    t = Table(title=f"parameter gathers of sharded stages, mean over {steps} measured step(s): from the step's start "
-                    "until complete, and from then to the stage's first pass")
-    for col in ("rank", "stage", "MiB", "measured (ms)", "predicted (ms)", "first pass after (ms)", "predicted after (ms)"):
-        t.add_column(col, justify="right")
-    for x in rows:
-        t.add_row(str(x.rank), str(x.stage), f"{x.bytes / 2**20:.4g}", _fmt(x.measured_ms),
-                  "-" if x.predicted_ms is None else _fmt(x.predicted_ms), _fmt(x.measured_slack_ms),
-                  "-" if x.predicted_slack_ms is None else _fmt(x.predicted_slack_ms))
-    return t
+    return _table(f"parameter gathers of sharded stages, mean over {steps} measured step(s): from the step's start "
+                  "until complete, and from then to the stage's first pass",
+                  ("rank", "stage", "MiB", "measured (ms)", "predicted (ms)", "first pass after (ms)", "predicted after (ms)"),
+                  [(str(x.rank), str(x.stage), f"{x.bytes / 2**20:.4g}", _fmt(x.measured_ms), _fmt_or_dash(x.predicted_ms),
+                    _fmt(x.measured_slack_ms), _fmt_or_dash(x.predicted_slack_ms)) for x in rows])
 
 
 def _lane_end_table(rows: list[LaneEnd], steps: int) -> Table:
-    t = Table(title=f"where each rank's step ends, mean over {steps} measured step(s): from the step's start (the "
-                    "first gather on the first pass's rank, else that pass) to its last pass or reduction, optimizer "
-                    "steps left out")
-    for col in ("rank", "measured (ms)", "predicted (ms)", "measured / predicted"):
-        t.add_column(col, justify="right")
-    for x in rows:
-        ratio = f"{x.measured_ms / x.predicted_ms:.3f}" if x.predicted_ms > 0 else "-"
-        t.add_row("step" if x.rank is None else str(x.rank), _fmt(x.measured_ms), _fmt(x.predicted_ms), ratio)
-    return t
+    return _table(f"where each rank's step ends, mean over {steps} measured step(s): from the step's start (the first "
+                  "gather on the first pass's rank, else that pass) to its last pass or reduction, optimizer steps left out",
+                  ("rank", "measured (ms)", "predicted (ms)", "measured / predicted"),
+                  [("step" if x.rank is None else str(x.rank), _fmt(x.measured_ms), _fmt(x.predicted_ms),
+                    f"{x.measured_ms / x.predicted_ms:.3f}" if x.predicted_ms > 0 else "-") for x in rows])
 
 
 def _reduction_table(rows: list[ReductionTimes], steps: int, sharded: bool = False) -> Table:
     what = "reduce-scatters of sharded stages" if sharded else "reductions"
-    t = Table(title=f"data-parallel {what}, mean over {steps} measured step(s)")
-    for col in ("rank", "stage", "measured (ms)", "predicted (ms)", "started after last W (ms)", "predicted after (ms)"):
+    return _table(f"data-parallel {what}, mean over {steps} measured step(s)",
+                  ("rank", "stage", "measured (ms)", "predicted (ms)", "started after last W (ms)", "predicted after (ms)"),
+                  [(str(x.rank), str(x.stage), _fmt(x.measured_ms), _fmt_or_dash(x.predicted_ms), _fmt(x.measured_delay_ms),
+                    _fmt_or_dash(x.predicted_delay_ms)) for x in rows])
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+    """A table of right-aligned columns."""
+    t = Table(title=title)
+    for col in columns:
         t.add_column(col, justify="right")
-    for x in rows:
-        t.add_row(str(x.rank), str(x.stage), _fmt(x.measured_ms), "-" if x.predicted_ms is None else _fmt(x.predicted_ms),
-                  _fmt(x.measured_delay_ms), "-" if x.predicted_delay_ms is None else _fmt(x.predicted_delay_ms))
+    for row in rows:
+        t.add_row(*row)
     return t
+
+
+def _fmt_or_dash(x: float | None) -> str:
+    return "-" if x is None else _fmt(x)
 
 
 def _pass_table(passes: list[PassTimes], steps: int) -> Table:
