@@ -143,6 +143,9 @@ def test_every_schedule_kind_with_sharded_stages_equals_one_process():
     schedules = _schedules(4)
     kinds = run_local(_run, PP * DP, [s.model_dump_json() for s in schedules], 2, (1, DP))
     assert kinds[0][0] == [s.kind for s in schedules]
+    for traces in (t for _, t in kinds if t[0]):  # every kind's gathers, on each replica's first rank
+        for s, t in zip(schedules, traces):
+            _check_gathers(s, t, 2)
 
 
 @pytest.mark.slow
