@@ -184,23 +184,61 @@ def test_torchrun_times_each_stages_reduction_on_the_replicas_started_with_the_p
 
 # ---- sharded stages: each one's gather at the step's start and its reduce-scatter --------------
 
-def _shard_twice(rank: int, world: int, send) -> list[tuple[list[float], list[float]]]:
+_UNITS = [[((6, 4), "float32"), ((4,), "float32")], [((5, 3), "float32")]]
+
+
+def _shard_twice(rank: int, world: int, send) -> tuple[list[tuple[list[float], list[float]]], list[list[float]]]:
+    import threading
+    import time
+
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
     from zbsearch.profiler.gradients import sharded_samples
+    from zbsearch.profiler.slowdown import LANE_THREAD, sharded_buffers, slowdown_samples
 
-    units = [[((6, 4), torch.float32), ((4,), torch.float32)], [((5, 3), torch.float32)]]
-    return sharded_samples([units, units[1:]], init_device_mesh("cpu", (world,)), repeat=3)
+    units = [[(shape, getattr(torch, dtype)) for shape, dtype in unit] for unit in _UNITS]
+    both = sharded_samples([units, units[1:]], init_device_mesh("cpu", (world,)), repeat=3)
+
+    def artificial() -> None:  # a pass that takes twice as long while the lane runs beside it
+        busy = any(t.name == LANE_THREAD and t.is_alive() for t in threading.enumerate())
+        time.sleep(0.02 if busy else 0.01)
+
+    bufs = [sharded_buffers(units, world, torch.device("cpu")), sharded_buffers(units[1:], world, torch.device("cpu"))]
+    slow = slowdown_samples([artificial, artificial], bufs, None, repeat=4, warmup=1, timeout=60, sharded=True)
+    return both, slow
 
 
-def test_sharded_samples_time_fsdps_gather_and_reduce_scatter_on_a_real_group():
+def test_sharded_samples_time_fsdps_gather_and_reduce_scatter_and_the_slowdown_beside_them():
+    import statistics
+
+    import torch
+
     from zbsearch.distributed import run_local
+    from zbsearch.profiler.gradients import with_measured_data_parallel
+    from zbsearch.profiler.slowdown import sharded_buffers
 
-    for per_stage in run_local(_shard_twice, 2, timeout=180):
+    got = run_local(_shard_twice, 2, timeout=180)
+    for per_stage, slow in got:
         assert len(per_stage) == 2
         for gathers, reductions in per_stage:
             assert len(gathers) == len(reductions) == 3 and min(gathers) > 0 and min(reductions) > 0
+        # the lane (each unit all-gathered, then reduce-scattered, on the real group) ran for each whole pass
+        # (each factor 2 but for the sleeps' jitter on a loaded machine: the median of each stage's)
+        assert len(slow) == 2 and all(len(s) == 4 for s in slow)
+        assert all(1.5 < statistics.median(s) < 3.0 for s in slow)
+    # the factors recorded as a sharded profile records them: each stage's median, beside its gathers
+    pooled = [got[0][1][s] + got[1][1][s] for s in range(2)]
+    base = zb.resolve_profile("unit-p4").model_copy(update={"stages": zb.resolve_profile("unit-p4").stages[:2]})
+    prof = with_measured_data_parallel(base, 2, [r for _, r in got[0][0]], [1e6] * 2, [0.0] * 2, group="local",
+                                       backend="gloo", gathers=[g for g, _ in got[0][0]], slowdown=pooled)
+    assert prof.data_parallel.sharded and all(st.t_gather > 0 for st in prof.stages)
+    assert [st.reduce_slowdown for st in prof.stages] == pytest.approx([statistics.median(f) for f in pooled])
+    # what FSDP pads: each parameter's first dimension to a multiple of the ranks, per unit, 4 bytes each
+    f32 = torch.float32
+    sizes = [b.numel() for b in sharded_buffers([[((6, 4), f32), ((4,), f32)], [((5, 3), f32)]], 4, torch.device("cpu"))]
+    assert sizes == [4 * (2 * 4 + 1), 4 * (2 * 3)]
+    assert [b.numel() for b in sharded_buffers([[((6, 4), f32), ((3,), torch.bfloat16)]], 2, torch.device("cpu"))] == [24, 4]
 
 
 def test_a_stages_units_are_those_shard_stage_shards():
@@ -262,6 +300,10 @@ def test_profile_with_sharded_replicas_times_each_gather_on_local_processes(tmp_
     assert dp.how == "measured" and dp.sharded and dp.group == "local" and len(dp.gather_ms) == 2
     for st, q, g in zip(prof.stages, dp.reduce_ms, dp.gather_ms):
         assert st.t_reduce == q.median > 0 and st.t_gather == g.median > 0 and g.q1 <= g.median <= g.q3
+    # each stage's pass timed beside its gathers and reduce-scatters: a factor recorded with its spread
+    assert len(dp.slowdown) == 2
+    for st, q in zip(prof.stages, dp.slowdown):
+        assert st.reduce_slowdown == max(1.0, q.median) and q.q1 <= q.median <= q.q3
     res = solve(prof, 4, "2p", time_limit=1)
     tl = zb.timeline(res.schedule)
     assert tl.gathers and tl.start[0][0] >= prof.stages[0].t_gather  # the first pass waits for its gather
@@ -282,3 +324,4 @@ def test_torchrun_times_each_sharded_stages_gather_on_the_replicas(tmp_path):
     dp = prof.data_parallel
     assert dp.group == "torchrun" and dp.sharded and len(dp.gather_ms) == 2
     assert all(st.t_gather == q.median > 0 for st, q in zip(prof.stages, dp.gather_ms))
+    assert len(dp.slowdown) == 2 and all(st.reduce_slowdown == max(1.0, q.median) for st, q in zip(prof.stages, dp.slowdown))

@@ -34,17 +34,20 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _run(rank: int, world: int, send, schedules: list[str], steps: int, dims: tuple[int, int]) -> list[str]:
-    """Every schedule with sharded stages, against one process on the global batch."""
+def _run(rank: int, world: int, send, schedules: list[str], steps: int,
+         dims: tuple[int, int]) -> tuple[list[str], list[list[str]]]:
+    """Every schedule with sharded stages, against one process on the global batch; and each
+    step's trace, per schedule, on each pipeline's first rank (none elsewhere)."""
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
     replicate, shard = dims
     mesh = build_mesh(pp=PP, dp_replicate=replicate, dp_shard=shard)
     pp_rank = mesh["pp"].get_local_rank()
     replica = mesh["dp_replicate"].get_local_rank() * shard + mesh["dp_shard"].get_local_rank()
     data = mesh["dp_shard"] if replicate == 1 else mesh["dp_replicate", "dp_shard"]
-    done = []
+    done, traces = [], []
     for i, text in enumerate(schedules):
         sched = zb.Schedule.model_validate_json(text)
+        traces.append([])
         tokens = i % 2 == 1
         full = _model(sched.num_stages)
         ref, ours = copy_stages(full), copy_stages(full)
@@ -60,6 +63,10 @@ def _run(rank: int, world: int, send, schedules: list[str], steps: int, dims: tu
                                   loss_normalization="tokens" if tokens else "mean")
         for step in range(steps):
             step_both(runtime, ref, mine, (ref_opt, our_opt), step, tokens, replica, replicate * shard)
+            assert sorted(s for s, *_ in runtime.gathers) == sorted(mine)  # each stage gathered once in the step
+            trace = runtime.trace()
+            if trace is not None:
+                traces[-1].append(trace.model_dump_json())
             for s, st in mine.items():
                 for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
                     where = f"{sched.kind} step {step} stage {s} {name}"
@@ -86,28 +93,66 @@ def _run(rank: int, world: int, send, schedules: list[str], steps: int, dims: tu
         assert {s for s, _, _ in runtime.reductions} == set(mine)
         done.append(sched.kind)
         runtime.close()
-    return done
+    return done, traces
+
+
+def _check_gathers(sched: zb.Schedule, traces: list[str], steps: int) -> None:
+    """Each step's trace holds one gather per stage, on the stage's rank, complete before the
+    stage's first pass, of the stage's parameter bytes (counted here from the model, float32);
+    ``compare_gathers`` reads them, as ``simulate --measured`` does."""
+    from zbsearch.formats.trace import Trace
+    from zbsearch.reduction_times import compare_gathers, compare_lane_ends
+
+    got = [Trace.model_validate_json(t) for t in traces]
+    assert len(got) == steps
+    held = [4.0 * sum(p.numel() for p in st.parameters()) for st in _model(sched.num_stages)]
+    count = 0
+    for trace in got:
+        lanes = trace.zbsearch.gathers
+        assert lanes is not None and len(lanes) == sched.num_ranks
+        rows = trace.rank_events()
+        for r, lane in enumerate(lanes):
+            assert sorted(s for s, *_ in lane) == [s for s in range(sched.num_stages) if sched.stage_to_rank[s] == r]
+            for s, start, end, nbytes in lane:
+                first = min(ev.ts for ev in rows[r] if ev.args.stage == s)
+                assert start <= end <= first + 1.0, (sched.kind, r, s, start, end, first)  # (1 us: the clocks' rounding)
+                assert nbytes == held[s], (sched.kind, s, nbytes, held[s])
+            count += len(lane)
+    assert count == sched.num_stages * steps  # every stage gathered once per step
+    rows = compare_gathers(sched, got)
+    assert sorted((x.rank, x.stage) for x in rows) == sorted((sched.stage_to_rank[s], s) for s in range(sched.num_stages))
+    assert all(x.count == steps and x.measured_ms >= 0 and x.measured_slack_ms >= -1e-3 for x in rows)
+    ends = compare_lane_ends(sched, got)
+    assert len(ends) == sched.num_ranks + 1 and all(x.measured_ms > 0 for x in ends)
 
 
 def test_pp2_dp2_sharded_stages_equal_one_process():
     """The fast suite's share: a zero-bubble split schedule and a V placement, mean and tokens."""
     sched = [zb.build_classic(k, uniform_profile(PP), 4) for k in ("zb-h1", "zb-v")]
-    kinds = run_local(_run, PP * DP, [s.model_dump_json() for s in sched], 2, (1, DP))
-    assert kinds[3] == ["zb-h1", "zb-v"]
+    got = run_local(_run, PP * DP, [s.model_dump_json() for s in sched], 2, (1, DP))
+    assert got[3][0] == ["zb-h1", "zb-v"]
+    firsts = [traces for _, traces in got if traces[0]]  # each replica's pipeline's first rank
+    assert len(firsts) == DP
+    for traces in firsts:
+        for s, t in zip(sched, traces):
+            _check_gathers(s, t, 2)
 
 
 @pytest.mark.slow
 def test_every_schedule_kind_with_sharded_stages_equals_one_process():
     schedules = _schedules(4)
     kinds = run_local(_run, PP * DP, [s.model_dump_json() for s in schedules], 2, (1, DP))
-    assert kinds[0] == [s.kind for s in schedules]
+    assert kinds[0][0] == [s.kind for s in schedules]
+    for traces in (t for _, t in kinds if t[0]):  # every kind's gathers, on each replica's first rank
+        for s, t in zip(schedules, traces):
+            _check_gathers(s, t, 2)
 
 
 @pytest.mark.slow
 def test_hybrid_sharding_pp2_dp2x2_equals_one_process():
     sched = [zb.build_classic(k, uniform_profile(PP), 4) for k in ("zb-h1", "interleaved-1f1b")]
     kinds = run_local(_run, PP * 4, [s.model_dump_json() for s in sched], 2, (2, 2))
-    assert kinds[0] == ["zb-h1", "interleaved-1f1b"]
+    assert kinds[0][0] == ["zb-h1", "interleaved-1f1b"]
 
 
 # -- wrong set-ups: one line ---------------------------------------------------------------------

@@ -35,7 +35,14 @@ from zbsearch.formats.trace import load_trace
 from zbsearch.idle_time import RankIdleTime, measure_idle_time
 from zbsearch.limits import limit_for_profile
 from zbsearch.pass_times import PassTimes, compare_pass_times
-from zbsearch.reduction_times import ReductionTimes, compare_reductions
+from zbsearch.reduction_times import (
+    GatherTimes,
+    LaneEnd,
+    ReductionTimes,
+    compare_gathers,
+    compare_lane_ends,
+    compare_reductions,
+)
 from zbsearch.tolerances import EPS_MS
 
 if TYPE_CHECKING:
@@ -291,7 +298,7 @@ def simulate(
     measured: list[Path] | None = typer.Option(
         None, "--measured",
         help="runtime trace JSON of this schedule (repeatable): per rank and pass type, measured vs predicted, "
-             "and where idle time went",
+             "where idle time went, and in a mesh the gathers, reductions and where each rank's step ends",
     ),
     force: bool = ForceOpt,
     dp: int | None = DpOpt,
@@ -309,32 +316,84 @@ def simulate(
     traces = [load_trace(t) for t in measured] if measured else []
     passes = compare_pass_times(sched, traces) if traces else None
     waits = measure_idle_time(sched, traces) if traces else None
+    lane = _measured_lane(sched, traces) if traces else None
     if as_json:
-        if passes is None:
+        if passes is None or lane is None:
             out.print_json(pred.model_dump_json())
         else:
             rows = [{"rank": x.rank, "op": x.kind, "count": x.count, "measured_ms": x.measured_ms,
                      "predicted_ms": x.predicted_ms, "ratio": x.ratio} for x in passes]
-            out.print_json(json.dumps({"predicted": pred.model_dump(), "passes": rows, "waits": [vars(w) for w in waits or []]}))
+            out.print_json(json.dumps({"predicted": pred.model_dump(), "passes": rows, "waits": [vars(w) for w in waits or []],
+                                       **{k: [vars(x) for x in v] if isinstance(v, list) else v for k, v in lane.items()}}))
         return
     _show(_rank_table(sched, tl))
     out.print(_summary(sched, pred), soft_wrap=True)
-    if passes is not None and waits is not None:
+    if passes is not None and waits is not None and lane is not None:
         _show(_pass_table(passes, len(traces)))
         _show(_wait_table(waits, len(traces)))
-        reductions = compare_reductions(sched, traces)
-        if reductions:
-            _show(_reduction_table(reductions, len(traces)))
+        sharded = bool(lane["gathers"]) or (sched.profile.data_parallel is not None and sched.profile.data_parallel.sharded)
+        if lane["gathers"]:
+            _show(_gather_table(lane["gathers"], len(traces)))
+        if lane["reductions"]:
+            _show(_reduction_table(lane["reductions"], len(traces), sharded))
+        if lane["lane_ends"]:
+            _show(_lane_end_table(lane["lane_ends"], len(traces)))
+        if lane["note"]:
+            out.print(lane["note"], soft_wrap=True)
 
 
-def _reduction_table(rows: list[ReductionTimes], steps: int) -> Table:
-    t = Table(title=f"data-parallel reductions, mean over {steps} measured step(s)")
-    for col in ("rank", "stage", "measured (ms)", "predicted (ms)", "started after last W (ms)", "predicted after (ms)"):
+def _measured_lane(sched: zb.Schedule, traces: list) -> dict:
+    """The data-parallel lane of ``traces`` against the prediction: reductions, gathers, where
+    each rank's step ends (where a trace or the profile has a lane), and a one-line note where
+    the profile predicts gathers that no trace recorded (None otherwise)."""
+    reductions = compare_reductions(sched, traces)
+    gathers = compare_gathers(sched, traces)
+    predicts = any(st.t_gather for st in sched.profile.stages)
+    note = None
+    if predicts and not gathers:
+        note = (f"the measured trace{'s' if len(traces) > 1 else ''} record no parameter gathers (stages not sharded, or "
+                "written by an older zbsearch): the predicted gathers are not compared")
+    has_lane = reductions or gathers or sched.profile.has_reductions or predicts
+    return {"reductions": reductions, "gathers": gathers,
+            "lane_ends": compare_lane_ends(sched, traces) if has_lane else [], "note": note}
+
+
+def _gather_table(rows: list[GatherTimes], steps: int) -> Table:
+    return _table(f"parameter gathers of sharded stages, mean over {steps} measured step(s): from the step's start "
+                  "until complete, and from then to the stage's first pass",
+                  ("rank", "stage", "MiB", "measured (ms)", "predicted (ms)", "first pass after (ms)", "predicted after (ms)"),
+                  [(str(x.rank), str(x.stage), f"{x.bytes / 2**20:.4g}", _fmt(x.measured_ms), _fmt_or_dash(x.predicted_ms),
+                    _fmt(x.measured_slack_ms), _fmt_or_dash(x.predicted_slack_ms)) for x in rows])
+
+
+def _lane_end_table(rows: list[LaneEnd], steps: int) -> Table:
+    return _table(f"where each rank's step ends, mean over {steps} measured step(s): from the step's start (the first "
+                  "gather on the first pass's rank, else that pass) to its last pass or reduction, optimizer steps left out",
+                  ("rank", "measured (ms)", "predicted (ms)", "measured / predicted"),
+                  [("step" if x.rank is None else str(x.rank), _fmt(x.measured_ms), _fmt(x.predicted_ms),
+                    f"{x.measured_ms / x.predicted_ms:.3f}" if x.predicted_ms > 0 else "-") for x in rows])
+
+
+def _reduction_table(rows: list[ReductionTimes], steps: int, sharded: bool = False) -> Table:
+    what = "reduce-scatters of sharded stages" if sharded else "reductions"
+    return _table(f"data-parallel {what}, mean over {steps} measured step(s)",
+                  ("rank", "stage", "measured (ms)", "predicted (ms)", "started after last W (ms)", "predicted after (ms)"),
+                  [(str(x.rank), str(x.stage), _fmt(x.measured_ms), _fmt_or_dash(x.predicted_ms), _fmt(x.measured_delay_ms),
+                    _fmt_or_dash(x.predicted_delay_ms)) for x in rows])
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+    """A table of right-aligned columns."""
+    t = Table(title=title)
+    for col in columns:
         t.add_column(col, justify="right")
-    for x in rows:
-        t.add_row(str(x.rank), str(x.stage), _fmt(x.measured_ms), "-" if x.predicted_ms is None else _fmt(x.predicted_ms),
-                  _fmt(x.measured_delay_ms), "-" if x.predicted_delay_ms is None else _fmt(x.predicted_delay_ms))
+    for row in rows:
+        t.add_row(*row)
     return t
+
+
+def _fmt_or_dash(x: float | None) -> str:
+    return "-" if x is None else _fmt(x)
 
 
 def _pass_table(passes: list[PassTimes], steps: int) -> Table:

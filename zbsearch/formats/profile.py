@@ -308,9 +308,9 @@ class DataParallel(BaseModel):
     reduce_ms: list[Quartiles] | None = Field(default=None, description=(
         "how = measured: per stage, the spread of its timed reductions; t_reduce is their median"))
     slowdown: list[Quartiles | None] | None = Field(default=None, description=(
-        "how = measured: per stage, the spread of the factor by which its reduction running beside a pass slowed "
-        "the pass (the pass's time beside the reduction over its time alone; None: not measured); reduce_slowdown is the "
-        "median, at least 1"))
+        "how = measured: per stage, the spread of the factor by which its reduction (sharded: its gathers and "
+        "reduce-scatters) running beside a pass slowed the pass (the pass's time beside them over its time alone; "
+        "None: not measured); reduce_slowdown is the median, at least 1"))
     gather_ms: list[Quartiles] | None = Field(default=None, description=(
         "how = measured, sharded: per stage, the spread of its timed parameter gathers; t_gather is their median"))
 

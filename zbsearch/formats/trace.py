@@ -4,7 +4,10 @@ The runtime writes one file per step for all ranks: one complete event ("ph": "X
 ``pid`` = rank, times in microseconds on one clock for all ranks, from the step's first action.
 Chrome's ``about:tracing`` and https://ui.perfetto.dev open it as it is; ``zbsearch`` reads it
 back with this model (no torch needed) to draw it beside the simulator's prediction.
-``args.activations`` (optional) is the rank's live activation bytes after the action.
+``args.activations`` (optional) is the rank's live activation bytes after the action. Where the
+pipeline is one data-parallel replica of several, ``zbsearch.reductions`` holds each rank's
+gradient reductions, and with sharded stages ``zbsearch.gathers`` its parameter gathers (both
+optional: a trace without them, written by older versions too, loads).
 """
 
 from __future__ import annotations
@@ -64,6 +67,11 @@ class TraceInfo(BaseModel):
     reductions: list[list[tuple[int, float, float]]] | None = Field(
         None, description="per rank, its data-parallel gradient reductions: (stage, start, end) in microseconds from "
         "the step's first action, end when the rank first saw it complete (between passes); absent without replicas")
+    gathers: list[list[tuple[int, float, float, float]]] | None = Field(
+        None, description="per rank, the parameter gathers of its sharded stages: (stage, start, end, bytes), times in "
+        "microseconds from the step's first action (a gather issued at the step's start before it starts below 0), "
+        "start when issued, end when the rank first saw it complete (between passes, or waiting before the stage's "
+        "first pass); bytes the parameters it brings; absent without sharded stages")
 
 
 class Trace(BaseModel):

@@ -17,7 +17,9 @@ With ``--shard`` the stages are sharded over the replicas (``fully_shard``), and
 step starts by gathering its parameters and ends by reduce-scattering its gradients: both are
 timed as the runtime runs them (``zbsearch.runtime.sharded``), on a stand-in with the stage's
 units (``shard_units``: its parameters' shapes, sharded unit by unit as ``shard_stage`` shards
-a stage) over the data-parallel group (``sharded_samples``), or priced from the bytes.
+a stage) over the data-parallel group (``sharded_samples``), or priced from the bytes. Where
+timed, the stage's pass is also timed beside its gathers and reduce-scatters, for its
+``reduce_slowdown`` (``zbsearch.profiler.slowdown``).
 """
 
 from __future__ import annotations
@@ -258,18 +260,36 @@ def sharded_samples(stages: Sequence[list[Layout]], mesh, repeat: int) -> list[t
     return out
 
 
-def _sharded_worker(rank: int, world: int, send, stages: list[list[Layout]],
-                    repeat: int) -> list[tuple[list[float], list[float]]]:
+def _sharded_worker(rank: int, world: int, send, stages: list[list[Layout]], repeat: int, timeout: float,
+                    work: list[tuple[nn.Module, tuple]] | None, warmup: int, threads: int | None
+                    ) -> tuple[list[tuple[list[float], list[float]]], list[list[float]] | None]:
     from torch.distributed.device_mesh import init_device_mesh
 
-    return sharded_samples(stages, init_device_mesh("cpu", (world,)), repeat)
+    from .slowdown import sharded_buffers, slowdown_samples, stage_pass
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    both = sharded_samples(stages, init_device_mesh("cpu", (world,)), repeat)
+    if work is None:
+        return both, None
+    with torch.enable_grad():
+        slow = slowdown_samples([stage_pass(module, inputs) for module, inputs in work],
+                                [sharded_buffers(units, world, torch.device("cpu")) for units in stages], None, repeat,
+                                warmup, timeout, sharded=True)
+    return both, slow
 
 
-def measure_sharded_locally(stages: Sequence[list[Layout]], replicas: int, repeat: int,
-                            timeout: float) -> list[tuple[list[float], list[float]]]:
+def measure_sharded_locally(stages: Sequence[list[Layout]], replicas: int, repeat: int, timeout: float,
+                            work: Sequence[tuple[nn.Module, tuple]] | None = None, warmup: int = 1,
+                            threads: int | None = None
+                            ) -> tuple[list[tuple[list[float], list[float]]], list[list[float]] | None]:
     """Per stage (its units, ``shard_units``), ``repeat`` times (ms) of its gather and of its
-    reduce-scatter across ``replicas`` local processes of this machine (gloo on its loopback)."""
-    return run_local(_sharded_worker, replicas, list(stages), repeat, timeout=max(timeout, 60.0) * (1 + len(stages)))[0]
+    reduce-scatter across ``replicas`` local processes of this machine (gloo on its loopback);
+    and, given each stage's module and inputs (``work``), the factors by which its gathers and
+    reduce-scatters running beside the stage's pass slowed it (``zbsearch.profiler.slowdown``,
+    None without ``work``), the processes running ``threads`` threads each."""
+    return run_local(_sharded_worker, replicas, list(stages), repeat, timeout, None if work is None else list(work),
+                     warmup, threads, timeout=max(timeout, 60.0) * (1 + len(stages)))[0]
 
 
 def with_measured_data_parallel(profile: Profile, replicas: int, samples: Sequence[Sequence[float]],

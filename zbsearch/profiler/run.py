@@ -63,7 +63,7 @@ from .in_step import calibration_orders, calibration_steps, in_step_times, run_i
 from .links import LinkModel, busy_exchange, estimate_link, exchange_plan, pingpong
 from .measure import StageMeasurement, Stats, disturbances, measure_stage
 from .settings import Settings, cpu_cores, device_name, resolve_device, resolve_dtype
-from .slowdown import reduction_buffers, slowdown_samples, stage_pass
+from .slowdown import reduction_buffers, sharded_buffers, slowdown_samples, stage_pass
 from .stages import ModelSpec, leaves, run_stage, stage_inputs
 
 __all__ = ["Progress", "profile_model", "profile_one_device", "profile_distributed"]
@@ -108,7 +108,8 @@ def profile_model(
         sequence_parallel: with ``tp``, the plan also splits the sequence (the built-in GPT).
         shard: with ``replicas``, the stages are sharded over them (``fully_shard``): each
             stage's parameter gather and gradient reduce-scatter are timed as the runtime runs
-            them (``zbsearch.profiler.gradients.sharded_samples``).
+            them (``zbsearch.profiler.gradients.sharded_samples``), and how much they slow the
+            stage's pass beside them (``zbsearch.profiler.slowdown``).
 
     Raises:
         ZbError: bad settings, a stage that cannot take its inputs or be split, or ranks that
@@ -137,7 +138,7 @@ def profile_model(
             device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
             layouts = [gradient_layout(m, dtype) for m in spec.stages] if replicas is not None else []
             steps = [optimizer_step_ms(m, device, dtype) for m in spec.stages] if replicas is not None else []
-            work = list(zip(spec.stages, stage_inputs(spec))) if replicas is not None and not shard else None
+            work = list(zip(spec.stages, stage_inputs(spec))) if replicas is not None else None
         units = [shard_units(m, resolve_dtype(settings.dtype)) for m in spec.stages] if shard else None
         return prof if replicas is None else _reductions_locally(prof, layouts, steps, settings, replicas, work, units)
     device = resolve_device(settings.device, _local_rank())
@@ -162,10 +163,10 @@ def _reductions_locally(prof: Profile, layouts: list[Layout], steps: list[float]
     sharded, each one's gather and reduce-scatter timed."""
     grads = [float(sum(math.prod(shape) * dtype.itemsize for shape, dtype in layout)) for layout in layouts]
     if units is not None:
-        both = [([], []) for _ in units] if replicas == 1 else measure_sharded_locally(units, replicas, settings.repeat,
-                                                                                       settings.timeout)
+        both, slow = ([([], []) for _ in units], None) if replicas == 1 else measure_sharded_locally(
+            units, replicas, settings.repeat, settings.timeout, work, settings.warmup, settings.threads)
         return with_measured_data_parallel(prof, replicas, [r for _, r in both], grads, steps, group="local",
-                                           backend="gloo", gathers=[g for g, _ in both])
+                                           backend="gloo", gathers=[g for g, _ in both], slowdown=slow)
     samples, slowdown = ([[] for _ in layouts], None) if replicas == 1 else measure_locally(
         layouts, replicas, settings.repeat, settings.timeout, work, settings.warmup, settings.threads)
     return with_measured_data_parallel(prof, replicas, samples, grads, steps, group="local", backend="gloo",
@@ -214,9 +215,14 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
                                 max(settings.repeat, 20)) if nbytes else None
         found: dict[int, tuple] = {}
         if replicas is not None and shard:  # sharded stages: each one's gather and reduce-scatter
-            both = sharded_samples([shard_units(spec.stages[s], dtype) for s in mine], mesh["dp_replicate"], settings.repeat)
+            units = [shard_units(spec.stages[s], dtype) for s in mine]
+            both = sharded_samples(units, mesh["dp_replicate"], settings.repeat)
+            with torch.enable_grad():  # each stage's pass beside its gathers and reduce-scatters
+                slow = slowdown_samples([stage_pass(spec.stages[s], inputs[s]) for s in mine],
+                                        [sharded_buffers(u, dp, device) for u in units], dp_group, settings.repeat,
+                                        settings.warmup, settings.timeout, device, sharded=True)
             found = {s: (both[i][1], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype),
-                         both[i][0], []) for i, s in enumerate(mine)}
+                         both[i][0], slow[i]) for i, s in enumerate(mine)}
         elif replicas is not None:
             samples = reduction_samples([spec.stages[s] for s in mine], dp_group, settings.repeat, settings.timeout)
             with torch.enable_grad():
@@ -251,7 +257,7 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
     return with_measured_data_parallel(prof, replicas, [pooled[s] for s in range(p)], [first_of[s][1] for s in range(p)],
                                        [first_of[s][2] for s in range(p)], group="torchrun",
                                        backend=str(dist.get_backend(dp_group)),
-                                       slowdown=None if shard else [slowed[s] for s in range(p)],
+                                       slowdown=[slowed[s] for s in range(p)],
                                        gathers=[gathered[s] for s in range(p)] if shard else None)
 
 

@@ -18,10 +18,18 @@ a real data-parallel group, every member at once:
 A sample is a round's pass beside the reduction over its pass alone: pairing them keeps a
 drift in the machine's load out of the ratio. A pass that ended after its rank's reductions
 had stopped is left out. The samples' median is the factor, at least 1.
+
+A sharded stage (``fully_shard``) has no all-reduce on its lane but its parameters' gather at
+the step's start and its gradients' reduce-scatter after its last W; the simulator slows the
+passes beside either by the stage's one factor. Its lane here runs the stage's collectives as
+FSDP issues them (``sharded_buffers``): per unit (``shard_units``), an all-gather of each
+rank's padded shard into the whole, then a reduce-scatter of the whole back to the shards,
+back to back, so the factor is that of the mix a sharded step puts beside its passes.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +41,7 @@ from torch import nn
 from ..errors import ZbError
 from .stages import as_inputs
 
-__all__ = ["LANE_THREAD", "stage_pass", "reduction_buffers", "slowdown_samples"]
+__all__ = ["LANE_THREAD", "stage_pass", "reduction_buffers", "sharded_buffers", "slowdown_samples"]
 
 LANE_THREAD = "zbsearch-reduction-lane"  # the name of the thread that keeps a reduction running
 
@@ -60,12 +68,29 @@ def reduction_buffers(module: nn.Module, group: dist.ProcessGroup | None, timeou
     return GradientReducer({0: module}, [0], on, timeout).buffers(0)
 
 
+def sharded_buffers(units: Sequence[Sequence[tuple[tuple[int, ...], torch.dtype]]], world: int,
+                    device: torch.device) -> list[torch.Tensor]:
+    """Zeros shaped as what FSDP gathers and reduce-scatters for a stage sharded over ``world``
+    ranks, whose units hold parameters of these shapes and dtypes (``shard_units``): per unit
+    and dtype, the whole of every rank's shards (each parameter's first dimension padded to a
+    multiple of ``world``, as FSDP pads it), flat."""
+    out = []
+    for unit in units:
+        per_dtype: dict[torch.dtype, int] = {}
+        for shape, dtype in unit:
+            rows = -(-shape[0] // world) if shape else 1
+            per_dtype[dtype] = per_dtype.get(dtype, 0) + rows * math.prod(shape[1:])
+        out += [torch.zeros(world * n, dtype=dtype, device=device) for dtype, n in per_dtype.items() if n]
+    return out
+
+
 def slowdown_samples(passes: Sequence[Callable[[], None]], buffers: Sequence[list[torch.Tensor]],
                      group: dist.ProcessGroup | None, repeat: int, warmup: int, timeout: float,
-                     device: torch.device | None = None) -> list[list[float]]:
+                     device: torch.device | None = None, sharded: bool = False) -> list[list[float]]:
     """Collective over ``group``: per stage, the factors by which its reduction (``buffers``)
     running beside its pass (``passes``) slowed the pass (module docstring); fewer than
-    ``repeat`` where passes outlasted the reductions."""
+    ``repeat`` where passes outlasted the reductions. ``sharded``: the buffers are a sharded
+    stage's (``sharded_buffers``), each all-gathered then reduce-scattered instead."""
     cuda = device is not None and device.type == "cuda"
 
     def timed(run: Callable[[], None]) -> float:
@@ -84,7 +109,7 @@ def slowdown_samples(passes: Sequence[Callable[[], None]], buffers: Sequence[lis
         samples = []
         for k in range(repeat):
             first = timed(run) if k % 2 == 0 else None  # alone first in even rounds, after in odd ones
-            lane = _Lane(bufs, group)
+            lane = _Lane(bufs, group, sharded)
             dist.barrier(group=group)
             lane.begin(timeout)
             took = timed(run)
@@ -98,10 +123,13 @@ def slowdown_samples(passes: Sequence[Callable[[], None]], buffers: Sequence[lis
 
 
 class _Lane:
-    """A stage's reduction repeated on a thread until every member of the group asks it to stop."""
+    """A stage's reduction (``sharded``: its gathers and reduce-scatters) repeated on a thread
+    until every member of the group asks it to stop."""
 
-    def __init__(self, buffers: list[torch.Tensor], group: dist.ProcessGroup | None) -> None:
+    def __init__(self, buffers: list[torch.Tensor], group: dist.ProcessGroup | None, sharded: bool = False) -> None:
         self.buffers, self.group = buffers, group
+        self.shards = [torch.zeros(b.numel() // dist.get_world_size(group), dtype=b.dtype, device=b.device)
+                       for b in buffers] if sharded else None
         self.flag = torch.zeros(1, device=buffers[0].device if buffers else "cpu")
         self.started, self.stopped, self.stop = threading.Event(), threading.Event(), threading.Event()
         self.error: BaseException | None = None
@@ -111,8 +139,14 @@ class _Lane:
         try:
             with torch.no_grad():
                 while True:
-                    for b in self.buffers:
-                        dist.all_reduce(b, group=self.group)
+                    if self.shards is None:
+                        for b in self.buffers:
+                            dist.all_reduce(b, group=self.group)
+                    else:  # as FSDP: each unit's shards gathered whole, then its gradients reduce-scattered
+                        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # torch < 2.13
+                        for b, part in zip(self.buffers, self.shards):
+                            dist.all_gather_into_tensor(b, part, group=self.group)
+                            scatter(part, b, group=self.group)
                     self.flag.fill_(1.0 if self.stop.is_set() else 0.0)
                     dist.all_reduce(self.flag, op=dist.ReduceOp.MIN, group=self.group)  # 1 once every member asks
                     self.started.set()

@@ -401,13 +401,15 @@ class PipelineRuntime:
 
     def trace(self) -> Trace | None:
         """Collective: the last step's per-action timeline of all ranks (on rank 0; None elsewhere)."""
-        lane = None
-        if self._dp is not None:  # perf_counter seconds -> microseconds of rank 0's clock, as the passes
-            off = self._timer.offset
+        lane = gathered = None
+        off = self._timer.offset  # perf_counter seconds -> microseconds of rank 0's clock, as the passes
+        if self._dp is not None:
             lane = [(s, (b - off) * 1e6, (e - off) * 1e6) for s, b, e in self._dp.last_step]
+        if self._sharded is not None:
+            gathered = [(s, (b - off) * 1e6, (e - off) * 1e6, n) for s, b, e, n in self._sharded.last_gathers]
         return gather_trace(
             self._timer.rows, self.rank, self.schedule.num_ranks, self.schedule.kind, self.group, self.device,
-            self.timeout, reductions=lane, num_microbatches=self.schedule.num_microbatches,
+            self.timeout, reductions=lane, gathers=gathered, num_microbatches=self.schedule.num_microbatches,
             num_stages=self.schedule.num_stages,
         )
 
@@ -421,6 +423,13 @@ class PipelineRuntime:
         """The last step's data-parallel reductions on this rank: (stage, start, end), in seconds
         of ``time.perf_counter`` (end: when it was first seen complete, between passes)."""
         return [] if self._dp is None else list(self._dp.last_step)
+
+    @property
+    def gathers(self) -> list[tuple[int, float, float, float]]:
+        """The last step's parameter gathers of this rank's sharded stages: (stage, start, end,
+        bytes), in seconds of ``time.perf_counter`` (start: issued at the step's start; end: when
+        first seen complete, between passes or before the stage's first pass); empty unsharded."""
+        return [] if self._sharded is None else list(self._sharded.last_gathers)
 
     # -- actions -------------------------------------------------------------------------------
     def _stage_done(self, stage: int) -> None:

@@ -20,6 +20,10 @@ pipelining schedules do:
 * before the optimizer step (``finish``) FSDP's end-of-backward callback waits for the
   reductions and resets its state.
 
+Each step's gathers are timed for the trace (``last_gathers``): a stage's gather from the moment
+its first all-gather is issued to the moment the rank first sees all of them complete (polled
+between passes, or waited for before its first pass), with the bytes it gathers.
+
 FSDP's collectives wait as long as the process group allows (``init_process_group(timeout=)``),
 not the runtime's ``timeout``: on the host's gloo a reduce-scatter blocks until it is done.
 
@@ -121,6 +125,9 @@ class ShardedStages:
         self._on_host = all(g.device.type == "cpu" for mods in self._modules.values() for m in mods for g in _groups(m))
         self._reshard: dict[int, list] = {}
         self.last_step: list[tuple[int, float, float]] = []  # (stage, started, completed) in perf_counter seconds
+        self._gathering: dict[int, float] = {}  # stage -> when its gather was issued, until seen complete
+        self._gathered: dict[int, tuple[float, float]] = {}  # stage -> (issued, seen complete) this step
+        self.last_gathers: list[tuple[int, float, float, float]] = []  # (stage, issued, completed, bytes), perf_counter s
 
     @property
     def stages(self) -> list[int]:
@@ -138,13 +145,31 @@ class ShardedStages:
                 m.set_is_last_backward(False)  # type: ignore[operator]
                 m.set_requires_gradient_sync(False, recurse=False)  # type: ignore[operator]
                 m.set_reshard_after_backward(False, recurse=False)  # type: ignore[operator]
+            self._gathering[s] = time.perf_counter()
             self._gathers[s] = [m.unshard(async_op=True) for m in self._modules[s]]  # type: ignore[operator]
 
     def before(self, stage: int) -> None:
         """Wait for ``stage``'s gathered parameters (before its first pass of the step)."""
+        self._poll_gathers()
         for handle in self._gathers.pop(stage, []):
             if handle is not None:
                 handle.wait()
+        if stage in self._gathering:  # not seen complete before: complete now
+            self._gathered[stage] = (self._gathering.pop(stage), time.perf_counter())
+
+    def _poll_gathers(self) -> None:
+        """Note the time of gathers seen complete (no wait)."""
+        now = None
+        for s in list(self._gathering):
+            if all(_gathered(g) for m in self._modules[s] for g in _groups(m)):
+                now = now or time.perf_counter()
+                self._gathered[s] = (self._gathering.pop(s), now)
+
+    def gathered_bytes(self, stage: int) -> float:
+        """Bytes a gather of ``stage`` brings to this rank: its parameters whole (this rank's
+        tensor-parallel share), in the dtype FSDP gathers them in."""
+        return float(sum(fp._orig_size.numel() * (getattr(fp, "param_dtype", None) or fp.sharded_param.dtype).itemsize
+                         for m in self._modules[stage] for g in _groups(m) for fp in g.fsdp_params))
 
     def start(self, stage: int) -> None:
         """The stage's gradients are complete here: reduce-scatter them and free the gathered
@@ -162,7 +187,8 @@ class ShardedStages:
         self._ended[stage] = time.perf_counter()  # on the host's gloo the reduce-scatter has run by now
 
     def poll(self) -> None:
-        """Nothing to note between passes (FSDP's reductions are waited for in ``finish``)."""
+        """Note the gathers seen complete between passes (FSDP's reductions are waited for in ``finish``)."""
+        self._poll_gathers()
 
     def finish(self) -> list[int]:
         """Wait for the reductions of this step (FSDP's end-of-backward callback per root) and
@@ -175,7 +201,9 @@ class ShardedStages:
                 fully_shard.state(root)._root_post_backward_final_callback()  # type: ignore[attr-defined]
         now = time.perf_counter()
         self.last_step = [(s, self._started[s], self._ended[s] if self._on_host else now) for s in done]
-        self._started, self._ended = {}, {}
+        self.last_gathers = [(s, a, b, self.gathered_bytes(s)) for s, (a, b) in sorted(self._gathered.items(),
+                                                                                          key=lambda kv: kv[1])]
+        self._started, self._ended, self._gathered = {}, {}, {}
         return done
 
     def abort(self) -> None:
@@ -184,6 +212,14 @@ class ShardedStages:
             for g, mesh_info in items:
                 g.post_forward_mesh_info = mesh_info
         self._reshard, self._gathers, self._started, self._ended = {}, {}, {}, {}
+        self._gathering, self._gathered = {}, {}
+
+
+def _gathered(group) -> bool:
+    """Whether an FSDP parameter group's all-gather has completed (or none is in flight)."""
+    result = getattr(group, "_all_gather_result", None)
+    work = None if result is None else result.all_gather_work
+    return work is None or bool(work.is_completed())
 
 
 def _nested_strided(p: nn.Parameter, fsdp_param) -> bool:

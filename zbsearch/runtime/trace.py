@@ -114,21 +114,27 @@ def gather_trace(
     device: torch.device,
     timeout: float,
     reductions: list[tuple[int, float, float]] | None = None,
+    gathers: list[tuple[int, float, float, float]] | None = None,
     **info,
 ) -> Trace | None:
     """Collective: every rank's rows to rank 0 of the group, as one trace (None on other ranks).
     ``reductions``: this rank's (stage, start us, end us) on rank 0's clock, where the pipeline
-    is one replica of several (then every rank gives them)."""
+    is one replica of several (then every rank gives them); ``gathers``: likewise its sharded
+    stages' parameter gathers (stage, start us, end us, bytes)."""
     table = [[a.stage, _OPS.index(a.op), a.mb, b, e, m] for a, b, e, m in rows]
     per_rank = _gather_rows(table, 6, rank, world, group, device, timeout, "gathering the trace")
-    lanes = None  # every rank gives them or none does (each holds a replica of its stages, or none)
+    lanes = fetched = None  # every rank gives them or none does (each holds a replica of its stages, or none)
     if reductions is not None:
         lanes = _gather_rows([list(x) for x in reductions], 3, rank, world, group, device, timeout, "gathering the reductions")
+    if gathers is not None:
+        fetched = _gather_rows([list(x) for x in gathers], 4, rank, world, group, device, timeout, "gathering the gathers")
     if per_rank is None:  # not rank 0
         return None
     t0 = min((row[3] for rows_r in per_rank for row in rows_r), default=0.0)  # the step's first start
     if lanes is not None:
         info["reductions"] = [[(int(s), b - t0, e - t0) for s, b, e in lane] for lane in lanes]
+    if fetched is not None:
+        info["gathers"] = [[(int(s), b - t0, e - t0, n) for s, b, e, n in lane] for lane in fetched]
     events = []
     for r, rows_r in enumerate(per_rank):
         for stage, op, mb, b, e, m in rows_r:
