@@ -1,8 +1,9 @@
 """Mixture-of-experts under pipeline and expert parallelism: PP2 x EP2 on 4 gloo processes (the
 expert groups are the data-parallel peers of each stage) equals one process holding every
 expert on the global batch, for every schedule kind and for DualPipeV with its overlapped pairs
-run at once, over several AdamW steps; and with expert groups of one rank (every rank holding
-every expert), the expert copies' gradients summed across the replicas."""
+run at once, over several AdamW steps with the routing balanced after each (the tokens counted
+and the biases moved equal to one process's); and with expert groups of one rank (every rank
+holding every expert), the expert copies' gradients summed across the replicas."""
 
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ from zbsearch.formats.trace import Trace
 from zbsearch.idle_time import measure_idle_time
 from zbsearch.layout import placement
 from zbsearch.models.gpt import gpt_batch, gpt_loss
-from zbsearch.models.moe import MoE, MoEConfig, all_to_all_time, moe_stages
+from zbsearch.models.moe import MoE, MoEConfig, all_to_all_time, balance_experts, moe_stages
 from zbsearch.pass_times import compare_pass_times
 from zbsearch.runtime import PipelineError, PipelineRuntime
 from zbsearch.runtime.data_parallel import is_expert
 from zbsearch.solver.paired_v import paired_v
 
 PP, EP, M = 2, 2, 4
+RATE = 0.05  # large enough that the biases change the routing within the test's steps
 
 
 def _config(stages: int) -> MoEConfig:
@@ -98,6 +100,11 @@ def _run(rank: int, world: int, send, schedules: list[tuple[str, int]], steps: i
                                                    atol=1e-6, msg=lambda e, w=where: f"{w}: {e}")
                 ref_opt.step()
                 our_opt.step()
+                theirs = {s: balance_experts(st, RATE) for s, st in enumerate(ref)}
+                for s, st in mine.items():
+                    ours = balance_experts(st, RATE, mesh["dp_replicate"].get_group())
+                    assert ours == theirs[s] and ours and sum(ours[0].tokens) == EP * M * 2 * cfg.seq * cfg.top_k, \
+                        f"{sched.kind} step {step} stage {s}: {ours} != {theirs[s]}"
         for s, st in mine.items():  # parameters after the AdamW steps
             for (name, q), p in zip(st.named_parameters(), ref[s].parameters()):
                 q, p = q.detach().clone(), _expert_slice(name, expert_rank, p.detach(), held).clone()
@@ -162,6 +169,58 @@ def test_moe_layer_routes_each_token_to_its_top_k_experts():
                    for wi, ei in zip(w, e))
         row = (x.reshape(-1, 6) == t).all(-1).nonzero()[0, 0]
         torch.testing.assert_close(got.reshape(-1, 6)[row], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_biased_layer_picks_by_probability_plus_bias_and_weights_by_probability():
+    """Token by token: the experts are the top k of probability + bias, weighted by their
+    renormalised probabilities; training forwards count the tokens, evaluation does not."""
+    torch.manual_seed(1)
+    layer = MoE(hidden=6, inner=10, experts=5, top_k=2)
+    layer.balance_bias.copy_(torch.tensor([0.3, -0.2, 0.0, 0.5, -0.1]))
+    x = torch.randn(7, 6)
+    got = layer(x)
+    counts = torch.zeros(5)
+    for t, row in zip(x, got):
+        probs = layer.router(t).softmax(-1)
+        e = (probs + layer.balance_bias).topk(2).indices
+        counts[e] += 1
+        w = probs[e] / probs[e].sum()
+        want = sum(wi * (torch.nn.functional.gelu(t @ layer.w_in[ei] + layer.b_in[ei]) @ layer.w_out[ei])
+                   for wi, ei in zip(w, e))
+        torch.testing.assert_close(row, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(layer.balance_load, counts)
+    layer.eval()
+    layer(x)
+    assert torch.equal(layer.balance_load, counts)
+
+
+def test_balancing_evens_a_skewed_router_out():
+    """A router that sends most tokens to two experts: updates alone (no training) bring the
+    busiest expert's load towards the mean, and never move a bias by more than the rate."""
+    torch.manual_seed(2)
+    layer = MoE(hidden=8, inner=8, experts=8, top_k=2)
+    with torch.no_grad():
+        layer.router.weight[:2] += layer.router.weight[:2].sign()
+    x = torch.randn(256, 8)
+    loads, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)  # a hundred tiny forwards: threads only contend
+    try:
+        for _ in range(100):
+            before = layer.balance_bias.clone()
+            with torch.no_grad():
+                layer(x)
+            (load,) = balance_experts(layer, 0.002)
+            assert (layer.balance_bias - before).abs().max() <= 0.002 + 1e-7
+            assert sum(load.tokens) == 256 * 2 and torch.equal(layer.balance_load, torch.zeros(8))
+            loads.append(load.imbalance)
+    finally:
+        torch.set_num_threads(threads)
+    assert loads[0] > 1.5 and max(loads[-10:]) < 0.75 * loads[0], loads
+
+
+def test_balance_refuses_a_negative_rate_in_one_line():
+    with pytest.raises(zb.ZbError, match="rate must be >= 0"):
+        balance_experts(MoE(hidden=4, inner=4, experts=2, top_k=1), -1.0)
 
 
 def test_pairs_that_cannot_run_are_refused_in_one_line():

@@ -21,6 +21,15 @@ counts the tokens of every rank of its group.
 
 ``all_to_all_time`` measures the seconds this process spends in the all-to-all calls, what the
 profiler records as a pass's ``a_f`` / ``a_b``.
+
+Load balancing without an auxiliary loss (DeepSeek-V3, arXiv 2412.19437, section 2.1.2): each
+``MoE`` layer adds a per-expert bias to the router's probabilities when it picks the top k (the
+weights stay the probabilities), and counts the tokens each expert was given in the step's
+training forwards (a recompute pass repeats a forward's routing and is not counted again).
+``balance_experts`` after the optimizer step sums the counts over the data-parallel replicas
+and moves each bias by ``rate`` towards balance: up for an expert given fewer tokens than the
+mean, down for one given more. The bias is not trained and changes no gradient formula, so a
+pipeline and one process holding the whole batch route alike and agree step by step.
 """
 
 from __future__ import annotations
@@ -40,11 +49,12 @@ from torch.nn import functional as F
 
 from ..errors import ZbError
 from ..runtime.data_parallel import is_expert, mark_expert
+from ..runtime.recompute import recompute_mode
 from .gpt import Attention, Embedding, GPTConfig, Head
 
 __all__ = [
     "ExpertGroups", "MoE", "MoEConfig", "moe_stages", "is_expert", "mark_expert", "expert_parallel", "all_to_all_time",
-    "AllToAllClock", "exchange", "shard_hf_experts",
+    "AllToAllClock", "exchange", "shard_hf_experts", "balance_experts", "ExpertLoad",
 ]
 
 _COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=300)
@@ -142,6 +152,9 @@ class MoE(nn.Module):
     """Top-k routed feed-forward experts: ``experts`` GELU MLPs of width ``inner``, of which this
     rank holds ``held`` (all of them until ``shard``). (tokens..., hidden) -> the same shape."""
 
+    balance_bias: torch.Tensor  # buffers: the routing bias of ``balance_experts`` and its token counts
+    balance_load: torch.Tensor
+
     def __init__(self, hidden: int, inner: int, experts: int, top_k: int) -> None:
         super().__init__()
         if not 1 <= top_k <= experts:
@@ -152,6 +165,8 @@ class MoE(nn.Module):
         self.b_in = mark_expert(nn.Parameter(torch.zeros(experts, inner)))
         self.w_out = mark_expert(nn.Parameter(torch.randn(experts, inner, hidden) * inner ** -0.5))
         self.groups: ExpertGroups | None = None
+        self.register_buffer("balance_bias", torch.zeros(experts))
+        self.register_buffer("balance_load", torch.zeros(experts), persistent=False)
 
     @property
     def held(self) -> int:
@@ -178,12 +193,15 @@ class MoE(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         probs = self.router(x).softmax(-1)
-        weight, chosen = probs.topk(self.top_k, dim=-1)
+        chosen = (probs.detach() + self.balance_bias).topk(self.top_k, dim=-1).indices
+        weight = probs.gather(-1, chosen)
         weight = weight / weight.sum(-1, keepdim=True)
         flat = chosen.reshape(-1)
         order = flat.argsort(stable=True)  # the (token, choice) pairs grouped by expert
         token = order // self.top_k
         counts = torch.bincount(flat, minlength=self.num_experts)
+        if self.training and recompute_mode() != "recompute":
+            self.balance_load += counts.to(self.balance_load.dtype)
         ys = self._experts(x[token], counts)
         out = torch.zeros_like(x).index_add(0, token, ys * weight.reshape(-1)[order].unsqueeze(-1))
         return out.reshape(shape)
@@ -198,6 +216,57 @@ class MoE(nn.Module):
         for e, part in enumerate(rows.split(counts)):
             outs.append(F.gelu(part @ self.w_in[e] + self.b_in[e]) @ self.w_out[e])
         return torch.cat(outs) if outs else rows
+
+
+@dataclass(frozen=True)
+class ExpertLoad:
+    """One ``MoE`` layer's step, as ``balance_experts`` saw it: the tokens each expert was given
+    over the replicas, and the routing bias after the update."""
+
+    name: str
+    tokens: list[int]
+    bias: list[float]
+
+    @property
+    def imbalance(self) -> float:
+        """The busiest expert's tokens over the mean (1 when balanced; 0 with no tokens)."""
+        total = sum(self.tokens)
+        return max(self.tokens) * len(self.tokens) / total if total else 0.0
+
+
+@torch.no_grad()
+def balance_experts(modules: nn.Module | Sequence[nn.Module], rate: float,
+                    groups: dist.ProcessGroup | Sequence[dist.ProcessGroup] = ()) -> list[ExpertLoad]:
+    """Call after each optimizer step on every rank: the ``MoE`` layers of ``modules`` (this
+    rank's stages) sum the tokens their experts were given since the last call over ``groups``
+    (the data-parallel groups of this pipeline position: every rank holding a copy of these
+    stages, expert-group peers included; none for one process), move each expert's routing bias
+    by ``rate`` towards balance (up where an expert was given fewer tokens than the mean, down
+    where more, as DeepSeek-V3 does) and start counting again. Collective over ``groups``, with
+    the same stages in the same order on every member. Returns each layer's load."""
+    if not rate >= 0:
+        raise ZbError(f"balance_experts: rate must be >= 0, not {rate}")
+    group_list = [groups] if isinstance(groups, dist.ProcessGroup) else list(groups)
+    mods = [modules] if isinstance(modules, nn.Module) else list(modules)
+    layers = [(f"{i}.{name}" if len(mods) > 1 else name, m)
+              for i, mod in enumerate(mods) for name, m in mod.named_modules() if isinstance(m, MoE)]
+    if not layers:
+        return []
+    loads = torch.cat([m.balance_load for _, m in layers])
+    for g in group_list:
+        if dist.get_world_size(g) > 1:
+            work = dist.all_reduce(loads, group=g, async_op=True)
+            assert work is not None
+            work.wait(_COLLECTIVE_TIMEOUT)
+    out, at = [], 0
+    for name, m in layers:
+        n = m.num_experts
+        load = loads[at:at + n]
+        at += n
+        m.balance_bias += rate * torch.sign(load.mean() - load)
+        m.balance_load.zero_()
+        out.append(ExpertLoad(name, [int(v) for v in load.tolist()], m.balance_bias.tolist()))
+    return out
 
 
 def exchange(rows: torch.Tensor, counts: torch.Tensor, groups: ExpertGroups | None, held: int,
