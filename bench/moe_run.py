@@ -12,7 +12,8 @@ not hold the device, so in an overlapped pair the other pass computes meanwhile.
 Per schedule (DualPipeV with and without its overlapped pairs, ZB-V, 1F1B; m = ``-m``):
   1. profile: every stage measured as ``zbsearch profile --ep`` measures one
      (``zbsearch.profiler.pairs``, every expert peer at once): its F, B and W timed alone with
-     the runtime's split passes, the all-to-all inside F and B, and a pair (an F on a thread
+     the runtime's split passes, its forward and fused backward as the runtime runs them before
+     and as a BW (``t_ff``, ``t_bw``), the all-to-all inside F and B, and a pair (an F on a thread
      while another microbatch's B runs, as the runtime runs one) against the two alone: the
      stage's ``pair_exposed``. The profile takes the first expert peer's medians, as the
      profiler takes its group's first process's. Nothing else is calibrated: the passes' own
@@ -137,6 +138,7 @@ def _worker(rank: int, world: int, send, texts: list[str], iters: int, warmup: i
         inputs = [(torch.zeros(ROWS, 256, requires_grad=s > 0),) for s in held]
         got = pair_rounds([mine[s] for s in held], inputs, [None] * len(held), groups.backward, rounds, 2)
         profiled = {s: asdict(r) for s, r in zip(held, got)}
+        fused = {s: _fused_times(mine[s], x, groups.backward, rounds) for s, x in zip(held, inputs)}
         loss = (lambda out, y: out.sum() * 0) if sched.num_stages - 1 in mine else None
         times, traces = [], []
         with PipelineRuntime(sched, mine, loss, mesh=mesh, timeout=120, check_model=False) as rt:
@@ -151,9 +153,33 @@ def _worker(rank: int, world: int, send, texts: list[str], iters: int, warmup: i
                     trace = rt.trace()  # (collective on the pipeline; outside the timed step)
                     if trace is not None:
                         traces.append(trace.model_dump_json())
-        out.append({"kind": sched.kind, "ep_rank": groups.rank, "profiled": profiled, "iteration_ms": times,
+        out.append({"kind": sched.kind, "ep_rank": groups.rank, "profiled": profiled, "fused": fused, "iteration_ms": times,
                     "traces": traces})
     return out
+
+
+def _fused_times(stage: nn.Module, x: tuple, group, rounds: int) -> tuple[float, float]:
+    """(t_ff, t_bw): the median ms of the forward before a fused backward and of the fused
+    backward, as the profiler measures them (after 2 untimed rounds; the expert peers meet at a
+    barrier before each timed pass, as in ``pair_rounds``)."""
+    from zbsearch.runtime.split import backward_full, forward_pass
+
+    ff, bw = [], []
+    with torch.enable_grad():
+        for k in range(2 + rounds):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            fp = forward_pass(stage, x, split=False)
+            t1 = time.perf_counter()
+            dist.barrier(group=group)
+            t2 = time.perf_counter()
+            backward_full(fp, [torch.ones_like(o) for o in fp.outputs])
+            t3 = time.perf_counter()
+            if k >= 2:
+                ff.append((t1 - t0) * 1e3)
+                bw.append((t3 - t2) * 1e3)
+    stage.zero_grad(set_to_none=True)
+    return statistics.median(ff), statistics.median(bw)
 
 
 def _profile(got: list, i: int, num_stages: int) -> zb.Profile:
@@ -162,16 +188,18 @@ def _profile(got: list, i: int, num_stages: int) -> zb.Profile:
     from zbsearch.profiler.pairs import PairRounds
 
     rounds: dict[int, PairRounds] = {}
+    fused: dict[int, tuple[float, float]] = {}
     for per_rank in got:
         if per_rank[i]["ep_rank"] == 0:
             rounds.update({int(s): PairRounds(**r) for s, r in per_rank[i]["profiled"].items()})
+            fused.update({int(s): tuple(f) for s, f in per_rank[i]["fused"].items()})
     stages = []
     for s in range(num_stages):
-        r = rounds[s]
+        r, (t_ff, t_bw) = rounds[s], fused[s]
         t_f, t_b, t_w = (statistics.median(x) for x in (r.t_f, r.t_b, r.t_w))
-        stages.append(zb.StageCost(t_f=t_f, t_b=t_b, t_w=t_w, m_f=1, m_b=-0.5, m_w=-0.5,
-                                   a_f=min(statistics.median(r.a_f), t_f), a_b=min(statistics.median(r.a_b), t_b),
-                                   pair_exposed=r.exposed))
+        stages.append(zb.StageCost(t_f=t_f, t_b=t_b, t_w=t_w, t_ff=t_ff, t_bw=t_bw, m_f=1, m_b=-0.5, m_w=-0.5,
+                                   a_f=min(statistics.median(r.a_f), t_f, t_ff),
+                                   a_b=min(statistics.median(r.a_b), t_b, t_bw), pair_exposed=r.exposed))
     return zb.Profile(name="moe-emulated", memory_unit="activations", stages=stages,
                       mesh=ProfileMesh(pp=num_stages, ep=EP))
 
