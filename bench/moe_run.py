@@ -230,10 +230,30 @@ def _passes(sched: zb.Schedule, traces: list[str]) -> dict[str, float]:
     return {k: m / p for k, (m, p) in sums.items() if p > 0}
 
 
+def _rank_busy(traces: list[str], ranks: int) -> list[float]:
+    """Per pipeline rank, the mean ms its passes held it in a traced step (the union of their
+    spans: a pair's two passes share one), over the steps and replicas."""
+    from zbsearch.formats.trace import Trace
+
+    per: list[list[float]] = [[] for _ in range(ranks)]
+    for text in traces:
+        spans: dict[int, list[tuple[float, float]]] = {}
+        for ev in Trace.model_validate_json(text).traceEvents:
+            spans.setdefault(ev.pid, []).append((ev.ts, ev.ts + ev.dur))
+        for r, got in spans.items():
+            total, end = 0.0, float("-inf")
+            for b, e in sorted(got):
+                total += max(0.0, e - max(b, end))
+                end = max(end, e)
+            per[r].append(total / 1e3)
+    return [statistics.mean(x) if x else 0.0 for x in per]
+
+
 def main() -> None:
     from common import save
 
     from zbsearch.distributed import run_local
+    from zbsearch.prediction import timeline
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", type=int, default=8)
@@ -255,13 +275,16 @@ def main() -> None:
                                                                   for c in prof.stages]}))[0]
         measured = _median_step(got, i, args.iters)
         traced = sched.model_copy(update={"profile": prof})
-        passes = _passes(traced, [t for per_rank in got for t in per_rank[i]["traces"]])
+        traces = [t for per_rank in got for t in per_rank[i]["traces"]]
+        passes = _passes(traced, traces)
+        tl = timeline(traced)
         pairs = sum(len(r) for r in sched.overlapped or [])
         rows.append({"kind": sched.kind, "pairs": pairs, "profile": prof.model_dump(mode="json", exclude_none=True),
                      "predicted_ms": predicted, "pairs_priced": priced, "predicted_fully_hidden_ms": rule,
                      "measured_ms": measured, "vs_predicted": measured / predicted - 1,
                      "iteration_ms": [max(per_rank[i]["iteration_ms"][k] for per_rank in got) for k in range(args.iters)],
-                     "pass_ratio": passes})
+                     "pass_ratio": passes, "busy_predicted_ms": list(tl.busy),
+                     "busy_measured_ms": _rank_busy(traces, sched.num_ranks)})
         e = [c.pair_exposed for c in prof.stages if c.pair_exposed is not None]
         print(f"{sched.kind:18s} pairs {pairs:2d}  pair_exposed {min(e, default=0):.2f}-{max(e, default=0):.2f}  "
               f"predicted {predicted:7.1f} (fully hidden {rule:7.1f})  measured {measured:7.1f}  "

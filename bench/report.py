@@ -210,7 +210,9 @@ def moe_run(docs: list[dict]) -> list[str]:
            "- *predicted*: the simulator's makespan on that profile (what `zbsearch simulate` predicts); *fully "
            "hidden*: the same with `pair_exposed` left out (the cost rule before it was measured).",
            "- *passes measured / profiled*: from the runtime's trace of each timed step, each kind of pass's time "
-           "against the profile's (`zbsearch simulate --measured`), over every rank and replica; a pair is one block.",
+           "against the profile's (`zbsearch simulate --measured`), over every rank and replica; a pair is one block. "
+           "*busy*: per pipeline rank, the time its passes held it in a step, predicted and traced (a pair counted once): "
+           "what the measured iteration has beyond it is waits and the runtime's own work between passes.",
            ""]
     body, errs = [], []
     for r in doc["rows"]:
@@ -225,10 +227,13 @@ def moe_run(docs: list[dict]) -> list[str]:
                      f"{r['predicted_fully_hidden_ms']:.1f}" if r["pairs"] else "-",
                      f"{r['predicted_ms']:.1f}", f"{r['measured_ms']:.1f} ±{(q[2] - q[0]) / 2 / r['measured_ms']:.0%}",
                      f"{r['vs_predicted']:+.1%}",
-                     ", ".join(f"{k} {v:.2f}" for k, v in r["pass_ratio"].items())])
+                     ", ".join(f"{k} {v:.2f}" for k, v in r["pass_ratio"].items())]
+                    + ([" / ".join(f"{p:.0f}→{m:.0f}" for p, m in zip(r["busy_predicted_ms"], r["busy_measured_ms"]))]
+                       if "busy_measured_ms" in r else []))
     out += _table(["schedule", "pairs", "stage 0 t_f / a_f / t_b / a_b (ms)", "pair_exposed (stages)",
                    "predicted, fully hidden (ms)", "predicted (ms)", "measured (ms)", "measured vs predicted",
-                   "passes measured / profiled"], body)
+                   "passes measured / profiled"] + (["busy per rank, predicted→traced (ms)"]
+                                                    if all("busy_measured_ms" in r for r in doc["rows"]) else []), body)
     out += [f"- {sum(e <= 0.05 for e in errs)} of {len(errs)} schedules within 5% of the prediction; largest "
             f"|measured / predicted - 1| {max(errs):.1%} (target 5%: {'met' if max(errs) <= 0.05 else 'not met'}).", ""]
     return out
