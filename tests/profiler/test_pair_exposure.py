@@ -7,7 +7,7 @@ part of it holding the device too (``held``, a share: communication that takes t
 the other pass computes with). F runs its all-to-all first then computes, B computes then runs
 its all-to-all, so in a pair everything the cost rule hides is hidden where ``held`` is 0, and
 the held share is not: the pair costs the rule's time plus ``held`` of what it hides, and the
-measured share is ``held`` (0, 0.5, 1 here), whatever the times.
+measured share is ``held`` (0, 0.5, 1 here; a thread's wake-up on a loaded machine adds a little).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 from zbsearch.costs import hidden_all_to_all
 from zbsearch.profiler.pairs import pair_rounds
 
-COMPUTE_MS, COMM_MS = 24.0, 12.0
+COMPUTE_MS, COMM_MS = 40.0, 20.0  # long enough that a thread's wake-up on a loaded machine is small beside them
 _DEVICE = threading.Lock()
 
 
@@ -74,9 +74,10 @@ def test_the_measured_share_is_what_the_pair_really_leaves_exposed():
         # the passes and their all-to-all as built (sleeps only oversleep)
         assert min(rounds.a_f) >= COMM_MS * 0.95 and min(rounds.t_f) >= (COMPUTE_MS + COMM_MS) * 0.95
         # the share, and the pair against the rule's time and the sum, round by round's median
-        assert rounds.exposed == pytest.approx(held, abs=0.2), (held, rounds.samples)
+        assert rounds.exposed == pytest.approx(held, abs=0.25), (held, rounds.samples)
         assert 0.0 <= rounds.exposed <= 1.0
         t_f, t_b = sorted(rounds.t_f)[2], sorted(rounds.t_b)[2]
         hidden = sum(hidden_all_to_all(t_f, t_b, sorted(rounds.a_f)[2], sorted(rounds.a_b)[2]))
-        assert sorted(rounds.pair)[2] == pytest.approx(t_f + t_b - (1 - held) * hidden, abs=0.2 * hidden)
+        assert sorted(rounds.pair)[2] == pytest.approx(t_f + t_b - (1 - held) * hidden, abs=0.25 * hidden)
+    assert got[0].exposed < got[1].exposed < got[2].exposed  # more held, more exposed
     assert all(s.w.grad is None for s in stages)  # no gradient left behind, as the profiler leaves a model
