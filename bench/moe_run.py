@@ -10,26 +10,34 @@ backward is the mirror pair, in B); W sleeps its time. A pass waiting in an all-
 not hold the device, so in an overlapped pair the other pass computes meanwhile.
 
 Per schedule (DualPipeV with and without its overlapped pairs, ZB-V, 1F1B; m = ``-m``):
-  1. calibrate: every stage's all-to-all time inside one F and one B, timed around the
-     collectives (``all_to_all_time``) over sequential passes;
-  2. predict: the simulator's makespan on the profile those times give (t_f = compute + a_f,
-     t_b = compute + a_b, with a_f, a_b recorded); a pair is priced by the simulator where
-     it knows pairs (``Schedule.overlapped``), else the prediction is the sequential one and the
-     report says so;
-  3. measure: ``--iters`` steps after ``--warmup``, barrier to barrier; median.
+  1. profile: every stage measured as ``zbsearch profile --ep`` measures one
+     (``zbsearch.profiler.pairs``, every expert peer at once): its F, B and W timed alone with
+     the runtime's split passes, its forward and fused backward as the runtime runs them before
+     and as a BW (``t_ff``, ``t_bw``), the all-to-all inside F and B, and a pair (an F on a thread
+     while another microbatch's B runs, as the runtime runs one) against the two alone: the
+     stage's ``pair_exposed``. The profile takes the first expert peer's medians, as the
+     profiler takes its group's first process's. Nothing else is calibrated: the passes' own
+     overhead is in their times as the profiler would see it, and the runtime's work between
+     passes (messages, its loop) is in no profile and so in no prediction;
+  2. predict: the simulator's makespan on that profile (what ``zbsearch simulate`` predicts),
+     and, to show what the measured share does, the same with ``pair_exposed`` left out;
+  3. measure: ``--iters`` steps after ``--warmup``, barrier to barrier; median; and each step's
+     trace, whose passes are compared with the profile kind by kind (``compare_pass_times``,
+     what ``zbsearch simulate --measured`` shows): where a prediction misses, they say whether
+     the passes ran longer than profiled or the time went between them.
 
-Saves bench/results/moe_run.json and writes bench/reports/moe-run_<cpu>_<date>.md.
-Run: PYTHONPATH=. python bench/moe_run.py [-m 8] [--iters 8] [--warmup 2] [--payload-kib 1024]
+Saves bench/results/moe_run.json; ``python bench/report.py moe-run`` writes the report.
+Run: PYTHONPATH=. python bench/moe_run.py [-m 8] [--iters 8] [--warmup 2] [--payload-kib 1024] [--rounds 10]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
+import os
 import statistics
 import threading
 import time
-from pathlib import Path
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
@@ -110,11 +118,11 @@ def _schedules(m: int) -> list[zb.Schedule]:
             zb.build_classic("dualpipe-v", prof, m, overlap=False), zb.build_classic("dualpipe-v", prof, m, overlap=True)]
 
 
-def _worker(rank: int, world: int, send, texts: list[str], iters: int, warmup: int, payload_kib: int) -> list[dict]:
+def _worker(rank: int, world: int, send, texts: list[str], iters: int, warmup: int, payload_kib: int,
+            rounds: int) -> list[dict]:
     from zbsearch.distributed.mesh import build_mesh, expert_groups
-    from zbsearch.models.moe import all_to_all_time
+    from zbsearch.profiler.pairs import pair_rounds
     from zbsearch.runtime import PipelineRuntime
-    from zbsearch.runtime.split import backward_input, backward_weight, forward_pass
 
     mesh = build_mesh(pp=PP, dp_replicate=EP)
     groups = expert_groups(mesh)
@@ -125,25 +133,14 @@ def _worker(rank: int, world: int, send, texts: list[str], iters: int, warmup: i
         scale = PP / sched.num_stages
         stages = [EmulatedMoEStage(scale, payload_kib, groups) for _ in range(sched.num_stages)]
         mine = {s: stages[s] for s in range(sched.num_stages) if sched.stage_to_rank[s] == me}
-        # 1. calibrate each of this rank's stages: all-to-all inside one F and one B
-        a = {}
-        for s, st in mine.items():
-            fs, bs = [], []
-            for i in range(12):
-                x = torch.zeros(ROWS, 256, requires_grad=s > 0)
-                dist.barrier(group=groups.backward)  # the peers start together: a sample is the transfer, not the skew
-                with all_to_all_time() as clock:
-                    fp = forward_pass(st, (x,))
-                    f = clock.forward
-                    _, w = backward_input(fp, [torch.ones(ROWS, 256)])
-                    b = clock.backward
-                    backward_weight(w)
-                if i >= 2:
-                    fs.append(f * 1e3)
-                    bs.append(b * 1e3)
-            a[s] = (statistics.median(fs), statistics.median(bs))
+        # 1. profile each of this rank's stages as the profiler does, on the expert group
+        held = sorted(mine)
+        inputs = [(torch.zeros(ROWS, 256, requires_grad=s > 0),) for s in held]
+        got = pair_rounds([mine[s] for s in held], inputs, [None] * len(held), groups.backward, rounds, 2)
+        profiled = {s: asdict(r) for s, r in zip(held, got)}
+        fused = {s: _fused_times(mine[s], x, groups.backward, rounds) for s, x in zip(held, inputs)}
         loss = (lambda out, y: out.sum() * 0) if sched.num_stages - 1 in mine else None
-        times = []
+        times, traces = [], []
         with PipelineRuntime(sched, mine, loss, mesh=mesh, timeout=120, check_model=False) as rt:
             x = torch.zeros(ROWS * sched.num_microbatches, 256)
             for i in range(warmup + iters):
@@ -153,18 +150,56 @@ def _worker(rank: int, world: int, send, texts: list[str], iters: int, warmup: i
                 dist.barrier()
                 if i >= warmup:
                     times.append((time.perf_counter() - t0) * 1e3)
-        out.append({"kind": sched.kind, "a": a, "iteration_ms": times})
+                    trace = rt.trace()  # (collective on the pipeline; outside the timed step)
+                    if trace is not None:
+                        traces.append(trace.model_dump_json())
+        out.append({"kind": sched.kind, "ep_rank": groups.rank, "profiled": profiled, "fused": fused, "iteration_ms": times,
+                    "traces": traces})
     return out
 
 
-def _profile(stage_a: dict[int, tuple[float, float]], num_stages: int) -> zb.Profile:
-    scale = PP / num_stages
-    c = {k: v * scale for k, v in COMPUTE.items()}
+def _fused_times(stage: nn.Module, x: tuple, group, rounds: int) -> tuple[float, float]:
+    """(t_ff, t_bw): the median ms of the forward before a fused backward and of the fused
+    backward, as the profiler measures them (after 2 untimed rounds; the expert peers meet at a
+    barrier before each timed pass, as in ``pair_rounds``)."""
+    from zbsearch.runtime.split import backward_full, forward_pass
+
+    ff, bw = [], []
+    with torch.enable_grad():
+        for k in range(2 + rounds):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            fp = forward_pass(stage, x, split=False)
+            t1 = time.perf_counter()
+            dist.barrier(group=group)
+            t2 = time.perf_counter()
+            backward_full(fp, [torch.ones_like(o) for o in fp.outputs])
+            t3 = time.perf_counter()
+            if k >= 2:
+                ff.append((t1 - t0) * 1e3)
+                bw.append((t3 - t2) * 1e3)
+    stage.zero_grad(set_to_none=True)
+    return statistics.median(ff), statistics.median(bw)
+
+
+def _profile(got: list, i: int, num_stages: int) -> zb.Profile:
+    """Schedule ``i``'s profile: per stage, the first expert peer's medians, as ``zbsearch profile
+    --ep`` takes its group's first process's."""
+    from zbsearch.profiler.pairs import PairRounds
+
+    rounds: dict[int, PairRounds] = {}
+    fused: dict[int, tuple[float, float]] = {}
+    for per_rank in got:
+        if per_rank[i]["ep_rank"] == 0:
+            rounds.update({int(s): PairRounds(**r) for s, r in per_rank[i]["profiled"].items()})
+            fused.update({int(s): tuple(f) for s, f in per_rank[i]["fused"].items()})
     stages = []
     for s in range(num_stages):
-        a_f, a_b = stage_a[s]
-        stages.append(zb.StageCost(t_f=c["f"] + a_f, t_b=c["b"] + a_b, t_w=c["w"], t_bw=c["b"] + a_b + c["w"], m_f=1,
-                                   m_b=-0.5, m_w=-0.5, a_f=a_f, a_b=a_b))
+        r, (t_ff, t_bw) = rounds[s], fused[s]
+        t_f, t_b, t_w = (statistics.median(x) for x in (r.t_f, r.t_b, r.t_w))
+        stages.append(zb.StageCost(t_f=t_f, t_b=t_b, t_w=t_w, t_ff=t_ff, t_bw=t_bw, m_f=1, m_b=-0.5, m_w=-0.5,
+                                   a_f=min(statistics.median(r.a_f), t_f, t_ff),
+                                   a_b=min(statistics.median(r.a_b), t_b, t_bw), pair_exposed=r.exposed))
     return zb.Profile(name="moe-emulated", memory_unit="activations", stages=stages,
                       mesh=ProfileMesh(pp=num_stages, ep=EP))
 
@@ -181,95 +216,89 @@ def _predict(sched: zb.Schedule, prof: zb.Profile) -> tuple[float, bool]:
     return span, span != alone
 
 
+def _passes(sched: zb.Schedule, traces: list[str]) -> dict[str, float]:
+    """Per kind of pass (F, B, W, BW, F+B pairs), measured over profiled time on the traced steps,
+    over every rank and replica."""
+    from zbsearch.formats.trace import Trace
+    from zbsearch.pass_times import compare_pass_times
+
+    sums: dict[str, list[float]] = {}
+    for row in compare_pass_times(sched, [Trace.model_validate_json(t) for t in traces]):
+        acc = sums.setdefault(row.kind, [0.0, 0.0])
+        acc[0] += row.count * row.measured_ms
+        acc[1] += row.count * row.predicted_ms
+    return {k: m / p for k, (m, p) in sums.items() if p > 0}
+
+
+def _rank_busy(traces: list[str], ranks: int) -> list[float]:
+    """Per pipeline rank, the mean ms its passes held it in a traced step (the union of their
+    spans: a pair's two passes share one), over the steps and replicas."""
+    from zbsearch.formats.trace import Trace
+
+    per: list[list[float]] = [[] for _ in range(ranks)]
+    for text in traces:
+        spans: dict[int, list[tuple[float, float]]] = {}
+        for ev in Trace.model_validate_json(text).traceEvents:
+            spans.setdefault(ev.pid, []).append((ev.ts, ev.ts + ev.dur))
+        for r, got in spans.items():
+            total, end = 0.0, float("-inf")
+            for b, e in sorted(got):
+                total += max(0.0, e - max(b, end))
+                end = max(end, e)
+            per[r].append(total / 1e3)
+    return [statistics.mean(x) if x else 0.0 for x in per]
+
+
 def main() -> None:
     from common import save
 
     from zbsearch.distributed import run_local
+    from zbsearch.prediction import timeline
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", type=int, default=8)
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--payload-kib", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=10, help="timed profiling rounds per stage (after 2 untimed)")
     args = ap.parse_args()
     scheds = _schedules(args.m)
     t0 = time.time()
+    load_before = os.getloadavg()
     texts = [s.model_dump_json() for s in scheds]
-    got = run_local(_worker, PP * EP, texts, args.iters, args.warmup, args.payload_kib, timeout=3600)
-    # the same passes with a token all-to-all (1 KiB): what the runtime and the machine add to the passes
-    small = run_local(_worker, PP * EP, texts, args.iters, args.warmup, 1, timeout=3600)
+    got = run_local(_worker, PP * EP, texts, args.iters, args.warmup, args.payload_kib, args.rounds, timeout=3600)
     rows = []
     for i, sched in enumerate(scheds):
-        prof, a = _calibrated(got, i, sched.num_stages)
+        prof = _profile(got, i, sched.num_stages)
         predicted, priced = _predict(sched, prof)
+        rule = _predict(sched, prof.model_copy(update={"stages": [c.model_copy(update={"pair_exposed": None})
+                                                                  for c in prof.stages]}))[0]
         measured = _median_step(got, i, args.iters)
-        predicted_small = _predict(sched, _calibrated(small, i, sched.num_stages)[0])[0]
-        on_passes = _median_step(small, i, args.iters) + predicted - predicted_small
+        traced = sched.model_copy(update={"profile": prof})
+        traces = [t for per_rank in got for t in per_rank[i]["traces"]]
+        passes = _passes(traced, traces)
+        tl = timeline(traced)
         pairs = sum(len(r) for r in sched.overlapped or [])
-        rows.append({"kind": sched.kind, "pairs": pairs, "a_f": [a[s][0] for s in range(sched.num_stages)],
-                     "a_b": [a[s][1] for s in range(sched.num_stages)], "predicted_ms": predicted,
-                     "pairs_priced": priced, "measured_ms": measured, "vs_predicted": measured / predicted - 1,
-                     "small_payload_measured_ms": _median_step(small, i, args.iters),
-                     "small_payload_predicted_ms": predicted_small, "on_passes_ms": on_passes,
-                     "vs_on_passes": measured / on_passes - 1})
-        print(f"{sched.kind:18s} pairs {pairs:2d}  a_f {a[0][0]:.1f}  predicted {predicted:7.1f}  on passes {on_passes:7.1f}"
-              f"  measured {measured:7.1f}  ({measured / predicted - 1:+.1%}, {measured / on_passes - 1:+.1%})", flush=True)
+        rows.append({"kind": sched.kind, "pairs": pairs, "profile": prof.model_dump(mode="json", exclude_none=True),
+                     "predicted_ms": predicted, "pairs_priced": priced, "predicted_fully_hidden_ms": rule,
+                     "measured_ms": measured, "vs_predicted": measured / predicted - 1,
+                     "iteration_ms": [max(per_rank[i]["iteration_ms"][k] for per_rank in got) for k in range(args.iters)],
+                     "pass_ratio": passes, "busy_predicted_ms": list(tl.busy),
+                     "busy_measured_ms": _rank_busy(traces, sched.num_ranks)})
+        e = [c.pair_exposed for c in prof.stages if c.pair_exposed is not None]
+        print(f"{sched.kind:18s} pairs {pairs:2d}  pair_exposed {min(e, default=0):.2f}-{max(e, default=0):.2f}  "
+              f"predicted {predicted:7.1f} (fully hidden {rule:7.1f})  measured {measured:7.1f}  "
+              f"({measured / predicted - 1:+.1%})  passes " + " ".join(f"{k} {v:.2f}" for k, v in passes.items()), flush=True)
     doc = {"pp": PP, "ep": EP, "m": args.m, "iters": args.iters, "warmup": args.warmup, "payload_kib": args.payload_kib,
-           "compute_ms": COMPUTE, "seconds": round(time.time() - t0, 1), "rows": rows}
-    path = save(doc, "moe_run")
-    _report(doc, path)
-
-
-def _calibrated(got: list, i: int, num_stages: int) -> tuple[zb.Profile, dict[int, tuple[float, float]]]:
-    """Schedule ``i``'s profile from its calibration: per stage (a_f, a_b), the expert peers'
-    smaller (the larger adds the wait for the later peer)."""
-    stage_a: dict[int, tuple[float, float]] = {}
-    for per_rank in got:
-        for s, (f, b) in per_rank[i]["a"].items():
-            old = stage_a.get(int(s), (float("inf"), float("inf")))
-            stage_a[int(s)] = (min(old[0], f), min(old[1], b))
-    return _profile(stage_a, num_stages), stage_a
+           "rounds": args.rounds, "compute_ms": COMPUTE, "seconds": round(time.time() - t0, 1),
+           "load_before": list(load_before), "rows": rows}
+    save(doc, "moe_run")
+    print("report: python bench/report.py moe-run")
 
 
 def _median_step(got: list, i: int, iters: int) -> float:
     """Schedule ``i``'s median iteration, each the slowest rank's."""
     return statistics.median(max(per_rank[i]["iteration_ms"][k] for per_rank in got) for k in range(iters))
-
-
-def _report(doc: dict, path: Path) -> None:
-    import json
-
-    saved = json.loads(path.read_text())["machine"]
-    cpu = "epyc" if "EPYC" in saved["cpu"] else "cpu"
-    day = datetime.date.today().isoformat()
-    out = Path(__file__).resolve().parent / "reports" / f"moe-run_{cpu}{saved['cores']}c_{day}.md"
-    lines = [
-        "# MoE overlapped pairs run: emulated passes, real gloo all-to-all (PP2 x EP2)", "",
-        "| | |", "|---|---|",
-        f"| bench | `PYTHONPATH=. python bench/moe_run.py -m {doc['m']} --iters {doc['iters']} --warmup {doc['warmup']} "
-        f"--payload-kib {doc['payload_kib']}` ({doc['seconds']:.0f} s) |",
-        f"| machine | {saved['cpu']}, {saved['cores']} cores, torch {saved['torch']} |",
-        f"| load average | {' / '.join(f'{x:.2f}' for x in saved['load_average'])} (when saved) |",
-        f"| commit measured | `{saved['commit']}` |", f"| date | {saved['date']} |",
-        "| data | [bench/results/moe_run.json](../results/moe_run.json) |", "",
-        f"Per stage compute F {COMPUTE['f']}, B {COMPUTE['b']}, W {COMPUTE['w']} ms (half per piece of a V), slept "
-        "holding the process's one device; the all-to-all is real (dispatch and combine in F, their mirrors in B, "
-        f"{doc['payload_kib']} KiB per rank each way). a_f / a_b: calibrated per stage (stage 0 shown), the expert "
-        "peers' smaller. Predicted: the simulator's makespan on the calibrated profile. Measured: median iteration, barrier "
-        "to barrier.", "",
-        "On passes: the same schedule measured with a 1 KiB all-to-all, plus what the calibrated all-to-all adds to "
-        "the simulated makespan (this takes out the runtime's own time per pass, which the emulated profile does not "
-        "hold).", "",
-        "| schedule | pairs | a_f / a_b stage 0 (ms) | predicted (ms) | pairs priced | on passes (ms) | measured (ms) "
-        "| measured vs predicted | measured vs on passes |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in doc["rows"]:
-        lines.append(f"| {r['kind']} | {r['pairs']} | {r['a_f'][0]:.1f} / {r['a_b'][0]:.1f} | {r['predicted_ms']:.1f} | "
-                     f"{'yes' if r['pairs_priced'] else 'no' if r['pairs'] else '-'} | {r['on_passes_ms']:.1f} | "
-                     f"{r['measured_ms']:.1f} | {r['vs_predicted']:+.1%} | {r['vs_on_passes']:+.1%} |")
-    out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -192,6 +192,53 @@ def source(spec: str) -> Source:
     return Source(path.name, spec, json.loads(path.read_text()), commit, date)
 
 
+def moe_run(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    c = doc["compute_ms"]
+    lb = doc.get("load_before")
+    out = [f"PP{doc['pp']} x EP{doc['ep']} on local gloo processes, m={doc['m']}. Each stage's compute is emulated (F "
+           f"{c['f']:g}, B {c['b']:g}, W {c['w']:g} ms per stage, half per piece of a V, slept holding the process's one "
+           "device); its expert all-to-all is real (dispatch and combine in F, their mirrors in B, "
+           f"{doc['payload_kib']} KiB per rank each way). Per schedule the stages are first profiled as `zbsearch profile "
+           f"--ep` profiles them ({doc['rounds']} timed rounds per stage, every expert peer at once): F, B and W alone "
+           "with the runtime's split passes, the forward and fused backward of a BW (`t_ff`, `t_bw`), the all-to-all "
+           "inside F and B, and a pair (F on a thread while another "
+           "microbatch's B runs) against the two alone, which gives the stage's `pair_exposed`; the profile is the "
+           "first expert peer's medians. Nothing else is calibrated. Then "
+           f"{doc['iters']} steps after {doc['warmup']} of warm-up, barrier to barrier; median (± half the interquartile "
+           "range)." + (f" Load average {lb[0]:.1f} when the run started." if lb else ""), "",
+           "- *predicted*: the simulator's makespan on that profile (what `zbsearch simulate` predicts); *fully "
+           "hidden*: the same with `pair_exposed` left out (the cost rule before it was measured).",
+           "- *passes measured / profiled*: from the runtime's trace of each timed step, each kind of pass's time "
+           "against the profile's (`zbsearch simulate --measured`), over every rank and replica; a pair is one block. "
+           "*busy*: per pipeline rank, the time its passes held it in a step, predicted and traced (a pair counted once): "
+           "what the measured iteration has beyond it is waits and the runtime's own work between passes.",
+           ""]
+    body, errs = [], []
+    for r in doc["rows"]:
+        st = r["profile"]["stages"]
+        shares = [x.get("pair_exposed") for x in st if x.get("pair_exposed") is not None]
+        runs = sorted(r["iteration_ms"])
+        q = statistics.quantiles(runs, n=4) if len(runs) > 1 else [runs[0]] * 3
+        errs.append(abs(r["vs_predicted"]))
+        body.append([_kind(r["kind"]), str(r["pairs"]),
+                     f"{st[0]['t_f']:.1f} / {st[0]['a_f']:.1f} / {st[0]['t_b']:.1f} / {st[0]['a_b']:.1f}",
+                     f"{min(shares):.2f}-{max(shares):.2f}" if shares else "-",
+                     f"{r['predicted_fully_hidden_ms']:.1f}" if r["pairs"] else "-",
+                     f"{r['predicted_ms']:.1f}", f"{r['measured_ms']:.1f} ±{(q[2] - q[0]) / 2 / r['measured_ms']:.0%}",
+                     f"{r['vs_predicted']:+.1%}",
+                     ", ".join(f"{k} {v:.2f}" for k, v in r["pass_ratio"].items())]
+                    + ([" / ".join(f"{p:.0f}→{m:.0f}" for p, m in zip(r["busy_predicted_ms"], r["busy_measured_ms"]))]
+                       if "busy_measured_ms" in r else []))
+    out += _table(["schedule", "pairs", "stage 0 t_f / a_f / t_b / a_b (ms)", "pair_exposed (stages)",
+                   "predicted, fully hidden (ms)", "predicted (ms)", "measured (ms)", "measured vs predicted",
+                   "passes measured / profiled"] + (["busy per rank, predicted→traced (ms)"]
+                                                    if all("busy_measured_ms" in r for r in doc["rows"]) else []), body)
+    out += [f"- {sum(e <= 0.05 for e in errs)} of {len(errs)} schedules within 5% of the prediction; largest "
+            f"|measured / predicted - 1| {max(errs):.1%} (target 5%: {'met' if max(errs) <= 0.05 else 'not met'}).", ""]
+    return out
+
+
 def header(title: str, command: str, sources: list[Source], duration: str) -> list[str]:
     machine = _machine(sources[0].doc)
     lines = [f"# {title}", "", "| | |", "|---|---|", f"| bench | `{command}` ({duration}) |",
@@ -1480,6 +1527,10 @@ TOPICS = {
     "moe": Topic("Overlapped pairs on MoE profiles: solved against DualPipeV", ("moe.json",),
                  lambda d: f"PYTHONPATH=. python bench/moe.py --time-limit {d['time_limit_s']:g}",
                  lambda d: f"{d.get('wall_s', 0) / 60:.0f} minutes", moe),
+    "moe-run": Topic("MoE overlapped pairs run: emulated passes, real gloo all-to-all", ("moe_run.json",),
+                     lambda d: f"PYTHONPATH=. python bench/moe_run.py -m {d['m']} --iters {d['iters']} --warmup "
+                               f"{d['warmup']} --payload-kib {d['payload_kib']} --rounds {d['rounds']}",
+                     lambda d: f"{d.get('seconds', 0):.0f} s", moe_run),
     "startup": Topic("How long the command line takes to start", ("startup.json",),
                      lambda d: f"python bench/startup.py --repeat {d['repeat']}", "under a minute", startup),
 }

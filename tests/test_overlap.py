@@ -25,14 +25,16 @@ from zbsearch.validator import find_problem
 
 def moe_profile(rng: random.Random, p: int) -> Profile:
     """``random_profile`` with all-to-all inside F and the backward: a share of the least time
-    of each pass that holds it (0 now and then: stages without experts)."""
+    of each pass that holds it (0 now and then: stages without experts), and now and then a
+    share of what pairs hide that stays exposed (``pair_exposed``)."""
     base = random_profile(rng, p)
     stages = []
     for st in base.stages:
         share = rng.choice([0.0, 0.2, 0.4, round(rng.uniform(0, 0.9), 3)])
         a_f = share * min(st.t_f, st.fused_forward)
         a_b = rng.choice([share, round(rng.uniform(0, 0.9), 3)]) * min(st.t_b, st.fused_backward)
-        stages.append(StageCost(**{**st.model_dump(), "a_f": a_f, "a_b": a_b}))
+        exposed = rng.choice([None, None, 0.0, 1.0, round(rng.random(), 3)])
+        stages.append(StageCost(**{**st.model_dump(), "a_f": a_f, "a_b": a_b, "pair_exposed": exposed}))
     return base.model_copy(update={"stages": stages})
 
 
@@ -90,10 +92,16 @@ def ref_comm(cost: CostModel, a: Action) -> float:
     return cost.a_f[a.stage] if a.op is Op.F else cost.a_b[a.stage] if a.op in (Op.B, Op.BW) else 0.0
 
 
+def ref_exposed(cost: CostModel, a: Action) -> float:
+    return cost.exposed[a.stage] if cost.exposed else 0.0
+
+
 def ref_pair(row, f: Action, b: Action, cost: CostModel) -> float:
-    """The design's rule: the two computes plus the all-to-all neither hides."""
+    """The design's rule: the two computes plus the all-to-all neither hides, and of what each
+    pass's all-to-all hides, its stage's exposed share."""
     t_f, t_b, a_f, a_b = ref_time(row, f, cost), ref_time(row, b, cost), ref_comm(cost, f), ref_comm(cost, b)
-    return t_f + t_b - min(a_f, t_b - a_b) - min(a_b, t_f - a_f)
+    hid_f, hid_b = min(a_f, t_b - a_b), min(a_b, t_f - a_f)
+    return t_f + t_b - hid_f - hid_b + ref_exposed(cost, f) * hid_f + ref_exposed(cost, b) * hid_b
 
 
 def reference(rows: list[list[Action]], cost: CostModel, pairs: list[list[int]]):
@@ -181,6 +189,14 @@ def test_pair_time_between_its_bounds(seed):
         assert got == t_f + t_b
     if a_f == t_f and a_b == t_b:
         assert abs(got - max(t_f, t_b) - min(t_f, t_b)) < 1e-12  # two all-to-alls cannot hide behind each other
+    # a share of what is hidden left exposed: the pair moves from the rule's time towards the sum, in proportion
+    e = rng.choice([0.0, 1.0, rng.random()])
+    exposed = replace(cost, exposed=(e,)).pair_time(f, b, t_f, t_b)
+    assert exposed == pytest.approx(got + e * (t_f + t_b - got), abs=1e-12)
+    # what bounds take off a pass never exceeds what a pair takes off it
+    with_e = replace(cost, exposed=(e,))
+    assert with_e.hideable(0, Op.F) == pytest.approx((1 - e) * a_f) and with_e.hideable(0, Op.B) == pytest.approx((1 - e) * a_b)
+    assert t_f + t_b - with_e.hideable(0, Op.F) - with_e.hideable(0, Op.B) <= exposed + 1e-12
 
 
 def test_profile_fields_load_check_and_split():
@@ -195,6 +211,14 @@ def test_profile_fields_load_check_and_split():
     cost = CostModel.from_profile(prof, placement(2, 2, "v"))  # each profile stage cut in two
     assert cost.a_f == (0.2, 0.2, 0.0, 0.0) and cost.a_b == (0.3, 0.3, 0.0, 0.0)
     assert cost.all_to_all(0, Op.R) == 0.2 and cost.all_to_all(0, Op.W) == 0.0 and cost.all_to_all(1, Op.BW) == 0.3
+    assert cost.exposed == () and cost.pair_time(Action(0, Op.F, 1), Action(0, Op.B, 0), 1.0, 1.0) == pytest.approx(1.5)
+    data["stages"][0]["pair_exposed"] = 0.5
+    cost = CostModel.from_profile(Profile.model_validate(data), placement(2, 2, "v"))
+    assert cost.exposed == (0.5, 0.5, 0.0, 0.0)  # the share, not split
+    assert cost.pair_time(Action(0, Op.F, 1), Action(0, Op.B, 0), 1.0, 1.0) == pytest.approx(1.75)  # 2 - 0.5 (0.2 + 0.3)
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ZbError, match="pair_exposed"):
+            parse_model(Profile, {**data, "stages": [{**data["stages"][0], "pair_exposed": bad}, data["stages"][1]]}, "p.json")
     data["stages"][1]["a_b"] = 1.5  # more than t_b = 1
     with pytest.raises(ZbError, match="a_b = 1.5 is more than t_b"):
         parse_model(Profile, data, "p.json")

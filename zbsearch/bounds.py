@@ -44,7 +44,8 @@ stage's forward through the last stage and back, so for that long after its firs
 can run forwards only, which no pair holds. Each of them keeps its all-to-all, and so does a
 backward for each of them (a pair takes one forward and one backward, and a rank has as many
 of each): the rank's span is at least its least busy time with every pass paired, plus that
-window times the all-to-all of an unpaired forward and backward per ms of forward (or the
+window times what an unpaired forward and backward keep over the floor per ms of forward (their
+all-to-all less the share a pair leaves exposed, ``CostModel.hideable``; or the
 window itself, idle, where that is less). Where recompute passes may run it is left out.
 
 Recomputation. Where the costs offer it, a schedule may checkpoint any microbatch's forward
@@ -161,9 +162,9 @@ def span_lower_bound(cost: CostModel, num_microbatches: int) -> float:
 def rank_pairing_span_lower_bounds(cost: CostModel, num_microbatches: int) -> list[float]:
     """Per rank, its span's lower bound from what pairs cannot hide (0 where the passes hold no
     all-to-all, or recompute passes may run; see the module): the least busy time on
-    ``paired_floor`` plus, for the warm-up window no pair can start in, the all-to-all of the
-    forwards that fill it and of the backwards those leave without a partner (or the window's
-    idle time, where that is less)."""
+    ``paired_floor`` plus, for the warm-up window no pair can start in, what a pair would have
+    hidden of the all-to-all of the forwards that fill it and of the backwards those leave
+    without a partner (``CostModel.hideable``; or the window's idle time, where that is less)."""
     if not cost.has_all_to_all or cost.can_recompute:
         return [0.0] * cost.num_ranks
     floor, chain = cost.paired_floor().for_bounds(), cost.without_all_to_all().for_bounds()
@@ -175,8 +176,8 @@ def rank_pairing_span_lower_bounds(cost: CostModel, num_microbatches: int) -> li
         busy = m * sum(floor.t_f[s] + floor.t_b[s] + floor.t_w[s] for s in stages)
         rel = earliest_starts(chain, (min(stages), Op.F), preds)
         window = min(rel[(s, Op.B)] for s in stages)
-        least_a_b = min(cost.a_b[s] for s in stages)
-        rate = min((cost.a_f[s] + least_a_b) / max(cost.t_f[s], cost.t_ff[s]) for s in stages)
+        least_a_b = min(cost.hideable(s, Op.B) for s in stages)  # what paired_floor took off, per pass
+        rate = min((cost.hideable(s, Op.F) + least_a_b) / max(cost.t_f[s], cost.t_ff[s]) for s in stages)
         out.append(busy + window * min(1.0, rate))
     return out
 

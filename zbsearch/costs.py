@@ -46,7 +46,12 @@ forward of one (stage, microbatch) and the backward (B or BW) of another as one 
 pair: each pass's all-to-all is in flight while the other computes. ``pair_time`` is the one
 rule for what such a pair costs: the two passes' times (as ``durations`` prices them) less
 what each one's all-to-all hides behind the other's compute,
-``t_F + t_B - min(a_F, t_B - a_B) - min(a_B, t_F - a_F)``.
+``t_F + t_B - min(a_F, t_B - a_B) - min(a_B, t_F - a_F)`` (``hidden_all_to_all``). Hidden is
+not always free: where the profile measured a stage's ``pair_exposed`` share e, what a pass's
+all-to-all hides costs e of itself still (the host's cores serve the collective while the other
+pass computes, a waiting peer wakes late), and the pair costs
+``t_F + t_B - (1 - e_F) min(a_F, t_B - a_B) - (1 - e_B) min(a_B, t_F - a_F)``, each share that of
+the pass's own stage; absent, e = 0.
 """
 
 from __future__ import annotations
@@ -58,11 +63,18 @@ from .actions import RECOMPUTES, Action, Op
 from .errors import ZbError
 from .formats.profile import Profile, profile_misfit
 
-__all__ = ["CostModel", "Recompute", "MAX_PASSES"]
+__all__ = ["CostModel", "Recompute", "MAX_PASSES", "hidden_all_to_all"]
 
 # The most passes (3 per stage per microbatch) one iteration may have: beyond it a schedule's
 # actions take gigabytes to hold in Python, and a run would exhaust memory rather than fail.
 MAX_PASSES = 2_000_000
+
+
+def hidden_all_to_all(t_f: float, t_b: float, a_f: float, a_b: float) -> tuple[float, float]:
+    """What an overlapped pair of a forward taking ``t_f`` with all-to-all ``a_f`` inside and a
+    backward taking ``t_b`` with ``a_b`` inside hides: the forward's all-to-all behind the
+    backward's compute, and the backward's behind the forward's (ms each)."""
+    return min(a_f, max(0.0, t_b - a_b)), min(a_b, max(0.0, t_f - a_f))
 
 
 @dataclass(frozen=True)
@@ -118,6 +130,8 @@ class CostModel:
     # overlapped pair can hide (empty: none anywhere)
     a_f: tuple[float, ...] = ()
     a_b: tuple[float, ...] = ()
+    # per stage, the share of what a pair hides of its all-to-all that still costs time (empty: 0 everywhere)
+    exposed: tuple[float, ...] = ()
     # per stage, gathering its sharded parameters at the step's start, before its first pass
     # (``zbsearch.reductions``; empty: none)
     t_gather: tuple[float, ...] = ()
@@ -203,6 +217,8 @@ class CostModel:
             t_opt=tuple((c.t_opt or 0.0) / k for c in st) if profile.has_reductions else (),
             a_f=tuple(c.a_f / k for c in st) if profile.has_all_to_all else (),
             a_b=tuple(c.a_b / k for c in st) if profile.has_all_to_all else (),
+            exposed=tuple(c.pair_exposed or 0.0 for c in st)
+            if profile.has_all_to_all and any(c.pair_exposed for c in st) else (),
             t_gather=tuple((c.t_gather or 0.0) / k for c in st) if any(c.t_gather for c in st) else (),
             slowdown=tuple(c.reduce_slowdown or 1.0 for c in st)
             if profile.has_reductions and any((c.reduce_slowdown or 1.0) > 1.0 for c in st) else (),
@@ -279,25 +295,38 @@ class CostModel:
             return self.a_b[stage]
         return 0.0
 
+    def exposed_share(self, stage: int) -> float:
+        """The share of what a pair hides of ``stage``'s all-to-all that still costs time (0: all
+        of it is free)."""
+        return self.exposed[stage] if self.exposed else 0.0
+
+    def hideable(self, stage: int, op: Op) -> float:
+        """The most a pair can take off a pass of this type on ``stage``: its all-to-all less
+        the share that stays exposed."""
+        return (1.0 - self.exposed_share(stage)) * self.all_to_all(stage, op)
+
     def pair_time(self, f: Action, b: Action, t_f: float, t_b: float) -> float:
         """What the overlapped pair of forward ``f`` and backward ``b`` (B or BW) costs on their
         rank, the two passes taking ``t_f`` and ``t_b`` alone (``durations``): both computes plus
-        the all-to-all neither hides, each pass's all-to-all hiding behind the other's compute."""
-        a_f, a_b = self.all_to_all(f.stage, Op.F), self.all_to_all(b.stage, b.op)
-        return t_f + t_b - min(a_f, max(0.0, t_b - a_b)) - min(a_b, max(0.0, t_f - a_f))
+        the all-to-all neither hides, each pass's all-to-all hiding behind the other's compute,
+        and of what is hidden the share each pass's stage leaves exposed (the module's rule)."""
+        hid_f, hid_b = hidden_all_to_all(t_f, t_b, self.all_to_all(f.stage, Op.F), self.all_to_all(b.stage, b.op))
+        return t_f + t_b - (1.0 - self.exposed_share(f.stage)) * hid_f - (1.0 - self.exposed_share(b.stage)) * hid_b
 
     def paired_floor(self) -> CostModel:
         """These costs with every forward (checkpointed or not) and backward (B or BW) shortened
-        by its all-to-all, and nothing left to overlap: what bounds are computed on where pairs
-        may form. A pair takes at least its two passes' times less both all-to-alls
-        (``pair_time``), so its forward maps onto such an F at the pair's start and its backward
-        onto such a B right after it, both ending no later than the pair and in the same order:
+        by what a pair can take off it (``hideable``: its all-to-all, less the share left
+        exposed), and nothing left to overlap: what bounds are computed on where pairs may
+        form. A pair takes at least its two passes' times less both of those (``pair_time``),
+        so its forward maps onto such an F at the pair's start and its backward onto such a B
+        right after it, both ending no later than the pair and in the same order:
         every schedule with pairs maps onto one of these costs, without pairs, whose passes end
         no later, and a bound on these holds for it. W and recompute passes, which no pair holds,
         keep their times. Without all-to-all, the costs themselves."""
         if not self.a_f:
             return self
-        af, ab = self.a_f, self.a_b
+        af = tuple(self.hideable(s, Op.F) for s in range(self.num_stages))
+        ab = tuple(self.hideable(s, Op.B) for s in range(self.num_stages))
 
         def less(ts: tuple[float, ...], a: tuple[float, ...]) -> tuple[float, ...]:
             return tuple(max(0.0, t - x) for t, x in zip(ts, a))
@@ -307,11 +336,11 @@ class CostModel:
 
         offers = tuple((offer(full, s), offer(sel, s)) for s, (full, sel) in enumerate(self.recompute))
         return replace(self, t_f=less(self.t_f, af), t_ff=less(self.t_ff, af), t_b=less(self.t_b, ab),
-                       t_bw=less(self.t_bw, ab), recompute=offers, a_f=(), a_b=())
+                       t_bw=less(self.t_bw, ab), recompute=offers, a_f=(), a_b=(), exposed=())
 
     def without_all_to_all(self) -> CostModel:
         """These costs with nothing for an overlapped pair to hide (pairs then cost their sum)."""
-        return replace(self, a_f=(), a_b=()) if self.a_f else self
+        return replace(self, a_f=(), a_b=(), exposed=()) if self.a_f else self
 
     def without_reductions(self) -> CostModel:
         """These costs with the iteration ending at the last pass."""

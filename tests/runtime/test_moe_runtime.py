@@ -241,7 +241,8 @@ def test_pairs_that_cannot_run_are_refused_in_one_line():
 
 @pytest.mark.slow
 def test_profile_on_an_expert_group_records_the_all_to_all_inside_f_and_b(capsys, tmp_path):
-    """``zbsearch profile --builtin moe --ep 2``: each stage's a_f and a_b, within its F and B."""
+    """``zbsearch profile --builtin moe --ep 2``: each stage's a_f and a_b, within its F and B, and
+    the share of it a pair leaves exposed."""
     from tests.helpers import run_main
 
     out = tmp_path / "moe.json"
@@ -253,6 +254,10 @@ def test_profile_on_an_expert_group_records_the_all_to_all_inside_f_and_b(capsys
     assert prof.ep == 2
     for st in prof.stages:
         assert 0 < st.a_f <= st.t_f and 0 < st.a_b <= st.t_b, st
+        assert st.pair_exposed is not None and 0 <= st.pair_exposed <= 1, st  # a pair timed against its passes
+    from zbsearch.profiler.report import mesh_summary
+
+    assert any("of what it hides exposed (pair_exposed, 2 of 2 stages measured)" in line for line in mesh_summary(prof))
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """Overlapped pairs against an exact oracle: every per-rank order and every choice of pairs on
-tiny instances (p = 2, one stage per rank or a V, m = 2-3), with all-to-all in the passes.
+tiny instances (p = 2, one stage per rank or a V, m = 2-3), with all-to-all in the passes
+(a third of them with a share of what pairs hide left exposed, ``pair_exposed``).
 
 W takes no time and frees nothing here (t_w = 0, m_w = 0, t_bw = t_b), so a split backward
 times and holds exactly as a fused one: the oracle enumerates forwards and fused backwards
@@ -45,6 +46,9 @@ def _instance(seed: int, large: bool):
         t_f, t_b = round(rng.uniform(0.5, 2.0), 2), round(rng.uniform(0.5, 2.5), 2)
         stages.append(StageCost(t_f=t_f, t_b=t_b, t_w=0.0, t_bw=t_b, m_f=1.0, m_b=-1.0, m_w=0.0,
                                 a_f=round(t_f * rng.uniform(0.1, 0.6), 3), a_b=round(t_b * rng.uniform(0.1, 0.6), 3)))
+    if seed % 3 == 1:  # a share of what pairs hide left exposed, as the profiler measures it (own stream: the rest as before)
+        shares = random.Random(-seed)
+        stages = [st.model_copy(update={"pair_exposed": round(shares.uniform(0.1, 0.7), 2)}) for st in stages]
     prof = Profile(name=f"moe{seed}", memory_unit="activations", stages=stages, t_comm=rng.choice([0.0, 0.1]))
     place = placement(2, chunks, "v")
     limit = None if rng.random() < 0.5 else [float(rng.choice([2, 3])) * chunks] * 2

@@ -1028,7 +1028,8 @@ def profile(
     top_k: int = typer.Option(2, "--top-k", help="moe: experts per token"),
     ep: int | None = typer.Option(
         None, "--ep", help="moe: measure on an expert-parallel group of N local processes (gloo), each holding 1/N of "
-                           "the experts; records each stage's all-to-all time inside F and B (a_f, a_b)"),
+                           "the experts; records each stage's all-to-all time inside F and B (a_f, a_b) and the share of it an "
+                           "overlapped pair leaves exposed (pair_exposed)"),
     hf: str | None = typer.Option(
         None,
         "--hf",

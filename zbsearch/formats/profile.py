@@ -25,7 +25,8 @@ B and inside the fused backward; W has none, R repeats the forward's), which a r
 running a forward and another microbatch's backward as one overlapped pair
 (``zbsearch.costs``), with the expert-parallel degree they were measured on in the ``mesh``
 section (``ep``; files that kept it at the top level load with it moved there); older files
-lack them: nothing to overlap.
+lack them: nothing to overlap. Optionally, per stage, how much of what a pair hides still costs
+time (``pair_exposed``, measured by the profiler on the expert group; older files lack it: 0).
 Per boundary between stages: ``t_comm``, the link's latency (it occupies neither rank), and
 optionally ``t_send`` / ``t_recv``, the host time a message takes from the rank at each end
 (older files lack them: 0).
@@ -136,6 +137,10 @@ class StageCost(BaseModel):
     a_b: float = Field(default=0.0, ge=0, description=(
         "expert-parallel all-to-all time inside the input-gradient pass B and the fused backward, part of t_b and "
         "t_bw (W has none: expert weight gradients are local); 0: none"))
+    pair_exposed: float | None = Field(default=None, ge=0, le=1, description=(
+        "share of the all-to-all an overlapped pair hides behind the other pass's compute that still costs the rank "
+        "time (the host's cores, memory bandwidth or the wake-up of a waiting peer), measured on the expert group: "
+        "0 hides it all, 1 hides nothing (zbsearch.costs); absent: 0"))
     deferred_first: bool = Field(default=False, description=(
         "a first stage whose W (its whole backward) runs the split's fast path, deferred Linear weight "
         "gradients, rather than one plain backward: measured faster by the profiler; the runtime follows it"))

@@ -38,7 +38,10 @@ each unit measured as a stage of its own):
 
 Expert-parallel all-to-all (a mixture-of-experts model's units, ``a_f`` and ``a_b``): a stage's
 is its units' sum, inside its F and its B, and the stage profile records the per-layer
-profile's ``ep`` in its mesh section. A first stage holding all-to-all is split as later stages
+profile's ``ep`` in its mesh section. Where units measured the share of a pair's hidden all-to-all
+that stays exposed (``pair_exposed``), the stage's is the larger of its units' shares weighted by
+their ``a_f`` and by their ``a_b``: never less exposed than its units together, so bounds on the
+units hold for the stage. A first stage holding all-to-all is split as later stages
 are (the runtime splits a first stage with experts, so that its mirrors run in B, where the
 costs put them): its F, B and W are its units' split ones, summed.
 
@@ -132,6 +135,9 @@ def stage_cost(layers: LayerProfile, lo: int, hi: int) -> StageCost:
     a_f, a_b = sum(u.a_f for u in us), sum(u.a_b for u in us)
     if a_f or a_b:
         extra.update(a_f=a_f, a_b=a_b)
+        if any(u.pair_exposed for u in us):
+            extra["pair_exposed"] = min(1.0, max(sum((u.pair_exposed or 0.0) * getattr(u, a) for u in us) / total
+                                                 for a, total in (("a_f", a_f), ("a_b", a_b)) if total > 0))
     if _plain_first(layers, lo, hi):  # the first stage: no input gradient, its W is the whole backward, its F not split
         first = us[0]
         t_f = t_ff

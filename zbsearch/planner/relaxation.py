@@ -77,12 +77,14 @@ def paired_floor(u: Unit) -> Unit:
     if not (u.a_f or u.a_b):
         return u
 
+    keep = 1.0 - (u.pair_exposed or 0.0)  # a pair takes off what it hides less the share left exposed
+
     def less(t: float | None, a: float) -> float | None:
-        return None if t is None else max(0.0, t - a)
+        return None if t is None else max(0.0, t - keep * a)
 
     return u.model_copy(update={"t_f": less(u.t_f, u.a_f), "t_ff": less(u.t_ff, u.a_f), "t_fc": less(u.t_fc, u.a_f),
                                 "t_fs": less(u.t_fs, u.a_f), "t_b": less(u.t_b, u.a_b), "t_bw": less(u.t_bw, u.a_b),
-                                "a_f": 0.0, "a_b": 0.0})
+                                "a_f": 0.0, "a_b": 0.0, "pair_exposed": None})
 
 
 def _least_backward(u: Unit) -> float:

@@ -8,7 +8,9 @@ the expert all-to-all calls of each stage's F and B with the runtime's own split
 (``all_to_all_time``): per stage, ``a_f`` is the median milliseconds of collectives inside one
 F (dispatch and combine), ``a_b`` inside one B (their mirrors). They are part of t_f and t_b,
 not added to them (and at most them): the schedule's overlapped pairs hide them behind
-another pass's compute.
+another pass's compute. Then each stage's ``pair_exposed``: how much of what a pair hides still
+costs time, the stage's F and another microbatch's B run at once as the runtime runs a pair,
+timed against the two alone (``zbsearch.profiler.pairs``).
 The profile of the group's first process is returned, with ``ep`` recorded (in its mesh
 section). ``layers_expert_parallel`` measures a model cut into its units the same way, as
 ``profile_layers`` measures them, and returns the per-layer profile with each unit's ``a_f``,
@@ -32,6 +34,7 @@ from ..formats.layers import LayerProfile, UnitKind
 from ..formats.profile import Profile, StageCost
 from .layers import profile_layers
 from .links import LinkModel, estimate_link
+from .pairs import pair_rounds
 from .run import profile_one_device
 from .settings import Settings, resolve_device, resolve_dtype
 from .stages import ModelSpec, leaves, run_stage
@@ -90,31 +93,33 @@ def _measure(rank: int, world: int, send, build: Callable, settings: Settings, n
     spec: ModelSpec = build(groups)
     if units:
         layers = profile_layers(spec, settings, kinds=kinds, name=name, link=link)
-        a_f, a_b = all_to_all_ms(spec, settings)
-        return layers.model_copy(update={"units": _within(layers.units, a_f, a_b), "ep": world,
+        a_f, a_b, exposed = all_to_all_ms(spec, settings)
+        return layers.model_copy(update={"units": _within(layers.units, a_f, a_b, exposed), "ep": world,
                                          "name": name or f"{layers.name}-ep{world}"})
     prof = profile_one_device(spec, settings, name=name, link=link)
-    a_f, a_b = all_to_all_ms(spec, settings)
+    a_f, a_b, exposed = all_to_all_ms(spec, settings)
     mesh = prof.made_for.model_copy(update={"ep": world})
-    return prof.model_copy(update={"stages": _within(prof.stages, a_f, a_b), "mesh": mesh,
+    return prof.model_copy(update={"stages": _within(prof.stages, a_f, a_b, exposed), "mesh": mesh,
                                    "name": name or f"{prof.name}-ep{world}"})
 
 
-def _within(stages: list[S], a_f: list[float], a_b: list[float]) -> list[S]:
-    """Each stage (or unit) with its all-to-all, at most the pass it is part of: timed in passes
+def _within(stages: list[S], a_f: list[float], a_b: list[float], exposed: list[float | None]) -> list[S]:
+    """Each stage (or unit) with its all-to-all, at most the pass it is part of (timed in passes
     of their own, on a loaded machine a wait for a peer can outlast the pass it is part of in
-    the profile's timing."""
+    the profile's timing), and the share of it a pair leaves exposed (none where it has none)."""
     def least(st: S, names: tuple[str, ...]) -> float:
         return min(t for t in (getattr(st, n) for n in names) if t is not None)
 
     return [st.model_copy(update={"a_f": min(f, least(st, ("t_f", "t_ff", "t_fc", "t_r", "t_rf"))),
-                                  "a_b": min(b, least(st, ("t_b", "t_bw")))})
-            for st, f, b in zip(stages, a_f, a_b)]
+                                  "a_b": min(b, least(st, ("t_b", "t_bw"))),
+                                  "pair_exposed": e if f > 0 or b > 0 else None})
+            for st, f, b, e in zip(stages, a_f, a_b, exposed)]
 
 
-def all_to_all_ms(spec: ModelSpec, settings: Settings) -> tuple[list[float], list[float]]:
+def all_to_all_ms(spec: ModelSpec, settings: Settings) -> tuple[list[float], list[float], list[float | None]]:
     """Per stage, the median ms of expert all-to-all inside one F and inside one B, run with the
-    runtime's split passes (``warmup`` untimed then ``repeat`` timed repetitions); collective:
+    runtime's split passes (``warmup`` untimed then ``repeat`` timed repetitions), and the share
+    of it an overlapped pair leaves exposed (``pair_rounds``; None: nothing to hide); collective:
     every process of the expert group runs it."""
     from ..models.moe import all_to_all_time
     from ..runtime.split import backward_input, backward_weight, forward_pass
@@ -123,6 +128,7 @@ def all_to_all_ms(spec: ModelSpec, settings: Settings) -> tuple[list[float], lis
     spec.to(device, dtype)
     a_f: list[float] = []
     a_b: list[float] = []
+    exposed: list[float | None] = []
     x = spec.microbatch
     with torch.enable_grad():
         for s, stage in enumerate(spec.stages):
@@ -142,7 +148,9 @@ def all_to_all_ms(spec: ModelSpec, settings: Settings) -> tuple[list[float], lis
                     bs.append(backward * 1e3)
             a_f.append(statistics.median(fs))
             a_b.append(statistics.median(bs))
+            rounds = pair_rounds([stage], [inputs], [spec.post(s)], None, settings.repeat, settings.warmup, device)
+            exposed.append(rounds[0].exposed)
             x = run_stage(spec, s, inputs)
     for stage in spec.stages:
         stage.zero_grad(set_to_none=True)
-    return a_f, a_b
+    return a_f, a_b, exposed

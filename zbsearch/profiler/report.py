@@ -91,6 +91,14 @@ def mesh_summary(profile: Profile) -> list[str]:
         if factors:
             lines.append(f"    passes beside it run {min(factors):.3g}-{max(factors):.3g} times slower (reduce_slowdown, "
                          f"{len(factors)} of {profile.num_stages} stages measured)")
+    if profile.has_all_to_all:
+        a_f, a_b = [c.a_f for c in profile.stages], [c.a_b for c in profile.stages]
+        lines.append(f"  ep link: all-to-all inside F {min(a_f):.3g}-{max(a_f):.3g} ms, inside B {min(a_b):.3g}-"
+                     f"{max(a_b):.3g} ms per stage")
+        shares = [c.pair_exposed for c in profile.stages if c.pair_exposed is not None]
+        if shares:
+            lines.append(f"    an overlapped pair leaves {min(shares):.2g}-{max(shares):.2g} of what it hides exposed "
+                         f"(pair_exposed, {len(shares)} of {profile.num_stages} stages measured)")
     link = made.tp_link
     if link is not None:
         q, bus = link.all_reduce_ms, made.tp_bandwidth_gbs()
