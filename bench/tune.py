@@ -8,8 +8,9 @@ Sections (``--only`` runs some; each is saved into bench/results/tune.json as it
   ``REPLAN_FACTOR`` times as long by tune's own rule, ``replan_order``, each keeping its
   best), against ``tune`` with the same time per plan: tune's choice within 1% of the best
   configuration, its bound never above it. Plans under a time limit are samples, so the
-  section also reports the enumeration's own value of tune's choice (the choice alone) and
-  how far the two plans of one configuration differ (the plans' spread).
+  section also reports the enumeration's own value of tune's choice (the choice alone), the
+  choice against the best of every plan made of each configuration by either side (pooled),
+  and how far the two plans of one configuration differ (the plans' spread).
 * ``baselines``: generated Llama-like models (7B to 70B shapes, vocabularies 32k to 256k) on
   16 to 256 ranks, 8 to a node, 80 GiB per rank, mixed precision: tune's choice against the best
   of torchtitan's and Megatron-LM's defaults, costed the same way; the speed-up distribution.
@@ -120,16 +121,22 @@ def exact(args) -> dict:
         tune_s = time.monotonic() - t0
         best_name = min(every, key=every.__getitem__)
         w = res.winner
-        chosen = f"pp{w.pp} x dp{w.dp} x tp{w.tp}, b={w.microbatch_size}, m={w.microbatches} ({w.placement}, " \
-                 f"recompute auto)"
+        chosen = _name(w)
+        pooled = dict(every)  # each configuration's best plan by either side
+        for r in res.rows:
+            if r.plans_ms:
+                pooled[_name(r)] = min(pooled.get(_name(r), float("inf")), *r.plans_ms)
+        pooled_best = min(pooled.values())
         row = {"model": name, "layers": layers, "ranks": ranks, "memory_gib": mem, "global_batch": batch,
                "optimizer": f"{optimizer}{' sharded' if sharded else ''}", "configurations": len(configs),
                "costed_by_enumeration": len(every), "best": every[best_name], "best_config": best_name,
                "tune": w.iteration_ms, "tune_config": f"pp{w.pp} dp{w.dp} b{w.microbatch_size} m{w.microbatches} "
                f"{w.placement}", "ratio": w.iteration_ms / every[best_name], "tune_plans": w.plans_ms,
-               "choice_enumerated": every.get(chosen), "choice_ratio": every[chosen] / every[best_name] if chosen in
-               every else None, "enumeration_plans": plans, "enumeration_replanned": sum(len(v) > 1 for v in
-                                                                                          plans.values()),
+               "choice_enumerated": every.get(chosen),
+               "choice_ratio": every[chosen] / every[best_name] if chosen in every else None,
+               "enumeration_plans": plans, "enumeration_replanned": sum(len(v) > 1 for v in plans.values()),
+               "pooled_choice": pooled[chosen], "pooled_best": pooled_best,
+               "pooled_best_config": min(pooled, key=pooled.__getitem__), "pooled_ratio": pooled[chosen] / pooled_best,
                "plans_spread": spread, "tune_replanned": sum(len(r.plans_ms or []) > 1 for r in res.rows),
                "bound": res.lower_bound_ms,
                "bound_ok": res.lower_bound_ms <= every[best_name] * (1 + 1e-9), "gap": res.gap,
@@ -141,11 +148,17 @@ def exact(args) -> dict:
                "enumeration_s": enum_s, "tune_s": tune_s}
         rows.append(row)
         print(f"exact {name} L{layers} r{ranks}: best {row['best']:.6g} ({best_name}); tune {row['tune']:.6g} "
-              f"({row['tune_config']}) ratio {row['ratio']:.4f}, choice {row['choice_ratio']}, spread {spread:.4f}; "
+              f"({row['tune_config']}) ratio {row['ratio']:.4f}, choice {row['choice_ratio']}, pooled "
+              f"{row['pooled_ratio']:.4f}, spread {spread:.4f}; "
               f"bound {row['bound']:.6g} ok {row['bound_ok']}; "
               f"planned {row['planned_by_tune']}/{len(configs)}; {enum_s:.0f} s / {tune_s:.0f} s", flush=True)
     return {"plan_time_s": args.plan_time, "replan_factor": REPLAN_FACTOR, "sizes": list(SIZES), "seq": 2048,
             "rows": rows}
+
+
+def _name(r) -> str:
+    """A tune row's configuration as ``Config`` names it (the enumeration's keys)."""
+    return f"pp{r.pp} x dp{r.dp} x tp{r.tp}, b={r.microbatch_size}, m={r.microbatches} ({r.placement}, recompute auto)"
 
 
 def baselines(args) -> dict:
