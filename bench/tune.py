@@ -138,6 +138,8 @@ def exact(args) -> dict:
                "pooled_choice": pooled[chosen], "pooled_best": pooled_best,
                "pooled_best_config": min(pooled, key=pooled.__getitem__), "pooled_ratio": pooled[chosen] / pooled_best,
                "plans_spread": spread, "tune_replanned": sum(len(r.plans_ms or []) > 1 for r in res.rows),
+               "tune_rows": [{"config": _name(r), "status": r.status, "plans_ms": r.plans_ms, "bound": r.bound_ms}
+                             for r in res.rows],
                "bound": res.lower_bound_ms,
                "bound_ok": res.lower_bound_ms <= every[best_name] * (1 + 1e-9), "gap": res.gap,
                "bound_before": res.bound_before_planning_ms, "gap_before": res.gap_before_planning,

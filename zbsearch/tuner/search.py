@@ -12,11 +12,12 @@
    left (its plan's time limit), and costed; a configuration whose bound reaches the best
    iteration found is pruned: it cannot win. Each runs in a worker process that is stopped
    where it runs past its share (``worker``), so the time limit holds.
-5. The configurations that may win (``replan_order``: the fastest few costed, and the few with
-   the least bounds below the best) are planned again, each with ``REPLAN_FACTOR`` times the
-   time its first plan had, in a share of the time kept for it; each keeps its best plan. A
-   plan under a time limit depends on how far its solves get, so one plan of the winner and
-   of its close rivals is a sample: the longer second plan decides between them.
+5. The configurations that may win (``replan_order``: the fastest few costed, then every other
+   whose bound is below the best, least bound first) are planned again while time is left,
+   each with ``REPLAN_FACTOR`` times the time its first plan had, from a share of the time
+   kept for it; each keeps its best plan. A plan under a time limit depends on how far its
+   solves get, so one plan of the winner and of its rivals is a sample: the longer second
+   plan decides between them.
 6. The bound over the whole space is the least of the best iteration and the bounds of every
    configuration not proven unable to beat it.
 
@@ -59,9 +60,9 @@ _OVERRUN, _OVERRUN_S = 0.5, 2.0
 _BOUNDS = 0.2
 # the time limit less this share of it (at least _MARGIN_S) is when the search must end
 _MARGIN, _MARGIN_S = 0.02, 0.5
-# planning again: the share of the time left after bounding kept for it, how many configurations
-# by iteration and by bound, how much longer than its first plan each is given, and how close to
-# the best a costed configuration must be to be planned again
+# planning again: the share of the time left after bounding kept for it, how many of the fastest
+# configurations first, how much longer than its first plan each is given, and how close to the
+# best a costed configuration must be to be among the fastest
 _REPLAN, _REPLAN_TOP, REPLAN_FACTOR, _REPLAN_WITHIN = 0.2, 3, 3.0, 0.05
 
 
@@ -93,15 +94,15 @@ _REPLANNED = ("costed", "stopped", "not planned", "no schedule")
 def replan_order(found: Sequence[tuple[float | None, float | None]], top: int = _REPLAN_TOP,
                  within: float = _REPLAN_WITHIN) -> list[int]:
     """Which configurations to plan again, in order, from each one's (iteration or None, bound
-    or None): the ``top`` fastest within ``within`` of the best, then the ``top`` others with
-    the least bounds; none whose bound reaches the best (it cannot win; the best itself: its
+    or None): the ``top`` fastest within ``within`` of the best, then every other by its
+    bound, least first; none whose bound reaches the best (it cannot win; the best itself: its
     plan is proven). Ties go to the earlier."""
     best = min((v for v, _ in found if v is not None), default=math.inf)
     open_ = [i for i, (_, b) in enumerate(found) if b is None or b < best * (1 - CLOSED)]
     fastest = sorted((i for i in open_ if (v := found[i][0]) is not None and v <= best * (1 + within)),
                      key=lambda i: (found[i][0], i))[:top]
     rest = sorted((i for i in open_ if i not in fastest and found[i][1] is not None),
-                  key=lambda i: (found[i][1], i))[:top]
+                  key=lambda i: (found[i][1], i))
     return fastest + rest
 
 
@@ -363,11 +364,11 @@ class _Search:
         tried = [(c, r) for c, r in self.tried if c.source == "tune" and r.status in _REPLANNED]
         order = replan_order([(r.iteration_ms, r.bound_ms) for _, r in tried])
         longest = max(self.given.values(), default=_MIN_PLAN_S)
-        for k, i in enumerate(order):
+        for i in order:
             c, row = tried[i]
             if row.bound_ms is not None and row.bound_ms >= self.best * (1 - CLOSED):
                 continue  # the best found meanwhile reaches its bound: it cannot win
-            seconds = min(self.clock.left() / (len(order) - k), REPLAN_FACTOR * self.given.get(str(c), longest))
+            seconds = min(self.clock.left(), REPLAN_FACTOR * self.given.get(str(c), longest))
             if seconds < _MIN_PLAN_S:
                 break
             self.tell(f"planning {c} again")
