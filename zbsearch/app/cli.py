@@ -830,8 +830,8 @@ def tune(
     recompute: str | None = typer.Option(None, "--recompute", help="modes to search: none, auto, full, comma-"
                                          "separated (default: auto where the profile has recomputation costs, else none)"),
     time_limit: float = typer.Option(300.0, "--time-limit", "-t", min=1.0, help="seconds for the whole search"),
-    plan_time: float | None = typer.Option(None, "--plan-time", min=0.1, help="most seconds one configuration's plan "
-                                           "takes (default: its share of the time left)"),
+    plan_time: float | None = typer.Option(None, "--plan-time", min=0.1, help="most seconds one configuration's first "
+                                           "plan takes (default: its share of the time left); those planned again get 3x"),
     no_milp: bool = typer.Option(False, "--no-milp", help="plan with the solver's heuristics only"),
     no_baselines: bool = typer.Option(False, "--no-baselines", help="leave out torchtitan's and Megatron's defaults"),
     top: int = typer.Option(12, "--top", min=1, help="configurations shown"),

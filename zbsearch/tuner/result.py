@@ -50,7 +50,10 @@ class ConfigRow(BaseModel):
                                    "extrapolated, proportional")
     status: Status
     schedule: str | None = Field(None, description="the schedule's kind")
-    iteration_ms: float | None = None
+    iteration_ms: float | None = Field(None, description="the least of plans_ms")
+    plans_ms: list[float] | None = Field(None, description=(
+        "the iteration of each plan of this configuration, in order: the few that may win are planned again with "
+        "more time"))
     bound_ms: float | None = Field(None, description="lower bound on every cut and schedule of this configuration")
     tokens_per_s: float | None = Field(None, description="global batch tokens per second (sequences where the "
                                                          "sequence length is unknown)")

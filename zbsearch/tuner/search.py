@@ -12,7 +12,13 @@
    left (its plan's time limit), and costed; a configuration whose bound reaches the best
    iteration found is pruned: it cannot win. Each runs in a worker process that is stopped
    where it runs past its share (``worker``), so the time limit holds.
-5. The bound over the whole space is the least of the best iteration and the bounds of every
+5. The configurations that may win (``replan_order``: the fastest few costed, then every other
+   whose bound is below the best, least bound first) are planned again while time is left,
+   each with ``REPLAN_FACTOR`` times the time its first plan had, from a share of the time
+   kept for it; each keeps its best plan. A plan under a time limit depends on how far its
+   solves get, so one plan of the winner and of its rivals is a sample: the longer second
+   plan decides between them.
+6. The bound over the whole space is the least of the best iteration and the bounds of every
    configuration not proven unable to beat it.
 
 Every configuration, planned or baseline, is costed the same way (``costing``); the winner is
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from ..errors import ZbError
 from ..formats.layers import LayerProfile
 from ..formats.schedule import Schedule
+from ..solver.verdict import CLOSED
 from .baselines import baseline_configurations
 from .bounds import cannot_fit, config_bound
 from .cluster import Cluster
@@ -40,7 +47,7 @@ from .sizes import HOW_SIZES_SCALE, SizedLayers
 from .space import PLACEMENTS, Config, configurations
 from .worker import Worker
 
-__all__ = ["tune", "Tuned", "Runnable", "TuneProgress"]
+__all__ = ["tune", "Tuned", "Runnable", "TuneProgress", "replan_order", "REPLAN_FACTOR"]
 
 TuneProgress = Callable[[int, int, str], None]  # (configurations done, in all, what is happening)
 
@@ -53,6 +60,10 @@ _OVERRUN, _OVERRUN_S = 0.5, 2.0
 _BOUNDS = 0.2
 # the time limit less this share of it (at least _MARGIN_S) is when the search must end
 _MARGIN, _MARGIN_S = 0.02, 0.5
+# planning again: the share of the time left after bounding kept for it, how many of the fastest
+# configurations first, how much longer than its first plan each is given, and how close to the
+# best a costed configuration must be to be among the fastest
+_REPLAN, _REPLAN_TOP, REPLAN_FACTOR, _REPLAN_WITHIN = 0.2, 3, 3.0, 0.05
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,25 @@ class Tuned:
     schedule: Schedule | None
     layers: LayerProfile | None
     baselines: dict[str, Runnable] = field(default_factory=dict)
+
+
+# the statuses of the configurations that may be planned again
+_REPLANNED = ("costed", "stopped", "not planned", "no schedule")
+
+
+def replan_order(found: Sequence[tuple[float | None, float | None]], top: int = _REPLAN_TOP,
+                 within: float = _REPLAN_WITHIN) -> list[int]:
+    """Which configurations to plan again, in order, from each one's (iteration or None, bound
+    or None): the ``top`` fastest within ``within`` of the best, then every other by its
+    bound, least first; none whose bound reaches the best (it cannot win; the best itself: its
+    plan is proven). Ties go to the earlier."""
+    best = min((v for v, _ in found if v is not None), default=math.inf)
+    open_ = [i for i, (_, b) in enumerate(found) if b is None or b < best * (1 - CLOSED)]
+    fastest = sorted((i for i in open_ if (v := found[i][0]) is not None and v <= best * (1 + within)),
+                     key=lambda i: (found[i][0], i))[:top]
+    rest = sorted((i for i in open_ if i not in fastest and found[i][1] is not None),
+                  key=lambda i: (found[i][1], i))
+    return fastest + rest
 
 
 class _Clock:
@@ -127,7 +157,8 @@ def tune(
             costs, else ``none``).
         seq: tokens per sequence for the rates (default: the profiles' ``model.seq``).
         time_limit: seconds for the whole search.
-        plan_time: the most seconds one configuration's plan may take (default: its share).
+        plan_time: the most seconds one configuration's first plan may take (default: its share);
+            the few planned again (see the module) get ``REPLAN_FACTOR`` times their first.
         milp: let plan polish with the solver's MILP windows.
         baselines: cost torchtitan's and Megatron's defaults beside the search.
         progress: called with (done, in all, text) as configurations are done.
@@ -160,6 +191,7 @@ def tune(
         search.worker = worker
         search.baselines(bases)
         search.configurations(configs)
+        search.replan()
     return search.result(left_out + not_based, sizes, modes)
 
 
@@ -231,6 +263,8 @@ class _Search:
         self.worker: Worker | None = None
         self._layers: dict[tuple[int, float], LayerProfile] = {}
         self.before: float | None = None  # the bound over the space before planning
+        self.tried: list[tuple[Config, ConfigRow]] = []  # every row, with its configuration
+        self.given: dict[str, float] = {}  # per configuration planned, the seconds its first plan had
 
     # ------------------------------------------------------------------ inputs per configuration
 
@@ -290,6 +324,7 @@ class _Search:
         self.before = min([self.best, *(b for b, _ in bounded)]) if bounded or self.best < math.inf else None
         bounded.sort(key=lambda bc: (bc[0], str(bc[1])))
         stopped: dict[str, tuple[int, float]] = {}  # per placement: the least stages x m whose plan ran past its share
+        kept = _REPLAN * self.clock.left()  # for planning the few that may win again (``replan``)
         for i, (bound, c) in enumerate(bounded):
             if bound >= self.best * (1 - 1e-9):
                 self.add(c, None, "pruned", bound=bound, note=f"its bound {bound:.6g} ms reaches the best "
@@ -297,10 +332,12 @@ class _Search:
                 continue
             open_ = sum(1 for b, _ in bounded[i:] if b < self.best)
             left = self.clock.left()
-            share = left / max(1, open_)
-            if share < _MIN_PLAN_S and (left < _MIN_PLAN_S or self.rows_costed()):
-                self.add(c, None, "not planned", bound=bound, note="the time limit was spent")
-                continue
+            share = (left - kept) / max(1, open_)
+            if share < _MIN_PLAN_S:
+                if left < _MIN_PLAN_S or self.rows_costed():
+                    self.add(c, None, "not planned", bound=bound, note="the time limit was spent")
+                    continue
+                share = left / max(1, open_)  # nothing costed yet: the time kept for planning again goes here
             if self.plan_time is not None:
                 share = min(share, self.plan_time)
             size = c.stages * c.m
@@ -310,6 +347,7 @@ class _Search:
                          f"({known[0]} stages x microbatches) ran past its {known[1]:.3g} s")
                 continue
             self.tell(f"planning {c}")
+            self.given[str(c)] = max(share, 0.1)
             ev = self.run(c, bound, max(share, 0.1), share + max(_OVERRUN * share, _OVERRUN_S))
             if ev is None:
                 self.add(c, None, "stopped", bound=bound, note=f"its plan ran past its {share:.3g} s")
@@ -317,6 +355,39 @@ class _Search:
                     stopped[c.placement] = (size, share)
             else:
                 self.add(c, ev, ev.status, bound=bound)
+
+    def replan(self) -> None:
+        """Plan again the configurations that may win (``replan_order``), each given
+        ``REPLAN_FACTOR`` times its first plan's time (the longest first plan's where it had
+        none) within the time left, keeping its best plan: its row lists every plan's iteration
+        (``plans_ms``)."""
+        tried = [(c, r) for c, r in self.tried if c.source == "tune" and r.status in _REPLANNED]
+        order = replan_order([(r.iteration_ms, r.bound_ms) for _, r in tried])
+        longest = max(self.given.values(), default=_MIN_PLAN_S)
+        for i in order:
+            c, row = tried[i]
+            if row.bound_ms is not None and row.bound_ms >= self.best * (1 - CLOSED):
+                continue  # the best found meanwhile reaches its bound: it cannot win
+            seconds = min(self.clock.left(), REPLAN_FACTOR * self.given.get(str(c), longest))
+            if seconds < _MIN_PLAN_S:
+                break
+            self.tell(f"planning {c} again")
+            ev = self.run(c, row.bound_ms or 0.0, seconds, seconds + max(_OVERRUN * seconds, _OVERRUN_S))
+            again = f"planned again with {seconds:.3g} s: "
+            if ev is None or ev.costed is None:
+                if row.status != "costed" and ev is not None:  # what its longer plan found out
+                    self.fill(row, c, ev, ev.status, row.bound_ms, row.note)
+                row.note = (f"{row.note}; " if row.note else "") + again + (
+                    "it ran past that" if ev is None else ev.note or ev.status)
+                continue
+            plans = [*(row.plans_ms or []), ev.costed.iteration]
+            if row.iteration_ms is None or ev.costed.iteration < row.iteration_ms:
+                self.fill(row, c, ev, "costed", row.bound_ms, None)
+            else:
+                row.time_s = round(row.time_s + ev.time_s, 3)
+                if ev.bound is not None:  # a bound over every schedule of it, as the first plan's
+                    row.bound_ms = max(row.bound_ms or 0.0, ev.bound)
+            row.plans_ms = plans
 
     def rows_costed(self) -> bool:
         return any(r.status == "costed" for r in self.rows)
@@ -342,36 +413,45 @@ class _Search:
                         recompute=c.recompute, sizes=self.sized.how(c.b), status=status,
                         bound_ms=bound if c.source == "tune" else None, note=note)
         if ev is not None:
-            row.note = ev.note or note
-            row.time_s = round(ev.time_s, 3)
-            row.schedule = ev.kind
-            row.units_per_stage = list(ev.counts) if ev.counts is not None else None
-            row.layers_per_stage = ev.layers_per_stage
-            if ev.recompute is not None:
-                row.recompute = ev.recompute
-            if ev.bound is not None:
-                row.bound_ms = ev.bound
-            if status == "does not fit" and c.source == "tune" and ev.note and ev.note.startswith("no cut fits"):
-                row.note = ev.note + " (among the cuts plan priced)"
-            got = ev.costed
-            if got is not None:
-                row.iteration_ms = got.iteration
-                row.bubble = got.bubble
-                row.peak_bytes = max(got.peak_bytes)
-                row.recomputed = got.recomputed
-                row.overlapped_pairs = ev.pairs
-                row.tokens_per_s = self.global_batch * (self.seq or 1) / (got.iteration / 1e3)
-                if got.iteration < self.best:
-                    self.best = got.iteration
-                    if ev.schedule is not None:
-                        self.schedule = ev.schedule
-                        self.winner_layers = self.layers(c)
-                known = self.family.get(c.source)
-                if c.source != "tune" and ev.schedule is not None and (
-                        known is None or got.iteration < (known.row.iteration_ms or float("inf"))):
-                    self.family[c.source] = Runnable(row, ev.schedule, self.layers(c))
+            self.fill(row, c, ev, status, bound, note)
         self.rows.append(row)
+        self.tried.append((c, row))
         self.tell(f"{c}: {status}")
+
+    def fill(self, row: ConfigRow, c: Config, ev: Evaluation, status: str, bound: float | None,
+             note: str | None) -> None:
+        """``row`` as ``ev`` found it (and the winner's schedule where it is the best)."""
+        row.status = status  # type: ignore[assignment]
+        row.note = ev.note or note
+        row.time_s = round(row.time_s + ev.time_s, 3)
+        row.schedule = ev.kind
+        row.units_per_stage = list(ev.counts) if ev.counts is not None else None
+        row.layers_per_stage = ev.layers_per_stage
+        if ev.recompute is not None:
+            row.recompute = ev.recompute
+        if ev.bound is not None:
+            row.bound_ms = ev.bound if bound is None or c.source != "tune" else max(bound, ev.bound)
+        if status == "does not fit" and c.source == "tune" and ev.note and ev.note.startswith("no cut fits"):
+            row.note = ev.note + " (among the cuts plan priced)"
+        got = ev.costed
+        if got is None:
+            return
+        row.iteration_ms = got.iteration
+        row.plans_ms = [got.iteration]
+        row.bubble = got.bubble
+        row.peak_bytes = max(got.peak_bytes)
+        row.recomputed = got.recomputed
+        row.overlapped_pairs = ev.pairs
+        row.tokens_per_s = self.global_batch * (self.seq or 1) / (got.iteration / 1e3)
+        if got.iteration < self.best:
+            self.best = got.iteration
+            if ev.schedule is not None:
+                self.schedule = ev.schedule
+                self.winner_layers = self.layers(c)
+        known = self.family.get(c.source)
+        if c.source != "tune" and ev.schedule is not None and (
+                known is None or got.iteration < (known.row.iteration_ms or float("inf"))):
+            self.family[c.source] = Runnable(row, ev.schedule, self.layers(c))
 
     def result(self, left_out: list[str], sizes: list[int], modes: tuple[str, ...]) -> Tuned:
         order = {s: i for i, s in enumerate(("costed", "pruned", "stopped", "not planned", "no schedule", "does not fit"))}
