@@ -217,23 +217,35 @@ def reduction_time(grad_bytes: float, replicas: int, bandwidth_gbs: float, shard
 
 
 def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Sequence[float], *,
-                    sharded: bool = False, latency_ms: float = 0.0, t_opt: Sequence[float] | None = None):
+                    sharded: bool = False, latency_ms: float = 0.0, t_opt: Sequence[float] | None = None,
+                    expert_bytes: Sequence[float] | None = None, expert_replicas: int = 1):
     """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
     ``replicas`` (``reduction_time`` of each stage's ``grad_bytes``) and, where given, their
     optimizer step (``t_opt``, ms per stage); ``sharded``, a reduce-scatter, and each stage
-    gathers its parameters (as many bytes) at the step's start (``t_gather``)."""
+    gathers its parameters (as many bytes) at the step's start (``t_gather``).
+
+    ``expert_bytes``: per stage, the part of ``grad_bytes`` that is expert parameters', reduced
+    only across each expert's ``expert_replicas`` copies (the data-parallel ranks over the
+    expert-parallel degree; one copy reduces nothing), after the rest across ``replicas``."""
     from .errors import ZbError
     from .formats.profile import DataParallel
 
     _check_per_stage(profile, grad_bytes, t_opt)
+    experts = [0.0] * len(grad_bytes) if expert_bytes is None else list(expert_bytes)
     if replicas < 1 or bandwidth_gbs <= 0 or latency_ms < 0 or min(grad_bytes) < 0:
         raise ZbError("reductions need at least 1 replica, a positive bandwidth and no negative bytes or latency")
-    t_reduce = [reduction_time(b, replicas, bandwidth_gbs, sharded, latency_ms) for b in grad_bytes]
+    if len(experts) != len(grad_bytes) or min(experts) < 0 or any(e > b for e, b in zip(experts, grad_bytes)) \
+            or not 1 <= expert_replicas <= replicas:
+        raise ZbError("expert gradient bytes must be given per stage, at most each stage's gradient bytes, and "
+                      "reduced across 1 to the data-parallel replicas")
+    t_reduce = [reduction_time(b - e, replicas, bandwidth_gbs, sharded, latency_ms)
+                + reduction_time(e, expert_replicas, bandwidth_gbs, sharded, latency_ms) for b, e in zip(grad_bytes, experts)]
     # sharded: the parameters are gathered at the step's start, an all-gather of as many bytes
     # as the gradients (the same dtype), which a ring moves like a reduce-scatter
     t_gather = t_reduce if sharded else None
     dp = DataParallel(replicas=replicas, sharded=sharded, how="bandwidth", bandwidth_gbs=bandwidth_gbs,
-                      grad_bytes=list(grad_bytes))
+                      grad_bytes=list(grad_bytes),
+                      **({"expert_bytes": experts, "expert_replicas": expert_replicas} if any(experts) else {}))
     return _ending_with(profile, dp, t_reduce, t_opt, t_gather)
 
 

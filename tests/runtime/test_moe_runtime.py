@@ -275,10 +275,13 @@ def test_units_profiled_on_an_expert_group_plan_with_pairs(capsys, tmp_path):
     layers = load_layers(out)
     assert layers.ep == 2 and [u.kind for u in layers.units] == ["embedding", "layer", "layer", "head"]
     for u in layers.units:
+        held, hidden = 4 // 2, 16  # each rank holds 2 of the 4 experts: w_in, b_in, w_out of width 4 x hidden
         if u.kind == "layer":
             assert 0 < u.a_f <= u.t_f and 0 < u.a_b <= u.t_b, u
+            assert u.expert_params == held * (2 * hidden * 4 * hidden + 4 * hidden) < u.params, u
+            assert u.expert_param_bytes == 4.0 * u.expert_params
         else:
-            assert u.a_f == u.a_b == 0, u
+            assert u.a_f == u.a_b == 0 and u.expert_params == 0, u
     sched_path = tmp_path / "plan.json"
     code, _, err = run_main(capsys, "plan", "-l", out, "-r", 2, "-m", 8, "--placement", "v", "-t", 4, "--json",
                             "-o", sched_path)

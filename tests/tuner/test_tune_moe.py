@@ -61,6 +61,54 @@ def test_a_dualpipe_v_baseline_is_costed_with_its_pairs():
     assert ev.costed.span < max(serial.span)
 
 
+@pytest.mark.parametrize("dp, sharded", [(2, False), (4, False), (8, False), (4, True)])
+def test_expert_gradients_reduce_across_their_copies_only(dp, sharded):
+    """A stage's reduction: its other gradients as a ring over the dp replicas, its expert ones
+    over the dp / ep copies of each expert (none where ep = dp), each by the ring's formula
+    written out here; plan's stage profiles and tune's costing agree, and the unit reductions
+    tune bounds with add up to its stages'."""
+    from zbsearch.planner import Cut, stage_profile
+    from zbsearch.tuner.cluster import Mesh
+    from zbsearch.tuner.costing import full_profile, unit_reductions
+
+    ref = _moe(ep=2)[0]
+    units = [u.model_copy(update={"expert_params": int(0.8 * u.params), "expert_param_bytes": 2.0 * int(0.8 * u.params)})
+             if u.kind == "layer" else u for u in ref.units]
+    layers = ref.model_copy(update={"units": units})
+    assert sum(u.expert_params for u in units) > 0
+    gbs, counts = 25.0, [3, 3, 4]
+
+    def ring(nbytes: float, n: int) -> float:
+        steps = (n - 1) * (1 if sharded else 2)
+        return steps / n * nbytes / (gbs * 1e9) * 1e3 if n > 1 else 0.0
+
+    bounds = [(0, 3), (3, 6), (6, 10)]
+    want = [ring(sum(u.param_bytes - u.expert_param_bytes for u in units[lo:hi]), dp)
+            + ring(sum(u.expert_param_bytes for u in units[lo:hi]), dp // 2) for lo, hi in bounds]
+    planned = stage_profile(layers, Cut(tuple(counts), "one"), data_parallel=(dp, gbs), sharded=sharded)
+    assert [st.t_reduce for st in planned.stages] == pytest.approx(want)
+    assert planned.data_parallel.expert_replicas == dp // 2
+    whole = ring(sum(u.param_bytes for u in units[3:6]), dp)
+    assert planned.stages[1].t_reduce < whole  # all of it over dp: the price before experts were told apart
+    cluster = Cluster(ranks=3 * dp, ranks_per_node=3 * dp, memory_bytes=None, intra_node_gbs=gbs, inter_node_gbs=gbs)
+    mesh = Mesh(pp=3, dp=dp, tp=1)
+    opt = OptimizerSetup("adamw", fully_sharded=sharded)
+    costed = full_profile(layers, counts, "one", mesh, cluster, opt)
+    assert [st.t_reduce for st in costed.stages] == pytest.approx(want)
+    per_unit = unit_reductions(layers, mesh, cluster, opt)
+    assert [sum(per_unit[lo:hi]) for lo, hi in bounds] == pytest.approx(want)
+
+
+def test_expert_parameters_must_fit_the_unit_and_the_replicas_the_groups():
+    from zbsearch.planner import Cut, stage_profile
+
+    u = _moe()[0].units[1]
+    with pytest.raises(ValueError, match="expert parameters exceed"):
+        type(u).model_validate({**u.model_dump(), "expert_params": u.params + 1})
+    with pytest.raises(ZbError, match="expert-parallel degree 2 .* does not divide the 3"):
+        stage_profile(_moe(ep=2)[0], Cut((5, 5), "one"), data_parallel=(3, 10.0))
+
+
 @pytest.mark.slow  # tunes for seconds
 def test_tune_with_experts_picks_pairs_and_beats_every_baseline(tmp_path):
     profiles = _moe()

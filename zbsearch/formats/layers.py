@@ -53,13 +53,23 @@ class Unit(StageCost):
     output_bytes: float = Field(default=0, ge=0)
     params: int = Field(default=0, ge=0, description="trainable parameters held by this unit alone (elements)")
     param_bytes: float = Field(default=0, ge=0, description="their bytes as profiled (dtype as measured)")
+    expert_params: int = Field(default=0, ge=0, description=(
+        "of params, those of expert parameters (a mixture-of-experts layer's, as held on one rank of its expert group): "
+        "reduced only across each expert's copies; older files: none"))
+    expert_param_bytes: float = Field(default=0, ge=0, description="their bytes as profiled")
     frozen_bytes: float = Field(default=0, ge=0, description="parameters without gradient and buffers (bytes)")
     tied: list[str] = Field(default_factory=list, description="keys of the profile's tied parameters this unit uses")
 
-    @field_validator("output_bytes", "param_bytes", "frozen_bytes")
+    @field_validator("output_bytes", "param_bytes", "expert_param_bytes", "frozen_bytes")
     @classmethod
     def _bytes_range(cls, v: float) -> float:
         return _finite_in(v, MAX_MEMORY)
+
+    @model_validator(mode="after")
+    def _experts_within(self) -> Unit:
+        if self.expert_params > self.params or self.expert_param_bytes > self.param_bytes:
+            raise ValueError(f"unit {self.name!r}: its expert parameters exceed its parameters")
+        return self
 
 
 class TiedParams(BaseModel):

@@ -306,6 +306,11 @@ class DataParallel(BaseModel):
     how: Literal["measured", "bandwidth"] = "bandwidth"
     bandwidth_gbs: float | None = Field(default=None, gt=0, description="GB/s per rank (how = bandwidth)")
     grad_bytes: list[float] | None = Field(default=None, description="gradient bytes per stage")
+    expert_bytes: list[float] | None = Field(default=None, description=(
+        "how = bandwidth: per stage, the part of grad_bytes that is expert parameters', reduced across each expert's "
+        "expert_replicas copies only (absent: no expert parameters)"))
+    expert_replicas: int | None = Field(default=None, ge=1, description=(
+        "the copies of each expert its gradients are reduced across: the replicas over the expert-parallel degree"))
     group: Literal["local", "torchrun"] | None = Field(default=None, description=(
         "how = measured: where, on local processes of the profiling machine (its loopback) or on the replicas "
         "torchrun started"))

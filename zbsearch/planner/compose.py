@@ -201,8 +201,9 @@ def stage_profile(layers: LayerProfile, cut: Cut, data_parallel: tuple[int, floa
     """The ``zbsearch.profile`` of ``layers`` cut by ``cut``: what the solver, simulator and
     runtime take (pieces for the V, with their placement). ``data_parallel`` (replicas, GB/s
     per rank): each stage then ends the iteration with the all-reduce of its units' gradients,
-    as many bytes as their parameters (``zbsearch.reductions``); ``sharded`` (fully_shard over
-    the replicas), a reduce-scatter, after gathering its parameters at the step's start."""
+    as many bytes as their parameters (``zbsearch.reductions``), expert parameters' only across
+    each expert's copies (the replicas over ``layers.ep``); ``sharded`` (fully_shard over the
+    replicas), a reduce-scatter, after gathering its parameters at the step's start."""
     cut.check(layers.num_units)
     bounds = cut.bounds
     identity = (layers.model or {}).get("identity") or {}
@@ -228,9 +229,14 @@ def stage_profile(layers: LayerProfile, cut: Cut, data_parallel: tuple[int, floa
     )
     if data_parallel is None:
         return prof
+    replicas = data_parallel[0]
+    if replicas % layers.ep:
+        raise ZbError(f"the expert-parallel degree {layers.ep} of {layers.name!r} does not divide the {replicas} "
+                      "data-parallel replicas its expert groups lie in")
     grads = [sum(layers.units[u].param_bytes for u in range(lo, hi)) for lo, hi in bounds]
-    return with_reductions(prof, data_parallel[0], data_parallel[1], grads, sharded=sharded).model_copy(
-        update={"name": prof.name})
+    experts = [sum(layers.units[u].expert_param_bytes for u in range(lo, hi)) for lo, hi in bounds]
+    return with_reductions(prof, replicas, data_parallel[1], grads, sharded=sharded, expert_bytes=experts,
+                           expert_replicas=replicas // layers.ep).model_copy(update={"name": prof.name})
 
 
 def activation_need(layers: LayerProfile, cut: Cut, recompute: str = "none") -> list[float]:

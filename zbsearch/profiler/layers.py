@@ -26,6 +26,7 @@ from torch import nn
 
 from ..errors import ZbError
 from ..formats.layers import LayerProfile, LinkEstimate, TiedParams, Unit, UnitKind
+from ..runtime.data_parallel import is_expert
 from .links import LinkModel
 from .run import Progress, profile_one_device
 from .settings import Settings, resolve_device
@@ -112,6 +113,8 @@ def profile_layers(
         units.append(Unit(
             **cost.model_dump(), name=names[i], kind=kinds[i], output_bytes=bytes_sent[i],
             params=sum(p.numel() for p in own), param_bytes=float(sum(p.nbytes for p in own)),
+            expert_params=sum(p.numel() for p in own if is_expert(p)),
+            expert_param_bytes=float(sum(p.nbytes for p in own if is_expert(p))),
             frozen_bytes=float(frozen_bytes), tied=sorted(set(keys)),
         ))
     links = prof.links

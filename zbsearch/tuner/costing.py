@@ -5,7 +5,8 @@ Each stage's profile is composed from its units (``zbsearch.planner.compose``), 
 expert-parallel all-to-all included, so a schedule's overlapped pairs cost what the cost model
 says a pair costs. Each stage
 reduces its units' gradients, and a tied parameter's on every stage that uses it, across the
-``dp`` replicas as a ring all-reduce at the mesh's data-parallel bandwidth; each rank then steps
+``dp`` replicas as a ring all-reduce at the mesh's data-parallel bandwidth, its expert
+parameters' (a mixture-of-experts model's) only across each expert's dp / ep copies; each rank then steps
 the optimizer over the parameters it holds, a tied one once (``optimizer``). The simulator's
 reduction lane (``zbsearch.reductions``) turns the schedule into the iteration: per rank, from
 its first pass to its last pass or reduction, plus its optimizer steps; the longest rank's is
@@ -91,13 +92,14 @@ def full_profile(layers: LayerProfile, counts: Sequence[int], placement: str, me
         made = None if prof.mesh is None else prof.mesh.model_copy(update={"pp": mesh.pp})
         prof = prof.model_copy(update={"placement": owner, "mesh": made})
     bw = mesh.dp_bandwidth(cluster)
-    grads, steps = [], []
+    grads, experts, steps = [], [], []
     stepped: set[tuple[int, str]] = set()  # (rank, tied key): a tied parameter stepped once per rank
     for s, (lo, hi) in enumerate(_bounds(counts)):
         units = layers.units[lo:hi]
         keys = sorted({k for u in units for k in u.tied})
         grads.append(sum(opt.grad_bytes(u.params, u.param_bytes) for u in units)
                      + sum(opt.grad_bytes(layers.tied[k].params, layers.tied[k].param_bytes) for k in keys))
+        experts.append(sum(opt.grad_bytes(u.expert_params, u.expert_param_bytes) for u in units))
         step = sum(opt.step_ms(u.params, u.param_bytes, mesh.dp, cluster.memory_gbs, bw) for u in units)
         for k in keys:
             if (owner[s], k) not in stepped:
@@ -105,8 +107,8 @@ def full_profile(layers: LayerProfile, counts: Sequence[int], placement: str, me
                 t = layers.tied[k]
                 step += opt.step_ms(t.params, t.param_bytes, mesh.dp, cluster.memory_gbs, bw)
         steps.append(step)
-    return with_reductions(prof, mesh.dp, bw, grads, sharded=opt.reduce_scatters(mesh.dp),
-                           t_opt=steps).model_copy(update={"name": prof.name})
+    return with_reductions(prof, mesh.dp, bw, grads, sharded=opt.reduce_scatters(mesh.dp), t_opt=steps,
+                           expert_bytes=experts, expert_replicas=mesh.dp // layers.ep).model_copy(update={"name": prof.name})
 
 
 def rank_static(layers: LayerProfile, counts: Sequence[int], placement: str, num_ranks: int, opt: OptimizerSetup,
@@ -141,9 +143,12 @@ def cost_schedule(kind: str, profile: Profile, m: int, owner: list[int], actions
 def unit_reductions(layers: LayerProfile, mesh: Mesh, cluster: Cluster, opt: OptimizerSetup) -> list[float]:
     """Per unit, the reduction of its gradients, its tied parameters' included (ms)."""
     bw = mesh.dp_bandwidth(cluster)
-    return [reduction_time(opt.grad_bytes(u.params, u.param_bytes)
+    sharded = opt.reduce_scatters(mesh.dp)
+    return [reduction_time(opt.grad_bytes(u.params, u.param_bytes) - opt.grad_bytes(u.expert_params, u.expert_param_bytes)
                            + sum(opt.grad_bytes(layers.tied[k].params, layers.tied[k].param_bytes) for k in u.tied),
-                           mesh.dp, bw, opt.reduce_scatters(mesh.dp)) for u in layers.units]
+                           mesh.dp, bw, sharded)
+            + reduction_time(opt.grad_bytes(u.expert_params, u.expert_param_bytes), mesh.dp // layers.ep, bw, sharded)
+            for u in layers.units]
 
 
 def unit_steps(layers: LayerProfile, mesh: Mesh, cluster: Cluster, opt: OptimizerSetup) -> tuple[list[float], float]:
