@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for another rank before failing")
-    ap.add_argument("--trace", type=Path, default=None, help="write the last step's Chrome trace here (rank 0)")
+    ap.add_argument("--trace", type=Path, default=None, help="write the last step's Chrome trace here (rank 0, first replica)")
     ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (processes = ranks x dp)")
     ap.add_argument("--shard", action="store_true", help="shard each stage over the --dp ranks (fully_shard)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (processes = ranks x dp x tp)")
@@ -126,8 +126,8 @@ def run(args, device: torch.device) -> None:
     if reference is not None:
         print(f"rank {dist.get_rank()}: max |grad - one process| = {worst:.3g} over stages {sorted(stages)}, "
               f"{args.steps} steps", flush=True)
-    trace = runtime.trace()
-    if trace is not None and args.trace is not None:
+    trace = runtime.trace()  # collective; every pipeline's rank 0 gets its own, the first replica's is written
+    if trace is not None and args.trace is not None and replica == 0 and mesh["tp"].get_local_rank() == 0:
         save_trace(trace, args.trace)
         print(f"wrote {args.trace}", flush=True)
     runtime.close()
