@@ -47,7 +47,8 @@ one partner. Paired, the two start together and both end at the start plus
 ``CostModel.pair_time`` (a pass's duration is affine in its y's), the order rows between them
 are lifted and the forward comes first in the order, so that memory counts as the simulator
 counts it. A window keeps the pairs outside it: those after it enter the tails as one pass each
-(``_paired_after``). Models where fusing or recomputation is a choice have no pairs.
+(``_paired_after``). Where fusing or recomputation is a choice (the exact model), a pass that
+may pair has a duration variable tied to its choices and its pair's (``_ChoiceModel``).
 """
 
 from __future__ import annotations
@@ -878,6 +879,11 @@ class _ChoiceModel(_WindowModel):
     wherever that is). No such argument is known with recomputation (``problem``): there the F
     is priced by its own microbatch's choice and the model is FIFO orders only, never a bound.
 
+    Overlapped pairs (where the passes hold all-to-all) join as in a window, except that a
+    pass's time alone and its pair's depend on the choices: each pass that may pair gets a
+    duration variable, equal to its time alone unless paired and to the pair's time under the
+    choices made when paired (``add_pair_durations``).
+
     Without ``relaxed`` (span): each rank starts as soon as microbatch 0's forwards reach it,
     an affine expression in their choices, and F costs t_ff where fused: the best FIFO order
     and choice under ASAP execution, as the simulator times it."""
@@ -1383,14 +1389,19 @@ def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed
 
     Where fusing may pay (``_choice_stages``) each backward there is fused or split as the
     model chooses, and where recomputation is offered each forward plain or checkpointed
-    (``_ChoiceModel``); elsewhere a BW is split into B then W, which loses nothing. With
+    (``_ChoiceModel``); elsewhere a BW is split into B then W, which loses nothing (with
+    all-to-all, fusing may pay in a pair alone: such stages are choice stages too). With
     recomputation FIFO orders are not known to lose nothing (``problem``): the model is a
     search over them and its dual bound no bound (``dual_bound`` is -inf).
 
     Where the passes hold all-to-all, the model also chooses overlapped pairs (``pairs``: those
     of ``rows``, the warm start): FIFO still loses nothing in the idle relaxation, since a pair
     is two passes in one time slot and what it costs depends on their stages, not on their
-    microbatches. With a choice of fusing or recomputation it has no pairs, and no bound."""
+    microbatches, and with the fusing choice on what each pass's choice is, which relabelling
+    keeps with the pass. A pair's backward is a B or a BW as the model fuses it, and its forward
+    plain, fused or checkpointed (a recompute pass is never paired); its time is
+    ``CostModel.pair_time`` of the two under the choices made (``_ChoiceModel.add_pair_durations``).
+    With recomputation it is still no bound."""
     cost = problem.cost
     choice = _choice_stages(cost)
     offers = {s: ops for s in range(cost.num_stages) if (ops := cost.recompute_ops(s))}
