@@ -23,14 +23,14 @@ import pytest
 from tests.helpers.reference import rank_orders
 from zbsearch import CostModel, Profile, StageCost
 from zbsearch.actions import Action, Op
-from zbsearch.errors import ZbError
 from zbsearch.layout import placement
-from zbsearch.simulator import simulate
 from zbsearch.solver import solve
 from zbsearch.solver.engines import ExactMILP
 from zbsearch.solver.heuristic import sequential_schedule
 from zbsearch.solver.milp import exact
 from zbsearch.solver.problem import Problem
+
+from .oracle import paired_optima
 
 TOL = 1e-9
 
@@ -69,34 +69,8 @@ def _rows(cost: CostModel, r: int, m: int) -> list[list[Action]]:
     return [list(row) for row in sorted(out)]
 
 
-def _pairings(row: list[Action]) -> list[list[int]]:
-    out: list[list[int]] = []
-
-    def rec(i: int, got: list[int]) -> None:
-        if i >= len(row) - 1:
-            out.append(list(got))
-            return
-        rec(i + 1, got)
-        if row[i].op is Op.F and row[i + 1].op in (Op.B, Op.BW) and row[i].mb != row[i + 1].mb:
-            rec(i + 2, [*got, i])
-
-    rec(0, [])
-    return out
-
-
 def _optima(cost: CostModel, m: int, limit) -> dict[str, float]:
-    best = {"span": float("inf"), "makespan": float("inf")}
-    per_rank = [[(row, pairs) for row in _rows(cost, r, m) for pairs in _pairings(row)] for r in range(cost.num_ranks)]
-    for combo in itertools.product(*per_rank):
-        rows, pairs = [c[0] for c in combo], [c[1] for c in combo]
-        try:
-            tl = simulate(rows, cost, pairs)
-        except ZbError:
-            continue
-        if limit is None or all(p <= x + TOL for p, x in zip(tl.peak_memory, limit)):
-            best["span"] = min(best["span"], max(tl.span))
-            best["makespan"] = min(best["makespan"], tl.makespan)
-    return best
+    return paired_optima(cost, [_rows(cost, r, m) for r in range(cost.num_ranks)], limit)
 
 
 @pytest.fixture(scope="module")
@@ -205,16 +179,7 @@ def test_the_exact_milp_with_pairs_and_recomputation_against_the_oracle():
     hit = runs = recomputed = paired = 0
     for seed in range(12):
         cost, m, limit = _recompute_instance(seed)
-        best = float("inf")
-        per_rank = [[(row, pairs) for row in _recompute_rows(cost, r, m) for pairs in _pairings(row)]
-                    for r in range(cost.num_ranks)]
-        for combo in itertools.product(*per_rank):
-            try:
-                tl = simulate([c[0] for c in combo], cost, [c[1] for c in combo])
-            except ZbError:
-                continue
-            if limit is None or all(p <= x + TOL for p, x in zip(tl.peak_memory, limit)):
-                best = min(best, max(tl.span))
+        best = paired_optima(cost, [_recompute_rows(cost, r, m) for r in range(cost.num_ranks)], limit)["span"]
         problem = Problem.make(cost, m, limit, "span", recompute="auto")
         res = exact(problem, sequential_schedule(problem), 30, relaxed=False)
         assert res is not None and res.optimal, seed
