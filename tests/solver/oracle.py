@@ -88,6 +88,7 @@ from fractions import Fraction
 from zbsearch import CostModel, Profile, StageCost
 from zbsearch.actions import RECOMPUTES, Action, Op
 from zbsearch.dependencies import predecessors
+from zbsearch.errors import ZbError
 from zbsearch.formats.schedule import Schedule
 from zbsearch.layout import placement
 from zbsearch.simulator import Deadlock, simulate
@@ -728,3 +729,39 @@ def issue_counterexample() -> Instance:
     prof = Profile(name="issue10", memory_unit="activations", t_comm=[0.2, 0.16],
                    stages=[StageCost(t_f=a, t_b=b, t_w=c, m_f=d, m_b=e, m_w=f) for a, b, c, d, e, f in st])
     return Instance("issue", prof, 2, 1, None, "none")
+
+
+# ---------------------------------------------------------------------------------------------
+# Overlapped pairs: every choice of pairs on given per-rank orders.
+
+def pairings(row: list[Action]) -> list[list[int]]:
+    """Every set of non-overlapping pairs in ``row`` of a forward and the backward (B or BW) of
+    another microbatch right after it."""
+    out: list[list[int]] = []
+
+    def rec(i: int, got: list[int]) -> None:
+        if i >= len(row) - 1:
+            out.append(list(got))
+            return
+        rec(i + 1, got)
+        if row[i].op is Op.F and row[i + 1].op in (Op.B, Op.BW) and row[i].mb != row[i + 1].mb:
+            rec(i + 2, [*got, i])
+
+    rec(0, [])
+    return out
+
+
+def paired_optima(cost: CostModel, rows_per_rank: list[list[list[Action]]], limit) -> dict[str, float]:
+    """The least span and the least makespan over every combination of the given per-rank rows
+    and every choice of pairs on each (``pairings``), each simulated, within ``limit``."""
+    best = {"span": math.inf, "makespan": math.inf}
+    per_rank = [[(row, pairs) for row in rows for pairs in pairings(row)] for rows in rows_per_rank]
+    for combo in itertools.product(*per_rank):
+        try:
+            tl = simulate([c[0] for c in combo], cost, [c[1] for c in combo])
+        except ZbError:
+            continue
+        if limit is None or all(p <= x + 1e-9 for p, x in zip(tl.peak_memory, limit)):
+            best["span"] = min(best["span"], max(tl.span))
+            best["makespan"] = min(best["makespan"], tl.makespan)
+    return best

@@ -13,7 +13,6 @@ above it.
 
 from __future__ import annotations
 
-import itertools
 import random
 
 import pytest
@@ -22,15 +21,15 @@ from tests.helpers.reference import rank_orders
 from zbsearch import CostModel, Profile, StageCost, find_problem
 from zbsearch.actions import Action, Op
 from zbsearch.bounds import memory_span_lower_bound, span_lower_bound
-from zbsearch.errors import ZbError
 from zbsearch.layout import placement
-from zbsearch.simulator import simulate
 from zbsearch.solver import solve
 from zbsearch.solver.engines import ExactMILP
 from zbsearch.solver.heuristic import sequential_schedule
 from zbsearch.solver.local_search import local_search_paired
 from zbsearch.solver.milp import exact
 from zbsearch.solver.problem import Problem
+
+from .oracle import paired_optima
 
 TOL = 1e-9
 
@@ -60,22 +59,6 @@ def _orders(cost: CostModel, r: int, m: int) -> list[list[Action]]:
     return rank_orders(cost, r, m, ops=(Op.F, Op.B), fuse=True)
 
 
-def _pairings(row: list[Action]) -> list[list[int]]:
-    """Every set of non-overlapping pairs of a forward and the backward of another microbatch after it."""
-    out: list[list[int]] = []
-
-    def rec(i: int, got: list[int]) -> None:
-        if i >= len(row) - 1:
-            out.append(list(got))
-            return
-        rec(i + 1, got)
-        if row[i].op is Op.F and row[i + 1].op is Op.BW and row[i].mb != row[i + 1].mb:
-            rec(i + 2, [*got, i])
-
-    rec(0, [])
-    return out
-
-
 def _fits(cost: CostModel, row: list[Action], limit: float | None) -> bool:
     held, peak = 0.0, 0.0
     for a in row:
@@ -86,19 +69,8 @@ def _fits(cost: CostModel, row: list[Action], limit: float | None) -> bool:
 
 def _optima(cost: CostModel, m: int, limit) -> dict[str, float]:
     """The least span and the least makespan over every order and choice of pairs."""
-    best = {"span": float("inf"), "makespan": float("inf")}
-    per_rank = [[(row, pairs) for row in _orders(cost, r, m) if _fits(cost, row, None if limit is None else limit[r])
-                 for pairs in _pairings(row)] for r in range(cost.num_ranks)]
-    for combo in itertools.product(*per_rank):
-        rows, pairs = [c[0] for c in combo], [c[1] for c in combo]
-        try:
-            tl = simulate(rows, cost, pairs)
-        except ZbError:
-            continue
-        if limit is None or all(p <= x + TOL for p, x in zip(tl.peak_memory, limit)):
-            best["span"] = min(best["span"], max(tl.span))
-            best["makespan"] = min(best["makespan"], tl.makespan)
-    return best
+    return paired_optima(cost, [[row for row in _orders(cost, r, m) if _fits(cost, row, None if limit is None else limit[r])]
+                                for r in range(cost.num_ranks)], limit)
 
 
 @pytest.fixture(scope="module", params=[pytest.param(False, id="small"), pytest.param(True, id="large", marks=pytest.mark.slow)])

@@ -81,10 +81,10 @@ class LocalSearch:
 class ExactMILP:
     """The exact MILP of the whole schedule: the idle relaxation (its dual bound is a lower bound
     for every schedule, fused, split or mixed, with or without overlapped pairs, which it
-    chooses where the passes hold all-to-all; where fusing may pay there it has no pairs and
-    proves nothing) and, for the span, the best FIFO order under ASAP execution. Where the
-    solve may recompute, the model chooses that too, and is a search over FIFO orders only
-    (``milp.exact``): for the span only the ASAP model runs, and no bound comes of it."""
+    chooses where the passes hold all-to-all, fusing a choice too) and, for the span, the best
+    FIFO order under ASAP execution. Where the solve may recompute, the model chooses that too,
+    and is a search over FIFO orders only (``milp.exact``): for the span only the ASAP model
+    runs, and no bound comes of it."""
 
     relaxed_share: float = 0.5
     name: str = "exact MILP"

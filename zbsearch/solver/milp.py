@@ -47,7 +47,8 @@ one partner. Paired, the two start together and both end at the start plus
 ``CostModel.pair_time`` (a pass's duration is affine in its y's), the order rows between them
 are lifted and the forward comes first in the order, so that memory counts as the simulator
 counts it. A window keeps the pairs outside it: those after it enter the tails as one pass each
-(``_paired_after``). Models where fusing or recomputation is a choice have no pairs.
+(``_paired_after``). Where fusing or recomputation is a choice (the exact model), a pass that
+may pair has a duration variable tied to its choices and its pair's (``_ChoiceModel``).
 """
 
 from __future__ import annotations
@@ -488,13 +489,19 @@ class _WindowModel:
             return False
         if abs(self.tl.start[r][i] - self.tl.start[r][k]) > self.band:
             return False
-        di, dk = self.dur[r][i], self.dur[r][k]
-        t = self.problem.cost.pair_time(f, b, di, dk)
-        if t >= di + dk - EPS_MS:
+        c = self.problem.cost
+        combos = [(df, db) for _, df in self.options((r, i)) for _, db in self.options((r, k))]
+        if all(c.pair_time(f, b, df, db) >= df + db - EPS_MS for df, db in combos):
             return False
+        t = min(c.pair_time(f, b, df, db) for df, db in combos)
         ki, kk = (r, i), (r, k)
         lo = max(self.earliest[ki], self.earliest[kk])
         return lo + t <= min(self.latest_end[ki], self.latest_end[kk]) + EPS_MS
+
+    def options(self, k: Key) -> list[tuple[object, float]]:
+        """What pass k may cost: (indicator, duration) per choice, the indicator 1 in an integer
+        solution exactly where that choice is made (here one: its cost in the given schedule)."""
+        return [(1, self.dur[k[0]][k[1]])]
 
     def add_pairs(self) -> None:
         """Where the passes hold all-to-all: a binary y per candidate (forward, backward) pair of
@@ -522,6 +529,7 @@ class _WindowModel:
                     self.pair_time[key] = c.pair_time(row[i], row[k], self.dur[r][i], self.dur[r][k])
                     self.partners.setdefault((r, i), []).append(key)
                     self.partners.setdefault((r, k), []).append(key)
+        self.add_pair_durations()
         for one, keys in self.partners.items():
             if len(keys) > 1:
                 lp += pulp.lpSum(self.y[key] for key in keys) <= 1
@@ -531,6 +539,10 @@ class _WindowModel:
                       self.latest_end[kk] - self.dlo(kk) - self.earliest[ki], 0.0)
             lp += start[ki] - start[kk] <= big * (1 - y)
             lp += start[kk] - start[ki] <= big * (1 - y)
+
+    def add_pair_durations(self) -> None:
+        """Where a pass's time alone depends on the model's choices, what ties a pair's time to
+        them (none here: ``duration`` takes the pair's constant time)."""
 
     def add_objective(self) -> None:
         """z, plus (``secondary``) a tiny weight on the start times so passes start early."""
@@ -785,10 +797,14 @@ class _WindowModel:
             at = where.get(r)
             if at is None:
                 at = where[r] = {a: n for n, a in enumerate(new_rows[r])}
-            f, b = at.get(self.rows[r][i]), at.get(self.rows[r][k])
+            f, b = at.get(self.as_run(self.rows[r][i])), at.get(self.as_run(self.rows[r][k]))
             if f is not None and b == f + 1:
                 out[r].append(f)
         return [sorted(p) for p in out] if any(out) else None
+
+    def as_run(self, x: Action) -> Action:
+        """Action x of the model's rows as the decoded rows hold it (the same here)."""
+        return x
 
     def decode(self) -> list[list[Action]]:
         """New order per rank: a pass's position is the number of window passes before it, read
@@ -863,17 +879,26 @@ class _ChoiceModel(_WindowModel):
     wherever that is). No such argument is known with recomputation (``problem``): there the F
     is priced by its own microbatch's choice and the model is FIFO orders only, never a bound.
 
+    Overlapped pairs (where the passes hold all-to-all) join as in a window, except that a
+    pass's time alone and its pair's depend on the choices: each pass that may pair gets a
+    duration variable, equal to its time alone unless paired and to the pair's time under the
+    choices made when paired (``add_pair_durations``).
+
     Without ``relaxed`` (span): each rank starts as soon as microbatch 0's forwards reach it,
     an affine expression in their choices, and F costs t_ff where fused: the best FIFO order
     and choice under ASAP execution, as the simulator times it."""
 
     def __init__(self, problem: Problem, rows, tl: Timeline, fused: set[tuple[int, int]], choice: set[int],
-                 relaxed: bool, checkpointed: dict[tuple[int, int], Op] | None = None):
+                 relaxed: bool, checkpointed: dict[tuple[int, int], Op] | None = None, pairs: list[list[int]] | None = None):
         c = problem.cost
         self.fused0, self.choice, self.ckpt0 = fused, choice, checkpointed or {}
         self.offers = {s: ops for s in range(c.num_stages) if (ops := c.recompute_ops(s))}
         self.asap = not relaxed and problem.spans
-        super().__init__(problem, rows, tl, [0] * len(rows), [len(row) for row in rows], _INF, False, relaxed=True)
+        self.choices_made = False  # (the pairs join once the choice variables exist)
+        self.pair_dur: dict[Key, pulp.LpVariable] = {}
+        self.run_as: tuple[set[tuple[int, int]], dict[tuple[int, int], Op]] = (set(), {})
+        super().__init__(problem, rows, tl, [0] * len(rows), [len(row) for row in rows], _INF, False, relaxed=True,
+                         pairs=pairs)
 
     def cost_of(self, x: Action, fused: bool) -> float:
         c = self.problem.cost
@@ -905,6 +930,13 @@ class _ChoiceModel(_WindowModel):
         return x.stage in self.choice or (x.op in (Op.F, Op.R) and x.stage in self.offers)
 
     def duration(self, k: Key):
+        """Its time alone (``alone``) or, where it may pair, a variable equal to it unpaired and to
+        the pair's time paired (``add_pair_durations``)."""
+        d = self.pair_dur.get(k)
+        return d if d is not None else self.alone(k)
+
+    def alone(self, k: Key):
+        """Pass k's time run alone, affine in the model's choices."""
         x = self.rows[k[0]][k[1]]
         s, j = x.stage, x.mb
         ops = self.offers.get(s, ())
@@ -924,6 +956,63 @@ class _ChoiceModel(_WindowModel):
             out = out + pulp.lpSum((self._offer(s, op).t_f - split) * self.x[(s, j, op)] for op in ops)
             out = out - pulp.lpSum(other * self.ff[(s, j, op)] for op in ops if (s, j, op) in self.ff)
         return out
+
+    def options(self, k: Key) -> list[tuple[object, float]]:
+        """What forward or backward k may cost alone, per choice: (indicator, duration), the
+        indicator (affine in the choice variables) 1 in an integer solution exactly where the
+        choice is made: a B split or fused; an F plain, fused (t_ff) or checkpointed."""
+        x, c = self.rows[k[0]][k[1]], self.problem.cost
+        s, j = x.stage, x.mb
+        if x.op is Op.B:
+            if s not in self.choice:
+                return [(1, c.t_b[s])]
+            u = self.u[(s, j)]
+            return [(1 - u, c.t_b[s]), (u, c.t_bw[s])]
+        if x.op is not Op.F:
+            return [(1, self.dur[k[0]][k[1]])]
+        ops = self.offers.get(s, ())
+        out: list[tuple[object, float]] = []
+        plain = 1
+        if s in self.choice and c.t_ff[s] != c.t_f[s]:  # fused and not checkpointed (``ff``: both)
+            fused = self.a[(s, j)] - pulp.lpSum(self.ff[(s, j, op)] for op in ops)
+            out.append((fused, c.t_ff[s]))
+            plain = plain - fused
+        for op in ops:
+            out.append((self.x[(s, j, op)], self._offer(s, op).t_f))
+            plain = plain - self.x[(s, j, op)]
+        return [(plain, c.t_f[s]), *out]
+
+    def add_pairs(self) -> None:
+        if self.choices_made:  # (the base's ``add_variables`` calls it before the choices exist)
+            super().add_pairs()
+
+    def add_pair_durations(self) -> None:
+        """Per pass that may pair, a variable d: its time alone where unpaired, and for the pair
+        chosen ``CostModel.pair_time`` of the two passes' times under the choices made, one row
+        pair per combination of their choices, lifted unless it is the one made (exact in every
+        integer solution; the rule is used as it stands, not assumed separable)."""
+        lp, c, rows, tl = self.lp, self.problem.cost, self.rows, self.tl
+        for k, keys in self.partners.items():
+            alone = self.alone(k)
+            rowsets = []
+            for key in keys:
+                (r, i), (_, n) = key
+                for ind_f, df in self.options((r, i)):
+                    for ind_b, db in self.options((r, n)):
+                        rowsets.append((key, ind_f, ind_b, c.pair_time(rows[r][i], rows[r][n], df, db)))
+            big = 1.0 + max([t for *_, t in rowsets] + [d for _, d in self.options(k)] + [self.dur[k[0]][k[1]]])
+            d = self.pair_dur[k] = _variable(lp, f"d{k[0]}_{k[1]}", 0.0, big)
+            self.warm_start[d.name] = tl.end[k[0]][k[1]] - tl.start[k[0]][k[1]]
+            paired = pulp.lpSum(self.y[key] for key in keys)
+            lp += d >= alone - big * paired
+            lp += d <= alone + big * paired
+            for key, ind_f, ind_b, t in rowsets:
+                miss = 3 - self.y[key] - ind_f - ind_b
+                lp += d >= t - big * miss
+                lp += d <= t + big * miss
+
+    def as_run(self, x: Action) -> Action:
+        return _decoded(x, *self.run_as)
 
     def dlo(self, k: Key) -> float:
         x = self.rows[k[0]][k[1]]
@@ -972,6 +1061,8 @@ class _ChoiceModel(_WindowModel):
         # before a fused backward, full recomputation costs t_rf: the product of u and x adds t_rf - t_r
         self.rf = {(s, j, op): self._product(self.u[(s, j)], v, f"rf{s}_{j}_{op.value}")
                    for (s, j, op), v in self.x.items() if s in self.choice and (o := self._offer(s, op)).time(True) != o.t_r}
+        self.choices_made = True
+        self.add_pairs()
         for k in self.passes:
             if self.chosen(k):  # the time bounds took the least duration: the end must still fit
                 lp += start[k] + self.duration(k) <= self.latest_end[k]
@@ -1058,9 +1149,6 @@ class _ChoiceModel(_WindowModel):
     def fifo_chain(self, chain: PassType) -> bool:
         return not (chain[1] is Op.W and chain[0] in self.choice)
 
-    def pairs_allowed(self) -> bool:
-        return False  # its durations are affine in the choices: a pair's would be a product
-
     def own_memory(self, r: int, ids: list[int], pos: int):
         x = self.rows[r][ids[pos]]
         own = super().own_memory(r, ids, pos) + self._moved_sum(r, ids[:pos])
@@ -1124,6 +1212,7 @@ class _ChoiceModel(_WindowModel):
         model's order, each fused backward as one BW and each slot used as its recompute pass."""
         fused = {k for k, v in self.u.items() if round(pulp.value(v)) == 1}
         redo = {(s, j): op for (s, j, op), v in self.x.items() if round(pulp.value(v)) == 1}
+        self.run_as = (fused, redo)
         out = []
         for r, row in enumerate(self.rows):
             here = {i for i, x in enumerate(row) if not (x.op is Op.W and (x.stage, x.mb) in fused)
@@ -1223,8 +1312,25 @@ def _split(rows: list[list[Action]], stages: set[int] | None = None) -> list[lis
 
 
 def _choice_stages(cost: CostModel) -> set[int]:
-    """The stages where fusing a backward may pay under ``cost`` (``CostModel.fuse_saves``)."""
-    return {s for s in range(cost.num_stages) if cost.fuse_saves(s)}
+    """The stages where fusing a backward may pay under ``cost``: ``CostModel.fuse_saves``, or
+    where the passes hold all-to-all, a fused backward hiding more in an overlapped pair than its
+    B does with its W after (``_fuse_pairs_better``)."""
+    return {s for s in range(cost.num_stages) if cost.fuse_saves(s) or _fuse_pairs_better(cost, s)}
+
+
+def _fuse_pairs_better(cost: CostModel, s: int) -> bool:
+    """Whether a BW of stage s paired with a forward of its rank (plain, fused or checkpointed)
+    takes less than that forward paired with its B and then its W: a longer backward hides more
+    of the forward's all-to-all (``CostModel.pair_time``), so splitting it may lose."""
+    if not cost.has_all_to_all:
+        return False
+    for f in cost.rank_stages(cost.stage_to_rank[s]):
+        times = {cost.t_f[f], cost.t_ff[f], *(o.t_f for op in cost.recompute_ops(f) if (o := cost.offer(f, op)))}
+        fwd, bw, b = Action(f, Op.F, 0), Action(s, Op.BW, 1), Action(s, Op.B, 1)
+        for t in times:
+            if cost.pair_time(fwd, bw, t, cost.t_bw[s]) < cost.pair_time(fwd, b, t, cost.t_b[s]) + cost.t_w[s] - EPS_MS:
+                return True
+    return False
 
 
 def _model_form(tl: Timeline, offers: dict[int, tuple[Op, ...]]) -> Timeline:
@@ -1283,20 +1389,26 @@ def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed
 
     Where fusing may pay (``_choice_stages``) each backward there is fused or split as the
     model chooses, and where recomputation is offered each forward plain or checkpointed
-    (``_ChoiceModel``); elsewhere a BW is split into B then W, which loses nothing. With
+    (``_ChoiceModel``); elsewhere a BW is split into B then W, which loses nothing (with
+    all-to-all, fusing may pay in a pair alone: such stages are choice stages too). With
     recomputation FIFO orders are not known to lose nothing (``problem``): the model is a
     search over them and its dual bound no bound (``dual_bound`` is -inf).
 
     Where the passes hold all-to-all, the model also chooses overlapped pairs (``pairs``: those
     of ``rows``, the warm start): FIFO still loses nothing in the idle relaxation, since a pair
     is two passes in one time slot and what it costs depends on their stages, not on their
-    microbatches. With a choice of fusing or recomputation it has no pairs, and no bound."""
+    microbatches, and with the fusing choice on what each pass's choice is, which relabelling
+    keeps with the pass. A pair's backward is a B or a BW as the model fuses it, and its forward
+    plain, fused or checkpointed (a recompute pass is never paired); its time is
+    ``CostModel.pair_time`` of the two under the choices made (``_ChoiceModel.add_pair_durations``).
+    With recomputation it is still no bound."""
     cost = problem.cost
     choice = _choice_stages(cost)
     offers = {s: ops for s in range(cost.num_stages) if (ops := cost.recompute_ops(s))}
-    pairs = pairs if cost.has_all_to_all and not choice and not offers and pairs and any(pairs) else None
-    split = _split(rows, set(range(cost.num_stages)) - choice)
-    pairs = _split_pairs(rows, pairs) if pairs is not None else None
+    pairs = pairs if cost.has_all_to_all and pairs and any(pairs) else None
+    split_stages = set(range(cost.num_stages)) - choice
+    split = _split(rows, split_stages)
+    pairs = _split_pairs(rows, pairs, split_stages) if pairs is not None else None
     rows = _fifo(problem, split)
     if pairs is not None and not _pairs_fit(rows, pairs):
         pairs = None  # (FIFO orders start from the sequential schedule)
@@ -1313,15 +1425,33 @@ def exact(problem: Problem, rows: list[list[Action]], time_limit: float, relaxed
         fused = {(x.stage, x.mb) for row in rows for x in row if x.op is Op.BW}
         redo = {(x.stage, x.mb): x.op for row in rows for x in row if x.op in RECOMPUTES}
         form = _model_form(tl, offers)
-        model = _ChoiceModel(problem, form.actions, form, fused, choice, relaxed, redo)
+        model = _ChoiceModel(problem, form.actions, form, fused, choice, relaxed, redo, _form_pairs(rows, pairs, form.actions))
         res = model.solve(time_limit) if _build(model) else None
     if res is not None and not problem.fits_order(res.rows):
         # HiGHS's feasibility tolerance lets a memory row slip (a peak of 1.00000003 under 1.0):
         # keep the given order; the dual bound is still a bound
         res = replace(res, rows=rows, pairs=pairs)
-    if res is not None and (offers or (cost.has_all_to_all and choice)):
+    if res is not None and offers:
         res = replace(res, dual_bound=_NEG)
     return res
+
+
+def _form_pairs(rows: list[list[Action]], pairs: list[list[int]] | None, form: list[list[Action]]) -> list[list[int]] | None:
+    """``pairs`` of ``rows`` in the exact model's rows (``_model_form``): each where its forward
+    now is, its backward (a BW now its B) right after it."""
+    if pairs is None:
+        return None
+    out = []
+    for row, at, new in zip(rows, pairs, form):
+        where = {a: n for n, a in enumerate(new)}
+        mine = []
+        for i in at:
+            f, b = row[i], row[i + 1]
+            n = where[f]
+            if n + 1 < len(new) and new[n + 1] == Action(b.stage, Op.B, b.mb):
+                mine.append(n)
+        out.append(mine)
+    return out
 
 
 def _pairs_fit(rows: list[list[Action]], pairs: list[list[int]]) -> bool:
@@ -1330,15 +1460,15 @@ def _pairs_fit(rows: list[list[Action]], pairs: list[list[int]]) -> bool:
                for row, at in zip(rows, pairs) for i in at)
 
 
-def _split_pairs(rows: list[list[Action]], pairs: list[list[int]]) -> list[list[int]]:
-    """``pairs`` of ``rows`` where ``_split`` has run every BW as its B then its W (outside the
-    choice stages): a pair's forward moves down by one per BW split before it."""
+def _split_pairs(rows: list[list[Action]], pairs: list[list[int]], stages: set[int]) -> list[list[int]]:
+    """``pairs`` of ``rows`` where ``_split`` has run every BW on ``stages`` as its B then its W:
+    a pair's forward moves down by one per such BW before it."""
     out = []
     for row, at in zip(rows, pairs):
         shift, k, moved = 0, 0, []
         for i in sorted(at):
             while k < i:
-                shift += row[k].op is Op.BW
+                shift += row[k].op is Op.BW and row[k].stage in stages
                 k += 1
             moved.append(i + shift)
         out.append(moved)
