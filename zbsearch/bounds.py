@@ -571,6 +571,15 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
     stage, sums to at most c * T. At the least limit with one stage per rank (c = 1) this is
     the sequential schedule's m * L_s, with recomputation or without.
 
+    Whole at once: a microbatch of stage s holds at least h_s = m_f + min(0, m_b) from the
+    start of the pass that makes it whole (its F plain, its recompute pass checkpointed) to the
+    end of its backward's last pass (W split, BW fused): at least L_s + the least backward
+    plain, t_r + the least backward checkpointed. Memory is checked after every pass, so at
+    any instant at most c = floor(M / min h_s) microbatches are in that state (each was so after
+    the pass then running or the one before it; the others hold nothing less than zero): those
+    times sum to at most c * T. At the least limit with one stage per rank and m_b = 0 (c = 1)
+    each plain microbatch takes L_s + its backward of the span alone, whatever the order.
+
     Only for ranks whose memory never drops below zero per microbatch (F allocates, B and W
     free, within what F allocated); elsewhere the busy time."""
     from ._highs import quiet_highs
@@ -594,22 +603,22 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
         cols: list[_Column] = []
         for s in stages:
             lag_s = earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)]
-            least_f = cost.forward(s)
+            least_f, least_b = cost.forward(s), bc.backward(s)
             plain = min(cost.t_f[s], cost.t_ff[s]) - least_f
-            area = cost.m_f[s] * lag_s
-            cols += [_Column(s, plain, area, math.inf, 0.0, False),
-                     _Column(s, plain, area, cost.m_f[s], -least_f, True)]
+            area, held = cost.m_f[s] * lag_s, lag_s + least_b
+            cols += [_Column(s, plain, area, math.inf, 0.0, False, held),
+                     _Column(s, plain, area, cost.m_f[s], -least_f, True, held)]
             for op in cost.recompute_ops(s):
                 o = cost.offer(s, op)
                 assert o is not None
                 t_r = o.least  # before a fused or a split backward
                 extra = t_r + o.t_f - least_f
-                area = o.keep * lag_s + (cost.m_f[s] - o.keep) * t_r
-                cols += [_Column(s, extra, area, math.inf, 0.0, False),
-                         _Column(s, extra, area, o.keep, t_r - least_f, False),
-                         _Column(s, extra, area, cost.m_f[s], -least_f, True)]
+                area, held = o.keep * lag_s + (cost.m_f[s] - o.keep) * t_r, t_r + least_b
+                cols += [_Column(s, extra, area, math.inf, 0.0, False, held),
+                         _Column(s, extra, area, o.keep, t_r - least_f, False, held),
+                         _Column(s, extra, area, cost.m_f[s], -least_f, True, held)]
         whole = whole and not (deadline is not None and time.monotonic() > deadline)
-        bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole)
+        bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole, _whole_at_once(cost, r, m, allowed))
         least_keep = min(min([cost.m_f[s], *(cost.offer(s, op).keep for op in cost.recompute_ops(s))])  # type: ignore[union-attr]
                          for s in stages)
         if least_keep > 0:
@@ -633,12 +642,27 @@ class _Column:
     memory: float
     window: float
     whole: bool
+    held: float  # the least time it is whole at once (see ``_whole_at_once``)
+
+
+def _whole_at_once(cost: CostModel, r: int, m: int, allowed: float) -> int | None:
+    """The most microbatches rank ``r`` can hold whole at once (``rank_area_span_lower_bounds``),
+    on the true (split) memory deltas; None where that is every one of them or memory may drop
+    below zero per microbatch."""
+    stages = cost.rank_stages(r)
+    if not _balanced_rank(cost, r):
+        return None
+    least = min(cost.m_f[s] + min(0.0, cost.m_b[s]) for s in stages)
+    room = allowed + m * len(stages) * ABS_TOL  # finished microbatches may hold -ABS_TOL each
+    if least <= 0 or room / least >= m * len(stages):
+        return None
+    return math.floor(room / least * (1 + REL_TOL))
 
 
 def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag: float, allowed: float,
-             whole: bool) -> float:
+             whole: bool, at_once: int | None = None) -> float:
     """The least T of ``rank_area_span_lower_bounds``'s integer program (``whole``) or of its
-    LP relaxation."""
+    LP relaxation; ``at_once``: how many microbatches may be whole at once (None: no limit)."""
     import highspy
 
     inf = math.inf
@@ -662,6 +686,8 @@ def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag
     h.addRow(busy + lag, inf, n + 1, counts + [t], start + [1.0])
     # M T - sum area >= 0
     h.addRow(0.0, inf, n + 1, counts + [t], [-cols[k].area for k in counts] + [allowed])
+    if at_once is not None:  # c T - sum held >= 0
+        h.addRow(0.0, inf, n + 1, counts + [t], [-cols[k].held for k in counts] + [float(at_once)])
     if whole:  # microbatches come whole: the counts are integers
         h.changeColsIntegrality(n, counts, [highspy.HighsVarType.kInteger] * n)
     h.run()

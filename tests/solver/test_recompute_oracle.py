@@ -124,3 +124,39 @@ def test_area_bound_in_whole_microbatches_never_exceeds_the_optimum():
         assert memory_span_lower_bound(inst.cost, inst.m, inst.limit) <= res.value * (1 + TOL)
         raised += whole > relaxed * (1 + TOL)
     assert raised  # the sample exercises the integer program
+
+
+def _whole_at_once_instance(seed: int) -> Instance:
+    """Two stages, three microbatches, W freeing most of a microbatch's memory (B little), a
+    limit of 1 to 1.9 microbatches: at most one microbatch is whole at once on a rank, from its
+    forward (or recompute pass) to the end of its backward, which ``rank_area_span_lower_bounds``
+    counts (its ``_whole_at_once`` row)."""
+    rng = random.Random(seed)
+    g = 1 / 16
+    stages = []
+    for _ in range(2):
+        m_b = -rng.randint(0, 8) / 32
+        stages.append(StageCost(t_f=rng.randint(4, 12) * g, t_b=rng.randint(8, 32) * g, t_w=rng.randint(4, 16) * g,
+                                m_f=1.0, m_b=m_b, m_w=-(1 + m_b), t_r=rng.randint(4, 12) * g, m_fc=rng.randint(0, 4) / 32))
+    prof = Profile(name="at-once-p2", memory_unit="activations", stages=stages, t_comm=rng.randint(0, 2) * g)
+    x = rng.randint(32, 60) / 32
+    return Instance("at-once", prof, 3, 1, [x, x], f"{x} M_B")
+
+
+def test_whole_at_once_never_exceeds_the_optimum(monkeypatch):
+    """Counting the microbatches a rank can hold whole at once raises the area bound on some
+    instances and never above the exact optimum over every order, fused or split backward and
+    choice of recomputation."""
+    import zbsearch.bounds as bounds
+
+    cases = [_whole_at_once_instance(seed) for seed in (304, 305, 307, 308, 310, 311)]
+    results = cp_optimum_many([(i.cost, i.m, i.limit, "span", {"recompute": True, "fused": True}) for i in cases],
+                              time_limit=20, processes=2)
+    counted = [max(rank_area_span_lower_bounds(i.cost, i.m, i.limit)) for i in cases]
+    monkeypatch.setattr(bounds, "_whole_at_once", lambda *a: None)
+    without = [max(rank_area_span_lower_bounds(i.cost, i.m, i.limit)) for i in cases]
+    for inst, res, bound, before in zip(cases, results, counted, without):
+        assert res.optimal
+        assert before <= bound * (1 + TOL)
+        assert bound <= res.value * (1 + TOL), (inst.limit, bound, res.value)
+    assert sum(b > w * (1 + TOL) for b, w in zip(counted, without)) >= 2  # the sample exercises the row
