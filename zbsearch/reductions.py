@@ -370,7 +370,7 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
 
 def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_bytes: Sequence[float], *,
                              group: str, backend: str, t_opt: Sequence[float] | None = None,
-                             slowdown: Sequence | None = None, gather_ms: Sequence | None = None):
+                             slowdown: Sequence | None = None, gather_ms: Sequence | None = None, sharing=None):
     """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
     ``replicas`` as timed on a real group: ``reduce_ms`` per stage (``Quartiles``; ``t_reduce``
     is the median), ``group`` ``local`` or ``torchrun``, ``backend`` the process group's; and,
@@ -378,7 +378,8 @@ def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_b
     slowed a pass beside it (``slowdown``, per stage ``Quartiles`` of the factor or None where
     not measured; ``reduce_slowdown`` is the median, at least 1). ``gather_ms`` (``Quartiles``
     per stage): the stages are sharded, their reductions reduce-scatters, and each gathers its
-    parameters at the step's start (``t_gather``, the median)."""
+    parameters at the step's start (``t_gather``, the median). ``sharing`` (``LaneSharing``): how
+    the reductions of ranks on one link slowed each other."""
     from .errors import ZbError
     from .formats.profile import DataParallel
 
@@ -391,7 +392,7 @@ def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_b
     dp = DataParallel(replicas=replicas, sharded=gather_ms is not None, how="measured", grad_bytes=list(grad_bytes),
                       group=group, backend=backend, reduce_ms=list(reduce_ms),
                       gather_ms=None if gather_ms is None else list(gather_ms),
-                      slowdown=None if slowdown is None else list(slowdown))
+                      slowdown=None if slowdown is None else list(slowdown), sharing=sharing)
     out = _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt,
                        None if gather_ms is None else [q.median for q in gather_ms])
     if slowdown is None:
