@@ -182,7 +182,8 @@ def lane_sharing(alone: Sequence[Sequence[float]], together: Sequence[Sequence[f
               for a, ts, k in zip(alone, together, at_once) if a and k > 1 and statistics.median(a) > 0 for t in ts]
     if not shares:
         return None
-    spread = Quartiles(**Stats.of(shares * 2 if len(shares) == 1 else shares).record())
+    q1, _, q3 = statistics.quantiles(shares * 2 if len(shares) == 1 else shares, n=4, method="inclusive")
+    spread = Quartiles(median=statistics.median(shares), q1=q1, q3=q3, mean=statistics.fmean(shares))  # a share: may be < 0
     return LaneSharing(share=min(MAX_SLOWDOWN, max(0.0, spread.median)), ranks_per_link=ranks_per_link, measured=spread,
                        alone_ms=[Quartiles(**Stats.of(list(a) * 2 if len(a) == 1 else list(a)).record()) for a in alone],
                        together_ms=[Quartiles(**Stats.of(list(t) * 2 if len(t) == 1 else list(t)).record()) for t in together])

@@ -91,6 +91,11 @@ def mesh_summary(profile: Profile) -> list[str]:
         if factors:
             lines.append(f"    passes beside it run {min(factors):.3g}-{max(factors):.3g} times slower (reduce_slowdown, "
                          f"{len(factors)} of {profile.num_stages} stages measured)")
+        share = dp.sharing
+        if share is not None:
+            where = "every rank" if share.ranks_per_link is None else f"each {share.ranks_per_link} ranks"
+            lines.append(f"    k ranks' reductions at once on one link ({where}) each run at 1 / (1 + {share.share:.3g} (k - 1)) "
+                         "of their speed alone (share)")
     link = made.tp_link
     if link is not None:
         q, bus = link.all_reduce_ms, made.tp_bandwidth_gbs()
