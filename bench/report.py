@@ -1084,7 +1084,8 @@ def data_parallel(docs: list[dict]) -> list[str]:
     if shared:
         out[-1:] = ["- *share*: how the ranks' reductions at once slow each other on this host, measured (each of k runs "
                     "at once moves at 1 / (1 + share (k - 1))); *no sharing*: the prediction on measured passes with "
-                    "share 0, every lane at full speed (measured vs).", ""]
+                    "share 0, every lane at full speed (measured vs); *at full speed* is then both: every factor 1 and "
+                    "share 0.", ""]
     worst_sim, worst_pass, worst_after = 0.0, 0.0, 0.0
     for run in doc["runs"]:
         sc = run["schedules"]
