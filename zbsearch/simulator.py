@@ -24,7 +24,11 @@ rank (``pair_time``): what it hides is time the rank does not spend.
 
 Where a stage's reduction or gather slows its rank's passes while it runs (``CostModel.slowdown``,
 the rule in ``zbsearch.reductions``), a pass beside the lane ends later than its time alone;
-busy time still counts its time alone, so the slowdown counts with the idle time.
+busy time still counts its time alone, so the slowdown counts with the idle time. The lane is
+the runs the simulator queued while timing the passes (the timeline's ``reductions`` and
+``gathers``). Where lanes of different ranks share a link (``CostModel.shares_lanes``) a rank's
+lane depends on the others', and the simulator advances every rank's passes and lanes together
+in time, event by event, instead of one pass in dependency order.
 """
 
 from __future__ import annotations
