@@ -61,10 +61,11 @@ SOLVE_S = 6.0  # seconds per solve
 
 
 def profile(pp: int, times: list[float], chunks: int, t_reduce: list[float] | None = None,
-            slowdown: list[float] | None = None) -> zb.Profile:
+            slowdown: list[float] | None = None, sharing=None, dp: int = 2) -> zb.Profile:
     """Equal emulated stages (ms), no link time (local processes): one per rank, or the V's
     pieces (half a stage each, measured for the V placement); ``t_reduce`` and ``slowdown``
-    (``reduce_slowdown``) per stage or piece."""
+    (``reduce_slowdown``) per stage or piece; ``sharing`` (``LaneSharing``), how the ranks'
+    reductions slow each other on this host."""
     from zbsearch.layout import placement
 
     t_f, t_b, t_w = (t / chunks for t in times)
@@ -73,8 +74,13 @@ def profile(pp: int, times: list[float], chunks: int, t_reduce: list[float] | No
               for s in range(pp * chunks)]
     if slowdown is not None:
         stages = [c.model_copy(update={"reduce_slowdown": f if f > 1.0 else None}) for c, f in zip(stages, slowdown)]
+    extra = {}
+    if sharing is not None:
+        from zbsearch.formats.profile import DataParallel
+
+        extra["data_parallel"] = DataParallel(replicas=dp, how="measured", group="local", backend="gloo", sharing=sharing)
     return zb.Profile(name=f"emulated-p{pp}" + ("-v" if chunks == 2 else ""), memory_unit="activations", stages=stages,
-                      placement=placement(pp, 2, "v") if chunks == 2 else None)
+                      placement=placement(pp, 2, "v") if chunks == 2 else None, **extra)
 
 
 def schedules(one: zb.Profile, v: zb.Profile, m: int) -> list[zb.Schedule]:
@@ -94,38 +100,34 @@ def schedules(one: zb.Profile, v: zb.Profile, m: int) -> list[zb.Schedule]:
 def predict(sched: zb.Schedule) -> dict:
     """The iteration barrier to barrier (ms) the simulator predicts from ``sched``'s profile:
     the passes, and with the reductions overlapped (its reduction lane) or after the step."""
+    from dataclasses import replace
+
     from zbsearch.costs import CostModel
-    from zbsearch.reductions import last_backward
+    from zbsearch.reductions import last_backward, shared_lane_runs
     from zbsearch.simulator import simulate
 
     cost = CostModel.from_profile(sched.profile, sched.stage_to_rank)
     tl = simulate(sched.rank_actions, cost)
     passes = max(max(e) for e in tl.end)
-    after = max(max(e) + sum(cost.t_reduce[s] for s in last_backward(row)) for row, e in zip(tl.actions, tl.end))
+    # after the step: each rank's reductions from its last pass, the ranks' lanes sharing the host
+    ready = [[(max(e), cost.t_reduce[s]) for s in last_backward(row)] for row, e in zip(tl.actions, tl.end)]
+    lanes = shared_lane_runs(ready, cost.lane_link or range(cost.num_ranks), cost.lane_share)
+    after = max(max([max(e), *(b for _, b in runs)]) for e, runs in zip(tl.end, lanes))
     tails = {s: max(e) - e[i] for row, e in zip(tl.actions, tl.end) for s, i in last_backward(row).items()}
-    full_speed = simulate(sched.rank_actions, cost.without_slowdown())  # the reductions slowing no pass
+    full_speed = simulate(sched.rank_actions, cost.without_slowdown())  # the reductions slowing no pass, nor each other
+    alone = simulate(sched.rank_actions, replace(cost, lane_link=(), lane_share=0.0))  # each lane alone on its link
     return {"passes_ms": passes, "overlapped_ms": max(tl.finish), "after_ms": after, "tail_ms": tails,
-            "overlapped_full_speed_ms": max(full_speed.finish)}
+            "overlapped_full_speed_ms": max(full_speed.finish), "overlapped_no_sharing_ms": max(alone.finish)}
 
 
-def _reductions_alone(stages: dict, dp_group, reps: int) -> dict[int, float]:
-    """Median ms of each of this rank's stages' reductions (the runtime's buckets), every rank
-    reducing its k-th stage at once."""
-    import torch.distributed as dist
+def _reductions_alone_and_together(stages: dict, dp_group, me: int, pp: int, reps: int) -> dict[int, tuple[list, list]]:
+    """Each of this rank's stages' reductions (the runtime's buckets) timed alone, the other
+    pipeline ranks waiting, and with every rank reducing its k-th stage at once (ms), as
+    ``zbsearch profile --dp`` times them (``sharing_samples``)."""
+    from zbsearch.profiler.gradients import sharing_samples
 
-    from zbsearch.runtime.data_parallel import GradientReducer
-
-    reducer = GradientReducer(stages, list(stages), dp_group, timeout=300.0)
-    took: dict[int, list[float]] = {s: [] for s in stages}
-    for rep in range(reps + 1):  # one untimed
-        for s in stages:
-            dist.barrier()
-            t0 = time.perf_counter()
-            reducer.start(s)
-            reducer.finish()
-            if rep:
-                took[s].append((time.perf_counter() - t0) * 1e3)
-    return {s: statistics.median(v) for s, v in took.items()}
+    alone, together = sharing_samples(list(stages.values()), dp_group, me, pp, reps, 300.0)
+    return {s: (a, t) for s, a, t in zip(stages, alone, together)}
 
 
 def _slowdown_alone(stages: dict, dp_group, reps: int) -> dict[int, list[float]]:
@@ -147,6 +149,7 @@ def worker(rank, world, send, cfg: dict) -> dict | None:
 
     from zbsearch.app.demo import mesh_replay
     from zbsearch.distributed.mesh import build_mesh
+    from zbsearch.profiler.gradients import lane_sharing
     from zbsearch.runtime import emulated_loss, emulated_stages
 
     pp = cfg["pp"]
@@ -168,7 +171,7 @@ def worker(rank, world, send, cfg: dict) -> dict | None:
     for chunks in (1, 2):
         prof = profile(pp, cfg["times"], chunks)
         stages = mine(prof, prof.placement or list(range(pp)))
-        alone[chunks] = _reductions_alone(stages, dp_group, cfg["profile_reps"])
+        alone[chunks] = _reductions_alone_and_together(stages, dp_group, me, pp, cfg["profile_reps"])
         slowed[chunks] = _slowdown_alone(stages, dp_group, cfg["profile_reps"])
     everyone: list = [None] * world
     dist.all_gather_object(everyone, (alone, slowed))
@@ -177,10 +180,14 @@ def worker(rank, world, send, cfg: dict) -> dict | None:
     if rank == 0:
         profs = {}
         for chunks in (1, 2):
-            t_reduce = [max(part[0][chunks][s] for part in everyone if s in part[0][chunks]) for s in range(pp * chunks)]
+            P = pp * chunks
+            timed = [[part[0][chunks][s] for part in everyone if s in part[0][chunks]] for s in range(P)]
+            t_reduce = [max(statistics.median(a) for a, _ in got) for got in timed]  # the slower replica's
             factors = [max(1.0, statistics.median([f for part in everyone if s in part[1][chunks] for f in part[1][chunks][s]]
-                                                  or [1.0])) for s in range(pp * chunks)]
-            profs[chunks] = profile(pp, cfg["times"], chunks, t_reduce, factors)
+                                                  or [1.0])) for s in range(P)]
+            sharing = lane_sharing([[x for a, _ in got for x in a] for got in timed],
+                                   [[x for _, t in got for x in t] for got in timed], [pp] * P, None)
+            profs[chunks] = profile(pp, cfg["times"], chunks, t_reduce, factors, sharing, cfg["dp"])
         box[0] = [s.model_dump_json() for s in schedules(profs[1], profs[2], cfg["m"])]
     dist.broadcast_object_list(box, src=0)
     scheds = [zb.Schedule.model_validate_json(s) for s in box[0]]
@@ -235,6 +242,9 @@ def run(pp: int, args) -> dict:
             "simulated_after_ms": pred["after_ms"], "simulated_iteration_ms": max(sched.predicted.iteration),
             "slowdown": [c.reduce_slowdown or 1.0 for c in sched.profile.stages],
             "simulated_overlapped_full_speed_ms": pred["overlapped_full_speed_ms"],
+            "share": cost.lane_share,
+            "on_passes_overlapped_no_sharing_ms": none + pred["overlapped_no_sharing_ms"] - pred["passes_ms"],
+            "overlapped_vs_on_passes_no_sharing": over / (none + pred["overlapped_no_sharing_ms"] - pred["passes_ms"]) - 1,
             "on_passes_overlapped_full_speed_ms": none + pred["overlapped_full_speed_ms"] - pred["passes_ms"],
             "overlapped_vs_on_passes_full_speed": over / (none + pred["overlapped_full_speed_ms"] - pred["passes_ms"]) - 1,
             "on_passes_overlapped_ms": on_passes_over, "on_passes_after_ms": on_passes_after,

@@ -1095,6 +1095,11 @@ def _half_iqr(runs: list[float]) -> float:
     return (q3 - q1) / 2 / med
 
 
+def _shared(doc: dict) -> bool:
+    """Whether a data_parallel run measured how the ranks' reductions share the host."""
+    return all("share" in r for run in doc["runs"] for r in run["schedules"].values())
+
+
 def data_parallel(docs: list[dict]) -> list[str]:
     doc = docs[0]
     t = doc["times_ms"]
@@ -1102,7 +1107,8 @@ def data_parallel(docs: list[dict]) -> list[str]:
     out = [f"PP x DP{doc['dp']} on local gloo processes, PP = {pps}, m={doc['m']}; emulated passes (F {t[0]:g}, "
            f"B {t[1]:g}, W {t[2]:g} ms per stage, half that per piece of a V), real gloo reductions of "
            f"{doc['grad_mb']:g} MiB of gradients per rank (split between a rank's stages). Per launch the reductions "
-           f"are profiled first on the data-parallel groups ({doc['profile_reps']} timed per stage, every rank at once), "
+           f"are profiled first on the data-parallel groups ({doc['profile_reps']} timed per stage, "
+           + ("each rank's alone and every rank's at once: the profile's share), " if _shared(doc) else "every rank at once), ") +
            f"the schedules solved on that profile ({doc['solve_s']:g} s per solve), then {doc['iters']} timed rounds "
            f"after {doc['warmup']} of warm-up, each round every schedule three ways, barrier to barrier; medians."
            + (f" The emulated passes run {doc['slowdown']:g} times slower while a reduction of their process is in flight; "
@@ -1118,9 +1124,15 @@ def data_parallel(docs: list[dict]) -> list[str]:
            "- *reductions in step vs profiled*: in the last overlapped step (the runtime's trace of replica 0), how much "
            "longer each reduction took than the profile says, mean over the ranks' stages.", ""]
     slowed = "slowdown" in doc
+    shared = _shared(doc)
     if slowed:
         out[-1:] = ["- *slowdown*: the profile's factors (median over the stages), measured; *at full speed*: the "
                     "prediction on measured passes with every factor 1 (measured vs).", ""]
+    if shared:
+        out[-1:] = ["- *share*: how the ranks' reductions at once slow each other on this host, measured (each of k runs "
+                    "at once moves at 1 / (1 + share (k - 1))); *no sharing*: the prediction on measured passes with "
+                    "share 0, every lane at full speed (measured vs); *at full speed* is then both: every factor 1 and "
+                    "share 0.", ""]
     worst_sim, worst_pass, worst_after = 0.0, 0.0, 0.0
     for run in doc["runs"]:
         sc = run["schedules"]
@@ -1143,26 +1155,34 @@ def data_parallel(docs: list[dict]) -> list[str]:
                          f"{r['in_step_vs_profiled']:+.0%}", gain]
                         + ([f"{statistics.median(r['slowdown']):.2f}",
                             f"{r['on_passes_overlapped_full_speed_ms']:.1f} ({r['overlapped_vs_on_passes_full_speed']:+.1%})"]
-                           if slowed else []))
+                           if slowed else [])
+                        + ([f"{r['share']:.2f}",
+                            f"{r['on_passes_overlapped_no_sharing_ms']:.1f} ({r['overlapped_vs_on_passes_no_sharing']:+.1%})"]
+                           if shared else []))
             worst_sim = max(worst_sim, abs(r["overlapped_vs_simulated"]))
             worst_pass = max(worst_pass, abs(r["overlapped_vs_on_passes"]))
             worst_after = max(worst_after, abs(r["after_vs_on_passes"]))
         out += _table(["schedule", "reductions per rank", "passes simulated / measured", "overlapped measured",
                        "simulated (measured vs)", "on passes (measured vs)", "after measured (vs on passes)",
                        "reductions in step vs profiled", "vs 1F1B measured / simulated"]
-                      + (["slowdown", "at full speed (measured vs)"] if slowed else []), body)
+                      + (["slowdown", "at full speed (measured vs)"] if slowed else [])
+                      + (["share", "no sharing (measured vs)"] if shared else []), body)
     share = [(r["measured_after_ms"] - r["measured_passes_ms"]) / r["measured_after_ms"]
              for run in doc["runs"] for r in run["schedules"].values()]
     runtime = [r["passes_vs_simulated"] for run in doc["runs"] for r in run["schedules"].values()]
     errs = [abs(r["overlapped_vs_on_passes"]) for run in doc["runs"] for r in run["schedules"].values()]
     full = [abs(r["overlapped_vs_on_passes_full_speed"]) for run in doc["runs"] for r in run["schedules"].values()
             if "overlapped_vs_on_passes_full_speed" in r]
+    alone = [abs(r["overlapped_vs_on_passes_no_sharing"]) for run in doc["runs"] for r in run["schedules"].values()
+             if "overlapped_vs_on_passes_no_sharing" in r]
     out += [f"- Reductions add {min(share):.0%}-{max(share):.0%} of the iteration reduced after the step.",
             f"- Overlapped iteration against the prediction on measured passes: {sum(e <= 0.05 for e in errs)} of "
             f"{len(errs)} within 5%; largest |measured / predicted - 1| {worst_pass:.1%} (target 5%: "
             f"{'met' if worst_pass <= 0.05 else 'not met'}); reduced after the step {worst_after:.1%}.",
             *([f"- At full speed (every factor 1): {sum(e <= 0.05 for e in full)} of {len(errs)} within 5%; largest "
                f"{max(full):.1%}."] if slowed else []),
+            *([f"- With no sharing (share 0): {sum(e <= 0.05 for e in alone)} of {len(errs)} within 5%; largest "
+               f"{max(alone):.1%}."] if shared else []),
             f"- Against the simulator alone: {worst_sim:.1%}; the passes alone ran {min(runtime):+.0%} to "
             f"{max(runtime):+.0%} against their simulation (the runtime's own time per pass, which the emulated "
             "profile does not hold).", ""]

@@ -101,13 +101,14 @@ def _gathering(t_gather, t_reduce, stage_to_rank):
 
 def test_a_stages_first_pass_waits_for_its_gather_and_the_iteration_counts_it():
     # by hand: rank 0 gathers 2 ms, so F0 runs 2-3; rank 1's F 3-4 (its 0.5 ms gather hidden
-    # behind the wait), B 4-5, W 5-6; rank 0's B 5-6, W 6-7; reductions 7-8 and 6-7. Rank 0's
-    # step starts at 0 (its gather ends at its first pass), rank 1's at 2.5 (3 - 0.5).
+    # behind the wait), B 4-5, W 5-6; rank 0's B 5-6, W 6-7; reductions 7-8 and 6-7. The lanes
+    # run the gathers from the origin (0-2, 0-0.5), where the simulator slows passes beside them;
+    # rank 0's step starts at 0 (its gather ends at its first pass), rank 1's at 2.5 (3 - 0.5).
     cost = _gathering((2.0, 0.5), (1.0, 1.0), (0, 1))
     rows = [[zb.Action(s, op, 0) for op in (Op.F, Op.B, Op.W)] for s in (0, 1)]
     tl = simulate(rows, cost)
     assert tl.start == [[2.0, 5.0, 6.0], [3.0, 4.0, 5.0]]
-    assert tl.gathers == [[(0, 0.0, 2.0)], [(1, 2.5, 3.0)]]
+    assert tl.gathers == [[(0, 0.0, 2.0)], [(1, 0.0, 0.5)]]
     assert tl.begin == [0.0, 2.5]
     assert tl.iteration == [8.0, 4.5]
     assert tl.period == 8.0

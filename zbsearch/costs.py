@@ -138,6 +138,11 @@ class CostModel:
     # per stage, the factor by which its reduction or gather slows its rank's passes while it
     # runs on the rank's lane (``zbsearch.reductions``; empty: no slowdown anywhere)
     slowdown: tuple[float, ...] = ()
+    # lanes of different ranks on one link (a node's NICs, a host's cores): per rank, its link
+    # (ranks with the same value share one), and how runs at once on it slow each other
+    # (``reductions.share_rate``; 0 or empty: every lane at full speed)
+    lane_link: tuple[int, ...] = ()
+    lane_share: float = 0.0
 
     def __repr__(self) -> str:
         S = self.num_stages
@@ -222,6 +227,7 @@ class CostModel:
             t_gather=tuple((c.t_gather or 0.0) / k for c in st) if any(c.t_gather for c in st) else (),
             slowdown=tuple(c.reduce_slowdown or 1.0 for c in st)
             if profile.has_reductions and any((c.reduce_slowdown or 1.0) > 1.0 for c in st) else (),
+            **_lane_sharing(profile, max(stage_to_rank) + 1),
         )
 
     def check_microbatches(self, m: int) -> None:
@@ -344,12 +350,24 @@ class CostModel:
 
     def without_reductions(self) -> CostModel:
         """These costs with the iteration ending at the last pass."""
-        return replace(self, t_reduce=(), t_opt=(), t_gather=(), slowdown=()) if self.t_reduce else self
+        if not self.t_reduce:
+            return self
+        return replace(self, t_reduce=(), t_opt=(), t_gather=(), slowdown=(), lane_link=(), lane_share=0.0)
+
+    @property
+    def shares_lanes(self) -> bool:
+        """Whether lanes of different ranks slow each other on a shared link (``lane_share``
+        above 0 and two ranks on one link): the simulator then times every lane together."""
+        lanes = self.has_reductions or bool(self.t_gather)
+        return lanes and self.lane_share > 0 and len(set(self.lane_link)) < len(self.lane_link)
 
     def without_slowdown(self) -> CostModel:
-        """These costs with every pass at its own speed beside the reductions: every schedule's
-        times under them are no later than under these (``zbsearch.reductions``), so bounds and
-        models that ignore the slowdown hold for these costs too."""
+        """These costs with every pass at its own speed beside the reductions and every lane at
+        full speed on its link: every schedule's times under them are no later than under these
+        (``zbsearch.reductions``), so bounds and models that ignore the slowdown hold for these
+        costs too."""
+        if self.lane_share:
+            return replace(self, slowdown=(), lane_link=(), lane_share=0.0)
         return replace(self, slowdown=()) if self.slowdown else self
 
     def without_recompute(self, keep: tuple[Op, ...] = ()) -> CostModel:
@@ -503,3 +521,14 @@ def _by_op(op: Op, stage: int, f: tuple[float, ...], b: tuple[float, ...], w: tu
     if op is Op.W:
         return w[stage]
     return b[stage] + w[stage]  # BW memory: B's change then W's
+
+
+def _lane_sharing(profile: Profile, ranks: int) -> dict:
+    """``lane_link`` and ``lane_share`` of ``ranks`` pipeline ranks from the profile's
+    data-parallel section (``LaneSharing``; none: no sharing)."""
+    dp = profile.data_parallel
+    sharing = None if dp is None else dp.sharing
+    if sharing is None or sharing.share <= 0 or not profile.has_reductions:
+        return {}
+    per = sharing.ranks_per_link or ranks
+    return {"lane_link": tuple(r // per for r in range(ranks)), "lane_share": sharing.share}

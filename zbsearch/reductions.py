@@ -18,7 +18,18 @@ run (``zbsearch.runtime.data_parallel``). The rule, in one place:
   reduction becomes ready at the end of one of the rank's own passes, so every later one starts
   after the pass ends. A factor of 1 (older files) is compute at its own speed;
 * the rank's iteration ends once its last pass and its last reduction have ended, plus the
-  optimizer steps of its stages (``t_opt``), which follow.
+  optimizer steps of its stages (``t_opt``), which follow (``iteration_end``).
+
+Lanes of different ranks may share a link: the ranks of one node its NICs, the processes of one
+host its cores (``CostModel.lane_link``, from the profile's ``LaneSharing``). While k runs
+(reductions or gathers) of lanes on one link are under way, each moves at
+1 / (1 + ``share`` (k - 1)) of its speed alone (``share_rate``): share 0, no sharing; share 1,
+the link split evenly (processor sharing); the profiler measures it from every rank's reductions
+at once against each alone. A run's time alone is ``t_reduce`` (``t_gather``); beside others it
+takes longer, and slows the passes beside it for all of that time. A rank's lane then depends
+on the others', so the simulator advances every rank's passes and lanes together in time
+(``SharedLanes``). Sharing only lengthens: each run starts no earlier and moves no faster than
+alone, so bounds priced at full speed still hold.
 
 Sharded stages (``fully_shard``) also gather their parameters at the step's start
 (``t_gather``; the runtime starts every gather at once and each stage's first pass waits for
@@ -26,9 +37,10 @@ its own, ``zbsearch.runtime.sharded``):
 
 * a rank's lane runs its gathers first, one at a time in stage order, from the rank's step
   start; a stage's first pass of the step starts no earlier than its gather's end;
-* every rank starts its step at time 0 (the simulator's origin), so the first pass of stage s
-  waits until the rank's gathers up to s have run (``gather_ends``); the rank's iteration
-  counts from the latest step start that lets each stage's gather end by its first pass (in
+* every rank starts its step at time 0 (the simulator's origin), where its lane runs its
+  gathers (and where the timeline draws them), so the first pass of stage s waits until the
+  rank's gathers up to s have run (``gather_ends``); the rank's iteration counts from the
+  latest step start that lets each stage's gather end by its first pass (``step_start``: in
   steady state a rank idle before its first input hides its gathers there);
 * a stage's backward needs the forwards of every later stage, so every reduction becomes ready
   after the rank's last gather: the gathers never delay a reduction;
@@ -48,10 +60,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import permutations
+from typing import Any
 
 from .actions import Action, Op
 
-__all__ = ["Reduction", "Slowing", "lane", "lane_runs", "slowed_end", "gather_runs", "gather_ends", "gather_releases",
+__all__ = ["Reduction", "Slowing", "lane", "lane_next", "lane_runs", "share_rate", "SharedLanes", "shared_lane_runs",
+           "iteration_end", "step_start", "slowed_end", "gather_ends", "gather_releases",
            "gathers", "last_backward", "lane_floors", "iteration_floor", "reduction_time", "with_reductions",
            "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
 
@@ -70,17 +84,129 @@ def last_backward(row: Sequence[Action]) -> dict[int, int]:
     return dict(sorted(last.items(), key=lambda kv: kv[1]))
 
 
+def lane_next(free: float, at: float, took: float) -> tuple[float, float]:
+    """(start, end) of a run of ``took`` ms ready at ``at`` on a lane free from ``free``, alone
+    on its link: the lane runs one thing at a time, each from its ready time or the end of the
+    one before."""
+    start = at if at > free else free
+    return start, start + took
+
+
 def lane_runs(ready: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     """When a lane runs its reductions, given each one's (ready time, duration) in the order
-    they become ready: one at a time, each from its ready time or the previous one's end.
-    (start, end) of each, in that order."""
+    they become ready (``lane_next``, one after the other). (start, end) of each, in that order."""
     free = 0.0
     out = []
     for at, took in ready:
-        start = at if at > free else free
-        free = start + took
+        start, free = lane_next(free, at, took)
         out.append((start, free))
     return out
+
+
+def share_rate(k: int, share: float) -> float:
+    """The speed, against its time alone, of each of ``k`` runs at once on lanes sharing one
+    link, for the link's measured ``share`` (module docstring): 1 / (1 + share (k - 1)). Share 0:
+    every run at full speed; share 1: the link's bandwidth split evenly (processor sharing)."""
+    return 1.0 / (1.0 + share * (k - 1)) if k > 1 else 1.0
+
+
+class SharedLanes:
+    """Lanes whose runs progress together in time, those on one link at ``share_rate`` of the
+    runs under way on it (module docstring): the rule in one place, for the simulator (which
+    adds runs as passes end and advances the lanes between its events) and ``shared_lane_runs``.
+
+    ``link[l]``: the link of lane l (lanes with the same value share it); ``share``: its
+    parameter. Each lane runs its runs one at a time, in the order they were added; a run added
+    to an idle lane starts at once. ``runs[l]``: (tag, start, end) of lane l's finished runs."""
+
+    def __init__(self, link: Sequence[int], share: float):
+        self.link, self.share = list(link), share
+        self.t = 0.0
+        self.queue: list[list[tuple[Any, float]]] = [[] for _ in self.link]  # (tag, ms alone)
+        self.current: list[tuple[Any, float, float] | None] = [None] * len(self.link)  # (tag, start, ms left alone)
+        self.runs: list[list[tuple[Any, float, float]]] = [[] for _ in self.link]
+        self._busy: dict[int, int] = {}  # per link, its lanes with a run under way
+
+    def add(self, lane: int, took: float, tag: Any) -> None:
+        """A run of ``took`` ms alone, ready now (``self.t``), queued on ``lane``."""
+        self.queue[lane].append((tag, took))
+        if self.current[lane] is None:
+            self._start(lane)
+
+    def rate(self, lane: int) -> float:
+        """The speed of ``lane``'s run under way, now."""
+        return share_rate(self._busy.get(self.link[lane], 0), self.share)
+
+    def running(self, lane: int) -> Any:
+        """The tag of ``lane``'s run under way, or None."""
+        cur = self.current[lane]
+        return None if cur is None else cur[0]
+
+    def next_end(self) -> float:
+        """When the first run under way ends if nothing is added (inf: none under way)."""
+        best = float("inf")
+        for lane, cur in enumerate(self.current):
+            if cur is not None:
+                at = self.t + cur[2] / self.rate(lane)
+                if at < best:
+                    best = at
+        return best
+
+    def advance(self, until: float) -> None:
+        """Run the lanes to time ``until``, ending the runs that end by then (and starting the
+        next of their lane at their end)."""
+        while True:
+            end = self.next_end()
+            to = until if end > until else end
+            if to > self.t and end < float("inf"):
+                step = to - self.t
+                for lane, cur in enumerate(self.current):
+                    if cur is not None:
+                        self.current[lane] = (cur[0], cur[1], cur[2] - step * self.rate(lane))
+                self.t = to
+            if end > until or end == float("inf"):
+                if until > self.t and end == float("inf"):  # nothing under way
+                    self.t = until
+                return
+            done = [lane for lane, cur in enumerate(self.current)
+                    if cur is not None and cur[2] <= 1e-9 * max(1.0, abs(self.t))]
+            for lane in done:
+                self._finish(lane)
+            for lane in done:
+                if self.queue[lane]:
+                    self._start(lane)
+
+    def _start(self, lane: int) -> None:
+        tag, took = self.queue[lane].pop(0)
+        if took <= 0:  # nothing to move: it ends where it starts, and the next one starts
+            self.runs[lane].append((tag, self.t, self.t))
+            if self.queue[lane]:
+                self._start(lane)
+            return
+        self.current[lane] = (tag, self.t, took)
+        self._busy[self.link[lane]] = self._busy.get(self.link[lane], 0) + 1
+
+    def _finish(self, lane: int) -> None:
+        cur = self.current[lane]
+        assert cur is not None
+        self.runs[lane].append((cur[0], cur[1], self.t))
+        self.current[lane] = None
+        self._busy[self.link[lane]] -= 1
+
+
+def shared_lane_runs(ready: Sequence[Sequence[tuple[float, float]]], link: Sequence[int],
+                     share: float) -> list[list[tuple[float, float]]]:
+    """``lane_runs`` of several lanes at once, lanes with the same ``link`` sharing it
+    (``SharedLanes``): per lane, (start, end) of each of its runs, given each one's (ready time,
+    ms alone) in the order they become ready. With share 0, or each lane on its own link, every
+    lane's ``lane_runs``."""
+    lanes = SharedLanes(link, share)
+    events = sorted((at, lane, k) for lane, row in enumerate(ready) for k, (at, _) in enumerate(row))
+    for at, lane, k in events:
+        lanes.advance(at)
+        lanes.add(lane, ready[lane][k][1], k)
+    lanes.advance(float("inf"))
+    return [[(a, b) for _, a, b in sorted(runs, key=lambda x: x[0])] for runs in lanes.runs]
 
 
 def lane(row: Sequence[Action], ends: Sequence[float], t_reduce: Sequence[float],
@@ -90,9 +216,15 @@ def lane(row: Sequence[Action], ends: Sequence[float], t_reduce: Sequence[float]
     last = last_backward(row)
     runs = lane_runs([(ends[i], t_reduce[s]) for s, i in last.items()])
     out = [(s, start, end) for s, (start, end) in zip(last, runs)]
-    finish = max([*(end for _, end in runs[-1:]), *ends[-1:]], default=0.0)
-    stages = {a.stage for a in row}
-    return out, finish + sum(t_opt[s] for s in stages)
+    return out, iteration_end(row, ends, out, t_opt)
+
+
+def iteration_end(row: Sequence[Action], ends: Sequence[float], reductions: Sequence[Reduction],
+                  t_opt: Sequence[float]) -> float:
+    """When a rank's iteration ends: its last pass or its last reduction, whichever ends later,
+    then the optimizer steps of its stages (module docstring)."""
+    finish = max([*(end for _, _, end in reductions), *ends[-1:]], default=0.0)
+    return finish + sum(t_opt[s] for s in {a.stage for a in row})
 
 
 def slowed_end(start: float, work: float, runs: Sequence[Slowing], first: int = 0) -> float:
@@ -114,16 +246,6 @@ def slowed_end(start: float, work: float, runs: Sequence[Slowing], first: int = 
         left -= (b - t) / f
         t = b
     return t + left
-
-
-def gather_runs(stages: Iterable[int], t_gather: Sequence[float], slowdown: Sequence[float]) -> list[Slowing]:
-    """A rank's gathers as runs of its lane that slow its passes (start, end, factor), from the
-    simulator's origin, one at a time in stage order (``gather_ends``); none where no factor
-    exceeds 1."""
-    if not slowdown:
-        return []
-    ends = gather_ends(stages, t_gather)
-    return [(e - t_gather[s], e, slowdown[s]) for s, e in ends.items() if t_gather[s] > 0 and slowdown[s] > 1.0]
 
 
 def gather_ends(stages: Iterable[int], t_gather: Sequence[float]) -> dict[int, float]:
@@ -150,17 +272,26 @@ def gather_releases(row: Sequence[Action], t_gather: Sequence[float]) -> dict[in
 
 
 def gathers(row: Sequence[Action], starts: Sequence[float], t_gather: Sequence[float]) -> tuple[list[Reduction], float]:
-    """One rank's gathers (stage, start, end) and its step's start, from its action list and the
-    start of each action: the latest step start that lets each stage's gather end by its first
-    pass (module docstring); with no gathers, its first pass's start."""
+    """One rank's gathers (stage, start, end), where its lane runs them alone on its link (from
+    the origin, ``gather_ends``), and its step's start (``step_start``), from its action list and
+    the start of each action."""
     first: dict[int, float] = {}
     for a, t in zip(row, starts):
         first.setdefault(a.stage, t)
     if not first:
         return [], 0.0
     ends = gather_ends(first, t_gather)
-    begin = min(first[s] - ends[s] for s in first)
-    return [(s, begin + e - t_gather[s], begin + e) for s, e in ends.items() if t_gather[s] > 0], begin
+    return [(s, e - t_gather[s], e) for s, e in ends.items() if t_gather[s] > 0], step_start(row, starts, ends)
+
+
+def step_start(row: Sequence[Action], starts: Sequence[float], gathered: dict[int, float]) -> float:
+    """A rank's step start, from which its iteration counts: the latest that lets each stage's
+    gather (ending at ``gathered[s]`` from the origin, where the lane runs it) end by the stage's
+    first pass (module docstring); with no passes, 0."""
+    first: dict[int, float] = {}
+    for a, t in zip(row, starts):
+        first.setdefault(a.stage, t)
+    return min((first[s] - gathered.get(s, 0.0) for s in first), default=0.0)
 
 
 def lane_floors(cost) -> list[float]:
@@ -251,7 +382,7 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
 
 def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_bytes: Sequence[float], *,
                              group: str, backend: str, t_opt: Sequence[float] | None = None,
-                             slowdown: Sequence | None = None, gather_ms: Sequence | None = None):
+                             slowdown: Sequence | None = None, gather_ms: Sequence | None = None, sharing=None):
     """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
     ``replicas`` as timed on a real group: ``reduce_ms`` per stage (``Quartiles``; ``t_reduce``
     is the median), ``group`` ``local`` or ``torchrun``, ``backend`` the process group's; and,
@@ -259,7 +390,8 @@ def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_b
     slowed a pass beside it (``slowdown``, per stage ``Quartiles`` of the factor or None where
     not measured; ``reduce_slowdown`` is the median, at least 1). ``gather_ms`` (``Quartiles``
     per stage): the stages are sharded, their reductions reduce-scatters, and each gathers its
-    parameters at the step's start (``t_gather``, the median)."""
+    parameters at the step's start (``t_gather``, the median). ``sharing`` (``LaneSharing``): how
+    the reductions of ranks on one link slowed each other."""
     from .errors import ZbError
     from .formats.profile import DataParallel
 
@@ -272,7 +404,7 @@ def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_b
     dp = DataParallel(replicas=replicas, sharded=gather_ms is not None, how="measured", grad_bytes=list(grad_bytes),
                       group=group, backend=backend, reduce_ms=list(reduce_ms),
                       gather_ms=None if gather_ms is None else list(gather_ms),
-                      slowdown=None if slowdown is None else list(slowdown))
+                      slowdown=None if slowdown is None else list(slowdown), sharing=sharing)
     out = _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt,
                        None if gather_ms is None else [q.median for q in gather_ms])
     if slowdown is None:

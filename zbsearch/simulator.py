@@ -24,7 +24,11 @@ rank (``pair_time``): what it hides is time the rank does not spend.
 
 Where a stage's reduction or gather slows its rank's passes while it runs (``CostModel.slowdown``,
 the rule in ``zbsearch.reductions``), a pass beside the lane ends later than its time alone;
-busy time still counts its time alone, so the slowdown counts with the idle time.
+busy time still counts its time alone, so the slowdown counts with the idle time. The lane is
+the runs the simulator queued while timing the passes (the timeline's ``reductions`` and
+``gathers``). Where lanes of different ranks share a link (``CostModel.shares_lanes``) a rank's
+lane depends on the others', and the simulator advances every rank's passes and lanes together
+in time, event by event, instead of one pass in dependency order.
 """
 
 from __future__ import annotations
@@ -35,7 +39,18 @@ from .actions import RECOMPUTES, Action, Op
 from .costs import CostModel
 from .dependencies import action_predecessor_types, edge_delay, pass_positions
 from .errors import ZbError
-from .reductions import Reduction, Slowing, gather_releases, gather_runs, gathers, lane, last_backward, slowed_end
+from .reductions import (
+    Reduction,
+    SharedLanes,
+    Slowing,
+    gather_ends,
+    gather_releases,
+    iteration_end,
+    lane_next,
+    last_backward,
+    slowed_end,
+    step_start,
+)
 
 __all__ = ["Timeline", "Deadlock", "simulate", "memory_trace", "peak_memory", "bubble_rate"]
 
@@ -144,7 +159,7 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel, overlapped: list
     (blocked or done) past it. Every action is timed once, after everything it waits for, so
     the times are those of any topological order; the ranks left parked at the end are exactly
     those a round-robin sweep would leave stuck, and report the same waits."""
-    S, R = cost.num_stages, len(rank_actions)
+    S = cost.num_stages
     where = pass_positions(rank_actions, S)
     # per op, per stage: ((positions of the pass it waits for, by microbatch), edge delay), ...
     kinds = {
@@ -153,8 +168,35 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel, overlapped: list
     }
     durations = cost.durations(rank_actions)
     pairs = pair_times(rank_actions, durations, cost, overlapped)
+    ran: _Lanes | _Ran | None = None
+    if cost.shares_lanes:
+        start, end, done, ran = _simulate_shared(rank_actions, cost, kinds, durations, pairs)
+    else:
+        ran = _Lanes(rank_actions, cost) if cost.has_reductions or cost.t_gather else None
+        start, end, done = _simulate_alone(rank_actions, cost, kinds, durations, pairs, ran)
+    if any(d < len(row) for d, row in zip(done, rank_actions)):
+        raise Deadlock(_waits(rank_actions, done, _resolve(rank_actions, where, S), overlapped))
+
+    busy = [sum(d for a, d in zip(row, dur) if a.op not in RECOMPUTES) for row, dur in zip(rank_actions, durations)]
+    for r, row_pairs in enumerate(pairs):  # a pair holds its rank for its pair time, not the sum of its passes
+        busy[r] -= sum(durations[r][i] + durations[r][i + 1] - t for i, t in row_pairs.items())
+    reductions, finish, gathered, begin = [], [], [], []
+    if ran is not None and cost.has_reductions:
+        reductions = ran.reduced
+        finish = [iteration_end(row, ends, got, cost.t_opt) for row, ends, got in zip(rank_actions, end, reductions)]
+    if ran is not None and cost.t_gather:
+        gathered = [[(s, a, b) for s, a, b in got if b > a] for got in ran.gathered]
+        begin = [step_start(row, starts, {s: b for s, _, b in got})
+                 for row, starts, got in zip(rank_actions, start, ran.gathered)]
+    return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy, reductions, finish,
+                    overlapped=[list(p) for p in pairs] if pairs else [], gathers=gathered, begin=begin)
+
+
+def _simulate_alone(rank_actions, cost, kinds, durations, pairs, slow: _Lanes | None):
+    """Start and end of every action, each lane alone on its link (``simulate``): one pass in
+    dependency order; the number of actions each rank ran (short of its list: a deadlock)."""
+    R = len(rank_actions)
     release = _releases(rank_actions, cost)
-    slow = _SlowLanes(rank_actions, cost) if cost.slowdown else None
     start = [[0.0] * len(row) for row in rank_actions]
     end = [[0.0] * len(row) for row in rank_actions]
     done = [0] * R  # number of actions finished per rank
@@ -209,56 +251,169 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel, overlapped: list
             parked[r] = still
         if wait is not None:
             parked[wait[0]].append((wait[1], r))
-    if any(d < len(row) for d, row in zip(done, rank_actions)):
-        raise Deadlock(_waits(rank_actions, done, _resolve(rank_actions, where, S), overlapped))
-
-    busy = [sum(d for a, d in zip(row, dur) if a.op not in RECOMPUTES) for row, dur in zip(rank_actions, durations)]
-    for r, row_pairs in enumerate(pairs):  # a pair holds its rank for its pair time, not the sum of its passes
-        busy[r] -= sum(durations[r][i] + durations[r][i + 1] - t for i, t in row_pairs.items())
-    reductions, finish, gathered, begin = [], [], [], []
-    if cost.has_reductions:
-        for row, ends in zip(rank_actions, end):
-            got, f = lane(row, ends, cost.t_reduce, cost.t_opt)
-            reductions.append(got)
-            finish.append(f)
-    if cost.t_gather:
-        for row, starts in zip(rank_actions, start):
-            got, b = gathers(row, starts, cost.t_gather)
-            gathered.append(got)
-            begin.append(b)
-    return Timeline(rank_actions, start, end, memory_trace(rank_actions, cost), busy, reductions, finish,
-                    overlapped=[list(p) for p in pairs] if pairs else [], gathers=gathered, begin=begin)
+    return start, end, done
 
 
-class _SlowLanes:
-    """Per rank, the runs of its lane that slow its passes (``reductions.slowed_end``), grown as
-    its passes end: its gathers from the start, then each stage's reduction once its last W or
-    BW has ended, queued as ``reductions.lane_runs`` queues them."""
+class _Lanes:
+    """Per rank, its lane alone on its link (``reductions.lane_next``), grown as its passes end:
+    its gathers from the origin, one at a time in stage order (``reductions.gather_ends``), then
+    each stage's reduction once its last W or BW has ended. Records the runs (``gathered``,
+    ``reduced``: per rank, (stage, start, end)), which the timeline's lane is, and slows the
+    passes beside those whose factor exceeds 1 (``reductions.slowed_end``)."""
 
     def __init__(self, rank_actions: list[list[Action]], cost: CostModel):
         self.t_reduce, self.slowdown = cost.t_reduce, cost.slowdown
         self.closing = [{i: s for s, i in last_backward(row).items()} for row in rank_actions]
-        self.runs: list[list[Slowing]] = [gather_runs({a.stage for a in row}, cost.t_gather, cost.slowdown)
-                                          if cost.t_gather else [] for row in rank_actions]
-        self.free = [0.0] * len(rank_actions)  # when each rank's lane is free of reductions
+        self.gathered: list[list[Reduction]] = []
+        self.runs: list[list[Slowing]] = []  # per rank, the runs that slow its passes, in time order
+        for row in rank_actions:
+            ends = gather_ends({a.stage for a in row}, cost.t_gather) if cost.t_gather else {}
+            self.gathered.append([(s, e - cost.t_gather[s], e) for s, e in ends.items()])
+            self.runs.append([(a, b, self.factor(s)) for s, a, b in self.gathered[-1] if b > a and self.factor(s) > 1.0])
+        self.reduced: list[list[Reduction]] = [[] for _ in rank_actions]
+        self.free = [max([0.0, *(e for _, _, e in got)]) for got in self.gathered]  # when each rank's lane is free
         self.past = [0] * len(rank_actions)  # per rank, runs ended before its next pass can start
+
+    def factor(self, s: int) -> float:
+        """How much stage s's run on the lane slows the passes beside it."""
+        return self.slowdown[s] if self.slowdown else 1.0
 
     def end(self, r: int, i: int, start: float, work: float, count: int) -> float:
         """The end of rank r's pass (or pair, ``count`` 2) at position i, started at ``start``
         with ``work`` ms alone; the reductions it makes ready join the lane."""
-        runs, k = self.runs[r], self.past[r]
-        while k < len(runs) and runs[k][1] <= start:
-            k += 1
-        self.past[r] = k
-        end = slowed_end(start, work, runs, k)
+        runs = self.runs[r]
+        if runs:
+            k = self.past[r]
+            while k < len(runs) and runs[k][1] <= start:
+                k += 1
+            self.past[r] = k
+            end = slowed_end(start, work, runs, k)
+        else:
+            end = start + work
+        closing = self.closing[r]
         for j in range(i, i + count):
-            s = self.closing[r].get(j)
+            s = closing.get(j)
             if s is not None:
-                begin = end if end > self.free[r] else self.free[r]
-                self.free[r] = begin + self.t_reduce[s]
-                if self.t_reduce[s] > 0 and self.slowdown[s] > 1.0:
-                    runs.append((begin, self.free[r], self.slowdown[s]))
+                a, self.free[r] = lane_next(self.free[r], end, self.t_reduce[s])
+                self.reduced[r].append((s, a, self.free[r]))
+                if self.free[r] > a and self.factor(s) > 1.0:
+                    runs.append((a, self.free[r], self.factor(s)))
         return end
+
+
+def _simulate_shared(rank_actions, cost: CostModel, kinds, durations, pairs):
+    """``simulate`` where lanes of different ranks share links (``CostModel.shares_lanes``):
+    every rank's passes and lanes advanced together in time, event by event, the lanes by
+    ``reductions.SharedLanes`` and each pass at 1/factor of its speed while its rank's lane runs
+    a run whose factor exceeds 1. Start and end of every action, the number each rank ran (short
+    of its list: a deadlock) and the lanes' runs (``gathered``, ``reduced``)."""
+    R = len(rank_actions)
+    lanes = SharedLanes(cost.lane_link, cost.lane_share)
+    slowdown = cost.slowdown
+    closing = [{i: s for s, i in last_backward(row).items()} for row in rank_actions]
+    first: list[dict[int, int]] = [{} for _ in rank_actions]  # per rank, position -> stage, of each stage's first pass
+    if cost.t_gather:
+        for r, row in enumerate(rank_actions):
+            for i, a in enumerate(row):
+                first[r].setdefault(a.stage, i)
+            first[r] = {i: s for s, i in first[r].items()}
+            for s in sorted(first[r].values()):
+                lanes.add(r, cost.t_gather[s], (False, s))
+    gathered: list[dict[int, float]] = [{} for _ in rank_actions]  # per rank, stage -> its gather's end
+    start = [[0.0] * len(row) for row in rank_actions]
+    end = [[0.0] * len(row) for row in rank_actions]
+    done, free = [0] * R, [0.0] * R
+    running: list[list[float] | None] = [None] * R  # per rank, [count, ms left alone] of its pass under way
+    t = 0.0
+
+    def ready(r: int) -> float | None:  # when rank r's next action may start, None while it waits
+        i, row = done[r], rank_actions[r]
+        together = pairs[r].get(i) if pairs else None
+        at = free[r]
+        for k in (i, i + 1) if together is not None else (i,):
+            s = first[r].get(k)
+            if s is not None:
+                if s not in gathered[r]:
+                    return None
+                at = max(at, gathered[r][s])
+        for a in (row[i], row[i + 1]) if together is not None else (row[i],):
+            for positions, delay in kinds[a.op][a.stage]:
+                pos = positions[a.mb]
+                if pos is None:
+                    return None
+                dr, di = pos
+                if di >= (i if dr == r else done[dr]):
+                    return None
+                at = max(at, end[dr][di] + delay)
+        return at
+
+    def factor(r: int) -> float:  # the slowdown of rank r's passes now
+        tag = lanes.running(r)
+        return slowdown[tag[1]] if tag is not None and slowdown else 1.0
+
+    def note_gathers() -> None:  # the ends of the gathers run so far: the lanes run them first
+        for r, runs in enumerate(lanes.runs):
+            for (is_reduction, s), _, b in runs[len(gathered[r]):] if cost.t_gather else ():
+                if is_reduction:
+                    break
+                gathered[r][s] = b
+
+    while True:
+        note_gathers()
+        soon = float("inf")
+        for r in range(R):  # start what can start now
+            if running[r] is None and done[r] < len(rank_actions[r]):
+                at = ready(r)
+                if at is None:
+                    continue
+                if at > t:
+                    soon = min(soon, at)
+                    continue
+                i = done[r]
+                together = pairs[r].get(i) if pairs else None
+                start[r][i] = at
+                if together is None:
+                    running[r] = [1, durations[r][i]]
+                else:
+                    start[r][i + 1] = at
+                    running[r] = [2, together]
+        for r in range(R):
+            job = running[r]
+            if job is not None:
+                soon = min(soon, t + job[1] * factor(r))
+        soon = min(soon, lanes.next_end())
+        if soon == float("inf"):
+            break
+        step = soon - t
+        for r in range(R):
+            job = running[r]
+            if job is not None:
+                job[1] -= step / factor(r)
+        lanes.advance(soon)
+        t = soon
+        for r in range(R):
+            job = running[r]
+            if job is not None and job[1] <= 1e-9 * max(1.0, t):
+                i, count = done[r], int(job[0])
+                for j in range(i, i + count):
+                    end[r][j] = t
+                    closes = closing[r].get(j)
+                    if closes is not None:
+                        lanes.add(r, cost.t_reduce[closes], (True, closes))
+                free[r], done[r], running[r] = t, i + count, None
+    lanes.advance(float("inf"))
+    note_gathers()
+    ran = _Ran([[(s, a, b) for (is_reduction, s), a, b in runs if not is_reduction] for runs in lanes.runs],
+               [[(s, a, b) for (is_reduction, s), a, b in runs if is_reduction] for runs in lanes.runs])
+    return start, end, done, ran
+
+
+@dataclass
+class _Ran:
+    """The lanes' runs of a simulation: per rank, its gathers and its reductions (stage, start, end)."""
+
+    gathered: list[list[Reduction]]
+    reduced: list[list[Reduction]]
 
 
 def pair_times(rank_actions: list[list[Action]], durations: list[list[float]], cost: CostModel,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import subprocess
 
 import pytest
@@ -105,6 +106,34 @@ def _record(got) -> None:
     assert cost.slowdown == (prof.stages[0].reduce_slowdown, 1.0)
 
 
+def test_the_share_is_the_sharing_rule_inverted_and_is_recorded_in_the_profile(tmp_path):
+    from zbsearch.profiler.gradients import lane_sharing, with_measured_data_parallel
+    from zbsearch.reductions import share_rate
+
+    rng = random.Random(3)
+    for _ in range(50):
+        share, k = rng.uniform(0.0, 2.0), rng.randint(2, 6)
+        alone = [[rng.uniform(5, 50)] * 3 for _ in range(k)]
+        together = [[a[0] / share_rate(k, share)] * 3 for a in alone]  # what the rule says k at once take
+        got = lane_sharing(alone, together, [k] * k, None)
+        assert got.share == pytest.approx(share) and got.measured.q1 <= got.measured.median <= got.measured.q3
+    assert lane_sharing([[5.0, 5.0]], [[5.0, 5.0]], [1], None) is None  # nothing ran beside it: not measured
+    assert lane_sharing([[10.0] * 3] * 2, [[8.0] * 3] * 2, [2, 2], 2).share == 0.0  # faster together: no sharing
+    base = zb.resolve_profile("unit-p4")
+    sharing = lane_sharing([[4.0, 5.0, 6.0]] * 4, [[8.0, 10.0, 12.0]] * 4, [4] * 4, 2)
+    prof = with_measured_data_parallel(base, 2, [[5.0, 5.0]] * 4, [1e6] * 4, [0.0] * 4, group="torchrun", backend="gloo",
+                                       sharing=sharing)
+    zb.save_profile(prof, tmp_path / "s.json")
+    back = zb.load_profile(tmp_path / "s.json")
+    assert back.data_parallel.sharing == sharing and back.data_parallel.sharing.version == 1
+    assert sharing.share == pytest.approx(1 / 3) and sharing.ranks_per_link == 2  # 2x the median alone at k = 4
+    cost = zb.CostModel.from_profile(back, [0, 1, 2, 3])
+    assert cost.lane_link == (0, 0, 1, 1) and cost.lane_share == pytest.approx(1 / 3)
+    from zbsearch.profiler.report import mesh_summary
+
+    assert any("each run at 1 / (1 + 0.333 (k - 1))" in line for line in mesh_summary(back))
+
+
 def test_measured_reductions_are_recorded_with_their_spread_and_survive_a_file(tmp_path):
     from zbsearch.profiler.gradients import with_measured_data_parallel
 
@@ -134,6 +163,7 @@ def test_measured_reductions_are_recorded_with_their_spread_and_survive_a_file(t
     older = zb.load_profile(tmp_path / "old.json")
     assert older.data_parallel.reduce_ms is None and older.data_parallel.slowdown is None
     assert zb.CostModel.from_profile(older, [0, 1, 2, 3]).slowdown == ()  # old files: no slowdown
+    assert older.data_parallel.sharing is None and zb.CostModel.from_profile(older, [0, 1, 2, 3]).lane_share == 0.0
 
 
 @pytest.mark.slow
@@ -153,6 +183,11 @@ def test_profile_with_replicas_and_no_bandwidth_times_each_reduction_on_local_pr
     assert len(dp.slowdown) == 2
     for st, q in zip(prof.stages, dp.slowdown):
         assert st.reduce_slowdown == max(1.0, q.median) and q.q1 <= q.median <= q.q3 and q.median > 0
+    # both stages' reductions timed alone and at once (4 processes): how they share this host's cores
+    share = dp.sharing
+    assert share is not None and share.ranks_per_link is None and len(share.alone_ms) == len(share.together_ms) == 2
+    assert share.share == max(0.0, share.measured.median) and share.measured.q1 <= share.measured.median <= share.measured.q3
+    assert all(q.median > 0 for q in (*share.alone_ms, *share.together_ms))
     assert zb.load_profile(out) == zb.Profile.model_validate_json(out.read_text())  # the fields round-trip
     back = tmp_path / "back.json"
     zb.save_profile(prof, back)
@@ -176,6 +211,9 @@ def test_torchrun_times_each_stages_reduction_on_the_replicas_started_with_the_p
     assert dp.how == "measured" and dp.group == "torchrun" and dp.backend == "gloo" and dp.replicas == 2
     assert len(dp.reduce_ms) == 2 and all(st.t_reduce == q.median > 0 for st, q in zip(prof.stages, dp.reduce_ms))
     assert len(dp.slowdown) == 2 and all(st.reduce_slowdown == max(1.0, q.median) for st, q in zip(prof.stages, dp.slowdown))
+    # the reductions alone are t_reduce; every rank's at once against them, the share (one node: one link)
+    assert dp.sharing is not None and dp.sharing.ranks_per_link is None and len(dp.sharing.together_ms) == 2
+    assert [q.median for q in dp.sharing.alone_ms] == [q.median for q in dp.reduce_ms]
     assert prof.model_dump()["mode"].startswith("one rank per stage, 2 ranks")  # each replica's pipeline of 2
     wrong = subprocess.run([*run, "2", "-m", "zbsearch", *args, "-o", "w.json"], capture_output=True, text=True,
                            cwd=tmp_path, timeout=300)

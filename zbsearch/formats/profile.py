@@ -292,6 +292,27 @@ class Links(BaseModel):
         default=None, description="measured link times per boundary; None between two pieces of one rank (no link)")
 
 
+class LaneSharing(BaseModel):
+    """How the reduction lanes of different pipeline ranks slow each other on a link they share
+    (a node's NICs, a host's cores; ``zbsearch.reductions.share_rate``): while k runs (reductions
+    or gathers) of ranks on one link are under way, each moves at 1 / (1 + share (k - 1)) of its
+    speed alone. Measured by ``zbsearch profile --dp`` as every rank's reductions at once against
+    each alone. Absent (older files): every lane at full speed."""
+
+    model_config = ConfigDict(extra="allow")
+
+    version: Literal[1] = 1
+    share: float = Field(ge=0, le=MAX_SLOWDOWN, description=(
+        "0: lanes on one link never slow each other; 1: k runs at once split the link evenly; above 1: worse than an even split"))
+    ranks_per_link: int | None = Field(default=None, ge=1, description=(
+        "consecutive pipeline ranks sharing one link (a node's); absent: every rank of the pipeline on one link"))
+    measured: Quartiles | None = Field(default=None, description=(
+        "where measured: the spread of the share over the timed rounds; share is its median"))
+    alone_ms: list[Quartiles] | None = Field(default=None, description="where measured: per stage, its reduction timed alone")
+    together_ms: list[Quartiles] | None = Field(default=None, description=(
+        "where measured: per stage, its reduction timed with every rank's reductions at once"))
+
+
 class DataParallel(BaseModel):
     """How the stages' ``t_reduce`` (and, sharded, ``t_gather``) were found: the replicas each
     stage's gradients are reduced across, whether the data parallelism is sharded, and measured
@@ -323,6 +344,8 @@ class DataParallel(BaseModel):
         "None: not measured); reduce_slowdown is the median, at least 1"))
     gather_ms: list[Quartiles] | None = Field(default=None, description=(
         "how = measured, sharded: per stage, the spread of its timed parameter gathers; t_gather is their median"))
+    sharing: LaneSharing | None = Field(default=None, description=(
+        "how the lanes of ranks on one link slow each other (zbsearch.reductions.share_rate); absent: not at all"))
 
 
 class Profile(BaseModel):

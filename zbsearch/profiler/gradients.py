@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..distributed import run_local
-from ..formats.profile import Profile, Quartiles
+from ..formats.profile import MAX_SLOWDOWN, LaneSharing, Profile, Quartiles
 from ..reductions import with_measured_reductions, with_reductions
 from .measure import Stats
 
@@ -131,6 +131,66 @@ def reduction_samples(modules: Sequence[nn.Module], group: dist.ProcessGroup | N
     return out
 
 
+@torch.no_grad()
+def sharing_samples(modules: Sequence[nn.Module], group: dist.ProcessGroup | None, me: int, ranks: int,
+                    repeat: int, timeout: float) -> tuple[list[list[float]], list[list[float]]]:
+    """Collective over every process: per module of this pipeline rank (``me`` of ``ranks``),
+    ``repeat`` times (ms) of its reduction across its data-parallel ``group`` alone (the other
+    pipeline ranks waiting) and together (every pipeline rank reducing its k-th module at once),
+    as the runtime reduces them (``GradientReducer``): what ``lane_sharing`` makes the profile's
+    ``LaneSharing`` of."""
+    from ..runtime.data_parallel import GradientReducer
+
+    on = group if group is not None else dist.group.WORLD
+    assert on is not None
+    reducer = GradientReducer(dict(enumerate(modules)), list(range(len(modules))), on, timeout)
+    counts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, len(modules))
+    most = max(int(c) for c in counts)
+    alone: list[list[float]] = [[] for _ in modules]
+    together: list[list[float]] = [[] for _ in modules]
+
+    def timed(k: int) -> float:
+        t0 = time.perf_counter()
+        reducer.start(k)
+        reducer.finish()
+        return (time.perf_counter() - t0) * 1e3
+
+    for rep in range(_WARMUP + repeat):
+        for k in range(most):
+            for q in range(ranks):  # each pipeline rank's k-th reduction with the others waiting
+                dist.barrier()
+                if q == me and k < len(modules):
+                    took = timed(k)
+                    if rep >= _WARMUP:
+                        alone[k].append(took)
+            dist.barrier()  # then every rank's at once
+            if k < len(modules):
+                took = timed(k)
+                if rep >= _WARMUP:
+                    together[k].append(took)
+    dist.barrier()
+    return alone, together
+
+
+def lane_sharing(alone: Sequence[Sequence[float]], together: Sequence[Sequence[float]], at_once: Sequence[int],
+                 ranks_per_link: int | None) -> LaneSharing | None:
+    """The profile's ``LaneSharing`` from each stage's reductions timed alone and together
+    (``sharing_samples``, ms), ``at_once[s]`` the runs at once on stage s's link when timed
+    together: each round's share is (together / median alone - 1) / (at_once - 1), the rule
+    ``reductions.share_rate`` inverted; the share is their median, at least 0. None where no
+    link held two runs at once."""
+    shares = [(t / statistics.median(a) - 1) / (k - 1)
+              for a, ts, k in zip(alone, together, at_once) if a and k > 1 and statistics.median(a) > 0 for t in ts]
+    if not shares:
+        return None
+    q1, _, q3 = statistics.quantiles(shares * 2 if len(shares) == 1 else shares, n=4, method="inclusive")
+    spread = Quartiles(median=statistics.median(shares), q1=q1, q3=q3, mean=statistics.fmean(shares))  # a share: may be < 0
+    return LaneSharing(share=min(MAX_SLOWDOWN, max(0.0, spread.median)), ranks_per_link=ranks_per_link, measured=spread,
+                       alone_ms=[Quartiles(**Stats.of(list(a) * 2 if len(a) == 1 else list(a)).record()) for a in alone],
+                       together_ms=[Quartiles(**Stats.of(list(t) * 2 if len(t) == 1 else list(t)).record()) for t in together])
+
+
 class _Gradients(nn.Module):
     """Parameters of given shapes and dtypes, with gradients: what a stage's replica reduces."""
 
@@ -171,6 +231,31 @@ def measure_locally(layouts: Sequence[Layout], replicas: int, repeat: int, timeo
     None without ``work``), the processes running ``threads`` threads each."""
     return run_local(_local_worker, replicas, list(layouts), repeat, timeout, None if work is None else list(work),
                      warmup, threads)[0]
+
+
+def _sharing_worker(rank: int, world: int, send, layouts: list[Layout], replicas: int, repeat: int, timeout: float,
+                    threads: int | None) -> tuple[list[float], list[float]]:
+    if threads is not None:
+        torch.set_num_threads(threads)
+    ranks = len(layouts)
+    groups = [dist.new_group(list(range(q * replicas, (q + 1) * replicas))) for q in range(ranks)]
+    me = rank // replicas
+    alone, together = sharing_samples([_Gradients(layouts[me])], groups[me], me, ranks, repeat, timeout)
+    return alone[0], together[0]
+
+
+def measure_sharing_locally(layouts: Sequence[Layout], replicas: int, repeat: int, timeout: float,
+                            threads: int | None = None) -> LaneSharing | None:
+    """How the stages' reductions slow each other on this machine (``LaneSharing``, every stage on
+    one link: its cores and loopback): each stage's gradients (``layouts``) on a pipeline rank of
+    its own, reduced across ``replicas`` local processes (gloo), timed alone and with every
+    stage's at once (``sharing_samples``); None for one stage or one replica."""
+    if len(layouts) < 2 or replicas < 2:
+        return None
+    got = run_local(_sharing_worker, len(layouts) * replicas, list(layouts), replicas, repeat, timeout, threads,
+                    timeout=max(timeout, 60.0) * (2 + len(layouts)))
+    mine = [got[q * replicas] for q in range(len(layouts))]  # the first replica's of each stage
+    return lane_sharing([a for a, _ in mine], [t for _, t in mine], [len(layouts)] * len(layouts), None)
 
 
 def shard_units(module: nn.Module, dtype: torch.dtype | None = None) -> list[Layout]:
@@ -295,14 +380,16 @@ def measure_sharded_locally(stages: Sequence[list[Layout]], replicas: int, repea
 def with_measured_data_parallel(profile: Profile, replicas: int, samples: Sequence[Sequence[float]],
                                 grad_bytes: Sequence[float], t_opt: Sequence[float], *, group: str,
                                 backend: str, slowdown: Sequence[Sequence[float]] | None = None,
-                                gathers: Sequence[Sequence[float]] | None = None) -> Profile:
+                                gathers: Sequence[Sequence[float]] | None = None,
+                                sharing: LaneSharing | None = None) -> Profile:
     """``profile`` whose stages end the iteration with their reductions as timed (``samples``
     per stage, ms, on a ``group`` of ``replicas``, ``local`` or ``torchrun``), then their
     optimizer step (``t_opt``, ms per stage), and, where measured, how much each reduction
     slowed the passes beside it (``slowdown``: per stage, the factors; none kept: not
     measured); ``gathers``, the stages sharded: the samples are reduce-scatters, and each
-    stage's step starts with its gather, as timed (ms per stage). One replica reduces, gathers
-    and slows nothing."""
+    stage's step starts with its gather, as timed (ms per stage); ``sharing``, how the
+    reductions of ranks on one link slowed each other (``lane_sharing``). One replica reduces,
+    gathers and slows nothing."""
     none = Quartiles(median=0.0, q1=0.0, q3=0.0, mean=0.0)
 
     def spread(times: Sequence[Sequence[float]]) -> list[Quartiles]:
@@ -313,4 +400,5 @@ def with_measured_data_parallel(profile: Profile, replicas: int, samples: Sequen
         factors = [None if not f else Quartiles(**Stats.of(list(f) * 2 if len(f) == 1 else list(f)).record())
                    for f in slowdown]
     return with_measured_reductions(profile, replicas, spread(samples), grad_bytes, group=group, backend=backend,
-                                    t_opt=t_opt, slowdown=factors, gather_ms=None if gathers is None else spread(gathers))
+                                    t_opt=t_opt, slowdown=factors, gather_ms=None if gathers is None else spread(gathers),
+                                    sharing=sharing if replicas > 1 else None)

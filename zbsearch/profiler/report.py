@@ -91,6 +91,11 @@ def mesh_summary(profile: Profile) -> list[str]:
         if factors:
             lines.append(f"    passes beside it run {min(factors):.3g}-{max(factors):.3g} times slower (reduce_slowdown, "
                          f"{len(factors)} of {profile.num_stages} stages measured)")
+        share = dp.sharing
+        if share is not None:
+            where = "every rank" if share.ranks_per_link is None else f"each {share.ranks_per_link} ranks"
+            lines.append(f"    k ranks' reductions at once on one link ({where}) each run at 1 / (1 + {share.share:.3g} (k - 1)) "
+                         "of their speed alone (share)")
     if profile.has_all_to_all:
         a_f, a_b = [c.a_f for c in profile.stages], [c.a_b for c in profile.stages]
         lines.append(f"  ep link: all-to-all inside F {min(a_f):.3g}-{max(a_f):.3g} ms, inside B {min(a_b):.3g}-"

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from ..distributed.heap import keep_heap
 from ..errors import ZbError
 from ..formats.mesh import ProfileMesh, TensorParallelLink
-from ..formats.profile import Profile, Quartiles
+from ..formats.profile import LaneSharing, Profile, Quartiles
 from ..pooling import pool_profiles
 from ..runtime.identity import model_identity
 from ..runtime.p2p import P2P
@@ -51,12 +51,14 @@ from .gradients import (
     Layout,
     gradient_bytes,
     gradient_layout,
+    lane_sharing,
     measure_locally,
     measure_sharded_locally,
+    measure_sharing_locally,
     optimizer_step_ms,
-    reduction_samples,
     shard_units,
     sharded_samples,
+    sharing_samples,
     with_measured_data_parallel,
 )
 from .in_step import calibration_orders, calibration_steps, in_step_times, run_in_steps
@@ -169,8 +171,9 @@ def _reductions_locally(prof: Profile, layouts: list[Layout], steps: list[float]
                                            backend="gloo", gathers=[g for g, _ in both], slowdown=slow)
     samples, slowdown = ([[] for _ in layouts], None) if replicas == 1 else measure_locally(
         layouts, replicas, settings.repeat, settings.timeout, work, settings.warmup, settings.threads)
+    sharing = measure_sharing_locally(layouts, replicas, settings.repeat, settings.timeout, settings.threads)
     return with_measured_data_parallel(prof, replicas, samples, grads, steps, group="local", backend="gloo",
-                                       slowdown=slowdown)
+                                       slowdown=slowdown, sharing=sharing)
 
 
 def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] | None, name: str | None,
@@ -224,13 +227,15 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
             found = {s: (both[i][1], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype),
                          both[i][0], slow[i]) for i, s in enumerate(mine)}
         elif replicas is not None:
-            samples = reduction_samples([spec.stages[s] for s in mine], dp_group, settings.repeat, settings.timeout)
+            # each rank's reductions alone (its t_reduce) and every rank's at once (how they share links)
+            samples, together = sharing_samples([spec.stages[s] for s in mine], dp_group, me, ranks, settings.repeat,
+                                                settings.timeout)
             with torch.enable_grad():
                 slow = slowdown_samples([stage_pass(spec.stages[s], inputs[s]) for s in mine],
                                         [reduction_buffers(spec.stages[s], dp_group, settings.timeout) for s in mine],
                                         dp_group, settings.repeat, settings.warmup, settings.timeout, device)
             found = {s: (samples[i], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype),
-                         [], slow[i]) for i, s in enumerate(mine)}
+                         [], slow[i], together[i]) for i, s in enumerate(mine)}
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, found)
     if dist.get_rank() != 0:
@@ -246,8 +251,10 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
     pooled: dict[int, list[float]] = {}
     slowed: dict[int, list[float]] = {}
     gathered: dict[int, list[float]] = {}
+    shared: dict[int, list[float]] = {}
     for part in everyone:  # every replica timed the same collectives: pool their samples
-        for s, (got, _, _, gathers, factors) in part.items():
+        for s, (got, _, _, gathers, factors, *at_once) in part.items():
+            shared.setdefault(s, []).extend(at_once[0] if at_once else [])
             pooled.setdefault(s, []).extend(got)
             slowed.setdefault(s, []).extend(factors)
             if shard:
@@ -258,7 +265,8 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
                                        [first_of[s][2] for s in range(p)], group="torchrun",
                                        backend=str(dist.get_backend(dp_group)),
                                        slowdown=[slowed[s] for s in range(p)],
-                                       gathers=[gathered[s] for s in range(p)] if shard else None)
+                                       gathers=[gathered[s] for s in range(p)] if shard else None,
+                                       sharing=None if shard else _sharing(pooled, shared, owner, ranks, dp * tp))
 
 
 def profile_one_device(
@@ -442,6 +450,22 @@ class _RoundResult:
     host_ms: dict[str, list[float]]  # "send" / "recv" -> per boundary: host time per message (ms)
     host_stats: list[tuple[str, int, Stats]]  # (end, boundary, host times) for the warnings
     in_step: dict | None = None  # how the passes were timed in steps (the profile's measured.in_step), if they were
+
+
+def _sharing(alone: dict[int, list[float]], together: dict[int, list[float]], owner: list[int], ranks: int,
+             per_rank: int) -> LaneSharing | None:
+    """The profile's ``LaneSharing`` from each stage's reductions timed alone and with every
+    rank's at once (``sharing_samples``), the pipeline ranks on one node sharing its link: as
+    many as its processes (``LOCAL_WORLD_SIZE``) hold, ``per_rank`` processes each."""
+    node = int(os.environ.get("LOCAL_WORLD_SIZE", per_rank * ranks))
+    per_link = max(1, min(ranks, node // per_rank))
+    p = len(owner)
+    # the k-th stage of each rank reduced at once: on stage s's link, the ranks of its link holding a k-th stage
+    kth = {s: sum(1 for x in owner[:s] if x == owner[s]) for s in range(p)}
+    at_once = [sum(1 for q in range(ranks) if q // per_link == owner[s] // per_link and sum(1 for x in owner if x == q) > kth[s])
+               for s in range(p)]
+    return lane_sharing([alone[s] for s in range(p)], [together.get(s, []) for s in range(p)], at_once,
+                        None if per_link >= ranks else per_link)
 
 
 def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
