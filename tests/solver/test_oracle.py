@@ -36,7 +36,11 @@ def _tiny(seed: int):
     return random_instance(rng, FAMILIES[seed % 3], p, m, chunks, limit)
 
 
-@pytest.mark.parametrize("seed", range(24))
+# the V instances with the most combinations to enumerate (about a minute each): slow suite
+_HEAVY = {0, 9, 12}
+
+
+@pytest.mark.parametrize("seed", [pytest.param(s, marks=pytest.mark.slow) if s in _HEAVY else s for s in range(24)])
 def test_cp_oracle_equals_brute_force(seed):
     inst = _tiny(seed)
     for objective in ("span", "makespan"):
