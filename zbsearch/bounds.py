@@ -80,7 +80,7 @@ __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
     "memory_span_lower_bound", "memory_makespan_lower_bound", "memory_iteration_lower_bound", "rank_iteration_lower_bounds",
     "rank_backward_end_lower_bounds", "rank_memory_span_lower_bounds",
-    "rank_area_span_lower_bounds", "rank_deferral_span_lower_bounds", "makespan_from_spans", "rank_pairing_span_lower_bounds",
+    "rank_area_span_lower_bounds", "rank_relay_span_lower_bounds", "rank_deferral_span_lower_bounds", "makespan_from_spans", "rank_pairing_span_lower_bounds",
 ]
 
 _NEG = float("-inf")
@@ -582,50 +582,106 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
 
     Only for ranks whose memory never drops below zero per microbatch (F allocates, B and W
     free, within what F allocated); elsewhere the busy time."""
-    from ._highs import quiet_highs
-
     bc = cost.for_bounds()
-    m = num_microbatches
     preds = type_graph(bc)
     out = []
     for r in range(cost.num_ranks):
-        busy = cost.rank_busy(r, m)
-        allowed = allowance(limit[r])
-        if not _balanced_rank(bc, r) or allowed <= 0 or not math.isfinite(allowed):
-            out.append(busy)
-            continue
-        stages = cost.rank_stages(r)
-        first = earliest_starts(bc, (min(stages), Op.F), preds)
-        lag = min(first[(s, Op.B)] for s in stages)
-        # columns: T, then per stage and way of holding a microbatch, its count outside the
-        # window (n), in the window (w) and, checkpointed, in the window with its recompute
-        # pass there too (v); each a _Column
-        cols: list[_Column] = []
-        for s in stages:
-            lag_s = earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)]
-            least_f, least_b = cost.forward(s), bc.backward(s)
-            plain = min(cost.t_f[s], cost.t_ff[s]) - least_f
-            area, held = cost.m_f[s] * lag_s, lag_s + least_b
-            cols += [_Column(s, plain, area, math.inf, 0.0, False, held),
-                     _Column(s, plain, area, cost.m_f[s], -least_f, True, held)]
-            for op in cost.recompute_ops(s):
-                o = cost.offer(s, op)
-                assert o is not None
-                t_r = o.least  # before a fused or a split backward
-                extra = t_r + o.t_f - least_f
-                area, held = o.keep * lag_s + (cost.m_f[s] - o.keep) * t_r, t_r + least_b
-                cols += [_Column(s, extra, area, math.inf, 0.0, False, held),
-                         _Column(s, extra, area, o.keep, t_r - least_f, False, held),
-                         _Column(s, extra, area, cost.m_f[s], -least_f, True, held)]
         whole = whole and not (deadline is not None and time.monotonic() > deadline)
-        bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole, _whole_at_once(cost, r, m, allowed))
-        least_keep = min(min([cost.m_f[s], *(cost.offer(s, op).keep for op in cost.recompute_ops(s))])  # type: ignore[union-attr]
-                         for s in stages)
-        if least_keep > 0:
-            c = 1 + math.floor((allowed - min(cost.m_f[s] for s in stages)) / least_keep * (1 + REL_TOL))
-            in_flight = sum(m * earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)] for s in stages)
-            bound = max(bound, in_flight / max(1, c))
-        out.append(max(busy, bound))
+        out.append(_area_bound(cost, bc, preds, r, num_microbatches, allowance(limit[r]), whole, core=False))
+    return out
+
+
+def _area_bound(cost: CostModel, bc: CostModel, preds, r: int, m: int, allowed: float, whole: bool, core: bool) -> float:
+    """The bound of ``rank_area_span_lower_bounds`` on rank ``r`` (``bc``: ``cost.for_bounds()``,
+    ``preds`` its type graph). ``core``: on the rank's *core* instead of its span, from the start
+    of its first pass to the end of its last B (or BW), whose busy time leaves out the W passes
+    and where a microbatch counts as whole to the end of its B only (``rank_relay_span_lower_bounds``):
+    every fact of the program holds there as well, since every forward, recompute pass and B of
+    the rank runs in it, and a microbatch holds what the area and in-flight rows count from the
+    start of its forward to the start of its B."""
+    from ._highs import quiet_highs
+
+    stages = cost.rank_stages(r)
+    backward = (lambda s: bc.t_b[s]) if core else bc.backward
+    busy = cost.rank_busy(r, m)
+    if not _balanced_rank(bc, r) or allowed <= 0 or not math.isfinite(allowed):
+        return busy
+    if core:  # the W passes that memory lets the rank leave for after its last B run outside the core
+        busy -= _deferred_work(bc, r, allowed, m, cost) if _balanced_rank(cost, r) else m * sum(bc.t_w[s] for s in stages)
+    first = earliest_starts(bc, (min(stages), Op.F), preds)
+    lag = min(first[(s, Op.B)] for s in stages)
+    # columns: per stage and way of holding a microbatch, its count outside the window (n), in
+    # the window (w) and, checkpointed, in the window with its recompute pass there too (v)
+    cols: list[_Column] = []
+    for s in stages:
+        lag_s = earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)]
+        least_f, least_b = cost.forward(s), backward(s)
+        plain = min(cost.t_f[s], cost.t_ff[s]) - least_f
+        area, held = cost.m_f[s] * lag_s, lag_s + least_b
+        cols += [_Column(s, plain, area, math.inf, 0.0, False, held),
+                 _Column(s, plain, area, cost.m_f[s], -least_f, True, held)]
+        for op in cost.recompute_ops(s):
+            o = cost.offer(s, op)
+            assert o is not None
+            t_r = o.least  # before a fused or a split backward
+            extra = t_r + o.t_f - least_f
+            area, held = o.keep * lag_s + (cost.m_f[s] - o.keep) * t_r, t_r + least_b
+            cols += [_Column(s, extra, area, math.inf, 0.0, False, held),
+                     _Column(s, extra, area, o.keep, t_r - least_f, False, held),
+                     _Column(s, extra, area, cost.m_f[s], -least_f, True, held)]
+    bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole, _whole_at_once(cost, r, m, allowed, core))
+    least_keep = min(min([cost.m_f[s], *(cost.offer(s, op).keep for op in cost.recompute_ops(s))])  # type: ignore[union-attr]
+                     for s in stages)
+    if least_keep > 0:
+        c = 1 + math.floor((allowed - min(cost.m_f[s] for s in stages)) / least_keep * (1 + REL_TOL))
+        in_flight = sum(m * earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)] for s in stages)
+        bound = max(bound, in_flight / max(1, c))
+    return max(busy, bound)
+
+
+@_paired_floor
+def rank_relay_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float], whole: bool = True,
+                                 deadline: float | None = None) -> list[float]:
+    """Per rank, a lower bound on its span for schedules within ``limit`` from what memory makes
+    *another* rank take, over every choice of which microbatches to recompute.
+
+    A rank q's *core* runs from the start of its first pass (a forward) to the end of its last
+    B or BW. Every forward, recompute pass and B of q runs in it, and a microbatch holds what
+    the area bound counts from the start of its forward to the start of its B, which are in it
+    too; so the program of ``rank_area_span_lower_bounds`` bounds the core's length D_q, with
+    the W passes left out of the busy time and a microbatch whole to the end of its B only
+    (``_area_bound`` with ``core``). For rank r, q's first forward starts no earlier than the
+    dependency path from r's first pass to a forward of q allows, and after q's last B the
+    chain from it to r's last pass still runs: r's span is at least that release + D_q + that
+    tail, for every rank q that r's first pass reaches and whose B passes reach r's passes (q
+    itself or a rank later along the pipeline). Where q's memory, not its work, sets D_q (one
+    microbatch whole at a time, say), this is what q's memory makes r wait for, which no bound
+    of one rank sees. Only for ranks q whose memory never drops below zero per microbatch, as
+    the area bound."""
+    bc = cost.for_bounds()
+    preds = type_graph(bc)
+    m = num_microbatches
+    core: list[float | None] = []
+    for q in range(cost.num_ranks):
+        allowed = allowance(limit[q])
+        if not _balanced_rank(bc, q) or allowed <= 0 or not math.isfinite(allowed):
+            core.append(None)  # its busy time: the one-machine bounds count that already
+            continue
+        whole = whole and not (deadline is not None and time.monotonic() > deadline)
+        core.append(_area_bound(cost, bc, preds, q, m, allowed, whole, core=True))
+    out = []
+    for r in range(cost.num_ranks):
+        rel, tail = _rank_paths(bc, r, preds)
+        best = 0.0
+        for q, d in enumerate(core):
+            if d is None:
+                continue
+            theirs = cost.rank_stages(q)
+            start = min(rel[(s, Op.F)] for s in theirs)
+            end = min(tail[(s, Op.B)] for s in theirs)
+            if start > _NEG and end > _NEG:
+                best = max(best, start + d + end)
+        out.append(best)
     return out
 
 
@@ -645,14 +701,17 @@ class _Column:
     held: float  # the least time it is whole at once (see ``_whole_at_once``)
 
 
-def _whole_at_once(cost: CostModel, r: int, m: int, allowed: float) -> int | None:
+def _whole_at_once(cost: CostModel, r: int, m: int, allowed: float, core: bool = False) -> int | None:
     """The most microbatches rank ``r`` can hold whole at once (``rank_area_span_lower_bounds``),
     on the true (split) memory deltas; None where that is every one of them or memory may drop
-    below zero per microbatch."""
+    below zero per microbatch. ``core``: whole to the end of the B only, where a microbatch
+    holds all of m_f (after the pass that makes it whole and before its B or BW in the rank's
+    order: at an instant some such microbatches share, the state after the pass then running,
+    or the one before it where that is one of their B, has each of them whole)."""
     stages = cost.rank_stages(r)
     if not _balanced_rank(cost, r):
         return None
-    least = min(cost.m_f[s] + min(0.0, cost.m_b[s]) for s in stages)
+    least = min(cost.m_f[s] + (0.0 if core else min(0.0, cost.m_b[s])) for s in stages)
     room = allowed + m * len(stages) * ABS_TOL  # finished microbatches may hold -ABS_TOL each
     if least <= 0 or room / least >= m * len(stages):
         return None
