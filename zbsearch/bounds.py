@@ -80,7 +80,8 @@ __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
     "memory_span_lower_bound", "memory_makespan_lower_bound", "memory_iteration_lower_bound", "rank_iteration_lower_bounds",
     "rank_backward_end_lower_bounds", "rank_memory_span_lower_bounds",
-    "rank_area_span_lower_bounds", "rank_relay_span_lower_bounds", "rank_deferral_span_lower_bounds", "makespan_from_spans", "rank_pairing_span_lower_bounds",
+    "rank_area_span_lower_bounds", "rank_relay_span_lower_bounds", "rank_deferral_span_lower_bounds", "makespan_from_spans",
+    "rank_pairing_span_lower_bounds",
 ]
 
 _NEG = float("-inf")
@@ -829,7 +830,7 @@ def _rank_bounds(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> list[float]:
     """Per rank, the best of the bounds in this module (``quick``: all but the chain bound, the
-    area bound relaxed); where the costs offer recomputation, the memory-aware ones replaced by
+    area and relay bounds relaxed); where the costs offer recomputation, the memory-aware ones replaced by
     the area bound; where pairs may form, raised to ``rank_pairing_span_lower_bounds``."""
     out = _with_pairing(cost, num_microbatches, rank_span_lower_bounds(cost, num_microbatches))
     cost = cost.paired_floor()
@@ -841,8 +842,9 @@ def _rank_bounds(
         out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, memory))]
     if limit is not None:
         area = rank_area_span_lower_bounds(cost, num_microbatches, limit, whole=not quick, deadline=deadline)
+        relay = rank_relay_span_lower_bounds(cost, num_microbatches, limit, whole=not quick, deadline=deadline)
         deferral = rank_deferral_span_lower_bounds(cost, num_microbatches, limit)
-        out = [max(a, b, c) for a, b, c in zip(out, area, deferral)]
+        out = [max(a, b, c, d) for a, b, c, d in zip(out, area, relay, deferral)]
     return out
 
 
