@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -310,15 +311,17 @@ def rank_memory_span_lower_bounds(cost: CostModel, num_microbatches: int, limit:
     return out
 
 
-def _deferred_work(cost: CostModel, q: int, allowed: float, m: int, split: CostModel) -> float:
+def _deferred_work(cost: CostModel, q: int, allowed: float, m: int, split: CostModel, stages: list[int] | None = None) -> float:
     """Most W time (``for_bounds`` costs) rank q can leave for after its last B starts: that
     B's own W, and the W of other microbatches pending then, beside the last B's microbatch,
     whole (m_f), within ``allowed``. A W pending is a split backward's: its microbatch holds
     what the B of ``split`` (the costs before ``for_bounds`` moved W's memory into B, as a fused
     BW frees it) leaves, m_f + m_b. Whole microbatches for one stage, else a fractional
-    knapsack over its stages, an upper bound on any integer choice."""
-    stages = cost.rank_stages(q)
-    room = allowed - min(cost.m_f[s] for s in stages) + m * len(stages) * ABS_TOL  # done ones may hold -ABS_TOL
+    knapsack over its stages, an upper bound on any integer choice. ``stages``: of those stages
+    only (the last B among theirs; the other stages' microbatches hold nothing below zero)."""
+    stages = stages or cost.rank_stages(q)
+    held_any = m * len(cost.rank_stages(q)) * ABS_TOL  # done ones may hold -ABS_TOL
+    room = allowed - min(cost.m_f[s] for s in stages) + held_any
     work = max(cost.t_w[s] for s in stages)  # the last B's own W
     left = {s: m - (len(stages) == 1) for s in stages}  # one stage: the last B's microbatch is not among them
     for s in sorted(stages, key=lambda s: -cost.t_w[s] / max(split.m_f[s] + split.m_b[s], 1e-300)):
@@ -592,23 +595,27 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
     return out
 
 
-def _area_bound(cost: CostModel, bc: CostModel, preds, r: int, m: int, allowed: float, whole: bool, core: bool) -> float:
+def _area_bound(cost: CostModel, bc: CostModel, preds, r: int, m: int, allowed: float, whole: bool, core: bool,
+                stages: list[int] | None = None) -> float:
     """The bound of ``rank_area_span_lower_bounds`` on rank ``r`` (``bc``: ``cost.for_bounds()``,
     ``preds`` its type graph). ``core``: on the rank's *core* instead of its span, from the start
     of its first pass to the end of its last B (or BW), whose busy time leaves out the W passes
     and where a microbatch counts as whole to the end of its B only (``rank_relay_span_lower_bounds``):
     every fact of the program holds there as well, since every forward, recompute pass and B of
     the rank runs in it, and a microbatch holds what the area and in-flight rows count from the
-    start of its forward to the start of its B."""
+    start of its forward to the start of its B. ``stages``: with ``core``, the core of those of
+    the rank's stages only, from the first forward of one of them to the last B among them (the
+    other stages' microbatches hold nothing below zero: they only take memory)."""
     from ._highs import quiet_highs
 
-    stages = cost.rank_stages(r)
+    stages = stages or cost.rank_stages(r)
     backward = (lambda s: bc.t_b[s]) if core else bc.backward
-    busy = cost.rank_busy(r, m)
+    busy = m * sum(cost.forward(s) + cost.backward(s) for s in stages) if core else cost.rank_busy(r, m)
     if not _balanced_rank(bc, r) or allowed <= 0 or not math.isfinite(allowed):
         return busy
     if core:  # the W passes that memory lets the rank leave for after its last B run outside the core
-        busy -= _deferred_work(bc, r, allowed, m, cost) if _balanced_rank(cost, r) else m * sum(bc.t_w[s] for s in stages)
+        busy -= (_deferred_work(bc, r, allowed, m, cost, stages) if _balanced_rank(cost, r)
+                 else m * sum(bc.t_w[s] for s in stages))
     first = earliest_starts(bc, (min(stages), Op.F), preds)
     lag = min(first[(s, Op.B)] for s in stages)
     # columns: per stage and way of holding a microbatch, its count outside the window (n), in
@@ -630,7 +637,7 @@ def _area_bound(cost: CostModel, bc: CostModel, preds, r: int, m: int, allowed: 
             cols += [_Column(s, extra, area, math.inf, 0.0, False, held),
                      _Column(s, extra, area, o.keep, t_r - least_f, False, held),
                      _Column(s, extra, area, cost.m_f[s], -least_f, True, held)]
-    bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole, _whole_at_once(cost, r, m, allowed, core))
+    bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole, _whole_at_once(cost, r, m, allowed, core, stages))
     least_keep = min(min([cost.m_f[s], *(cost.offer(s, op).keep for op in cost.recompute_ops(s))])  # type: ignore[union-attr]
                      for s in stages)
     if least_keep > 0:
@@ -644,40 +651,43 @@ def _area_bound(cost: CostModel, bc: CostModel, preds, r: int, m: int, allowed: 
 def rank_relay_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float], whole: bool = True,
                                  deadline: float | None = None) -> list[float]:
     """Per rank, a lower bound on its span for schedules within ``limit`` from what memory makes
-    *another* rank take, over every choice of which microbatches to recompute.
+    another rank (or a stage of its own) take, over every choice of which microbatches to
+    recompute.
 
-    A rank q's *core* runs from the start of its first pass (a forward) to the end of its last
-    B or BW. Every forward, recompute pass and B of q runs in it, and a microbatch holds what
-    the area bound counts from the start of its forward to the start of its B, which are in it
-    too; so the program of ``rank_area_span_lower_bounds`` bounds the core's length D_q, with
-    the W passes left out of the busy time and a microbatch whole to the end of its B only
-    (``_area_bound`` with ``core``). For rank r, q's first forward starts no earlier than the
-    dependency path from r's first pass to a forward of q allows, and after q's last B the
-    chain from it to r's last pass still runs: r's span is at least that release + D_q + that
-    tail, for every rank q that r's first pass reaches and whose B passes reach r's passes (q
-    itself or a rank later along the pipeline). Where q's memory, not its work, sets D_q (one
-    microbatch whole at a time, say), this is what q's memory makes r wait for, which no bound
-    of one rank sees. Only for ranks q whose memory never drops below zero per microbatch, as
-    the area bound."""
+    Take a rank q and a set Q of its stages (all of them, or one of a V's two). Their *core*
+    runs from the start of the first forward on Q to the end of the last B (or BW) on Q. Every
+    forward, recompute pass and B on Q runs in it, and so does every W on Q but those pending
+    when that last B starts and its own, which memory caps (``_deferred_work``); a microbatch
+    holds what the area bound counts from the start of its forward to the start of its B, in the
+    core too, and is whole (all of m_f) from the pass that makes it whole to the end of its B
+    (``_whole_at_once`` with ``core``); the microbatches of q's other stages hold nothing below
+    zero. So the program of ``rank_area_span_lower_bounds`` with that busy time and those
+    whole times bounds the core's length D (``_area_bound`` with ``core``). For rank r, the core
+    starts no earlier than the dependency path from r's first pass to a forward on Q allows, and
+    after it the chain from the last B to r's last pass still runs: r's span is at least that
+    release + D + that tail, wherever r's first pass reaches every forward on Q and every B on Q
+    reaches a pass of r (q = r, or q later along the pipeline). Where q's memory, not its work,
+    sets D (one microbatch whole at a time, say), this is what q's memory makes r wait for,
+    which no bound of one rank sees. Only for ranks q whose memory never drops below zero per
+    microbatch, as the area bound."""
     bc = cost.for_bounds()
     preds = type_graph(bc)
     m = num_microbatches
-    core: list[float | None] = []
+    cores: list[tuple[list[int], float]] = []  # (stages, least core) of each rank and set of its stages
     for q in range(cost.num_ranks):
         allowed = allowance(limit[q])
         if not _balanced_rank(bc, q) or allowed <= 0 or not math.isfinite(allowed):
-            core.append(None)  # its busy time: the one-machine bounds count that already
-            continue
-        whole = whole and not (deadline is not None and time.monotonic() > deadline)
-        core.append(_area_bound(cost, bc, preds, q, m, allowed, whole, core=True))
+            continue  # its busy time: the one-machine bounds count that already
+        mine = cost.rank_stages(q)
+        for k in range(len(mine), 0, -1):
+            for subset in itertools.combinations(mine, k):
+                whole = whole and not (deadline is not None and time.monotonic() > deadline)
+                cores.append((list(subset), _area_bound(cost, bc, preds, q, m, allowed, whole, True, list(subset))))
     out = []
     for r in range(cost.num_ranks):
         rel, tail = _rank_paths(bc, r, preds)
         best = 0.0
-        for q, d in enumerate(core):
-            if d is None:
-                continue
-            theirs = cost.rank_stages(q)
+        for theirs, d in cores:
             start = min(rel[(s, Op.F)] for s in theirs)
             end = min(tail[(s, Op.B)] for s in theirs)
             if start > _NEG and end > _NEG:
@@ -702,18 +712,20 @@ class _Column:
     held: float  # the least time it is whole at once (see ``_whole_at_once``)
 
 
-def _whole_at_once(cost: CostModel, r: int, m: int, allowed: float, core: bool = False) -> int | None:
+def _whole_at_once(cost: CostModel, r: int, m: int, allowed: float, core: bool = False,
+                   stages: list[int] | None = None) -> int | None:
     """The most microbatches rank ``r`` can hold whole at once (``rank_area_span_lower_bounds``),
     on the true (split) memory deltas; None where that is every one of them or memory may drop
     below zero per microbatch. ``core``: whole to the end of the B only, where a microbatch
     holds all of m_f (after the pass that makes it whole and before its B or BW in the rank's
     order: at an instant some such microbatches share, the state after the pass then running,
-    or the one before it where that is one of their B, has each of them whole)."""
-    stages = cost.rank_stages(r)
+    or the one before it where that is one of their B, has each of them whole). ``stages``: of
+    those stages only."""
     if not _balanced_rank(cost, r):
         return None
+    stages = stages or cost.rank_stages(r)
     least = min(cost.m_f[s] + (0.0 if core else min(0.0, cost.m_b[s])) for s in stages)
-    room = allowed + m * len(stages) * ABS_TOL  # finished microbatches may hold -ABS_TOL each
+    room = allowed + m * len(cost.rank_stages(r)) * ABS_TOL  # finished microbatches may hold -ABS_TOL each
     if least <= 0 or room / least >= m * len(stages):
         return None
     return math.floor(room / least * (1 + REL_TOL))

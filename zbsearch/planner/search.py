@@ -114,9 +114,11 @@ class Cuts:
             ranks = rank_span_lower_bounds(cost, self.m)
             if limit is not None:  # the memory-aware bounds that hold for every recomputation choice
                 memory = rank_area_span_lower_bounds if cost.can_recompute else rank_memory_span_lower_bounds
+                # the relay bound's LP relaxation (a program per rank and set of its stages, several
+                # times the area bound's time in whole microbatches): a solve of the cut proves more
+                relay = rank_relay_span_lower_bounds(cost, self.m, limit, whole=False)
                 ranks = [max(a, b, c, d) for a, b, c, d in zip(ranks, memory(cost, self.m, limit),
-                                                                rank_deferral_span_lower_bounds(cost, self.m, limit),
-                                                                rank_relay_span_lower_bounds(cost, self.m, limit))]
+                                                                rank_deferral_span_lower_bounds(cost, self.m, limit), relay)]
             # each rank's work and the fill its forwards cannot cover, recompute passes counted
             ranks = [max(a, b) for a, b in zip(ranks, self.rank_bounds.of_cut(counts))]
             ev.ranks = tuple(sorted(ranks, reverse=True))
