@@ -26,7 +26,7 @@ _G = 1 / 16
 
 
 def _instance(seed: int) -> Instance:
-    """Two or three ranks (one stage each, or two ranks in a V), m = 3, times on a 1/16 grid,
+    """Two or three ranks (one stage each, m = 3; or two ranks in a V, m = 2), times on a 1/16 grid,
     W freeing most of what F allocates, recomputation on most stages, a cheaper fused backward
     on some, and a limit of 1 to 1.9 microbatches (of a profile stage) per rank."""
     rng = random.Random(seed)
@@ -44,7 +44,7 @@ def _instance(seed: int) -> Instance:
                                 m_f=1.0, m_b=m_b, m_w=-(1 + m_b), **extra))
     prof = Profile(name=f"relay-{ranks}x{chunks}", memory_unit="activations", stages=stages, t_comm=rng.randint(0, 2) * _G)
     limit = [rng.randint(32, 60) / 32 for _ in range(ranks)]
-    return Instance("relay", prof, 3, chunks, limit, "1-1.9 M_B")
+    return Instance("relay", prof, 3 if chunks == 1 else 2, chunks, limit, "1-1.9 M_B")
 
 
 def _raised(inst: Instance) -> bool:
@@ -101,3 +101,20 @@ def test_relay_bound_never_exceeds_the_optimum_and_a_wrong_variant_is_caught():
         tight += relay >= res.value * (1 - TOL)
         caught += bad > res.value * (1 + TOL)
     assert len(cases) >= 6 and tight and caught
+
+
+@pytest.mark.slow
+def test_relay_bound_of_each_rank_never_exceeds_that_ranks_least_span():
+    """Per rank (the makespan and iteration bounds build on each rank's): at or below the least
+    span of that rank over every schedule, in the idle relaxation every bound holds for."""
+    cases = [inst for inst in map(_instance, range(40)) if _raised(inst)][:4]
+    jobs, bounds_of = [], []
+    for inst in cases:
+        relay = rank_relay_span_lower_bounds(inst.cost, inst.m, inst.limit)
+        for r, b in enumerate(relay):
+            jobs.append((inst.cost, inst.m, inst.limit, "span", {"recompute": True, "fused": inst.cost.fusing_may_pay(),
+                                                                  "rank": r, "semantics": "idle"}))
+            bounds_of.append(b)
+    for b, res in zip(bounds_of, cp_optimum_many(jobs, time_limit=30, processes=2)):
+        assert res.optimal
+        assert b <= res.value * (1 + TOL), (b, res.value)
