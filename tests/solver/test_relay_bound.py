@@ -83,7 +83,8 @@ def test_relay_bound_never_exceeds_the_optimum_and_a_wrong_variant_is_caught():
     """On instances where it is above every other bound: at or below the exact optimum, equal to
     it on some. Counting every W of the later rank in its core (as if memory let none wait
     for after its last B) is wrong, and the oracle catches it."""
-    cases = [inst for inst in map(_instance, range(40)) if _raised(inst)][:10]
+    cases = [_instance(seed) for seed in (0, 1, 9, 14, 33, 35)]  # CP-SAT proves these in seconds
+    assert all(map(_raised, cases))
     results = cp_optimum_many([(i.cost, i.m, i.limit, "span", {"recompute": True, "fused": i.cost.fusing_may_pay()})
                                for i in cases], time_limit=30, processes=2)
     original = bounds._deferred_work
@@ -100,14 +101,15 @@ def test_relay_bound_never_exceeds_the_optimum_and_a_wrong_variant_is_caught():
         assert memory_span_lower_bound(inst.cost, inst.m, inst.limit) >= relay * (1 - TOL)
         tight += relay >= res.value * (1 - TOL)
         caught += bad > res.value * (1 + TOL)
-    assert len(cases) >= 6 and tight and caught
+    assert tight >= 2 and caught >= 2
 
 
 @pytest.mark.slow
 def test_relay_bound_of_each_rank_never_exceeds_that_ranks_least_span():
     """Per rank (the makespan and iteration bounds build on each rank's): at or below the least
     span of that rank over every schedule, in the idle relaxation every bound holds for."""
-    cases = [inst for inst in map(_instance, range(40)) if _raised(inst)][:4]
+    cases = [_instance(seed) for seed in (0, 1, 9, 14)]
+    assert all(map(_raised, cases))
     jobs, bounds_of = [], []
     for inst in cases:
         relay = rank_relay_span_lower_bounds(inst.cost, inst.m, inst.limit)
