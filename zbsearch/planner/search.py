@@ -2,8 +2,8 @@
 
 For a cut, ``CutEval`` holds its stage profile, its per-rank activation limit (the budget less
 parameters, gradients and optimizer state) and its *key*: the solver's quick lower bound for
-that cut under that limit (``zbsearch.bounds``: per rank, the one-machine, memory or area,
-deferral and relay bounds), valid for every schedule of the cut. The
+that cut under that limit (``zbsearch.bounds``: per rank, the one-machine, memory or area
+and deferral bounds, and with recomputation the relay bound's LP relaxation), valid for every schedule of the cut. The
 planner solves cuts in order of their key and stops once the next key reaches the best value
 found: no cut left can beat it.
 
@@ -114,9 +114,11 @@ class Cuts:
             ranks = rank_span_lower_bounds(cost, self.m)
             if limit is not None:  # the memory-aware bounds that hold for every recomputation choice
                 memory = rank_area_span_lower_bounds if cost.can_recompute else rank_memory_span_lower_bounds
-                # the relay bound's LP relaxation (a program per rank and set of its stages, several
-                # times the area bound's time in whole microbatches): a solve of the cut proves more
-                relay = rank_relay_span_lower_bounds(cost, self.m, limit, whole=False)
+                # with recomputation, the relay bound's LP relaxation too (a program per rank and set
+                # of its stages; in whole microbatches several times the area bound's time): a solve
+                # of the cut proves more
+                relay = (rank_relay_span_lower_bounds(cost, self.m, limit, whole=False) if cost.can_recompute
+                         else [0.0] * cost.num_ranks)
                 ranks = [max(a, b, c, d) for a, b, c, d in zip(ranks, memory(cost, self.m, limit),
                                                                 rank_deferral_span_lower_bounds(cost, self.m, limit), relay)]
             # each rank's work and the fill its forwards cannot cover, recompute passes counted
