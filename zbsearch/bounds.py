@@ -57,7 +57,10 @@ between its F and its B and are left out where recomputation is offered; the *ar
 long it must hold it against the limit times the span, and the recompute passes that free
 memory against the time they add. The *deferral* bound (``rank_deferral_span_lower_bounds``)
 holds either way: memory caps the W passes a rank can leave for after its last B, so the rest
-join its F and B passes in the one-machine bound across ranks.
+join its F and B passes in the one-machine bound across ranks. The *relay* bound
+(``rank_relay_span_lower_bounds``) holds either way too and reasons across ranks: the area
+bound's program on a later rank's *core* (its first forward to its last B), which a rank waits
+for between the forwards that reach that rank and the backwards that come back.
 """
 
 from __future__ import annotations

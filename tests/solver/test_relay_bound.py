@@ -108,7 +108,7 @@ def test_relay_bound_never_exceeds_the_optimum_and_a_wrong_variant_is_caught():
 def test_relay_bound_of_each_rank_never_exceeds_that_ranks_least_span():
     """Per rank (the makespan and iteration bounds build on each rank's): at or below the least
     span of that rank over every schedule, in the idle relaxation every bound holds for."""
-    cases = [_instance(seed) for seed in (0, 1, 9, 14)]
+    cases = [_instance(seed) for seed in (0, 9)]  # three ranks in a line, two in a V
     assert all(map(_raised, cases))
     jobs, bounds_of = [], []
     for inst in cases:
