@@ -27,6 +27,7 @@ m >= 2p. Memory: one W held per unit of ``lag`` beyond DualPipeV's peak.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from ..actions import Action, Op
 from ..costs import CostModel
@@ -54,17 +55,19 @@ def paired_v(cost: CostModel, m: int, lag: int = 0, ramp: bool | int = True) -> 
     return [row for row, _ in out], [pairs for _, pairs in out]
 
 
-def paired_v_candidates(problem: Problem) -> list[tuple[str, list[list[Action]], list[list[int]]]]:
+def paired_v_candidates(problem: Problem, expired: Callable[[], bool] | None = None,
+                        ) -> list[tuple[str, list[list[Action]], list[list[int]]]]:
     """The paired V schedules (name, orders, pairs) for ``problem`` within its memory limit by
     their order alone: none where its passes hold no all-to-all, its placement is not the V, m
-    is below 2p or every pass must be recomputed."""
+    is below 2p or every pass must be recomputed. The ramp depth's search stops early, with
+    the best depth so far, once ``expired()`` (None: never)."""
     c, m = problem.cost, problem.num_microbatches
     if not c.has_all_to_all or problem.recompute == "full" or m < 2 * c.num_ranks:
         return []
     if list(c.stage_to_rank) != placement(c.num_ranks, 2, "v"):
         return []
     out = []
-    for ramp in (True, False, _best_depth(problem)):
+    for ramp in (True, False, _best_depth(problem, expired)):
         for lag in _LAGS:
             if ramp is None:
                 continue
@@ -75,11 +78,11 @@ def paired_v_candidates(problem: Problem) -> list[tuple[str, list[list[Action]],
     return out
 
 
-def _best_depth(problem: Problem) -> int | None:
+def _best_depth(problem: Problem, expired: Callable[[], bool] | None) -> int | None:
     """The k in 1..p-2 whose ramp paired in its last k steps (W lag 0) is faster than the ramp
     paired in full and unpaired, within the memory limit: the span taken as unimodal in k (it
     gains while a late ramp pair hides more than its rank waits for it), found by ternary search
-    over 0..p-1 (a few simulations); None where none is faster."""
+    over 0..p-1 (a few simulations, until ``expired()``); None where none is faster."""
     c, m = problem.cost, problem.num_microbatches
     seen: dict[int, float] = {}
 
@@ -97,15 +100,17 @@ def _best_depth(problem: Problem) -> int | None:
         return seen[k]
 
     lo, hi = 0, c.num_ranks - 1  # 0: the ramp unpaired, p-1: paired in full (every rank's ramp is shorter)
-    while hi - lo > 2:
+    while hi - lo > 2 and not (expired is not None and expired()):
         a, b = lo + (hi - lo) // 3, hi - (hi - lo) // 3
         if value(a) <= value(b):
             hi = b
         else:
             lo = a
-    k = min(range(lo, hi + 1), key=value)
-    ends = min(value(0), value(c.num_ranks - 1))
-    return k if 0 < k < c.num_ranks - 1 and value(k) < ends * (1 - REL_TOL) else None
+    cut = expired is not None and expired()  # then the best depth simulated so far
+    k = min(seen, key=seen.__getitem__, default=0) if cut else min(range(lo, hi + 1), key=value)
+    if not 0 < k < c.num_ranks - 1:
+        return None
+    return k if value(k) < min(value(0), value(c.num_ranks - 1)) * (1 - REL_TOL) else None
 
 
 def _rank(p: int, m: int, r: int, lag: int, depth: int) -> tuple[list[Action], list[int]]:

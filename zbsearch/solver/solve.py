@@ -327,9 +327,10 @@ class SolveRun:
             self.report("lower bound")
 
     def paired_starts(self) -> list[tuple[str, list[list[Action]], list[list[int]]]]:
-        """The schedules built around pairs (``paired_v_candidates``), built once per solve."""
+        """The schedules built around pairs (``paired_v_candidates``), built once per solve (the
+        search for their ramp depth stops at the deadline)."""
         if self.paired is None:
-            self.paired = paired_v_candidates(self.problem)
+            self.paired = paired_v_candidates(self.problem, self.budget.expired)
         return self.paired
 
     def overlap(self, until: float) -> None:
