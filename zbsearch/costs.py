@@ -62,6 +62,7 @@ from dataclasses import dataclass, replace
 from .actions import RECOMPUTES, Action, Op
 from .errors import ZbError
 from .formats.profile import Profile, profile_misfit
+from .tolerances import EPS_MS
 
 __all__ = ["CostModel", "Recompute", "MAX_PASSES", "hidden_all_to_all"]
 
@@ -465,6 +466,22 @@ class CostModel:
         return (self.t_bw[stage] < self.t_b[stage] + self.t_w[stage] or self.t_ff[stage] < self.t_f[stage]
                 or self.m_b[stage] > 0 > self.m_w[stage]
                 or any(o.least < o.t_r for op in self.recompute_ops(stage) if (o := self.offer(stage, op))))
+
+    def fuse_pays_in_pair(self, stage: int) -> bool:
+        """Whether a BW of ``stage`` paired with a forward of its rank (plain, fused or
+        checkpointed) takes less than that forward paired with its B and then its W: a longer
+        backward hides more of the forward's all-to-all (``pair_time``), so splitting it may
+        lose where the pair is worth more than what a W filling a gap gains. False without
+        all-to-all."""
+        if not self.a_f:
+            return False
+        for f in self.rank_stages(self.stage_to_rank[stage]):
+            times = {self.t_f[f], self.t_ff[f], *(o.t_f for op in self.recompute_ops(f) if (o := self.offer(f, op)))}
+            fwd, bw, b = Action(f, Op.F, 0), Action(stage, Op.BW, 1), Action(stage, Op.B, 1)
+            split = (self.pair_time(fwd, b, t, self.t_b[stage]) + self.t_w[stage] for t in times)
+            if any(self.pair_time(fwd, bw, t, self.t_bw[stage]) < x - EPS_MS for t, x in zip(times, split)):
+                return True
+        return False
 
     def for_bounds(self) -> CostModel:
         """A split-only cost model that no schedule beats, fused BW passes included.
