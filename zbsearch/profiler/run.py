@@ -61,7 +61,7 @@ from .gradients import (
     sharing_samples,
     with_measured_data_parallel,
 )
-from .in_step import calibration_orders, calibration_steps, in_step_times, run_in_steps
+from .in_step import action_host_times, calibration_orders, calibration_steps, in_step_times, run_in_steps
 from .links import LinkModel, busy_exchange, estimate_link, exchange_plan, pingpong
 from .measure import StageMeasurement, Stats, disturbances, measure_stage
 from .settings import Settings, cpu_cores, device_name, resolve_device, resolve_dtype
@@ -412,7 +412,7 @@ def profile_distributed(
     layout = "one rank per stage" if placement is None else f"{p // world} pieces per rank, placement {owner}"
     mode = f"{layout}, {world} ranks" + ("" if together else ", in turns")
     profiles = [_assemble(spec, recorded, device, got.measured, got.t_comm, got.links, mode, name, placement, world,
-                          got.link_stats, got.host_ms, got.host_stats, got.in_step)
+                          got.link_stats, got.host_ms, got.host_stats, got.in_step, t_action=got.t_action)
                 for got in rounds if got is not None]
     if progress is not None:
         progress("done", steps * settings.rounds, steps * settings.rounds)
@@ -450,6 +450,7 @@ class _RoundResult:
     host_ms: dict[str, list[float]]  # "send" / "recv" -> per boundary: host time per message (ms)
     host_stats: list[tuple[str, int, Stats]]  # (end, boundary, host times) for the warnings
     in_step: dict | None = None  # how the passes were timed in steps (the profile's measured.in_step), if they were
+    t_action: float | None = None  # the runtime's host time per action in those steps (ms), if they ran
 
 
 def _sharing(alone: dict[int, list[float]], together: dict[int, list[float]], owner: list[int], ranks: int,
@@ -541,9 +542,13 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
     assert parts is not None  # rank 0 gathered them
     measured = {s: m for got, _, _, _ in parts for s, m in got.items()}
     in_step = None
+    t_action = None
     if orders is not None and traces is not None:
         for s, times in enumerate(in_step_times(traces, p)):
             measured[s] = dataclasses.replace(measured[s], in_step=times or None)
+        gaps = action_host_times([t for way in traces.values() for t in way])
+        action = Stats.of(gaps) if len(gaps) >= 2 else None
+        t_action = None if action is None else max(action.mean, 0.0)  # a cost: the mean, as a pass's
         in_step = {
             "how": "each pass costs its repetitions' mean times its median in the runtime's trace of these steps over "
                    "its repetitions' median; every microbatch a copy of the profiled one; the stages' quartiles are the "
@@ -551,6 +556,9 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
             "orders": [o.kind for o in orders.values()],
             "microbatches": next(iter(orders.values())).num_microbatches,
             "steps": n_steps,
+            **({} if action is None else {"t_action": action.record(), "t_action_how": (
+                "the runtime's host time between two actions of a rank whose inputs were in, over the steps' gaps; "
+                "the profile's t_action is their mean")}),
         }
     timed = {b: t for _, got, _, _ in parts for b, t in got.items()}
     # a boundary's send time pools both ends' sends (activations one way, gradients the other)
@@ -581,6 +589,7 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
         host_ms=host_ms,
         host_stats=[(end, b, st) for (end, b), st in sorted(host.items())],
         in_step=in_step,
+        t_action=t_action,
     )
 
 
@@ -640,7 +649,7 @@ def _assemble(
     spec: ModelSpec, settings: dict, device: torch.device, results: list[StageMeasurement], t_comm: list[float],
     links: dict, mode: str, name: str | None, placement: list[int] | None, ranks: int, link_stats: list[Stats | None],
     host_ms: dict[str, list[float]] | None = None, host_stats: list[tuple[str, int, Stats]] | None = None,
-    in_step: dict | None = None, units: bool = False,
+    in_step: dict | None = None, units: bool = False, t_action: float | None = None,
 ) -> Profile:
     dtype = next((q.dtype for q in spec.stages[0].parameters() if q.is_floating_point()), torch.get_default_dtype())
     return Profile(
@@ -651,6 +660,7 @@ def _assemble(
         selective=settings["selective"] if any(r.rs is not None for r in results) else None,
         t_send=host_ms["send"] if host_ms else None,
         t_recv=host_ms["recv"] if host_ms else None,
+        t_action=t_action,
         placement=placement,
         mesh=None if units else ProfileMesh(pp=ranks),  # one pipeline, whole stages (profile --tp: with_mesh)
         microbatch_size=spec.microbatch[0].shape[0] if spec.microbatch[0].dim() else None,
