@@ -6,7 +6,6 @@ trace's gaps, leaving out waits for inputs."""
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 import pytest
 from pydantic import ValidationError
