@@ -132,7 +132,14 @@ def test_host_times_are_the_gaps_before_actions_whose_inputs_were_in(seed):
     clock = [0.0, 0.0]
     events: list[TraceEvent] = []
     want: list[float] = []
+    messages: list[float] = []  # per counted gap, the host time of its messages (t_send 0.1, t_recv 0.05)
     rows = sched.rank_actions
+
+    def sends(a: Action) -> bool:  # two stages on two ranks: F of stage 0 sends on, a backward of stage 1 back
+        return (a.op is Op.F and a.stage == 0) or (a.op in (Op.B, Op.BW) and a.stage == 1)
+
+    def receives(a: Action) -> bool:
+        return (a.op is Op.F and a.stage == 1) or (a.op in (Op.B, Op.BW) and a.stage == 0)
     while any(pos[r] < len(rows[r]) for r in range(2)):
         progressed = False
         for r in range(2):
@@ -149,6 +156,7 @@ def test_host_times_are_the_gaps_before_actions_whose_inputs_were_in(seed):
             if not first and ready <= clock[r]:
                 start = clock[r] + gap
                 want.append(gap)
+                messages.append(0.1 * sends(rows[r][pos[r] - 1]) + 0.05 * receives(a))
             end = start + rng.uniform(0.5, 2.0)
             events.append(_event(a, r, start, end))
             for op in a.parts():
@@ -159,6 +167,10 @@ def test_host_times_are_the_gaps_before_actions_whose_inputs_were_in(seed):
     trace = Trace(traceEvents=events, zbsearch=TraceInfo(schedule_kind="x", num_ranks=2, num_stages=S))
     assert sorted(action_host_times([trace])) == pytest.approx(sorted(want))
     assert len(want) > 0
+    # with the messages' host time held apart, each gap less that of the messages sent and received in it
+    apart = action_host_times([trace], [0, 1], [0.1], [0.05])
+    assert sorted(apart) == pytest.approx(sorted(g - x for g, x in zip(want, messages)))
+    assert any(messages)
 
 
 def _steps_with_delay(rank, world, send, delays):

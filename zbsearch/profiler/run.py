@@ -546,9 +546,6 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
     if orders is not None and traces is not None:
         for s, times in enumerate(in_step_times(traces, p)):
             measured[s] = dataclasses.replace(measured[s], in_step=times or None)
-        gaps = action_host_times([t for way in traces.values() for t in way])
-        action = Stats.of(gaps) if len(gaps) >= 2 else None
-        t_action = None if action is None else max(action.mean, 0.0)  # a cost: the mean, as a pass's
         in_step = {
             "how": "each pass costs its repetitions' mean times its median in the runtime's trace of these steps over "
                    "its repetitions' median; every microbatch a copy of the profiled one; the stages' quartiles are the "
@@ -556,9 +553,6 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
             "orders": [o.kind for o in orders.values()],
             "microbatches": next(iter(orders.values())).num_microbatches,
             "steps": n_steps,
-            **({} if action is None else {"t_action": action.record(), "t_action_how": (
-                "the runtime's host time between two actions of a rank whose inputs were in, over the steps' gaps; "
-                "the profile's t_action is their mean")}),
         }
     timed = {b: t for _, got, _, _ in parts for b, t in got.items()}
     # a boundary's send time pools both ends' sends (activations one way, gradients the other)
@@ -581,6 +575,15 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
     # a link costs its mean one-way time, not its median: see zbsearch.profiler.links
     t_comm = [timed[b].mean if b in timed else 0.0 for b in range(p - 1)]
     host_ms = {k: [host[(k, b)].median if b in timed else 0.0 for b in range(p - 1)] for k in ("send", "recv")}
+    if in_step is not None and traces is not None:  # the runtime's host time per action, its messages' apart
+        gaps = action_host_times([t for way in traces.values() for t in way], owner, host_ms["send"], host_ms["recv"])
+        action = Stats.of(gaps) if len(gaps) >= 2 else None
+        t_action = None if action is None else max(action.mean, 0.0)  # a cost: the mean, as a pass's
+        if action is not None:
+            in_step["t_action"] = action.record()
+            in_step["t_action_how"] = ("the runtime's host time between two actions of a rank whose inputs were in, "
+                                       "over the steps' gaps, less the host time of the messages sent and received in "
+                                       "each (t_send, t_recv); the profile's t_action is their mean")
     return _RoundResult(
         measured=[measured[s] for s in range(p)],
         t_comm=t_comm,
