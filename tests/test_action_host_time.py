@@ -217,3 +217,17 @@ def test_a_known_host_time_per_action_is_measured_in_the_runtimes_steps():
     assert min(slowed) >= 0.004 * 1e3 - 0.05  # every gap holds the delay: no wait counted as host time
     extra = statistics.median(slowed) - statistics.median(base)
     assert 3.0 <= extra <= 6.0, (statistics.median(base), statistics.median(slowed))
+
+
+def test_the_profile_summary_shows_the_host_time_where_measured():
+    from rich.console import Console
+
+    from zbsearch.profiler.report import summary_table
+
+    def shown(prof: zb.Profile) -> str:
+        console = Console(width=200, record=True)
+        console.print(summary_table(prof))
+        return console.export_text()
+
+    assert "runtime host time per action 0.42 ms" in shown(updated(make_profile(2), t_action=0.42))
+    assert "host time per action" not in shown(make_profile(2))
