@@ -14,6 +14,11 @@ one model have the same size wherever the cut is.
 A message between ranks also costs each end host time (the profile's optional ``t_send`` and
 ``t_recv``, per boundary, mapped like its link time): it is added to the pass that sends or
 receives it, so the simulator, solver and bounds all see a pass as long as it holds its rank.
+Likewise the runtime's own host time per action (the profile's optional ``t_action``: handing
+outputs on, posting receives, bookkeeping between two actions) is added to every pass, F, B,
+W, BW and recompute passes alike. It is the runtime's per action, not the model's: a stage cut
+into k pieces pays it whole on each piece's passes, not 1/k of it, so a V, with twice the
+actions of one stage per rank, pays it twice as often.
 
 A fused backward (BW) costs the profile's ``t_bw`` (one autograd call, no split analysis), not
 t_b + t_w, and the forward of that microbatch costs ``t_ff``: the runtime runs it without the
@@ -192,8 +197,9 @@ class CostModel:
         mean_kept = sum(kept) / len(kept) if kept else 0.0
         # host time of messages, on the passes that send or receive them: F gets its input from
         # stage s-1 and sends to s+1; B (and BW) gets its gradient from s+1 and sends to s-1
-        fwd = [(send[s] if s < S - 1 else 0.0) + (recv[s - 1] if s else 0.0) for s in range(S)]
-        bwd = [(send[s - 1] if s else 0.0) + (recv[s] if s < S - 1 else 0.0) for s in range(S)]
+        host = profile.t_action or 0.0  # the runtime's own time per action, on every pass
+        fwd = [host + (send[s] if s < S - 1 else 0.0) + (recv[s - 1] if s else 0.0) for s in range(S)]
+        bwd = [host + (send[s - 1] if s else 0.0) + (recv[s] if s < S - 1 else 0.0) for s in range(S)]
         def recompute(s: int, selective: bool) -> Recompute | None:
             got = st[s].recompute(selective)
             if got is None:
@@ -203,15 +209,15 @@ class CostModel:
                 keep = mean_kept
             keep = keep / k if selective else keep
             rf = None if selective else st[s].t_rf
-            t_rf = None if rf is None else rf / k
-            return Recompute(t_fc / k + fwd[s], t_r / k, min(keep, st[s].m_f / k), t_rf)
+            t_rf = None if rf is None else rf / k + host
+            return Recompute(t_fc / k + fwd[s], t_r / k + host, min(keep, st[s].m_f / k), t_rf)
 
         offers = tuple((recompute(s, False), recompute(s, True)) for s in range(S))
         return cls(
             stage_to_rank=tuple(stage_to_rank),
             t_f=tuple(c.t_f / k + h for c, h in zip(st, fwd)),
             t_b=tuple(c.t_b / k + h for c, h in zip(st, bwd)),
-            t_w=tuple(c.t_w / k for c in st),
+            t_w=tuple(c.t_w / k + host for c in st),
             t_bw=tuple(c.fused_backward / k + h for c, h in zip(st, bwd)),
             t_ff=tuple(c.fused_forward / k + h for c, h in zip(st, fwd)),
             m_f=tuple(c.m_f / k for c in st),
