@@ -10,6 +10,13 @@ slows its passes by ``--slowdown`` while one of its process's reductions is in f
 emulation's ``reduce_slowdown``; 1: never), for as long as the real reduction runs.
 
 Per launch:
+  0. profile the emulated stages as ``zbsearch profile`` profiles a stage, every rank at once (they
+     sleep, so they do not compete for cores): each pass's repetitions (``measure_stage``: the
+     runtime's pass functions, autograd and the split's bookkeeping included), then the same
+     passes inside the runtime's steps (``in_step``), each pass costing its repetitions' mean
+     scaled by its median in the steps; and, from those steps' traces, the runtime's host time
+     between actions (``t_action``). The schedules are solved and predicted on these measured
+     times; the stages still sleep the given ``--times``;
   1. profile the reductions: each stage's reduction of its gradients on the real data-parallel
      group (the runtime's buckets), every rank at once, for one stage per rank and for the V's
      pieces; the profile's ``t_reduce`` is the median, the slower replica's; and, as ``zbsearch
@@ -31,6 +38,8 @@ Predictions, from the profile, of the iteration barrier to barrier:
   simulated   the simulator's timeline with its reduction lane (``zbsearch.reductions``): the
               last rank's last reduction (overlapped), or each rank's last pass then all its
               reductions (after); what ``zbsearch simulate`` predicts
+  given       the same from the given pass times, with no host time per action: what the
+              profile held before its passes were measured
   on passes   the measured passes alone (``none``) plus what the reductions add to the
               simulated timeline: this takes out the runtime's own time per pass (messages,
               waking from sleep), which the emulated profile does not hold
@@ -61,17 +70,20 @@ SOLVE_S = 6.0  # seconds per solve
 
 
 def profile(pp: int, times: list[float], chunks: int, t_reduce: list[float] | None = None,
-            slowdown: list[float] | None = None, sharing=None, dp: int = 2) -> zb.Profile:
+            slowdown: list[float] | None = None, sharing=None, dp: int = 2, measured: dict | None = None) -> zb.Profile:
     """Equal emulated stages (ms), no link time (local processes): one per rank, or the V's
     pieces (half a stage each, measured for the V placement); ``t_reduce`` and ``slowdown``
     (``reduce_slowdown``) per stage or piece; ``sharing`` (``LaneSharing``), how the ranks'
-    reductions slow each other on this host."""
+    reductions slow each other on this host; ``measured``: the pass times measured per stage or
+    piece (``stages``: t_f, t_b, t_w, t_bw, t_ff each) and the runtime's host time per action
+    (``t_action``), which replace the given times (None: the given times, no host time)."""
     from zbsearch.layout import placement
 
     t_f, t_b, t_w = (t / chunks for t in times)
     st = zb.StageCost(t_f=t_f, t_b=t_b, t_w=t_w, m_f=1.0 / chunks, m_b=-0.6 / chunks, m_w=-0.4 / chunks)
-    stages = [st if t_reduce is None else st.model_copy(update={"t_reduce": t_reduce[s], "t_opt": 0.0})
-              for s in range(pp * chunks)]
+    stages = [st if measured is None else st.model_copy(update=measured["stages"][s]) for s in range(pp * chunks)]
+    if t_reduce is not None:
+        stages = [c.model_copy(update={"t_reduce": t_reduce[s], "t_opt": 0.0}) for s, c in enumerate(stages)]
     if slowdown is not None:
         stages = [c.model_copy(update={"reduce_slowdown": f if f > 1.0 else None}) for c, f in zip(stages, slowdown)]
     extra = {}
@@ -79,6 +91,8 @@ def profile(pp: int, times: list[float], chunks: int, t_reduce: list[float] | No
         from zbsearch.formats.profile import DataParallel
 
         extra["data_parallel"] = DataParallel(replicas=dp, how="measured", group="local", backend="gloo", sharing=sharing)
+    if measured is not None:
+        extra["t_action"] = measured["t_action"]
     return zb.Profile(name=f"emulated-p{pp}" + ("-v" if chunks == 2 else ""), memory_unit="activations", stages=stages,
                       placement=placement(pp, 2, "v") if chunks == 2 else None, **extra)
 
@@ -120,6 +134,54 @@ def predict(sched: zb.Schedule) -> dict:
             "overlapped_full_speed_ms": max(full_speed.finish), "overlapped_no_sharing_ms": max(alone.finish)}
 
 
+PASSES = ("t_f", "t_b", "t_w", "t_bw", "t_ff")
+
+
+def _measure_passes(stages: dict, owner: list[int], pp_group, reps: int):
+    """This rank's emulated stages measured as ``zbsearch profile`` measures a stage, the ranks of
+    the pipeline at once: each pass's repetitions, then the pipeline's calibration steps
+    (``in_step``). Returns this rank's {stage: StageMeasurement} and, on the pipeline's rank 0,
+    the steps' traces (None elsewhere)."""
+    import torch
+
+    from zbsearch.profiler.in_step import calibration_orders, calibration_steps, run_in_steps
+    from zbsearch.profiler.measure import measure_stage
+    from zbsearch.runtime import emulated_loss
+
+    last = len(owner) - 1
+    x, target = torch.zeros(1, 16), torch.zeros(1, 16)
+    got = {}
+    for s, module in stages.items():
+        post = (lambda out: emulated_loss(out, target)) if s == last else None
+        got[s] = measure_stage(module, (x.clone().requires_grad_(s > 0),), post, torch.device("cpu"), 3, reps)
+    orders = calibration_orders(owner)
+    assert orders is not None  # one stage per rank, or the V
+    traces = run_in_steps(orders, stages, (x,) if 0 in stages else (), emulated_loss, target,
+                          calibration_steps(reps, orders), group=pp_group, device=torch.device("cpu"), timeout=300.0,
+                          keep_heap=False)
+    return got, traces
+
+
+def _measured(parts: list, P: int) -> dict:
+    """The measured profile's times from every rank's (replica, ``_measure_passes``): per stage,
+    each replica's measurement costed as ``zbsearch profile`` costs it (``StageMeasurement.cost``,
+    with the in-step times of that replica's steps), the replicas' mean; ``t_action``: the mean
+    host time between actions over every replica's steps (``in_step.action_host_times``)."""
+    import dataclasses
+
+    from zbsearch.profiler.in_step import action_host_times, in_step_times
+
+    steps = {replica: in_step_times(traces, P) for replica, _, traces in parts if traces is not None}
+    gaps = [g for _, _, traces in parts if traces is not None
+            for g in action_host_times([t for way in traces.values() for t in way])]
+    out = []
+    for s in range(P):
+        costs = [dataclasses.replace(got[s], in_step=steps[replica][s] or None).cost()
+                 for replica, got, _ in parts if s in got]
+        out.append({key: statistics.fmean(getattr(c, key) for c in costs) for key in PASSES})
+    return {"stages": out, "t_action": statistics.fmean(gaps)}
+
+
 def _reductions_alone_and_together(stages: dict, dp_group, me: int, pp: int, reps: int) -> dict[int, tuple[list, list]]:
     """Each of this rank's stages' reductions (the runtime's buckets) timed alone, the other
     pipeline ranks waiting, and with every rank reducing its k-th stage at once (ms), as
@@ -157,24 +219,28 @@ def worker(rank, world, send, cfg: dict) -> dict | None:
     me = mesh["pp"].get_local_rank()
     dp_group = mesh["dp_replicate"].get_group()
 
-    def mine(prof: zb.Profile, stage_to_rank: list[int]) -> dict:
-        """This rank's emulated stages, slowed as the emulated device is (``--slowdown``)."""
+    def mine(stage_to_rank: list[int]) -> dict:
+        """This rank's emulated stages, sleeping the given times, slowed as the emulated device is (``--slowdown``)."""
         chunks = len(stage_to_rank) // pp
+        prof = profile(pp, cfg["times"], chunks)
         device = [cfg["slowdown"]] * prof.num_stages
         emulated = prof.model_copy(update={"stages": [c.model_copy(update={"reduce_slowdown": f if f > 1.0 else None})
                                                       for c, f in zip(prof.stages, device)]})
         stages = emulated_stages(emulated, stage_to_rank, bytes_per_unit=UNIT, grad_bytes=cfg["grad_mb"] * 2**20 / chunks)
         return {s: stages[s] for s in range(len(stage_to_rank)) if stage_to_rank[s] == me}
 
-    # 1. the reductions' profile, on the data-parallel groups: their times, then how much they slow the passes
-    alone, slowed = {}, {}
+    # 0. the passes' profile, each replica's pipeline at once; 1. the reductions' profile, on the
+    # data-parallel groups: their times, then how much they slow the passes
+    alone, slowed, passes = {}, {}, {}
+    replica = mesh["dp_replicate"].get_local_rank()
     for chunks in (1, 2):
-        prof = profile(pp, cfg["times"], chunks)
-        stages = mine(prof, prof.placement or list(range(pp)))
+        owner = profile(pp, cfg["times"], chunks).placement or list(range(pp))
+        stages = mine(owner)
+        passes[chunks] = (replica, *_measure_passes(stages, owner, mesh["pp"].get_group(), cfg["pass_reps"]))
         alone[chunks] = _reductions_alone_and_together(stages, dp_group, me, pp, cfg["profile_reps"])
         slowed[chunks] = _slowdown_alone(stages, dp_group, cfg["profile_reps"])
     everyone: list = [None] * world
-    dist.all_gather_object(everyone, (alone, slowed))
+    dist.all_gather_object(everyone, (alone, slowed, passes))
     # 2. the schedules, solved on rank 0
     box: list = [None]
     if rank == 0:
@@ -187,7 +253,8 @@ def worker(rank, world, send, cfg: dict) -> dict | None:
                                                   or [1.0])) for s in range(P)]
             sharing = lane_sharing([[x for a, _ in got for x in a] for got in timed],
                                    [[x for _, t in got for x in t] for got in timed], [pp] * P, None)
-            profs[chunks] = profile(pp, cfg["times"], chunks, t_reduce, factors, sharing, cfg["dp"])
+            measured = _measured([part[2][chunks] for part in everyone], P)
+            profs[chunks] = profile(pp, cfg["times"], chunks, t_reduce, factors, sharing, cfg["dp"], measured)
         box[0] = [s.model_dump_json() for s in schedules(profs[1], profs[2], cfg["m"])]
     dist.broadcast_object_list(box, src=0)
     scheds = [zb.Schedule.model_validate_json(s) for s in box[0]]
@@ -196,7 +263,7 @@ def worker(rank, world, send, cfg: dict) -> dict | None:
         return torch.zeros(cfg["m"], 16), torch.zeros(cfg["m"], 16), emulated_loss
 
     # 3. the replays
-    got = mesh_replay(mesh, scheds, lambda s: mine(s.profile, s.stage_to_rank), batch, cfg["iters"], warmup=cfg["warmup"])
+    got = mesh_replay(mesh, scheds, lambda s: mine(s.stage_to_rank), batch, cfg["iters"], warmup=cfg["warmup"])
     after_runs: list = [None] * world
     dist.all_gather_object(after_runs, {k: v["reduction_stage_ms"] for k, v in got.items()})
     if rank != 0:
@@ -216,18 +283,24 @@ def worker(rank, world, send, cfg: dict) -> dict | None:
 
 def run(pp: int, args) -> dict:
     cfg = {"pp": pp, "dp": args.dp, "m": args.m, "grad_mb": args.grad_mb, "times": args.times, "iters": args.iters,
-           "warmup": args.warmup, "profile_reps": args.profile_reps, "slowdown": args.slowdown}
+           "warmup": args.warmup, "profile_reps": args.profile_reps, "slowdown": args.slowdown,
+           "pass_reps": args.pass_reps}
     load = os.getloadavg()
     t0 = time.perf_counter()
     res = launch(worker, pp * args.dp, cfg)
     rows = {}
     print(f"PP{pp} x DP{args.dp}, m={args.m}, {args.grad_mb:g} MiB of gradients per rank, passes {args.times} ms")
-    print(f"{'schedule':15} {'reduce':>6} {'sim pass':>8} {'passes':>7} {'sim over':>8} {'on pass':>8} {'overlap':>8} "
-          f"{'err sim':>7} {'err pass':>8} {'after':>7} {'err':>6}")
+    print(f"{'schedule':15} {'reduce':>6} {'given':>7} {'sim pass':>8} {'passes':>7} {'sim over':>8} {'on pass':>8} "
+          f"{'overlap':>8} {'err sim':>7} {'err pass':>8} {'after':>7} {'err':>6}")
     for kind, doc in res.items():
         sched = zb.Schedule.model_validate_json(doc["schedule"])
         cost = zb.CostModel.from_profile(sched.profile, sched.stage_to_rank)
         pred = predict(sched)
+        given = profile(pp, args.times, sched.num_stages // pp)  # the times the stages sleep, no host time
+        given_prof = sched.profile.model_copy(update={"t_action": None, "stages": [
+            c.model_copy(update={"t_f": g.t_f, "t_b": g.t_b, "t_w": g.t_w, "t_bw": None, "t_ff": None})
+            for c, g in zip(sched.profile.stages, given.stages)]})
+        pred_given = predict(sched.model_copy(update={"profile": given_prof}))
         over, after = statistics.median(doc["overlapped_ms"]), statistics.median(doc["after_ms"])
         none = statistics.median(doc["none_ms"])
         on_passes_over = none + pred["overlapped_ms"] - pred["passes_ms"]
@@ -239,6 +312,10 @@ def run(pp: int, args) -> dict:
             "reduction_per_rank_ms": per_rank, "t_reduce_ms": list(cost.t_reduce),
             "reduction_alone_after_ms": doc["reduction_alone_after_ms"], "tail_after_last_w_ms": pred["tail_ms"],
             "simulated_passes_ms": pred["passes_ms"], "simulated_overlapped_ms": pred["overlapped_ms"],
+            "t_action_ms": sched.profile.t_action or 0.0,
+            "measured_pass_ms": {k: statistics.fmean(getattr(c, k) for c in sched.profile.stages) for k in PASSES},
+            "given_passes_ms": pred_given["passes_ms"], "given_overlapped_ms": pred_given["overlapped_ms"],
+            "overlapped_vs_given": over / pred_given["overlapped_ms"] - 1,
             "simulated_after_ms": pred["after_ms"], "simulated_iteration_ms": max(sched.predicted.iteration),
             "slowdown": [c.reduce_slowdown or 1.0 for c in sched.profile.stages],
             "simulated_overlapped_full_speed_ms": pred["overlapped_full_speed_ms"],
@@ -261,7 +338,8 @@ def run(pp: int, args) -> dict:
             "in_step_vs_profiled": statistics.fmean(x.measured_ms / x.predicted_ms for x in in_step) - 1,
         }
         rows[kind] = row
-        print(f"{kind:15} {per_rank:6.1f} {pred['passes_ms']:8.1f} {none:7.1f} {pred['overlapped_ms']:8.1f} "
+        print(f"{kind:15} {per_rank:6.1f} {pred_given['overlapped_ms']:7.1f} {pred['passes_ms']:8.1f} {none:7.1f} "
+              f"{pred['overlapped_ms']:8.1f} "
               f"{on_passes_over:8.1f} {over:8.1f} {row['overlapped_vs_simulated']:+7.1%} "
               f"{row['overlapped_vs_on_passes']:+8.1%} {after:7.1f} {row['after_vs_on_passes']:+6.1%}", flush=True)
     return {"pp": pp, "world": pp * args.dp, "schedules": rows, "load_average_before": load,
@@ -279,6 +357,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--profile-reps", type=int, default=5, help="timed reductions per stage for the profile")
+    ap.add_argument("--pass-reps", type=int, default=10, help="timed repetitions per pass for the passes' profile")
     ap.add_argument("--slowdown", type=float, default=1.0,
                     help="how much slower the emulated passes run while a reduction of their process is in flight")
     ap.add_argument("-o", "--output", default="data_parallel")
@@ -287,6 +366,7 @@ def main() -> None:
     runs = [run(pp, args) for pp in args.pp]
     save({"pp": args.pp, "dp": args.dp, "m": args.m, "grad_mb": args.grad_mb, "times_ms": args.times,
           "iters": args.iters, "warmup": args.warmup, "profile_reps": args.profile_reps, "solve_s": SOLVE_S,
+          "pass_reps": args.pass_reps,
           "slowdown": args.slowdown,
           "runs": runs, "wall_s": time.perf_counter() - t0}, args.output)
 

@@ -16,11 +16,15 @@ Per schedule (DualPipeV with and without its overlapped pairs, ZB-V, 1F1B; m = `
      and as a BW (``t_ff``, ``t_bw``), the all-to-all inside F and B, and a pair (an F on a thread
      while another microbatch's B runs, as the runtime runs one) against the two alone: the
      stage's ``pair_exposed``. The profile takes the first expert peer's medians, as the
-     profiler takes its group's first process's. Nothing else is calibrated: the passes' own
-     overhead is in their times as the profiler would see it, and the runtime's work between
-     passes (messages, its loop) is in no profile and so in no prediction;
+     profiler takes its group's first process's. Then, as ``zbsearch profile`` under torchrun
+     does (``zbsearch.profiler.in_step``), the stages run a few calibration steps of the
+     runtime (1F1B, or ZB-V's order on the V; split and fused; every expert peer's pipeline at
+     once, so their all-to-all meet): each pass costs its median in those steps where they
+     timed it, and the runtime's host time between actions there is the profile's
+     ``t_action``;
   2. predict: the simulator's makespan on that profile (what ``zbsearch simulate`` predicts),
-     and, to show what the measured share does, the same with ``pair_exposed`` left out;
+     and, to show what the measured share does, the same with ``pair_exposed`` left out; and
+     the makespan on the profile without the steps (passes timed alone, no ``t_action``);
   3. measure: ``--iters`` steps after ``--warmup``, barrier to barrier; median; and each step's
      trace, whose passes are compared with the profile kind by kind (``compare_pass_times``,
      what ``zbsearch simulate --measured`` shows): where a prediction misses, they say whether
@@ -140,6 +144,7 @@ def _worker(rank: int, world: int, send, texts: list[str], iters: int, warmup: i
         profiled = {s: asdict(r) for s, r in zip(held, got)}
         fused = {s: _fused_times(mine[s], x, groups.backward, rounds) for s, x in zip(held, inputs)}
         loss = (lambda out, y: out.sum() * 0) if sched.num_stages - 1 in mine else None
+        calibration = _calibration_steps(sched.stage_to_rank, mine, mesh["pp"].get_group(), rounds)
         times, traces = [], []
         with PipelineRuntime(sched, mine, loss, mesh=mesh, timeout=120, check_model=False) as rt:
             x = torch.zeros(ROWS * sched.num_microbatches, 256)
@@ -154,8 +159,22 @@ def _worker(rank: int, world: int, send, texts: list[str], iters: int, warmup: i
                     if trace is not None:
                         traces.append(trace.model_dump_json())
         out.append({"kind": sched.kind, "ep_rank": groups.rank, "profiled": profiled, "fused": fused, "iteration_ms": times,
-                    "traces": traces})
+                    "traces": traces, "calibration": calibration})
     return out
+
+
+def _calibration_steps(owner: list[int], mine: dict, group, rounds: int) -> dict[str, list[str]] | None:
+    """The profiler's calibration steps (``in_step``) of this rank's stages on its pipeline:
+    their traces as JSON per order on the pipeline's rank 0 (None elsewhere)."""
+    from zbsearch.profiler.in_step import calibration_orders, calibration_steps, run_in_steps
+
+    orders = calibration_orders(owner)
+    assert orders is not None  # one stage per rank, or the V
+    x = torch.zeros(ROWS, 256)
+    got = run_in_steps(orders, mine, (x,) if 0 in mine else (), lambda out, y: out.sum() * 0, x,
+                       calibration_steps(rounds, orders), group=group, device=torch.device("cpu"), timeout=120.0,
+                       keep_heap=False)
+    return None if got is None else {way: [t.model_dump_json() for t in traces] for way, traces in got.items()}
 
 
 def _fused_times(stage: nn.Module, x: tuple, group, rounds: int) -> tuple[float, float]:
@@ -182,26 +201,38 @@ def _fused_times(stage: nn.Module, x: tuple, group, rounds: int) -> tuple[float,
     return statistics.median(ff), statistics.median(bw)
 
 
-def _profile(got: list, i: int, num_stages: int) -> zb.Profile:
+def _profile(got: list, i: int, num_stages: int, steps: bool = True) -> zb.Profile:
     """Schedule ``i``'s profile: per stage, the first expert peer's medians, as ``zbsearch profile
-    --ep`` takes its group's first process's."""
+    --ep`` takes its group's first process's; with ``steps``, each pass at its median in that
+    peer's calibration steps where they timed it, and their host time per action (``t_action``:
+    the mean gap, as the profiler takes it)."""
+    from zbsearch.formats.trace import Trace
+    from zbsearch.profiler.in_step import action_host_times, in_step_times
     from zbsearch.profiler.pairs import PairRounds
 
     rounds: dict[int, PairRounds] = {}
     fused: dict[int, tuple[float, float]] = {}
+    calibration = None
     for per_rank in got:
         if per_rank[i]["ep_rank"] == 0:
             rounds.update({int(s): PairRounds(**r) for s, r in per_rank[i]["profiled"].items()})
             fused.update({int(s): tuple(f) for s, f in per_rank[i]["fused"].items()})
+            if per_rank[i]["calibration"] is not None:
+                calibration = {way: [Trace.model_validate_json(t) for t in ts] for way, ts in per_rank[i]["calibration"].items()}
+    in_step = in_step_times(calibration, num_stages) if steps and calibration else [{} for _ in range(num_stages)]
+    gaps = action_host_times([t for ts in calibration.values() for t in ts]) if steps and calibration else []
     stages = []
     for s in range(num_stages):
         r, (t_ff, t_bw) = rounds[s], fused[s]
         t_f, t_b, t_w = (statistics.median(x) for x in (r.t_f, r.t_b, r.t_w))
+        timed = {k: st.median for k, st in in_step[s].items()}
+        t_f, t_b, t_w = timed.get("t_f", t_f), timed.get("t_b", t_b), timed.get("t_w", t_w)
+        t_ff, t_bw = timed.get("t_ff", t_ff), timed.get("t_bw", t_bw)
         stages.append(zb.StageCost(t_f=t_f, t_b=t_b, t_w=t_w, t_ff=t_ff, t_bw=t_bw, m_f=1, m_b=-0.5, m_w=-0.5,
                                    a_f=min(statistics.median(r.a_f), t_f, t_ff),
                                    a_b=min(statistics.median(r.a_b), t_b, t_bw), pair_exposed=r.exposed))
     return zb.Profile(name="moe-emulated", memory_unit="activations", stages=stages,
-                      mesh=ProfileMesh(pp=num_stages, ep=EP))
+                      mesh=ProfileMesh(pp=num_stages, ep=EP), t_action=statistics.fmean(gaps) if gaps else None)
 
 
 def _predict(sched: zb.Schedule, prof: zb.Profile) -> tuple[float, bool]:
@@ -271,6 +302,7 @@ def main() -> None:
     for i, sched in enumerate(scheds):
         prof = _profile(got, i, sched.num_stages)
         predicted, priced = _predict(sched, prof)
+        alone = _predict(sched, _profile(got, i, sched.num_stages, steps=False))[0]
         rule = _predict(sched, prof.model_copy(update={"stages": [c.model_copy(update={"pair_exposed": None})
                                                                   for c in prof.stages]}))[0]
         measured = _median_step(got, i, args.iters)
@@ -281,13 +313,15 @@ def main() -> None:
         pairs = sum(len(r) for r in sched.overlapped or [])
         rows.append({"kind": sched.kind, "pairs": pairs, "profile": prof.model_dump(mode="json", exclude_none=True),
                      "predicted_ms": predicted, "pairs_priced": priced, "predicted_fully_hidden_ms": rule,
+                     "predicted_passes_alone_ms": alone, "t_action_ms": prof.t_action or 0.0,
+                     "vs_passes_alone": measured / alone - 1,
                      "measured_ms": measured, "vs_predicted": measured / predicted - 1,
                      "iteration_ms": [max(per_rank[i]["iteration_ms"][k] for per_rank in got) for k in range(args.iters)],
                      "pass_ratio": passes, "busy_predicted_ms": list(tl.busy),
                      "busy_measured_ms": _rank_busy(traces, sched.num_ranks)})
         e = [c.pair_exposed for c in prof.stages if c.pair_exposed is not None]
         print(f"{sched.kind:18s} pairs {pairs:2d}  pair_exposed {min(e, default=0):.2f}-{max(e, default=0):.2f}  "
-              f"predicted {predicted:7.1f} (fully hidden {rule:7.1f})  measured {measured:7.1f}  "
+              f"predicted {predicted:7.1f} (fully hidden {rule:7.1f}, passes alone {alone:7.1f})  measured {measured:7.1f}  "
               f"({measured / predicted - 1:+.1%})  passes " + " ".join(f"{k} {v:.2f}" for k, v in passes.items()), flush=True)
     doc = {"pp": PP, "ep": EP, "m": args.m, "iters": args.iters, "warmup": args.warmup, "payload_kib": args.payload_kib,
            "rounds": args.rounds, "compute_ms": COMPUTE, "seconds": round(time.time() - t0, 1),

@@ -204,17 +204,25 @@ def moe_run(docs: list[dict]) -> list[str]:
            "with the runtime's split passes, the forward and fused backward of a BW (`t_ff`, `t_bw`), the all-to-all "
            "inside F and B, and a pair (F on a thread while another "
            "microbatch's B runs) against the two alone, which gives the stage's `pair_exposed`; the profile is the "
-           "first expert peer's medians. Nothing else is calibrated. Then "
+           "first expert peer's medians. "
+           + ("Then, as `zbsearch profile` does under torchrun, the stages run the profiler's calibration steps of the "
+              "runtime (1F1B, or ZB-V's order on the V; split and fused, every expert peer's pipeline at once): each "
+              "pass costs its median in those steps, and the runtime's host time between two actions there (its mean "
+              "gap where the next action's inputs were in) is the profile's `t_action`, added to every pass. "
+              if any("t_action_ms" in r for r in doc["rows"]) else "Nothing else is calibrated. ") + "Then "
            f"{doc['iters']} steps after {doc['warmup']} of warm-up, barrier to barrier; median (± half the interquartile "
            "range)." + (f" Load average {lb[0]:.1f} when the run started." if lb else ""), "",
            "- *predicted*: the simulator's makespan on that profile (what `zbsearch simulate` predicts); *fully "
-           "hidden*: the same with `pair_exposed` left out (the cost rule before it was measured).",
+           "hidden*: the same with `pair_exposed` left out (the cost rule before it was measured)"
+           + ("; *passes alone*: the same from the passes timed alone, without the steps and `t_action` (measured vs)."
+              if any("t_action_ms" in r for r in doc["rows"]) else "."),
            "- *passes measured / profiled*: from the runtime's trace of each timed step, each kind of pass's time "
            "against the profile's (`zbsearch simulate --measured`), over every rank and replica; a pair is one block. "
            "*busy*: per pipeline rank, the time its passes held it in a step, predicted and traced (a pair counted once): "
            "what the measured iteration has beyond it is waits and the runtime's own work between passes.",
            ""]
     body, errs = [], []
+    steps = all("t_action_ms" in r for r in doc["rows"])
     for r in doc["rows"]:
         st = r["profile"]["stages"]
         shares = [x.get("pair_exposed") for x in st if x.get("pair_exposed") is not None]
@@ -224,19 +232,26 @@ def moe_run(docs: list[dict]) -> list[str]:
         body.append([_kind(r["kind"]), str(r["pairs"]),
                      f"{st[0]['t_f']:.1f} / {st[0]['a_f']:.1f} / {st[0]['t_b']:.1f} / {st[0]['a_b']:.1f}",
                      f"{min(shares):.2f}-{max(shares):.2f}" if shares else "-",
-                     f"{r['predicted_fully_hidden_ms']:.1f}" if r["pairs"] else "-",
-                     f"{r['predicted_ms']:.1f}", f"{r['measured_ms']:.1f} ±{(q[2] - q[0]) / 2 / r['measured_ms']:.0%}",
+                     f"{r['predicted_fully_hidden_ms']:.1f}" if r["pairs"] else "-"]
+                    + ([f"{r['predicted_passes_alone_ms']:.1f} ({r['vs_passes_alone']:+.1%})", f"{r['t_action_ms']:.2f}"]
+                       if steps else [])
+                    + [f"{r['predicted_ms']:.1f}", f"{r['measured_ms']:.1f} ±{(q[2] - q[0]) / 2 / r['measured_ms']:.0%}",
                      f"{r['vs_predicted']:+.1%}",
                      ", ".join(f"{k} {v:.2f}" for k, v in r["pass_ratio"].items())]
                     + ([" / ".join(f"{p:.0f}→{m:.0f}" for p, m in zip(r["busy_predicted_ms"], r["busy_measured_ms"]))]
                        if "busy_measured_ms" in r else []))
     out += _table(["schedule", "pairs", "stage 0 t_f / a_f / t_b / a_b (ms)", "pair_exposed (stages)",
-                   "predicted, fully hidden (ms)", "predicted (ms)", "measured (ms)", "measured vs predicted",
+                   "predicted, fully hidden (ms)"] + (["passes alone (measured vs)", "t_action (ms)"] if steps else [])
+                  + ["predicted (ms)", "measured (ms)", "measured vs predicted",
                    "passes measured / profiled"] + (["busy per rank, predicted→traced (ms)"]
                                                     if all("busy_measured_ms" in r for r in doc["rows"]) else []), body)
     out += [f"- {sum(e <= 0.05 for e in errs)} of {len(errs)} schedules within 5% of the prediction; largest "
-            f"|measured / predicted - 1| {max(errs):.1%} (target 5%: {'met' if max(errs) <= 0.05 else 'not met'}).", ""]
-    return out
+            f"|measured / predicted - 1| {max(errs):.1%} (target 5%: {'met' if max(errs) <= 0.05 else 'not met'})."]
+    if steps:
+        alone = [abs(r["vs_passes_alone"]) for r in doc["rows"]]
+        out += [f"- From the passes timed alone (no steps, no `t_action`): {sum(e <= 0.05 for e in alone)} of {len(alone)} "
+                f"within 5%; largest {max(alone):.1%}."]
+    return out + [""]
 
 
 def header(title: str, command: str, sources: list[Source], duration: str) -> list[str]:
@@ -1120,7 +1135,12 @@ def data_parallel(docs: list[dict]) -> list[str]:
            "started at its last W or BW (± half the interquartile range of its rounds); *after*: no mesh, the same "
            "reductions (same buckets) after `step()`.",
            "- *simulated*: the simulator's iteration from the profile, reduction lane included (what `zbsearch simulate` "
-           "predicts); *on passes*: the measured passes plus what the reductions add to the simulated timeline.",
+           "predicts); *on passes*: the measured passes plus what the reductions add to the simulated timeline."
+           + (" The profile's passes are measured as `zbsearch profile` measures a stage (repetitions, then the "
+              "runtime's calibration steps: each pass its repetitions' mean scaled by its median in the steps), and "
+              "its `t_action` is the runtime's host time between two actions in those steps, added to every pass; "
+              "*given*: the simulator's iteration from the given pass times without `t_action` (measured vs)."
+              if "pass_reps" in doc else ""),
            "- *reductions in step vs profiled*: in the last overlapped step (the runtime's trace of replica 0), how much "
            "longer each reduction took than the profile says, mean over the ranks' stages.", ""]
     slowed = "slowdown" in doc
@@ -1146,7 +1166,10 @@ def data_parallel(docs: list[dict]) -> list[str]:
             if base is not None and kind != "1f1b":
                 gain = (f"{r['measured_overlapped_ms'] - base['measured_overlapped_ms']:+.1f} / "
                         f"{r['simulated_overlapped_ms'] - base['simulated_overlapped_ms']:+.1f}")
-            body.append([_kind(kind), f"{r['reduction_per_rank_ms']:.1f}",
+            measured_passes = "given_overlapped_ms" in r
+            body.append([_kind(kind), f"{r['reduction_per_rank_ms']:.1f}"]
+                        + ([f"{r['given_overlapped_ms']:.1f} ({r['overlapped_vs_given']:+.1%})", f"{r['t_action_ms']:.2f}"]
+                           if measured_passes else []) + [
                          f"{r['simulated_passes_ms']:.1f} / {r['measured_passes_ms']:.1f}",
                          f"{r['measured_overlapped_ms']:.1f} ±{_half_iqr(r['overlapped_runs_ms']):.0%}",
                          f"{r['simulated_overlapped_ms']:.1f} ({r['overlapped_vs_simulated']:+.1%})",
@@ -1162,7 +1185,9 @@ def data_parallel(docs: list[dict]) -> list[str]:
             worst_sim = max(worst_sim, abs(r["overlapped_vs_simulated"]))
             worst_pass = max(worst_pass, abs(r["overlapped_vs_on_passes"]))
             worst_after = max(worst_after, abs(r["after_vs_on_passes"]))
-        out += _table(["schedule", "reductions per rank", "passes simulated / measured", "overlapped measured",
+        out += _table(["schedule", "reductions per rank"]
+                      + (["given (measured vs)", "t_action (ms)"] if "pass_reps" in doc else [])
+                      + ["passes simulated / measured", "overlapped measured",
                        "simulated (measured vs)", "on passes (measured vs)", "after measured (vs on passes)",
                        "reductions in step vs profiled", "vs 1F1B measured / simulated"]
                       + (["slowdown", "at full speed (measured vs)"] if slowed else [])
@@ -1171,6 +1196,9 @@ def data_parallel(docs: list[dict]) -> list[str]:
              for run in doc["runs"] for r in run["schedules"].values()]
     runtime = [r["passes_vs_simulated"] for run in doc["runs"] for r in run["schedules"].values()]
     errs = [abs(r["overlapped_vs_on_passes"]) for run in doc["runs"] for r in run["schedules"].values()]
+    sims = [abs(r["overlapped_vs_simulated"]) for run in doc["runs"] for r in run["schedules"].values()]
+    given = [abs(r["overlapped_vs_given"]) for run in doc["runs"] for r in run["schedules"].values()
+             if "overlapped_vs_given" in r]
     full = [abs(r["overlapped_vs_on_passes_full_speed"]) for run in doc["runs"] for r in run["schedules"].values()
             if "overlapped_vs_on_passes_full_speed" in r]
     alone = [abs(r["overlapped_vs_on_passes_no_sharing"]) for run in doc["runs"] for r in run["schedules"].values()
@@ -1183,9 +1211,13 @@ def data_parallel(docs: list[dict]) -> list[str]:
                f"{max(full):.1%}."] if slowed else []),
             *([f"- With no sharing (share 0): {sum(e <= 0.05 for e in alone)} of {len(errs)} within 5%; largest "
                f"{max(alone):.1%}."] if shared else []),
-            f"- Against the simulator alone: {worst_sim:.1%}; the passes alone ran {min(runtime):+.0%} to "
-            f"{max(runtime):+.0%} against their simulation (the runtime's own time per pass, which the emulated "
-            "profile does not hold).", ""]
+            *([f"- Against the simulator alone (the profile's prediction): {sum(e <= 0.05 for e in sims)} of {len(sims)} "
+               f"within 5%; largest {worst_sim:.1%}; the passes alone ran {min(runtime):+.1%} to {max(runtime):+.1%} "
+               f"against their simulation. From the given times: {sum(e <= 0.05 for e in given)} of {len(given)} within "
+               f"5%; largest {max(given):.1%}."] if given else
+              [f"- Against the simulator alone: {worst_sim:.1%}; the passes alone ran {min(runtime):+.0%} to "
+               f"{max(runtime):+.0%} against their simulation (the runtime's own time per pass, which the emulated "
+               "profile does not hold)."]), ""]
     return out
 
 

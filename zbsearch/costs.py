@@ -14,6 +14,11 @@ one model have the same size wherever the cut is.
 A message between ranks also costs each end host time (the profile's optional ``t_send`` and
 ``t_recv``, per boundary, mapped like its link time): it is added to the pass that sends or
 receives it, so the simulator, solver and bounds all see a pass as long as it holds its rank.
+Likewise the runtime's own host time per action (the profile's optional ``t_action``: handing
+outputs on, posting receives, bookkeeping between two actions) is added to every pass, F, B,
+W, BW and recompute passes alike. It is the runtime's per action, not the model's: a stage cut
+into k pieces pays it whole on each piece's passes, not 1/k of it, so a V, with twice the
+actions of one stage per rank, pays it twice as often.
 
 A fused backward (BW) costs the profile's ``t_bw`` (one autograd call, no split analysis), not
 t_b + t_w, and the forward of that microbatch costs ``t_ff``: the runtime runs it without the
@@ -62,6 +67,7 @@ from dataclasses import dataclass, replace
 from .actions import RECOMPUTES, Action, Op
 from .errors import ZbError
 from .formats.profile import Profile, profile_misfit
+from .tolerances import EPS_MS
 
 __all__ = ["CostModel", "Recompute", "MAX_PASSES", "hidden_all_to_all"]
 
@@ -191,8 +197,9 @@ class CostModel:
         mean_kept = sum(kept) / len(kept) if kept else 0.0
         # host time of messages, on the passes that send or receive them: F gets its input from
         # stage s-1 and sends to s+1; B (and BW) gets its gradient from s+1 and sends to s-1
-        fwd = [(send[s] if s < S - 1 else 0.0) + (recv[s - 1] if s else 0.0) for s in range(S)]
-        bwd = [(send[s - 1] if s else 0.0) + (recv[s] if s < S - 1 else 0.0) for s in range(S)]
+        host = profile.t_action or 0.0  # the runtime's own time per action, on every pass
+        fwd = [host + (send[s] if s < S - 1 else 0.0) + (recv[s - 1] if s else 0.0) for s in range(S)]
+        bwd = [host + (send[s - 1] if s else 0.0) + (recv[s] if s < S - 1 else 0.0) for s in range(S)]
         def recompute(s: int, selective: bool) -> Recompute | None:
             got = st[s].recompute(selective)
             if got is None:
@@ -202,15 +209,15 @@ class CostModel:
                 keep = mean_kept
             keep = keep / k if selective else keep
             rf = None if selective else st[s].t_rf
-            t_rf = None if rf is None else rf / k
-            return Recompute(t_fc / k + fwd[s], t_r / k, min(keep, st[s].m_f / k), t_rf)
+            t_rf = None if rf is None else rf / k + host
+            return Recompute(t_fc / k + fwd[s], t_r / k + host, min(keep, st[s].m_f / k), t_rf)
 
         offers = tuple((recompute(s, False), recompute(s, True)) for s in range(S))
         return cls(
             stage_to_rank=tuple(stage_to_rank),
             t_f=tuple(c.t_f / k + h for c, h in zip(st, fwd)),
             t_b=tuple(c.t_b / k + h for c, h in zip(st, bwd)),
-            t_w=tuple(c.t_w / k for c in st),
+            t_w=tuple(c.t_w / k + host for c in st),
             t_bw=tuple(c.fused_backward / k + h for c, h in zip(st, bwd)),
             t_ff=tuple(c.fused_forward / k + h for c, h in zip(st, fwd)),
             m_f=tuple(c.m_f / k for c in st),
@@ -465,6 +472,22 @@ class CostModel:
         return (self.t_bw[stage] < self.t_b[stage] + self.t_w[stage] or self.t_ff[stage] < self.t_f[stage]
                 or self.m_b[stage] > 0 > self.m_w[stage]
                 or any(o.least < o.t_r for op in self.recompute_ops(stage) if (o := self.offer(stage, op))))
+
+    def fuse_pays_in_pair(self, stage: int) -> bool:
+        """Whether a BW of ``stage`` paired with a forward of its rank (plain, fused or
+        checkpointed) takes less than that forward paired with its B and then its W: a longer
+        backward hides more of the forward's all-to-all (``pair_time``), so splitting it may
+        lose where the pair is worth more than what a W filling a gap gains. False without
+        all-to-all."""
+        if not self.a_f:
+            return False
+        for f in self.rank_stages(self.stage_to_rank[stage]):
+            times = {self.t_f[f], self.t_ff[f], *(o.t_f for op in self.recompute_ops(f) if (o := self.offer(f, op)))}
+            fwd, bw, b = Action(f, Op.F, 0), Action(stage, Op.BW, 1), Action(stage, Op.B, 1)
+            split = (self.pair_time(fwd, b, t, self.t_b[stage]) + self.t_w[stage] for t in times)
+            if any(self.pair_time(fwd, bw, t, self.t_bw[stage]) < x - EPS_MS for t, x in zip(times, split)):
+                return True
+        return False
 
     def for_bounds(self) -> CostModel:
         """A split-only cost model that no schedule beats, fused BW passes included.

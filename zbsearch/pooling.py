@@ -67,6 +67,9 @@ def pool_profiles(profiles: Sequence[Profile]) -> Profile:
     for name, how in (("t_comm", statistics.fmean), ("t_send", statistics.median), ("t_recv", statistics.median)):
         if getattr(first, name) is not None:
             update[name] = [how([p.comm(b, name) for p in profiles]) for b in range(first.num_stages - 1)]
+    actions = [p.t_action for p in profiles if p.t_action is not None]
+    if actions:  # the runtime's host time per action: the rounds' median, as the messages'
+        update["t_action"] = statistics.median(actions)
     if first.measured is not None and all(p.measured is not None for p in profiles):
         update["measured"] = _pool_measured(profiles)
         if ways is not None:

@@ -191,12 +191,14 @@ def test_profiling_on_two_ranks_takes_the_pass_times_from_steps(kind):
     prof = zb.Profile.model_validate_json(run_local(_two_ranks, 2, kind, timeout=300)[0])
     assert prof.measured is not None
     if kind == "off":
+        assert prof.t_action is None  # no steps ran: no host time per action measured
         assert "in_step" not in (prof.measured.model_extra or {})
         assert all(st.in_step is None for st in prof.measured.stages)
         return
     how = (prof.measured.model_extra or {})["in_step"]
     assert how["microbatches"] == 4 and how["steps"] >= 2
     assert how["orders"][0].startswith("zb-v" if kind == "v" else "1f1b")
+    assert prof.t_action is not None and prof.t_action == pytest.approx(max(how["t_action"]["mean"], 0.0))
     for cost, spread in zip(prof.stages, prof.measured.stages):
         assert spread.in_step is not None and set(spread.in_step) == set(IN_STEP_KEYS)
         for key in IN_STEP_KEYS:

@@ -33,13 +33,15 @@ def test_paired_v_valid_with_every_pair_past_the_warm_up(seed):
     place = placement(p, 2, "v")
     cost = CostModel.from_profile(prof, place)
     for lag in (0, 1):
-        for ramp in (True, False):
+        for ramp in (True, False, *range(p)):
             rows, pairs = paired_v(cost, m, lag, ramp)
             sched = Schedule.build("paired-v", prof, m, place, rows, overlapped=pairs)
             assert find_problem(sched) is None, (seed, lag, ramp)
             # (the validator checks every pass runs once) every rank pairs all but its warm-up (2m - 2p
-            # pairs), and with the ramp unpaired, all but its p-1-r ramp steps too
-            assert [len(p_) for p_ in pairs] == [2 * m - 2 * p - (0 if ramp else p - 1 - r) for r in range(p)], (seed, lag)
+            # pairs), and all but its unpaired ramp steps (p-1-r of them with the ramp unpaired, none
+            # paired in full, those before its last k with k)
+            depth = (p if ramp else 0) if isinstance(ramp, bool) else ramp
+            assert [len(p_) for p_ in pairs] == [2 * m - 2 * p - max(0, p - 1 - r - depth) for r in range(p)], (seed, lag)
 
 
 @pytest.mark.parametrize("p", [3, 4, 6])
@@ -64,6 +66,21 @@ def test_paired_v_unpaired_ramp_waits_less(p):
     a, b = simulate(paired, cost, pp), simulate(plain, cost, pq)
     assert max(b.span) < max(a.span)
     assert max(b.peak_memory) <= max(a.peak_memory) + 1e-9
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (6, 12), (8, 16)])
+def test_a_ramp_paired_in_its_last_steps_offered_where_it_is_faster(p, m):
+    # at 40% all-to-all a late ramp pair hides more than its rank waits for it: the candidate with
+    # the ramp paired in its last k steps is offered exactly when some k beats both ends, and the
+    # one offered is the fastest k (each k simulated here apart from the search for it; 0: unpaired, p-1: in full)
+    cost = CostModel.from_profile(_uniform(p, 0.4), placement(p, 2, "v"))
+    spans = {k: max(simulate(rows, cost, pairs).span) for k in range(p) for rows, pairs in [paired_v(cost, m, 0, k)]}
+    best = min(range(1, p - 1), key=spans.get)
+    offered = [n for n, _, _ in paired_v_candidates(Problem.make(cost, m)) if "last" in n]
+    if spans[best] < min(spans[0], spans[p - 1]) - 1e-9:
+        assert offered == [f"paired v (W lag {lag}, ramp paired in its last {best} steps)" for lag in (0, 1)], spans
+    else:
+        assert offered == [], spans
 
 
 def test_paired_v_offered_only_where_it_applies():

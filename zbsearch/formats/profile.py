@@ -30,6 +30,9 @@ time (``pair_exposed``, measured by the profiler on the expert group; older file
 Per boundary between stages: ``t_comm``, the link's latency (it occupies neither rank), and
 optionally ``t_send`` / ``t_recv``, the host time a message takes from the rank at each end
 (older files lack them: 0).
+Optionally ``t_action``: the runtime's own host time per action on a rank, outside the passes
+(handing outputs on, posting receives, bookkeeping between two actions), measured in the
+runtime's steps; it does not shrink when a stage is cut into pieces (older files lack it: 0).
 Optionally, the mesh the costs hold for (``mesh``, ``zbsearch.formats.mesh``): at
 tensor-parallel degree ``tp`` every time and byte is one rank's of the stage's tensor-parallel
 group; older files lack it: one pipeline at degree 1.
@@ -380,6 +383,9 @@ class Profile(BaseModel):
     # Unlike t_comm this time is the rank's own: it delays the rank's next pass. Absent: 0.
     t_send: float | list[float] | None = None
     t_recv: float | list[float] | None = None
+    # The runtime's own host time per action (ms), outside the passes: between one action's end
+    # and the next one's start on a rank whose inputs are in. Absent: 0.
+    t_action: float | None = None
     memory_capacity: list[float] | None = None
     # written by the profiler; absent from hand-written and paper profiles
     device: str | None = None
@@ -464,7 +470,7 @@ class Profile(BaseModel):
         """Whether the iteration has work beside the passes (a stage's reduction, gather or optimizer step)."""
         return any((c.t_reduce or 0) > 0 or (c.t_gather or 0) > 0 or (c.t_opt or 0) > 0 for c in self.stages)
 
-    @field_validator("t_comm", "t_send", "t_recv")
+    @field_validator("t_comm", "t_send", "t_recv", "t_action")
     @classmethod
     def _comm_nonneg(cls, v: float | list[float] | None) -> float | list[float] | None:
         values = [] if v is None else v if isinstance(v, list) else [v]
@@ -553,9 +559,10 @@ class Profile(BaseModel):
     __str__ = __repr__
 
     def compute_only(self) -> Profile:
-        """This profile without the host time of messages (``t_send``, ``t_recv``): what the
-        passes themselves take, as a runtime trace times them and emulated stages sleep."""
-        return self.model_copy(update={"t_send": None, "t_recv": None})
+        """This profile without the host time of messages (``t_send``, ``t_recv``) and of the
+        runtime's actions (``t_action``): what the passes themselves take, as a runtime trace
+        times them and emulated stages sleep."""
+        return self.model_copy(update={"t_send": None, "t_recv": None, "t_action": None})
 
 
 # Shipped inside the package (package data), so a wheel install has them too.

@@ -16,6 +16,13 @@ repetitions' mean scaled by its median in the steps over its median in the repet
 (``StageMeasurement.cost``): a few steps' passes are few samples, and a median resists a burst
 of load on them. The repetitions' times stay recorded beside the steps'. The orders are built
 from uniform placeholder costs, so every rank derives the same ones without talking.
+
+The same traces time the runtime's own work between passes (``action_host_times``): on a rank
+whose next action's inputs had all been produced by the time its previous action ended, the
+gap between the two is the runtime's host time (handing the outputs on, posting receives,
+bookkeeping), not a wait. Less the host time of the messages sent and received in that gap,
+which the profile holds apart (``t_send``, ``t_recv``, timed through the same message path),
+their mean is the profile's ``t_action``, which the cost model adds to every pass.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from torch import nn
 
 from ..actions import Action, Op
 from ..classic import build_classic
+from ..dependencies import action_predecessor_types, remote_input, remote_outputs
 from ..formats.profile import Profile, StageCost
 from ..formats.schedule import Schedule
 from ..formats.trace import Trace
@@ -36,7 +44,7 @@ from ..layout import placement as layout_placement
 from ..runtime import PipelineRuntime
 from .measure import Stats
 
-__all__ = ["IN_STEP_KEYS", "calibration_orders", "in_step_times", "run_in_steps"]
+__all__ = ["IN_STEP_KEYS", "action_host_times", "calibration_orders", "in_step_times", "run_in_steps"]
 
 # the profile's pass times a calibration step measures: which order, which op
 IN_STEP_KEYS = {"t_f": ("split", Op.F), "t_b": ("split", Op.B), "t_w": ("split", Op.W),
@@ -129,6 +137,45 @@ def in_step_times(traces: dict[str, list[Trace]], num_stages: int) -> list[dict[
             if len(samples) >= 2:
                 row[key] = Stats.of(samples)
         out.append(row)
+    return out
+
+
+def action_host_times(traces: Sequence[Trace], stage_to_rank: Sequence[int] | None = None,
+                      t_send: Sequence[float] = (), t_recv: Sequence[float] = ()) -> list[float]:
+    """The runtime's host time between actions in ``traces`` (ms): on each rank, the gap before
+    every action but its first whose inputs had all been produced (by the traces' ends, on any
+    rank) when its previous action ended, so that nothing but the runtime held the rank. A pass
+    run in an overlapped pair starts with its partner: it gives no gap. With the placement
+    ``stage_to_rank`` and the host time per message at each boundary (``t_send``, ``t_recv``,
+    as the profile holds them), each gap less those of the messages its previous action sent
+    and its action received across ranks: what the cost model charges apart."""
+    def messages(before: Action, a: Action) -> float:
+        if stage_to_rank is None:
+            return 0.0
+        owner = list(stage_to_rank)
+        sent = sum(t_send[t.boundary] for t in remote_outputs(before, owner) if t.boundary < len(t_send))
+        got = remote_input(a, owner)
+        return sent + (t_recv[got.boundary] if got is not None and got.boundary < len(t_recv) else 0.0)
+
+    out: list[float] = []
+    for trace in traces:
+        rows = trace.rank_events()
+        stages = getattr(trace.zbsearch, "num_stages", None) or 1 + max((ev.args.stage for row in rows for ev in row), default=0)
+        done: dict[tuple[int, Op, int], float] = {}  # basic pass -> its end, ms
+        for row in rows:
+            for ev in row:
+                for op in ev.action.parts():
+                    done[(ev.action.stage, op, ev.action.mb)] = (ev.ts + ev.dur) / 1e3
+        for row in rows:
+            for before, ev in zip(row, row[1:]):
+                prev, start = (before.ts + before.dur) / 1e3, ev.ts / 1e3
+                if start < prev:  # an overlapped pair's second pass
+                    continue
+                a = ev.action
+                ready = max((done.get((s, op, a.mb), math.inf) for s, op in action_predecessor_types(a.stage, a.op, stages)),
+                            default=0.0)
+                if ready <= prev:
+                    out.append(start - prev - messages(before.action, a))
     return out
 
 

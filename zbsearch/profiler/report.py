@@ -42,8 +42,8 @@ def summary_table(profile: Profile) -> Group:
     """Per stage: the pass times (T_FF: the forward before a fused backward, T_BW that backward)
     and their spread (the widest half interquartile range of F, B and W, relative to the
     median), memory, boundary size and link time (with the host time a message costs the
-    sender and the receiver, where measured); then the profiler's warnings about disturbed
-    measurements."""
+    sender and the receiver, where measured); the runtime's host time per action where measured;
+    then the profiler's warnings about disturbed measurements."""
     measured = profile.measured
     spread: list[StageSpread | None] = list(measured.stages) if measured and measured.stages else [None] * profile.num_stages
     sizes = measured.boundary_bytes if measured else []
@@ -61,8 +61,9 @@ def summary_table(profile: Profile) -> Group:
         )
     # Below the table rather than as its caption: a long caption would squeeze the columns.
     selective = f"; selective recomputation: {profile.selective}" if profile.selective else ""
+    action = f"; runtime host time per action {profile.t_action:.3g} ms" if profile.t_action else ""
     where = Text(f"{profile.device or '?'}, {profile.dtype or '?'}, {profile.mode or '?'}; "
-                 f"links {profile.links.method if profile.links else '?'}{selective}", style="dim")
+                 f"links {profile.links.method if profile.links else '?'}{selective}{action}", style="dim")
     warnings = [Text(f"warning: {w}", style="yellow") for w in (measured.warnings if measured else [])]
     mesh = [Text(line, style="dim") for line in mesh_summary(profile)]
     return Group(t, where, *mesh, *_first_stage_w(profile, spread[0]), *warnings)

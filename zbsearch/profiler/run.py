@@ -61,7 +61,7 @@ from .gradients import (
     sharing_samples,
     with_measured_data_parallel,
 )
-from .in_step import calibration_orders, calibration_steps, in_step_times, run_in_steps
+from .in_step import action_host_times, calibration_orders, calibration_steps, in_step_times, run_in_steps
 from .links import LinkModel, busy_exchange, estimate_link, exchange_plan, pingpong
 from .measure import StageMeasurement, Stats, disturbances, measure_stage
 from .settings import Settings, cpu_cores, device_name, resolve_device, resolve_dtype
@@ -412,7 +412,7 @@ def profile_distributed(
     layout = "one rank per stage" if placement is None else f"{p // world} pieces per rank, placement {owner}"
     mode = f"{layout}, {world} ranks" + ("" if together else ", in turns")
     profiles = [_assemble(spec, recorded, device, got.measured, got.t_comm, got.links, mode, name, placement, world,
-                          got.link_stats, got.host_ms, got.host_stats, got.in_step)
+                          got.link_stats, got.host_ms, got.host_stats, got.in_step, t_action=got.t_action)
                 for got in rounds if got is not None]
     if progress is not None:
         progress("done", steps * settings.rounds, steps * settings.rounds)
@@ -450,6 +450,7 @@ class _RoundResult:
     host_ms: dict[str, list[float]]  # "send" / "recv" -> per boundary: host time per message (ms)
     host_stats: list[tuple[str, int, Stats]]  # (end, boundary, host times) for the warnings
     in_step: dict | None = None  # how the passes were timed in steps (the profile's measured.in_step), if they were
+    t_action: float | None = None  # the runtime's host time per action in those steps (ms), if they ran
 
 
 def _sharing(alone: dict[int, list[float]], together: dict[int, list[float]], owner: list[int], ranks: int,
@@ -541,6 +542,7 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
     assert parts is not None  # rank 0 gathered them
     measured = {s: m for got, _, _, _ in parts for s, m in got.items()}
     in_step = None
+    t_action = None
     if orders is not None and traces is not None:
         for s, times in enumerate(in_step_times(traces, p)):
             measured[s] = dataclasses.replace(measured[s], in_step=times or None)
@@ -573,6 +575,15 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
     # a link costs its mean one-way time, not its median: see zbsearch.profiler.links
     t_comm = [timed[b].mean if b in timed else 0.0 for b in range(p - 1)]
     host_ms = {k: [host[(k, b)].median if b in timed else 0.0 for b in range(p - 1)] for k in ("send", "recv")}
+    if in_step is not None and traces is not None:  # the runtime's host time per action, its messages' apart
+        gaps = action_host_times([t for way in traces.values() for t in way], owner, host_ms["send"], host_ms["recv"])
+        action = Stats.of(gaps) if len(gaps) >= 2 else None
+        t_action = None if action is None else max(action.mean, 0.0)  # a cost: the mean, as a pass's
+        if action is not None:
+            in_step["t_action"] = action.record()
+            in_step["t_action_how"] = ("the runtime's host time between two actions of a rank whose inputs were in, "
+                                       "over the steps' gaps, less the host time of the messages sent and received in "
+                                       "each (t_send, t_recv); the profile's t_action is their mean")
     return _RoundResult(
         measured=[measured[s] for s in range(p)],
         t_comm=t_comm,
@@ -581,6 +592,7 @@ def _round(ctx: _RoundContext, r: int) -> _RoundResult | None:
         host_ms=host_ms,
         host_stats=[(end, b, st) for (end, b), st in sorted(host.items())],
         in_step=in_step,
+        t_action=t_action,
     )
 
 
@@ -640,7 +652,7 @@ def _assemble(
     spec: ModelSpec, settings: dict, device: torch.device, results: list[StageMeasurement], t_comm: list[float],
     links: dict, mode: str, name: str | None, placement: list[int] | None, ranks: int, link_stats: list[Stats | None],
     host_ms: dict[str, list[float]] | None = None, host_stats: list[tuple[str, int, Stats]] | None = None,
-    in_step: dict | None = None, units: bool = False,
+    in_step: dict | None = None, units: bool = False, t_action: float | None = None,
 ) -> Profile:
     dtype = next((q.dtype for q in spec.stages[0].parameters() if q.is_floating_point()), torch.get_default_dtype())
     return Profile(
@@ -651,6 +663,7 @@ def _assemble(
         selective=settings["selective"] if any(r.rs is not None for r in results) else None,
         t_send=host_ms["send"] if host_ms else None,
         t_recv=host_ms["recv"] if host_ms else None,
+        t_action=t_action,
         placement=placement,
         mesh=None if units else ProfileMesh(pp=ranks),  # one pipeline, whole stages (profile --tp: with_mesh)
         microbatch_size=spec.microbatch[0].shape[0] if spec.microbatch[0].dim() else None,

@@ -33,7 +33,10 @@ into a gap, are longer ones), and every candidate is timed by ASAP simulation.
 * Where the passes hold all-to-all (``CostModel.has_all_to_all``) and the caller takes pairs
   (``local_search_paired``), a move also pairs a forward with the backward of another
   microbatch right after it into one overlapped pair (``CostModel.pair_time``), pulls the
-  next backward up to just after a forward and pairs them, or unpairs a pair. A move that
+  next backward up to just after a forward and pairs them, or unpairs a pair; where a BW
+  hides more in a pair than its B with its W after (``CostModel.fuse_pays_in_pair``), a move
+  also fuses a backward and pairs it in one step (or splits one and unpairs it): a BW that pays
+  only inside a pair is found though neither step pays alone. A move that
   separates a pair's passes unpairs it; a pair whose backward waits for its own forward
   deadlocks and is discarded.
 * ``deadline`` (time.monotonic()) is checked between simulations: an expired one returns the
@@ -103,8 +106,9 @@ class _Model:
             self.lane = [[([k for k, a in enumerate(self.actions) if a.stage == s and a.op in (Op.B, Op.W)], c.t_reduce[s])
                           for s in c.rank_stages(r)] for r in range(c.num_ranks)]
             self.opt = [sum(c.t_opt[s] for s in c.rank_stages(r)) for r in range(c.num_ranks)]
-        # stages where a backward may be fused or split (CostModel.fusing_may_pay, per stage)
-        self.choice = frozenset(s for s in range(S) if c.fuse_saves(s))
+        # stages where a backward may be fused or split (CostModel.fusing_may_pay, per stage;
+        # with pairs, also where a BW hides more in a pair: CostModel.fuse_pays_in_pair)
+        self.choice = frozenset(s for s in range(S) if c.fuse_saves(s) or (self.pairing and c.fuse_pays_in_pair(s)))
         # stages where a move may recompute or not (with "full", none: every forward is)
         self.recompute = {s: c.recompute_ops(s) for s in range(S)} if problem.recompute == "auto" else {}
         self.any_recompute = any(self.recompute.values())
@@ -244,6 +248,42 @@ class _Model:
             new = row if j == i + 1 else _moved(row, j, i + 1)
             if new is row or max(_prefix(mem, new), default=0.0) <= limit:
                 out.append((new, pairs | {k}))
+        return out
+
+    def fuse_pair_moves(self, row: list[int], pairs: Pairs, i: int, state: State, limit: float,
+                        reach: int) -> list[tuple[list[int], State, Pairs]]:
+        """Fusing or splitting the backward at row[i] together with re-pairing it, for a BW that
+        pays only inside a pair (or a B + W only outside one), where neither step alone
+        shortens the schedule: each toggle (``toggles``) with the backward unpaired where it
+        was paired, or where it was free, paired with a free forward of another microbatch
+        within ``reach`` before it (the backward pulled up to just after it, or the forward
+        pushed down to just before it); each within the memory limit and the rank's own
+        dependencies."""
+        b = row[i]
+        if self.actions[b].op is not Op.B or self.actions[b].stage not in self.choice:
+            return []
+        paired_by = next((row[j - 1] for j in (i,) if j > 0 and row[j - 1] in pairs), None)
+        out: list[tuple[list[int], State, Pairs]] = []
+        for cand, new in self.toggles(row, i, state, limit, reach):
+            if paired_by is not None:
+                out.append((cand, new, pairs - {paired_by}))
+                continue
+            _, mem = self.costs(new)
+            at = cand.index(b)
+            held = set(pairs) | {cand[j + 1] for j in range(len(cand) - 1) if cand[j] in pairs}
+            for q in range(max(0, at - reach), at):
+                f = cand[q]
+                if f in held or not self.pairable(f, b):
+                    continue
+                between = set(cand[q + 1:at])
+                moved = []
+                if not self.before[b] & between:
+                    moved.append(_moved(cand, at, q + 1))  # the backward up to just after the forward
+                if at > q + 1 and not self.after[f] & between:
+                    moved.append(_moved(cand, q, at - 1))  # the forward down to just before the backward
+                for row2 in moved:
+                    if max(_prefix(mem, row2), default=0.0) <= limit:
+                        out.append((row2, new, pairs | {f}))
         return out
 
     def targets(self, row: list[int], i: int, prefix: list[float], limit: float, reach: int, mem: list[float]) -> list[int]:
@@ -415,7 +455,8 @@ def _search(problem: Problem, rows: list[list[Action]], pairs: list[list[int]] |
     while not spent() and best_score[0] > target:
         improved, tried = False, used
         moves = [(r, i, 0) for r in range(R) for i in range(len(cur[r]))]
-        moves += [(r, i, 1) for r, i, _ in moves if toggling] + [(r, i, 2) for r, i, _ in moves if model.pairing]
+        moves += ([(r, i, 1) for r, i, _ in moves if toggling] + [(r, i, 2) for r, i, _ in moves if model.pairing]
+                  + [(r, i, 3) for r, i, _ in moves if model.pairing and model.choice])
         rng.shuffle(moves)  # positions on a rank shift as moves are kept: still valid ones
         prefixes = [_prefix(cur_mem, row) for row in cur]
         for r, i, kind in moves:
@@ -427,6 +468,8 @@ def _search(problem: Problem, rows: list[list[Action]], pairs: list[list[int]] |
             elif kind == 2:  # pair the forward at i, or unpair it
                 near, limit = min(reach, _PAIR_REACH), model.allowed[r]
                 cands = [(row, cur_fused, ps) for row, ps in model.pair_moves(cur[r], cur_pairs, i, limit, near, cur_mem)]
+            elif kind == 3:  # fuse or split the backward at i and pair or unpair it in one step
+                cands = model.fuse_pair_moves(cur[r], cur_pairs, i, cur_fused, model.allowed[r], min(reach, _PAIR_REACH))
             else:
                 cands = [(_moved(cur[r], i, j), cur_fused, cur_pairs)
                          for j in model.targets(cur[r], i, prefixes[r], model.allowed[r], reach, cur_mem)]

@@ -1314,23 +1314,8 @@ def _split(rows: list[list[Action]], stages: set[int] | None = None) -> list[lis
 def _choice_stages(cost: CostModel) -> set[int]:
     """The stages where fusing a backward may pay under ``cost``: ``CostModel.fuse_saves``, or
     where the passes hold all-to-all, a fused backward hiding more in an overlapped pair than its
-    B does with its W after (``_fuse_pairs_better``)."""
-    return {s for s in range(cost.num_stages) if cost.fuse_saves(s) or _fuse_pairs_better(cost, s)}
-
-
-def _fuse_pairs_better(cost: CostModel, s: int) -> bool:
-    """Whether a BW of stage s paired with a forward of its rank (plain, fused or checkpointed)
-    takes less than that forward paired with its B and then its W: a longer backward hides more
-    of the forward's all-to-all (``CostModel.pair_time``), so splitting it may lose."""
-    if not cost.has_all_to_all:
-        return False
-    for f in cost.rank_stages(cost.stage_to_rank[s]):
-        times = {cost.t_f[f], cost.t_ff[f], *(o.t_f for op in cost.recompute_ops(f) if (o := cost.offer(f, op)))}
-        fwd, bw, b = Action(f, Op.F, 0), Action(s, Op.BW, 1), Action(s, Op.B, 1)
-        for t in times:
-            if cost.pair_time(fwd, bw, t, cost.t_bw[s]) < cost.pair_time(fwd, b, t, cost.t_b[s]) + cost.t_w[s] - EPS_MS:
-                return True
-    return False
+    B does with its W after (``CostModel.fuse_pays_in_pair``)."""
+    return {s for s in range(cost.num_stages) if cost.fuse_saves(s) or cost.fuse_pays_in_pair(s)}
 
 
 def _model_form(tl: Timeline, offers: dict[int, tuple[Op, ...]]) -> Timeline:

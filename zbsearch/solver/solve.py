@@ -162,6 +162,7 @@ class SolveRun:
     sim_s: float = 0.0  # the longest simulation seen
     built: dict[str, tuple[list[list[Action]], Timeline | None]] = field(default_factory=dict)  # classic, by kind
     overlapped: list[list[int]] | None = None  # the best schedule's overlapped pairs (``overlap``, at the end)
+    paired: list[tuple[str, list[list[Action]], list[list[int]]]] | None = None  # ``paired_starts``, once built
 
     # ---- what engines use ----------------------------------------------------------------
 
@@ -327,6 +328,13 @@ class SolveRun:
             self.hit_limit |= b.now() > deadline  # its slow part left out, or not finished within its share
             self.report("lower bound")
 
+    def paired_starts(self) -> list[tuple[str, list[list[Action]], list[list[int]]]]:
+        """The schedules built around pairs (``paired_v_candidates``), built once per solve (the
+        search for their ramp depth stops at the deadline)."""
+        if self.paired is None:
+            self.paired = paired_v_candidates(self.problem, self.budget.expired)
+        return self.paired
+
     def overlap(self, until: float) -> None:
         """Where the passes hold all-to-all: overlapped pairs chosen by ``pair_passes`` from the
         schedules built around pairs (``paired_v``), from the best schedule, and from each
@@ -339,7 +347,7 @@ class SolveRun:
             self.value, self.timeline = self.problem.evaluate(self.rows, self.overlapped)
             self.stale = False
         place = list(self.problem.cost.stage_to_rank)
-        starts: list[tuple[str, list[list[Action]], list[list[int]] | None]] = [*paired_v_candidates(self.problem)]
+        starts: list[tuple[str, list[list[Action]], list[list[int]] | None]] = [*self.paired_starts()]
         starts.append((self.construction, self.rows, self.overlapped))
         starts += [(b.kind, b.rows, b.pairs) for b in self.baselines if b.stage_to_rank == place and b.pairs is not None]
         for k, (name, rows, pairs) in enumerate(starts):
@@ -362,7 +370,7 @@ class SolveRun:
         if not self.problem.cost.has_all_to_all:
             return
         place = list(self.problem.cost.stage_to_rank)
-        starts = [*paired_v_candidates(self.problem)]
+        starts = [*self.paired_starts()]
         starts += [(b.kind, b.rows, b.pairs) for b in self.baselines if b.stage_to_rank == place and b.pairs is not None]
         for name, rows, pairs in starts:
             self.offer(rows, name, pairs)
