@@ -57,13 +57,17 @@ between its F and its B and are left out where recomputation is offered; the *ar
 long it must hold it against the limit times the span, and the recompute passes that free
 memory against the time they add. The *deferral* bound (``rank_deferral_span_lower_bounds``)
 holds either way: memory caps the W passes a rank can leave for after its last B, so the rest
-join its F and B passes in the one-machine bound across ranks.
+join its F and B passes in the one-machine bound across ranks. The *relay* bound
+(``rank_relay_span_lower_bounds``) holds either way too and reasons across ranks: the area
+bound's program on a later rank's *core* (its first forward to its last B), which a rank waits
+for between the forwards that reach that rank and the backwards that come back.
 """
 
 from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -80,7 +84,8 @@ __all__ = [
     "span_lower_bound", "makespan_lower_bound", "rank_span_lower_bounds", "rank_chain_span_lower_bounds",
     "memory_span_lower_bound", "memory_makespan_lower_bound", "memory_iteration_lower_bound", "rank_iteration_lower_bounds",
     "rank_backward_end_lower_bounds", "rank_memory_span_lower_bounds",
-    "rank_area_span_lower_bounds", "rank_deferral_span_lower_bounds", "makespan_from_spans", "rank_pairing_span_lower_bounds",
+    "rank_area_span_lower_bounds", "rank_relay_span_lower_bounds", "rank_deferral_span_lower_bounds", "makespan_from_spans",
+    "rank_pairing_span_lower_bounds",
 ]
 
 _NEG = float("-inf")
@@ -309,15 +314,17 @@ def rank_memory_span_lower_bounds(cost: CostModel, num_microbatches: int, limit:
     return out
 
 
-def _deferred_work(cost: CostModel, q: int, allowed: float, m: int, split: CostModel) -> float:
+def _deferred_work(cost: CostModel, q: int, allowed: float, m: int, split: CostModel, stages: list[int] | None = None) -> float:
     """Most W time (``for_bounds`` costs) rank q can leave for after its last B starts: that
     B's own W, and the W of other microbatches pending then, beside the last B's microbatch,
     whole (m_f), within ``allowed``. A W pending is a split backward's: its microbatch holds
     what the B of ``split`` (the costs before ``for_bounds`` moved W's memory into B, as a fused
     BW frees it) leaves, m_f + m_b. Whole microbatches for one stage, else a fractional
-    knapsack over its stages, an upper bound on any integer choice."""
-    stages = cost.rank_stages(q)
-    room = allowed - min(cost.m_f[s] for s in stages) + m * len(stages) * ABS_TOL  # done ones may hold -ABS_TOL
+    knapsack over its stages, an upper bound on any integer choice. ``stages``: of those stages
+    only (the last B among theirs; the other stages' microbatches hold nothing below zero)."""
+    stages = stages or cost.rank_stages(q)
+    held_any = m * len(cost.rank_stages(q)) * ABS_TOL  # done ones may hold -ABS_TOL
+    room = allowed - min(cost.m_f[s] for s in stages) + held_any
     work = max(cost.t_w[s] for s in stages)  # the last B's own W
     left = {s: m - (len(stages) == 1) for s in stages}  # one stage: the last B's microbatch is not among them
     for s in sorted(stages, key=lambda s: -cost.t_w[s] / max(split.m_f[s] + split.m_b[s], 1e-300)):
@@ -582,50 +589,113 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
 
     Only for ranks whose memory never drops below zero per microbatch (F allocates, B and W
     free, within what F allocated); elsewhere the busy time."""
-    from ._highs import quiet_highs
-
     bc = cost.for_bounds()
-    m = num_microbatches
     preds = type_graph(bc)
     out = []
     for r in range(cost.num_ranks):
-        busy = cost.rank_busy(r, m)
-        allowed = allowance(limit[r])
-        if not _balanced_rank(bc, r) or allowed <= 0 or not math.isfinite(allowed):
-            out.append(busy)
-            continue
-        stages = cost.rank_stages(r)
-        first = earliest_starts(bc, (min(stages), Op.F), preds)
-        lag = min(first[(s, Op.B)] for s in stages)
-        # columns: T, then per stage and way of holding a microbatch, its count outside the
-        # window (n), in the window (w) and, checkpointed, in the window with its recompute
-        # pass there too (v); each a _Column
-        cols: list[_Column] = []
-        for s in stages:
-            lag_s = earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)]
-            least_f, least_b = cost.forward(s), bc.backward(s)
-            plain = min(cost.t_f[s], cost.t_ff[s]) - least_f
-            area, held = cost.m_f[s] * lag_s, lag_s + least_b
-            cols += [_Column(s, plain, area, math.inf, 0.0, False, held),
-                     _Column(s, plain, area, cost.m_f[s], -least_f, True, held)]
-            for op in cost.recompute_ops(s):
-                o = cost.offer(s, op)
-                assert o is not None
-                t_r = o.least  # before a fused or a split backward
-                extra = t_r + o.t_f - least_f
-                area, held = o.keep * lag_s + (cost.m_f[s] - o.keep) * t_r, t_r + least_b
-                cols += [_Column(s, extra, area, math.inf, 0.0, False, held),
-                         _Column(s, extra, area, o.keep, t_r - least_f, False, held),
-                         _Column(s, extra, area, cost.m_f[s], -least_f, True, held)]
         whole = whole and not (deadline is not None and time.monotonic() > deadline)
-        bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole, _whole_at_once(cost, r, m, allowed))
-        least_keep = min(min([cost.m_f[s], *(cost.offer(s, op).keep for op in cost.recompute_ops(s))])  # type: ignore[union-attr]
-                         for s in stages)
-        if least_keep > 0:
-            c = 1 + math.floor((allowed - min(cost.m_f[s] for s in stages)) / least_keep * (1 + REL_TOL))
-            in_flight = sum(m * earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)] for s in stages)
-            bound = max(bound, in_flight / max(1, c))
-        out.append(max(busy, bound))
+        out.append(_area_bound(cost, bc, preds, r, num_microbatches, allowance(limit[r]), whole, core=False))
+    return out
+
+
+def _area_bound(cost: CostModel, bc: CostModel, preds, r: int, m: int, allowed: float, whole: bool, core: bool,
+                stages: list[int] | None = None) -> float:
+    """The bound of ``rank_area_span_lower_bounds`` on rank ``r`` (``bc``: ``cost.for_bounds()``,
+    ``preds`` its type graph). ``core``: on the rank's *core* instead of its span, from the start
+    of its first pass to the end of its last B (or BW), whose busy time leaves out the W passes
+    and where a microbatch counts as whole to the end of its B only (``rank_relay_span_lower_bounds``):
+    every fact of the program holds there as well, since every forward, recompute pass and B of
+    the rank runs in it, and a microbatch holds what the area and in-flight rows count from the
+    start of its forward to the start of its B. ``stages``: with ``core``, the core of those of
+    the rank's stages only, from the first forward of one of them to the last B among them (the
+    other stages' microbatches hold nothing below zero: they only take memory)."""
+    from ._highs import quiet_highs
+
+    stages = stages or cost.rank_stages(r)
+    backward = (lambda s: bc.t_b[s]) if core else bc.backward
+    busy = m * sum(cost.forward(s) + cost.backward(s) for s in stages) if core else cost.rank_busy(r, m)
+    if not _balanced_rank(bc, r) or allowed <= 0 or not math.isfinite(allowed):
+        return busy
+    if core:  # the W passes that memory lets the rank leave for after its last B run outside the core
+        busy -= (_deferred_work(bc, r, allowed, m, cost, stages) if _balanced_rank(cost, r)
+                 else m * sum(bc.t_w[s] for s in stages))
+    first = earliest_starts(bc, (min(stages), Op.F), preds)
+    lag = min(first[(s, Op.B)] for s in stages)
+    # columns: per stage and way of holding a microbatch, its count outside the window (n), in
+    # the window (w) and, checkpointed, in the window with its recompute pass there too (v)
+    cols: list[_Column] = []
+    for s in stages:
+        lag_s = earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)]
+        least_f, least_b = cost.forward(s), backward(s)
+        plain = min(cost.t_f[s], cost.t_ff[s]) - least_f
+        area, held = cost.m_f[s] * lag_s, lag_s + least_b
+        cols += [_Column(s, plain, area, math.inf, 0.0, False, held),
+                 _Column(s, plain, area, cost.m_f[s], -least_f, True, held)]
+        for op in cost.recompute_ops(s):
+            o = cost.offer(s, op)
+            assert o is not None
+            t_r = o.least  # before a fused or a split backward
+            extra = t_r + o.t_f - least_f
+            area, held = o.keep * lag_s + (cost.m_f[s] - o.keep) * t_r, t_r + least_b
+            cols += [_Column(s, extra, area, math.inf, 0.0, False, held),
+                     _Column(s, extra, area, o.keep, t_r - least_f, False, held),
+                     _Column(s, extra, area, cost.m_f[s], -least_f, True, held)]
+    bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole, _whole_at_once(cost, r, m, allowed, core, stages))
+    least_keep = min(min([cost.m_f[s], *(cost.offer(s, op).keep for op in cost.recompute_ops(s))])  # type: ignore[union-attr]
+                     for s in stages)
+    if least_keep > 0:
+        c = 1 + math.floor((allowed - min(cost.m_f[s] for s in stages)) / least_keep * (1 + REL_TOL))
+        in_flight = sum(m * earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)] for s in stages)
+        bound = max(bound, in_flight / max(1, c))
+    return max(busy, bound)
+
+
+@_paired_floor
+def rank_relay_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float], whole: bool = True,
+                                 deadline: float | None = None) -> list[float]:
+    """Per rank, a lower bound on its span for schedules within ``limit`` from what memory makes
+    another rank (or a stage of its own) take, over every choice of which microbatches to
+    recompute.
+
+    Take a rank q and a set Q of its stages (all of them, or one of a V's two). Their *core*
+    runs from the start of the first forward on Q to the end of the last B (or BW) on Q. Every
+    forward, recompute pass and B on Q runs in it, and so does every W on Q but those pending
+    when that last B starts and its own, which memory caps (``_deferred_work``); a microbatch
+    holds what the area bound counts from the start of its forward to the start of its B, in the
+    core too, and is whole (all of m_f) from the pass that makes it whole to the end of its B
+    (``_whole_at_once`` with ``core``); the microbatches of q's other stages hold nothing below
+    zero. So the program of ``rank_area_span_lower_bounds`` with that busy time and those
+    whole times bounds the core's length D (``_area_bound`` with ``core``). For rank r, the core
+    starts no earlier than the dependency path from r's first pass to a forward on Q allows, and
+    after it the chain from the last B to r's last pass still runs: r's span is at least that
+    release + D + that tail, wherever r's first pass reaches every forward on Q and every B on Q
+    reaches a pass of r (q = r, or q later along the pipeline). Where q's memory, not its work,
+    sets D (one microbatch whole at a time, say), this is what q's memory makes r wait for,
+    which no bound of one rank sees. Only for ranks q whose memory never drops below zero per
+    microbatch, as the area bound."""
+    bc = cost.for_bounds()
+    preds = type_graph(bc)
+    m = num_microbatches
+    cores: list[tuple[list[int], float]] = []  # (stages, least core) of each rank and set of its stages
+    for q in range(cost.num_ranks):
+        allowed = allowance(limit[q])
+        if not _balanced_rank(bc, q) or allowed <= 0 or not math.isfinite(allowed):
+            continue  # its busy time: the one-machine bounds count that already
+        mine = cost.rank_stages(q)
+        for k in range(len(mine), 0, -1):
+            for subset in itertools.combinations(mine, k):
+                whole = whole and not (deadline is not None and time.monotonic() > deadline)
+                cores.append((list(subset), _area_bound(cost, bc, preds, q, m, allowed, whole, True, list(subset))))
+    out = []
+    for r in range(cost.num_ranks):
+        rel, tail = _rank_paths(bc, r, preds)
+        best = 0.0
+        for theirs, d in cores:
+            start = min(rel[(s, Op.F)] for s in theirs)
+            end = min(tail[(s, Op.B)] for s in theirs)
+            if start > _NEG and end > _NEG:
+                best = max(best, start + d + end)
+        out.append(best)
     return out
 
 
@@ -645,15 +715,20 @@ class _Column:
     held: float  # the least time it is whole at once (see ``_whole_at_once``)
 
 
-def _whole_at_once(cost: CostModel, r: int, m: int, allowed: float) -> int | None:
+def _whole_at_once(cost: CostModel, r: int, m: int, allowed: float, core: bool = False,
+                   stages: list[int] | None = None) -> int | None:
     """The most microbatches rank ``r`` can hold whole at once (``rank_area_span_lower_bounds``),
     on the true (split) memory deltas; None where that is every one of them or memory may drop
-    below zero per microbatch."""
-    stages = cost.rank_stages(r)
+    below zero per microbatch. ``core``: whole to the end of the B only, where a microbatch
+    holds all of m_f (after the pass that makes it whole and before its B or BW in the rank's
+    order: at an instant some such microbatches share, the state after the pass then running,
+    or the one before it where that is one of their B, has each of them whole). ``stages``: of
+    those stages only."""
     if not _balanced_rank(cost, r):
         return None
-    least = min(cost.m_f[s] + min(0.0, cost.m_b[s]) for s in stages)
-    room = allowed + m * len(stages) * ABS_TOL  # finished microbatches may hold -ABS_TOL each
+    stages = stages or cost.rank_stages(r)
+    least = min(cost.m_f[s] + (0.0 if core else min(0.0, cost.m_b[s])) for s in stages)
+    room = allowed + m * len(cost.rank_stages(r)) * ABS_TOL  # finished microbatches may hold -ABS_TOL each
     if least <= 0 or room / least >= m * len(stages):
         return None
     return math.floor(room / least * (1 + REL_TOL))
@@ -770,7 +845,7 @@ def _rank_bounds(
     cost: CostModel, num_microbatches: int, limit: list[float] | None, quick: bool = False, deadline: float | None = None
 ) -> list[float]:
     """Per rank, the best of the bounds in this module (``quick``: all but the chain bound, the
-    area bound relaxed); where the costs offer recomputation, the memory-aware ones replaced by
+    area and relay bounds relaxed); where the costs offer recomputation, the memory-aware ones replaced by
     the area bound; where pairs may form, raised to ``rank_pairing_span_lower_bounds``."""
     out = _with_pairing(cost, num_microbatches, rank_span_lower_bounds(cost, num_microbatches))
     cost = cost.paired_floor()
@@ -782,8 +857,9 @@ def _rank_bounds(
         out = [max(a, b) for a, b in zip(out, rank_memory_span_lower_bounds(cost, num_microbatches, memory))]
     if limit is not None:
         area = rank_area_span_lower_bounds(cost, num_microbatches, limit, whole=not quick, deadline=deadline)
+        relay = rank_relay_span_lower_bounds(cost, num_microbatches, limit, whole=not quick, deadline=deadline)
         deferral = rank_deferral_span_lower_bounds(cost, num_microbatches, limit)
-        out = [max(a, b, c) for a, b, c in zip(out, area, deferral)]
+        out = [max(a, b, c, d) for a, b, c, d in zip(out, area, relay, deferral)]
     return out
 
 

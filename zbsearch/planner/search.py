@@ -3,7 +3,7 @@
 For a cut, ``CutEval`` holds its stage profile, its per-rank activation limit (the budget less
 parameters, gradients and optimizer state) and its *key*: the solver's quick lower bound for
 that cut under that limit (``zbsearch.bounds``: per rank, the one-machine, memory or area
-and deferral bounds), valid for every schedule of the cut. The
+and deferral bounds, and with recomputation the relay bound's LP relaxation), valid for every schedule of the cut. The
 planner solves cuts in order of their key and stops once the next key reaches the best value
 found: no cut left can beat it.
 
@@ -35,6 +35,7 @@ from ..bounds import (
     rank_deferral_span_lower_bounds,
     rank_iteration_lower_bounds,
     rank_memory_span_lower_bounds,
+    rank_relay_span_lower_bounds,
     rank_span_lower_bounds,
 )
 from ..costs import CostModel
@@ -113,8 +114,13 @@ class Cuts:
             ranks = rank_span_lower_bounds(cost, self.m)
             if limit is not None:  # the memory-aware bounds that hold for every recomputation choice
                 memory = rank_area_span_lower_bounds if cost.can_recompute else rank_memory_span_lower_bounds
-                ranks = [max(a, b, c) for a, b, c in zip(ranks, memory(cost, self.m, limit),
-                                                          rank_deferral_span_lower_bounds(cost, self.m, limit))]
+                # with recomputation, the relay bound's LP relaxation too (a program per rank and set
+                # of its stages; in whole microbatches several times the area bound's time): a solve
+                # of the cut proves more
+                relay = (rank_relay_span_lower_bounds(cost, self.m, limit, whole=False) if cost.can_recompute
+                         else [0.0] * cost.num_ranks)
+                ranks = [max(a, b, c, d) for a, b, c, d in zip(ranks, memory(cost, self.m, limit),
+                                                                rank_deferral_span_lower_bounds(cost, self.m, limit), relay)]
             # each rank's work and the fill its forwards cannot cover, recompute passes counted
             ranks = [max(a, b) for a, b in zip(ranks, self.rank_bounds.of_cut(counts))]
             ev.ranks = tuple(sorted(ranks, reverse=True))

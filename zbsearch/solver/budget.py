@@ -41,7 +41,8 @@ class Shares:
         classic_sims: see ``classics``.
         end_sims: simulations' time kept back for the end (re-timing, building, validating).
         bound: the slow (chain) bound gets this share of the time left, and is left out where
-            it needs more.
+            it needs more; the area and relay bounds' integer programs (per rank) run within it
+            too, their LP relaxations once it has passed.
         search_first, search_second: on problems small enough for the exact MILP, the local
             search's share of the time left before and after it.
         search_large: beyond the exact MILP's size, the local search's share (then the MILP

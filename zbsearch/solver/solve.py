@@ -23,10 +23,12 @@ A solve is a ``SolveRun`` going through named phases, all timed by one ``Budget`
    fused and with every backward fused.
 3. ``prove``: the lower bound is the largest of the one-machine bounds over any rank's passes
    (per pass type, and per pass with microbatch order and memory precedences), the
-   memory-aware idle bound, the area bound and the deferral bound (``zbsearch.bounds``, on costs no fused, split or
-   recomputing schedule beats); on small problems without recomputation the exact MILP may also
-   raise it or close it. A classic schedule on another placement (interleaved 1F1B) caps it:
-   the bound covers it too.
+   memory-aware idle bound, the area bound, the relay bound (what another rank's memory makes a
+   rank wait for) and the deferral bound (``zbsearch.bounds``, on costs no fused, split or
+   recomputing schedule beats); the chain bound and the area and relay bounds' integer programs
+   get ``Shares.bound`` of the time left (their LP relaxations past it); on small problems
+   without recomputation the exact MILP may also raise it or close it. A classic schedule on
+   another placement (interleaved 1F1B) caps it: the bound covers it too.
 4. ``improve``: the search engines in turn (``engines``; the seam where another one plugs in):
    a local search over per-rank orders, fused or split backwards and recomputation (non-FIFO
    orders too, judged by simulation), the exact MILP on small problems, the local search
