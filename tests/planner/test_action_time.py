@@ -1,0 +1,136 @@
+"""The runtime's host time per action on a per-layer profile (``LayerProfile.t_action``): old
+files load and cost what they did, every stage a cut composes gets it whole, the cost model adds
+it once per pass, and a 1F1B on composed stages takes (m + P - 1) x 2 host times longer, as its
+critical path holds m + P - 1 forwards and as many backwards."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from pydantic import ValidationError
+
+import zbsearch as zb
+from tests.helpers.layers import random_layers
+from zbsearch.actions import Op
+from zbsearch.costs import CostModel
+from zbsearch.formats.layers import LayerProfile, LinkEstimate, Unit, load_layers, save_layers
+from zbsearch.planner import Cut, plan, stage_profile
+from zbsearch.planner.search import compositions
+from zbsearch.tuner.sizes import SizedLayers
+
+
+def test_old_files_load_without_it_and_cost_what_they_did(tmp_path):
+    L = random_layers(3, 4)
+    path = tmp_path / "old.json"
+    doc = json.loads(L.model_dump_json())
+    doc.pop("t_action", None)  # as written before the field
+    path.write_text(json.dumps(doc))
+    old = load_layers(path)
+    assert old.t_action is None
+    cut = Cut((2, 2, 2), "one")
+    owner = cut.stage_to_rank
+    assert stage_profile(old, cut).t_action is None
+    zero = old.model_copy(update={"t_action": 0.0})
+    assert CostModel.from_profile(stage_profile(old, cut), owner) == CostModel.from_profile(stage_profile(zero, cut), owner)
+    timed = old.model_copy(update={"t_action": 0.125})
+    save_layers(timed, path)
+    back = load_layers(path)
+    assert back.t_action == 0.125 and back == timed
+
+
+@pytest.mark.parametrize("bad", [-0.01, float("inf"), float("nan"), 2e9])
+def test_bad_host_times_are_refused(bad):
+    doc = random_layers(1, 2).model_dump() | {"t_action": bad}
+    with pytest.raises(ValidationError):
+        LayerProfile.model_validate(doc)
+
+
+def _cuts(L: LayerProfile, rng: random.Random, n: int):
+    for _ in range(n):
+        placement = rng.choice(["one", "v"])
+        ranks = rng.choice([2, 3]) if placement == "v" else rng.choice([2, 3, 4])
+        stages = ranks * (2 if placement == "v" else 1)
+        counts = rng.choice(list(compositions(L.num_units, stages)))
+        yield Cut(tuple(counts), placement)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_composed_stage_gets_it_whole_and_every_pass_pays_it_once(seed):
+    rng = random.Random(seed)
+    L = random_layers(seed, rng.randint(6, 10), recompute=rng.choice(["none", "full", "both"]))
+    h = rng.uniform(0.01, 0.5)
+    timed = L.model_copy(update={"t_action": h})
+    for cut in _cuts(L, rng, 8):
+        plain, got = stage_profile(L, cut), stage_profile(timed, cut)
+        assert got.t_action == h and got.stages == plain.stages  # the passes' own times are the units'
+        with_dp = stage_profile(timed, cut, data_parallel=(4, 50.0))
+        assert with_dp.t_action == h  # with the reductions too
+        owner = cut.stage_to_rank
+        c, c0 = CostModel.from_profile(got, owner), CostModel.from_profile(plain, owner)
+        for s in range(len(owner)):  # whole on each piece of a V, not half
+            for op in (Op.F, Op.B, Op.W, Op.BW):
+                assert c.time(s, op) == pytest.approx(c0.time(s, op) + h, abs=1e-12), (cut, s, op)
+            for op in c0.recompute_ops(s):
+                o, o0 = c.offer(s, op), c0.offer(s, op)
+                assert o is not None and o0 is not None
+                assert (o.t_f, o.t_r) == pytest.approx((o0.t_f + h, o0.t_r + h))
+
+
+def test_profiles_at_other_microbatch_sizes_keep_it():
+    sizes = SizedLayers([random_layers(2, 4).model_copy(update={"microbatch_size": b, "t_action": 0.2}) for b in (1, 4)])
+    for b in (1, 2, 3, 4, 8):
+        assert sizes.at(b).t_action == 0.2
+
+
+def _uniform(P: int, f: float, b: float, h: float | None) -> LayerProfile:
+    """P like units, one per stage: F ``f`` (split or not), BW ``b``, no link time."""
+    unit = dict(kind="unit", t_f=f, t_ff=f, t_b=b / 2, t_w=b / 2, t_bw=b, m_f=1.0, m_b=-0.5, m_w=-0.5)
+    return LayerProfile(name="uniform", units=[Unit(name=f"u{i}", **unit) for i in range(P)],
+                        link=LinkEstimate(latency_ms=0.0, bandwidth_gb_s=1.0), t_action=h)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_1f1b_takes_two_host_times_longer_per_step_of_its_critical_path(seed):
+    """1F1B on P like stages: (m + P - 1)(F + BW) (the first rank's m forwards and backwards, and
+    P - 1 of each on the way down and back); each of those actions pays the host time."""
+    rng = random.Random(seed)
+    P, m = rng.randint(2, 5), rng.randint(1, 8)
+    f, b, h = rng.uniform(0.5, 2.0), rng.uniform(0.5, 3.0), rng.uniform(0.01, 0.7)
+    spans = []
+    for x in (None, h):
+        prof = stage_profile(_uniform(P, f, b, x), Cut((1,) * P, "one"))
+        sched = zb.build_classic("1f1b", prof, m)
+        spans.append(zb.simulate(sched.rank_actions, CostModel.from_profile(prof, sched.stage_to_rank)).makespan)
+    assert spans[0] == pytest.approx((m + P - 1) * (f + b))
+    assert spans[1] - spans[0] == pytest.approx((m + P - 1) * 2 * h)
+
+
+@pytest.mark.parametrize("placement", ["one", "v"])
+def test_a_plan_prices_it_as_a_hand_built_stage_profile_does(placement):
+    """The plan's value is its schedule simulated on the stage profile built by hand from the
+    units (sums, no compose), with the host time; without it the same schedule is shorter."""
+    L = _uniform(8, 1.0, 2.0, 0.25)
+    res = plan(L, 2, 4, None, placement=placement, time_limit=2.0, milp=False)
+    sched, part = res.schedule, res.partition
+    assert part is not None and sched.profile.t_action == 0.25
+    owner = sched.stage_to_rank
+    hand = []
+    for names in part.stages:
+        k = len(names)
+        first = names[0] == "u0"  # the first stage runs its W as one plain backward (BW of its units, B its first's)
+        hand.append(zb.StageCost(t_f=k * 1.0, t_ff=k * 1.0, t_b=1.0 if first else k * 1.0,
+                                 t_w=k * 2.0 - 1.0 if first else k * 1.0, t_bw=k * 2.0,
+                                 m_f=k * 1.0, m_b=-0.5 if first else -0.5 * k, m_w=-0.5 * k if not first else 0.5 - k))
+    for x in (0.25, None):
+        prof = zb.Profile(name="hand", memory_unit="bytes", stages=hand, t_comm=0.0, t_action=x,
+                          placement=owner if placement == "v" else None)
+        span = zb.simulate(sched.rank_actions, CostModel.from_profile(prof, owner)).span
+        if x:
+            assert part.value == pytest.approx(max(span))
+        else:
+            actions = sum(len(row) for row in sched.rank_actions)  # no path holds more
+            assert max(span) < part.value <= max(span) + 0.25 * actions + 1e-9
+    assert math.isfinite(part.lower_bound) and part.lower_bound <= part.value + 1e-9
