@@ -13,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 import zbsearch as zb
+from tests.helpers import run_main
 from tests.helpers.layers import random_layers
 from zbsearch.actions import Op
 from zbsearch.costs import CostModel
@@ -134,3 +135,32 @@ def test_a_plan_prices_it_as_a_hand_built_stage_profile_does(placement):
             actions = sum(len(row) for row in sched.rank_actions)  # no path holds more
             assert max(span) < part.value <= max(span) + 0.25 * actions + 1e-9
     assert math.isfinite(part.lower_bound) and part.lower_bound <= part.value + 1e-9
+
+
+def test_plan_takes_it_from_a_number_or_a_stage_profile(tmp_path, capsys):
+    layers = tmp_path / "layers.json"
+    save_layers(_uniform(4, 1.0, 2.0, None), layers)
+    measured = tmp_path / "stages.json"
+    zb.save_profile(zb.load_profile("unit-p4").model_copy(update={"t_action": 0.375}), measured)
+    for given, want in (("0.25", 0.25), (str(measured), 0.375)):
+        out = tmp_path / "plan.json"
+        code, _, err = run_main(capsys, "plan", "-l", layers, "-r", "2", "-m", "2", "-t", "1", "--no-milp",
+                                "--placement", "one", "--action-ms", given, "-o", out)
+        assert code == 0, err
+        assert zb.load_schedule(out).profile.t_action == want
+
+
+@pytest.mark.parametrize("command", ["plan", "tune"])
+def test_bad_host_times_are_one_line(tmp_path, capsys, command):
+    layers = tmp_path / "layers.json"
+    save_layers(_uniform(4, 1.0, 2.0, None).model_copy(update={"microbatch_size": 1}), layers)
+    without = tmp_path / "stages.json"
+    zb.save_profile(zb.load_profile("unit-p4"), without)
+    args = ["-r", "2", "-m", "2"] if command == "plan" else ["-r", "2", "-g", "4"]
+    for given, words in (("-1", "--action-ms -1: give a time in ms (0 or more)"), ("nan", "give a time in ms"),
+                         (str(tmp_path / "none.json"), "neither a time in ms nor a stage profile file"),
+                         (str(without), "the profile records no t_action"), (str(layers), "format")):
+        out = tmp_path / "out"
+        code, _, err = run_main(capsys, command, "-l", layers, *args, "-t", "1", "--action-ms", given, "-o", out)
+        assert code == 1 and err.count("\n") == 1 and words in err, err
+        assert not out.exists()
