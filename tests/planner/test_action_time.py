@@ -164,3 +164,72 @@ def test_bad_host_times_are_one_line(tmp_path, capsys, command):
         code, _, err = run_main(capsys, command, "-l", layers, *args, "-t", "1", "--action-ms", given, "-o", out)
         assert code == 1 and err.count("\n") == 1 and words in err, err
         assert not out.exists()
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_the_bound_over_every_cut_counts_it_and_its_program_still_finds_the_least(seed):
+    """The relaxed bound's program against each cut's bound computed directly, with a host time;
+    the bound rises by at least two host times per microbatch and piece on the busiest rank's work."""
+    from tests.planner.test_relaxation import _instance
+    from zbsearch.planner.relaxation import RankBounds, relaxed_bound, work_bound
+
+    L0, ranks, placement, m, budget, recompute = _instance(seed)
+    h = random.Random(seed).uniform(0.05, 0.6)
+    L = L0.model_copy(update={"t_action": h})
+    ranked = RankBounds(L, ranks, placement, m, recompute, budget, "adamw", None, "span")
+    stages = ranks * (2 if placement == "v" else 1)
+    direct = min(ranked.cut_value(c) for c in compositions(L.num_units, stages))
+    got = relaxed_bound(L, ranks, placement, m, recompute, budget=budget)
+    assert got == pytest.approx(direct, rel=1e-12) or got == direct == math.inf
+    if math.isfinite(got):  # every rank's: two per microbatch and piece on its busy time, one of them on its forwards'
+        assert got >= relaxed_bound(L0, ranks, placement, m, recompute, budget=budget) + m * h - 1e-9
+    assert work_bound(L, ranks, placement, m, recompute) >= work_bound(L0, ranks, placement, m, recompute) + m * 2 * h - 1e-9
+
+
+@pytest.mark.slow  # brute force over every schedule of every cut
+@pytest.mark.parametrize("seed", range(8))
+def test_with_a_host_time_the_bound_is_below_every_cuts_exact_optimum(seed):
+    """Tiny models (2 ranks, one stage each or a V), every schedule of every cut by brute force
+    on the costs with the host time: the bound over every cut is never above the best."""
+    from tests.solver.oracle import brute_force
+    from zbsearch.planner.relaxation import relaxed_bound
+    from zbsearch.solver.problem import Problem
+
+    rng = random.Random(2000 + seed)
+    placement = "one" if seed % 2 else "v"
+    L = random_layers(seed, 2, head=rng.uniform(1, 5), comm=rng.choice([0.0, 0.3]))
+    L = L.model_copy(update={"t_action": rng.uniform(0.1, 1.0)})
+    m = 1 if placement == "v" else 2
+    best = math.inf
+    for counts in compositions(L.num_units, 2 * (2 if placement == "v" else 1)):
+        cut = Cut(counts, placement)
+        cost = Problem.make(CostModel.from_profile(stage_profile(L, cut), cut.stage_to_rank), m).cost
+        best = min(best, brute_force(cost, m, None, "span", fused=True, max_combinations=500_000)[0])
+    bound = relaxed_bound(L, 2, placement, m)
+    assert bound <= best * (1 + 1e-9)
+    assert bound > relaxed_bound(L.model_copy(update={"t_action": None}), 2, placement, m)
+
+
+@pytest.mark.parametrize("seed, pp, placement, m", [(1, 2, "one", 4), (2, 3, "one", 3), (3, 2, "v", 4), (4, 1, "one", 3)])
+def test_the_tuners_bound_before_planning_holds_with_it(seed, pp, placement, m):
+    """Every cut's classic schedules (1F1B, ZB-H1, GPipe; ZB-V) on the iteration with the host
+    time: none below the configuration's bound, which rises with the host time."""
+    from zbsearch.tuner import Cluster, Mesh, OptimizerSetup
+    from zbsearch.tuner.bounds import config_bound
+    from zbsearch.tuner.costing import full_profile
+
+    L0 = random_layers(seed, 5, head=3.0)
+    L = L0.model_copy(update={"t_action": 0.3})
+    dp = 2
+    cluster = Cluster(ranks=pp * dp, ranks_per_node=dp, intra_node_gbs=0.2, inter_node_gbs=0.05, memory_gbs=0.5)
+    mesh, opt = Mesh(pp, dp, 1), OptimizerSetup("adamw")
+    bound = config_bound(L, mesh, placement, m, "none", cluster, opt)
+    kinds = ("zb-v",) if placement == "v" else ("1f1b", "zb-h1", "gpipe")
+    least = math.inf
+    for counts in compositions(L.num_units, pp * (2 if placement == "v" else 1)):
+        prof = full_profile(L, counts, placement, mesh, cluster, opt)
+        assert prof.t_action == 0.3
+        for kind in kinds:
+            least = min(least, max(zb.build_classic(kind, prof, m).predicted.iteration))
+    assert 0 < bound <= least * (1 + 1e-9)
+    assert bound > config_bound(L0, mesh, placement, m, "none", cluster, opt)
