@@ -80,10 +80,9 @@ def test_every_composed_stage_gets_it_whole_and_every_pass_pays_it_once(seed):
                 assert (o.t_f, o.t_r) == pytest.approx((o0.t_f + h, o0.t_r + h))
 
 
-def test_profiles_at_other_microbatch_sizes_keep_it():
-    sizes = SizedLayers([random_layers(2, 4).model_copy(update={"microbatch_size": b, "t_action": 0.2}) for b in (1, 4)])
-    for b in (1, 2, 3, 4, 8):
-        assert sizes.at(b).t_action == 0.2
+def test_profiles_at_other_microbatch_sizes_take_the_nearest_measured_sizes():
+    sizes = SizedLayers([random_layers(2, 4).model_copy(update={"microbatch_size": b, "t_action": b / 10}) for b in (1, 4)])
+    assert [sizes.at(b).t_action for b in (1, 2, 3, 4, 8)] == [0.1, 0.1, 0.4, 0.4, 0.4]
 
 
 def _uniform(P: int, f: float, b: float, h: float | None) -> LayerProfile:
