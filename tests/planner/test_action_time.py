@@ -146,6 +146,9 @@ def test_plan_takes_it_from_a_number_or_a_stage_profile(tmp_path, capsys):
         code, _, err = run_main(capsys, "plan", "-l", layers, "-r", "2", "-m", "2", "-t", "1", "--no-milp",
                                 "--placement", "one", "--action-ms", given, "-o", out)
         assert code == 0, err
+        code, text, _ = run_main(capsys, "plan", "-l", layers, "-r", "2", "-m", "2", "-t", "1", "--no-milp",
+                                 "--placement", "one", "--action-ms", given)
+        assert code == 0 and f"host time per action, {want:.3g} ms" in text
         assert zb.load_schedule(out).profile.t_action == want
 
 

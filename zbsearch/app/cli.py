@@ -279,6 +279,13 @@ def _with_action(layers: LayerProfile, text: str | None) -> LayerProfile:
     return layers if ms is None else layers.model_copy(update={"t_action": ms})
 
 
+def _print_action(layers: LayerProfile) -> None:
+    """Say what the runtime's host time per action priced, where it priced any."""
+    if layers.t_action:
+        out.print(f"every pass priced with the runtime's host time per action, {layers.t_action:.3g} ms", soft_wrap=True,
+                  highlight=False)
+
+
 def _with_dp(prof: zb.Profile, dp: int | None, bandwidth: float | None, grad_bytes: str | None,
              shard: bool = False) -> zb.Profile:
     """The profile with each stage's reduction across ``dp`` replicas, where the options ask for it
@@ -789,6 +796,7 @@ def plan(
     note = unsearched(zb.CostModel.from_profile(res.schedule.profile, res.schedule.stage_to_rank), part.recompute)
     if note is not None:
         out.print(note, soft_wrap=True)
+    _print_action(found)
 
 
 def _gib(x: float | None) -> str:
@@ -939,6 +947,8 @@ def tune(
     counts = {s: sum(r.status == s for r in res.rows) for s in dict.fromkeys(r.status for r in res.rows)}
     out.print(", ".join(f"{n} {s}" for s, n in counts.items()) + f"; {res.time_s:.1f} s; optimizer step "
               f"{res.optimizer_step}", soft_wrap=True, highlight=False)
+    if tuned.layers is not None:  # the winner's
+        _print_action(tuned.layers)
 
 
 def _ints(text: str | None, option: str) -> list[int] | None:
