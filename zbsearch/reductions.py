@@ -65,7 +65,7 @@ from typing import Any
 from .actions import Action, Op
 
 __all__ = ["Reduction", "Slowing", "lane", "lane_next", "lane_runs", "share_rate", "SharedLanes", "shared_lane_runs",
-           "iteration_end", "step_start", "slowed_end", "gather_ends", "gather_releases",
+           "iteration_end", "step_start", "slowed_end", "gather_ends", "first_passes", "gather_releases",
            "gathers", "last_backward", "lane_floors", "iteration_floor", "reduction_time", "with_reductions",
            "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
 
@@ -258,15 +258,22 @@ def gather_ends(stages: Iterable[int], t_gather: Sequence[float]) -> dict[int, f
     return out
 
 
+def first_passes(row: Sequence[Action]) -> dict[int, int]:
+    """Per stage of a rank's action list, the position of its first pass: the one that waits
+    for the stage's gather."""
+    first: dict[int, int] = {}
+    for i, a in enumerate(row):
+        first.setdefault(a.stage, i)
+    return first
+
+
 def gather_releases(row: Sequence[Action], t_gather: Sequence[float]) -> dict[int, float]:
     """Position -> when it may start, for the first pass of each stage of a rank's action list
     whose gather (or an earlier one of the rank) takes time: the end of its gather
     (``gather_ends``). Empty without gathers."""
     if not t_gather:
         return {}
-    first: dict[int, int] = {}
-    for i, a in enumerate(row):
-        first.setdefault(a.stage, i)
+    first = first_passes(row)
     ends = gather_ends(first, t_gather)
     return {i: ends[s] for s, i in first.items() if ends[s] > 0}
 
