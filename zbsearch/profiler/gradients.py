@@ -93,13 +93,15 @@ def optimizer_step_ms(module: nn.Module, device: torch.device, dtype: torch.dtyp
 
 
 def with_data_parallel(profile: Profile, stages: list[nn.Module], replicas: int, bandwidth_gbs: float,
-                       device: torch.device, dtype: torch.dtype | None = None, sharded: bool = False) -> Profile:
+                       device: torch.device, dtype: torch.dtype | None = None, sharded: bool = False,
+                       sharing: LaneSharing | None = None) -> Profile:
     """``profile`` whose stages end the iteration with the ring all-reduce of their gradients
     across ``replicas`` at ``bandwidth_gbs`` GB/s per rank, then their AdamW step (timed here);
-    ``sharded``, a reduce-scatter, after an all-gather of as many bytes at the step's start."""
+    ``sharded``, a reduce-scatter, after an all-gather of as many bytes at the step's start;
+    ``sharing``, how the lanes of ranks on one link slow each other (``reductions.given_sharing``)."""
     grads = [gradient_bytes(m, dtype) for m in stages]
     steps = [optimizer_step_ms(m, device, dtype) for m in stages]
-    return with_reductions(profile, replicas, bandwidth_gbs, grads, t_opt=steps, sharded=sharded)
+    return with_reductions(profile, replicas, bandwidth_gbs, grads, t_opt=steps, sharded=sharded, sharing=sharing)
 
 
 @torch.no_grad()
