@@ -25,9 +25,12 @@ def _profile(*extra: str) -> subprocess.CompletedProcess:
 
 def test_profile_with_replicas_prices_each_stages_all_reduce_and_step(tmp_path):
     out = tmp_path / "p.json"
-    r = _profile("--dp", "8", "--dp-bandwidth", "10", "-o", str(out))
+    r = _profile("--dp", "8", "--dp-bandwidth", "10", "--dp-share", "0.5", "-o", str(out))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
+    # the share given for the priced reductions, in the record the profiler measures elsewhere
+    assert {k: v for k, v in doc["data_parallel"]["sharing"].items() if v is not None} == {"version": 1, "share": 0.5}
+    assert zb.CostModel.from_profile(zb.load_profile(out), [0, 1]).lane_share == 0.5
     # the stages' trainable parameters, counted here from the model itself (float32)
     stages = gpt_stages(GPTConfig(layers=4, hidden=64, heads=4, seq=32, microbatch_size=2, stages=2))
     want = [4.0 * sum(p.numel() for p in st.parameters() if p.requires_grad) for st in stages]
