@@ -28,7 +28,8 @@ busy time still counts its time alone, so the slowdown counts with the idle time
 the runs the simulator queued while timing the passes (the timeline's ``reductions`` and
 ``gathers``). Where lanes of different ranks share a link (``CostModel.shares_lanes``) a rank's
 lane depends on the others', and the simulator advances every rank's passes and lanes together
-in time, event by event, instead of one pass in dependency order.
+in time, event by event, instead of one pass in dependency order. Both ways an action may start
+by the same rule (``ready_at``); they differ only in when the lane's gathers end.
 """
 
 from __future__ import annotations
