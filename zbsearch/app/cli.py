@@ -866,6 +866,9 @@ def tune(
     latency: float | None = typer.Option(None, "--latency-ms", help="pipeline message latency (default: the profile's)"),
     memory_gbs: float | None = typer.Option(
         None, "--memory-gbs", help="device memory GB/s the optimizer step streams its state at (default: not priced)"),
+    dp_share: float = typer.Option(
+        0.0, "--dp-share", help="how the reductions of the pipeline ranks on one node slow each other: k at once each "
+        "move at 1 / (1 + S (k - 1)) of their speed alone (0: not at all; 1: they split the link evenly)"),
     sizes: str | None = typer.Option(None, "--microbatch-sizes", "-b", help="sizes to search, e.g. 1,2,4 (default: "
                                      "those measured; others interpolated)"),
     placement: str = typer.Option("auto", "--placement", help="one, v or auto (both)"),
@@ -894,7 +897,8 @@ def tune(
     if folder is not None:
         check_folder(folder)
     cluster = Cluster.checked(ranks=ranks, ranks_per_node=min(ranks_per_node, ranks), memory_bytes=parse_bytes(memory),
-                              intra_node_gbs=intra, inter_node_gbs=inter, link_latency_ms=latency, memory_gbs=memory_gbs)
+                              intra_node_gbs=intra, inter_node_gbs=inter, link_latency_ms=latency, memory_gbs=memory_gbs,
+                              dp_share=dp_share)
     profiles = [load_layers(p) for p in layers]
     if (global_batch is None) == (global_tokens is None):
         raise ZbError("give the global batch once: -g SEQUENCES or --global-tokens TOKENS")
