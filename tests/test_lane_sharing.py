@@ -11,11 +11,14 @@ import pytest
 
 import zbsearch as zb
 from tests.helpers.reference import needs, positions, random_cost, random_order, reference_duration
+from tests.test_overlap import moe_profile, pair_up
+from zbsearch import CostModel
 from zbsearch.actions import Op
 from zbsearch.bounds import memory_iteration_lower_bound
 from zbsearch.formats.profile import LaneSharing
+from zbsearch.layout import placement
 from zbsearch.reductions import lane_runs, share_rate, shared_lane_runs, with_reductions
-from zbsearch.simulator import simulate
+from zbsearch.simulator import Deadlock, Timeline, simulate
 
 
 def _reference(rows, cost, link, share):
@@ -218,3 +221,51 @@ def test_a_profile_s_sharing_reaches_the_costs_and_old_files_mean_none(tmp_path)
     tl, alone = simulate(s.rank_actions, cost), simulate(s.rank_actions, plain)
     assert tl.period > alone.period
     assert max(tl.finish) <= max(alone.finish) + 3 * 0.8 * max(cost.t_reduce) + 1e-6
+
+
+def _both_engines(rows, cost, pairs, monkeypatch):
+    """``simulate`` by its pass in dependency order, and by its event-by-event engine with every
+    lane on one link at share 0 (each at full speed): the Timeline, or the Deadlock, of each."""
+    def run():
+        try:
+            return simulate(rows, cost, pairs)
+        except Deadlock as e:
+            return e
+
+    alone = run()
+    with monkeypatch.context() as m:
+        m.setattr(CostModel, "shares_lanes", property(lambda self: True))
+        cost = replace(cost, lane_link=(0,) * cost.num_ranks, lane_share=0.0)
+        shared = run()
+    return alone, shared
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_both_engines_time_alike_without_sharing(seed, monkeypatch):
+    # gathers, reductions, slowdowns and overlapped pairs (some that deadlock): at share 0 the
+    # event-by-event engine gives the dependency-order engine's timeline, deadlocks included
+    rng = random.Random(5000 + seed)
+    p = rng.randint(1, 4)
+    chunks, layout = rng.choice([(1, "looped"), (2, "v"), (2, "looped")])
+    cost = CostModel.from_profile(moe_profile(rng, p), placement(p, chunks, layout))
+    S = cost.num_stages
+    cost = replace(cost, t_reduce=tuple(rng.choice([0.0, rng.uniform(0.5, 6.0)]) for _ in range(S)),
+                   t_opt=tuple(rng.choice([0.0, rng.uniform(0.0, 1.0)]) for _ in range(S)),
+                   t_gather=tuple(rng.choice([0.0, rng.uniform(0.2, 3.0)]) for _ in range(S)) if rng.random() < 0.7 else (),
+                   slowdown=tuple(rng.choice([1.0, rng.uniform(1.0, 2.5)]) for _ in range(S)) if rng.random() < 0.7 else ())
+    rows = random_order(rng, cost, rng.randint(1, 4), fuse=rng.choice([0.0, 0.4]))
+    rows, pairs = pair_up(rng, rows, moves=rng.random() < 0.15)
+    alone, shared = _both_engines(rows, cost, pairs, monkeypatch)
+    if isinstance(alone, Deadlock):
+        assert isinstance(shared, Deadlock) and shared.waits == alone.waits
+        return
+    assert isinstance(shared, Timeline)
+    for field in ("start", "end"):
+        assert getattr(shared, field) == [pytest.approx(row, abs=1e-7) for row in getattr(alone, field)]
+    assert shared.finish == pytest.approx(alone.finish, abs=1e-7) and shared.begin == pytest.approx(alone.begin, abs=1e-7)
+    for field in ("reductions", "gathers"):
+        got, want = getattr(shared, field), getattr(alone, field)
+        assert [[s for s, _, _ in row] for row in got] == [[s for s, _, _ in row] for row in want]
+        assert [_flat(row) for row in got] == [pytest.approx(_flat(row), abs=1e-7) for row in want]
+    assert shared.busy == pytest.approx(alone.busy) and shared.overlapped == alone.overlapped
+    assert shared.memory == alone.memory

@@ -65,9 +65,9 @@ from typing import Any
 from .actions import Action, Op
 
 __all__ = ["Reduction", "Slowing", "lane", "lane_next", "lane_runs", "share_rate", "SharedLanes", "shared_lane_runs",
-           "iteration_end", "step_start", "slowed_end", "gather_ends", "gather_releases",
+           "iteration_end", "step_start", "slowed_end", "gather_ends", "first_passes", "gather_releases",
            "gathers", "last_backward", "lane_floors", "iteration_floor", "reduction_time", "with_reductions",
-           "with_measured_reductions", "grad_bytes_per_stage", "gain_kept"]
+           "with_measured_reductions", "given_sharing", "grad_bytes_per_stage", "gain_kept"]
 
 Reduction = tuple[int, float, float]  # (stage, start, end), ms
 Slowing = tuple[float, float, float]  # (start, end, factor): a run of the lane that slows the passes beside it
@@ -258,15 +258,22 @@ def gather_ends(stages: Iterable[int], t_gather: Sequence[float]) -> dict[int, f
     return out
 
 
+def first_passes(row: Sequence[Action]) -> dict[int, int]:
+    """Per stage of a rank's action list, the position of its first pass: the one that waits
+    for the stage's gather."""
+    first: dict[int, int] = {}
+    for i, a in enumerate(row):
+        first.setdefault(a.stage, i)
+    return first
+
+
 def gather_releases(row: Sequence[Action], t_gather: Sequence[float]) -> dict[int, float]:
     """Position -> when it may start, for the first pass of each stage of a rank's action list
     whose gather (or an earlier one of the rank) takes time: the end of its gather
     (``gather_ends``). Empty without gathers."""
     if not t_gather:
         return {}
-    first: dict[int, int] = {}
-    for i, a in enumerate(row):
-        first.setdefault(a.stage, i)
+    first = first_passes(row)
     ends = gather_ends(first, t_gather)
     return {i: ends[s] for s, i in first.items() if ends[s] > 0}
 
@@ -347,9 +354,29 @@ def reduction_time(grad_bytes: float, replicas: int, bandwidth_gbs: float, shard
     return steps / n * grad_bytes / (bandwidth_gbs * 1e9) * 1e3 + steps * latency_ms
 
 
+def given_sharing(share: float, ranks_per_link: int | None = None, *,
+                  names: tuple[str, str] = ("the share", "ranks_per_link")):
+    """The ``LaneSharing`` a user gives for reductions priced from bytes (``with_reductions``):
+    while k runs of ranks on one link are under way each moves at 1 / (1 + ``share`` (k - 1))
+    of its speed alone (``share_rate``); ``ranks_per_link`` consecutive pipeline ranks share a
+    link (None: every rank of the pipeline). ZbError, one line naming the value by ``names``,
+    for one out of range."""
+    import math
+
+    from .errors import ZbError
+    from .formats.profile import MAX_SLOWDOWN, LaneSharing
+
+    if not (isinstance(share, (int, float)) and math.isfinite(share) and 0 <= share <= MAX_SLOWDOWN):
+        raise ZbError(f"{names[0]} must be a number from 0 to {MAX_SLOWDOWN:g}, not {share}: 0, lanes on one link never "
+                      "slow each other; 1, runs at once split the link evenly")
+    if ranks_per_link is not None and not (isinstance(ranks_per_link, int) and ranks_per_link >= 1):
+        raise ZbError(f"{names[1]} must be a whole number of pipeline ranks, at least 1, not {ranks_per_link}")
+    return LaneSharing(share=float(share), ranks_per_link=ranks_per_link)
+
+
 def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Sequence[float], *,
                     sharded: bool = False, latency_ms: float = 0.0, t_opt: Sequence[float] | None = None,
-                    expert_bytes: Sequence[float] | None = None, expert_replicas: int = 1):
+                    expert_bytes: Sequence[float] | None = None, expert_replicas: int = 1, sharing=None):
     """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
     ``replicas`` (``reduction_time`` of each stage's ``grad_bytes``) and, where given, their
     optimizer step (``t_opt``, ms per stage); ``sharded``, a reduce-scatter, and each stage
@@ -357,7 +384,9 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
 
     ``expert_bytes``: per stage, the part of ``grad_bytes`` that is expert parameters', reduced
     only across each expert's ``expert_replicas`` copies (the data-parallel ranks over the
-    expert-parallel degree; one copy reduces nothing), after the rest across ``replicas``."""
+    expert-parallel degree; one copy reduces nothing), after the rest across ``replicas``.
+    ``sharing`` (``LaneSharing``, ``given_sharing``): how the lanes of ranks on one link slow
+    each other (None: not at all)."""
     from .errors import ZbError
     from .formats.profile import DataParallel
 
@@ -375,7 +404,7 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
     # as the gradients (the same dtype), which a ring moves like a reduce-scatter
     t_gather = t_reduce if sharded else None
     dp = DataParallel(replicas=replicas, sharded=sharded, how="bandwidth", bandwidth_gbs=bandwidth_gbs,
-                      grad_bytes=list(grad_bytes),
+                      grad_bytes=list(grad_bytes), sharing=sharing,
                       **({"expert_bytes": experts, "expert_replicas": expert_replicas} if any(experts) else {}))
     return _ending_with(profile, dp, t_reduce, t_opt, t_gather)
 

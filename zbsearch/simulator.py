@@ -28,7 +28,8 @@ busy time still counts its time alone, so the slowdown counts with the idle time
 the runs the simulator queued while timing the passes (the timeline's ``reductions`` and
 ``gathers``). Where lanes of different ranks share a link (``CostModel.shares_lanes``) a rank's
 lane depends on the others', and the simulator advances every rank's passes and lanes together
-in time, event by event, instead of one pass in dependency order.
+in time, event by event, instead of one pass in dependency order. Both ways an action may start
+by the same rule (``ready_at``); they differ only in when the lane's gathers end.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .reductions import (
     Reduction,
     SharedLanes,
     Slowing,
+    first_passes,
     gather_ends,
     gather_releases,
     iteration_end,
@@ -208,29 +210,12 @@ def _simulate_alone(rank_actions, cost, kinds, durations, pairs, slow: _Lanes | 
         row, row_start, row_end, row_dur, row_release = rank_actions[r], start[r], end[r], durations[r], release[r]
         row_pairs = pairs[r] if pairs else None
         n, i, t_free = len(row), done[r], free[r]
-        wait = None
+        wait: tuple[int, int] | None = None
         while i < n:
             together = row_pairs.get(i) if row_pairs else None  # an overlapped pair's time, or None
-            t = t_free
-            for k in (i, i + 1) if together is not None else (i,):  # a stage's first pass waits for its gather
-                if row_release and k in row_release and row_release[k] > t:
-                    t = row_release[k]
-            for a in (row[i], row[i + 1]) if together is not None else (row[i],):
-                for positions, delay in kinds[a.op][a.stage]:
-                    pos = positions[a.mb]
-                    if pos is None:  # no rank runs it: reported below, after the run stops
-                        wait = (r, n)
-                        break
-                    dr, di = pos
-                    if di >= (i if dr == r else done[dr]):  # a pair's backward cannot wait for its own forward
-                        wait = pos
-                        break
-                    e = end[dr][di] + delay
-                    if e > t:
-                        t = e
-                if wait is not None:
-                    break
-            if wait is not None:
+            t = ready_at(r, i, row, together is not None, t_free, row_release, kinds, end, done)
+            if isinstance(t, tuple):
+                wait = t
                 break
             row_start[i] = t
             if together is None:
@@ -252,6 +237,41 @@ def _simulate_alone(rank_actions, cost, kinds, durations, pairs, slow: _Lanes | 
         if wait is not None:
             parked[wait[0]].append((wait[1], r))
     return start, end, done
+
+
+def ready_at(r: int, i: int, row: list[Action], pair: bool, free: float, release: dict[int, float] | None,
+             kinds, end: list[list[float]], done: list[int]) -> float | tuple[int, int]:
+    """When rank r's next action, at position i of its list ``row``, may start (with the one after
+    it where ``pair``: an overlapped pair waits for the inputs of both): the rule both engines of
+    ``simulate`` time by. No earlier than its rank is free (``free``), than the release of a
+    stage's first pass (``release``: position -> when the stage's gather ends on the rank's
+    lane; inf while it has not ended), and than the end of each pass it waits for plus the
+    edge's delay (``kinds``: ``simulate``'s table of those passes' positions; ``end``: the
+    ends so far; ``done[q]``: how many actions rank q has run, the positions before i on rank r).
+
+    A time, or the (rank, position) of a pass it waits for that has not run ((r, len(row)) where
+    no rank runs it): a pair whose backward waits for its own forward waits for itself."""
+    t = free
+    if release:
+        at = release.get(i)
+        if at is not None and at > t:
+            t = at
+        if pair:
+            at = release.get(i + 1)
+            if at is not None and at > t:
+                t = at
+    for a in (row[i], row[i + 1]) if pair else (row[i],):
+        for positions, delay in kinds[a.op][a.stage]:
+            pos = positions[a.mb]
+            if pos is None:
+                return r, len(row)
+            dr, di = pos
+            if di >= (i if dr == r else done[dr]):
+                return pos
+            e = end[dr][di] + delay
+            if e > t:
+                t = e
+    return t
 
 
 class _Lanes:
@@ -311,41 +331,19 @@ def _simulate_shared(rank_actions, cost: CostModel, kinds, durations, pairs):
     lanes = SharedLanes(cost.lane_link, cost.lane_share)
     slowdown = cost.slowdown
     closing = [{i: s for s, i in last_backward(row).items()} for row in rank_actions]
-    first: list[dict[int, int]] = [{} for _ in rank_actions]  # per rank, position -> stage, of each stage's first pass
-    if cost.t_gather:
-        for r, row in enumerate(rank_actions):
-            for i, a in enumerate(row):
-                first[r].setdefault(a.stage, i)
-            first[r] = {i: s for s, i in first[r].items()}
-            for s in sorted(first[r].values()):
-                lanes.add(r, cost.t_gather[s], (False, s))
-    gathered: list[dict[int, float]] = [{} for _ in rank_actions]  # per rank, stage -> its gather's end
+    # per rank, position of each stage's first pass -> the end of the stage's gather (inf until the lane has run it)
+    release: list[dict[int, float]] = [{} for _ in rank_actions]
+    firsts = [first_passes(row) if cost.t_gather else {} for row in rank_actions]
+    for r, first in enumerate(firsts):
+        for s in sorted(first):
+            lanes.add(r, cost.t_gather[s], (False, s))
+            release[r][first[s]] = float("inf")
+    gathered = [0] * R  # per rank, the gathers it has noted
     start = [[0.0] * len(row) for row in rank_actions]
     end = [[0.0] * len(row) for row in rank_actions]
     done, free = [0] * R, [0.0] * R
     running: list[list[float] | None] = [None] * R  # per rank, [count, ms left alone] of its pass under way
     t = 0.0
-
-    def ready(r: int) -> float | None:  # when rank r's next action may start, None while it waits
-        i, row = done[r], rank_actions[r]
-        together = pairs[r].get(i) if pairs else None
-        at = free[r]
-        for k in (i, i + 1) if together is not None else (i,):
-            s = first[r].get(k)
-            if s is not None:
-                if s not in gathered[r]:
-                    return None
-                at = max(at, gathered[r][s])
-        for a in (row[i], row[i + 1]) if together is not None else (row[i],):
-            for positions, delay in kinds[a.op][a.stage]:
-                pos = positions[a.mb]
-                if pos is None:
-                    return None
-                dr, di = pos
-                if di >= (i if dr == r else done[dr]):
-                    return None
-                at = max(at, end[dr][di] + delay)
-        return at
 
     def factor(r: int) -> float:  # the slowdown of rank r's passes now
         tag = lanes.running(r)
@@ -353,24 +351,25 @@ def _simulate_shared(rank_actions, cost: CostModel, kinds, durations, pairs):
 
     def note_gathers() -> None:  # the ends of the gathers run so far: the lanes run them first
         for r, runs in enumerate(lanes.runs):
-            for (is_reduction, s), _, b in runs[len(gathered[r]):] if cost.t_gather else ():
+            for (is_reduction, s), _, b in runs[gathered[r]:] if cost.t_gather else ():
                 if is_reduction:
                     break
-                gathered[r][s] = b
+                release[r][firsts[r][s]] = b
+                gathered[r] += 1
 
     while True:
         note_gathers()
         soon = float("inf")
         for r in range(R):  # start what can start now
             if running[r] is None and done[r] < len(rank_actions[r]):
-                at = ready(r)
-                if at is None:
+                i = done[r]
+                together = pairs[r].get(i) if pairs else None
+                at = ready_at(r, i, rank_actions[r], together is not None, free[r], release[r], kinds, end, done)
+                if isinstance(at, tuple):  # it waits for a pass not run yet
                     continue
                 if at > t:
                     soon = min(soon, at)
                     continue
-                i = done[r]
-                together = pairs[r].get(i) if pairs else None
                 start[r][i] = at
                 if together is None:
                     running[r] = [1, durations[r][i]]

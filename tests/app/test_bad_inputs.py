@@ -160,6 +160,17 @@ CASES = [
     (["plan", "-l", "layers.json", "-r", "2", "-m", "2", "--dp", "8"], None, "--dp and --dp-bandwidth go together"),
     (["profile", "--builtin", "gpt", "--dp-bandwidth", "10"], None, "give --dp N too"),
     (["profile", "--builtin", "gpt", "--dp", "8", "--dp-bandwidth", "0"], None, "--dp-bandwidth must be a positive"),
+    # how the priced reductions share a link
+    (["compare", *P, "--dp-share", "1"], None, "give --dp N and --dp-bandwidth too"),
+    (["simulate", "--dp-share", "1"], "good", "give --dp N and --dp-bandwidth too"),
+    (["compare", *P, "--ranks-per-link", "2"], None, "--ranks-per-link says which ranks share a link: give --dp-share"),
+    (["solve", *P, "--dp", "8", "--dp-bandwidth", "50", "--grad-bytes", "1GB", "--dp-share", "-0.5"], None,
+     "--dp-share must be a number from 0 to 100"),
+    (["schedule", "1f1b", *P, "--dp", "8", "--dp-bandwidth", "50", "--grad-bytes", "1GB", "--dp-share", "inf"], None,
+     "--dp-share must be a number from 0 to 100"),
+    (["plan", "-l", "layers.json", "-r", "2", "-m", "2", "--dp-share", "1"], None, "give --dp N and --dp-bandwidth too"),
+    (["profile", "--builtin", "gpt", "--dp", "8", "--dp-share", "0.5"], None, "profile --dp N alone measures it"),
+    (["profile", "--builtin", "gpt", "--dp-share", "0.5"], None, "give --dp N and --dp-bandwidth too"),
 ]
 
 
@@ -173,6 +184,8 @@ USAGE_CASES: list[tuple[list[str], str | None, str]] = [
     (["solve"], None, "Missing option"),
     (["solve", *P, "--bogus"], None, "No such option"),
     (["demo", "-p", "4"], None, "No such option"),
+    (["compare", *P, "--dp", "8", "--dp-bandwidth", "50", "--grad-bytes", "1GB", "--dp-share", "1", "--ranks-per-link", "0"],
+     None, "--ranks-per-link"),
     (["nosuchcommand"], None, "No such command"),
 ]
 

@@ -25,9 +25,12 @@ def _profile(*extra: str) -> subprocess.CompletedProcess:
 
 def test_profile_with_replicas_prices_each_stages_all_reduce_and_step(tmp_path):
     out = tmp_path / "p.json"
-    r = _profile("--dp", "8", "--dp-bandwidth", "10", "-o", str(out))
+    r = _profile("--dp", "8", "--dp-bandwidth", "10", "--dp-share", "0.5", "-o", str(out))
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
+    # the share given for the priced reductions, in the record the profiler measures elsewhere
+    assert {k: v for k, v in doc["data_parallel"]["sharing"].items() if v is not None} == {"version": 1, "share": 0.5}
+    assert zb.CostModel.from_profile(zb.load_profile(out), [0, 1]).lane_share == 0.5
     # the stages' trainable parameters, counted here from the model itself (float32)
     stages = gpt_stages(GPTConfig(layers=4, hidden=64, heads=4, seq=32, microbatch_size=2, stages=2))
     want = [4.0 * sum(p.numel() for p in st.parameters() if p.requires_grad) for st in stages]
@@ -222,6 +225,15 @@ def test_torchrun_times_each_stages_reduction_on_the_replicas_started_with_the_p
 
 # ---- sharded stages: each one's gather at the step's start and its reduce-scatter --------------
 
+def _check_measured_sharing(share, stages: int) -> None:
+    """A measured ``LaneSharing`` of one link holding every rank: each stage's runs alone and
+    together, and the share their rounds' median, at least 0."""
+    assert share is not None and share.ranks_per_link is None
+    assert len(share.alone_ms) == len(share.together_ms) == stages
+    assert share.share == max(0.0, share.measured.median) and share.measured.q1 <= share.measured.median <= share.measured.q3
+    assert all(q.median > 0 for q in (*share.alone_ms, *share.together_ms))
+
+
 _UNITS = [[((6, 4), "float32"), ((4,), "float32")], [((5, 3), "float32")]]
 
 
@@ -342,6 +354,8 @@ def test_profile_with_sharded_replicas_times_each_gather_on_local_processes(tmp_
     assert len(dp.slowdown) == 2
     for st, q in zip(prof.stages, dp.slowdown):
         assert st.reduce_slowdown == max(1.0, q.median) and q.q1 <= q.median <= q.q3
+    # both stages' reduce-scatters timed alone and at once (4 processes): how they share this host's cores
+    _check_measured_sharing(dp.sharing, 2)
     res = solve(prof, 4, "2p", time_limit=1)
     tl = zb.timeline(res.schedule)
     assert tl.gathers and tl.start[0][0] >= prof.stages[0].t_gather  # the first pass waits for its gather
@@ -363,3 +377,6 @@ def test_torchrun_times_each_sharded_stages_gather_on_the_replicas(tmp_path):
     assert dp.group == "torchrun" and dp.sharded and len(dp.gather_ms) == 2
     assert all(st.t_gather == q.median > 0 for st, q in zip(prof.stages, dp.gather_ms))
     assert len(dp.slowdown) == 2 and all(st.reduce_slowdown == max(1.0, q.median) for st, q in zip(prof.stages, dp.slowdown))
+    # each rank's reduce-scatters alone are t_reduce; every rank's at once against them, the share
+    _check_measured_sharing(dp.sharing, 2)
+    assert [q.median for q in dp.sharing.alone_ms] == [q.median for q in dp.reduce_ms]

@@ -75,6 +75,32 @@ def test_tune_writes_the_winner_every_command_takes(tmp_path, capsys):
     assert doc["global_batch"] == 16 and doc["seq"] == 128
 
 
+def test_tune_prices_the_share_of_a_nodes_link_where_its_pipeline_ranks_reduce(tmp_path, capsys):
+    from tests.test_lane_sharing import _reference
+
+    out = tmp_path / "tuned"
+    base = [x for x in _BASE]
+    base[base.index("-t") + 1] = "4"
+    base[base.index("--ranks-per-node") + 1] = "8"  # one node: its pipeline ranks share its link
+    code, _, err = _run(capsys, "tune", *_layers(tmp_path, sizes=(1,)), *base, "--dp-share", "1", "--placement", "one",
+                        "--no-baselines", "-o", out)
+    assert code == 0, err
+    res = load_tune(out / "tune.json")
+    best, sched = res.winner, zb.load_schedule(out / "schedule.json")
+    assert res.cluster.dp_share == 1.0 and best is not None
+    # 8 ranks to a node, tp 1: the node holds 8 / dp whole pipeline ranks, which share its link
+    per = 8 // best.dp
+    sharing = sched.profile.data_parallel.sharing if sched.profile.data_parallel is not None else None
+    if per >= 2 and best.pp >= 2:
+        assert sharing.share == 1.0 and sharing.ranks_per_link == (per if per < best.pp else None)
+    else:
+        assert sharing is None
+    cost = zb.CostModel.from_profile(sched.profile, sched.stage_to_rank)
+    link = [r // min(max(per, 1), best.pp) for r in range(best.pp)]
+    want = [f - start[0] for start, _, _, _, f, _ in _reference(sched.rank_actions, cost, link, 1.0)]
+    assert max(want) == pytest.approx(best.iteration_ms)
+
+
 @pytest.mark.parametrize("args, words", [
     (["--tp", "3"], "the tensor-parallel degree 3 does not divide the 8 ranks"),
     (["-g", "7"], "no configuration of 8 ranks (tp 1) takes a global batch of 7"),
@@ -87,6 +113,7 @@ def test_tune_writes_the_winner_every_command_takes(tmp_path, capsys):
     (["--intra-gbs", "0"], "cluster: intra_node_gbs"),
     (["--global-tokens", "2048"], "give the global batch once"),
     (["--sharded", "--shard"], "not both"),
+    (["--dp-share", "-1"], "cluster: dp_share"),
 ])
 def test_bad_tunes_are_one_line_and_write_nothing(tmp_path, capsys, args, words):
     out = tmp_path / "out"

@@ -46,9 +46,40 @@ def test_groups_share_a_node_exactly_where_the_layout_says(ranks, per_node):
             assert mesh.dp_bandwidth(cl) == (100 if inside else 10)
 
 
+@pytest.mark.parametrize("ranks, per_node", [(16, 8), (12, 4), (8, 8), (24, 6), (8, 2)])
+def test_the_ranks_of_a_node_share_its_link_where_it_holds_whole_pipeline_ranks(ranks, per_node):
+    from zbsearch import CostModel
+
+    layers = random_layers(3, 6, tied=False)
+    cl = Cluster(ranks=ranks, ranks_per_node=per_node, intra_node_gbs=100, inter_node_gbs=10, dp_share=0.7)
+    for tp in (1, 2, 3):
+        for pp in (2, 3, 4, 6):
+            if ranks % (tp * pp) or ranks // (tp * pp) < 2:
+                continue
+            dp = ranks // (tp * pp)
+            nodes = {}  # pipeline rank -> the nodes its ranks lie in, from the layout
+            for r, (p, _, _) in _layout(pp, dp, tp).items():
+                nodes.setdefault(p, set()).add(r // per_node)
+            whole = all(len(n) == 1 for n in nodes.values())
+            link = tuple(min(nodes[p]) for p in range(pp))
+            n = layers.num_units
+            counts = tuple(n // pp + (i < n % pp) for i in range(pp))
+            prof = full_profile(layers, counts, "one", Mesh(pp, dp, tp), cl, OptimizerSetup("adamw"))
+            cost = CostModel.from_profile(prof, list(range(pp)))
+            if whole and len(set(link)) < pp:  # some node holds two pipeline ranks or more: they share its link
+                assert cost.lane_share == 0.7 and cost.lane_link == tuple(x - link[0] for x in link)
+            else:
+                assert not cost.shares_lanes
+    plain = Cluster(ranks=8, ranks_per_node=8, intra_node_gbs=100, inter_node_gbs=10)
+    assert plain.dp_share == 0 and Mesh(4, 2, 1).dp_sharing(plain) is None
+
+
 def test_a_bad_cluster_is_one_line():
     with pytest.raises(ZbError, match="cluster: ranks") as e:
         Cluster.checked(ranks=0, ranks_per_node=8, intra_node_gbs=1, inter_node_gbs=1)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ZbError, match="cluster: dp_share") as e:
+        Cluster.checked(ranks=8, ranks_per_node=8, intra_node_gbs=1, inter_node_gbs=1, dp_share=-1)
     assert "\n" not in str(e.value)
 
 

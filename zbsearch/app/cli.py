@@ -90,6 +90,16 @@ ShardOpt = typer.Option(
     help="the --dp ranks shard the stages (fully_shard): each stage reduce-scatters its gradients and gathers its "
          "parameters (as many bytes) at the step's start, before its first pass",
 )
+DpShareOpt = typer.Option(
+    None, "--dp-share",
+    help="with --dp-bandwidth, how the reductions (and gathers) of pipeline ranks on one link slow each other: k at once "
+         "each move at 1 / (1 + S (k - 1)) of their speed alone (0: not at all, the default; 1: they split the link "
+         "evenly)",
+)
+RanksPerLinkOpt = typer.Option(
+    None, "--ranks-per-link", min=1,
+    help="with --dp-share, the consecutive pipeline ranks that share one link, a node's (default: every rank)",
+)
 GradBytesOpt = typer.Option(
     None, "--grad-bytes",
     help="gradient bytes to reduce: the model's total (3GB, split evenly over the stages) or one per stage, "
@@ -286,20 +296,39 @@ def _print_action(layers: LayerProfile) -> None:
                   highlight=False)
 
 
+def _sharing(share: float | None, per_link: int | None, priced: bool):
+    """``--dp-share`` and ``--ranks-per-link`` as the profile's ``LaneSharing`` (None where not
+    given), for reductions priced from ``--dp-bandwidth`` (``priced``)."""
+    if share is None:
+        if per_link is not None:
+            raise ZbError("--ranks-per-link says which ranks share a link: give --dp-share too")
+        return None
+    if not priced:
+        raise ZbError("--dp-share says how the reductions priced from --dp-bandwidth share a link: give --dp N and "
+                      "--dp-bandwidth too")
+    from zbsearch.reductions import given_sharing
+
+    return given_sharing(share, per_link, names=("--dp-share", "--ranks-per-link"))
+
+
 def _with_dp(prof: zb.Profile, dp: int | None, bandwidth: float | None, grad_bytes: str | None,
-             shard: bool = False) -> zb.Profile:
+             shard: bool = False, share: float | None = None, per_link: int | None = None) -> zb.Profile:
     """The profile with each stage's reduction across ``dp`` replicas, where the options ask for it
-    (``shard``: the stages sharded over them, so each also gathers its parameters at the step's start)."""
+    (``shard``: the stages sharded over them, so each also gathers its parameters at the step's
+    start; ``share``, ``per_link``: how the lanes of ranks on one link slow each other)."""
     if dp is None and bandwidth is None and grad_bytes is None:
         if shard:
             raise ZbError("--shard needs --dp, --dp-bandwidth and --grad-bytes: the ranks the stages are sharded over")
+        _sharing(share, per_link, priced=False)
         return prof
     if dp is None or bandwidth is None or grad_bytes is None:
         raise ZbError("--dp, --dp-bandwidth and --grad-bytes go together: the replicas, GB/s per rank, and the "
                       "gradient bytes to reduce")
     from zbsearch.reductions import grad_bytes_per_stage, with_reductions
 
-    return with_reductions(prof, dp, bandwidth, grad_bytes_per_stage(grad_bytes, prof.num_stages), sharded=shard)
+    sharing = _sharing(share, per_link, priced=True)
+    return with_reductions(prof, dp, bandwidth, grad_bytes_per_stage(grad_bytes, prof.num_stages), sharded=shard,
+                           sharing=sharing)
 
 
 @app.command()
@@ -313,12 +342,14 @@ def schedule(
     dp_bandwidth: float | None = DpBandwidthOpt,
     grad_bytes: str | None = GradBytesOpt,
     shard: bool = ShardOpt,
+    dp_share: float | None = DpShareOpt,
+    ranks_per_link: int | None = RanksPerLinkOpt,
     old_chunks: int | None = OldChunksOpt,
 ):
     """Build a classic schedule (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZB-V) for a profile."""
     chunks = _renamed_chunks(chunks, old_chunks)
     path = _output(output)
-    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes, shard)
+    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes, shard, dp_share, ranks_per_link)
     sched = zb.build_classic(kind, prof, m, chunks)
     zb.validate(sched)
     if path is not None:
@@ -344,12 +375,16 @@ def simulate(
     dp_bandwidth: float | None = DpBandwidthOpt,
     grad_bytes: str | None = GradBytesOpt,
     shard: bool = ShardOpt,
+    dp_share: float | None = DpShareOpt,
+    ranks_per_link: int | None = RanksPerLinkOpt,
 ):
     """Simulate a schedule: per-rank span, busy time, bubble and peak memory (and the iteration,
     where the profile or --dp ends it with gradient reductions)."""
     sched = _load_schedule(schedule_path, profile, mem_limit, force)
-    if dp is not None or dp_bandwidth is not None or grad_bytes is not None:
-        sched = sched.model_copy(update={"profile": _with_dp(sched.profile, dp, dp_bandwidth, grad_bytes, shard)})
+    if dp is not None or dp_bandwidth is not None or grad_bytes is not None or dp_share is not None \
+            or ranks_per_link is not None:
+        sched = sched.model_copy(update={"profile": _with_dp(sched.profile, dp, dp_bandwidth, grad_bytes, shard, dp_share,
+                                                             ranks_per_link)})
     tl = zb.timeline(sched)
     pred = zb.predict(sched, tl)
     traces = [load_trace(t) for t in measured] if measured else []
@@ -486,6 +521,8 @@ def compare(
     dp_bandwidth: float | None = DpBandwidthOpt,
     grad_bytes: str | None = GradBytesOpt,
     shard: bool = ShardOpt,
+    dp_share: float | None = DpShareOpt,
+    ranks_per_link: int | None = RanksPerLinkOpt,
     old_chunks: int | None = OldChunksOpt,
 ):
     """All schedule kinds side by side on one profile (with the iteration's reductions where the
@@ -493,7 +530,7 @@ def compare(
     from zbsearch.compare import compare as compare_kinds
 
     chunks = _renamed_chunks(chunks, old_chunks)
-    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes, shard)
+    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes, shard, dp_share, ranks_per_link)
     with _spinner() as bar:
         task = bar.add_task("building", total=None)
         rows = compare_kinds(prof, m, chunks=chunks, mem_limit=mem_limit, time_limit=time_limit,
@@ -689,6 +726,8 @@ def solve(
     dp_bandwidth: float | None = DpBandwidthOpt,
     grad_bytes: str | None = GradBytesOpt,
     shard: bool = ShardOpt,
+    dp_share: float | None = DpShareOpt,
+    ranks_per_link: int | None = RanksPerLinkOpt,
     old_chunks: int | None = OldPlacementOpt,
 ):
     """Find the schedule with the least bubble under a memory limit, and how far from optimal it can be."""
@@ -696,7 +735,7 @@ def solve(
 
     chunks = _solver_chunks(placement, old_chunks)
     path = _output(output)
-    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes, shard)
+    prof = _with_dp(zb.resolve_profile(profile), dp, dp_bandwidth, grad_bytes, shard, dp_share, ranks_per_link)
     cost = zb.CostModel.from_profile(prof, solver.solver_placement(prof.num_ranks, chunks))
     zb.parse_memory_limit(mem_limit, prof, cost)  # a bad limit fails now, not under the progress display
     with _spinner() as bar:
@@ -746,6 +785,8 @@ def plan(
         False, "--shard",
         help="the --dp ranks shard the stages (fully_shard): the budget counts whole parameters and gradients during "
              "the step plus each rank's share of stored parameters and optimizer state"),
+    dp_share: float | None = DpShareOpt,
+    ranks_per_link: int | None = RanksPerLinkOpt,
     no_milp: bool = typer.Option(False, "--no-milp", help="heuristics only when polishing the best cuts"),
     recompute: str = typer.Option(
         "none", "--recompute",
@@ -765,6 +806,7 @@ def plan(
     replicas = _replicas(dp, dp_bandwidth)
     if shard and replicas is None:
         raise ZbError("--shard needs --dp and --dp-bandwidth: the data-parallel ranks the stages are sharded over")
+    sharing = _sharing(dp_share, ranks_per_link, priced=replicas is not None)
     found = _with_action(load_layers(layers), action_ms)
     budget = parse_bytes(memory)
     spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED  # the command's own start counts too
@@ -773,7 +815,7 @@ def plan(
         res = make_plan(found, ranks, m, budget, placement=placement, optimizer=optimizer,
                         time_limit=max(time_limit - spent, 0.1), objective=objective, milp=not no_milp,
                         recompute=recompute, progress=_progress(bar, task),
-                        data_parallel=replicas, shard=dp if shard else None)
+                        data_parallel=replicas, shard=dp if shard else None, sharing=sharing)
     if path is not None:
         _write(res.schedule, path)
     if path is not None and str(path) == "-":
@@ -865,6 +907,9 @@ def tune(
     latency: float | None = typer.Option(None, "--latency-ms", help="pipeline message latency (default: the profile's)"),
     memory_gbs: float | None = typer.Option(
         None, "--memory-gbs", help="device memory GB/s the optimizer step streams its state at (default: not priced)"),
+    dp_share: float = typer.Option(
+        0.0, "--dp-share", help="how the reductions of the pipeline ranks on one node slow each other: k at once each "
+        "move at 1 / (1 + S (k - 1)) of their speed alone (0: not at all; 1: they split the link evenly)"),
     sizes: str | None = typer.Option(None, "--microbatch-sizes", "-b", help="sizes to search, e.g. 1,2,4 (default: "
                                      "those measured; others interpolated)"),
     placement: str = typer.Option("auto", "--placement", help="one, v or auto (both)"),
@@ -894,7 +939,8 @@ def tune(
     if folder is not None:
         check_folder(folder)
     cluster = Cluster.checked(ranks=ranks, ranks_per_node=min(ranks_per_node, ranks), memory_bytes=parse_bytes(memory),
-                              intra_node_gbs=intra, inter_node_gbs=inter, link_latency_ms=latency, memory_gbs=memory_gbs)
+                              intra_node_gbs=intra, inter_node_gbs=inter, link_latency_ms=latency, memory_gbs=memory_gbs,
+                              dp_share=dp_share)
     profiles = [_with_action(load_layers(p), action_ms) for p in layers]
     if (global_batch is None) == (global_tokens is None):
         raise ZbError("give the global batch once: -g SEQUENCES or --global-tokens TOKENS")
@@ -1136,6 +1182,11 @@ def profile(
              "or under torchrun the replicas started with the pipeline (pipeline ranks x N processes); with "
              "--dp-bandwidth it is priced as a ring all-reduce of the stage's trainable parameters' bytes instead"),
     dp_bandwidth: float | None = DpBandwidthOpt,
+    dp_share: float | None = typer.Option(
+        None, "--dp-share",
+        help="with --dp-bandwidth, how the priced reductions of pipeline ranks on one link slow each other: k at once "
+             "each move at 1 / (1 + S (k - 1)) of their speed alone (--dp N alone measures it)"),
+    ranks_per_link: int | None = RanksPerLinkOpt,
     shard: bool = typer.Option(
         False, "--shard",
         help="with --dp N, the stages are sharded over the N replicas (fully_shard): each stage's parameter gather at the "
@@ -1189,6 +1240,10 @@ def profile(
         raise ZbError("--dp applies to stage profiles: zbsearch plan --dp prices each cut's reductions")
     if dp_bandwidth is not None and not dp_bandwidth > 0:
         raise ZbError("--dp-bandwidth must be a positive number of GB/s")
+    if dp_share is not None and dp is not None and dp_bandwidth is None:
+        raise ZbError("--dp-share gives the share of reductions priced from --dp-bandwidth: profile --dp N alone "
+                      "measures it")
+    sharing = _sharing(dp_share, ranks_per_link, priced=dp is not None and dp_bandwidth is not None)
     if tp > 1 and per_layer:
         raise ZbError("--tp applies to stage profiles: --per-layer measures whole units on one device")
     if tp > 1 and dp_bandwidth is not None:
@@ -1289,7 +1344,7 @@ def profile(
         from zbsearch.profiler.settings import resolve_device, resolve_dtype
 
         prof = with_data_parallel(prof, spec.stages, dp, dp_bandwidth, resolve_device(device), resolve_dtype(dtype),
-                                  sharded=shard)
+                                  sharded=shard, sharing=sharing)
     if dp is not None and name is not None:  # the name given, not the one the reductions add -dpN to
         prof = prof.model_copy(update={"name": name})
     if target is None or str(target) != "-":

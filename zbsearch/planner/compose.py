@@ -60,7 +60,7 @@ from ..errors import ZbError
 from ..formats.layers import LayerProfile, Unit
 from ..formats.mesh import ProfileMesh
 from ..formats.partition import check_names
-from ..formats.profile import MIN_TIME_MS, Profile, StageCost
+from ..formats.profile import MIN_TIME_MS, LaneSharing, Profile, StageCost
 from ..layout import placement as layout
 from ..reductions import with_reductions
 from .memory import rank_static_bytes
@@ -199,13 +199,14 @@ def _kept_input(layers: LayerProfile, lo: int) -> float:
 
 
 def stage_profile(layers: LayerProfile, cut: Cut, data_parallel: tuple[int, float] | None = None,
-                  sharded: bool = False) -> Profile:
+                  sharded: bool = False, sharing: LaneSharing | None = None) -> Profile:
     """The ``zbsearch.profile`` of ``layers`` cut by ``cut``: what the solver, simulator and
     runtime take (pieces for the V, with their placement). ``data_parallel`` (replicas, GB/s
     per rank): each stage then ends the iteration with the all-reduce of its units' gradients,
     as many bytes as their parameters (``zbsearch.reductions``), expert parameters' only across
     each expert's copies (the replicas over ``layers.ep``); ``sharded`` (fully_shard over the
-    replicas), a reduce-scatter, after gathering its parameters at the step's start."""
+    replicas), a reduce-scatter, after gathering its parameters at the step's start; ``sharing``,
+    how the lanes of ranks on one link slow each other."""
     cut.check(layers.num_units)
     bounds = cut.bounds
     identity = (layers.model or {}).get("identity") or {}
@@ -239,7 +240,7 @@ def stage_profile(layers: LayerProfile, cut: Cut, data_parallel: tuple[int, floa
     grads = [sum(layers.units[u].param_bytes for u in range(lo, hi)) for lo, hi in bounds]
     experts = [sum(layers.units[u].expert_param_bytes for u in range(lo, hi)) for lo, hi in bounds]
     return with_reductions(prof, replicas, data_parallel[1], grads, sharded=sharded, expert_bytes=experts,
-                           expert_replicas=replicas // layers.ep).model_copy(update={"name": prof.name})
+                           expert_replicas=replicas // layers.ep, sharing=sharing).model_copy(update={"name": prof.name})
 
 
 def activation_need(layers: LayerProfile, cut: Cut, recompute: str = "none") -> list[float]:

@@ -59,6 +59,7 @@ from ..errors import ZbError
 from ..formats.edit import updated
 from ..formats.layers import LayerProfile
 from ..formats.partition import CutOutcome, Partition
+from ..formats.profile import LaneSharing
 from ..formats.schedule import Schedule
 from ..limits import allowance
 from ..solver import Progress, SolveResult, solve
@@ -173,16 +174,20 @@ class PlanInputs:
     recompute: str
     data_parallel: tuple[int, float] | None
     shard: int | None = None
+    sharing: LaneSharing | None = None
 
     @classmethod
     def make(cls, layers: LayerProfile, num_ranks: int, m: int, budget: float | None, placement: str, optimizer: str,
              objective: str | None, milp: bool, recompute: str, data_parallel: tuple[int, float] | None,
-             shard: int | None = None) -> PlanInputs:
+             shard: int | None = None, sharing: LaneSharing | None = None) -> PlanInputs:
         """The inputs, or one line (``ZbError``) for the first that is wrong."""
         if objective is None:
             objective = "iteration" if data_parallel is not None else "span"
         if data_parallel is not None and (data_parallel[0] < 1 or not data_parallel[1] > 0):
             raise ZbError("data parallelism needs at least 1 replica and a positive bandwidth")
+        if sharing is not None and data_parallel is None:
+            raise ZbError("how the reductions share a link needs the data parallelism (replicas and bandwidth) whose "
+                          "reductions share it")
         if objective == "iteration" and data_parallel is None:
             raise ZbError("objective 'iteration' needs the data parallelism (replicas and bandwidth) whose reductions "
                           "end it")
@@ -196,12 +201,13 @@ class PlanInputs:
         if objective not in ("span", "makespan", "iteration"):
             raise ZbError(f"objective must be 'span', 'makespan' or 'iteration', not {objective!r}")
         _check_recompute(layers, recompute)
-        return cls(layers, num_ranks, m, budget, places, optimizer, objective, milp, recompute, data_parallel, shard)
+        return cls(layers, num_ranks, m, budget, places, optimizer, objective, milp, recompute, data_parallel, shard,
+                   sharing)
 
     def cuts(self, placement: Placement) -> Cuts:
         """The cuts of ``placement``, priced on demand."""
         return Cuts(self.layers, self.num_ranks, placement, self.m, self.budget, self.optimizer, self.objective,
-                    self.recompute, self.data_parallel, self.shard)
+                    self.recompute, self.data_parallel, self.shard, self.sharing)
 
     def baselines(self) -> list[tuple[Placement, BaselineCut]]:
         """Every baseline rule of every placement searched, in order."""
@@ -222,6 +228,7 @@ def plan(
     recompute: str = "none",
     data_parallel: tuple[int, float] | None = None,
     shard: int | None = None,
+    sharing: LaneSharing | None = None,
     progress: Progress | None = None,
 ) -> PlanResult:
     """The best cut, placement and schedule found within ``time_limit`` seconds.
@@ -247,6 +254,8 @@ def plan(
             stage's backwards earlier, or holds fewer bytes on the last rank, can win.
         shard: the stages are sharded (``fully_shard``) over this many data-parallel ranks: the
             static memory counts it (``zbsearch.planner.memory``).
+        sharing: with ``data_parallel``, how the lanes of ranks on one link slow each other
+            (``zbsearch.reductions.given_sharing``; None: not at all).
 
     Raises:
         ZbError: bad arguments, or no cut whose memory fits the budget.
@@ -254,7 +263,7 @@ def plan(
     clock = Clock(0.0, time_limit)
     clock.start = clock.now()
     inputs = PlanInputs.make(layers, num_ranks, num_microbatches, budget, placement, optimizer, objective, milp,
-                             recompute, data_parallel, shard)
+                             recompute, data_parallel, shard, sharing)
     if progress is not None:
         progress("pricing cuts", math.inf, 0.0)
     spaces = price_cuts(inputs, clock)

@@ -40,7 +40,7 @@ from ..bounds import (
 )
 from ..costs import CostModel
 from ..formats.layers import LayerProfile
-from ..formats.profile import Profile
+from ..formats.profile import LaneSharing, Profile
 from ..limits import allowance
 from ..solver import SolveResult
 from ..solver.problem import Problem
@@ -79,10 +79,11 @@ class Cuts:
 
     def __init__(self, layers: LayerProfile, num_ranks: int, placement: Placement, m: int, budget: float | None,
                  optimizer: str, objective: str, recompute: str = "none",
-                 data_parallel: tuple[int, float] | None = None, shard: int | None = None) -> None:
+                 data_parallel: tuple[int, float] | None = None, shard: int | None = None,
+                 sharing: LaneSharing | None = None) -> None:
         self.layers, self.num_ranks, self.placement, self.m = layers, num_ranks, placement, m
         self.budget, self.optimizer, self.objective, self.recompute = budget, optimizer, objective, recompute
-        self.data_parallel, self.shard = data_parallel, shard
+        self.data_parallel, self.shard, self.sharing = data_parallel, shard, sharing
         self.num_stages = num_ranks * (2 if placement == "v" else 1)
         self.seen: dict[tuple[int, ...], CutEval] = {}
         self.exhaustive = False  # whether every cut was priced
@@ -106,7 +107,8 @@ class Cuts:
         over = -math.inf if limit is None else max(n - x for n, x in zip(need, limit))
         ev = CutEval(cut, static, limit, feasible, over)
         if feasible:
-            ev.profile = stage_profile(self.layers, cut, self.data_parallel, sharded=self.shard is not None)
+            ev.profile = stage_profile(self.layers, cut, self.data_parallel, sharded=self.shard is not None,
+                                       sharing=self.sharing)
             # the costs the solver sees: only the recomputation this plan allows
             problem = Problem.make(CostModel.from_profile(ev.profile, cut.stage_to_rank), self.m,
                                    objective=self.objective, recompute=self.recompute)  # type: ignore[arg-type]

@@ -20,6 +20,11 @@ units (``shard_units``: its parameters' shapes, sharded unit by unit as ``shard_
 a stage) over the data-parallel group (``sharded_samples``), or priced from the bytes. Where
 timed, the stage's pass is also timed beside its gathers and reduce-scatters, for its
 ``reduce_slowdown`` (``zbsearch.profiler.slowdown``).
+
+Where it times them on a real group it also measures how the lanes of pipeline ranks on one
+link slow each other (``LaneSharing``, ``lane_sharing``): each rank's reductions (sharded: its
+reduce-scatters) alone, the other ranks waiting, then every rank's at once
+(``sharing_samples``, ``sharded_sharing_samples``; locally ``measure_sharing_locally``).
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ from ..reductions import with_measured_reductions, with_reductions
 from .measure import Stats
 
 __all__ = ["gradient_layout", "gradient_bytes", "optimizer_step_ms", "with_data_parallel", "reduction_samples", "measure_locally",
-           "with_measured_data_parallel", "shard_units", "sharded_samples", "measure_sharded_locally"]
+           "with_measured_data_parallel", "shard_units", "sharded_samples", "sharded_sharing_samples",
+           "measure_sharded_locally"]
 
 # Untimed reductions of each stage before the timed ones (the first allocates the buckets and
 # opens the group's connections).
@@ -93,13 +99,15 @@ def optimizer_step_ms(module: nn.Module, device: torch.device, dtype: torch.dtyp
 
 
 def with_data_parallel(profile: Profile, stages: list[nn.Module], replicas: int, bandwidth_gbs: float,
-                       device: torch.device, dtype: torch.dtype | None = None, sharded: bool = False) -> Profile:
+                       device: torch.device, dtype: torch.dtype | None = None, sharded: bool = False,
+                       sharing: LaneSharing | None = None) -> Profile:
     """``profile`` whose stages end the iteration with the ring all-reduce of their gradients
     across ``replicas`` at ``bandwidth_gbs`` GB/s per rank, then their AdamW step (timed here);
-    ``sharded``, a reduce-scatter, after an all-gather of as many bytes at the step's start."""
+    ``sharded``, a reduce-scatter, after an all-gather of as many bytes at the step's start;
+    ``sharing``, how the lanes of ranks on one link slow each other (``reductions.given_sharing``)."""
     grads = [gradient_bytes(m, dtype) for m in stages]
     steps = [optimizer_step_ms(m, device, dtype) for m in stages]
-    return with_reductions(profile, replicas, bandwidth_gbs, grads, t_opt=steps, sharded=sharded)
+    return with_reductions(profile, replicas, bandwidth_gbs, grads, t_opt=steps, sharded=sharded, sharing=sharing)
 
 
 @torch.no_grad()
@@ -233,29 +241,37 @@ def measure_locally(layouts: Sequence[Layout], replicas: int, repeat: int, timeo
                      warmup, threads)[0]
 
 
-def _sharing_worker(rank: int, world: int, send, layouts: list[Layout], replicas: int, repeat: int, timeout: float,
-                    threads: int | None) -> tuple[list[float], list[float]]:
+def _sharing_worker(rank: int, world: int, send, stages: list, replicas: int, repeat: int, timeout: float,
+                    threads: int | None, sharded: bool) -> tuple[list[float], list[float]]:
     if threads is not None:
         torch.set_num_threads(threads)
-    ranks = len(layouts)
-    groups = [dist.new_group(list(range(q * replicas, (q + 1) * replicas))) for q in range(ranks)]
+    ranks = len(stages)
     me = rank // replicas
-    alone, together = sharing_samples([_Gradients(layouts[me])], groups[me], me, ranks, repeat, timeout)
+    if sharded:  # pipeline rank q: processes q * replicas to (q + 1) * replicas - 1, as below
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (ranks, replicas), mesh_dim_names=("pp", "dp"))["dp"]
+        _, alone, together = sharded_sharing_samples([stages[me]], mesh, me, ranks, repeat)
+        return alone[0], together[0]
+    groups = [dist.new_group(list(range(q * replicas, (q + 1) * replicas))) for q in range(ranks)]
+    alone, together = sharing_samples([_Gradients(stages[me])], groups[me], me, ranks, repeat, timeout)
     return alone[0], together[0]
 
 
-def measure_sharing_locally(layouts: Sequence[Layout], replicas: int, repeat: int, timeout: float,
-                            threads: int | None = None) -> LaneSharing | None:
+def measure_sharing_locally(stages: Sequence, replicas: int, repeat: int, timeout: float,
+                            threads: int | None = None, sharded: bool = False) -> LaneSharing | None:
     """How the stages' reductions slow each other on this machine (``LaneSharing``, every stage on
-    one link: its cores and loopback): each stage's gradients (``layouts``) on a pipeline rank of
-    its own, reduced across ``replicas`` local processes (gloo), timed alone and with every
-    stage's at once (``sharing_samples``); None for one stage or one replica."""
-    if len(layouts) < 2 or replicas < 2:
+    one link: its cores and loopback): each stage on a pipeline rank of its own, its gradients
+    (``stages``: each one's ``gradient_layout``) reduced across ``replicas`` local processes
+    (gloo), timed alone and with every stage's at once (``sharing_samples``); ``sharded``, each
+    one's units (``shard_units``) sharded over them, their reduce-scatters timed
+    (``sharded_sharing_samples``). None for one stage or one replica."""
+    if len(stages) < 2 or replicas < 2:
         return None
-    got = run_local(_sharing_worker, len(layouts) * replicas, list(layouts), replicas, repeat, timeout, threads,
-                    timeout=max(timeout, 60.0) * (2 + len(layouts)))
-    mine = [got[q * replicas] for q in range(len(layouts))]  # the first replica's of each stage
-    return lane_sharing([a for a, _ in mine], [t for _, t in mine], [len(layouts)] * len(layouts), None)
+    got = run_local(_sharing_worker, len(stages) * replicas, list(stages), replicas, repeat, timeout, threads, sharded,
+                    timeout=max(timeout, 60.0) * (2 + len(stages)))
+    mine = [got[q * replicas] for q in range(len(stages))]  # the first replica's of each stage
+    return lane_sharing([a for a, _ in mine], [t for _, t in mine], [len(stages)] * len(stages), None)
 
 
 def shard_units(module: nn.Module, dtype: torch.dtype | None = None) -> list[Layout]:
@@ -296,6 +312,52 @@ class _StandIn(nn.Module):
         return x
 
 
+class _ShardedStep:
+    """A stage's stand-in (its units, ``shard_units``) sharded with ``fully_shard`` unit by unit
+    over ``mesh`` (a one-dimensional DeviceMesh of the data-parallel ranks), stepped as the
+    runtime steps a sharded stage (``ShardedStages``): every unit's gather started at the step's
+    start and waited for before the first pass; FSDP's post-backward after the last backward,
+    waited for before the optimizer step."""
+
+    def __init__(self, units: list[Layout], mesh) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        from ..runtime.sharded import ShardedStages
+
+        cuda = mesh.device_type == "cuda"
+        self.device = torch.device(mesh.device_type, torch.cuda.current_device()) if cuda else torch.device("cpu")
+        self.stand = _StandIn(units, self.device)
+        for u in self.stand.units:
+            fully_shard(u, mesh=mesh)
+        fully_shard(self.stand, mesh=mesh)
+        self.sharded = ShardedStages({0: self.stand}, mesh.size())
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def gather(self) -> float:
+        """The step's start to every gather done (ms)."""
+        t0 = time.perf_counter()
+        self.sharded.begin_step()
+        self.sharded.before(0)
+        self._sync()
+        return (time.perf_counter() - t0) * 1e3
+
+    def backward(self) -> None:
+        """The stand-in's forward and backward (not timed): gradients for the reduce-scatter."""
+        self.stand(torch.zeros((), device=self.device)).backward()
+        self._sync()
+
+    def reduce_scatter(self) -> float:
+        """The post-backward's reduce-scatter, started and waited for (ms)."""
+        t0 = time.perf_counter()
+        self.sharded.start(0)
+        self.sharded.finish()
+        self._sync()
+        return (time.perf_counter() - t0) * 1e3
+
+
 def sharded_samples(stages: Sequence[list[Layout]], mesh, repeat: int) -> list[tuple[list[float], list[float]]]:
     """Collective over ``mesh`` (a one-dimensional DeviceMesh of the data-parallel ranks): per
     stage (its units, ``shard_units``), ``repeat`` times (ms) of gathering its parameters and of
@@ -303,46 +365,64 @@ def sharded_samples(stages: Sequence[list[Layout]], mesh, repeat: int) -> list[t
     runtime runs a sharded stage's step (``ShardedStages``: every unit's gather started at the
     step's start and waited for before the first pass; FSDP's post-backward after the last
     backward, waited for before the optimizer step), on a stand-in of its units sharded with
-    ``fully_shard`` unit by unit. The forward and backward between them are not timed."""
-    from torch.distributed.fsdp import fully_shard
-
-    from ..runtime.sharded import ShardedStages
-
-    device = torch.device(mesh.device_type, torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
+    ``fully_shard`` unit by unit (``_ShardedStep``). The forward and backward between them are
+    not timed."""
     group = mesh.get_group()
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     out = []
     for units in stages:
-        stand = _StandIn(units, device)
-        for u in stand.units:
-            fully_shard(u, mesh=mesh)
-        fully_shard(stand, mesh=mesh)
-        sharded = ShardedStages({0: stand}, mesh.size())
+        step = _ShardedStep(units, mesh)
         gathers, reductions = [], []
         for rep in range(_WARMUP + repeat):
             dist.barrier(group=group)
-            t0 = time.perf_counter()
-            sharded.begin_step()
-            sharded.before(0)
-            sync()
-            t1 = time.perf_counter()
-            stand(torch.zeros((), device=device)).backward()
-            sync()
+            gathered = step.gather()
+            step.backward()
             dist.barrier(group=group)
-            t2 = time.perf_counter()
-            sharded.start(0)
-            sharded.finish()
-            sync()
-            t3 = time.perf_counter()
+            reduced = step.reduce_scatter()
             if rep >= _WARMUP:
-                gathers.append((t1 - t0) * 1e3)
-                reductions.append((t3 - t2) * 1e3)
+                gathers.append(gathered)
+                reductions.append(reduced)
         out.append((gathers, reductions))
     return out
+
+
+def sharded_sharing_samples(stages: Sequence[list[Layout]], mesh, me: int, ranks: int, repeat: int
+                            ) -> tuple[list[list[float]], list[list[float]], list[list[float]]]:
+    """Collective over every process: per stage of this pipeline rank (``me`` of ``ranks``; its
+    units, ``shard_units``), sharded over its data-parallel ``mesh`` as ``sharded_samples``
+    shards it, ``repeat`` times (ms) of its gather and of its reduce-scatter alone (the other
+    pipeline ranks waiting), and of its reduce-scatter together (every pipeline rank
+    reduce-scattering its k-th stage at once): what ``lane_sharing`` makes the profile's
+    ``LaneSharing`` of, as ``sharing_samples`` does with all-reduces."""
+    group = mesh.get_group()
+    counts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, len(stages))
+    most = max(int(c) for c in counts)
+    steps = [_ShardedStep(units, mesh) for units in stages]
+    gathers: list[list[float]] = [[] for _ in stages]
+    alone: list[list[float]] = [[] for _ in stages]
+    together: list[list[float]] = [[] for _ in stages]
+    for rep in range(_WARMUP + repeat):
+        for k in range(most):
+            for q in range(ranks):  # each pipeline rank's k-th stage with the others waiting
+                dist.barrier()
+                if q == me and k < len(steps):
+                    gathered = steps[k].gather()
+                    steps[k].backward()
+                    dist.barrier(group=group)
+                    reduced = steps[k].reduce_scatter()
+                    if rep >= _WARMUP:
+                        gathers[k].append(gathered)
+                        alone[k].append(reduced)
+            if k < len(steps):  # then every rank's reduce-scatter at once
+                steps[k].gather()
+                steps[k].backward()
+            dist.barrier()
+            if k < len(steps):
+                reduced = steps[k].reduce_scatter()
+                if rep >= _WARMUP:
+                    together[k].append(reduced)
+    dist.barrier()
+    return gathers, alone, together
 
 
 def _sharded_worker(rank: int, world: int, send, stages: list[list[Layout]], repeat: int, timeout: float,

@@ -57,7 +57,7 @@ from .gradients import (
     measure_sharing_locally,
     optimizer_step_ms,
     shard_units,
-    sharded_samples,
+    sharded_sharing_samples,
     sharing_samples,
     with_measured_data_parallel,
 )
@@ -162,13 +162,16 @@ def _reductions_locally(prof: Profile, layouts: list[Layout], steps: list[float]
     ``replicas`` local processes, and its AdamW step (``steps``, ms); given each stage's module
     and inputs (``work``), how much the reduction slows the stage's pass beside it
     (``zbsearch.profiler.slowdown``); ``units`` (each stage's, ``shard_units``): the stages
-    sharded, each one's gather and reduce-scatter timed."""
+    sharded, each one's gather and reduce-scatter timed. Both ways, how the stages' reductions
+    slow each other on this host (``measure_sharing_locally``)."""
     grads = [float(sum(math.prod(shape) * dtype.itemsize for shape, dtype in layout)) for layout in layouts]
     if units is not None:
         both, slow = ([([], []) for _ in units], None) if replicas == 1 else measure_sharded_locally(
             units, replicas, settings.repeat, settings.timeout, work, settings.warmup, settings.threads)
+        sharing = measure_sharing_locally(units, replicas, settings.repeat, settings.timeout, settings.threads,
+                                          sharded=True)
         return with_measured_data_parallel(prof, replicas, [r for _, r in both], grads, steps, group="local",
-                                           backend="gloo", gathers=[g for g, _ in both], slowdown=slow)
+                                           backend="gloo", gathers=[g for g, _ in both], slowdown=slow, sharing=sharing)
     samples, slowdown = ([[] for _ in layouts], None) if replicas == 1 else measure_locally(
         layouts, replicas, settings.repeat, settings.timeout, work, settings.warmup, settings.threads)
     sharing = measure_sharing_locally(layouts, replicas, settings.repeat, settings.timeout, settings.threads)
@@ -217,15 +220,17 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
         timed = time_all_reduce(nbytes, dtype or torch.float32, mesh["tp"].get_group(), device,
                                 max(settings.repeat, 20)) if nbytes else None
         found: dict[int, tuple] = {}
-        if replicas is not None and shard:  # sharded stages: each one's gather and reduce-scatter
+        if replicas is not None and shard:
+            # sharded stages: each rank's gathers and reduce-scatters alone (t_gather, t_reduce), and every
+            # rank's reduce-scatters at once (how they share links)
             units = [shard_units(spec.stages[s], dtype) for s in mine]
-            both = sharded_samples(units, mesh["dp_replicate"], settings.repeat)
+            gathers, samples, together = sharded_sharing_samples(units, mesh["dp_replicate"], me, ranks, settings.repeat)
             with torch.enable_grad():  # each stage's pass beside its gathers and reduce-scatters
                 slow = slowdown_samples([stage_pass(spec.stages[s], inputs[s]) for s in mine],
                                         [sharded_buffers(u, dp, device) for u in units], dp_group, settings.repeat,
                                         settings.warmup, settings.timeout, device, sharded=True)
-            found = {s: (both[i][1], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype),
-                         both[i][0], slow[i]) for i, s in enumerate(mine)}
+            found = {s: (samples[i], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype),
+                         gathers[i], slow[i], together[i]) for i, s in enumerate(mine)}
         elif replicas is not None:
             # each rank's reductions alone (its t_reduce) and every rank's at once (how they share links)
             samples, together = sharing_samples([spec.stages[s] for s in mine], dp_group, me, ranks, settings.repeat,
@@ -266,7 +271,7 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
                                        backend=str(dist.get_backend(dp_group)),
                                        slowdown=[slowed[s] for s in range(p)],
                                        gathers=[gathered[s] for s in range(p)] if shard else None,
-                                       sharing=None if shard else _sharing(pooled, shared, owner, ranks, dp * tp))
+                                       sharing=_sharing(pooled, shared, owner, ranks, dp * tp))
 
 
 def profile_one_device(
@@ -455,8 +460,9 @@ class _RoundResult:
 
 def _sharing(alone: dict[int, list[float]], together: dict[int, list[float]], owner: list[int], ranks: int,
              per_rank: int) -> LaneSharing | None:
-    """The profile's ``LaneSharing`` from each stage's reductions timed alone and with every
-    rank's at once (``sharing_samples``), the pipeline ranks on one node sharing its link: as
+    """The profile's ``LaneSharing`` from each stage's reductions (sharded: reduce-scatters) timed
+    alone and with every rank's at once (``sharing_samples``, ``sharded_sharing_samples``), the
+    pipeline ranks on one node sharing its link: as
     many as its processes (``LOCAL_WORLD_SIZE``) hold, ``per_rank`` processes each."""
     node = int(os.environ.get("LOCAL_WORLD_SIZE", per_rank * ranks))
     per_link = max(1, min(ranks, node // per_rank))

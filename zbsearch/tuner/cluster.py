@@ -14,7 +14,11 @@ innermost, then the data-parallel replicas, the pipeline outermost, so global ra
   fast as its slowest link;
 * a pipeline's messages between neighbouring ranks take the intra-node bandwidth where every
   pair of neighbours shares a node, else the inter-node bandwidth; the latency is the
-  cluster's ``link_latency_ms`` where given, else the per-layer profile's.
+  cluster's ``link_latency_ms`` where given, else the per-layer profile's;
+* the reductions of the pipeline ranks one node holds share its link at the cluster's
+  ``dp_share`` (``zbsearch.reductions.share_rate``), where each node holds whole pipeline
+  ranks (its ranks a multiple of a pipeline rank's, dp x tp); otherwise each lane is priced
+  alone on its link.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ..errors import ZbError
 from ..formats.fileio import validation_message
+from ..formats.profile import MAX_SLOWDOWN, LaneSharing
 
 __all__ = ["Cluster", "Mesh"]
 
@@ -44,6 +49,9 @@ class Cluster(BaseModel):
         "latency of a pipeline message (ms); None: the per-layer profile's link latency"))
     memory_gbs: float | None = Field(None, gt=0, description=(
         "device memory bandwidth for the optimizer step (GB/s); None: the optimizer step is not priced"))
+    dp_share: float = Field(0.0, ge=0, le=MAX_SLOWDOWN, description=(
+        "how the reductions of pipeline ranks on one node slow each other: k at once each at 1 / (1 + share (k - 1)) "
+        "of their speed alone; 0: not at all"))
 
     @classmethod
     def checked(cls, **fields: Any) -> Cluster:
@@ -99,6 +107,17 @@ class Mesh:
     def dp_bandwidth(self, cluster: Cluster) -> float:
         """GB/s per rank of the stages' data-parallel reductions."""
         return cluster.intra_node_gbs if self.dp_within_nodes(cluster) else cluster.inter_node_gbs
+
+    def dp_sharing(self, cluster: Cluster) -> LaneSharing | None:
+        """How the reductions of the pipeline ranks on one node slow each other (``LaneSharing``,
+        see the module): None where the share is 0 or no node holds two whole pipeline ranks."""
+        group = self.dp * self.tp
+        per = cluster.ranks_per_node // group if cluster.ranks_per_node % group == 0 else 1
+        if cluster.dp_share <= 0 or per < 2 or self.pp < 2:
+            return None
+        from ..reductions import given_sharing
+
+        return given_sharing(cluster.dp_share, per if per < self.pp else None)
 
     def pp_bandwidth(self, cluster: Cluster) -> float:
         """GB/s of the pipeline's messages."""

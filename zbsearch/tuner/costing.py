@@ -108,7 +108,8 @@ def full_profile(layers: LayerProfile, counts: Sequence[int], placement: str, me
                 step += opt.step_ms(t.params, t.param_bytes, mesh.dp, cluster.memory_gbs, bw)
         steps.append(step)
     return with_reductions(prof, mesh.dp, bw, grads, sharded=opt.reduce_scatters(mesh.dp), t_opt=steps,
-                           expert_bytes=experts, expert_replicas=mesh.dp // layers.ep).model_copy(update={"name": prof.name})
+                           expert_bytes=experts, expert_replicas=mesh.dp // layers.ep,
+                           sharing=mesh.dp_sharing(cluster)).model_copy(update={"name": prof.name})
 
 
 def rank_static(layers: LayerProfile, counts: Sequence[int], placement: str, num_ranks: int, opt: OptimizerSetup,

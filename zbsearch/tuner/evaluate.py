@@ -96,7 +96,8 @@ def _planned(task: Task) -> Evaluation:
     replicas = None if mesh.dp == 1 else (mesh.dp, mesh.dp_bandwidth(task.cluster) * opt.bandwidth_factor(mesh.dp))
     try:
         res = plan(view, mesh.pp, c.m, task.cluster.memory_bytes, placement=c.placement, optimizer="sgd",
-                   time_limit=task.time_limit, milp=task.milp, recompute=c.recompute, data_parallel=replicas)
+                   time_limit=task.time_limit, milp=task.milp, recompute=c.recompute, data_parallel=replicas,
+                   sharing=None if replicas is None else mesh.dp_sharing(task.cluster))
     except ZbError as e:
         text = str(e).replace(" with sgd:", f" with {opt}:")  # plan counted this optimizer's bytes as its sgd's
         return Evaluation("does not fit" if text.startswith("no cut fits") else "no schedule", note=text)
