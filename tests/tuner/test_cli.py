@@ -57,8 +57,10 @@ def test_tune_writes_the_winner_every_command_takes(tmp_path, capsys):
         assert f"--parallelism.data_parallel_replicate_degree {best.dp}" in args
     # the same with the stages sharded over the replicas: what runs them is what was costed
     sharded = tmp_path / "sharded"
-    code, _, err = _run(capsys, "tune", *_layers(tmp_path, model=gpt), *_BASE, "--shard", "--no-baselines", "-o", sharded)
-    assert code == 0, err
+    code, text, err = _run(capsys, "tune", *_layers(tmp_path, model=gpt), *_BASE, "--shard", "--no-baselines",
+                           "--action-ms", "0.05", "-o", sharded)
+    assert code == 0 and "host time per action, 0.05 ms" in text, err
+    assert zb.load_schedule(sharded / "schedule.json").profile.t_action == 0.05  # the host time per action, priced
     res = load_tune(sharded / "tune.json")
     best, launch = res.winner, Launch.model_validate_json((sharded / "launch.json").read_text())
     assert res.shard and not res.sharded and best is not None

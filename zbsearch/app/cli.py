@@ -30,7 +30,7 @@ import zbsearch as zb
 from zbsearch.distributed.timeouts import PEER_TIMEOUT_S
 from zbsearch.errors import ZbError
 from zbsearch.formats.fileio import check_writable, parse_model, write_model, write_text
-from zbsearch.formats.profile import profile_misfit
+from zbsearch.formats.profile import MAX_TIME_MS, profile_misfit
 from zbsearch.formats.trace import load_trace
 from zbsearch.idle_time import RankIdleTime, measure_idle_time
 from zbsearch.limits import limit_for_profile
@@ -46,6 +46,7 @@ from zbsearch.reduction_times import (
 from zbsearch.tolerances import EPS_MS
 
 if TYPE_CHECKING:
+    from zbsearch.formats.layers import LayerProfile
     from zbsearch.solver import Objective, Recomputation
 
 app = typer.Typer(
@@ -80,6 +81,10 @@ DpOpt = typer.Option(
          "them (with --dp-bandwidth and --grad-bytes)",
 )
 DpBandwidthOpt = typer.Option(None, "--dp-bandwidth", help="GB/s per rank on the data-parallel links (ring all-reduce)")
+ActionOpt = typer.Option(
+    None, "--action-ms",
+    help="the runtime's own host time per action (ms), added to every pass: a number, or a stage profile measured "
+         "under torchrun on this machine whose t_action to take (default: the per-layer profile's, absent 0)")
 ShardOpt = typer.Option(
     False, "--shard",
     help="the --dp ranks shard the stages (fully_shard): each stage reduce-scatters its gradients and gathers its "
@@ -255,6 +260,40 @@ def _replicas(dp: int | None, bandwidth: float | None) -> tuple[int, float] | No
     if (dp is None) != (bandwidth is None):
         raise ZbError("--dp and --dp-bandwidth go together: the replicas and GB/s per rank")
     return None if dp is None or bandwidth is None else (dp, bandwidth)
+
+
+def _action_ms(text: str | None) -> float | None:
+    """``--action-ms``: a time in ms, or the ``t_action`` of the stage profile at that path (None: not given)."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not 0 <= value <= MAX_TIME_MS:  # nan, inf and negatives too
+            raise ZbError(f"--action-ms {text}: give a time in ms (0 or more) or a stage profile that records t_action")
+        return value
+    if not Path(text).exists():
+        raise ZbError(f"--action-ms {text}: neither a time in ms nor a stage profile file")
+    found = zb.load_profile(text).t_action
+    if found is None:
+        raise ZbError(f"--action-ms {text}: the profile records no t_action (zbsearch profile measures it under "
+                      "torchrun, in its in-step steps)")
+    return found
+
+
+def _with_action(layers: LayerProfile, text: str | None) -> LayerProfile:
+    """The per-layer profile with ``--action-ms``'s host time per action, where given."""
+    ms = _action_ms(text)
+    return layers if ms is None else layers.model_copy(update={"t_action": ms})
+
+
+def _print_action(layers: LayerProfile) -> None:
+    """Say what the runtime's host time per action priced, where it priced any."""
+    if layers.t_action:
+        out.print(f"every pass priced with the runtime's host time per action, {layers.t_action:.3g} ms", soft_wrap=True,
+                  highlight=False)
 
 
 def _sharing(share: float | None, per_link: int | None, priced: bool):
@@ -753,6 +792,7 @@ def plan(
         "none", "--recompute",
         help="none; auto: every cut's schedule checkpoints and recomputes microbatches where that pays under the budget; "
              "full: every one (the units' recomputation costs, zbsearch profile --per-layer --recompute)"),
+    action_ms: str | None = ActionOpt,
     as_json: bool = typer.Option(False, "--json", help="print the partition section as JSON"),
     output: str | None = typer.Option(None, "-o", "--output", help="write the planned schedule JSON here ('-' for stdout)"),
 ):
@@ -767,7 +807,7 @@ def plan(
     if shard and replicas is None:
         raise ZbError("--shard needs --dp and --dp-bandwidth: the data-parallel ranks the stages are sharded over")
     sharing = _sharing(dp_share, ranks_per_link, priced=replicas is not None)
-    found = load_layers(layers)
+    found = _with_action(load_layers(layers), action_ms)
     budget = parse_bytes(memory)
     spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED  # the command's own start counts too
     with _spinner() as bar:
@@ -798,6 +838,7 @@ def plan(
     note = unsearched(zb.CostModel.from_profile(res.schedule.profile, res.schedule.stage_to_rank), part.recompute)
     if note is not None:
         out.print(note, soft_wrap=True)
+    _print_action(found)
 
 
 def _gib(x: float | None) -> str:
@@ -880,6 +921,7 @@ def tune(
     no_milp: bool = typer.Option(False, "--no-milp", help="plan with the solver's heuristics only"),
     no_baselines: bool = typer.Option(False, "--no-baselines", help="leave out torchtitan's and Megatron's defaults"),
     top: int = typer.Option(12, "--top", min=1, help="configurations shown"),
+    action_ms: str | None = ActionOpt,
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON (zbsearch.tune)"),
     output: str | None = typer.Option(None, "-o", "--output", help="folder for the winner's schedule, tune.json, "
                                       "launch.json, run.sh and torchtitan's overrides"),
@@ -899,7 +941,7 @@ def tune(
     cluster = Cluster.checked(ranks=ranks, ranks_per_node=min(ranks_per_node, ranks), memory_bytes=parse_bytes(memory),
                               intra_node_gbs=intra, inter_node_gbs=inter, link_latency_ms=latency, memory_gbs=memory_gbs,
                               dp_share=dp_share)
-    profiles = [load_layers(p) for p in layers]
+    profiles = [_with_action(load_layers(p), action_ms) for p in layers]
     if (global_batch is None) == (global_tokens is None):
         raise ZbError("give the global batch once: -g SEQUENCES or --global-tokens TOKENS")
     if global_tokens is not None:
@@ -951,6 +993,8 @@ def tune(
     counts = {s: sum(r.status == s for r in res.rows) for s in dict.fromkeys(r.status for r in res.rows)}
     out.print(", ".join(f"{n} {s}" for s, n in counts.items()) + f"; {res.time_s:.1f} s; optimizer step "
               f"{res.optimizer_step}", soft_wrap=True, highlight=False)
+    if tuned.layers is not None:  # the winner's
+        _print_action(tuned.layers)
 
 
 def _ints(text: str | None, option: str) -> list[int] | None:

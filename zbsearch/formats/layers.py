@@ -18,6 +18,12 @@ For a mixture-of-experts model, each unit's expert-parallel all-to-all inside it
 (``a_f`` inside F, ``a_b`` inside B, as a stage profile's: part of their times) and the
 expert-parallel degree ``ep`` they were measured on; older files lack them: nothing to overlap.
 
+Optionally ``t_action``: the runtime's own host time per action on a rank, outside the passes,
+as a stage profile's (``zbsearch.formats.profile``). The per-layer profiler measures units on one
+device, without the runtime's steps, so it comes from a stage profile measured under torchrun on
+the same machine (``plan`` and ``tune``: ``--action-ms``); every stage a cut composes gets it
+whole. Older files lack it: 0.
+
 Link times between units on two ranks are ``t_comm`` where the profiler measured or estimated
 one per boundary, else ``link``'s latency plus the boundary's bytes over its bandwidth.
 ``zbsearch.planner`` cuts the units into stages; ``zbsearch.planner.compose`` says how a
@@ -115,6 +121,9 @@ class LayerProfile(BaseModel):
     tied: dict[str, TiedParams] = Field(default_factory=dict)
     link: LinkEstimate
     t_comm: list[float] | None = Field(None, description="link time per unit boundary (ms); absent: from link")
+    t_action: float | None = Field(None, description=(
+        "the runtime's own host time per action on a rank (ms), outside the passes, as a stage profile's; every "
+        "stage of a cut gets it whole; absent: 0"))
     checkpoint_state_bytes: float | None = Field(None, ge=0, description=(
         "bytes a checkpointed forward keeps besides its inputs (the random generators' state), where recomputation "
         "was measured; absent: what each unit's m_fc says"))
@@ -131,6 +140,13 @@ class LayerProfile(BaseModel):
     model: dict[str, Any] | None = None
     settings: dict[str, Any] | None = None
     measured: Measurement | None = None
+
+    @field_validator("t_action")
+    @classmethod
+    def _action_range(cls, v: float | None) -> float | None:
+        if v is not None and _finite_in(v, MAX_TIME_MS) < 0:
+            raise ValueError("the host time per action must be >= 0")
+        return v
 
     @field_validator("t_comm")
     @classmethod

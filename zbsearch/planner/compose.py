@@ -46,7 +46,9 @@ are (the runtime splits a first stage with experts, so that its mirrors run in B
 costs put them): its F, B and W are its units' split ones, summed.
 
 Links cost the boundary unit's ``LayerProfile.comm``; a hand-over between two pieces of one
-rank costs nothing (the cost model sees to it).
+rank costs nothing (the cost model sees to it). The runtime's host time per action
+(``LayerProfile.t_action``) is every stage's, whole: it does not shrink with a stage's units,
+and the cost model adds it to each pass.
 """
 
 from __future__ import annotations
@@ -218,6 +220,7 @@ def stage_profile(layers: LayerProfile, cut: Cut, data_parallel: tuple[int, floa
         memory_unit="bytes",
         stages=[stage_cost(layers, lo, hi) for lo, hi in bounds],
         t_comm=[layers.comm(hi - 1) for _, hi in bounds[:-1]],
+        t_action=layers.t_action,
         selective=layers.selective,
         placement=cut.stage_to_rank if cut.placement == "v" else None,
         microbatch_size=layers.microbatch_size,

@@ -20,6 +20,11 @@ For each rank of a cut, whatever the schedule (``zbsearch.bounds`` proves each f
   times T, while T is at least busy plus the time the ways add: the least T over every
   fractional choice of ways (``rank_area_span_lower_bounds`` proves the same for one cut).
 
+The runtime's host time per action (``LayerProfile.t_action``, whole on every pass of every
+stage) adds at least two to the busy time per microbatch and piece (its forward and its
+backward, fused or not; a recompute pass's is left out), one of them to the forwards' side
+(``action_floor``). The fill path leaves it out: a shorter path is still a path.
+
 With expert-parallel all-to-all in the units (``a_f``, ``a_b``), where overlapped pairs may
 hide it, the busy time counts every forward and backward at its least in a pair, its time less
 its all-to-all (``paired_floor``, as ``CostModel.paired_floor`` prices them for the solver's
@@ -58,7 +63,13 @@ from .memory import parameter_bytes
 # Shares above the busiest rank's work that the program is asked about first (``relaxed_bound``).
 _TRIES = (0.03, 0.06, 0.12, 0.25, 0.5)
 
-__all__ = ["relaxed_bound", "work_bound", "RankBounds", "unit_work", "paired_floor", "min_max_cut"]
+__all__ = ["relaxed_bound", "work_bound", "RankBounds", "unit_work", "action_floor", "paired_floor", "min_max_cut"]
+
+
+def action_floor(layers: LayerProfile) -> float:
+    """The least host time per action one microbatch costs a stage, whatever the schedule: its
+    forward's and its backward's (``LayerProfile.t_action`` each; absent: 0)."""
+    return 2.0 * (layers.t_action or 0.0)
 
 
 def unit_work(layers: LayerProfile, recompute: str = "none") -> list[float]:
@@ -179,10 +190,11 @@ def work_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m: in
     by dynamic programming for one stage per rank; for the V the larger of the mean over ranks
     and rank 0's first and last units): a bound on the span of every schedule of every cut."""
     w = unit_work(layers, recompute)
+    host = action_floor(layers)  # per microbatch and piece
     if placement == "one":
         counts = min_max_cut(w, num_ranks)
-        return m * max(sum(w[lo:hi]) for (lo, hi), in rank_pieces(counts, "one"))
-    return m * max(sum(w) / num_ranks, w[0] + w[-1], max(w))
+        return m * (max(sum(w[lo:hi]) for (lo, hi), in rank_pieces(counts, "one")) + host)
+    return m * max(sum(w) / num_ranks + 2 * host, w[0] + w[-1] + 2 * host, max(w) + host)
 
 
 class _Late(Exception):
@@ -212,6 +224,7 @@ class RankBounds:
         self.pre_b = _prefix([min(u.t_b, u.fused_backward) for u in us])  # input gradients on the fill path
         self.pre_mf = _prefix([u.m_f for u in us])
         self.link = min((layers.comm(i) for i in range(n - 1)), default=0.0)
+        self.host = action_floor(layers)  # per microbatch and piece, half of it on the forwards' side
         # the memory-aware idle needs activations that only F allocates and only a backward frees
         self.memory = budget is not None and recompute == "none"
         self.pre_static = _prefix([parameter_bytes(u.params, u.param_bytes, optimizer, shard) + u.frozen_bytes for u in us])
@@ -256,10 +269,12 @@ class RankBounds:
         if self.budget is not None and not (lim > 0 and need <= allowance(lim)):
             return math.inf
         m = self.m
-        busy = m * sum(self.pre_w[hi] - self.pre_w[lo] for lo, hi in pieces)
+        host = m * len(pieces) * self.host
+        busy = m * sum(self.pre_w[hi] - self.pre_w[lo] for lo, hi in pieces) + host
         ahead = m * sum(self.pre_ahead[hi] - self.pre_ahead[lo] for lo, hi in pieces)  # every forward (and R)
         if self.memory:
             ahead = min(ahead, _forward_room(self, pieces, allowance(lim)))
+        ahead += host / 2  # at most m forwards per piece: their host time on top of either
         bound = busy + max(0.0, fill - ahead)
         if self.budget is not None and (self.recompute == "full" or self.plain_area(pieces, r) > allowance(lim) * bound):
             bound = max(bound, self.area(pieces, r, busy, allowance(lim)))  # (else every microbatch plain fits it)

@@ -12,7 +12,9 @@ schedule, recomputing as the configuration allows:
   stage holds at least one) and the optimizer step of at least one unit;
 * the mean over ranks: each rank computes its units' m microbatches, reduces after its last
   pass and steps its parameters, so the longest rank takes at least m times all units' least
-  compute plus every unit's optimizer step, over the pipeline ranks, plus the least reduction.
+  compute plus every unit's optimizer step, over the pipeline ranks, plus the least reduction;
+  with the runtime's host time per action, each microbatch's forward and backward on each of
+  the rank's stages pay it (``action_floor``).
 
 With one stage (``pp = 1``) the rank computes every unit's m microbatches, then reduces all the
 gradients and steps: the bound is that sum.
@@ -31,7 +33,7 @@ import math
 
 from ..formats.layers import LayerProfile
 from ..limits import allowance
-from ..planner.relaxation import relaxed_bound, unit_work
+from ..planner.relaxation import action_floor, relaxed_bound, unit_work
 from .cluster import Cluster, Mesh
 from .costing import full_profile, unit_reductions, unit_steps
 from .optimizer import OptimizerSetup
@@ -48,10 +50,11 @@ def config_bound(layers: LayerProfile, mesh: Mesh, placement: str, m: int, recom
     reduce = min(unit_reductions(layers, mesh, cluster, opt))
     steps, tied = unit_steps(layers, mesh, cluster, opt)
     work = unit_work(layers, recompute)
-    mean = (m * sum(work) + sum(steps) + tied) / mesh.pp + reduce
+    host = m * action_floor(layers) * (2 if placement == "v" and mesh.pp > 1 else 1)  # per rank: its stages' actions
+    mean = (m * sum(work) + sum(steps) + tied) / mesh.pp + reduce + host
     if mesh.pp == 1:  # one stage: its whole reduction and step follow its last pass
         whole = full_profile(layers, (layers.num_units,), "one", mesh, cluster, opt).stages[0]
-        return m * sum(work) + (whole.t_reduce or 0.0) + (whole.t_opt or 0.0)
+        return m * sum(work) + host + (whole.t_reduce or 0.0) + (whole.t_opt or 0.0)
     if mean >= cap:
         return mean
     after = reduce + min(steps)

@@ -13,7 +13,8 @@ The rule is the same for every pass time, every activation memory delta and what
 to the next. A linear combination of balanced memory deltas is balanced, so interpolated units
 are as consistent as measured ones; an extrapolated time is kept positive and an extrapolated
 memory delta within what a pass can allocate, and W then frees what F and B left. Parameters do
-not depend on the size: the profiles must agree on them, as they must on the units.
+not depend on the size: the profiles must agree on them, as they must on the units. Nor does the
+runtime's host time per action (``t_action``): the nearest measured size's.
 """
 
 from __future__ import annotations
