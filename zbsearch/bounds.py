@@ -65,12 +65,12 @@ from __future__ import annotations
 import functools
 import heapq
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from .actions import Op
+from .classic import deadline as clock
 from .costs import CostModel
 from .dependencies import earliest_starts, pass_types, type_graph
 from .limits import allowance
@@ -420,7 +420,7 @@ def rank_chain_span_lower_bounds(
     cost: CostModel, num_microbatches: int, limit: list[float] | None = None, deadline: float | None = None
 ) -> list[float] | None:
     """Per rank, a lower bound on its span from one-machine bounds over single passes; None if
-    still running at ``deadline`` (a ``time.monotonic()`` instant): it takes seconds at p=32,
+    still running at ``deadline`` (a ``deadline.now()`` instant): it takes seconds at p=32,
     m=256 and grows as p^2 m.
 
     Passes of one kind run in microbatch order on each stage without loss of generality in the
@@ -617,7 +617,7 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
                 cols += [_Column(s, extra, area, math.inf, 0.0, False, held),
                          _Column(s, extra, area, o.keep, t_r - least_f, False, held),
                          _Column(s, extra, area, cost.m_f[s], -least_f, True, held)]
-        whole = whole and not (deadline is not None and time.monotonic() > deadline)
+        whole = whole and not (deadline is not None and clock.now() > deadline)
         bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole, _whole_at_once(cost, r, m, allowed))
         least_keep = min(min([cost.m_f[s], *(cost.offer(s, op).keep for op in cost.recompute_ops(s))])  # type: ignore[union-attr]
                          for s in stages)
@@ -700,7 +700,7 @@ def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag
 
 def _late(step: int, deadline: float | None) -> bool:
     """Whether ``deadline`` has passed, looked at every 256 steps of a long loop."""
-    return deadline is not None and not step & 255 and time.monotonic() > deadline
+    return deadline is not None and not step & 255 and clock.now() > deadline
 
 
 def memory_span_lower_bound(
