@@ -13,9 +13,11 @@ Two clocks:
   what a search finds by then depends on the machine and its load.
 * **work** (``work_clock()``, ``--deterministic``): ``now`` counts work done, in nominal
   seconds: simulated passes, reads of the clock itself (each a loop's step between two looks),
-  and the branch-and-bound nodes and simplex iterations of the MILP windows (HiGHS is given
-  node and iteration limits instead of seconds, ``highs_limits``). ``WORK_RATES`` converts
-  them, set so that a nominal second is about a second of a quiet 2-core machine. The same
+  and HiGHS's work on the MILP models: its looks at whether to stop (its MIP interrupt
+  callback, at fixed points of its search) and its simplex iterations, each times the model's
+  nonzeros; a MILP is stopped at its share by the looks, not by seconds (``highs_limits``).
+  ``WORK_RATES`` converts them, set so that a nominal second is about a CPU second of the
+  2-core machine the benchmarks run on (within a factor of about 2). The same
   inputs and limit then give the same result on any machine and at any load; the limit no
   longer holds in real seconds (a loaded machine takes longer).
 
@@ -45,14 +47,15 @@ class WorkRates:
     Attributes:
         passes: simulated passes (one action of one rank timed by the simulator).
         reads: reads of the clock (each stands for the step of a loop between two looks).
-        nodes: HiGHS branch-and-bound nodes of a MILP window.
-        iterations: HiGHS simplex iterations.
+        looks: HiGHS's looks at whether to stop a MIP (its interrupt callback) times the
+            model's nonzeros.
+        iterations: HiGHS's simplex iterations of an LP times the model's nonzeros.
     """
 
     passes: float = 1.0e6
     reads: float = 2.0e4
-    nodes: float = 100.0
-    iterations: float = 2.0e4
+    looks: float = 1.8e4
+    iterations: float = 1.0e7
 
 
 WORK_RATES = WorkRates()
@@ -131,20 +134,19 @@ def simulated(passes: int) -> None:
         _Work.seconds += passes / WORK_RATES.passes
 
 
-def highs_limits(seconds: float) -> dict[str, Any]:
-    """HiGHS options for a model given ``seconds``: a time limit on the wall clock; on the work
-    clock, no time limit but the nodes and simplex iterations that many nominal seconds buy."""
-    if not _Work.on:
-        return {"time_limit": max(0.1, seconds)}
+def highs_limits(seconds: float, nonzeros: int) -> tuple[float, int | None]:
+    """A HiGHS model's (time limit in seconds, most looks at whether to stop) for ``seconds``
+    on the clock: on the wall clock the seconds and no limit on looks; on the work clock no time
+    limit and the looks that many nominal seconds buy on a model of ``nonzeros``."""
     s = max(0.1, seconds)
-    cap = 2**31 - 1
-    # (a MIP's LP iterations cannot be limited in all, only each LP's: the nodes get half the
-    # time, their iterations are counted after the run)
-    return {"time_limit": math.inf, "mip_max_nodes": int(min(cap, max(1, s * WORK_RATES.nodes / 2))),
-            "simplex_iteration_limit": int(min(cap, max(100, s * WORK_RATES.iterations)))}
+    if not _Work.on:
+        return s, None
+    return math.inf, max(1, int(s * WORK_RATES.looks / max(1, nonzeros)))
 
 
-def highs_spent(nodes: int, iterations: int) -> None:
-    """Count what a HiGHS run did (``info.mip_node_count``, ``info.simplex_iteration_count``)."""
+def highs_spent(looks: int, iterations: int, nonzeros: int) -> None:
+    """Count what a HiGHS run did: its looks at whether to stop (a MIP) and its simplex
+    iterations (an LP; ``info.simplex_iteration_count``) on a model of ``nonzeros``."""
     if _Work.on:
-        _Work.seconds += max(0, nodes) / WORK_RATES.nodes + max(0, iterations) / WORK_RATES.iterations
+        n = max(1, nonzeros)
+        _Work.seconds += max(0, looks) * n / WORK_RATES.looks + max(0, iterations) * n / WORK_RATES.iterations

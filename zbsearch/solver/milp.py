@@ -112,15 +112,26 @@ class _HiGHS(pulp.HiGHS):
         sol.col_value = [self.start.get(v.name, 0.0) for v in lp.variables()]
         sol.value_valid = True
         h.setSolution(sol)
-        for name, value in clock.highs_limits(self.seconds).items():
-            h.setOptionValue(name, value)
+        nonzeros = h.getNumNz()
+        seconds, most = clock.highs_limits(self.seconds, nonzeros)
+        h.setOptionValue("time_limit", seconds)
+        looks = 0
+
+        def look(event) -> None:  # (on the work clock: HiGHS's looks at whether to stop count its work)
+            nonlocal looks
+            looks += 1
+            if most is not None and looks >= most:
+                event.interrupt()
+
+        if most is not None:
+            h.cbMipInterrupt += look
         # HiGHS's default tolerances: tighter ones (1e-10) cut off feasible points on big-M rows
         # and gave false optima. A tolerated memory overflow is caught where every result is
         # re-simulated and checked against the limit.
         h.run()
         self.model_status = h.getModelStatus()
         info = h.getInfo()
-        clock.highs_spent(info.mip_node_count, info.simplex_iteration_count)
+        clock.highs_spent(looks, 0 if lp.isMIP() else info.simplex_iteration_count, nonzeros)
         # (a model without binaries is an LP: HiGHS reports no MIP bound, its optimum is the bound)
         lp_optimum = not lp.isMIP() and self.model_status == highspy.HighsModelStatus.kOptimal
         bound = info.objective_function_value if lp_optimum else info.mip_dual_bound
