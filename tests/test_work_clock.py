@@ -11,6 +11,7 @@ runs that finished their search anyway).
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.helpers import run_main
 from tests.helpers.reference import random_profile
 from zbsearch.classic import deadline
 from zbsearch.planner import llama_layers, plan
@@ -104,3 +106,13 @@ def test_tunes_on_the_work_clock_repeat_under_load():
     assert first.schedule is not None and second.schedule is not None
     assert first.schedule.model_dump_json() == second.schedule.model_dump_json()
     assert sum(r.status == "costed" for r in first.result.rows) >= 3
+
+
+def test_solve_deterministic_on_the_command_line(capsys):
+    got = []
+    for _ in range(2):
+        code, out, err = run_main(capsys, "solve", "--profile", "1.5b-m24", "-m", "12", "--mem-limit", "1p",
+                                  "--time-limit", "0.2", "--deterministic", "-o", "-")
+        assert code == 0, err
+        got.append(out)
+    assert got[0] == got[1] and json.loads(got[0])["solver"]["clock"] == "work"
