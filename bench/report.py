@@ -1333,8 +1333,10 @@ def tune(docs: list[dict]) -> list[str]:
     if ex:
         out += ["## Exactness against every configuration", "",
                 f"Generated Llama-like models (sequences of {ex['seq']}), microbatch sizes {ex['sizes']}: every "
-                f"configuration planned the same way ({ex['plan_time_s']:g} s each), against `tune` with the same time "
-                "per plan and no baselines. *ratio*: tune's choice over the best configuration.", ""]
+                f"configuration planned the same way ({ex['plan_time_s']:g} s each"
+                + (", of work: both sides on the work clock, `deterministic=True`" if ex.get("clock") == "work" else "")
+                + "), against `tune` with the same time per plan and no baselines. *ratio*: tune's choice over the best "
+                "configuration.", ""]
         again = "replan_factor" in ex
         if again:
             out[-2] = (out[-2][:-len("*ratio*: tune's choice over the best configuration.")]
@@ -1370,6 +1372,14 @@ def tune(docs: list[dict]) -> list[str]:
             out[-2:-1] = [out[-2], f"- Largest choice ratio {max(choice):.4f}, largest pooled ratio "
                           f"{max(r['pooled_ratio'] for r in ex['rows']):.4f}; the plans' largest spread "
                           f"{_pct(max(r['plans_spread'] for r in ex['rows']), 1)}."]
+        walls = [r for r in ex["rows"] if r.get("vs_wall_best") is not None]
+        if walls:
+            out[-1:-1] = [f"- Against the same grids planned on the wall clock ({walls[0]['vs_wall_plan_time_s']:g} s per "
+                          "plan, the results file's previous run), each grid's best over the wall clock's best: "
+                          + ", ".join(f"{r['model']} L{r['layers']} {r['vs_wall_best']:.4f}" for r in walls)
+                          + "; the first plans' median ratio per grid: "
+                          + ", ".join("-" if r["vs_wall_first_median"] is None else f"{r['vs_wall_first_median']:.4f}"
+                                      for r in walls) + " (below 1: the work limit's plans are better)."]
     bs = doc.get("baselines")
     if bs:
         out += ["## Against torchtitan's and Megatron-LM's defaults", "",

@@ -7,10 +7,14 @@ Sections (``--only`` runs some; each is saved into bench/results/tune.json as it
   seconds each, in this process, then the few that may win planned again with
   ``REPLAN_FACTOR`` times as long by tune's own rule, ``replan_order``, each keeping its
   best), against ``tune`` with the same time per plan: tune's choice within 1% of the best
-  configuration, its bound never above it. Plans under a time limit are samples, so the
+  configuration, its bound never above it. Both sides plan on the work clock (``--wall``: on
+  the wall clock), so one configuration planned with one limit gives one plan on either side
+  and at any load; where the results file holds a wall-clock run of the section, each grid's
+  best is set against it (the work limit's plans as good as the time-limited ones). The
   section also reports the enumeration's own value of tune's choice (the choice alone), the
   choice against the best of every plan made of each configuration by either side (pooled),
-  and how far the two plans of one configuration differ (the plans' spread).
+  and how far the two plans of one configuration differ (the plans' spread: on the work
+  clock, the first plan against the longer second one).
 * ``baselines``: generated Llama-like models (7B to 70B shapes, vocabularies 32k to 256k) on
   16 to 256 ranks, 8 to a node, 80 GiB per rank, mixed precision: tune's choice against the best
   of torchtitan's and Megatron-LM's defaults, costed the same way; the speed-up distribution.
@@ -93,7 +97,12 @@ def exact(args) -> dict:
         ("13b-32k", 24, 16, 14, 64, "mixed", False),  # tight: many stages, recomputation
     ]
     rows = []
-    for name, layers, ranks, mem, batch, optimizer, sharded in grids:
+    work = not args.wall
+    earlier = json.loads(OUT.read_text()).get("exact") if OUT.is_file() else None
+    wall_rows = {} if not earlier or earlier.get("clock", "wall") != "wall" else {
+        (r["model"], r["layers"], r["ranks"], r["memory_gib"], r["global_batch"]): r for r in earlier["rows"]}
+    picked = [grids[int(i)] for i in args.grids.split(",")] if args.grids else grids
+    for name, layers, ranks, mem, batch, optimizer, sharded in picked:
         profs = profiles(name, seq=2048, layers=layers)
         cl, opt = cluster(ranks, mem * GIB), OptimizerSetup(optimizer, sharded)
         sized = SizedLayers(profs)
@@ -103,13 +112,14 @@ def exact(args) -> dict:
             lay = on_cluster(sized.at(c.b), c.mesh, cl)
             if cannot_fit(lay, c.stages, c.mesh.pp, cl.memory_bytes, opt, c.mesh.dp) is not None:
                 continue
-            ev = evaluate(Task(c, lay, cl, opt, args.plan_time, 0.0))
+            ev = evaluate(Task(c, lay, cl, opt, args.plan_time, 0.0, deterministic=work))
             if ev.costed is not None:
                 plans[str(c)], bounds[str(c)], found[str(c)] = [ev.costed.iteration], ev.bound, (c, lay)
         names = list(plans)  # the second look, as tune takes it
         for i in replan_order([(plans[n][0], bounds[n]) for n in names]):
             c, lay = found[names[i]]
-            ev = evaluate(Task(c, lay, cl, opt, REPLAN_FACTOR * args.plan_time, bounds[names[i]] or 0.0))
+            ev = evaluate(Task(c, lay, cl, opt, REPLAN_FACTOR * args.plan_time, bounds[names[i]] or 0.0,
+                               deterministic=work))
             if ev.costed is not None:
                 plans[names[i]].append(ev.costed.iteration)
         every = {n: min(v) for n, v in plans.items()}
@@ -117,7 +127,7 @@ def exact(args) -> dict:
         enum_s = time.monotonic() - t0
         t0 = time.monotonic()
         res = tune(profs, cl, batch, optimizer=optimizer, sharded=sharded, time_limit=3600, plan_time=args.plan_time,
-                   baselines=False).result
+                   baselines=False, deterministic=work).result
         tune_s = time.monotonic() - t0
         best_name = min(every, key=every.__getitem__)
         w = res.winner
@@ -148,6 +158,12 @@ def exact(args) -> dict:
                "planned_by_tune": sum(r.status == "costed" for r in res.rows),
                "statuses": {s: sum(r.status == s for r in res.rows) for s in {r.status for r in res.rows}},
                "enumeration_s": enum_s, "tune_s": tune_s}
+        wall = wall_rows.get((name, layers, ranks, mem, batch))
+        if work and wall is not None:  # the same grid planned on the wall clock: this limit's plans as good?
+            firsts = [v[0] / wall["enumeration_plans"][n][0] for n, v in plans.items() if n in wall["enumeration_plans"]]
+            row.update(wall_best=wall["best"], vs_wall_best=every[best_name] / wall["best"],
+                       vs_wall_first_median=statistics.median(firsts) if firsts else None,
+                       vs_wall_plan_time_s=earlier["plan_time_s"])
         rows.append(row)
         print(f"exact {name} L{layers} r{ranks}: best {row['best']:.6g} ({best_name}); tune {row['tune']:.6g} "
               f"({row['tune_config']}) ratio {row['ratio']:.4f}, choice {row['choice_ratio']}, pooled "
@@ -155,7 +171,7 @@ def exact(args) -> dict:
               f"bound {row['bound']:.6g} ok {row['bound_ok']}; "
               f"planned {row['planned_by_tune']}/{len(configs)}; {enum_s:.0f} s / {tune_s:.0f} s", flush=True)
     return {"plan_time_s": args.plan_time, "replan_factor": REPLAN_FACTOR, "sizes": list(SIZES), "seq": 2048,
-            "rows": rows}
+            "clock": "work" if work else "wall", "rows": rows}
 
 
 def _name(r) -> str:
@@ -241,7 +257,11 @@ def time_target(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="exact,baselines,time")
-    ap.add_argument("--plan-time", type=float, default=1.0, help="exact: seconds per configuration's plan")
+    ap.add_argument("--plan-time", type=float, default=1.0, help="exact: seconds per configuration's plan (of work "
+                    "on the work clock)")
+    ap.add_argument("--wall", action="store_true", help="exact: plan on the wall clock, not the work clock")
+    ap.add_argument("--grids", default="", help="exact: these grids only (indices, e.g. 0,1,2)")
+    ap.add_argument("--save-as", default="", help="save the section under this key (to merge runs of parts)")
     ap.add_argument("--case-time", type=float, default=120.0, help="baselines: tune's time limit per case")
     ap.add_argument("--cases", type=int, default=0, help="baselines: the first N cases only")
     ap.add_argument("--limits", type=float, nargs="+", default=[60.0, 300.0], help="time: tune's time limits")
@@ -251,7 +271,7 @@ def main() -> None:
         got = {"exact": exact, "baselines": baselines, "time": time_target}[name](args)
         got["section_s"] = time.monotonic() - t0
         got["load_average"] = os.getloadavg()
-        _store(name, got)
+        _store(args.save_as or name, got)
 
 
 if __name__ == "__main__":

@@ -69,12 +69,12 @@ import functools
 import heapq
 import itertools
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from .actions import Op
+from .classic import deadline as clock
 from .costs import CostModel
 from .dependencies import earliest_starts, pass_types, type_graph
 from .limits import allowance
@@ -427,7 +427,7 @@ def rank_chain_span_lower_bounds(
     cost: CostModel, num_microbatches: int, limit: list[float] | None = None, deadline: float | None = None
 ) -> list[float] | None:
     """Per rank, a lower bound on its span from one-machine bounds over single passes; None if
-    still running at ``deadline`` (a ``time.monotonic()`` instant): it takes seconds at p=32,
+    still running at ``deadline`` (a ``deadline.now()`` instant): it takes seconds at p=32,
     m=256 and grows as p^2 m.
 
     Passes of one kind run in microbatch order on each stage without loss of generality in the
@@ -593,7 +593,7 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
     preds = type_graph(bc)
     out = []
     for r in range(cost.num_ranks):
-        whole = whole and not (deadline is not None and time.monotonic() > deadline)
+        whole = whole and not (deadline is not None and clock.now() > deadline)
         out.append(_area_bound(cost, bc, preds, r, num_microbatches, allowance(limit[r]), whole, core=False))
     return out
 
@@ -684,7 +684,7 @@ def rank_relay_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: 
         mine = cost.rank_stages(q)
         for k in range(len(mine), 0, -1):
             for subset in itertools.combinations(mine, k):
-                whole = whole and not (deadline is not None and time.monotonic() > deadline)
+                whole = whole and not (deadline is not None and clock.now() > deadline)
                 cores.append((list(subset), _area_bound(cost, bc, preds, q, m, allowed, whole, True, list(subset))))
     out = []
     for r in range(cost.num_ranks):
@@ -775,7 +775,7 @@ def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag
 
 def _late(step: int, deadline: float | None) -> bool:
     """Whether ``deadline`` has passed, looked at every 256 steps of a long loop."""
-    return deadline is not None and not step & 255 and time.monotonic() > deadline
+    return deadline is not None and not step & 255 and clock.now() > deadline
 
 
 def memory_span_lower_bound(

@@ -697,6 +697,20 @@ def _export_torchtitan(schedule_path: Path, output: str, force: bool) -> None:
     err.print(f"wrote {csv_path}, {args_path}", highlight=False, soft_wrap=True)
 
 
+DeterministicOpt = typer.Option(
+    False, "--deterministic",
+    help="the time limit counts work (simulated passes, search steps, MILP nodes), not seconds: the same inputs give "
+         "the same result on any machine and load; a loaded machine takes longer")
+
+
+def _left(time_limit: float, deterministic: bool, least: float) -> float:
+    """The time limit less what the command's own start took (on the wall clock only: work
+    counted does not include it)."""
+    if deterministic or _STARTED is None:
+        return time_limit
+    return max(time_limit - (time.monotonic() - _STARTED), least)
+
+
 @app.command()
 def solve(
     profile: str = ProfileOpt,
@@ -729,6 +743,7 @@ def solve(
     dp_share: float | None = DpShareOpt,
     ranks_per_link: int | None = RanksPerLinkOpt,
     old_chunks: int | None = OldPlacementOpt,
+    deterministic: bool = DeterministicOpt,
 ):
     """Find the schedule with the least bubble under a memory limit, and how far from optimal it can be."""
     from zbsearch import solver
@@ -745,6 +760,7 @@ def solve(
             objective=cast("Objective | None", objective),  # solve() rejects any other text with a ZbError
             uniform_costs=uniform_costs, milp=not no_milp, progress=_progress(bar, task),
             recompute=cast("Recomputation", recompute),  # solve() rejects any other text with a ZbError
+            deterministic=deterministic,
         )
     if path is not None:
         _write(res.schedule, path)
@@ -795,6 +811,7 @@ def plan(
     action_ms: str | None = ActionOpt,
     as_json: bool = typer.Option(False, "--json", help="print the partition section as JSON"),
     output: str | None = typer.Option(None, "-o", "--output", help="write the planned schedule JSON here ('-' for stdout)"),
+    deterministic: bool = DeterministicOpt,
 ):
     """Cut the model's units into stages, place them and schedule them together under a per-rank byte budget."""
     from zbsearch.formats.layers import load_layers
@@ -809,13 +826,13 @@ def plan(
     sharing = _sharing(dp_share, ranks_per_link, priced=replicas is not None)
     found = _with_action(load_layers(layers), action_ms)
     budget = parse_bytes(memory)
-    spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED  # the command's own start counts too
     with _spinner() as bar:
         task = bar.add_task("starting", total=None)
         res = make_plan(found, ranks, m, budget, placement=placement, optimizer=optimizer,
-                        time_limit=max(time_limit - spent, 0.1), objective=objective, milp=not no_milp,
+                        time_limit=_left(time_limit, deterministic, 0.1), objective=objective, milp=not no_milp,
                         recompute=recompute, progress=_progress(bar, task),
-                        data_parallel=replicas, shard=dp if shard else None, sharing=sharing)
+                        data_parallel=replicas, shard=dp if shard else None, sharing=sharing,
+                        deterministic=deterministic)
     if path is not None:
         _write(res.schedule, path)
     if path is not None and str(path) == "-":
@@ -925,6 +942,7 @@ def tune(
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON (zbsearch.tune)"),
     output: str | None = typer.Option(None, "-o", "--output", help="folder for the winner's schedule, tune.json, "
                                       "launch.json, run.sh and torchtitan's overrides"),
+    deterministic: bool = DeterministicOpt,
 ):
     """Choose pipeline and data-parallel degrees, microbatches, placement, recomputation and cut for a cluster."""
     from zbsearch.formats.layers import load_layers
@@ -952,15 +970,14 @@ def tune(
             raise ZbError(f"--global-tokens {global_tokens} is not whole sequences of {found} tokens")
         global_batch = global_tokens // found
     assert global_batch is not None
-    spent = 0.0 if _STARTED is None else time.monotonic() - _STARTED
     with _bar() as bar:
         task = bar.add_task("starting", total=None)
         tuned = search(profiles, cluster, global_batch, tp=tp, ep=ep, optimizer=optimizer, sharded=sharded, shard=shard,
                        sizes=_ints(sizes, "--microbatch-sizes"), seq=seq,
                        placements=("one", "v") if placement == "auto" else (placement,),
                        recompute=None if recompute is None else [x.strip() for x in recompute.split(",")],
-                       time_limit=max(time_limit - spent, 0.5), plan_time=plan_time, milp=not no_milp,
-                       baselines=not no_baselines,
+                       time_limit=_left(time_limit, deterministic, 0.5), plan_time=plan_time, milp=not no_milp,
+                       baselines=not no_baselines, deterministic=deterministic,
                        progress=lambda done, total, text: bar.update(task, completed=done, total=total, description=text))
     res = tuned.result
     if folder is not None:

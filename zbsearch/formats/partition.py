@@ -66,6 +66,8 @@ class Partition(BaseModel):
     cuts_bounded: int = Field(0, description="cuts whose bound was computed (each at least the lower bound)")
     exhaustive: bool = Field(False, description="every cut of the placements searched was bounded or solved")
     time_s: float = 0.0
+    clock: Literal["wall", "work"] = Field("wall", description="what time_s counts: wall-clock seconds, or work in "
+                                           "nominal seconds (plan --deterministic)")
     baselines: list[CutOutcome] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -69,6 +69,8 @@ class SolverInfo(BaseModel):
                        "(float noise and the MILP's tolerances)")
     time_s: float
     time_limit_s: float
+    clock: Literal["wall", "work"] = Field("wall", description="what time_s and time_limit_s count: wall-clock "
+                                           "seconds, or work in nominal seconds (solve --deterministic)")
     memory_limit: str | None
     uniform_costs: bool
     milp_windows: int = 0

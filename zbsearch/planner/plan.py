@@ -51,10 +51,10 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..classic import deadline as timing
 from ..errors import ZbError
 from ..formats.edit import updated
 from ..formats.layers import LayerProfile
@@ -100,7 +100,7 @@ _DUALPIPE_S = 0.5
 
 @dataclass
 class Clock:
-    """The plan's one time limit and the instants derived from it (``time.monotonic()``).
+    """The plan's one time limit and the instants derived from it (``deadline.now()``).
 
     ``end`` is when the searching must stop: the limit less a margin. Each phase ends at its
     share of the limit (``until``; after pricing, ``phase_end``), no later than ``end``. A
@@ -120,7 +120,7 @@ class Clock:
 
     def now(self) -> float:
         """The clock every phase reads."""
-        return time.monotonic()
+        return timing.now()
 
     def until(self, share: float) -> float:
         """The instant ``share`` of the limit after the start, no later than ``end``."""
@@ -214,6 +214,7 @@ class PlanInputs:
         return [(pl, b) for pl in self.placements for b in baseline_cuts(self.layers, self.num_ranks, pl)]
 
 
+@timing.with_work_clock
 def plan(
     layers: LayerProfile,
     num_ranks: int,
@@ -230,6 +231,7 @@ def plan(
     shard: int | None = None,
     sharing: LaneSharing | None = None,
     progress: Progress | None = None,
+    deterministic: bool = False,
 ) -> PlanResult:
     """The best cut, placement and schedule found within ``time_limit`` seconds.
 
@@ -242,7 +244,8 @@ def plan(
         placement: ``one`` (P stages), ``v`` (2P pieces in a V) or ``auto`` (both).
         optimizer: what the static memory counts (``zbsearch.planner.memory``).
         time_limit: seconds for the whole call, every phase within it (one solve at least runs,
-            however short the limit).
+            however short the limit); with ``deterministic``, work in nominal seconds
+            (``classic.deadline``): the same inputs give the same plan on any machine and load.
         objective: ``span``, ``makespan`` or ``iteration``, as for ``solve`` (default: the
             iteration with ``data_parallel``, else the span).
         milp: polish with the solver's MILP windows.
@@ -535,7 +538,7 @@ def compare(search: Search, outcomes: list[CutOutcome]) -> PlanResult:
         lower_bound=bound, gap=max(0.0, value / bound - 1) if bound > 0 else 0.0, placements_searched=list(i.placements),
         cuts_solved=len(search.solved()), cuts_bounded=sum(len(s.seen) for s in search.spaces.values()),
         exhaustive=all(s.exhaustive for s in search.spaces.values()),
-        time_s=round(search.clock.now() - search.clock.start, 3), baselines=outcomes,
+        time_s=round(search.clock.now() - search.clock.start, 3), clock=timing.kind(), baselines=outcomes,
     )
     return PlanResult(updated(res.schedule, partition=part), part, best.cut)
 

@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 
+from ..classic import deadline as clock
 from ..formats.layers import LayerProfile, Unit
 from ..limits import allowance
 from .compose import Placement, least_kept, stage_cost
@@ -161,7 +161,7 @@ def relaxed_bound(layers: LayerProfile, num_ranks: int, placement: Placement, m:
     recomputing as ``recompute`` allows (see the module); inf where no cut fits. ``objective``
     "makespan": on the makespan, each rank's bound after the forwards of one microbatch reach it
     (every other objective is at least the span).
-    ``deadline`` (``time.monotonic()``): past it, the largest value the program has proven
+    ``deadline`` (``deadline.now()``): past it, the largest value the program has proven
     every cut to reach (at least the busiest rank's work). ``cap``: a value the caller needs
     the bound only up to (the best found elsewhere): where every cut's is at least that,
     ``cap`` is returned, sooner.
@@ -258,7 +258,7 @@ class RankBounds:
         path (forward from its first stage to the last, backward to its last stage) takes
         ``fill``; inf where it cannot hold one microbatch's activations."""
         self.steps += 1
-        if self.deadline is not None and self.steps & 1023 == 1 and time.monotonic() > self.deadline:
+        if self.deadline is not None and self.steps & 1023 == 1 and clock.now() > self.deadline:
             raise _Late
         lim = self.limit(pieces)
         need, before = 0.0, 0.0

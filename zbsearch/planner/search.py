@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -38,6 +37,7 @@ from ..bounds import (
     rank_relay_span_lower_bounds,
     rank_span_lower_bounds,
 )
+from ..classic import deadline as timing
 from ..costs import CostModel
 from ..formats.layers import LayerProfile
 from ..formats.profile import LaneSharing, Profile
@@ -135,7 +135,7 @@ class Cuts:
         self.seen[counts] = ev
         return ev
 
-    def price_all(self, deadline: float, now: Callable[[], float] = time.monotonic) -> bool:
+    def price_all(self, deadline: float, now: Callable[[], float] = timing.now) -> bool:
         """Price every cut, in order, until ``deadline`` (on the clock ``now``; the first cut
         whatever the time); whether all were (``exhaustive``)."""
         for k, counts in enumerate(compositions(self.layers.num_units, self.num_stages)):
@@ -154,7 +154,7 @@ class Cuts:
                     if left >= 1 and right >= 1:
                         yield counts[:b] + (left, right) + counts[b + 2:]
 
-    def descend(self, start: tuple[int, ...], deadline: float, now: Callable[[], float] = time.monotonic) -> CutEval:
+    def descend(self, start: tuple[int, ...], deadline: float, now: Callable[[], float] = timing.now) -> CutEval:
         """Local search from ``start`` until ``deadline`` (on the clock ``now``): the best
         neighbour while it improves the per-rank bounds (largest first); infeasible cuts are
         left behind as soon as a feasible one is found."""

@@ -17,12 +17,12 @@ schedule slower than the hand-made one for such models.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ..actions import Action
 from ..classic import KINDS
+from ..classic import deadline as clock
 from ..costs import CostModel
 from ..errors import ZbError
 from ..formats.profile import Profile
@@ -61,7 +61,7 @@ def classic_baselines(
 ) -> tuple[list[Baseline], list[str]]:
     """Each classic kind for ``chunks`` (but those in ``skip``) that applies and fits
     ``mem_limit`` (text as the user wrote it, per-rank values, or None), timed, and the kinds
-    not built because ``until`` (a ``time.monotonic()`` instant) had passed. ``built``: kinds
+    not built because ``until`` (a ``deadline.now()`` instant) had passed. ``built``: kinds
     already built on their placement under these costs, with their timelines where simulated
     (None: over the limit); ``deadline``: for kinds that repeat their construction (ZB-V).
     ``recompute``: the recomputation allowed (the recomputing kinds join where it is not
@@ -74,7 +74,7 @@ def classic_baselines(
         if kind in skip:
             continue
         done = built.get(kind) if built else None
-        if done is None and until is not None and time.monotonic() > until and kind not in always:
+        if done is None and until is not None and clock.now() > until and kind not in always:
             late.append(kind)
             continue
         spec = KINDS[kind]

@@ -17,12 +17,12 @@ until the deadline. The ``Budget``'s shares say how long each may take.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..actions import Action
+from ..classic import deadline as clock
 from .local_search import local_search_paired
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ EXACT_PASSES = 120
 
 
 class Engine(Protocol):
-    """Improves a solve's schedule (and maybe its bound) until ``until`` (``time.monotonic()``)."""
+    """Improves a solve's schedule (and maybe its bound) until ``until`` (``deadline.now()``)."""
 
     name: str
 
@@ -63,14 +63,14 @@ class LocalSearch:
         for begin in [run.rows, *starts]:
             if self.share <= 0 or run.closed() or run.uniform_costs:
                 break
-            if time.monotonic() >= until:
+            if clock.now() >= until:
                 run.hit_limit = True  # a start left unsearched
                 break
-            stop = time.monotonic() + self.share * (until - time.monotonic())
+            stop = clock.now() + self.share * (until - clock.now())
             found, pairs = local_search_paired(run.problem, begin, run.overlapped if begin is run.rows else None, stop,
                                                target=run.target())
             # it ends at its time, at the target (then the gap closes) or where no move is allowed at all
-            cut = time.monotonic() >= stop
+            cut = clock.now() >= stop
             run.offer(found, pairs=pairs)
             run.hit_limit |= cut and not run.closed()
             run.report(self.name)
@@ -99,10 +99,10 @@ class ExactMILP:
         for relaxed in ((False,) if run.problem.cost.can_recompute else (True, False)) if span else (True,):
             if run.closed():
                 break
-            if time.monotonic() >= until:
+            if clock.now() >= until:
                 run.hit_limit = True  # a model left unsolved
                 break
-            left = until - time.monotonic()
+            left = until - clock.now()
             res = exact(run.problem, run.rows, left * (self.relaxed_share if relaxed and span else 1.0), relaxed,
                         pairs=run.overlapped)
             run.hit_limit |= res is None or not res.optimal  # HiGHS stopped at its time (it starts from a solution)
@@ -129,7 +129,7 @@ class MILPWindows:
 
         if run.closed():
             return
-        if time.monotonic() >= until:
+        if clock.now() >= until:
             run.hit_limit = True
             return
         rows, pairs, stats = improve_paired(run.search, run.rows, run.overlapped, until,

@@ -49,13 +49,13 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
 from ..actions import RECOMPUTES, Action, Op
+from ..classic import deadline as timing
 from ..dependencies import earliest_starts, edge_delay, successors, type_graph
 from ..tolerances import REL_TOL
 from .problem import Problem
@@ -199,8 +199,11 @@ def list_schedule(
     """Per-rank action lists built by ``policy`` and the objective of the times it assigned
     (never below the simulated one but for that tolerance: the simulator starts each pass
     as early as the order allows), or None when the policy gets stuck on memory or is still running at ``deadline``
-    (a ``time.monotonic()`` instant; None: no deadline)."""
-    return _ListScheduler(problem, policy).run(deadline)
+    (a ``deadline.now()`` instant; None: no deadline)."""
+    out = _ListScheduler(problem, policy).run(deadline)
+    # the work clock counts a run as a simulation of every pass (it times each once)
+    timing.simulated(3 * problem.num_microbatches * problem.cost.num_stages)
+    return out
 
 
 class _Start(NamedTuple):
@@ -313,7 +316,7 @@ class _ListScheduler:
                 return None  # every rank waits for memory that only a blocked rank could free
             check -= 1
             if not check:
-                if deadline is not None and time.monotonic() > deadline:
+                if deadline is not None and timing.now() > deadline:
                     return None  # cut: the caller has a fallback
                 check = _CHECK_EVERY
             t, r = heapq.heappop(heap)
@@ -621,13 +624,13 @@ def sweep_waits(
     x, upto = 0.0, _SWEEP_UPTO[knob]
     while True:
         pol = replace(policy, wait_first=x) if knob == "wait_first" else replace(policy, wait_b=x)
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and timing.now() > deadline:
             return
         run = _ListScheduler(problem, pol)
         out = run.run(deadline)
         if out is not None:
             yield pol, *out
-        elif deadline is not None and time.monotonic() > deadline:
+        elif deadline is not None and timing.now() > deadline:
             return
         nxt = run.flips[knob]  # inf: no decision the knob could flip, every larger value gives this
         if x >= upto or nxt > upto:
@@ -654,7 +657,7 @@ def refine_waits(
                 best, value, better = (pol, rows, v), v, True
                 if value <= target:
                     break
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and timing.now() > deadline:
             break
         idle = 0 if better else idle + 1
         knob = "wait_b" if knob == "wait_first" else "wait_first"

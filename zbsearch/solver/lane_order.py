@@ -22,9 +22,8 @@ tried all at once, then rank by rank. Fused backwards (BW) stay where they are.
 
 from __future__ import annotations
 
-import time
-
 from ..actions import Action, Op
+from ..classic import deadline as clock
 from ..tolerances import REL_TOL
 from .problem import Problem
 
@@ -58,7 +57,7 @@ def order_for_lane(problem: Problem, rows: list[list[Action]], deadline: float =
     shortens the iteration (module docstring); ``rows`` itself where nothing does. First every
     rank at once with its k-th stage last, for each k, and each rank with the best of those for
     it; then rank by rank, each stage last in turn. Stops trying at ``deadline``
-    (``time.monotonic()``), keeping what it found."""
+    (``deadline.now()``), keeping what it found."""
     cost = problem.cost
     if problem.objective != "iteration" or not cost.has_reductions:
         return rows
@@ -85,7 +84,7 @@ def order_for_lane(problem: Problem, rows: list[list[Action]], deadline: float =
     # every rank at once, then each rank's best
     own = {r: (tl.iteration[r], rows[r]) for r in multi}
     for k in range(max((len(cost.rank_stages(r)) for r in multi), default=0)):
-        if time.monotonic() >= deadline:
+        if clock.now() >= deadline:
             return best
         cand = [reordered(row, cost.rank_stages(r), cost.rank_stages(r)[k]) if r in own and k < len(cost.rank_stages(r))
                 else row for r, row in enumerate(rows)]
@@ -94,13 +93,13 @@ def order_for_lane(problem: Problem, rows: list[list[Action]], deadline: float =
             if t.iteration[r] < own[r][0] and t.peak_memory[r] <= allowed[r]:
                 own[r] = (t.iteration[r], cand[r])
     mixed = [own[r][1] if r in own else row for r, row in enumerate(rows)]
-    if mixed != best and time.monotonic() < deadline:
+    if mixed != best and clock.now() < deadline:
         tried(mixed)
     # rank by rank from the best
     for r in multi:
         stages = cost.rank_stages(r)
         for last in stages:
-            if time.monotonic() >= deadline:
+            if clock.now() >= deadline:
                 return best
             row = reordered(best[r], stages, last)
             if row != best[r]:

@@ -39,16 +39,16 @@ into a gap, are longer ones), and every candidate is timed by ASAP simulation.
   only inside a pair is found though neither step pays alone. A move that
   separates a pair's passes unpairs it; a pair whose backward waits for its own forward
   deadlocks and is discarded.
-* ``deadline`` (time.monotonic()) is checked between simulations: an expired one returns the
+* ``deadline`` (``deadline.now()``) is checked between simulations: an expired one returns the
   input unchanged.
 """
 
 from __future__ import annotations
 
 import random
-import time
 
 from ..actions import RECOMPUTES, Action, Op
+from ..classic import deadline as clock
 from ..dependencies import edge_delay, must_precede, predecessors
 from ..limits import allowance
 from ..reductions import lane_runs
@@ -158,6 +158,7 @@ class _Model:
         """(objective, sum of rank spans, or for the iteration of rank iterations) of the ASAP
         timeline, None on a deadlock. ``pairs``: the forwards that run as one overlapped pair
         with the backward after them (where there is one: ``valid_pairs``)."""
+        clock.simulated(len(dur))  # the work clock counts it as a simulation
         deps = self.deps
         end: list[float | None] = [None] * len(dur)
         R = len(rows)
@@ -398,7 +399,7 @@ def local_search(
     evaluations: int | None = None,
 ) -> list[list[Action]]:
     """A schedule no worse than ``rows`` (valid, within the limit), searched until ``deadline``
-    (time.monotonic()) or until the objective reaches ``target`` (a lower bound: nothing better
+    (``deadline.now()``) or until the objective reaches ``target`` (a lower bound: nothing better
     exists). ``rows``: a valid schedule, split, fused or mixed.
     ``reach``: how far a pass may move on its rank (default: anywhere). ``evaluations``: at
     most this many candidates simulated (a budget independent of the machine's speed).
@@ -427,7 +428,7 @@ def _search(problem: Problem, rows: list[list[Action]], pairs: list[list[int]] |
             reach: int | None, seed: int, target: float, evaluations: int | None,
             pairing: bool) -> tuple[list[list[Action]], list[list[int]] | None]:
     given = pairs if pairs and any(pairs) else None
-    if time.monotonic() >= deadline:
+    if clock.now() >= deadline:
         return rows, given
     value0, tl0 = problem.evaluate(rows, given)
     if value0 <= target or not problem.fits(tl0):
@@ -450,7 +451,7 @@ def _search(problem: Problem, rows: list[list[Action]], pairs: list[list[int]] |
     toggling = model.choice or model.any_recompute
 
     def spent() -> bool:
-        return (evaluations is not None and used >= evaluations) or time.monotonic() >= deadline
+        return (evaluations is not None and used >= evaluations) or clock.now() >= deadline
 
     while not spent() and best_score[0] > target:
         improved, tried = False, used

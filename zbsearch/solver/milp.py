@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import dataclass, replace
 
 import highspy
@@ -63,6 +62,7 @@ import pulp
 
 from .._highs import stdout_muted
 from ..actions import RECOMPUTES, Action, Op
+from ..classic import deadline as clock
 from ..costs import CostModel, Recompute
 from ..dependencies import PassType, action_index, action_predecessor_types, edge_delay, must_precede
 from ..reductions import gather_ends, gather_releases, lane_runs, last_backward
@@ -93,9 +93,10 @@ def _variable(lp: pulp.LpProblem, name: str, low: float | None, up: float | None
 class _HiGHS(pulp.HiGHS):
     """PuLP's HiGHS interface plus a full warm-start solution and the MIP dual bound."""
 
-    def __init__(self, start: dict[str, float], **kw):
+    def __init__(self, start: dict[str, float], seconds: float, **kw):
         super().__init__(**kw)
         self.start = start
+        self.seconds = seconds  # on the clock (``classic.deadline``): seconds, or work
         self.dual_bound = _NEG
         self.model_status = None
 
@@ -111,16 +112,39 @@ class _HiGHS(pulp.HiGHS):
         sol.col_value = [self.start.get(v.name, 0.0) for v in lp.variables()]
         sol.value_valid = True
         h.setSolution(sol)
+        nonzeros = h.getNumNz()
+        seconds, most = clock.highs_limits(self.seconds, nonzeros)
+        h.setOptionValue("time_limit", seconds)
+        looks = 0
+
+        def look(event) -> None:  # (on the work clock: HiGHS's looks at whether to stop count its work)
+            nonlocal looks
+            looks += 1
+            if most is not None and looks >= most:
+                event.interrupt()
+
+        if most is not None:
+            h.cbMipInterrupt += look
         # HiGHS's default tolerances: tighter ones (1e-10) cut off feasible points on big-M rows
         # and gave false optima. A tolerated memory overflow is caught where every result is
         # re-simulated and checked against the limit.
         h.run()
         self.model_status = h.getModelStatus()
         info = h.getInfo()
+        clock.highs_spent(looks, 0 if lp.isMIP() else info.simplex_iteration_count, nonzeros)
         # (a model without binaries is an LP: HiGHS reports no MIP bound, its optimum is the bound)
         lp_optimum = not lp.isMIP() and self.model_status == highspy.HighsModelStatus.kOptimal
         bound = info.objective_function_value if lp_optimum else info.mip_dual_bound
         self.dual_bound = bound - _DUAL_MARGIN * max(1.0, abs(bound)) if math.isfinite(bound) else _NEG
+
+
+    def findSolutionValues(self, lp):
+        try:
+            return super().findSolutionValues(lp)
+        except KeyError:  # a status PuLP does not know: HiGHS stopped at the work clock's node limit
+            if not math.isfinite(lp.solverModel.getInfo().objective_function_value):
+                return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
+            return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible  # as PuLP reads a time limit
 
 
 @dataclass
@@ -775,7 +799,7 @@ class _WindowModel:
     # ---- solve and decode ------------------------------------------------------------------
 
     def solve(self, time_limit: float) -> WindowResult | None:
-        solver = _HiGHS(self.warm_start, msg=False, timeLimit=max(0.1, time_limit), threads=os.cpu_count() or 1,
+        solver = _HiGHS(self.warm_start, time_limit, msg=False, threads=os.cpu_count() or 1,
                         gapRel=1e-6 if not self.secondary else 1e-5)
         self.lp.solve(solver)
         if self.lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
@@ -1490,7 +1514,7 @@ def improve(
     target: float = _NEG,
 ) -> tuple[list[list[Action]], ImproveStats]:
     """Large-neighbourhood search: sweep windows over the schedule until ``deadline``
-    (time.monotonic()), keeping each re-optimised window that the simulator confirms is
+    (``deadline.now()``), keeping each re-optimised window that the simulator confirms is
     better. Windows grow after a sweep without improvement; a window that hits its time
     limit makes the next ones smaller. Stops as soon as the objective reaches ``target``
     (a lower bound: nothing better exists). No overlapped pairs (``improve_paired`` chooses them)."""
@@ -1511,18 +1535,18 @@ def improve_paired(
     its pairs where the passes hold all-to-all and ``paired`` (those outside it stay): the
     rows, their pairs (None: none) and what the search did."""
     c = problem.cost
-    tick = time.monotonic()
+    tick = clock.now()
     value, tl = problem.evaluate(rows, pairs)
     # Each window also costs a pass over the schedule to build and one to simulate: keep
     # time for them so the deadline holds at p=32, m=256 too.
-    overhead = 3 * (time.monotonic() - tick) + 0.05
+    overhead = 3 * (clock.now() - tick) + 0.05
     score = (value, sum(tl.iteration))
     unit = max(c.t_f[s] + c.t_b[s] + c.t_w[s] for s in range(c.num_stages)) * (c.num_stages // c.num_ranks)
     length = 2.0 * unit
     stats = ImproveStats()
 
     def time_left() -> bool:
-        return time.monotonic() < deadline - 2 * overhead and score[0] > target
+        return clock.now() < deadline - 2 * overhead and score[0] > target
 
     while time_left():
         horizon = max(e[-1] for e in tl.end if e)
@@ -1530,7 +1554,7 @@ def improve_paired(
         swept_better = swept_cut = False  # (cut: a window stopped at its own time limit)
         t1 = 0.0
         while t1 < horizon and time_left():
-            left = deadline - time.monotonic() - overhead
+            left = deadline - clock.now() - overhead
             res = solve_window(problem, rows, tl, t1, t1 + length, length, min(left, 2.0 + length / unit), pairs=pairs,
                                paired=paired)
             stats.windows += 1

@@ -21,10 +21,10 @@ its deadline passes.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 from ..actions import RECOMPUTES, Action, Op
+from ..classic import deadline as clock
 from ..errors import ZbError
 from ..simulator import Timeline
 from ..tolerances import REL_TOL
@@ -40,7 +40,7 @@ _BACKWARDS = (Op.B, Op.BW)
 
 def pair_passes(problem: Problem, rows: Rows, pairs: Pairs | None = None, deadline: float | None = None) -> Paired:
     """``rows`` (with ``pairs``, None: none) improved by the moves of the module until none
-    improves or ``deadline`` (a ``time.monotonic()`` instant) passes: the rows, their pairs,
+    improves or ``deadline`` (a ``deadline.now()`` instant) passes: the rows, their pairs,
     the objective and the timeline, on ``problem``'s costs. ``rows`` must run and fit."""
     rows = [list(r) for r in rows]
     pairs = [sorted(p) for p in pairs] if pairs is not None else [[] for _ in rows]
@@ -52,7 +52,7 @@ def pair_passes(problem: Problem, rows: Rows, pairs: Pairs | None = None, deadli
         improved = False
         for r in range(len(rows)):
             for new_row, new_pairs in _moves(rows[r], pairs[r]):
-                if deadline is not None and time.monotonic() > deadline:
+                if deadline is not None and clock.now() > deadline:
                     return rows, pairs, value, tl
                 trial_rows, trial_pairs = rows[:r] + [new_row] + rows[r + 1:], pairs[:r] + [new_pairs] + pairs[r + 1:]
                 if new_row is not rows[r] and not problem.fits_order(trial_rows):

@@ -43,12 +43,12 @@ A solve is a ``SolveRun`` going through named phases, all timed by one ``Budget`
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..actions import RECOMPUTES, Action, Op
 from ..bounds import memory_iteration_lower_bound, memory_makespan_lower_bound, memory_span_lower_bound
+from ..classic import deadline as clock
 from ..costs import CostModel
 from ..errors import ZbError
 from ..formats.edit import updated
@@ -351,7 +351,7 @@ class SolveRun:
         starts.append((self.construction, self.rows, self.overlapped))
         starts += [(b.kind, b.rows, b.pairs) for b in self.baselines if b.stage_to_rank == place and b.pairs is not None]
         for k, (name, rows, pairs) in enumerate(starts):
-            now = time.monotonic()
+            now = clock.now()
             if now >= until:  # past the time: each start with pairs of its own is still timed (one simulation)
                 self.hit_limit = True
                 if pairs is None:
@@ -408,7 +408,7 @@ class SolveRun:
         info = SolverInfo(
             method=self.method, construction=self.construction, objective=self.problem.objective, status=status,
             value=value, lower_bound=self.bound, gap=gap, time_s=round(self.budget.elapsed(), 3),
-            time_limit_s=self.budget.limit,
+            time_limit_s=self.budget.limit, clock=clock.kind(),
             memory_limit=self.spec if self.spec is not None else (None if self.limit is None else "per rank"),
             uniform_costs=self.uniform_costs, milp_windows=self.windows, milp_improvements=self.improvements,
             search_improvements=self.searched, classic={b.kind: b.value for b in self.baselines},
@@ -427,6 +427,7 @@ class SolveRun:
         return SolveResult(with_prediction(sched, tl), info, tl)
 
 
+@clock.with_work_clock
 def solve(
     profile: Profile,
     num_microbatches: int,
@@ -441,6 +442,7 @@ def solve(
     start: list[list[Action]] | None = None,
     progress: Progress | None = None,
     engines: Sequence[Engine] | None = None,
+    deterministic: bool = False,
 ) -> SolveResult:
     """Best schedule found within ``time_limit`` seconds, validated, with its gap to a lower bound.
 
@@ -449,7 +451,9 @@ def solve(
     as Megatron's full recomputation); "auto" and "full" need the profile's recomputation costs.
     ``start``: a schedule (per-rank action lists) to consider as well, e.g. the best one at a
     smaller memory limit. ``engines``: the searches that follow the construction, each until the
-    deadline (default: ``engines.default_engines``; ``[]`` for heuristics only)."""
+    deadline (default: ``engines.default_engines``; ``[]`` for heuristics only).
+    ``deterministic``: ``time_limit`` counts work, not seconds (``classic.deadline``): the same
+    inputs give the same schedule on any machine and load."""
     budget = Budget(time_limit)
     m = num_microbatches
     if objective is None:  # what the user's iteration costs, where the profile knows it

@@ -94,6 +94,9 @@ class TuneResult(BaseModel):
     optimizer_step: str = Field(description="how the optimizer step is priced")
     time_limit_s: float
     time_s: float
+    clock: Literal["wall", "work"] = Field("wall", description="what time_s, time_limit_s and the rows' time_s "
+                                           "count: wall-clock seconds, or work in nominal seconds (tune "
+                                           "--deterministic: the same inputs give the same result on any load)")
     rows: list[ConfigRow] = Field(description="costed rows first, fastest first; then the others")
     best: int | None = Field(None, description="index of the winner in rows")
     lower_bound_ms: float | None = None

@@ -28,10 +28,10 @@ the fastest of all, so it is never slower than a baseline costed.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from ..classic import deadline as timing
 from ..errors import ZbError
 from ..formats.layers import LayerProfile
 from ..formats.schedule import Schedule
@@ -108,14 +108,15 @@ def replan_order(found: Sequence[tuple[float | None, float | None]], top: int = 
 
 class _Clock:
     def __init__(self, limit: float) -> None:
-        self.start = time.monotonic()
+        self.start = timing.now()
         self.limit = limit
         self.end = self.start + limit - max(_MARGIN * limit, _MARGIN_S)
 
     def left(self) -> float:
-        return self.end - time.monotonic()
+        return self.end - timing.now()
 
 
+@timing.with_work_clock
 def tune(
     profiles: Sequence[LayerProfile],
     cluster: Cluster,
@@ -135,6 +136,7 @@ def tune(
     milp: bool = True,
     baselines: bool = True,
     progress: TuneProgress | None = None,
+    deterministic: bool = False,
 ) -> Tuned:
     """The fastest configuration found within ``time_limit`` seconds (see the module).
 
@@ -162,6 +164,9 @@ def tune(
         milp: let plan polish with the solver's MILP windows.
         baselines: cost torchtitan's and Megatron's defaults beside the search.
         progress: called with (done, in all, text) as configurations are done.
+        deterministic: ``time_limit`` and ``plan_time`` count work, not seconds
+            (``classic.deadline``); each configuration's plan is then the same whatever the load
+            and whatever was planned before it, and the same inputs give the same result.
 
     Raises:
         ZbError: bad inputs (one line), or no configuration at all.
@@ -287,7 +292,7 @@ class _Search:
         """Cost the baselines within their share of the time limit."""
         until = min(self.clock.end, self.clock.start + _BASELINES * self.clock.limit)
         for i, c in enumerate(bases):
-            left = until - time.monotonic()
+            left = until - timing.now()
             if left <= 0:
                 self.add(c, None, "not planned", note="the baselines' share of the time limit was spent")
                 continue
@@ -304,7 +309,7 @@ class _Search:
     def configurations(self, configs: list[Config]) -> None:
         """Plan the configurations in the order of their bounds, pruning by the best found."""
         bounded: list[tuple[float, Config]] = []
-        until = min(self.clock.end, time.monotonic() + _BOUNDS * self.clock.left())
+        until = min(self.clock.end, timing.now() + _BOUNDS * self.clock.left())
         for i, c in enumerate(configs):
             self.tell(f"bounding {c}")
             layers = self.layers(c)
@@ -312,7 +317,7 @@ class _Search:
             if why is not None:
                 self.add(c, None, "does not fit", note=why)
                 continue
-            deadline = time.monotonic() + max(0.0, until - time.monotonic()) / (len(configs) - i)
+            deadline = timing.now() + max(0.0, until - timing.now()) / (len(configs) - i)
             bound = config_bound(layers, c.mesh, c.placement, c.m, c.recompute, self.cluster, self.opt, cap=self.best,
                                  deadline=deadline)
             if bound == math.inf:  # the relaxation found no cut that fits the memory
@@ -398,9 +403,16 @@ class _Search:
         answered within ``wait`` seconds, or by the end of the time limit. Its schedule comes
         back where it is faster than ``incumbent`` (default: the best iteration found)."""
         assert self.worker is not None
+        work = timing.counting()
         task = Task(c, self.layers(c), self.cluster, self.opt, seconds, bound,
-                    self.best if incumbent is None else max(incumbent, self.best), self.milp)
-        return self.worker.evaluate(task, wait, self.clock.start + self.clock.limit - _MARGIN_S)
+                    self.best if incumbent is None else max(incumbent, self.best), self.milp, work)
+        if not work:
+            return self.worker.evaluate(task, wait, self.clock.start + self.clock.limit - _MARGIN_S)
+        # on the work clock the plan keeps to its work limit: it is never stopped by wall time
+        # (that would depend on the load), and the work it counted is the search's
+        ev = self.worker.evaluate(task, math.inf, math.inf)
+        timing.spend(seconds if ev is None else ev.time_s)
+        return ev
 
     # ------------------------------------------------------------------ rows and the result
 
@@ -476,7 +488,8 @@ class _Search:
             how_sizes_scale=HOW_SIZES_SCALE, cluster=self.cluster, tp=self.tp, ep=self.ep,
             global_batch=self.global_batch, seq=self.seq, optimizer=self.opt.name, sharded=self.opt.sharded,
             shard=self.opt.fully_sharded,
-            optimizer_step=step, time_limit_s=self.clock.limit, time_s=round(time.monotonic() - self.clock.start, 3),
+            optimizer_step=step, time_limit_s=self.clock.limit, time_s=round(timing.now() - self.clock.start, 3),
+            clock=timing.kind(),
             sizes=sizes, recompute=list(modes), rows=rows, best=best, lower_bound_ms=lower, gap=gap,
             bound_before_planning_ms=before, gap_before_planning=before_gap, left_out=left_out,
         )

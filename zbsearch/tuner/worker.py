@@ -9,6 +9,7 @@ configuration costs. A new worker starts for the next configuration.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -83,7 +84,8 @@ class Worker:
     def evaluate(self, task: Task, seconds: float, latest: float) -> Evaluation | None:
         """``evaluate(task)`` in the worker, or None where it has not answered ``seconds`` after
         the worker was ready, or by ``latest`` (a ``time.monotonic()`` instant); the worker is
-        then stopped, and another started."""
+        then stopped, and another started. Both infinite: wait for the answer (or the worker's
+        end)."""
         self.start()
         if not self._wait_ready(latest):
             self.close()
@@ -93,7 +95,7 @@ class Worker:
         deadline = min(time.monotonic() + seconds, latest)
         try:
             self._send.send(task)
-            answered = self._recv.poll(max(0.0, deadline - time.monotonic()))
+            answered = self._recv.poll(None if math.isinf(deadline) else max(0.0, deadline - time.monotonic()))
             status, value = self._recv.recv() if answered else (None, None)
         except (EOFError, OSError):  # the worker died (out of memory): as if it ran out of time
             status, value = None, None
