@@ -29,6 +29,20 @@ def test_core_modules_never_import_torch():
     assert r.stdout.strip() == "[]", r.stdout
 
 
+def test_every_core_module_imports_first():
+    # a user's first import may be any module: each top-level one (a sub-package imports its
+    # modules), imported first into a fresh package (the zbsearch modules dropped between
+    # imports), must not meet a circular import
+    core = [n for n in _core_modules() if n.count(".") == 1]
+    assert {"zbsearch.bounds", "zbsearch.clock", "zbsearch.reduction_times", "zbsearch.solver"} <= set(core)
+    probe = (f"import importlib, sys\nfor n in {core!r}:\n"
+             "    for k in [k for k in sys.modules if k.split('.')[0] == 'zbsearch']: del sys.modules[k]\n"
+             "    try:\n        importlib.import_module(n)\n"
+             "    except ImportError as e:\n        print(n, e)\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "", r.stdout
+
+
 def test_a_torch_layer_is_seen_to_import_torch():
     # the probe can fail: the runtime does load torch
     r = subprocess.run([sys.executable, "-c", "import sys, zbsearch.runtime.runtime; print('torch' in sys.modules)"],

@@ -1,4 +1,4 @@
-"""The work clock (``classic.deadline``, ``--deterministic``): time limits counted in work give
+"""The work clock (``zbsearch.clock``, ``--deterministic``): time limits counted in work give
 the same solve, plan and tune on the same inputs however loaded the machine is.
 
 Each case runs twice, the second time beside a process spinning on the CPU, so that the wall
@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers import run_main
 from tests.helpers.reference import random_profile
-from zbsearch.classic import deadline
+from zbsearch import clock
 from zbsearch.planner import llama_layers, plan
 from zbsearch.solver import solve
 from zbsearch.tuner import Cluster, tune
@@ -47,28 +47,28 @@ def twice(run, *args, **kw):
 
 
 def test_the_work_clock_counts_work_nests_and_ends():
-    assert deadline.kind() == "wall" and not deadline.counting()
-    assert deadline.highs_limits(1.0, 1000) == (1.0, None)
-    deadline.simulated(10**9)  # nothing on the wall clock
-    with deadline.work_clock():
-        assert deadline.kind() == "work"
-        a = deadline.now()
-        deadline.simulated(500_000)
-        deadline.highs_spent(10, 1000, 100)
-        deadline.spend(0.25)
-        b = deadline.now()
-        rates = deadline.WORK_RATES
+    assert clock.kind() == "wall" and not clock.counting()
+    assert clock.highs_limits(1.0, 1000) == (1.0, None)
+    clock.simulated(10**9)  # nothing on the wall clock
+    with clock.work_clock():
+        assert clock.kind() == "work"
+        a = clock.now()
+        clock.simulated(500_000)
+        clock.highs_spent(10, 1000, 100)
+        clock.spend(0.25)
+        b = clock.now()
+        rates = clock.WORK_RATES
         assert b - a == pytest.approx(5e5 / rates.passes + 1000 / rates.looks + 1e5 / rates.iterations + 0.25
                                       + 1 / rates.reads)
-        with deadline.work_clock():  # an inner block goes on counting
-            assert deadline.now() > b
-        assert deadline.counting()
-        (wall, one), (_, two), (_, big) = (deadline.highs_limits(s, n) for s, n in ((1.0, 100), (2.0, 100), (1.0, 10**4)))
+        with clock.work_clock():  # an inner block goes on counting
+            assert clock.now() > b
+        assert clock.counting()
+        (wall, one), (_, two), (_, big) = (clock.highs_limits(s, n) for s, n in ((1.0, 100), (2.0, 100), (1.0, 10**4)))
         assert wall == float("inf") and one is not None and two is not None and big is not None
         assert 1 <= big < one < two  # more time, more looks; a larger model, fewer
-    assert not deadline.counting()
-    with deadline.work_clock():
-        assert deadline.now() < b  # a new block counts from zero
+    assert not clock.counting()
+    with clock.work_clock():
+        assert clock.now() < b  # a new block counts from zero
 
 
 def test_solves_on_the_work_clock_repeat_under_load():

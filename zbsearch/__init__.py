@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from .limits import fits, parse_memory_limit
     from .prediction import predict, timeline, with_prediction
     from .simulator import Timeline, simulate
-    from .solver import SolveResult, frontier, solve
+    from .solver.frontier import frontier  # (from the defining modules: each shadows its module's name)
+    from .solver.solve import SolveResult, solve
     from .validator import InvalidSchedule, find_problem, validate
 
 # each public name's module (the imports above, for type checkers, say the same)

@@ -73,8 +73,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from . import clock
 from .actions import Op
-from .classic import deadline as clock
 from .costs import CostModel
 from .dependencies import earliest_starts, pass_types, type_graph
 from .limits import allowance

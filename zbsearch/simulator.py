@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import clock
 from .actions import RECOMPUTES, Action, Op
 from .costs import CostModel
 from .dependencies import action_predecessor_types, edge_delay, pass_positions
@@ -161,9 +162,7 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel, overlapped: list
     (blocked or done) past it. Every action is timed once, after everything it waits for, so
     the times are those of any topological order; the ranks left parked at the end are exactly
     those a round-robin sweep would leave stuck, and report the same waits."""
-    from .classic import deadline  # (here: the classic builders import this module)
-
-    deadline.simulated(sum(map(len, rank_actions)))  # the work clock counts simulated passes
+    clock.simulated(sum(map(len, rank_actions)))  # the work clock counts simulated passes
     S = cost.num_stages
     where = pass_positions(rank_actions, S)
     # per op, per stage: ((positions of the pass it waits for, by microbatch), edge delay), ...

@@ -1,6 +1,6 @@
 """The classic builders that improve their schedule step by step keep to a deadline, on a fake clock.
 
-The clock (``zbsearch.classic.deadline.now``) is a counter each read advances by one: a deadline
+The clock (``zbsearch.clock.now``) is a counter each read advances by one: a deadline
 k reads into a build passes at its k-th check. Whatever k, the builder returns a valid schedule
 within the memory its kind promises, and reads the clock at most twice once the deadline has
 passed (it stops, rather than finishing its construction); a deadline already passed gives
@@ -13,10 +13,9 @@ import inspect
 
 import pytest
 
-from zbsearch import Profile, StageCost, build_classic, find_problem
+from zbsearch import Profile, StageCost, build_classic, clock, find_problem
 from zbsearch.classic import KINDS
 from zbsearch.classic import controllable as ctl
-from zbsearch.classic import deadline as clock
 from zbsearch.solver import solve
 
 

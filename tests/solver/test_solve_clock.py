@@ -4,7 +4,7 @@ On thousands of passes one simulation or one classic build takes a large part of
 solve given less than that must not go on building candidates once its deadline has passed:
 it keeps the first schedule in hand (the least-memory classic order, else the sequential one).
 Here the clock the solver's budget, its construction and the classic builders read
-(``classic.deadline.now``) is a counter that each simulation and each classic build advances;
+(``zbsearch.clock.now``) is a counter that each simulation and each classic build advances;
 nothing else moves it, so no wall time is measured.
 """
 
@@ -16,8 +16,8 @@ import random
 import pytest
 
 from tests.solver.oracle import random_instance, with_recompute
+from zbsearch import clock
 from zbsearch.classic import ClassicKind
-from zbsearch.classic import deadline as clock
 from zbsearch.solver import solve
 from zbsearch.solver.problem import Problem
 from zbsearch.validator import find_problem

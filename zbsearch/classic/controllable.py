@@ -31,10 +31,10 @@ block's, so a squeeze stopped anywhere is a valid schedule; ``deadline.passed``)
 from __future__ import annotations
 
 from ..actions import Action, Op
+from ..clock import passed
 from ..costs import CostModel
 from ..errors import ZbError
 from ..layout import placement
-from .deadline import passed
 
 __all__ = ["v_half", "v_min", "building_block"]
 

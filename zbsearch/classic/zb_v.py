@@ -53,13 +53,13 @@ from collections import deque
 from itertools import product
 
 from ..actions import Action, Op
+from ..clock import passed
 from ..costs import CostModel
 from ..dependencies import input_arrival, type_graph
 from ..errors import ZbError
 from ..layout import placement
 from ..limits import fits
 from ..tolerances import EPS_MS
-from .deadline import passed
 
 
 def zb_v(cost: CostModel, m: int, deadline: float | None = None) -> list[list[Action]]:

@@ -54,7 +54,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..classic import deadline as timing
+from .. import clock as timing
 from ..errors import ZbError
 from ..formats.edit import updated
 from ..formats.layers import LayerProfile
@@ -245,7 +245,7 @@ def plan(
         optimizer: what the static memory counts (``zbsearch.planner.memory``).
         time_limit: seconds for the whole call, every phase within it (one solve at least runs,
             however short the limit); with ``deterministic``, work in nominal seconds
-            (``classic.deadline``): the same inputs give the same plan on any machine and load.
+            (``zbsearch.clock``): the same inputs give the same plan on any machine and load.
         objective: ``span``, ``makespan`` or ``iteration``, as for ``solve`` (default: the
             iteration with ``data_parallel``, else the span).
         milp: polish with the solver's MILP windows.

@@ -54,7 +54,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..classic import deadline as clock
+from .. import clock
 from ..formats.layers import LayerProfile, Unit
 from ..limits import allowance
 from .compose import Placement, least_kept, stage_cost

@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from .. import clock as timing
 from ..bounds import (
     makespan_from_spans,
     rank_area_span_lower_bounds,
@@ -37,7 +38,6 @@ from ..bounds import (
     rank_relay_span_lower_bounds,
     rank_span_lower_bounds,
 )
-from ..classic import deadline as timing
 from ..costs import CostModel
 from ..formats.layers import LayerProfile
 from ..formats.profile import LaneSharing, Profile

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from .. import clock
 from ..actions import Action
 from ..classic import KINDS
-from ..classic import deadline as clock
 from ..costs import CostModel
 from ..errors import ZbError
 from ..formats.profile import Profile

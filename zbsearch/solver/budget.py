@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..classic import deadline as clock
+from .. import clock
 
 __all__ = ["Shares", "Budget"]
 

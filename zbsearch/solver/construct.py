@@ -14,9 +14,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from .. import clock
 from ..actions import Action
 from ..classic import KINDS
-from ..classic import deadline as clock
 from ..errors import ZbError
 from ..layout import placement
 from ..simulator import Timeline

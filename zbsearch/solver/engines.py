@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from .. import clock
 from ..actions import Action
-from ..classic import deadline as clock
 from .local_search import local_search_paired
 
 if TYPE_CHECKING:

@@ -54,8 +54,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
+from .. import clock as timing
 from ..actions import RECOMPUTES, Action, Op
-from ..classic import deadline as timing
 from ..dependencies import earliest_starts, edge_delay, successors, type_graph
 from ..tolerances import REL_TOL
 from .problem import Problem

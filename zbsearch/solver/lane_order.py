@@ -22,8 +22,8 @@ tried all at once, then rank by rank. Fused backwards (BW) stay where they are.
 
 from __future__ import annotations
 
+from .. import clock
 from ..actions import Action, Op
-from ..classic import deadline as clock
 from ..tolerances import REL_TOL
 from .problem import Problem
 

@@ -47,8 +47,8 @@ from __future__ import annotations
 
 import random
 
+from .. import clock
 from ..actions import RECOMPUTES, Action, Op
-from ..classic import deadline as clock
 from ..dependencies import edge_delay, must_precede, predecessors
 from ..limits import allowance
 from ..reductions import lane_runs

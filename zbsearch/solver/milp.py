@@ -60,9 +60,9 @@ from dataclasses import dataclass, replace
 import highspy
 import pulp
 
+from .. import clock
 from .._highs import stdout_muted
 from ..actions import RECOMPUTES, Action, Op
-from ..classic import deadline as clock
 from ..costs import CostModel, Recompute
 from ..dependencies import PassType, action_index, action_predecessor_types, edge_delay, must_precede
 from ..reductions import gather_ends, gather_releases, lane_runs, last_backward
@@ -96,7 +96,7 @@ class _HiGHS(pulp.HiGHS):
     def __init__(self, start: dict[str, float], seconds: float, **kw):
         super().__init__(**kw)
         self.start = start
-        self.seconds = seconds  # on the clock (``classic.deadline``): seconds, or work
+        self.seconds = seconds  # on the clock (``zbsearch.clock``): seconds, or work
         self.dual_bound = _NEG
         self.model_status = None
 

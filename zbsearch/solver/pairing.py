@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from .. import clock
 from ..actions import RECOMPUTES, Action, Op
-from ..classic import deadline as clock
 from ..errors import ZbError
 from ..simulator import Timeline
 from ..tolerances import REL_TOL

@@ -46,9 +46,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .. import clock
 from ..actions import RECOMPUTES, Action, Op
 from ..bounds import memory_iteration_lower_bound, memory_makespan_lower_bound, memory_span_lower_bound
-from ..classic import deadline as clock
 from ..costs import CostModel
 from ..errors import ZbError
 from ..formats.edit import updated
@@ -452,7 +452,7 @@ def solve(
     ``start``: a schedule (per-rank action lists) to consider as well, e.g. the best one at a
     smaller memory limit. ``engines``: the searches that follow the construction, each until the
     deadline (default: ``engines.default_engines``; ``[]`` for heuristics only).
-    ``deterministic``: ``time_limit`` counts work, not seconds (``classic.deadline``): the same
+    ``deterministic``: ``time_limit`` counts work, not seconds (``zbsearch.clock``): the same
     inputs give the same schedule on any machine and load."""
     budget = Budget(time_limit)
     m = num_microbatches

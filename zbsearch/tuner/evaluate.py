@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import clock
 from ..classic import build_classic
-from ..classic import deadline as clock
 from ..errors import ZbError
 from ..formats.edit import updated
 from ..formats.layers import LayerProfile
@@ -43,7 +43,7 @@ class Task:
     bound: float
     incumbent: float = float("inf")
     milp: bool = True
-    deterministic: bool = False  # the plan's time limit counts work (``classic.deadline``)
+    deterministic: bool = False  # the plan's time limit counts work (``zbsearch.clock``)
 
 
 @dataclass

@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..classic import deadline as timing
+from .. import clock as timing
 from ..errors import ZbError
 from ..formats.layers import LayerProfile
 from ..formats.schedule import Schedule
@@ -165,7 +165,7 @@ def tune(
         baselines: cost torchtitan's and Megatron's defaults beside the search.
         progress: called with (done, in all, text) as configurations are done.
         deterministic: ``time_limit`` and ``plan_time`` count work, not seconds
-            (``classic.deadline``); each configuration's plan is then the same whatever the load
+            (``zbsearch.clock``); each configuration's plan is then the same whatever the load
             and whatever was planned before it, and the same inputs give the same result.
 
     Raises:
