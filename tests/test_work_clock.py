@@ -58,7 +58,7 @@ def test_the_work_clock_counts_work_nests_and_ends():
         clock.spend(0.25)
         b = clock.now()
         rates = clock.WORK_RATES
-        assert b - a == pytest.approx(5e5 / rates.passes + 1000 / rates.looks + 1e5 / rates.iterations + 0.25
+        assert b - a == pytest.approx(5e5 / rates.passes + 1 / rates.models + 1000 / rates.looks + 1e5 / rates.iterations + 0.25
                                       + 1 / rates.reads)
         with clock.work_clock():  # an inner block goes on counting
             assert clock.now() > b

@@ -766,9 +766,10 @@ def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag
     if whole:  # microbatches come whole: the counts are integers
         h.changeColsIntegrality(n, counts, [highspy.HighsVarType.kInteger] * n)
     h.run()
+    info = h.getInfo()
+    clock.highs_spent(max(0, info.mip_node_count), max(0, info.simplex_iteration_count), h.getNumNz())
     if h.getModelStatus() != h.getModelStatus().kOptimal:
         return busy  # cannot happen (every all-plain choice is feasible for a large enough T); be safe
-    info = h.getInfo()
     # an integer program's proven dual bound, whatever gap its search stopped at
     return (info.mip_dual_bound if whole else info.objective_function_value) * (1 - _LP_MARGIN)
 

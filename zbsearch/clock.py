@@ -50,12 +50,16 @@ class WorkRates:
         looks: HiGHS's looks at whether to stop a MIP (its interrupt callback) times the
             model's nonzeros.
         iterations: HiGHS's simplex iterations of an LP times the model's nonzeros.
+        models: HiGHS runs (building a model, presolve, start-up), whatever their size: on the
+            small programs the bounds solve by the thousand this, not their iterations, is the
+            work.
     """
 
     passes: float = 1.0e6
     reads: float = 2.0e4
     looks: float = 1.8e4
     iterations: float = 1.0e7
+    models: float = 200.0
 
 
 WORK_RATES = WorkRates()
@@ -145,8 +149,10 @@ def highs_limits(seconds: float, nonzeros: int) -> tuple[float, int | None]:
 
 
 def highs_spent(looks: int, iterations: int, nonzeros: int) -> None:
-    """Count what a HiGHS run did: its looks at whether to stop (a MIP) and its simplex
-    iterations (an LP; ``info.simplex_iteration_count``) on a model of ``nonzeros``."""
+    """Count what a HiGHS run did: the run itself, its looks at whether to stop (a MIP's
+    interrupt callback, or its branch-and-bound nodes where nothing looked) and its simplex
+    iterations (``info.simplex_iteration_count``) on a model of ``nonzeros``."""
     if _Work.on:
         n = max(1, nonzeros)
-        _Work.seconds += max(0, looks) * n / WORK_RATES.looks + max(0, iterations) * n / WORK_RATES.iterations
+        _Work.seconds += (1.0 / WORK_RATES.models + max(0, looks) * n / WORK_RATES.looks
+                          + max(0, iterations) * n / WORK_RATES.iterations)
