@@ -56,7 +56,8 @@ _MODULES = {
     ".limits": ("fits", "parse_memory_limit"),
     ".prediction": ("predict", "timeline", "with_prediction"),
     ".simulator": ("Timeline", "simulate"),
-    ".solver": ("SolveResult", "frontier", "solve"),
+    ".solver.frontier": ("frontier",),
+    ".solver.solve": ("SolveResult", "solve"),
     ".validator": ("InvalidSchedule", "find_problem", "validate"),
 }
 _SOURCES = {name: module for module, names in _MODULES.items() for name in names}
