@@ -114,6 +114,7 @@ def test_heavy_rank_is_not_claimed_optimal_above_the_optimum():
 
 _SIZES = {1: [(2, 2), (2, 3), (3, 2), (3, 3), (4, 2)], 2: [(2, 2), (2, 3), (3, 2)]}
 _SAMPLE = 32  # instances, each for span and makespan (bench/solver_gap.py sweeps more)
+_FAST = 11  # of them in the fast suite; the rest run with the slow tests (the 12th takes the oracle minutes)
 
 
 def _sample():
@@ -126,14 +127,30 @@ def _sample():
     return out
 
 
-@pytest.fixture(scope="module")
-def verdicts():
-    jobs = [(inst, obj) for inst in _sample() for obj in ("span", "makespan")]
+def _verdicts(sample):
+    jobs = [(inst, obj) for inst in sample for obj in ("span", "makespan")]
     opts = cp_optimum_many([(i.cost, i.m, i.limit, o, {}) for i, o in jobs], time_limit=20, processes=2)
     assert all(o.optimal for o in opts)
     # a generous limit: these solve in well under a second, so claims do not depend on load
     return {(obj, inst.chunks, k): judge(inst, obj, opt.value, time_limit=20)
             for k, ((inst, obj), opt) in enumerate(zip(jobs, opts))}
+
+
+@pytest.fixture(scope="module")
+def verdicts_fast():
+    """The sample's first ``_FAST`` instances: the fast suite's share."""
+    return _verdicts(_sample()[:_FAST])
+
+
+@pytest.fixture(scope="module")
+def verdicts_rest():
+    """The rest of the sample (slow)."""
+    return _verdicts(_sample()[_FAST:])
+
+
+@pytest.fixture(params=["fast", pytest.param("rest", marks=pytest.mark.slow)])
+def verdicts(request):
+    return request.getfixturevalue(f"verdicts_{request.param}")
 
 
 def _select(verdicts, objective, chunks):
