@@ -538,6 +538,13 @@ _LP_MARGIN = 1e-6
 
 
 @_paired_floor
+def _area_applies(bc: CostModel, r: int, allowed: float) -> bool:
+    """Whether the area program can say more than rank ``r``'s busy time: its memory never
+    drops below zero per microbatch (``_balanced_rank`` on ``bc``, ``cost.for_bounds()``) and
+    the allowance is finite and positive."""
+    return _balanced_rank(bc, r) and 0 < allowed < math.inf
+
+
 def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: list[float], whole: bool = True,
                                 deadline: float | None = None) -> list[float]:
     """Per rank, a lower bound on its span for schedules within ``limit``, over every choice of
@@ -614,7 +621,7 @@ def _area_bound(cost: CostModel, bc: CostModel, preds, r: int, m: int, allowed: 
     stages = stages or cost.rank_stages(r)
     backward = (lambda s: bc.t_b[s]) if core else bc.backward
     busy = m * sum(cost.forward(s) + cost.backward(s) for s in stages) if core else cost.rank_busy(r, m)
-    if not _balanced_rank(bc, r) or allowed <= 0 or not math.isfinite(allowed):
+    if not _area_applies(bc, r, allowed):
         return busy
     if core:  # the W passes that memory lets the rank leave for after its last B run outside the core
         busy -= (_deferred_work(bc, r, allowed, m, cost, stages) if _balanced_rank(cost, r)
@@ -679,7 +686,7 @@ def rank_relay_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: 
     cores: list[tuple[list[int], float]] = []  # (stages, least core) of each rank and set of its stages
     for q in range(cost.num_ranks):
         allowed = allowance(limit[q])
-        if not _balanced_rank(bc, q) or allowed <= 0 or not math.isfinite(allowed):
+        if not _area_applies(bc, q, allowed):
             continue  # its busy time: the one-machine bounds count that already
         mine = cost.rank_stages(q)
         for k in range(len(mine), 0, -1):
