@@ -200,22 +200,24 @@ def _warm_up_loss(cost: CostModel, stages: list[int], window: float, m: int, bud
     and a rank has as many of each), which keeps the least of the rank's: it loses h_s, and it
     covers at most d_s of the window (its longest time alone; longer, as when slowed, the rest
     counts as idle). The loss is the least of sum k_s h_s + max(0, window - sum k_s d_s) over
-    counts k_s <= m, whole numbers (the pairing bound's window times the least h_s / d_s, or
-    1, is its fractional relaxation), and within ``budget`` (None: no limit): nothing frees
-    memory before the first backward, so the forwards' m_f fit in it together. Ranks of more
-    than two stages take the fractional relaxation, without the budget."""
+    counts 1 <= k_s <= m, whole numbers (the first backward's microbatch has a forward of each
+    of the rank's stages in the window; the window times the least h_s / d_s, or 1, is the
+    fractional relaxation), and within ``budget`` (None: no limit): nothing frees memory before
+    the first backward, so the forwards' m_f fit in it together. Ranks of more than two stages
+    take the fractional relaxation, without the budget or the forwards each stage must run."""
     least_b = min(cost.hideable(s, Op.B) for s in stages)
     items = [(max(cost.t_f[s], cost.t_ff[s]), cost.hideable(s, Op.F) + least_b, max(cost.m_f[s], 0.0)) for s in stages]
     if len(stages) > 2:
         return window * min(1.0, min(h / d for d, h, _ in items))
-    ranges = [range(min(m, math.ceil(window / d)) + 1) if d > 0 else range(1) for d, _, _ in items]
-    best = window  # idle throughout
+    # the first backward's microbatch has a forward of each stage of the rank in the window
+    ranges = [range(1, max(1, min(m, math.ceil(window / d))) + 1) if d > 0 else range(1, 2) for d, _, _ in items]
+    best = math.inf
     for ks in itertools.product(*ranges):
         if budget is not None and sum(k * mu for k, (_, _, mu) in zip(ks, items)) > budget:
             continue
         covered = sum(k * d for k, (d, _, _) in zip(ks, items))
         best = min(best, sum(k * h for k, (_, h, _) in zip(ks, items)) + max(0.0, window - covered))
-    return best
+    return best if best < math.inf else window  # (no forwards fit: no schedule runs within the limit)
 
 
 def _with_pairing(
