@@ -210,13 +210,19 @@ def _warm_up_loss(cost: CostModel, stages: list[int], window: float, m: int, bud
     if len(stages) > 2:
         return window * min(1.0, min(h / d for d, h, _ in items))
     # the first backward's microbatch has a forward of each stage of the rank in the window
-    ranges = [range(1, max(1, min(m, math.ceil(window / d))) + 1) if d > 0 else range(1, 2) for d, _, _ in items]
+    *first, (d, h, mu) = items
     best = math.inf
-    for ks in itertools.product(*ranges):
-        if budget is not None and sum(k * mu for k, (_, _, mu) in zip(ks, items)) > budget:
-            continue
-        covered = sum(k * d for k, (d, _, _) in zip(ks, items))
-        best = min(best, sum(k * h for k, (_, h, _) in zip(ks, items)) + max(0.0, window - covered))
+    for ks in itertools.product(*(range(1, max(1, min(m, math.ceil(window / d0))) + 1) if d0 > 0 else range(1, 2)
+                                  for d0, _, _ in first)):
+        held = sum(k * x for k, (_, _, x) in zip(ks, first))
+        rest = window - sum(k * x for k, (x, _, _) in zip(ks, first))
+        lost = sum(k * x for k, (_, x, _) in zip(ks, first))
+        most = m if budget is None or mu <= 0 else min(m, math.floor((budget - held) / mu))
+        # the loss is convex and piecewise linear in the last stage's count: its least is at an end or where it covers the rest
+        near = (math.floor(rest / d), math.ceil(rest / d)) if d > 0 and rest > 0 else ()
+        for k in {1, most, *near}:
+            if 1 <= k <= most:
+                best = min(best, lost + k * h + max(0.0, rest - k * d))
     return best if best < math.inf else window  # (no forwards fit: no schedule runs within the limit)
 
 
