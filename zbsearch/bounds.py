@@ -205,10 +205,14 @@ def _warm_up_loss(cost: CostModel, stages: list[int], window: float, m: int, bud
     fractional relaxation), and within ``budget`` (None: no limit): nothing frees memory before
     the first backward, so the forwards' m_f fit in it together. Ranks of more than two stages
     take the fractional relaxation, without the budget or the forwards each stage must run."""
-    least_b = min(cost.hideable(s, Op.B) for s in stages)
-    items = [(max(cost.t_f[s], cost.t_ff[s]), cost.hideable(s, Op.F) + least_b, max(cost.m_f[s], 0.0)) for s in stages]
+    # what a pass alone keeps over its floor: what a pair hides of it, no more than its time
+    least_b = min(min(cost.hideable(s, Op.B), cost.t_b[s], cost.t_bw[s]) for s in stages)
+    items = [(max(cost.t_f[s], cost.t_ff[s]), min(cost.hideable(s, Op.F), cost.t_f[s], cost.t_ff[s]) + least_b,
+              cost.m_f[s]) for s in stages]
     if len(stages) > 2:
-        return window * min(1.0, min(h / d for d, h, _ in items))
+        return window * min(1.0, min((h / d for d, h, _ in items if d > 0), default=1.0))
+    if any(mu < 0 for _, _, mu in items):  # a forward that frees memory: the others may hold more
+        budget = None
     # the first backward's microbatch has a forward of each stage of the rank in the window
     *first, (d, h, mu) = items
     best = math.inf
@@ -217,6 +221,8 @@ def _warm_up_loss(cost: CostModel, stages: list[int], window: float, m: int, bud
         held = sum(k * x for k, (_, _, x) in zip(ks, first))
         rest = window - sum(k * x for k, (x, _, _) in zip(ks, first))
         lost = sum(k * x for k, (_, x, _) in zip(ks, first))
+        if budget is not None and held > budget:
+            continue
         most = m if budget is None or mu <= 0 else min(m, math.floor((budget - held) / mu))
         # the loss is convex and piecewise linear in the last stage's count: its least is at an end or where it covers the rest
         near = (math.floor(rest / d), math.ceil(rest / d)) if d > 0 and rest > 0 else ()
