@@ -1,13 +1,15 @@
 """The pairing bound (``rank_pairing_span_lower_bounds``) against an exact oracle with pairs.
 
-Generated pipelines of two ranks (one stage each, or a V) with all-to-all a share of 0 to 50% of
-F and B (on some, a share of what pairs hide left exposed), links of 0 or 0.1 ms and, on half,
-a memory limit of one or two microbatches per stage (in a V, of 2 to 8 forwards): the oracle enumerates every per-rank order
-and every choice of pairs (``paired_rank_optima``) and gives each rank's least span. Checked:
-per rank, the bound (and the solver's, which takes it) never above that rank's least span, never below the window's fractional
-loss it replaces, and above it on some instances; counting the backwards after a rank's last
-forward on top of the warm-up's (as if the backwards a warm-up forward leaves without a
-partner could not be those) is wrong, and the oracle catches it.
+Generated pipelines of two ranks (one stage each, fused or split, or a V) with all-to-all a
+share of 0 to 50% of F and B (on some, a share of what pairs hide left exposed), links of 0 or
+0.1 ms and, on half, a memory limit of one or two microbatches per stage (in a V, of 2 to 8
+forwards): the oracle enumerates every per-rank order and every choice of pairs
+(``paired_rank_optima``) and gives each rank's least span. Checked: per rank, the bound (and
+the solver's, which takes it) never above that rank's least span, never below the window's
+fractional loss it replaces, and above it and above itself without the limit on some ranks;
+counting the backwards after a rank's last forward on top of the warm-up's (as if the
+backwards a warm-up forward leaves without a partner could not be those) is wrong, and the
+oracle catches it.
 """
 
 from __future__ import annotations
