@@ -43,10 +43,14 @@ dependency chain takes at least its passes' own times. That gives the *pairing* 
 stage's forward through the last stage and back, so for that long after its first start it
 can run forwards only, which no pair holds. Each of them keeps its all-to-all, and so does a
 backward for each of them (a pair takes one forward and one backward, and a rank has as many
-of each): the rank's span is at least its least busy time with every pass paired, plus that
-window times what an unpaired forward and backward keep over the floor per ms of forward (their
-all-to-all less the share a pair leaves exposed, ``CostModel.hideable``; or the
-window itself, idle, where that is less). Where recompute passes may run it is left out.
+of each): the rank's span is at least its least busy time with every pass paired, plus the
+least that window can cost, filled with whole forwards, each keeping what a pair would hide
+(its all-to-all less the share a pair leaves exposed, ``CostModel.hideable``) and leaving a
+backward that keeps its own, and idle time for the rest; within a memory limit, no more
+forwards than fit together, since nothing frees memory before the first backward. The
+backwards after a rank's last forward, which no pair holds either, add nothing to it: they can
+be the ones the window's forwards leave without a partner. Where recompute passes may run it
+is left out.
 
 Recomputation. Where the costs offer it, a schedule may checkpoint any microbatch's forward
 and recompute it: it holds less memory, and its rank does more work. ``for_bounds`` prices an
@@ -164,12 +168,13 @@ def span_lower_bound(cost: CostModel, num_microbatches: int) -> float:
     return max(_with_pairing(cost, num_microbatches, rank_span_lower_bounds(cost, num_microbatches)))
 
 
-def rank_pairing_span_lower_bounds(cost: CostModel, num_microbatches: int) -> list[float]:
+def rank_pairing_span_lower_bounds(
+    cost: CostModel, num_microbatches: int, limit: list[float] | None = None
+) -> list[float]:
     """Per rank, its span's lower bound from what pairs cannot hide (0 where the passes hold no
     all-to-all, or recompute passes may run; see the module): the least busy time on
-    ``paired_floor`` plus, for the warm-up window no pair can start in, what a pair would have
-    hidden of the all-to-all of the forwards that fill it and of the backwards those leave
-    without a partner (``CostModel.hideable``; or the window's idle time, where that is less)."""
+    ``paired_floor`` plus the least the warm-up window no pair can start in costs
+    (``_warm_up_loss``), within ``limit`` where given (None: no limit)."""
     if not cost.has_all_to_all or cost.can_recompute:
         return [0.0] * cost.num_ranks
     floor, chain = cost.paired_floor().for_bounds(), cost.without_all_to_all().for_bounds()
@@ -181,17 +186,60 @@ def rank_pairing_span_lower_bounds(cost: CostModel, num_microbatches: int) -> li
         busy = m * sum(floor.t_f[s] + floor.t_b[s] + floor.t_w[s] for s in stages)
         rel = earliest_starts(chain, (min(stages), Op.F), preds)
         window = min(rel[(s, Op.B)] for s in stages)
-        least_a_b = min(cost.hideable(s, Op.B) for s in stages)  # what paired_floor took off, per pass
-        rate = min((cost.hideable(s, Op.F) + least_a_b) / max(cost.t_f[s], cost.t_ff[s]) for s in stages)
-        out.append(busy + window * min(1.0, rate))
+        budget = None if limit is None else allowance(limit[r])
+        out.append(busy + _warm_up_loss(cost, stages, window, m, budget))
     return out
 
 
-def _with_pairing(cost: CostModel, num_microbatches: int, spans: list[float]) -> list[float]:
-    """Per-rank span bounds ``spans`` raised to ``rank_pairing_span_lower_bounds`` where higher."""
+def _warm_up_loss(cost: CostModel, stages: list[int], window: float, m: int, budget: float | None) -> float:
+    """The least a rank loses over its least busy time on ``paired_floor`` in the ``window`` from
+    its first start to its first backward, in which it can run forwards only, each alone.
+
+    The window is k forwards and idle time I. Each forward of stage s keeps its all-to-all
+    (``CostModel.hideable``) and leaves a backward without a partner (a pair takes one of each,
+    and a rank has as many of each), which keeps the least of the rank's: it loses h_s, and it
+    covers at most d_s of the window (its longest time alone; longer, as when slowed, the rest
+    counts as idle). The loss is the least of sum k_s h_s + max(0, window - sum k_s d_s) over
+    counts 1 <= k_s <= m, whole numbers (the first backward's microbatch has a forward of each
+    of the rank's stages in the window; the window times the least h_s / d_s, or 1, is the
+    fractional relaxation), and within ``budget`` (None: no limit): nothing frees memory before
+    the first backward, so the forwards' m_f fit in it together. Ranks of more than two stages
+    take the fractional relaxation, without the budget or the forwards each stage must run."""
+    # what a pass alone keeps over its floor: what a pair hides of it, no more than its time
+    least_b = min(min(cost.hideable(s, Op.B), cost.t_b[s], cost.t_bw[s]) for s in stages)
+    items = [(max(cost.t_f[s], cost.t_ff[s]), min(cost.hideable(s, Op.F), cost.t_f[s], cost.t_ff[s]) + least_b,
+              cost.m_f[s]) for s in stages]
+    if len(stages) > 2:
+        return window * min(1.0, min((h / d for d, h, _ in items if d > 0), default=1.0))
+    if any(mu < 0 for _, _, mu in items):  # a forward that frees memory: the others may hold more
+        budget = None
+    # the first backward's microbatch has a forward of each stage of the rank in the window
+    *first, (d, h, mu) = items
+    best = math.inf
+    for ks in itertools.product(*(range(1, max(1, min(m, math.ceil(window / d0))) + 1) if d0 > 0 else range(1, 2)
+                                  for d0, _, _ in first)):
+        held = sum(k * x for k, (_, _, x) in zip(ks, first))
+        rest = window - sum(k * x for k, (x, _, _) in zip(ks, first))
+        lost = sum(k * x for k, (_, x, _) in zip(ks, first))
+        if budget is not None and held > budget:
+            continue
+        most = m if budget is None or mu <= 0 else min(m, math.floor((budget - held) / mu))
+        # the loss is convex and piecewise linear in the last stage's count: its least is at an end or where it covers the rest
+        near = (math.floor(rest / d), math.ceil(rest / d)) if d > 0 and rest > 0 else ()
+        for k in {1, most, *near}:
+            if 1 <= k <= most:
+                best = min(best, lost + k * h + max(0.0, rest - k * d))
+    return best if best < math.inf else window  # (no forwards fit: no schedule runs within the limit)
+
+
+def _with_pairing(
+    cost: CostModel, num_microbatches: int, spans: list[float], limit: list[float] | None = None
+) -> list[float]:
+    """Per-rank span bounds ``spans`` raised to ``rank_pairing_span_lower_bounds`` (within
+    ``limit``, None: no limit) where higher."""
     if not cost.has_all_to_all:
         return spans
-    return [max(a, b) for a, b in zip(spans, rank_pairing_span_lower_bounds(cost, num_microbatches))]
+    return [max(a, b) for a, b in zip(spans, rank_pairing_span_lower_bounds(cost, num_microbatches, limit))]
 
 
 @_paired_floor
@@ -855,7 +903,7 @@ def _rank_bounds(
     """Per rank, the best of the bounds in this module (``quick``: all but the chain bound, the
     area and relay bounds relaxed); where the costs offer recomputation, the memory-aware ones replaced by
     the area bound; where pairs may form, raised to ``rank_pairing_span_lower_bounds``."""
-    out = _with_pairing(cost, num_microbatches, rank_span_lower_bounds(cost, num_microbatches))
+    out = _with_pairing(cost, num_microbatches, rank_span_lower_bounds(cost, num_microbatches), limit)
     cost = cost.paired_floor()
     memory = None if cost.can_recompute else limit  # their memory reasoning assumes no recomputation
     chain = None if quick else rank_chain_span_lower_bounds(cost, num_microbatches, memory, deadline)

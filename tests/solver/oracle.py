@@ -755,6 +755,24 @@ def paired_optima(cost: CostModel, rows_per_rank: list[list[list[Action]]], limi
     """The least span and the least makespan over every combination of the given per-rank rows
     and every choice of pairs on each (``pairings``), each simulated, within ``limit``."""
     best = {"span": math.inf, "makespan": math.inf}
+    for tl in _paired_timelines(cost, rows_per_rank, limit):
+        best["span"] = min(best["span"], max(tl.span))
+        best["makespan"] = min(best["makespan"], tl.makespan)
+    return best
+
+
+def paired_rank_optima(cost: CostModel, rows_per_rank: list[list[list[Action]]], limit) -> list[float]:
+    """Per rank, its least span over what ``paired_optima`` ranges over (what per-rank bounds
+    are checked against)."""
+    best = [math.inf] * cost.num_ranks
+    for tl in _paired_timelines(cost, rows_per_rank, limit):
+        best = [min(b, s) for b, s in zip(best, tl.span)]
+    return best
+
+
+def _paired_timelines(cost: CostModel, rows_per_rank: list[list[list[Action]]], limit):
+    """The simulated timeline of every combination of the given per-rank rows and choice of pairs
+    on each that runs within ``limit``."""
     per_rank = [[(row, pairs) for row in rows for pairs in pairings(row)] for rows in rows_per_rank]
     for combo in itertools.product(*per_rank):
         try:
@@ -762,6 +780,4 @@ def paired_optima(cost: CostModel, rows_per_rank: list[list[list[Action]]], limi
         except ZbError:
             continue
         if limit is None or all(p <= x + 1e-9 for p, x in zip(tl.peak_memory, limit)):
-            best["span"] = min(best["span"], max(tl.span))
-            best["makespan"] = min(best["makespan"], tl.makespan)
-    return best
+            yield tl

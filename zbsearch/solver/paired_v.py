@@ -67,10 +67,9 @@ def paired_v_candidates(problem: Problem, expired: Callable[[], bool] | None = N
     if list(c.stage_to_rank) != placement(c.num_ranks, 2, "v"):
         return []
     out = []
-    for ramp in (True, False, _best_depth(problem, expired)):
+    ramps = [ramp for ramp in (True, False, _best_depth(problem, expired)) if ramp is not None]
+    for ramp in ramps:
         for lag in _LAGS:
-            if ramp is None:
-                continue
             rows, pairs = paired_v(c, m, lag, ramp)
             if problem.fits_order(rows):
                 what = "" if ramp is True else ", ramp unpaired" if ramp is False else f", ramp paired in its last {ramp} steps"
