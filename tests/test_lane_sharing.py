@@ -8,6 +8,8 @@ from dataclasses import replace
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 import zbsearch as zb
 from tests.helpers.reference import needs, positions, random_cost, random_order, reference_duration
@@ -176,6 +178,28 @@ def test_the_simulator_times_shared_lanes_as_the_reference(seed):
     # and with every lane alone on its link (the simulator's pass in dependency order)
     alone = replace(cost, lane_link=(), lane_share=0.0)
     _check_against_reference(simulate(rows, alone), _reference(rows, alone, range(cost.num_ranks), 0.0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(hs.integers(0, 2**32 - 1), hs.floats(1.0, 4.0), hs.booleans())
+def test_a_lane_slowed_beside_its_rank_s_passes_times_as_the_reference(seed, stretch, shared):
+    # a V's reductions start while the rank still has passes to run: each moves at 1/stretch of
+    # its speed while they do, at its own speed while the rank waits (exact reference above)
+    rng = random.Random(seed)
+    p = rng.choice([2, 3, 4])
+    cost = random_cost(rng, p, 2, "v")
+    S = cost.num_stages
+    cost = replace(cost, t_reduce=tuple(rng.uniform(0.5, 8.0) for _ in range(S)), t_opt=(0.0,) * S,
+                   t_gather=tuple(rng.uniform(0.2, 3.0) for _ in range(S)) if rng.random() < 0.3 else (),
+                   slowdown=tuple(rng.choice([1.0, rng.uniform(1.0, 2.0)]) for _ in range(S)) if rng.random() < 0.5 else (),
+                   lane_slowdown=tuple(rng.choice([1.0, stretch]) for _ in range(S)),
+                   lane_link=(0,) * p if shared else (), lane_share=rng.uniform(0.0, 1.5) if shared else 0.0)
+    rows = random_order(rng, cost, rng.randint(2, 4), fuse=0.3)
+    tl = simulate(rows, cost)
+    _check_against_reference(tl, _reference(rows, cost, cost.lane_link or range(p), cost.lane_share))
+    full = simulate(rows, cost.without_slowdown())  # at full speed: no later anywhere
+    assert all(a >= b - 1e-9 for x, y in zip(tl.end, full.end) for a, b in zip(x, y))
+    assert all(a >= b - 1e-9 for a, b in zip(tl.finish, full.finish))
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -9,6 +9,8 @@ import random
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 import zbsearch as zb
 from tests.helpers import cli_command
@@ -388,3 +390,27 @@ def test_torchrun_times_each_sharded_stages_gather_on_the_replicas(tmp_path):
     # each rank's reduce-scatters alone are t_reduce; every rank's at once against them, the share
     _check_measured_sharing(dp.sharing, 2)
     assert [q.median for q in dp.sharing.alone_ms] == [q.median for q in dp.reduce_ms]
+
+
+@settings(max_examples=60, deadline=None)
+@given(hs.lists(hs.floats(0.1, 5.0), min_size=1, max_size=8), hs.floats(0.1, 5.0), hs.floats(0.1, 5.0),
+       hs.floats(-1.0, 3.0), hs.floats(0.0, 20.0))
+def test_the_stretch_is_the_reductions_within_the_pass_over_the_one_timed_alone(later, first, alone, lead, length):
+    """A round's lane: two reductions alone (``ALONE``), then more; a pass from t0 (``lead`` after
+    the second alone one ends, negative: before it) for ``length``. The factor is the mean of the
+    later reductions that start and end within the pass over the second alone one, else None."""
+    from zbsearch.profiler.slowdown import ALONE, _Lane
+
+    lane = _Lane([], None)
+    marks = [0.0, first, first + alone]
+    for d in later:
+        marks.append(marks[-1] + d)
+    lane.marks = marks
+    t0 = first + alone + lead
+    t1 = t0 + length
+    inside = [b - a for a, b in zip(marks[ALONE:], marks[ALONE + 1:]) if a >= t0 and b <= t1]
+    want = None if marks[ALONE] > t0 or not inside else sum(inside) / len(inside) / alone
+    got = lane.stretch(t0, t1)
+    assert (got is None) == (want is None)
+    if want is not None:
+        assert got == pytest.approx(want)

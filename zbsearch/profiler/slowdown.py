@@ -23,10 +23,11 @@ had stopped is left out. The samples' median is the factor, at least 1.
 The same rounds time the reduction's own slowdown (``reduce_stretch``: the collective's threads
 or kernels share the cores, or the multiprocessors and memory bandwidth, with the pass): the
 lane's first reduction of a round runs before the pass starts (the pass waits for it on every
-member), alone; those that start and end while the pass runs run beside it. A sample is the
-mean of a round's reductions beside the pass over the round's one alone; a round whose pass
-held no whole reduction (a reduction longer than the pass) gives none. No extra reductions:
-the lane runs them anyway.
+member), alone, and so does a second one, the one timed alone (the first also waits for every
+member's lane to start); those that start and end while the pass runs run beside it. A sample
+is the mean of a round's reductions beside the pass over the round's one alone; a round whose
+pass held no whole reduction (a reduction longer than the pass) gives none. One reduction per
+round more than the pass factor alone needs.
 
 A sharded stage (``fully_shard``) has no all-reduce on its lane but its parameters' gather at
 the step's start and its gradients' reduce-scatter after its last W; the simulator slows the
@@ -54,6 +55,9 @@ from .stages import as_inputs
 __all__ = ["LANE_THREAD", "Factors", "stage_pass", "reduction_buffers", "sharded_buffers", "slowdown_samples"]
 
 LANE_THREAD = "zbsearch-reduction-lane"  # the name of the thread that keeps a reduction running
+# Reductions a round's lane runs alone before the pass starts: the first waits for the members'
+# lanes to start, so the second is the one timed alone (``reduce_stretch``).
+ALONE = 2
 
 
 @dataclass
@@ -180,7 +184,8 @@ class _Lane:
                     dist.all_reduce(self.flag, op=dist.ReduceOp.MIN, group=self.group)  # 1 once every member asks
                     stop = self.flag.item() > 0  # waits for the reduction's end, on a GPU too
                     self.marks.append(time.perf_counter())
-                    self.started.set()
+                    if len(self.marks) > ALONE:  # the pass waits for these, run alone
+                        self.started.set()
                     if stop:
                         break
         except BaseException as err:  # re-raised on the measuring thread
@@ -191,19 +196,19 @@ class _Lane:
 
     def stretch(self, t0: float, t1: float) -> float | None:
         """The mean of the reductions that ran while a pass ran from ``t0`` to ``t1`` (started
-        and ended within) over the first one, which ran alone before the pass (``begin``); None
-        where none did."""
+        and ended within) over the last of those that ran alone before the pass (``begin``);
+        None where none did."""
         runs = list(zip(self.marks, self.marks[1:]))
-        if len(runs) < 2 or runs[0][1] > t0:
+        if len(runs) <= ALONE or runs[ALONE - 1][1] > t0:
             return None
-        beside = [b - a for a, b in runs[1:] if a >= t0 and b <= t1]
-        alone = runs[0][1] - runs[0][0]
+        beside = [b - a for a, b in runs[ALONE:] if a >= t0 and b <= t1]
+        alone = runs[ALONE - 1][1] - runs[ALONE - 1][0]
         if not beside or alone <= 0:
             return None
         return sum(beside) / len(beside) / alone
 
     def begin(self, timeout: float) -> None:
-        """Start the reductions; return once one has run on every member."""
+        """Start the reductions; return once ``ALONE`` have run on every member."""
         from ..runtime.data_parallel import note_in_flight
 
         note_in_flight(None, self.stopped.is_set)
