@@ -196,6 +196,10 @@ def test_profile_with_replicas_and_no_bandwidth_times_each_reduction_on_local_pr
     assert len(dp.slowdown) == 2
     for st, q in zip(prof.stages, dp.slowdown):
         assert st.reduce_slowdown == max(1.0, q.median) and q.q1 <= q.median <= q.q3 and q.median > 0
+    # and, in the same rounds, its reduction beside its pass: likewise where a pass held a whole reduction
+    assert len(dp.stretch) == 2
+    for st, q in zip(prof.stages, dp.stretch):
+        assert (st.reduce_stretch, q) == (None, None) or st.reduce_stretch == max(1.0, q.median) > 0
     # both stages' reductions timed alone and at once (4 processes): how they share this host's cores
     share = dp.sharing
     assert share is not None and share.ranks_per_link is None and len(share.alone_ms) == len(share.together_ms) == 2
@@ -224,6 +228,8 @@ def test_torchrun_times_each_stages_reduction_on_the_replicas_started_with_the_p
     assert dp.how == "measured" and dp.group == "torchrun" and dp.backend == "gloo" and dp.replicas == 2
     assert len(dp.reduce_ms) == 2 and all(st.t_reduce == q.median > 0 for st, q in zip(prof.stages, dp.reduce_ms))
     assert len(dp.slowdown) == 2 and all(st.reduce_slowdown == max(1.0, q.median) for st, q in zip(prof.stages, dp.slowdown))
+    assert len(dp.stretch) == 2 and all((st.reduce_stretch, q) == (None, None) or st.reduce_stretch == max(1.0, q.median)
+                                        for st, q in zip(prof.stages, dp.stretch))
     # the reductions alone are t_reduce; every rank's at once against them, the share (one node: one link)
     assert dp.sharing is not None and dp.sharing.ranks_per_link is None and len(dp.sharing.together_ms) == 2
     assert [q.median for q in dp.sharing.alone_ms] == [q.median for q in dp.reduce_ms]
