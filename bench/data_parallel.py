@@ -70,11 +70,12 @@ SOLVE_S = 6.0  # seconds per solve
 
 
 def profile(pp: int, times: list[float], chunks: int, t_reduce: list[float] | None = None,
-            slowdown: list[float] | None = None, sharing=None, dp: int = 2, measured: dict | None = None) -> zb.Profile:
+            slowdown: list[float] | None = None, sharing=None, dp: int = 2, measured: dict | None = None,
+            stretch: list[float] | None = None) -> zb.Profile:
     """Equal emulated stages (ms), no link time (local processes): one per rank, or the V's
-    pieces (half a stage each, measured for the V placement); ``t_reduce`` and ``slowdown``
-    (``reduce_slowdown``) per stage or piece; ``sharing`` (``LaneSharing``), how the ranks'
-    reductions slow each other on this host; ``measured``: the pass times measured per stage or
+    pieces (half a stage each, measured for the V placement); ``t_reduce``, ``slowdown``
+    (``reduce_slowdown``) and ``stretch`` (``reduce_stretch``) per stage or piece; ``sharing``
+    (``LaneSharing``), how the ranks' reductions slow each other on this host; ``measured``: the pass times measured per stage or
     piece (``stages``: t_f, t_b, t_w, t_bw, t_ff each) and the runtime's host time per action
     (``t_action``), which replace the given times (None: the given times, no host time)."""
     from zbsearch.layout import placement
@@ -86,6 +87,8 @@ def profile(pp: int, times: list[float], chunks: int, t_reduce: list[float] | No
         stages = [c.model_copy(update={"t_reduce": t_reduce[s], "t_opt": 0.0}) for s, c in enumerate(stages)]
     if slowdown is not None:
         stages = [c.model_copy(update={"reduce_slowdown": f if f > 1.0 else None}) for c, f in zip(stages, slowdown)]
+    if stretch is not None:
+        stages = [c.model_copy(update={"reduce_stretch": f if f > 1.0 else None}) for c, f in zip(stages, stretch)]
     extra = {}
     if sharing is not None:
         from zbsearch.formats.profile import DataParallel
@@ -192,9 +195,10 @@ def _reductions_alone_and_together(stages: dict, dp_group, me: int, pp: int, rep
     return {s: (a, t) for s, a, t in zip(stages, alone, together)}
 
 
-def _slowdown_alone(stages: dict, dp_group, reps: int) -> dict[int, list[float]]:
-    """Each of this rank's stages' pass timed beside its reduction against alone (factors), as
-    ``zbsearch profile --dp`` times it, every rank its k-th stage at once."""
+def _slowdown_alone(stages: dict, dp_group, reps: int) -> dict:
+    """Each of this rank's stages' pass timed beside its reduction against alone, and the
+    reduction beside the pass against alone (``Factors``), as ``zbsearch profile --dp`` times
+    them, every rank its k-th stage at once."""
     import torch
 
     from zbsearch.profiler.slowdown import reduction_buffers, slowdown_samples, stage_pass
@@ -249,12 +253,13 @@ def worker(rank, world, send, cfg: dict) -> dict | None:
             P = pp * chunks
             timed = [[part[0][chunks][s] for part in everyone if s in part[0][chunks]] for s in range(P)]
             t_reduce = [max(statistics.median(a) for a, _ in got) for got in timed]  # the slower replica's
-            factors = [max(1.0, statistics.median([f for part in everyone if s in part[1][chunks] for f in part[1][chunks][s]]
-                                                  or [1.0])) for s in range(P)]
+            factors, stretch = ([max(1.0, statistics.median([f for part in everyone if s in part[1][chunks]
+                                                             for f in getattr(part[1][chunks][s], kind)] or [1.0]))
+                                 for s in range(P)] for kind in ("passes", "lane"))
             sharing = lane_sharing([[x for a, _ in got for x in a] for got in timed],
                                    [[x for _, t in got for x in t] for got in timed], [pp] * P, None)
             measured = _measured([part[2][chunks] for part in everyone], P)
-            profs[chunks] = profile(pp, cfg["times"], chunks, t_reduce, factors, sharing, cfg["dp"], measured)
+            profs[chunks] = profile(pp, cfg["times"], chunks, t_reduce, factors, sharing, cfg["dp"], measured, stretch)
         box[0] = [s.model_dump_json() for s in schedules(profs[1], profs[2], cfg["m"])]
     dist.broadcast_object_list(box, src=0)
     scheds = [zb.Schedule.model_validate_json(s) for s in box[0]]
@@ -318,6 +323,7 @@ def run(pp: int, args) -> dict:
             "overlapped_vs_given": over / pred_given["overlapped_ms"] - 1,
             "simulated_after_ms": pred["after_ms"], "simulated_iteration_ms": max(sched.predicted.iteration),
             "slowdown": [c.reduce_slowdown or 1.0 for c in sched.profile.stages],
+            "stretch": [c.reduce_stretch or 1.0 for c in sched.profile.stages],
             "simulated_overlapped_full_speed_ms": pred["overlapped_full_speed_ms"],
             "share": cost.lane_share,
             "on_passes_overlapped_no_sharing_ms": none + pred["overlapped_no_sharing_ms"] - pred["passes_ms"],

@@ -8,6 +8,8 @@ from dataclasses import replace
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 import zbsearch as zb
 from tests.helpers.reference import needs, positions, random_cost, random_order, reference_duration
@@ -26,11 +28,13 @@ def _reference(rows, cost, link, share):
     the end of its iteration and its step's start, in exact arithmetic. At every moment each
     run under way on a link with k runs under way moves at 1 / (1 + share (k - 1)); each pass
     moves at 1 / the slowdown of its rank's run under way (1 without one); a lane runs its runs
-    one at a time in the order they became ready, the gathers first (stage order, from 0)."""
+    one at a time in the order they became ready, the gathers first (stage order, from 0); and,
+    while its rank has a pass under way, a run moves at 1 / its stage's lane slowdown besides."""
     F = Fraction
     S, R = cost.num_stages, len(rows)
     where = positions(rows)
     slow = cost.slowdown or (1.0,) * S
+    stretch = cost.lane_slowdown or (1.0,) * S
     last = [{} for _ in rows]  # per rank, stage -> position of its last W or BW
     first = [{} for _ in rows]  # per rank, stage -> position of its first pass
     for r, row in enumerate(rows):
@@ -88,6 +92,9 @@ def _reference(rows, cost, link, share):
                 busy[link[r]] = busy.get(link[r], 0) + 1
         lane_rate = [F(1) / (1 + F(share) * (busy.get(link[r], 1) - 1)) for r in range(R)]
         pass_rate = [F(1) / F(slow[lane_now[r][1]]) if lane_now[r] is not None else F(1) for r in range(R)]
+        for r in range(R):  # a rank computing slows its lane's run
+            if job[r] is not None and lane_now[r] is not None:
+                lane_rate[r] /= F(stretch[lane_now[r][1]])
         for r in range(R):
             if job[r] is not None:
                 candidates.append(t + job[r][1] / pass_rate[r])
@@ -136,10 +143,12 @@ def _random_lanes(rng: random.Random):
     t_opt = tuple(rng.choice([0.0, rng.uniform(0.0, 1.0)]) for _ in range(S))
     t_gather = tuple(rng.choice([0.0, rng.uniform(0.2, 3.0)]) for _ in range(S)) if rng.random() < 0.4 else ()
     slowdown = tuple(rng.choice([1.0, rng.uniform(1.0, 2.5)]) for _ in range(S)) if rng.random() < 0.6 else ()
+    stretch = tuple(rng.choice([1.0, rng.uniform(1.0, 3.0)]) for _ in range(S)) if rng.random() < 0.6 else ()
     per = rng.choice([1, 2, p])
     link = tuple(r // per for r in range(p))
     share = rng.choice([0.0, 0.5, 1.0, rng.uniform(0.0, 2.0)])
-    cost = replace(cost, t_reduce=t_red, t_opt=t_opt, t_gather=t_gather, slowdown=slowdown, lane_link=link, lane_share=share)
+    cost = replace(cost, t_reduce=t_red, t_opt=t_opt, t_gather=t_gather, slowdown=slowdown, lane_slowdown=stretch,
+                   lane_link=link, lane_share=share)
     rows = random_order(rng, cost, rng.randint(1, 4), fuse=rng.random() * 0.5)
     return cost, rows
 
@@ -169,6 +178,28 @@ def test_the_simulator_times_shared_lanes_as_the_reference(seed):
     # and with every lane alone on its link (the simulator's pass in dependency order)
     alone = replace(cost, lane_link=(), lane_share=0.0)
     _check_against_reference(simulate(rows, alone), _reference(rows, alone, range(cost.num_ranks), 0.0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(hs.integers(0, 2**32 - 1), hs.floats(1.0, 4.0), hs.booleans())
+def test_a_lane_slowed_beside_its_rank_s_passes_times_as_the_reference(seed, stretch, shared):
+    # a V's reductions start while the rank still has passes to run: each moves at 1/stretch of
+    # its speed while they do, at its own speed while the rank waits (exact reference above)
+    rng = random.Random(seed)
+    p = rng.choice([2, 3, 4])
+    cost = random_cost(rng, p, 2, "v")
+    S = cost.num_stages
+    cost = replace(cost, t_reduce=tuple(rng.uniform(0.5, 8.0) for _ in range(S)), t_opt=(0.0,) * S,
+                   t_gather=tuple(rng.uniform(0.2, 3.0) for _ in range(S)) if rng.random() < 0.3 else (),
+                   slowdown=tuple(rng.choice([1.0, rng.uniform(1.0, 2.0)]) for _ in range(S)) if rng.random() < 0.5 else (),
+                   lane_slowdown=tuple(rng.choice([1.0, stretch]) for _ in range(S)),
+                   lane_link=(0,) * p if shared else (), lane_share=rng.uniform(0.0, 1.5) if shared else 0.0)
+    rows = random_order(rng, cost, rng.randint(2, 4), fuse=0.3)
+    tl = simulate(rows, cost)
+    _check_against_reference(tl, _reference(rows, cost, cost.lane_link or range(p), cost.lane_share))
+    full = simulate(rows, cost.without_slowdown())  # at full speed: no later anywhere
+    assert all(a >= b - 1e-9 for x, y in zip(tl.end, full.end) for a, b in zip(x, y))
+    assert all(a >= b - 1e-9 for a, b in zip(tl.finish, full.finish))
 
 
 @pytest.mark.parametrize("seed", range(30))

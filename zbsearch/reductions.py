@@ -17,6 +17,13 @@ run (``zbsearch.runtime.data_parallel``). The rule, in one place:
   (``slowed_end``). The lane's runs that can overlap a pass are known when it starts: a
   reduction becomes ready at the end of one of the rank's own passes, so every later one starts
   after the pass ends. A factor of 1 (older files) is compute at its own speed;
+* the other way round, while the rank has a pass under way, the lane's run of stage s moves at
+  1/``stretch[s]`` of its speed (``reduce_stretch``, a factor >= 1 measured in the same rounds
+  as ``reduce_slowdown``: on a CPU the collective's threads share the cores with the pass, on a
+  GPU its kernels the multiprocessors and memory bandwidth). A run then ends later the more the
+  rank computes beside it, so the lane depends on when the rank's passes run, and the simulator
+  advances the rank's passes and lane together in time (``SharedLanes``). A factor of 1 (older
+  files) is a run at its own speed;
 * the rank's iteration ends once its last pass and its last reduction have ended, plus the
   optimizer steps of its stages (``t_opt``), which follow (``iteration_end``).
 
@@ -47,9 +54,10 @@ its own, ``zbsearch.runtime.sharded``):
 * while stage s's gather runs (from the rank's step start at 0, as its first pass waits for it)
   the rank's passes run at 1/``slowdown[s]`` of their speed, as beside a reduction.
 
-A pass's time under a slowdown is never below its time alone, and a pass starting later never
-ends earlier, so every pass of a schedule ends no earlier than without the slowdown: bounds
-computed at full speed (``CostModel.without_slowdown``) hold with it.
+A pass's time under a slowdown is never below its time alone, nor a run's under a stretch, and
+a pass or run starting later never ends earlier, so every pass and run of a schedule ends no
+earlier than with both factors 1: bounds computed at full speed (``CostModel.without_slowdown``)
+hold with them.
 
 A schedule that leaves a rank work after a stage's last backward hides that stage's reduction
 behind it; one whose every stage ends with the rank's last pass pays the reductions in full.
@@ -112,30 +120,38 @@ def share_rate(k: int, share: float) -> float:
 
 class SharedLanes:
     """Lanes whose runs progress together in time, those on one link at ``share_rate`` of the
-    runs under way on it (module docstring): the rule in one place, for the simulator (which
-    adds runs as passes end and advances the lanes between its events) and ``shared_lane_runs``.
+    runs under way on it, and each at 1/its ``stretch`` while its rank computes (module
+    docstring): the rule in one place, for the simulator (which adds runs as passes end, says
+    which ranks compute and advances the lanes between its events) and ``shared_lane_runs``.
 
     ``link[l]``: the link of lane l (lanes with the same value share it); ``share``: its
     parameter. Each lane runs its runs one at a time, in the order they were added; a run added
-    to an idle lane starts at once. ``runs[l]``: (tag, start, end) of lane l's finished runs."""
+    to an idle lane starts at once. ``computing[l]``: whether lane l's rank has a pass under way
+    (the caller sets it; False: the lane's runs at their speed on the link). ``runs[l]``: (tag,
+    start, end) of lane l's finished runs."""
 
     def __init__(self, link: Sequence[int], share: float):
         self.link, self.share = list(link), share
         self.t = 0.0
-        self.queue: list[list[tuple[Any, float]]] = [[] for _ in self.link]  # (tag, ms alone)
-        self.current: list[tuple[Any, float, float] | None] = [None] * len(self.link)  # (tag, start, ms left alone)
+        self.queue: list[list[tuple[Any, float, float]]] = [[] for _ in self.link]  # (tag, ms alone, stretch)
+        # (tag, start, ms left alone, stretch)
+        self.current: list[tuple[Any, float, float, float] | None] = [None] * len(self.link)
         self.runs: list[list[tuple[Any, float, float]]] = [[] for _ in self.link]
+        self.computing = [False] * len(self.link)
         self._busy: dict[int, int] = {}  # per link, its lanes with a run under way
 
-    def add(self, lane: int, took: float, tag: Any) -> None:
-        """A run of ``took`` ms alone, ready now (``self.t``), queued on ``lane``."""
-        self.queue[lane].append((tag, took))
+    def add(self, lane: int, took: float, tag: Any, stretch: float = 1.0) -> None:
+        """A run of ``took`` ms alone, ready now (``self.t``), queued on ``lane``; ``stretch``:
+        how much slower it moves while the lane's rank computes."""
+        self.queue[lane].append((tag, took, stretch))
         if self.current[lane] is None:
             self._start(lane)
 
     def rate(self, lane: int) -> float:
         """The speed of ``lane``'s run under way, now."""
-        return share_rate(self._busy.get(self.link[lane], 0), self.share)
+        rate = share_rate(self._busy.get(self.link[lane], 0), self.share)
+        cur = self.current[lane]
+        return rate / cur[3] if cur is not None and self.computing[lane] else rate
 
     def running(self, lane: int) -> Any:
         """The tag of ``lane``'s run under way, or None."""
@@ -162,7 +178,7 @@ class SharedLanes:
                 step = to - self.t
                 for lane, cur in enumerate(self.current):
                     if cur is not None:
-                        self.current[lane] = (cur[0], cur[1], cur[2] - step * self.rate(lane))
+                        self.current[lane] = (cur[0], cur[1], cur[2] - step * self.rate(lane), cur[3])
                 self.t = to
             if end > until or end == float("inf"):
                 if until > self.t and end == float("inf"):  # nothing under way
@@ -177,13 +193,13 @@ class SharedLanes:
                     self._start(lane)
 
     def _start(self, lane: int) -> None:
-        tag, took = self.queue[lane].pop(0)
+        tag, took, stretch = self.queue[lane].pop(0)
         if took <= 0:  # nothing to move: it ends where it starts, and the next one starts
             self.runs[lane].append((tag, self.t, self.t))
             if self.queue[lane]:
                 self._start(lane)
             return
-        self.current[lane] = (tag, self.t, took)
+        self.current[lane] = (tag, self.t, took, stretch)
         self._busy[self.link[lane]] = self._busy.get(self.link[lane], 0) + 1
 
     def _finish(self, lane: int) -> None:
@@ -411,13 +427,15 @@ def with_reductions(profile, replicas: int, bandwidth_gbs: float, grad_bytes: Se
 
 def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_bytes: Sequence[float], *,
                              group: str, backend: str, t_opt: Sequence[float] | None = None,
-                             slowdown: Sequence | None = None, gather_ms: Sequence | None = None, sharing=None):
+                             slowdown: Sequence | None = None, gather_ms: Sequence | None = None, sharing=None,
+                             stretch: Sequence | None = None):
     """A copy of ``profile`` whose stages end the iteration with their gradient reduction across
     ``replicas`` as timed on a real group: ``reduce_ms`` per stage (``Quartiles``; ``t_reduce``
     is the median), ``group`` ``local`` or ``torchrun``, ``backend`` the process group's; and,
     where given, their optimizer step (``t_opt``, ms per stage) and how much the reduction
     slowed a pass beside it (``slowdown``, per stage ``Quartiles`` of the factor or None where
-    not measured; ``reduce_slowdown`` is the median, at least 1). ``gather_ms`` (``Quartiles``
+    not measured; ``reduce_slowdown`` is the median, at least 1) and how much a pass beside it
+    slowed the reduction (``stretch``, likewise; ``reduce_stretch``). ``gather_ms`` (``Quartiles``
     per stage): the stages are sharded, their reductions reduce-scatters, and each gathers its
     parameters at the step's start (``t_gather``, the median). ``sharing`` (``LaneSharing``): how
     the reductions of ranks on one link slowed each other."""
@@ -428,20 +446,23 @@ def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_b
     if len(reduce_ms) != profile.num_stages or replicas < 1 or (gather_ms is not None and len(gather_ms) != len(reduce_ms)):
         raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one reduction (and gather) time per "
                       "stage and at least 1 replica")
-    if slowdown is not None and len(slowdown) != profile.num_stages:
+    if any(f is not None and len(f) != profile.num_stages for f in (slowdown, stretch)):
         raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one slowdown per stage")
     dp = DataParallel(replicas=replicas, sharded=gather_ms is not None, how="measured", grad_bytes=list(grad_bytes),
                       group=group, backend=backend, reduce_ms=list(reduce_ms),
                       gather_ms=None if gather_ms is None else list(gather_ms),
-                      slowdown=None if slowdown is None else list(slowdown), sharing=sharing)
+                      slowdown=None if slowdown is None else list(slowdown), sharing=sharing,
+                      stretch=None if stretch is None else list(stretch))
     out = _ending_with(profile, dp, [q.median for q in reduce_ms], t_opt,
                        None if gather_ms is None else [q.median for q in gather_ms])
-    if slowdown is None:
-        return out
     from .formats.profile import MAX_SLOWDOWN
 
-    factors = [None if q is None else min(MAX_SLOWDOWN, max(1.0, q.median)) for q in slowdown]
-    return out.model_copy(update={"stages": [c.model_copy(update={"reduce_slowdown": f}) for c, f in zip(out.stages, factors)]})
+    stages = out.stages
+    for name, measured in (("reduce_slowdown", slowdown), ("reduce_stretch", stretch)):
+        if measured is not None:
+            factors = [None if q is None else min(MAX_SLOWDOWN, max(1.0, q.median)) for q in measured]
+            stages = [c.model_copy(update={name: f}) for c, f in zip(stages, factors)]
+    return out if stages is out.stages else out.model_copy(update={"stages": stages})
 
 
 def _check_per_stage(profile, grad_bytes: Sequence[float], t_opt: Sequence[float] | None) -> None:

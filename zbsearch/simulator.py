@@ -27,8 +27,10 @@ the rule in ``zbsearch.reductions``), a pass beside the lane ends later than its
 busy time still counts its time alone, so the slowdown counts with the idle time. The lane is
 the runs the simulator queued while timing the passes (the timeline's ``reductions`` and
 ``gathers``). Where lanes of different ranks share a link (``CostModel.shares_lanes``) a rank's
-lane depends on the others', and the simulator advances every rank's passes and lanes together
-in time, event by event, instead of one pass in dependency order. Both ways an action may start
+lane depends on the others', and where a run slows while its rank computes
+(``CostModel.lane_slowdown``) on the timing of the rank's passes (``CostModel.couples_lanes``):
+the simulator then advances every rank's passes and lanes together in time, event by event,
+instead of one pass in dependency order. Both ways an action may start
 by the same rule (``ready_at``); they differ only in when the lane's gathers end.
 """
 
@@ -173,7 +175,7 @@ def simulate(rank_actions: list[list[Action]], cost: CostModel, overlapped: list
     durations = cost.durations(rank_actions)
     pairs = pair_times(rank_actions, durations, cost, overlapped)
     ran: _Lanes | _Ran | None = None
-    if cost.shares_lanes:
+    if cost.couples_lanes:
         start, end, done, ran = _simulate_shared(rank_actions, cost, kinds, durations, pairs)
     else:
         ran = _Lanes(rank_actions, cost) if cost.has_reductions or cost.t_gather else None
@@ -324,21 +326,24 @@ class _Lanes:
 
 
 def _simulate_shared(rank_actions, cost: CostModel, kinds, durations, pairs):
-    """``simulate`` where lanes of different ranks share links (``CostModel.shares_lanes``):
-    every rank's passes and lanes advanced together in time, event by event, the lanes by
-    ``reductions.SharedLanes`` and each pass at 1/factor of its speed while its rank's lane runs
-    a run whose factor exceeds 1. Start and end of every action, the number each rank ran (short
-    of its list: a deadlock) and the lanes' runs (``gathered``, ``reduced``)."""
+    """``simulate`` where a rank's lane depends on the timing of passes (``CostModel.couples_lanes``:
+    lanes of different ranks share links, or runs slow beside their rank's passes): every rank's
+    passes and lanes advanced together in time, event by event, the lanes by
+    ``reductions.SharedLanes`` (each run at 1/its ``lane_slowdown`` while its rank has a pass
+    under way) and each pass at 1/factor of its speed while its rank's lane runs a run whose
+    factor exceeds 1. Start and end of every action, the number each rank ran (short of its
+    list: a deadlock) and the lanes' runs (``gathered``, ``reduced``)."""
     R = len(rank_actions)
-    lanes = SharedLanes(cost.lane_link, cost.lane_share)
+    lanes = SharedLanes(cost.lane_link or range(R), cost.lane_share)
     slowdown = cost.slowdown
+    stretch = cost.lane_slowdown or (1.0,) * cost.num_stages
     closing = [{i: s for s, i in last_backward(row).items()} for row in rank_actions]
     # per rank, position of each stage's first pass -> the end of the stage's gather (inf until the lane has run it)
     release: list[dict[int, float]] = [{} for _ in rank_actions]
     firsts = [first_passes(row) if cost.t_gather else {} for row in rank_actions]
     for r, first in enumerate(firsts):
         for s in sorted(first):
-            lanes.add(r, cost.t_gather[s], (False, s))
+            lanes.add(r, cost.t_gather[s], (False, s), stretch[s])
             release[r][first[s]] = float("inf")
     gathered = [0] * R  # per rank, the gathers it has noted
     start = [[0.0] * len(row) for row in rank_actions]
@@ -380,6 +385,7 @@ def _simulate_shared(rank_actions, cost: CostModel, kinds, durations, pairs):
                     running[r] = [2, together]
         for r in range(R):
             job = running[r]
+            lanes.computing[r] = job is not None  # a rank's lane runs slower while it computes
             if job is not None:
                 soon = min(soon, t + job[1] * factor(r))
         soon = min(soon, lanes.next_end())
@@ -400,8 +406,9 @@ def _simulate_shared(rank_actions, cost: CostModel, kinds, durations, pairs):
                     end[r][j] = t
                     closes = closing[r].get(j)
                     if closes is not None:
-                        lanes.add(r, cost.t_reduce[closes], (True, closes))
+                        lanes.add(r, cost.t_reduce[closes], (True, closes), stretch[closes])
                 free[r], done[r], running[r] = t, i + count, None
+    lanes.computing = [False] * R
     lanes.advance(float("inf"))
     note_gathers()
     ran = _Ran([[(s, a, b) for (is_reduction, s), a, b in runs if not is_reduction] for runs in lanes.runs],

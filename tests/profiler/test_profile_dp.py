@@ -9,6 +9,8 @@ import random
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 import zbsearch as zb
 from tests.helpers import cli_command
@@ -87,8 +89,10 @@ def test_reduction_samples_time_a_real_all_reduce_across_the_group_and_the_slowd
         assert values == [3.0 * 2**3] * 2  # each parameter's gradient, every element
         # the slowdown: the pass timed beside the reductions (zeros: the gradients above are untouched),
         # 20 ms against 10 ms alone, with the sleeps' jitter
-        assert len(slow) == 2 and all(len(s) == 4 for s in slow)  # each pass overlapped whole: none left out
-        assert all(1.5 < f < 3.0 for s in slow for f in s)
+        assert len(slow) == 2 and all(len(s.passes) == 4 for s in slow)  # each pass overlapped whole: none left out
+        assert all(1.5 < f < 3.0 for s in slow for f in s.passes)
+        # the same rounds time the reduction beside the pass: a few small reductions fit in each 20 ms pass
+        assert all(len(s.lane) == 4 and min(s.lane) > 0 for s in slow)
     _record(got)
 
 
@@ -98,7 +102,7 @@ def _record(got) -> None:
 
     from zbsearch.profiler.gradients import with_measured_data_parallel
 
-    pooled = [got[0][2][s] + got[1][2][s] for s in range(2)]
+    pooled = [got[0][2][s].passes + got[1][2][s].passes for s in range(2)]
     base = zb.resolve_profile("unit-p4").model_copy(update={"stages": zb.resolve_profile("unit-p4").stages[:2]})
     prof = with_measured_data_parallel(base, 2, [[1.0, 2.0]] * 2, [1e6] * 2, [0.0] * 2, group="local", backend="gloo",
                                        slowdown=[pooled[0], []])
@@ -139,17 +143,22 @@ def test_the_share_is_the_sharing_rule_inverted_and_is_recorded_in_the_profile(t
 
 def test_measured_reductions_are_recorded_with_their_spread_and_survive_a_file(tmp_path):
     from zbsearch.profiler.gradients import with_measured_data_parallel
+    from zbsearch.profiler.report import mesh_summary
 
     base = zb.resolve_profile("unit-p4")
     samples = [[2.0, 1.0, 4.0], [3.0, 3.5, 2.5], [1.0, 1.0, 1.0], [8.0, 6.0, 7.0]]
     prof = with_measured_data_parallel(base, 4, samples, [1e6] * 4, [0.5] * 4, group="local", backend="gloo",
-                                       slowdown=[[1.2, 1.4, 1.3], [0.9, 0.95, 1.0], [1.1], []])
+                                       slowdown=[[1.2, 1.4, 1.3], [0.9, 0.95, 1.0], [1.1], []],
+                                       stretch=[[1.5, 1.7, 1.6], [0.8], [], [2.0, 2.2]])
     assert [st.t_reduce for st in prof.stages] == [2.0, 3.0, 1.0, 7.0]  # each stage's median
     # each stage's median factor, at least 1 (a pass measured faster beside the reduction: none); not measured: None
     assert [st.reduce_slowdown for st in prof.stages] == [pytest.approx(1.3), 1.0, pytest.approx(1.1), None]
     assert prof.data_parallel.slowdown[1].median == 0.95 and prof.data_parallel.slowdown[3] is None
-    from zbsearch.profiler.report import mesh_summary
-
+    # the reduction's own slowdown beside the passes, likewise; carried into the costs (1 where not measured)
+    assert [st.reduce_stretch for st in prof.stages] == [pytest.approx(1.6), 1.0, None, pytest.approx(2.1)]
+    assert prof.data_parallel.stretch[1].median == 0.8 and prof.data_parallel.stretch[2] is None
+    assert zb.CostModel.from_profile(prof, [0, 1, 2, 3]).lane_slowdown == pytest.approx((1.6, 1.0, 1.0, 2.1))
+    assert "    and it runs 1-2.1 times slower beside them (reduce_stretch, 3 of 4 stages measured)" in mesh_summary(prof)
     assert "    passes beside it run 1-1.3 times slower (reduce_slowdown, 3 of 4 stages measured)" in mesh_summary(prof)
     assert [q.q1 for q in prof.data_parallel.reduce_ms] == [1.5, 2.75, 1.0, 6.5]
     assert prof.data_parallel.how == "measured" and prof.data_parallel.bandwidth_gbs is None
@@ -158,14 +167,15 @@ def test_measured_reductions_are_recorded_with_their_spread_and_survive_a_file(t
     one = with_measured_data_parallel(base, 1, [[]] * 4, [1e6] * 4, [0.0] * 4, group="local", backend="gloo")
     assert not one.has_reductions  # one replica reduces nothing
     old = json.loads((tmp_path / "p.json").read_text())  # a file written before these fields
-    for k in ("group", "backend", "reduce_ms", "slowdown"):
+    for k in ("group", "backend", "reduce_ms", "slowdown", "stretch"):
         del old["data_parallel"][k]
     for st in old["stages"]:
-        del st["reduce_slowdown"]
+        del st["reduce_slowdown"], st["reduce_stretch"]
     (tmp_path / "old.json").write_text(json.dumps(old))
     older = zb.load_profile(tmp_path / "old.json")
     assert older.data_parallel.reduce_ms is None and older.data_parallel.slowdown is None
     assert zb.CostModel.from_profile(older, [0, 1, 2, 3]).slowdown == ()  # old files: no slowdown
+    assert older.data_parallel.stretch is None and zb.CostModel.from_profile(older, [0, 1, 2, 3]).lane_slowdown == ()
     assert older.data_parallel.sharing is None and zb.CostModel.from_profile(older, [0, 1, 2, 3]).lane_share == 0.0
 
 
@@ -186,6 +196,10 @@ def test_profile_with_replicas_and_no_bandwidth_times_each_reduction_on_local_pr
     assert len(dp.slowdown) == 2
     for st, q in zip(prof.stages, dp.slowdown):
         assert st.reduce_slowdown == max(1.0, q.median) and q.q1 <= q.median <= q.q3 and q.median > 0
+    # and, in the same rounds, its reduction beside its pass: likewise where a pass held a whole reduction
+    assert len(dp.stretch) == 2
+    for st, q in zip(prof.stages, dp.stretch):
+        assert (st.reduce_stretch, q) == (None, None) or st.reduce_stretch == max(1.0, q.median) > 0
     # both stages' reductions timed alone and at once (4 processes): how they share this host's cores
     share = dp.sharing
     assert share is not None and share.ranks_per_link is None and len(share.alone_ms) == len(share.together_ms) == 2
@@ -214,6 +228,8 @@ def test_torchrun_times_each_stages_reduction_on_the_replicas_started_with_the_p
     assert dp.how == "measured" and dp.group == "torchrun" and dp.backend == "gloo" and dp.replicas == 2
     assert len(dp.reduce_ms) == 2 and all(st.t_reduce == q.median > 0 for st, q in zip(prof.stages, dp.reduce_ms))
     assert len(dp.slowdown) == 2 and all(st.reduce_slowdown == max(1.0, q.median) for st, q in zip(prof.stages, dp.slowdown))
+    assert len(dp.stretch) == 2 and all((st.reduce_stretch, q) == (None, None) or st.reduce_stretch == max(1.0, q.median)
+                                        for st, q in zip(prof.stages, dp.stretch))
     # the reductions alone are t_reduce; every rank's at once against them, the share (one node: one link)
     assert dp.sharing is not None and dp.sharing.ranks_per_link is None and len(dp.sharing.together_ms) == 2
     assert [q.median for q in dp.sharing.alone_ms] == [q.median for q in dp.reduce_ms]
@@ -275,10 +291,10 @@ def test_sharded_samples_time_fsdps_gather_and_reduce_scatter_and_the_slowdown_b
             assert len(gathers) == len(reductions) == 3 and min(gathers) > 0 and min(reductions) > 0
         # the lane (each unit all-gathered, then reduce-scattered, on the real group) ran for each whole pass
         # (each factor 2 but for the sleeps' jitter on a loaded machine: the median of each stage's)
-        assert len(slow) == 2 and all(len(s) == 4 for s in slow)
-        assert all(1.5 < statistics.median(s) < 3.0 for s in slow)
+        assert len(slow) == 2 and all(len(s.passes) == 4 for s in slow)
+        assert all(1.5 < statistics.median(s.passes) < 3.0 for s in slow)
     # the factors recorded as a sharded profile records them: each stage's median, beside its gathers
-    pooled = [got[0][1][s] + got[1][1][s] for s in range(2)]
+    pooled = [got[0][1][s].passes + got[1][1][s].passes for s in range(2)]
     base = zb.resolve_profile("unit-p4").model_copy(update={"stages": zb.resolve_profile("unit-p4").stages[:2]})
     prof = with_measured_data_parallel(base, 2, [r for _, r in got[0][0]], [1e6] * 2, [0.0] * 2, group="local",
                                        backend="gloo", gathers=[g for g, _ in got[0][0]], slowdown=pooled)
@@ -380,3 +396,27 @@ def test_torchrun_times_each_sharded_stages_gather_on_the_replicas(tmp_path):
     # each rank's reduce-scatters alone are t_reduce; every rank's at once against them, the share
     _check_measured_sharing(dp.sharing, 2)
     assert [q.median for q in dp.sharing.alone_ms] == [q.median for q in dp.reduce_ms]
+
+
+@settings(max_examples=60, deadline=None)
+@given(hs.lists(hs.floats(0.1, 5.0), min_size=1, max_size=8), hs.floats(0.1, 5.0), hs.floats(0.1, 5.0),
+       hs.floats(-1.0, 3.0), hs.floats(0.0, 20.0))
+def test_the_stretch_is_the_reductions_within_the_pass_over_the_one_timed_alone(later, first, alone, lead, length):
+    """A round's lane: two reductions alone (``ALONE``), then more; a pass from t0 (``lead`` after
+    the second alone one ends, negative: before it) for ``length``. The factor is the mean of the
+    later reductions that start and end within the pass over the second alone one, else None."""
+    from zbsearch.profiler.slowdown import ALONE, _Lane
+
+    lane = _Lane([], None)
+    marks = [0.0, first, first + alone]
+    for d in later:
+        marks.append(marks[-1] + d)
+    lane.marks = marks
+    t0 = first + alone + lead
+    t1 = t0 + length
+    inside = [b - a for a, b in zip(marks[ALONE:], marks[ALONE + 1:]) if a >= t0 and b <= t1]
+    want = None if marks[ALONE] > t0 or not inside else sum(inside) / len(inside) / alone
+    got = lane.stretch(t0, t1)
+    assert (got is None) == (want is None)
+    if want is not None:
+        assert got == pytest.approx(want)

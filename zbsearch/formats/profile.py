@@ -134,6 +134,10 @@ class StageCost(BaseModel):
     reduce_slowdown: float | None = Field(default=None, ge=1, le=MAX_SLOWDOWN, description=(
         "how much slower the rank's passes run while the stage's reduction (or gather) runs on its lane: a pass "
         "that takes t alone takes reduce_slowdown * t beside it (zbsearch.reductions); absent: 1, no slowdown"))
+    reduce_stretch: float | None = Field(default=None, ge=1, le=MAX_SLOWDOWN, description=(
+        "how much slower the stage's reduction (or gather) runs on its rank's lane while a pass of the rank computes "
+        "beside it: a run that takes t alone moves at 1 / reduce_stretch of its speed for as long as the rank "
+        "computes (zbsearch.reductions); absent: 1, at its own speed"))
     a_f: float = Field(default=0.0, ge=0, description=(
         "expert-parallel all-to-all time (dispatch and combine) inside the forward, part of t_f (and of t_ff, t_fc "
         "and t_r, which repeat it): what an overlapped pair can hide behind another pass's compute; 0: none"))
@@ -345,6 +349,10 @@ class DataParallel(BaseModel):
         "how = measured: per stage, the spread of the factor by which its reduction (sharded: its gathers and "
         "reduce-scatters) running beside a pass slowed the pass (the pass's time beside them over its time alone; "
         "None: not measured); reduce_slowdown is the median, at least 1"))
+    stretch: list[Quartiles | None] | None = Field(default=None, description=(
+        "how = measured: per stage, the spread of the factor by which the stage's pass running beside its reduction "
+        "slowed the reduction, from the same rounds as slowdown (the reduction's time beside the pass over its time "
+        "alone; None: not measured); reduce_stretch is the median, at least 1; absent (older files): not measured"))
     gather_ms: list[Quartiles] | None = Field(default=None, description=(
         "how = measured, sharded: per stage, the spread of its timed parameter gathers; t_gather is their median"))
     sharing: LaneSharing | None = Field(default=None, description=(

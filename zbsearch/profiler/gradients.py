@@ -32,6 +32,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,9 @@ from ..distributed import run_local
 from ..formats.profile import MAX_SLOWDOWN, LaneSharing, Profile, Quartiles
 from ..reductions import with_measured_reductions, with_reductions
 from .measure import Stats
+
+if TYPE_CHECKING:
+    from .slowdown import Factors
 
 __all__ = ["gradient_layout", "gradient_bytes", "optimizer_step_ms", "with_data_parallel", "reduction_samples", "measure_locally",
            "with_measured_data_parallel", "shard_units", "sharded_samples", "sharded_sharing_samples",
@@ -211,7 +215,7 @@ class _Gradients(nn.Module):
 
 def _local_worker(rank: int, world: int, send, layouts: list[Layout], repeat: int, timeout: float,
                   work: list[tuple[nn.Module, tuple]] | None, warmup: int,
-                  threads: int | None) -> tuple[list[list[float]], list[list[float]] | None]:
+                  threads: int | None) -> tuple[list[list[float]], list | None]:
     from .slowdown import reduction_buffers, slowdown_samples, stage_pass
 
     if threads is not None:
@@ -231,12 +235,13 @@ def _local_worker(rank: int, world: int, send, layouts: list[Layout], repeat: in
 
 def measure_locally(layouts: Sequence[Layout], replicas: int, repeat: int, timeout: float,
                     work: Sequence[tuple[nn.Module, tuple]] | None = None, warmup: int = 1,
-                    threads: int | None = None) -> tuple[list[list[float]], list[list[float]] | None]:
+                    threads: int | None = None) -> tuple[list[list[float]], list[Factors] | None]:
     """Per stage, ``repeat`` times (ms) of its gradients' reduction across ``replicas`` local
     processes of this machine (gloo on its loopback), each holding gradients of the stage's
     ``gradient_layout``; and, given each stage's module and inputs (``work``), the factors by
-    which the reduction running beside the stage's pass slowed it (``zbsearch.profiler.slowdown``,
-    None without ``work``), the processes running ``threads`` threads each."""
+    which the reduction running beside the stage's pass slowed it and the pass the reduction
+    (``zbsearch.profiler.slowdown.Factors``, None without ``work``), the processes running
+    ``threads`` threads each."""
     return run_local(_local_worker, replicas, list(layouts), repeat, timeout, None if work is None else list(work),
                      warmup, threads)[0]
 
@@ -427,7 +432,7 @@ def sharded_sharing_samples(stages: Sequence[list[Layout]], mesh, me: int, ranks
 
 def _sharded_worker(rank: int, world: int, send, stages: list[list[Layout]], repeat: int, timeout: float,
                     work: list[tuple[nn.Module, tuple]] | None, warmup: int, threads: int | None
-                    ) -> tuple[list[tuple[list[float], list[float]]], list[list[float]] | None]:
+                    ) -> tuple[list[tuple[list[float], list[float]]], list | None]:
     from torch.distributed.device_mesh import init_device_mesh
 
     from .slowdown import sharded_buffers, slowdown_samples, stage_pass
@@ -447,12 +452,13 @@ def _sharded_worker(rank: int, world: int, send, stages: list[list[Layout]], rep
 def measure_sharded_locally(stages: Sequence[list[Layout]], replicas: int, repeat: int, timeout: float,
                             work: Sequence[tuple[nn.Module, tuple]] | None = None, warmup: int = 1,
                             threads: int | None = None
-                            ) -> tuple[list[tuple[list[float], list[float]]], list[list[float]] | None]:
+                            ) -> tuple[list[tuple[list[float], list[float]]], list[Factors] | None]:
     """Per stage (its units, ``shard_units``), ``repeat`` times (ms) of its gather and of its
     reduce-scatter across ``replicas`` local processes of this machine (gloo on its loopback);
     and, given each stage's module and inputs (``work``), the factors by which its gathers and
-    reduce-scatters running beside the stage's pass slowed it (``zbsearch.profiler.slowdown``,
-    None without ``work``), the processes running ``threads`` threads each."""
+    reduce-scatters running beside the stage's pass slowed it and the pass them
+    (``zbsearch.profiler.slowdown.Factors``, None without ``work``), the processes running
+    ``threads`` threads each."""
     return run_local(_sharded_worker, replicas, list(stages), repeat, timeout, None if work is None else list(work),
                      warmup, threads, timeout=max(timeout, 60.0) * (1 + len(stages)))[0]
 
@@ -461,24 +467,28 @@ def with_measured_data_parallel(profile: Profile, replicas: int, samples: Sequen
                                 grad_bytes: Sequence[float], t_opt: Sequence[float], *, group: str,
                                 backend: str, slowdown: Sequence[Sequence[float]] | None = None,
                                 gathers: Sequence[Sequence[float]] | None = None,
-                                sharing: LaneSharing | None = None) -> Profile:
+                                sharing: LaneSharing | None = None,
+                                stretch: Sequence[Sequence[float]] | None = None) -> Profile:
     """``profile`` whose stages end the iteration with their reductions as timed (``samples``
     per stage, ms, on a ``group`` of ``replicas``, ``local`` or ``torchrun``), then their
     optimizer step (``t_opt``, ms per stage), and, where measured, how much each reduction
     slowed the passes beside it (``slowdown``: per stage, the factors; none kept: not
-    measured); ``gathers``, the stages sharded: the samples are reduce-scatters, and each
-    stage's step starts with its gather, as timed (ms per stage); ``sharing``, how the
-    reductions of ranks on one link slowed each other (``lane_sharing``). One replica reduces,
-    gathers and slows nothing."""
+    measured) and the passes it (``stretch``, likewise); ``gathers``, the stages sharded: the
+    samples are reduce-scatters, and each stage's step starts with its gather, as timed (ms per
+    stage); ``sharing``, how the reductions of ranks on one link slowed each other
+    (``lane_sharing``). One replica reduces, gathers and slows nothing."""
     none = Quartiles(median=0.0, q1=0.0, q3=0.0, mean=0.0)
 
     def spread(times: Sequence[Sequence[float]]) -> list[Quartiles]:
         return [none if replicas == 1 else Quartiles(**Stats.of(list(s)).record()) for s in times]
 
-    factors = None
-    if slowdown is not None and replicas > 1:
-        factors = [None if not f else Quartiles(**Stats.of(list(f) * 2 if len(f) == 1 else list(f)).record())
-                   for f in slowdown]
+    def factors(measured: Sequence[Sequence[float]] | None) -> list[Quartiles | None] | None:
+        if measured is None or replicas == 1:
+            return None
+        return [None if not f else Quartiles(**Stats.of(list(f) * 2 if len(f) == 1 else list(f)).record())
+                for f in measured]
+
     return with_measured_reductions(profile, replicas, spread(samples), grad_bytes, group=group, backend=backend,
-                                    t_opt=t_opt, slowdown=factors, gather_ms=None if gathers is None else spread(gathers),
-                                    sharing=sharing if replicas > 1 else None)
+                                    t_opt=t_opt, slowdown=factors(slowdown),
+                                    gather_ms=None if gathers is None else spread(gathers),
+                                    sharing=sharing if replicas > 1 else None, stretch=factors(stretch))

@@ -92,6 +92,10 @@ def mesh_summary(profile: Profile) -> list[str]:
         if factors:
             lines.append(f"    passes beside it run {min(factors):.3g}-{max(factors):.3g} times slower (reduce_slowdown, "
                          f"{len(factors)} of {profile.num_stages} stages measured)")
+        stretch = [c.reduce_stretch for c in profile.stages if c.reduce_stretch is not None]
+        if stretch:
+            lines.append(f"    and it runs {min(stretch):.3g}-{max(stretch):.3g} times slower beside them (reduce_stretch, "
+                         f"{len(stretch)} of {profile.num_stages} stages measured)")
         share = dp.sharing
         if share is not None:
             where = "every rank" if share.ranks_per_link is None else f"each {share.ranks_per_link} ranks"

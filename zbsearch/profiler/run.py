@@ -65,7 +65,7 @@ from .in_step import action_host_times, calibration_orders, calibration_steps, i
 from .links import LinkModel, busy_exchange, estimate_link, exchange_plan, pingpong
 from .measure import StageMeasurement, Stats, disturbances, measure_stage
 from .settings import Settings, cpu_cores, device_name, resolve_device, resolve_dtype
-from .slowdown import reduction_buffers, sharded_buffers, slowdown_samples, stage_pass
+from .slowdown import Factors, reduction_buffers, sharded_buffers, slowdown_samples, stage_pass
 from .stages import ModelSpec, leaves, run_stage, stage_inputs
 
 __all__ = ["Progress", "profile_model", "profile_one_device", "profile_distributed"]
@@ -171,12 +171,20 @@ def _reductions_locally(prof: Profile, layouts: list[Layout], steps: list[float]
         sharing = measure_sharing_locally(units, replicas, settings.repeat, settings.timeout, settings.threads,
                                           sharded=True)
         return with_measured_data_parallel(prof, replicas, [r for _, r in both], grads, steps, group="local",
-                                           backend="gloo", gathers=[g for g, _ in both], slowdown=slow, sharing=sharing)
+                                           backend="gloo", gathers=[g for g, _ in both], sharing=sharing,
+                                           **_factors(slow))
     samples, slowdown = ([[] for _ in layouts], None) if replicas == 1 else measure_locally(
         layouts, replicas, settings.repeat, settings.timeout, work, settings.warmup, settings.threads)
     sharing = measure_sharing_locally(layouts, replicas, settings.repeat, settings.timeout, settings.threads)
     return with_measured_data_parallel(prof, replicas, samples, grads, steps, group="local", backend="gloo",
-                                       slowdown=slowdown, sharing=sharing)
+                                       sharing=sharing, **_factors(slowdown))
+
+
+def _factors(measured: list[Factors] | None) -> dict[str, list[list[float]] | None]:
+    """``with_measured_data_parallel``'s ``slowdown`` and ``stretch`` from the stages' ``Factors``."""
+    if measured is None:
+        return {"slowdown": None, "stretch": None}
+    return {"slowdown": [f.passes for f in measured], "stretch": [f.lane for f in measured]}
 
 
 def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] | None, name: str | None,
@@ -230,7 +238,7 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
                                         [sharded_buffers(u, dp, device) for u in units], dp_group, settings.repeat,
                                         settings.warmup, settings.timeout, device, sharded=True)
             found = {s: (samples[i], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype),
-                         gathers[i], slow[i], together[i]) for i, s in enumerate(mine)}
+                         gathers[i], slow[i].passes, together[i], slow[i].lane) for i, s in enumerate(mine)}
         elif replicas is not None:
             # each rank's reductions alone (its t_reduce) and every rank's at once (how they share links)
             samples, together = sharing_samples([spec.stages[s] for s in mine], dp_group, me, ranks, settings.repeat,
@@ -240,7 +248,7 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
                                         [reduction_buffers(spec.stages[s], dp_group, settings.timeout) for s in mine],
                                         dp_group, settings.repeat, settings.warmup, settings.timeout, device)
             found = {s: (samples[i], gradient_bytes(spec.stages[s], dtype), optimizer_step_ms(spec.stages[s], device, dtype),
-                         [], slow[i], together[i]) for i, s in enumerate(mine)}
+                         [], slow[i].passes, together[i], slow[i].lane) for i, s in enumerate(mine)}
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, found)
     if dist.get_rank() != 0:
@@ -257,9 +265,11 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
     slowed: dict[int, list[float]] = {}
     gathered: dict[int, list[float]] = {}
     shared: dict[int, list[float]] = {}
+    stretched: dict[int, list[float]] = {}
     for part in everyone:  # every replica timed the same collectives: pool their samples
-        for s, (got, _, _, gathers, factors, *at_once) in part.items():
-            shared.setdefault(s, []).extend(at_once[0] if at_once else [])
+        for s, (got, _, _, gathers, factors, at_once, lane) in part.items():
+            shared.setdefault(s, []).extend(at_once)
+            stretched.setdefault(s, []).extend(lane)
             pooled.setdefault(s, []).extend(got)
             slowed.setdefault(s, []).extend(factors)
             if shard:
@@ -269,7 +279,7 @@ def _profile_in_mesh(spec: ModelSpec, settings: Settings, placement: list[int] |
     return with_measured_data_parallel(prof, replicas, [pooled[s] for s in range(p)], [first_of[s][1] for s in range(p)],
                                        [first_of[s][2] for s in range(p)], group="torchrun",
                                        backend=str(dist.get_backend(dp_group)),
-                                       slowdown=[slowed[s] for s in range(p)],
+                                       slowdown=[slowed[s] for s in range(p)], stretch=[stretched[s] for s in range(p)],
                                        gathers=[gathered[s] for s in range(p)] if shard else None,
                                        sharing=_sharing(pooled, shared, owner, ranks, dp * tp))
 

@@ -1,4 +1,5 @@
-"""How much a running reduction slows the passes beside it: each stage's ``reduce_slowdown``.
+"""How much a running reduction and the passes beside it slow each other: each stage's
+``reduce_slowdown`` (the passes) and ``reduce_stretch`` (the reduction).
 
 The runtime starts a stage's gradient reduction at its last W and goes on with the passes left
 (``zbsearch.runtime.data_parallel``). The collective is not free for them: on a CPU gloo's
@@ -19,6 +20,15 @@ A sample is a round's pass beside the reduction over its pass alone: pairing the
 drift in the machine's load out of the ratio. A pass that ended after its rank's reductions
 had stopped is left out. The samples' median is the factor, at least 1.
 
+The same rounds time the reduction's own slowdown (``reduce_stretch``: the collective's threads
+or kernels share the cores, or the multiprocessors and memory bandwidth, with the pass): the
+lane's first reduction of a round runs before the pass starts (the pass waits for it on every
+member), alone, and so does a second one, the one timed alone (the first also waits for every
+member's lane to start); those that start and end while the pass runs run beside it. A sample
+is the mean of a round's reductions beside the pass over the round's one alone; a round whose
+pass held no whole reduction (a reduction longer than the pass) gives none. One reduction per
+round more than the pass factor alone needs.
+
 A sharded stage (``fully_shard``) has no all-reduce on its lane but its parameters' gather at
 the step's start and its gradients' reduce-scatter after its last W; the simulator slows the
 passes beside either by the stage's one factor. Its lane here runs the stage's collectives as
@@ -33,6 +43,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -41,9 +52,21 @@ from torch import nn
 from ..errors import ZbError
 from .stages import as_inputs
 
-__all__ = ["LANE_THREAD", "stage_pass", "reduction_buffers", "sharded_buffers", "slowdown_samples"]
+__all__ = ["LANE_THREAD", "Factors", "stage_pass", "reduction_buffers", "sharded_buffers", "slowdown_samples"]
 
 LANE_THREAD = "zbsearch-reduction-lane"  # the name of the thread that keeps a reduction running
+# Reductions a round's lane runs alone before the pass starts: the first waits for the members'
+# lanes to start, so the second is the one timed alone (``reduce_stretch``).
+ALONE = 2
+
+
+@dataclass
+class Factors:
+    """One stage's samples (module docstring): ``passes``, by how much its reduction slowed its
+    pass beside it; ``lane``, by how much its pass slowed its reduction beside it."""
+
+    passes: list[float] = field(default_factory=list)
+    lane: list[float] = field(default_factory=list)
 
 
 def stage_pass(module: nn.Module, inputs: tuple) -> Callable[[], None]:
@@ -86,39 +109,47 @@ def sharded_buffers(units: Sequence[Sequence[tuple[tuple[int, ...], torch.dtype]
 
 def slowdown_samples(passes: Sequence[Callable[[], None]], buffers: Sequence[list[torch.Tensor]],
                      group: dist.ProcessGroup | None, repeat: int, warmup: int, timeout: float,
-                     device: torch.device | None = None, sharded: bool = False) -> list[list[float]]:
+                     device: torch.device | None = None, sharded: bool = False) -> list[Factors]:
     """Collective over ``group``: per stage, the factors by which its reduction (``buffers``)
-    running beside its pass (``passes``) slowed the pass (module docstring); fewer than
-    ``repeat`` where passes outlasted the reductions. ``sharded``: the buffers are a sharded
-    stage's (``sharded_buffers``), each all-gathered then reduce-scattered instead."""
+    running beside its pass (``passes``) slowed the pass, and the pass the reduction (module
+    docstring); fewer than ``repeat`` where passes outlasted the reductions, or the reductions
+    the passes. ``sharded``: the buffers are a sharded stage's (``sharded_buffers``), each
+    all-gathered then reduce-scattered instead."""
     cuda = device is not None and device.type == "cuda"
 
-    def timed(run: Callable[[], None]) -> float:
+    def window(run: Callable[[], None]) -> tuple[float, float]:
         if cuda:
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         run()
         if cuda:
             torch.cuda.synchronize(device)
-        return (time.perf_counter() - t0) * 1e3
+        return t0, time.perf_counter()
+
+    def timed(run: Callable[[], None]) -> float:
+        t0, t1 = window(run)
+        return (t1 - t0) * 1e3
 
     out = []
     for run, bufs in zip(passes, buffers):
         for _ in range(warmup):
             run()
-        samples = []
+        got = Factors()
         for k in range(repeat):
             first = timed(run) if k % 2 == 0 else None  # alone first in even rounds, after in odd ones
             lane = _Lane(bufs, group, sharded)
             dist.barrier(group=group)
             lane.begin(timeout)
-            took = timed(run)
+            t0, t1 = window(run)
             whole = not lane.stopped.is_set()  # the lane ran for the whole pass
             lane.end(timeout)
             alone = first if first is not None else timed(run)
             if whole:
-                samples.append(took / alone if alone > 0 else 1.0)
-        out.append(samples)
+                got.passes.append((t1 - t0) * 1e3 / alone if alone > 0 else 1.0)
+            stretch = lane.stretch(t0, t1)
+            if stretch is not None:
+                got.lane.append(stretch)
+        out.append(got)
     return out
 
 
@@ -133,11 +164,13 @@ class _Lane:
         self.flag = torch.zeros(1, device=buffers[0].device if buffers else "cpu")
         self.started, self.stopped, self.stop = threading.Event(), threading.Event(), threading.Event()
         self.error: BaseException | None = None
+        self.marks: list[float] = []  # when the lane started, then the end of each of its reductions
         self.thread = threading.Thread(target=self._run, name=LANE_THREAD, daemon=True)
 
     def _run(self) -> None:
         try:
             with torch.no_grad():
+                self.marks.append(time.perf_counter())
                 while True:
                     if self.shards is None:
                         for b in self.buffers:
@@ -149,8 +182,11 @@ class _Lane:
                             scatter(part, b, group=self.group)
                     self.flag.fill_(1.0 if self.stop.is_set() else 0.0)
                     dist.all_reduce(self.flag, op=dist.ReduceOp.MIN, group=self.group)  # 1 once every member asks
-                    self.started.set()
-                    if self.flag.item() > 0:
+                    stop = self.flag.item() > 0  # waits for the reduction's end, on a GPU too
+                    self.marks.append(time.perf_counter())
+                    if len(self.marks) > ALONE:  # the pass waits for these, run alone
+                        self.started.set()
+                    if stop:
                         break
         except BaseException as err:  # re-raised on the measuring thread
             self.error = err
@@ -158,8 +194,21 @@ class _Lane:
             self.stopped.set()
             self.started.set()
 
+    def stretch(self, t0: float, t1: float) -> float | None:
+        """The mean of the reductions that ran while a pass ran from ``t0`` to ``t1`` (started
+        and ended within) over the last of those that ran alone before the pass (``begin``);
+        None where none did."""
+        runs = list(zip(self.marks, self.marks[1:]))
+        if len(runs) <= ALONE or runs[ALONE - 1][1] > t0:
+            return None
+        beside = [b - a for a, b in runs[ALONE:] if a >= t0 and b <= t1]
+        alone = runs[ALONE - 1][1] - runs[ALONE - 1][0]
+        if not beside or alone <= 0:
+            return None
+        return sum(beside) / len(beside) / alone
+
     def begin(self, timeout: float) -> None:
-        """Start the reductions; return once one has run on every member."""
+        """Start the reductions; return once ``ALONE`` have run on every member."""
         from ..runtime.data_parallel import note_in_flight
 
         note_in_flight(None, self.stopped.is_set)

@@ -37,7 +37,10 @@ emulated pass sleeps in short slices and, for each slice, counts as done only 1/
 time slept while one of its process's reductions is in flight
 (``zbsearch.runtime.data_parallel.in_flight``; the factor of the stage being reduced, the
 largest where several are): the emulated device slows as the profile says, for as long as the
-real reduction runs.
+real reduction runs. The other direction needs nothing: a sleep takes no cores, so a real
+reduction beside an emulated pass runs at its own speed, and the profile of emulated stages
+measures their ``reduce_stretch`` about 1; a profile's factor above 1 (measured on real
+passes) is not reproduced here.
 """
 
 from __future__ import annotations

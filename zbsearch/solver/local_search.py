@@ -18,7 +18,9 @@ into a gap, are longer ones), and every candidate is timed by ASAP simulation.
 * Candidates are timed by a small simulator on integer pass ids (the core simulator's rule,
   without its bookkeeping: 5 to 10 times faster on 36 to 768 passes); the result is re-simulated by the core
   simulator (``Problem.evaluate``) and returned only if it is valid, within the limit and no
-  worse than the input, so a discrepancy could cost quality, never correctness.
+  worse than the input, so a discrepancy could cost quality, never correctness. The small
+  simulator runs passes and lanes at full speed (no slowdown beside a reduction, no reduction
+  slowed beside a pass, no sharing of links); the core simulator prices all three.
 * Where fusing a backward may pay (a BW cheaper than B + W, an F before it cheaper than t_f,
   or a memory peak a BW avoids), a move also toggles one microbatch's backward on one stage:
   fuse its B and W into one BW where its B runs, or split a BW into B there and a W placed
