@@ -25,8 +25,8 @@ Per launch:
      over both replicas (what the emulated slowdown, the runtime's own work and the
      contention for the cores add up to);
   2. schedules on that profile: 1F1B, ZB-H1, ZB-2p (the span-optimal solve at 2p, one stage per
-     rank), the span-optimal solve on the V, and the iteration-aware solve on the V
-     (``--objective iteration``, started from the span solve's schedule);
+     rank), the iteration-aware solve (``--objective iteration``, started from ZB-2p), and the
+     same two on the V;
   3. each schedule replayed round robin after warm-up, barrier to barrier
      (``zbsearch.app.demo.mesh_replay``, what ``zbsearch demo --dp`` runs), three ways:
        overlapped  the runtime with the mesh: a stage's reduction starts at its last W (or BW)
@@ -107,6 +107,8 @@ def schedules(one: zb.Profile, v: zb.Profile, m: int) -> list[zb.Schedule]:
     out = [zb.build_classic(k, one, m) for k in ("1f1b", "zb-h1")]
     span = solve(one, m, "2p", objective="span", time_limit=SOLVE_S).schedule
     out.append(span.model_copy(update={"kind": "zb-2p"}))
+    it = solve(one, m, "2p", objective="iteration", time_limit=SOLVE_S, start=span.rank_actions).schedule
+    out.append(it.model_copy(update={"kind": "iteration-2p"}))
     span_v = solve(v, m, "2p", chunks=2, objective="span", time_limit=SOLVE_S).schedule
     out.append(span_v.model_copy(update={"kind": "zb-2p-v"}))
     it_v = solve(v, m, "2p", chunks=2, objective="iteration", time_limit=SOLVE_S, start=span_v.rank_actions).schedule

@@ -1136,8 +1136,8 @@ def data_parallel(docs: list[dict]) -> list[str]:
            + (f" The emulated passes run {doc['slowdown']:g} times slower while a reduction of their process is in flight; "
               "each stage's factor is measured as `zbsearch profile --dp` does (its pass beside its reduction against "
               "alone) and is in the profile the schedules are solved and predicted on." if "slowdown" in doc else ""), "",
-           "- *zb-2p*: the span-optimal solve at 2p; *zb-2p-v*: the same on the V; *iteration-2p-v*: the iteration-aware "
-           "solve on the V (`--objective iteration`), started from zb-2p-v.",
+           "- *zb-2p*: the span-optimal solve at 2p; *iteration-2p*: the iteration-aware solve (`--objective iteration`), "
+           "started from zb-2p; *zb-2p-v*, *iteration-2p-v*: the same two on the V.",
            "- *passes*: the runtime with no reduction; *overlapped*: the runtime with the mesh, each stage's reduction "
            "started at its last W or BW (± half the interquartile range of its rounds); *after*: no mesh, the same "
            "reductions (same buckets) after `step()`.",
