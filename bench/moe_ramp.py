@@ -61,10 +61,10 @@ def _schedule(cost: CostModel, r: int, m: int, limit: float, lag: dict, rng: ran
     a, b = cost.rank_stages(r)
     stage = {"Fa": a, "Ba": a, "Wa": a, "Fb": b, "Bb": b, "Wb": b}
     delta = {k: cost.memory(stage[k], Op[k[0]]) for k in stage}
-    pair = cost.pair_time(Action(a, Op.F, 0), Action(b, Op.B, 1), cost.t_f[a], cost.t_b[b])
-    # the policy's knobs: forwards of stage a before the first B of a, how often a W goes first, how long a B waits for an F
-    warm = rng.randint(max(1, 2 * cost.num_ranks - 4 - r), 2 * cost.num_ranks + 1 - r)
-    w_first, b_wait = rng.random(), rng.choice([0.0, 0.5, 1.0, 2.0])
+    # the policy's knobs: forwards of stage a before the first B of a, how often a W goes first, how long a B waits
+    # for an F, how long a forward of stage a waits for one of stage b
+    warm = rng.randint(2, 2 * cost.num_ranks + 2)
+    w_first, b_wait, f_wait = rng.random(), rng.choice([0.0, 0.5, 1.0, 2.0]), rng.choice([0.0, 0.1, 0.2, 0.5])
     late_a = rng.random() < 0.5  # whether the backwards of stage a go last (to fill the cool-down)
     ready = {("Fa", j): 0.0 for j in range(m)}
     done: set = set()
@@ -84,7 +84,8 @@ def _schedule(cost: CostModel, r: int, m: int, limit: float, lag: dict, rng: ran
         if bs and fs:
             f = next((f for f in fs if f[1] != bs[0][1]), None)
             if f is not None:
-                slot = ([f, bs[0]], pair)
+                fa, ba = Action(stage[f[0]], Op.F, f[1]), Action(stage[bs[0][0]], Op.B, bs[0][1])
+                slot = ([f, bs[0]], cost.pair_time(fa, ba, cost.t_f[fa.stage], cost.t_b[ba.stage]))
         if slot is None and ws and (rng.random() < w_first or not (bs or fs)):
             slot = ([ws[0]], cost.t_w[stage[ws[0][0]]])
         if slot is None and bs and late_a and bs[0][0] == "Ba" and ws:
@@ -93,6 +94,11 @@ def _schedule(cost: CostModel, r: int, m: int, limit: float, lag: dict, rng: ran
             soon = any(k[0][0] == "F" and k not in done and t < v <= t + b_wait for k, v in ready.items())
             if not soon or ws:
                 slot = ([bs[0]], cost.t_b[stage[bs[0][0]]])
+        if slot is None and fs and fs[0][0] == "Fa" and mem + delta["Fb"] <= limit + TOL:
+            soon_b = [v for k, v in ready.items() if k[0] == "Fb" and k not in done and t < v <= t + f_wait]
+            if soon_b:
+                t = min(soon_b)
+                continue
         if slot is None and fs:
             slot = ([fs[0]], cost.t_f[stage[fs[0][0]]])
         if slot is None:
