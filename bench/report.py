@@ -892,8 +892,9 @@ def plan(docs: list[dict]) -> list[str]:
                         "yes" if r["bound_ok"] else "NO", f"{r['plan_s']:.1f}"] for r in e["rows"]])
         out.append("")
         if all("best_known" in r for r in e["rows"]):
+            work = " of work (`deterministic=True`: the same at any load)" if e.get("long_clock") == "work" else ""
             out += [f"Where the gap is: every cut whose bound is under the best value found, solved again for "
-                    f"{e['long_time_s']:g} s. *best known*: the least value of every solve and the plan; *bound known*: "
+                    f"{e['long_time_s']:g} s{work}. *best known*: the least value of every solve and the plan; *bound known*: "
                     "the least over the feasible cuts of the best bound any solve proved for each. *plan side*: plan / "
                     "best known; *bound side*: best known / plan's bound (the gap is the two together).", ""]
             out += _table(["seed", "cuts solved again", "plan", "best known", "plan side", "plan's bound", "bound known",
