@@ -34,7 +34,7 @@ def _reference(rows, cost, link, share):
     S, R = cost.num_stages, len(rows)
     where = positions(rows)
     slow = cost.slowdown or (1.0,) * S
-    stretch = cost.lane_slowdown or (1.0,) * S
+    stretch = cost.stretch or (1.0,) * S
     last = [{} for _ in rows]  # per rank, stage -> position of its last W or BW
     first = [{} for _ in rows]  # per rank, stage -> position of its first pass
     for r, row in enumerate(rows):
@@ -147,7 +147,7 @@ def _random_lanes(rng: random.Random):
     per = rng.choice([1, 2, p])
     link = tuple(r // per for r in range(p))
     share = rng.choice([0.0, 0.5, 1.0, rng.uniform(0.0, 2.0)])
-    cost = replace(cost, t_reduce=t_red, t_opt=t_opt, t_gather=t_gather, slowdown=slowdown, lane_slowdown=stretch,
+    cost = replace(cost, t_reduce=t_red, t_opt=t_opt, t_gather=t_gather, slowdown=slowdown, stretch=stretch,
                    lane_link=link, lane_share=share)
     rows = random_order(rng, cost, rng.randint(1, 4), fuse=rng.random() * 0.5)
     return cost, rows
@@ -192,7 +192,7 @@ def test_a_lane_slowed_beside_its_rank_s_passes_times_as_the_reference(seed, str
     cost = replace(cost, t_reduce=tuple(rng.uniform(0.5, 8.0) for _ in range(S)), t_opt=(0.0,) * S,
                    t_gather=tuple(rng.uniform(0.2, 3.0) for _ in range(S)) if rng.random() < 0.3 else (),
                    slowdown=tuple(rng.choice([1.0, rng.uniform(1.0, 2.0)]) for _ in range(S)) if rng.random() < 0.5 else (),
-                   lane_slowdown=tuple(rng.choice([1.0, stretch]) for _ in range(S)),
+                   stretch=tuple(rng.choice([1.0, stretch]) for _ in range(S)),
                    lane_link=(0,) * p if shared else (), lane_share=rng.uniform(0.0, 1.5) if shared else 0.0)
     rows = random_order(rng, cost, rng.randint(2, 4), fuse=0.3)
     tl = simulate(rows, cost)

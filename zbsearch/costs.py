@@ -146,7 +146,7 @@ class CostModel:
     slowdown: tuple[float, ...] = ()
     # per stage, the factor by which its reduction or gather runs slower on the rank's lane while
     # a pass of the rank computes beside it (``zbsearch.reductions``; empty: at its own speed)
-    lane_slowdown: tuple[float, ...] = ()
+    stretch: tuple[float, ...] = ()
     # lanes of different ranks on one link (a node's NICs, a host's cores): per rank, its link
     # (ranks with the same value share one), and how runs at once on it slow each other
     # (``reductions.share_rate``; 0 or empty: every lane at full speed)
@@ -237,7 +237,7 @@ class CostModel:
             t_gather=tuple((c.t_gather or 0.0) / k for c in st) if any(c.t_gather for c in st) else (),
             slowdown=tuple(c.reduce_slowdown or 1.0 for c in st)
             if profile.has_reductions and any((c.reduce_slowdown or 1.0) > 1.0 for c in st) else (),
-            lane_slowdown=tuple(c.reduce_stretch or 1.0 for c in st)
+            stretch=tuple(c.reduce_stretch or 1.0 for c in st)
             if profile.has_reductions and any((c.reduce_stretch or 1.0) > 1.0 for c in st) else (),
             **_lane_sharing(profile, max(stage_to_rank) + 1),
         )
@@ -364,7 +364,7 @@ class CostModel:
         """These costs with the iteration ending at the last pass."""
         if not self.t_reduce:
             return self
-        return replace(self, t_reduce=(), t_opt=(), t_gather=(), slowdown=(), lane_slowdown=(), lane_link=(),
+        return replace(self, t_reduce=(), t_opt=(), t_gather=(), slowdown=(), stretch=(), lane_link=(),
                        lane_share=0.0)
 
     @property
@@ -378,8 +378,8 @@ class CostModel:
     def couples_lanes(self) -> bool:
         """Whether a rank's lane depends on the timing of passes (its own, or through a shared
         link other ranks'): lanes share a link (``shares_lanes``) or a run slows beside its rank's
-        passes (``lane_slowdown``). The simulator then times every pass and lane together."""
-        return self.shares_lanes or ((self.has_reductions or bool(self.t_gather)) and bool(self.lane_slowdown))
+        passes (``stretch``). The simulator then times every pass and lane together."""
+        return self.shares_lanes or ((self.has_reductions or bool(self.t_gather)) and bool(self.stretch))
 
     def without_slowdown(self) -> CostModel:
         """These costs with every pass at its own speed beside the reductions, every run of a lane
@@ -387,8 +387,8 @@ class CostModel:
         schedule's times under them are no later than under these (``zbsearch.reductions``), so
         bounds and models that ignore the slowdown hold for these costs too."""
         if self.lane_share:
-            return replace(self, slowdown=(), lane_slowdown=(), lane_link=(), lane_share=0.0)
-        return replace(self, slowdown=(), lane_slowdown=()) if self.slowdown or self.lane_slowdown else self
+            return replace(self, slowdown=(), stretch=(), lane_link=(), lane_share=0.0)
+        return replace(self, slowdown=(), stretch=()) if self.slowdown or self.stretch else self
 
     def without_recompute(self, keep: tuple[Op, ...] = ()) -> CostModel:
         """These costs with only the recompute passes in ``keep`` offered (none by default)."""

@@ -28,7 +28,7 @@ busy time still counts its time alone, so the slowdown counts with the idle time
 the runs the simulator queued while timing the passes (the timeline's ``reductions`` and
 ``gathers``). Where lanes of different ranks share a link (``CostModel.shares_lanes``) a rank's
 lane depends on the others', and where a run slows while its rank computes
-(``CostModel.lane_slowdown``) on the timing of the rank's passes (``CostModel.couples_lanes``):
+(``CostModel.stretch``) on the timing of the rank's passes (``CostModel.couples_lanes``):
 the simulator then advances every rank's passes and lanes together in time, event by event,
 instead of one pass in dependency order. Both ways an action may start
 by the same rule (``ready_at``); they differ only in when the lane's gathers end.
@@ -329,14 +329,14 @@ def _simulate_shared(rank_actions, cost: CostModel, kinds, durations, pairs):
     """``simulate`` where a rank's lane depends on the timing of passes (``CostModel.couples_lanes``:
     lanes of different ranks share links, or runs slow beside their rank's passes): every rank's
     passes and lanes advanced together in time, event by event, the lanes by
-    ``reductions.SharedLanes`` (each run at 1/its ``lane_slowdown`` while its rank has a pass
+    ``reductions.SharedLanes`` (each run at 1/its ``stretch`` while its rank has a pass
     under way) and each pass at 1/factor of its speed while its rank's lane runs a run whose
     factor exceeds 1. Start and end of every action, the number each rank ran (short of its
     list: a deadlock) and the lanes' runs (``gathered``, ``reduced``)."""
     R = len(rank_actions)
     lanes = SharedLanes(cost.lane_link or range(R), cost.lane_share)
     slowdown = cost.slowdown
-    stretch = cost.lane_slowdown or (1.0,) * cost.num_stages
+    stretch = cost.stretch or (1.0,) * cost.num_stages
     closing = [{i: s for s, i in last_backward(row).items()} for row in rank_actions]
     # per rank, position of each stage's first pass -> the end of the stage's gather (inf until the lane has run it)
     release: list[dict[int, float]] = [{} for _ in rank_actions]

@@ -157,7 +157,7 @@ def test_measured_reductions_are_recorded_with_their_spread_and_survive_a_file(t
     # the reduction's own slowdown beside the passes, likewise; carried into the costs (1 where not measured)
     assert [st.reduce_stretch for st in prof.stages] == [pytest.approx(1.6), 1.0, None, pytest.approx(2.1)]
     assert prof.data_parallel.stretch[1].median == 0.8 and prof.data_parallel.stretch[2] is None
-    assert zb.CostModel.from_profile(prof, [0, 1, 2, 3]).lane_slowdown == pytest.approx((1.6, 1.0, 1.0, 2.1))
+    assert zb.CostModel.from_profile(prof, [0, 1, 2, 3]).stretch == pytest.approx((1.6, 1.0, 1.0, 2.1))
     assert "    and it runs 1-2.1 times slower beside them (reduce_stretch, 3 of 4 stages measured)" in mesh_summary(prof)
     assert "    passes beside it run 1-1.3 times slower (reduce_slowdown, 3 of 4 stages measured)" in mesh_summary(prof)
     assert [q.q1 for q in prof.data_parallel.reduce_ms] == [1.5, 2.75, 1.0, 6.5]
@@ -175,7 +175,7 @@ def test_measured_reductions_are_recorded_with_their_spread_and_survive_a_file(t
     older = zb.load_profile(tmp_path / "old.json")
     assert older.data_parallel.reduce_ms is None and older.data_parallel.slowdown is None
     assert zb.CostModel.from_profile(older, [0, 1, 2, 3]).slowdown == ()  # old files: no slowdown
-    assert older.data_parallel.stretch is None and zb.CostModel.from_profile(older, [0, 1, 2, 3]).lane_slowdown == ()
+    assert older.data_parallel.stretch is None and zb.CostModel.from_profile(older, [0, 1, 2, 3]).stretch == ()
     assert older.data_parallel.sharing is None and zb.CostModel.from_profile(older, [0, 1, 2, 3]).lane_share == 0.0
 
 

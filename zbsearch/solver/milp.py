@@ -35,7 +35,7 @@ gather, so the dual bound is one on the iteration with the gathers; elsewhere th
 priced from the earliest the later stages' first passes can start, so a model never promises
 less than the simulator gives. The model prices passes and lanes at full speed: without the
 reductions' slowdown of the passes beside them (``CostModel.slowdown``), the passes' of the
-reductions (``CostModel.lane_slowdown``) and the lanes' sharing of links. Each only lengthens
+reductions (``CostModel.stretch``) and the lanes' sharing of links. Each only lengthens
 (``zbsearch.reductions``), so the dual bound stays a bound, and the re-simulation prices them.
 
 Windows keep each microbatch's recomputation as it is too (a recompute pass orders against the
