@@ -215,7 +215,7 @@ class _Gradients(nn.Module):
 
 def _local_worker(rank: int, world: int, send, layouts: list[Layout], repeat: int, timeout: float,
                   work: list[tuple[nn.Module, tuple]] | None, warmup: int,
-                  threads: int | None) -> tuple[list[list[float]], list | None]:
+                  threads: int | None) -> tuple[list[list[float]], list[Factors] | None]:
     from .slowdown import reduction_buffers, slowdown_samples, stage_pass
 
     if threads is not None:
@@ -432,7 +432,7 @@ def sharded_sharing_samples(stages: Sequence[list[Layout]], mesh, me: int, ranks
 
 def _sharded_worker(rank: int, world: int, send, stages: list[list[Layout]], repeat: int, timeout: float,
                     work: list[tuple[nn.Module, tuple]] | None, warmup: int, threads: int | None
-                    ) -> tuple[list[tuple[list[float], list[float]]], list | None]:
+                    ) -> tuple[list[tuple[list[float], list[float]]], list[Factors] | None]:
     from torch.distributed.device_mesh import init_device_mesh
 
     from .slowdown import sharded_buffers, slowdown_samples, stage_pass
