@@ -8,10 +8,11 @@ from dataclasses import replace
 import pytest
 
 import zbsearch as zb
+from tests.helpers import make_profile
 from tests.helpers.reference import random_cost, random_order
 from zbsearch.actions import Op
-from zbsearch.formats.profile import pass_time_fields
-from zbsearch.reductions import reduction_time, with_reductions
+from zbsearch.formats.profile import Quartiles, pass_time_fields
+from zbsearch.reductions import reduction_time, with_measured_reductions, with_reductions
 from zbsearch.simulator import simulate
 
 
@@ -158,3 +159,11 @@ def test_the_iteration_bound_with_gathers_never_exceeds_the_optimum(seed):
     # the gathers only add: the bound is at least the one without them
     without = memory_iteration_lower_bound(replace(cost, t_gather=()), m, None)
     assert bound >= without - 1e-9
+
+
+@pytest.mark.parametrize("what", ["slowdown", "stretch"])
+def test_a_measured_factor_of_the_wrong_length_is_named_in_the_error(what):
+    spread = [Quartiles(median=1.0, q1=1.0, q3=1.0, mean=1.0)] * 4
+    with pytest.raises(zb.ZbError, match=f"give one {what} per stage"):
+        with_measured_reductions(make_profile(4), 2, spread, [1e6] * 4, group="local", backend="gloo",
+                                 **{what: spread[:3]})

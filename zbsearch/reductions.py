@@ -446,8 +446,9 @@ def with_measured_reductions(profile, replicas: int, reduce_ms: Sequence, grad_b
     if len(reduce_ms) != profile.num_stages or replicas < 1 or (gather_ms is not None and len(gather_ms) != len(reduce_ms)):
         raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one reduction (and gather) time per "
                       "stage and at least 1 replica")
-    if any(f is not None and len(f) != profile.num_stages for f in (slowdown, stretch)):
-        raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one slowdown per stage")
+    for what, f in (("slowdown", slowdown), ("stretch", stretch)):
+        if f is not None and len(f) != profile.num_stages:
+            raise ZbError(f"profile {profile.name!r} has {profile.num_stages} stages: give one {what} per stage")
     dp = DataParallel(replicas=replicas, sharded=gather_ms is not None, how="measured", grad_bytes=list(grad_bytes),
                       group=group, backend=backend, reduce_ms=list(reduce_ms),
                       gather_ms=None if gather_ms is None else list(gather_ms),
