@@ -149,6 +149,7 @@ CASES = [
     (["profile", "--builtin", "gpt", "--timeout", "0"], None, "--timeout must be a positive number"),
     (["demo", "--device", "tpu", "-o", "demo-out"], None, "not supported"),
     (["demo", "--dp", "0", "-o", "demo-out"], None, "--dp must be at least 1, not 0"),
+    (["demo", "--stages", "1", "-o", "demo-out"], None, "--stages 1 has no pipeline"),
     # data-parallel reductions from bytes and a bandwidth
     (["compare", *P, "--dp", "8"], None, "--dp, --dp-bandwidth and --grad-bytes go together"),
     (["schedule", "1f1b", *P, "--grad-bytes", "1GB"], None, "go together"),

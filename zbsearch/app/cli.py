@@ -1459,13 +1459,14 @@ def _demo_table(run, stages: int, m: int, emulate: bool) -> None:
     for col in ("schedule", "predicted\nms", "measured\nms", "measured\n/ predicted", "predicted\nbubble",
                 "peak activations MiB\npredicted / measured"):
         t.add_column(col, justify="right")
-    for sched, pred, meas, peak in zip(run.schedules, run.predicted, run.measured, run.measured_peak_memory):
+    for name, sched, pred, meas, peak in zip(run.names, run.schedules, run.predicted, run.measured,
+                                             run.measured_peak_memory):
         assert sched.predicted is not None  # the demo's schedules are built or solved, so predicted
-        t.add_row(sched.kind, f"{pred:.1f}", f"{meas:.1f}", f"{meas / pred:.2f}", f"{sched.predicted.bubble_rate:.3f}",
+        t.add_row(name, f"{pred:.1f}", f"{meas:.1f}", f"{meas / pred:.2f}", f"{sched.predicted.bubble_rate:.3f}",
                   f"{max(sched.predicted.peak_memory) / 2**20:.1f} / {peak / 2**20:.1f}")
     _show(t)
     (p0, p1), (m0, m1) = run.predicted, run.measured
-    out.print(f"speed-up of {run.schedules[1].kind} over 1F1B: predicted {p0 / p1:.2f}x, measured {m0 / m1:.2f}x")
+    out.print(f"speed-up of {run.names[1]} over 1F1B: predicted {p0 / p1:.2f}x, measured {m0 / m1:.2f}x")
 
 
 def _demo_mesh_table(run, cfg) -> None:
@@ -1475,11 +1476,11 @@ def _demo_mesh_table(run, cfg) -> None:
     for col in ("schedule", "predicted\npasses ms", "reductions\nalone ms", "measured, reduced\nafter the step ms",
                 "measured,\noverlapped ms", "saved\nms"):
         t.add_column(col, justify="right")
-    for sched, pred, red, after, over in zip(run.schedules, run.predicted, run.reduction_ms, run.measured_after, run.measured):
-        t.add_row(sched.kind, f"{pred:.1f}", f"{red:.1f}", f"{after:.1f}", f"{over:.1f}", f"{after - over:+.1f}")
+    for name, pred, red, after, over in zip(run.names, run.predicted, run.reduction_ms, run.measured_after, run.measured):
+        t.add_row(name, f"{pred:.1f}", f"{red:.1f}", f"{after:.1f}", f"{over:.1f}", f"{after - over:+.1f}")
     _show(t)
     (a0, a1), (m0, m1) = run.measured_after, run.measured
-    out.print(f"speed-up of {run.schedules[1].kind} over 1F1B with the reductions: {a0 / a1:.2f}x reduced after the step, "
+    out.print(f"speed-up of {run.names[1]} over 1F1B with the reductions: {a0 / a1:.2f}x reduced after the step, "
               f"{m0 / m1:.2f}x overlapped", soft_wrap=True)
 
 
