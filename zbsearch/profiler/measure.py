@@ -46,6 +46,7 @@ from ..runtime.memory import ActivationMeter
 from ..runtime.recompute import checkpointed_forward, recompute
 from ..runtime.selective import Selection, recompute_selected, selected_modules
 from ..runtime.split import backward_full, backward_in_w, backward_input, backward_weight, forward_pass
+from ..tolerances import negligible
 from .settings import cpu_cores
 
 __all__ = ["Stats", "StageMeasurement", "measure_stage", "disturbances", "SPREAD_LIMIT"]
@@ -312,7 +313,8 @@ def disturbances(
     threads beyond the cores (in the measurement, or once ``ranks`` processes run at once),
     a busy machine (load average above the cores), passes, measured links (``links``, per
     boundary, None where there is none) and host times per message (``host``: (which end,
-    boundary, times)) whose spread is above SPREAD_LIMIT; and stages where recomputation is not
+    boundary, times)) whose spread is above SPREAD_LIMIT, but for a negligible pass
+    (``tolerances.negligible``: a first stage's empty B); and stages where recomputation is not
     offered because its checkpointed forward would keep more than a plain one."""
 
     found = []
@@ -336,7 +338,8 @@ def disturbances(
                              f"{what} recomputation is not offered there")
         passes = [("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw), ("FF", r.ff), ("FC", r.fc), ("R", r.r), ("RF", r.rf),
                   ("FS", r.fs), ("RS", r.rs)]
-        for name, st in ((n, x) for n, x in passes if x is not None):
+        work = r.f.median + r.b.median + r.w.median
+        for name, st in ((n, x) for n, x in passes if x is not None and not negligible(x.median, work)):
             spread = (st.q3 - st.q1) / 2 / st.median
             if spread > SPREAD_LIMIT:
                 found.append(
