@@ -143,9 +143,7 @@ def profile_model(
             work = list(zip(spec.stages, stage_inputs(spec))) if replicas is not None else None
         units = [shard_units(m, resolve_dtype(settings.dtype)) for m in spec.stages] if shard else None
         return prof if replicas is None else _reductions_locally(prof, layouts, steps, settings, replicas, work, units)
-    device = resolve_device(settings.device, _local_rank())
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = resolve_device(settings.device, _local_rank())  # made current before NCCL starts on it
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         if replicas is None and tp == 1:
