@@ -172,6 +172,14 @@ CASES = [
     (["plan", "-l", "layers.json", "-r", "2", "-m", "2", "--dp-share", "1"], None, "give --dp N and --dp-bandwidth too"),
     (["profile", "--builtin", "gpt", "--dp", "8", "--dp-share", "0.5"], None, "profile --dp N alone measures it"),
     (["profile", "--builtin", "gpt", "--dp-share", "0.5"], None, "give --dp N and --dp-bandwidth too"),
+    # the link between ranks, given on one device
+    (["profile", "--builtin", "gpt", "--link-bandwidth", "0"], None, "--link-bandwidth must be a positive number of GB/s"),
+    (["profile", "--builtin", "gpt", "--link-bandwidth", "-5"], None, "--link-bandwidth must be a positive number"),
+    (["profile", "--builtin", "gpt", "--link-bandwidth", "nan"], None, "--link-bandwidth must be a positive number"),
+    (["profile", "--builtin", "gpt", "--link-bandwidth", "inf"], None, "--link-bandwidth must be a positive number"),
+    (["profile", "--builtin", "gpt", "--link-bandwidth", "100", "--link-latency", "-1"], None,
+     "--link-latency must be a number of ms, 0 or more"),
+    (["profile", "--builtin", "gpt", "--link-latency", "0.01"], None, "give --link-bandwidth GB/s too"),
 ]
 
 

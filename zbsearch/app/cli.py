@@ -1216,6 +1216,13 @@ def profile(
              "the ranks started with the pipeline (pipeline ranks x --dp x N processes); recorded in the profile's mesh"),
     sequence_parallel: bool = typer.Option(
         False, "--sequence-parallel", help="with --tp, the built-in GPT's plan also splits the sequence"),
+    link_bandwidth: float | None = typer.Option(
+        None, "--link-bandwidth",
+        help="on one device: GB/s of the link between pipeline ranks (NVLink, the network), instead of estimating it "
+             "between two local processes (through the host where there is one GPU); each boundary costs "
+             "--link-latency + its bytes at this bandwidth. Under torchrun the links are measured"),
+    link_latency: float | None = typer.Option(
+        None, "--link-latency", help="with --link-bandwidth, ms per message on that link (default 0)"),
 ):
     """Measure per-stage F, B, W times, activation memory and link times; write a profile (bytes).
 
@@ -1270,6 +1277,12 @@ def profile(
         raise ZbError("--sequence-parallel splits the sequence over the tensor-parallel ranks: give --tp N too")
     if per_layer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ZbError("--per-layer measures on one device: run it without torchrun")
+    if link_latency is not None and link_bandwidth is None:
+        raise ZbError("--link-latency gives the latency of the link --link-bandwidth gives: give --link-bandwidth GB/s too")
+    link = None if link_bandwidth is None else profiler.LinkModel.given(link_bandwidth, link_latency or 0.0)
+    if link is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ZbError("under torchrun the links between ranks are measured: --link-bandwidth and --link-latency apply "
+                      "on one device")
     kinds = None
     if hf is not None:
         from zbsearch.models import hf as hf_models
@@ -1328,10 +1341,10 @@ def profile(
 
             err.print(f"profiling the units on an expert-parallel group of {ep} local processes", highlight=False)
             found = layers_expert_parallel(functools.partial(profiler.builtin_moe, moe), ep, settings, kinds=kinds,
-                                           name=name)
+                                           name=name, link=link)
         else:
             with profiler.progress_bar(err) as bar:
-                found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar)
+                found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar, link=link)
         if target is None or str(target) != "-":
             out.print(profiler.layers_table(found))
         _write(found, target or Path("profiles") / f"{found.name}.json")
@@ -1346,14 +1359,14 @@ def profile(
         with profiler.progress_bar(err) as bar:
             prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar, replicas=measure,
                                           tp=tp, sequence_parallel=sequence_parallel,
-                                          shard=shard and measure is not None)
+                                          shard=shard and measure is not None, link=link)
     else:
         import functools
 
         from zbsearch.profiler.experts import profile_expert_parallel
 
         err.print(f"profiling on an expert-parallel group of {ep} local processes", highlight=False)
-        prof = profile_expert_parallel(functools.partial(profiler.builtin_moe, moe), ep, settings, name=name)
+        prof = profile_expert_parallel(functools.partial(profiler.builtin_moe, moe), ep, settings, name=name, link=link)
     if prof is None:  # a torchrun rank other than 0
         return
     if dp is not None and dp_bandwidth is not None:

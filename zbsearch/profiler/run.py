@@ -82,7 +82,7 @@ Progress = Callable[[str, int, int], None]  # (what is being measured, done, tot
 def profile_model(
     spec: ModelSpec, settings: Settings, *, placement: list[int] | None = None, name: str | None = None,
     progress: Progress | None = None, replicas: int | None = None, tp: int = 1, sequence_parallel: bool = False,
-    shard: bool = False,
+    shard: bool = False, link: LinkModel | None = None,
 ) -> Profile | None:
     """Measure ``spec``'s stages into a profile, on this device or on one rank per pipeline rank.
 
@@ -112,6 +112,8 @@ def profile_model(
             stage's parameter gather and gradient reduce-scatter are timed as the runtime runs
             them (``zbsearch.profiler.gradients.sharded_samples``), and how much they slow the
             stage's pass beside them (``zbsearch.profiler.slowdown``).
+        link: on one device, the link between ranks (``LinkModel.given``; default: estimated
+            between two local processes); under torchrun the links are measured.
 
     Raises:
         ZbError: bad settings, a stage that cannot take its inputs or be split, or ranks that
@@ -128,15 +130,19 @@ def profile_model(
         raise ZbError("--shard times the stages sharded over --dp N replicas (without --tp: price them with "
                       "--dp-bandwidth)" if replicas is not None else "--shard needs --dp N: the replicas the stages are "
                       "sharded over")
+    if link is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ZbError("under torchrun the links between ranks are measured: --link-bandwidth and --link-latency apply "
+                      "on one device")
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         if tp > 1:
             from .tensor_parallel import profile_tensor_parallel
 
             prof, layouts, steps = profile_tensor_parallel(spec, settings, tp, placement=placement, name=name,
-                                                           progress=progress, sequence_parallel=sequence_parallel)
+                                                           progress=progress, sequence_parallel=sequence_parallel,
+                                                           link=link)
             work = None  # the tensor-parallel stages' passes need their group: the slowdown is not timed
         else:
-            prof = profile_one_device(spec, settings, placement=placement, name=name, progress=progress)
+            prof = profile_one_device(spec, settings, placement=placement, name=name, progress=progress, link=link)
             device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
             layouts = [gradient_layout(m, dtype) for m in spec.stages] if replicas is not None else []
             steps = [optimizer_step_ms(m, device, dtype) for m in spec.stages] if replicas is not None else []
@@ -327,17 +333,19 @@ def profile_one_device(
             progress("links", done, total)
         # links are estimated once: what a boundary sends is the same in every round
         crosses = _crossings(placement, p)
+        notes: list[str] = []
         if any(crosses):
             if link is None:
                 link = estimate_link(device)
             t_comm = [link.time_ms(m.output_bytes) if c else 0.0 for m, c in zip(rounds[0], crosses)]
             links = link.record()
+            notes = [link.caveat] if link.caveat else []
         else:
             t_comm, links = [0.0] * (p - 1), {"method": "none", "how": "no link between ranks"}
         ranks = p if placement is None else max(placement) + 1
         recorded = settings.record()
         profiles = [_assemble(spec, recorded, device, results, t_comm, links, "one device, stage after stage", name,
-                              placement, ranks, [], units=units) for results in rounds]
+                              placement, ranks, [], units=units, notes=notes) for results in rounds]
         if progress is not None:
             progress("done", total, total)
         return pool_profiles(profiles)
@@ -666,8 +674,9 @@ def _assemble(
     spec: ModelSpec, settings: dict, device: torch.device, results: list[StageMeasurement], t_comm: list[float],
     links: dict, mode: str, name: str | None, placement: list[int] | None, ranks: int, link_stats: list[Stats | None],
     host_ms: dict[str, list[float]] | None = None, host_stats: list[tuple[str, int, Stats]] | None = None,
-    in_step: dict | None = None, units: bool = False, t_action: float | None = None,
+    in_step: dict | None = None, units: bool = False, t_action: float | None = None, notes: list[str] | None = None,
 ) -> Profile:
+    """One round's profile; ``notes``: warnings besides the measurement's disturbances."""
     dtype = next((q.dtype for q in spec.stages[0].parameters() if q.is_floating_point()), torch.get_default_dtype())
     return Profile(
         name=name or f"{spec.name}-{device.type}",
@@ -693,7 +702,8 @@ def _assemble(
             "memory": "CUDA allocator" if device.type == "cuda" else "bytes of tensors saved for backward",
             "boundary_bytes": [r.output_bytes for r in results[:-1]],
             "stages": [r.record() for r in results],
-            "warnings": disturbances(results, device, settings["threads"], ranks, link_stats, host_stats or ()),
+            "warnings": [*(notes or []),
+                         *disturbances(results, device, settings["threads"], ranks, link_stats, host_stats or ())],
             **({"in_step": in_step} if in_step else {}),
         },
     )
