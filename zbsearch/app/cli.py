@@ -1134,7 +1134,8 @@ def profile(
     experts: int = typer.Option(4, "--experts", help="moe: experts per layer"),
     top_k: int = typer.Option(2, "--top-k", help="moe: experts per token"),
     ep: int | None = typer.Option(
-        None, "--ep", help="moe: measure on an expert-parallel group of N local processes (gloo), each holding 1/N of "
+        None, "--ep", help="moe: measure on an expert-parallel group of N local processes (gloo; on CUDA one GPU each, "
+                           "NCCL), each holding 1/N of "
                            "the experts; records each stage's all-to-all time inside F and B (a_f, a_b) and the share of it an "
                            "overlapped pair leaves exposed (pair_exposed)"),
     hf: str | None = typer.Option(
@@ -1195,7 +1196,7 @@ def profile(
     dp: int | None = typer.Option(
         None, "--dp", min=1,
         help="data-parallel replicas the stages will train in: each stage's gradient all-reduce and its AdamW step "
-             "(timed here) end the iteration. The all-reduce is timed on a real group: N local processes (gloo), "
+             "(timed here) end the iteration. The all-reduce is timed on a real group: N local processes (gloo, on CPU), "
              "or under torchrun the replicas started with the pipeline (pipeline ranks x N processes); with "
              "--dp-bandwidth it is priced as a ring all-reduce of the stage's trainable parameters' bytes instead"),
     dp_bandwidth: float | None = DpBandwidthOpt,
@@ -1212,7 +1213,7 @@ def profile(
     tp: int = typer.Option(
         1, "--tp", min=1,
         help="tensor-parallel ranks each stage is split over (the runtime's plans: built-in GPT, --hf decoders): its "
-             "passes are measured split, collectives included, per rank. N local processes (gloo), or under torchrun "
+             "passes are measured split, collectives included, per rank. N local processes (gloo, on CPU), or under torchrun "
              "the ranks started with the pipeline (pipeline ranks x --dp x N processes); recorded in the profile's mesh"),
     sequence_parallel: bool = typer.Option(
         False, "--sequence-parallel", help="with --tp, the built-in GPT's plan also splits the sequence"),
@@ -1333,6 +1334,10 @@ def profile(
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads,
                                  keep_heap=keep_heap, timeout=timeout, recompute=recompute, in_step=in_step,
                                  selective=mode)
+    if ep is not None:  # refused here, before the line announcing the group, where the device cannot hold it
+        from zbsearch.profiler.experts import expert_group
+
+        expert_group(settings, ep)
     if per_layer:
         if ep is not None:
             import functools

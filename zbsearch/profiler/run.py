@@ -134,6 +134,7 @@ def profile_model(
         raise ZbError("under torchrun the links between ranks are measured: --link-bandwidth and --link-latency apply "
                       "on one device")
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        _local_groups_on_host(settings, replicas, tp)
         if tp > 1:
             from .tensor_parallel import profile_tensor_parallel
 
@@ -157,6 +158,22 @@ def profile_model(
         return _profile_in_mesh(spec, settings, placement, name, progress, replicas, tp, sequence_parallel, device, shard)
     finally:
         dist.destroy_process_group()
+
+
+def _local_groups_on_host(settings: Settings, replicas: int | None, tp: int) -> None:
+    """Refuse, in one line, local processes (``--dp N``, ``--tp N`` without torchrun) on a GPU:
+    they join a gloo group through the host and would share this process's GPU and its tensors,
+    so their collectives would time the host's loopback beside passes on one shared device,
+    nothing of the GPUs' links. Under torchrun each rank has its GPU and NCCL."""
+    if resolve_device(settings.device).type != "cuda":
+        return
+    if replicas is not None and replicas > 1:
+        raise ZbError(f"--dp {replicas} on {settings.device}: local processes would reduce the gradients through the "
+                      f"host (gloo), not the GPUs' links; run under torchrun (pipeline ranks x {replicas} processes, "
+                      f"NCCL), or price the reductions with --dp-bandwidth GB/s")
+    if tp > 1:
+        raise ZbError(f"--tp {tp} on {settings.device}: local processes would share one GPU and all-reduce through the "
+                      f"host (gloo); run under torchrun (pipeline ranks x {tp} processes, NCCL)")
 
 
 def _reductions_locally(prof: Profile, layouts: list[Layout], steps: list[float], settings: Settings,
