@@ -184,3 +184,25 @@ def test_pooling_layers_of_other_units_is_refused():
         pool_layers([a, b])
     with pytest.raises(ZbError, match="no per-layer profile"):
         pool_layers([])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_negligible_pass_that_drifts_is_no_warning(seed):
+    """A first stage's B with no input gradient takes microseconds: its rounds range widely
+    (timer resolution, call overhead) while the machine kept its speed. Below
+    NEGLIGIBLE_SHARE of its stage's F + B + W no drift of it is warned; just above, it is."""
+    from zbsearch.tolerances import NEGLIGIBLE_SHARE
+
+    rng = random.Random(seed)
+    p = rng.randint(2, 4)
+    base = _round(rng, p)
+    s = rng.randrange(p)
+    st = base.stages[s]
+    for share, warned in ((NEGLIGIBLE_SHARE * rng.uniform(0.001, 0.9), False), (NEGLIGIBLE_SHARE * rng.uniform(1.2, 5), True)):
+        tiny = share * (st.t_f + st.t_w) / (1 - share)  # t_b = share of t_f + t_b + t_w
+        low, high = (base.model_copy(update={"stages": [c.model_copy(update={"t_b": tiny * f}) if i == s else c
+                                                       for i, c in enumerate(base.stages)]}) for f in (1.0, 1.4))
+        rounds = [low, high, low]
+        assert drift(rounds)[s]["t_b"] == pytest.approx(0.4)  # the drift is still recorded
+        lines = [w for w in pool_profiles(rounds).measured.warnings if "changed speed" in w]
+        assert bool(lines) == warned, (share, lines)

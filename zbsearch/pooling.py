@@ -10,8 +10,9 @@ with rounds of training steps so that the machine's drift falls on both alike.
 Pooling takes, per number, the median over the rounds (the mean for link times, which are
 costed at their mean), and records each round's pass times and the drift: per stage and pass,
 the range of the round medians over their median. A drift above ``DRIFT_LIMIT`` is a warning
-(one line for all passes) in the pooled profile: the machine changed speed while being measured, and a prediction from
-this profile holds only as well as the machine stays as it was on average.
+(one line for all passes; a negligible pass, ``tolerances.negligible``, is none) in the pooled
+profile: the machine changed speed while being measured, and a prediction from this profile
+holds only as well as the machine stays as it was on average.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .errors import ZbError
 from .formats.edit import updated
 from .formats.layers import LayerProfile
 from .formats.profile import MIN_TIME_MS, Links, Profile, Quartiles, StageCost, StageSpread, WayNotTaken, pass_time_fields
+from .tolerances import negligible
 
 __all__ = ["DRIFT_LIMIT", "PASSES", "pool_profiles", "pool_layers", "drift"]
 
@@ -192,7 +194,8 @@ def _pool_measured(profiles: Sequence[Profile]):
         spreads.append(updated(rows[0], **fields))
     drifts = drift(profiles)
     warnings = list(dict.fromkeys(w for p in profiles if p.measured is not None for w in p.measured.warnings))
-    drifted = sorted(((d, s, k) for s, row in enumerate(drifts) for k, d in row.items() if d > DRIFT_LIMIT), reverse=True)
+    drifted = sorted(((d, s, k) for s, row in enumerate(drifts) for k, d in row.items()
+                      if d > DRIFT_LIMIT and not _negligible(profiles, s, k)), reverse=True)
     if drifted:  # one line, however many passes: the cause is the machine, not a pass
         d, s, k = drifted[0]
         warnings.append(
@@ -203,6 +206,14 @@ def _pool_measured(profiles: Sequence[Profile]):
     rounds = {"count": len(profiles), "drift": drifts,
               "stages": [[{k: getattr(c, k) for k in PASSES if getattr(c, k) is not None} for c in p.stages] for p in profiles]}
     return updated(first, stages=spreads, warnings=warnings, rounds=rounds)
+
+
+def _negligible(profiles: Sequence[Profile], s: int, k: str) -> bool:
+    """Whether stage ``s``'s pass time ``k`` is negligible (``tolerances.negligible``), by the
+    rounds' medians."""
+    stages = [p.stages[s] for p in profiles]
+    return negligible(statistics.median(getattr(st, k) for st in stages),
+                      statistics.median(st.t_f + st.t_b + st.t_w for st in stages))
 
 
 def _median_quartiles(qs: list[Quartiles | None]) -> Quartiles | None:

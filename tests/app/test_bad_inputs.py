@@ -149,6 +149,7 @@ CASES = [
     (["profile", "--builtin", "gpt", "--timeout", "0"], None, "--timeout must be a positive number"),
     (["demo", "--device", "tpu", "-o", "demo-out"], None, "not supported"),
     (["demo", "--dp", "0", "-o", "demo-out"], None, "--dp must be at least 1, not 0"),
+    (["demo", "--stages", "1", "-o", "demo-out"], None, "--stages 1 has no pipeline"),
     # data-parallel reductions from bytes and a bandwidth
     (["compare", *P, "--dp", "8"], None, "--dp, --dp-bandwidth and --grad-bytes go together"),
     (["schedule", "1f1b", *P, "--grad-bytes", "1GB"], None, "go together"),
@@ -171,6 +172,14 @@ CASES = [
     (["plan", "-l", "layers.json", "-r", "2", "-m", "2", "--dp-share", "1"], None, "give --dp N and --dp-bandwidth too"),
     (["profile", "--builtin", "gpt", "--dp", "8", "--dp-share", "0.5"], None, "profile --dp N alone measures it"),
     (["profile", "--builtin", "gpt", "--dp-share", "0.5"], None, "give --dp N and --dp-bandwidth too"),
+    # the link between ranks, given on one device
+    (["profile", "--builtin", "gpt", "--link-bandwidth", "0"], None, "--link-bandwidth must be a positive number of GB/s"),
+    (["profile", "--builtin", "gpt", "--link-bandwidth", "-5"], None, "--link-bandwidth must be a positive number"),
+    (["profile", "--builtin", "gpt", "--link-bandwidth", "nan"], None, "--link-bandwidth must be a positive number"),
+    (["profile", "--builtin", "gpt", "--link-bandwidth", "inf"], None, "--link-bandwidth must be a positive number"),
+    (["profile", "--builtin", "gpt", "--link-bandwidth", "100", "--link-latency", "-1"], None,
+     "--link-latency must be a number of ms, 0 or more"),
+    (["profile", "--builtin", "gpt", "--link-latency", "0.01"], None, "give --link-bandwidth GB/s too"),
 ]
 
 

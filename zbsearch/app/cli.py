@@ -1134,7 +1134,8 @@ def profile(
     experts: int = typer.Option(4, "--experts", help="moe: experts per layer"),
     top_k: int = typer.Option(2, "--top-k", help="moe: experts per token"),
     ep: int | None = typer.Option(
-        None, "--ep", help="moe: measure on an expert-parallel group of N local processes (gloo), each holding 1/N of "
+        None, "--ep", help="moe: measure on an expert-parallel group of N local processes (gloo; on CUDA one GPU each, "
+                           "NCCL), each holding 1/N of "
                            "the experts; records each stage's all-to-all time inside F and B (a_f, a_b) and the share of it an "
                            "overlapped pair leaves exposed (pair_exposed)"),
     hf: str | None = typer.Option(
@@ -1195,7 +1196,7 @@ def profile(
     dp: int | None = typer.Option(
         None, "--dp", min=1,
         help="data-parallel replicas the stages will train in: each stage's gradient all-reduce and its AdamW step "
-             "(timed here) end the iteration. The all-reduce is timed on a real group: N local processes (gloo), "
+             "(timed here) end the iteration. The all-reduce is timed on a real group: N local processes (gloo, on CPU), "
              "or under torchrun the replicas started with the pipeline (pipeline ranks x N processes); with "
              "--dp-bandwidth it is priced as a ring all-reduce of the stage's trainable parameters' bytes instead"),
     dp_bandwidth: float | None = DpBandwidthOpt,
@@ -1212,10 +1213,17 @@ def profile(
     tp: int = typer.Option(
         1, "--tp", min=1,
         help="tensor-parallel ranks each stage is split over (the runtime's plans: built-in GPT, --hf decoders): its "
-             "passes are measured split, collectives included, per rank. N local processes (gloo), or under torchrun "
+             "passes are measured split, collectives included, per rank. N local processes (gloo, on CPU), or under torchrun "
              "the ranks started with the pipeline (pipeline ranks x --dp x N processes); recorded in the profile's mesh"),
     sequence_parallel: bool = typer.Option(
         False, "--sequence-parallel", help="with --tp, the built-in GPT's plan also splits the sequence"),
+    link_bandwidth: float | None = typer.Option(
+        None, "--link-bandwidth",
+        help="on one device: GB/s of the link between pipeline ranks (NVLink, the network), instead of estimating it "
+             "between two local processes (through the host where there is one GPU); each boundary costs "
+             "--link-latency + its bytes at this bandwidth. Under torchrun the links are measured"),
+    link_latency: float | None = typer.Option(
+        None, "--link-latency", help="with --link-bandwidth, ms per message on that link (default 0)"),
 ):
     """Measure per-stage F, B, W times, activation memory and link times; write a profile (bytes).
 
@@ -1270,6 +1278,12 @@ def profile(
         raise ZbError("--sequence-parallel splits the sequence over the tensor-parallel ranks: give --tp N too")
     if per_layer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ZbError("--per-layer measures on one device: run it without torchrun")
+    if link_latency is not None and link_bandwidth is None:
+        raise ZbError("--link-latency gives the latency of the link --link-bandwidth gives: give --link-bandwidth GB/s too")
+    link = None if link_bandwidth is None else profiler.LinkModel.given(link_bandwidth, link_latency or 0.0)
+    if link is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ZbError("under torchrun the links between ranks are measured: --link-bandwidth and --link-latency apply "
+                      "on one device")
     kinds = None
     if hf is not None:
         from zbsearch.models import hf as hf_models
@@ -1320,6 +1334,10 @@ def profile(
     settings = profiler.Settings(device=device, dtype=dtype, warmup=warmup, repeat=repeat, rounds=rounds, threads=threads,
                                  keep_heap=keep_heap, timeout=timeout, recompute=recompute, in_step=in_step,
                                  selective=mode)
+    if ep is not None:  # refused here, before the line announcing the group, where the device cannot hold it
+        from zbsearch.profiler.experts import expert_group
+
+        expert_group(settings, ep)
     if per_layer:
         if ep is not None:
             import functools
@@ -1328,10 +1346,10 @@ def profile(
 
             err.print(f"profiling the units on an expert-parallel group of {ep} local processes", highlight=False)
             found = layers_expert_parallel(functools.partial(profiler.builtin_moe, moe), ep, settings, kinds=kinds,
-                                           name=name)
+                                           name=name, link=link)
         else:
             with profiler.progress_bar(err) as bar:
-                found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar)
+                found = profiler.profile_layers(spec, settings, kinds=kinds, name=name, progress=bar, link=link)
         if target is None or str(target) != "-":
             out.print(profiler.layers_table(found))
         _write(found, target or Path("profiles") / f"{found.name}.json")
@@ -1346,14 +1364,14 @@ def profile(
         with profiler.progress_bar(err) as bar:
             prof = profiler.profile_model(spec, settings, placement=pieces, name=name, progress=bar, replicas=measure,
                                           tp=tp, sequence_parallel=sequence_parallel,
-                                          shard=shard and measure is not None)
+                                          shard=shard and measure is not None, link=link)
     else:
         import functools
 
         from zbsearch.profiler.experts import profile_expert_parallel
 
         err.print(f"profiling on an expert-parallel group of {ep} local processes", highlight=False)
-        prof = profile_expert_parallel(functools.partial(profiler.builtin_moe, moe), ep, settings, name=name)
+        prof = profile_expert_parallel(functools.partial(profiler.builtin_moe, moe), ep, settings, name=name, link=link)
     if prof is None:  # a torchrun rank other than 0
         return
     if dp is not None and dp_bandwidth is not None:
@@ -1459,13 +1477,14 @@ def _demo_table(run, stages: int, m: int, emulate: bool) -> None:
     for col in ("schedule", "predicted\nms", "measured\nms", "measured\n/ predicted", "predicted\nbubble",
                 "peak activations MiB\npredicted / measured"):
         t.add_column(col, justify="right")
-    for sched, pred, meas, peak in zip(run.schedules, run.predicted, run.measured, run.measured_peak_memory):
+    for name, sched, pred, meas, peak in zip(run.names, run.schedules, run.predicted, run.measured,
+                                             run.measured_peak_memory):
         assert sched.predicted is not None  # the demo's schedules are built or solved, so predicted
-        t.add_row(sched.kind, f"{pred:.1f}", f"{meas:.1f}", f"{meas / pred:.2f}", f"{sched.predicted.bubble_rate:.3f}",
+        t.add_row(name, f"{pred:.1f}", f"{meas:.1f}", f"{meas / pred:.2f}", f"{sched.predicted.bubble_rate:.3f}",
                   f"{max(sched.predicted.peak_memory) / 2**20:.1f} / {peak / 2**20:.1f}")
     _show(t)
     (p0, p1), (m0, m1) = run.predicted, run.measured
-    out.print(f"speed-up of {run.schedules[1].kind} over 1F1B: predicted {p0 / p1:.2f}x, measured {m0 / m1:.2f}x")
+    out.print(f"speed-up of {run.names[1]} over 1F1B: predicted {p0 / p1:.2f}x, measured {m0 / m1:.2f}x")
 
 
 def _demo_mesh_table(run, cfg) -> None:
@@ -1475,11 +1494,11 @@ def _demo_mesh_table(run, cfg) -> None:
     for col in ("schedule", "predicted\npasses ms", "reductions\nalone ms", "measured, reduced\nafter the step ms",
                 "measured,\noverlapped ms", "saved\nms"):
         t.add_column(col, justify="right")
-    for sched, pred, red, after, over in zip(run.schedules, run.predicted, run.reduction_ms, run.measured_after, run.measured):
-        t.add_row(sched.kind, f"{pred:.1f}", f"{red:.1f}", f"{after:.1f}", f"{over:.1f}", f"{after - over:+.1f}")
+    for name, pred, red, after, over in zip(run.names, run.predicted, run.reduction_ms, run.measured_after, run.measured):
+        t.add_row(name, f"{pred:.1f}", f"{red:.1f}", f"{after:.1f}", f"{over:.1f}", f"{after - over:+.1f}")
     _show(t)
     (a0, a1), (m0, m1) = run.measured_after, run.measured
-    out.print(f"speed-up of {run.schedules[1].kind} over 1F1B with the reductions: {a0 / a1:.2f}x reduced after the step, "
+    out.print(f"speed-up of {run.names[1]} over 1F1B with the reductions: {a0 / a1:.2f}x reduced after the step, "
               f"{m0 / m1:.2f}x overlapped", soft_wrap=True)
 
 

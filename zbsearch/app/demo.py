@@ -68,6 +68,9 @@ class DemoConfig:
     def check(self) -> None:
         """Raise a one-line ZbError for a configuration the demo cannot run here."""
         self.gpt.check()
+        if self.gpt.stages < 2:
+            raise ZbError(f"the demo compares pipeline schedules: --stages {self.gpt.stages} has no pipeline (every "
+                          "schedule runs the same passes one after the other); use --stages 2 or more")
         if self.microbatches < 1 or self.steps < 1:
             raise ZbError("the demo needs at least 1 microbatch and 1 step")
         if self.dp < 1:
@@ -103,6 +106,13 @@ class DemoRun:
             assert s.predicted is not None  # built or solved schedules carry their prediction
             spans.append(max(s.predicted.span))
         return spans
+
+    @property
+    def names(self) -> list[str]:
+        """Per schedule, its name in the files and tables: its kind, and ``KIND-solved`` for a
+        solved schedule of the first one's kind (where a zero-bubble split does not pay)."""
+        first = self.schedules[0].kind
+        return [s.kind if k == 0 or s.kind != first else f"{s.kind}-solved" for k, s in enumerate(self.schedules)]
 
     @property
     def measured_peak_memory(self) -> list[float]:
@@ -191,16 +201,14 @@ def run_demo(cfg: DemoConfig, on_progress=None) -> DemoRun:
     save_profile(run.profile, out / "profile.json")
     run.files.append(out / "profile.json")
     panels = []
-    for k, (sched, trace) in enumerate(zip(run.schedules, run.traces)):
-        # the solved schedule may be 1F1B itself (where a zero-bubble split does not pay)
-        name = sched.kind if k == 0 or sched.kind != run.schedules[0].kind else f"{sched.kind}-solved"
+    for name, sched, trace in zip(run.names, run.schedules, run.traces):
         save_schedule(sched, out / f"{name}.json")
         save_trace(trace, out / f"{name}-trace.json")
         run.files += [out / f"{name}.json", out / f"{name}-trace.json"]
         panels += render.with_measured(render.schedule_panel(sched), out / f"{name}-trace.json")[0]
     mesh = f" x dp={cfg.dp}" if cfg.dp > 1 else ""
     title = (f"predicted and measured, p={cfg.gpt.stages}{mesh} m={cfg.microbatches}{' (emulated)' if cfg.emulate else ''}: "
-             f"{run.schedules[1].kind} is {run.measured[0] / run.measured[1]:.2f}x as fast as 1F1B")
+             f"{run.names[1]} is {run.measured[0] / run.measured[1]:.2f}x as fast as 1F1B")
     run.files.append(render.write_chart(panels, out / "gantt.png", title))
     return run
 

@@ -113,7 +113,9 @@ _CLOCKS: list[AllToAllClock] = []
 
 @contextlib.contextmanager
 def all_to_all_time() -> Iterator[AllToAllClock]:
-    """Within the block, the seconds this process spends in expert all-to-all calls."""
+    """Within the block, the seconds this process spends in expert all-to-all calls (on a GPU
+    the collective's own time: while a clock is active the device is synchronised around each
+    call, where NCCL's wait would return before the exchange ran)."""
     clock = AllToAllClock()
     _CLOCKS.append(clock)
     try:
@@ -125,10 +127,15 @@ def all_to_all_time() -> Iterator[AllToAllClock]:
 def _exchange(x: torch.Tensor, send: list[int], recv: list[int], group: dist.ProcessGroup, backward: bool) -> torch.Tensor:
     """One all_to_all_single: ``send[r]`` rows of ``x`` to rank r, ``recv[r]`` rows from it."""
     out = x.new_empty((sum(recv), *x.shape[1:]))
+    timed = bool(_CLOCKS) and x.is_cuda  # on a GPU a clock times the device's collective: synchronise around it
+    if timed:
+        torch.cuda.synchronize(x.device)
     start = time.perf_counter()
     work = dist.all_to_all_single(out, x.contiguous(), recv, send, group=group, async_op=True)
     assert work is not None
     work.wait(_COLLECTIVE_TIMEOUT)
+    if timed:
+        torch.cuda.synchronize(x.device)
     for clock in _CLOCKS:
         clock.add(backward, time.perf_counter() - start)
     return out

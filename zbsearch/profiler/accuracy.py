@@ -7,8 +7,8 @@ ZB-H1): in a schedule that fuses a backward, that microbatch's F is the profile'
 (``CostModel.durations``; ``zbsearch simulate --measured`` compares such schedules).
 
 A pass with (almost) nothing to do, such as a first stage's B (its whole backward is W's), is
-not compared: under ``NEGLIGIBLE`` of its stage's F + B + W, a relative error says nothing
-(a few microseconds of call overhead either way) and such a pass cannot move a schedule.
+not compared (``tolerances.negligible``): a relative error says nothing (a few microseconds of
+call overhead either way) and such a pass cannot move a schedule.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from ..actions import Op
 from ..formats.profile import Profile
 from ..formats.trace import Trace
+from ..tolerances import negligible
 
-__all__ = ["PassAgreement", "runtime_vs_profile", "NEGLIGIBLE"]
-
-NEGLIGIBLE = 0.01  # share of the stage's profiled F + B + W
+__all__ = ["PassAgreement", "runtime_vs_profile"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +49,6 @@ def runtime_vs_profile(profile: Profile, traces: list[Trace]) -> list[PassAgreem
     rows = []
     for s, st in enumerate(profile.stages):
         for op, profiled in ((Op.F, st.t_f), (Op.B, st.t_b), (Op.W, st.t_w)):
-            if durations[(s, op)] and profiled >= NEGLIGIBLE * (st.t_f + st.t_b + st.t_w):
+            if durations[(s, op)] and not negligible(profiled, st.t_f + st.t_b + st.t_w):
                 rows.append(PassAgreement(s, op, profiled, statistics.median(durations[(s, op)])))
     return rows

@@ -17,11 +17,15 @@ section). ``layers_expert_parallel`` measures a model cut into its units the sam
 ``a_b`` and the ``ep`` (for ``zbsearch plan`` and ``zbsearch tune``).
 
 Every process runs the same passes in the same order, so each all-to-all meets its peers; the
-processes share the machine's cores, as ranks of one node do.
+processes share the machine's cores, as ranks of one node do. On CUDA each process takes a GPU
+of its own (NCCL, process r on cuda:r): with fewer GPUs than ``ep`` the processes would share
+one and exchange their tokens through the host, timing neither the GPUs' passes nor their
+links, so that is refused. The profile's mode says where the group ran.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -39,7 +43,7 @@ from .run import profile_one_device
 from .settings import Settings, resolve_device, resolve_dtype
 from .stages import ModelSpec, leaves, run_stage
 
-__all__ = ["profile_expert_parallel", "layers_expert_parallel", "all_to_all_ms"]
+__all__ = ["profile_expert_parallel", "layers_expert_parallel", "expert_group", "all_to_all_ms"]
 
 S = TypeVar("S", bound=StageCost)
 
@@ -78,9 +82,29 @@ def _on_group(build: Callable, ep: int, settings: Settings, name: str | None, li
     settings.check()
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 2:
         raise ZbError(f"--ep must be a whole number of at least 2 (expert-parallel processes), not {ep!r}")
+    backend, local = expert_group(settings, ep)
     if link is None:
         link = estimate_link(resolve_device(settings.device))
-    return run_local(_measure, ep, build, settings, name, link, units, kinds, timeout=max(600.0, 20 * settings.timeout))[0]
+    return run_local(_measure, ep, build, local, name, link, units, kinds, backend=backend,
+                     timeout=max(600.0, 20 * settings.timeout))[0]
+
+
+def expert_group(settings: Settings, ep: int) -> tuple[str, Settings]:
+    """The backend of ``ep`` local expert-parallel processes and the settings each measures
+    with: gloo on CPU; on CUDA NCCL, process r on cuda:r.
+
+    Raises:
+        ZbError: on CUDA, fewer GPUs than ``ep`` (sharing one, the processes would exchange
+            their tokens through the host: neither the GPUs' passes nor their links).
+    """
+    if resolve_device(settings.device).type != "cuda":
+        return "gloo", settings
+    gpus = torch.cuda.device_count()
+    if gpus < ep:
+        raise ZbError(f"--ep {ep} on {settings.device}: each expert-parallel process needs a GPU of its own and {gpus} "
+                      f"are visible (sharing one, the processes would exchange tokens through the host); profile on "
+                      f"{ep} GPUs, or with --device cpu")
+    return "nccl", dataclasses.replace(settings, device="cuda")
 
 
 def _measure(rank: int, world: int, send, build: Callable, settings: Settings, name: str | None,
@@ -97,10 +121,11 @@ def _measure(rank: int, world: int, send, build: Callable, settings: Settings, n
         return layers.model_copy(update={"units": _within(layers.units, a_f, a_b, exposed), "ep": world,
                                          "name": name or f"{layers.name}-ep{world}"})
     prof = profile_one_device(spec, settings, name=name, link=link)
+    where = f"experts over {world} local processes ({torch.distributed.get_backend()})"
     a_f, a_b, exposed = all_to_all_ms(spec, settings)
     mesh = prof.made_for.model_copy(update={"ep": world})
     return prof.model_copy(update={"stages": _within(prof.stages, a_f, a_b, exposed), "mesh": mesh,
-                                   "name": name or f"{prof.name}-ep{world}"})
+                                   "name": name or f"{prof.name}-ep{world}", "mode": f"{prof.mode}, {where}"})
 
 
 def _within(stages: list[S], a_f: list[float], a_b: list[float], exposed: list[float | None]) -> list[S]:

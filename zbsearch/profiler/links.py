@@ -11,7 +11,11 @@ two local processes measure latency (a 4-byte message) and bandwidth (a 16 MiB o
 transport the runtime would use on this machine, and each boundary is estimated as
 latency + bytes / bandwidth. There the fastest round trip counts: the aim is the transport's
 own cost, and on a busy machine the two processes often wait for a core, which only adds time.
-The profile's ``links`` block says which was done, with the spread of the timed messages.
+On a machine with one GPU that transport is the host's (gloo over loopback TCP), far slower
+than the GPUs' interconnect of the cluster the profile is for: the estimate then carries a
+caveat (a warning in the profile), and the user may give the link instead (``LinkModel.given``,
+``zbsearch profile --link-bandwidth``). The profile's ``links`` block says which was done, with
+the spread of the timed messages.
 
 Under torchrun each pair also measures what a message costs the ranks' own time while both
 compute (``busy_exchange``), through the runtime's own message path and in both directions
@@ -25,6 +29,7 @@ per pass as 1F1B (figures in the profiler's bench report).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +39,7 @@ import torch.distributed as dist
 
 from ..distributed import run_local
 from ..distributed.timeouts import LINK_ESTIMATE_TIMEOUT_S
+from ..errors import ZbError
 from ..formats.profile import MIN_TIME_MS
 from ..runtime.p2p import ACT, GRAD, P2P, Message
 from .measure import Stats
@@ -45,22 +51,37 @@ _LARGE = 16 * 2**20
 
 @dataclass(frozen=True)
 class LinkModel:
-    """A link estimated as latency plus bytes over bandwidth (``estimate_link``)."""
+    """A link as latency plus bytes over bandwidth: estimated (``estimate_link``) or given by
+    the user (``given``)."""
 
     latency_ms: float
     bandwidth_gb_s: float  # 1e9 bytes per second
     how: str
     # quartiles of the one-way times measured for the estimate, per message ("4 B", "16 MiB")
     spread: dict[str, dict] | None = None
+    method: str = "estimated"  # or "given"
+    # why the estimate may not be the cluster's link: a warning for the profile (None: none)
+    caveat: str | None = None
+
+    @classmethod
+    def given(cls, bandwidth_gb_s: float, latency_ms: float = 0.0) -> LinkModel:
+        """The link the user gives (``--link-bandwidth``, ``--link-latency``), checked: a
+        one-line ZbError for a bandwidth that is not a positive number or a negative latency."""
+        if not (math.isfinite(bandwidth_gb_s) and bandwidth_gb_s > 0):
+            raise ZbError(f"--link-bandwidth must be a positive number of GB/s, not {bandwidth_gb_s:g}")
+        if not (math.isfinite(latency_ms) and latency_ms >= 0):
+            raise ZbError(f"--link-latency must be a number of ms, 0 or more, not {latency_ms:g}")
+        return cls(latency_ms, bandwidth_gb_s, f"given: {latency_ms:g} ms + bytes at {bandwidth_gb_s:g} GB/s",
+                   method="given")
 
     def time_ms(self, nbytes: float) -> float:
         """One-way time of a message of ``nbytes`` bytes."""
         return self.latency_ms + nbytes / (self.bandwidth_gb_s * 1e6)
 
     def record(self) -> dict:
-        """The profile's ``links`` block for this estimate."""
-        return {"method": "estimated", "latency_ms": self.latency_ms, "bandwidth_gb_s": self.bandwidth_gb_s, "how": self.how,
-                **({"one_way_spread_ms": self.spread} if self.spread else {})}
+        """The profile's ``links`` block for this link."""
+        return {"method": self.method, "latency_ms": self.latency_ms, "bandwidth_gb_s": self.bandwidth_gb_s,
+                "how": self.how, **({"one_way_spread_ms": self.spread} if self.spread else {})}
 
 
 def pingpong(
@@ -158,11 +179,18 @@ def _measure(rank: int, world: int, send, device_type: str) -> tuple[list[float]
 
 def estimate_link(device: torch.device) -> LinkModel:
     """Latency and bandwidth between two local processes: NCCL between two GPUs when there are
-    two, else gloo through the host (then an upper bound on what a GPU interconnect takes)."""
+    two, else gloo through the host (then an upper bound on what a GPU interconnect takes, and
+    on a GPU a caveat naming the option that gives the link)."""
     nccl = device.type == "cuda" and torch.cuda.device_count() >= 2
     (smalls, larges), _ = run_local(_measure, 2, "cuda" if nccl else "cpu", backend="nccl" if nccl else "gloo",
                                    timeout=LINK_ESTIMATE_TIMEOUT_S)
     small, large = min(smalls), min(larges)
     bandwidth = _LARGE / max(large - small, MIN_TIME_MS) / 1e6
     how = "2 local processes, NCCL between 2 GPUs" if nccl else "2 local processes, gloo over loopback TCP"
-    return LinkModel(small, bandwidth, how, {"4 B": Stats.of(smalls).record(), "16 MiB": Stats.of(larges).record()})
+    caveat = None
+    if device.type == "cuda" and not nccl:
+        caveat = (f"the links were estimated through the host (gloo over loopback TCP, {small:.3g} ms + bytes at "
+                  f"{bandwidth:.3g} GB/s), not between GPUs: one GPU is visible. Give the cluster's link with "
+                  "--link-bandwidth GB/s (and --link-latency ms)")
+    return LinkModel(small, bandwidth, how, {"4 B": Stats.of(smalls).record(), "16 MiB": Stats.of(larges).record()},
+                     caveat=caveat)

@@ -21,7 +21,10 @@ These repetitions time each pass alone. Under torchrun the profiler also times t
 steps of the runtime and costs them at those times (``in_step``, ``StageMeasurement.cost``).
 
 Clocks: on CPU ``perf_counter`` around each pass; on CUDA events on the current stream, read
-after one synchronisation per repetition, so the passes are not separated by host stalls.
+after the last repetition. No synchronisation comes between repetitions: in a training step the
+host queues a pass while the device still runs the one before, and after a synchronisation the
+device would wait for the host to launch the next pass, a wait the step does not have (a split
+F, whose deferral costs the host more than a fused one's, was timed at the host's speed).
 
 Memory: on CPU the bytes of the tensors saved for backward (the runtime's activation meter,
 which counts each storage once); on CUDA the allocator's change over each pass, once the first
@@ -46,6 +49,7 @@ from ..runtime.memory import ActivationMeter
 from ..runtime.recompute import checkpointed_forward, recompute
 from ..runtime.selective import Selection, recompute_selected, selected_modules
 from ..runtime.split import backward_full, backward_in_w, backward_input, backward_weight, forward_pass
+from ..tolerances import negligible
 from .settings import cpu_cores
 
 __all__ = ["Stats", "StageMeasurement", "measure_stage", "disturbances", "SPREAD_LIMIT"]
@@ -186,6 +190,7 @@ def measure_stage(
     split: dict[bool, list[tuple[float, float, float]]] = {d: [] for d in ways}  # F, B, W per way
     mem: dict[bool, list[tuple[float, float, float]]] = {d: [] for d in ways}
     fused: list[tuple[float, float]] = []  # BW, FF
+    timed: list[tuple[dict, tuple]] = []  # per timed repetition: its marks, read after the last one
     grads = None
     output_bytes = 0
     for rep in range(warmup + repeat):
@@ -212,14 +217,16 @@ def measure_stage(
         backward_full(fwd, grads)
         e5 = clock.mark()
         del fwd
-        clock.sync()
         if rep >= warmup:
-            for deferred, (e0, e1, e2, e3, m) in marks.items():
-                split[deferred].append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e2, e3)))
-                mem[deferred].append(m)
-            fused.append((clock.ms(e4, e5), clock.ms(e3f, e4)))
+            timed.append((marks, (e3f, e4, e5)))
         if tick is not None:
             tick()
+    clock.sync()  # once, after the last repetition (see the module)
+    for marks, (e3f, e4, e5) in timed:
+        for deferred, (e0, e1, e2, e3, m) in marks.items():
+            split[deferred].append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e2, e3)))
+            mem[deferred].append(m)
+        fused.append((clock.ms(e4, e5), clock.ms(e3f, e4)))
     stats: dict[bool, tuple[Stats, Stats, Stats]] = {}
     for d in ways:
         f, b, w = (Stats.of(list(col)) for col in zip(*split[d]))
@@ -249,7 +256,7 @@ def _measure_recompute(module, inputs, post, device, clock, meter, live, grads, 
     """Times of the checkpointed F and its recompute pass (before B and W, and before a fused
     BW), and what the checkpointed F keeps (bytes, median), over ``warmup`` untimed and
     ``repeat`` timed repetitions."""
-    times: list[tuple[float, float, float]] = []
+    marks: list[tuple] = []
     kept: list[float] = []
     for rep in range(warmup + repeat):
         a0, e0 = live(), clock.mark()
@@ -269,10 +276,11 @@ def _measure_recompute(module, inputs, post, device, clock, meter, live, grads, 
         e4 = clock.mark()
         backward_full(fp, grads)
         del fp
-        clock.sync()
         if rep >= warmup:
-            times.append((clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e3, e4)))
+            marks.append((e0, e1, e2, e3, e4))
             kept.append(a1 - a0)
+    clock.sync()  # once, after the last repetition (see the module)
+    times = [(clock.ms(e0, e1), clock.ms(e1, e2), clock.ms(e3, e4)) for e0, e1, e2, e3, e4 in marks]
     fc, r, rf = (Stats.of(list(col)) for col in zip(*times))
     return fc, r, rf, max(statistics.median(kept), 0.0)
 
@@ -282,7 +290,7 @@ def _measure_selective(module, chosen, inputs, post, device, clock, meter, live,
     """Times of the F checkpointed selectively (the ``chosen`` modules) and its RS pass, and what
     that F keeps (bytes, median), over ``warmup`` untimed and ``repeat`` timed repetitions (each
     then B and W)."""
-    times: list[tuple[float, float]] = []
+    marks: list[tuple] = []
     kept: list[float] = []
     for rep in range(warmup + repeat):
         select = Selection(module, chosen, meter, device)
@@ -295,10 +303,11 @@ def _measure_selective(module, chosen, inputs, post, device, clock, meter, live,
         del input_grads
         backward_weight(weight_pass)
         del fp, weight_pass
-        clock.sync()
         if rep >= warmup:
-            times.append((clock.ms(e0, e1), clock.ms(e1, e2)))
+            marks.append((e0, e1, e2))
             kept.append(a1 - a0)
+    clock.sync()  # once, after the last repetition (see the module)
+    times = [(clock.ms(e0, e1), clock.ms(e1, e2)) for e0, e1, e2 in marks]
     fs, rs = (Stats.of(list(col)) for col in zip(*times))
     return fs, rs, max(statistics.median(kept), 0.0)
 
@@ -312,7 +321,8 @@ def disturbances(
     threads beyond the cores (in the measurement, or once ``ranks`` processes run at once),
     a busy machine (load average above the cores), passes, measured links (``links``, per
     boundary, None where there is none) and host times per message (``host``: (which end,
-    boundary, times)) whose spread is above SPREAD_LIMIT; and stages where recomputation is not
+    boundary, times)) whose spread is above SPREAD_LIMIT, but for a negligible pass
+    (``tolerances.negligible``: a first stage's empty B); and stages where recomputation is not
     offered because its checkpointed forward would keep more than a plain one."""
 
     found = []
@@ -336,7 +346,8 @@ def disturbances(
                              f"{what} recomputation is not offered there")
         passes = [("F", r.f), ("B", r.b), ("W", r.w), ("BW", r.bw), ("FF", r.ff), ("FC", r.fc), ("R", r.r), ("RF", r.rf),
                   ("FS", r.fs), ("RS", r.rs)]
-        for name, st in ((n, x) for n, x in passes if x is not None):
+        work = r.f.median + r.b.median + r.w.median
+        for name, st in ((n, x) for n, x in passes if x is not None and not negligible(x.median, work)):
             spread = (st.q3 - st.q1) / 2 / st.median
             if spread > SPREAD_LIMIT:
                 found.append(

@@ -82,7 +82,7 @@ Progress = Callable[[str, int, int], None]  # (what is being measured, done, tot
 def profile_model(
     spec: ModelSpec, settings: Settings, *, placement: list[int] | None = None, name: str | None = None,
     progress: Progress | None = None, replicas: int | None = None, tp: int = 1, sequence_parallel: bool = False,
-    shard: bool = False,
+    shard: bool = False, link: LinkModel | None = None,
 ) -> Profile | None:
     """Measure ``spec``'s stages into a profile, on this device or on one rank per pipeline rank.
 
@@ -112,6 +112,8 @@ def profile_model(
             stage's parameter gather and gradient reduce-scatter are timed as the runtime runs
             them (``zbsearch.profiler.gradients.sharded_samples``), and how much they slow the
             stage's pass beside them (``zbsearch.profiler.slowdown``).
+        link: on one device, the link between ranks (``LinkModel.given``; default: estimated
+            between two local processes); under torchrun the links are measured.
 
     Raises:
         ZbError: bad settings, a stage that cannot take its inputs or be split, or ranks that
@@ -128,24 +130,27 @@ def profile_model(
         raise ZbError("--shard times the stages sharded over --dp N replicas (without --tp: price them with "
                       "--dp-bandwidth)" if replicas is not None else "--shard needs --dp N: the replicas the stages are "
                       "sharded over")
+    if link is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ZbError("under torchrun the links between ranks are measured: --link-bandwidth and --link-latency apply "
+                      "on one device")
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        _local_groups_on_host(settings, replicas, tp)
         if tp > 1:
             from .tensor_parallel import profile_tensor_parallel
 
             prof, layouts, steps = profile_tensor_parallel(spec, settings, tp, placement=placement, name=name,
-                                                           progress=progress, sequence_parallel=sequence_parallel)
+                                                           progress=progress, sequence_parallel=sequence_parallel,
+                                                           link=link)
             work = None  # the tensor-parallel stages' passes need their group: the slowdown is not timed
         else:
-            prof = profile_one_device(spec, settings, placement=placement, name=name, progress=progress)
+            prof = profile_one_device(spec, settings, placement=placement, name=name, progress=progress, link=link)
             device, dtype = resolve_device(settings.device), resolve_dtype(settings.dtype)
             layouts = [gradient_layout(m, dtype) for m in spec.stages] if replicas is not None else []
             steps = [optimizer_step_ms(m, device, dtype) for m in spec.stages] if replicas is not None else []
             work = list(zip(spec.stages, stage_inputs(spec))) if replicas is not None else None
         units = [shard_units(m, resolve_dtype(settings.dtype)) for m in spec.stages] if shard else None
         return prof if replicas is None else _reductions_locally(prof, layouts, steps, settings, replicas, work, units)
-    device = resolve_device(settings.device, _local_rank())
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = resolve_device(settings.device, _local_rank())  # made current before NCCL starts on it
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         if replicas is None and tp == 1:
@@ -153,6 +158,22 @@ def profile_model(
         return _profile_in_mesh(spec, settings, placement, name, progress, replicas, tp, sequence_parallel, device, shard)
     finally:
         dist.destroy_process_group()
+
+
+def _local_groups_on_host(settings: Settings, replicas: int | None, tp: int) -> None:
+    """Refuse, in one line, local processes (``--dp N``, ``--tp N`` without torchrun) on a GPU:
+    they join a gloo group through the host and would share this process's GPU and its tensors,
+    so their collectives would time the host's loopback beside passes on one shared device,
+    nothing of the GPUs' links. Under torchrun each rank has its GPU and NCCL."""
+    if resolve_device(settings.device).type != "cuda":
+        return
+    if replicas is not None and replicas > 1:
+        raise ZbError(f"--dp {replicas} on {settings.device}: local processes would reduce the gradients through the "
+                      f"host (gloo), not the GPUs' links; run under torchrun (pipeline ranks x {replicas} processes, "
+                      f"NCCL), or price the reductions with --dp-bandwidth GB/s")
+    if tp > 1:
+        raise ZbError(f"--tp {tp} on {settings.device}: local processes would share one GPU and all-reduce through the "
+                      f"host (gloo); run under torchrun (pipeline ranks x {tp} processes, NCCL)")
 
 
 def _reductions_locally(prof: Profile, layouts: list[Layout], steps: list[float], settings: Settings,
@@ -329,17 +350,19 @@ def profile_one_device(
             progress("links", done, total)
         # links are estimated once: what a boundary sends is the same in every round
         crosses = _crossings(placement, p)
+        notes: list[str] = []
         if any(crosses):
             if link is None:
                 link = estimate_link(device)
             t_comm = [link.time_ms(m.output_bytes) if c else 0.0 for m, c in zip(rounds[0], crosses)]
             links = link.record()
+            notes = [link.caveat] if link.caveat else []
         else:
             t_comm, links = [0.0] * (p - 1), {"method": "none", "how": "no link between ranks"}
         ranks = p if placement is None else max(placement) + 1
         recorded = settings.record()
         profiles = [_assemble(spec, recorded, device, results, t_comm, links, "one device, stage after stage", name,
-                              placement, ranks, [], units=units) for results in rounds]
+                              placement, ranks, [], units=units, notes=notes) for results in rounds]
         if progress is not None:
             progress("done", total, total)
         return pool_profiles(profiles)
@@ -668,8 +691,9 @@ def _assemble(
     spec: ModelSpec, settings: dict, device: torch.device, results: list[StageMeasurement], t_comm: list[float],
     links: dict, mode: str, name: str | None, placement: list[int] | None, ranks: int, link_stats: list[Stats | None],
     host_ms: dict[str, list[float]] | None = None, host_stats: list[tuple[str, int, Stats]] | None = None,
-    in_step: dict | None = None, units: bool = False, t_action: float | None = None,
+    in_step: dict | None = None, units: bool = False, t_action: float | None = None, notes: list[str] | None = None,
 ) -> Profile:
+    """One round's profile; ``notes``: warnings besides the measurement's disturbances."""
     dtype = next((q.dtype for q in spec.stages[0].parameters() if q.is_floating_point()), torch.get_default_dtype())
     return Profile(
         name=name or f"{spec.name}-{device.type}",
@@ -695,7 +719,8 @@ def _assemble(
             "memory": "CUDA allocator" if device.type == "cuda" else "bytes of tensors saved for backward",
             "boundary_bytes": [r.output_bytes for r in results[:-1]],
             "stages": [r.record() for r in results],
-            "warnings": disturbances(results, device, settings["threads"], ranks, link_stats, host_stats or ()),
+            "warnings": [*(notes or []),
+                         *disturbances(results, device, settings["threads"], ranks, link_stats, host_stats or ())],
             **({"in_step": in_step} if in_step else {}),
         },
     )

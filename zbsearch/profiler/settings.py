@@ -78,7 +78,11 @@ class Settings:
 
 
 def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
-    """The torch device for a name, failing in one line when CUDA is asked for and absent."""
+    """The torch device for a name, failing in one line when CUDA is asked for and absent.
+
+    A CUDA device is also made the process's current one: the passes measured on it run their
+    backward on autograd's threads, which otherwise find no current context (cuBLAS warns and
+    sets one up inside the first timed backward)."""
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -95,6 +99,7 @@ def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
         index = local_rank if local_rank is not None else torch.cuda.current_device()
     if index >= torch.cuda.device_count():
         raise ZbError(f"device cuda:{index} requested but only {torch.cuda.device_count()} GPU(s) are visible")
+    torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
 
