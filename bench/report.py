@@ -147,6 +147,10 @@ def _machine(doc: dict) -> Machine:
     words = [w for w in re.sub(r"[^a-z0-9 ]", "", re.sub(r"\(r\)|\(tm\)", "", (cpu or "").lower())).split()
              if w not in ("amd", "intel", "processor", "cpu")]
     tag = f"{words[0] if words else 'cpu'}{cores or ''}{'c' if cores else ''}"
+    gpu = m.get("gpu") or doc.get("gpu")
+    if isinstance(gpu, str):  # a run on a GPU is named for it: the CPU beside it sets none of its figures
+        parts.insert(0, gpu)
+        tag = re.sub(r"[^a-z0-9]", "", gpu.lower().removeprefix("nvidia").split()[0] if gpu.split() else "gpu") or "gpu"
     load = []
     for key, where in (("load_before", "before the run"), ("load_per_round", "per round, 1-minute"),
                        ("load_after", "after the run")):
@@ -1543,6 +1547,50 @@ class Topic:
     render: Callable[[list[dict]], list[str]]
 
 
+def _kinds(rounds: list[dict], name: str) -> str:
+    """The schedule's kinds over the rounds (the solver may pick another kind from another profile)."""
+    return " / ".join(dict.fromkeys(r["schedules"][name]["kind"] for r in rounds))
+
+
+def gpu(docs: list[dict]) -> list[str]:
+    doc = docs[0]
+    a = doc["model"]
+    rounds = doc["rounds"]
+    out = [f"Built-in GPT on {doc.get('gpu') or 'the CPU'} ({a['dtype']}, torch {doc['torch']}, CUDA {doc.get('cuda')}): "
+           f"{a['layers']} layers, hidden {a['hidden']}, {a['heads']} heads, seq {a['seq']}, microbatch "
+           f"{a['microbatch_size']}, in two stages that one rank holds as a V; m={a['microbatches']}, {a['steps']} steps "
+           f"per schedule, {len(rounds)} rounds (a profile, then each schedule replayed); medians over the rounds.",
+           "", "## The step against its prediction from the profile", ""]
+    body = []
+    for name in rounds[0]["schedules"]:
+        rows = [r["schedules"][name] for r in rounds]
+        pred = statistics.median(r["predicted_ms"] for r in rows)
+        meas = statistics.median(r["measured_ms"] for r in rows)
+        mem = [statistics.median(r[k] for r in rows) if rows[0][k] is not None else None
+               for k in ("predicted_peak_mib", "allocator_peak_mib", "runtime_peak_mib")]
+        body.append([_kinds(rounds, name), f"{pred:.1f}", f"{meas:.1f}", _pct(meas / pred - 1, 1),
+                     *("-" if x is None else f"{x:.0f}" for x in mem)])
+    out += _table(["schedule", "predicted ms", "measured ms", "error", "peak activations predicted MiB",
+                   "allocator's peak above the step's start MiB", "runtime's count MiB"], body)
+    out += ["", "## Each pass in the steps against the profile (ms)", ""]
+    body = []
+    for name in rounds[0]["schedules"]:
+        per_round = [{(p["stage"], p["op"]): p for p in r["schedules"][name]["passes"]} for r in rounds]
+        for key in sorted(set.intersection(*(set(x) for x in per_round))):  # the passes every round's schedule ran
+            prof = statistics.median(x[key]["profiled_ms"] for x in per_round)
+            meas = statistics.median(x[key]["measured_ms"] for x in per_round)
+            body.append([_kinds(rounds, name), str(key[0]), key[1], f"{prof:.3f}", f"{meas:.3f}", _pct(meas / prof - 1, 1)])
+    out += _table(["schedule", "stage", "pass", "profiled", "in the steps", "error"], body)
+    out += ["", "## The profile's pass times per round (ms)", ""]
+    body = []
+    for k, r in enumerate(rounds):
+        for s, st in enumerate(r["profile"]["stages"]):
+            body.append([str(k + 1), str(s), f"{st['t_f']:.3f}", f"{st['t_b']:.3f}", f"{st['t_w']:.3f}",
+                         f"{st['t_b'] / st['t_f']:.2f}", f"{st['t_w'] / st['t_f']:.2f}"])
+    out += _table(["round", "stage", "F", "B", "W", "B / F", "W / F"], body)
+    return [*out, ""]
+
+
 TOPICS = {
     "classic": Topic("Classic schedules against the paper's Tables 5 and 8", ("classic.json",), "python bench/classic.py",
                      "about 15 s", classic),
@@ -1622,6 +1670,11 @@ TOPICS = {
                      lambda d: f"PYTHONPATH=. python bench/moe_run.py -m {d['m']} --iters {d['iters']} --warmup "
                                f"{d['warmup']} --payload-kib {d['payload_kib']} --rounds {d['rounds']}",
                      lambda d: f"{d.get('seconds', 0):.0f} s", moe_run),
+    "gpu": Topic("One CUDA GPU: the profile against the runtime's passes, the step against its prediction", ("gpu.json",),
+                 lambda d: f"python bench/gpu.py --dtype {d['model']['dtype']} --layers {d['model']['layers']} --hidden "
+                           f"{d['model']['hidden']} --seq {d['model']['seq']} -b {d['model']['microbatch_size']} -m "
+                           f"{d['model']['microbatches']} --steps {d['model']['steps']} --rounds {d['model']['rounds']}",
+                 "about 2 minutes on an H200", gpu),
     "startup": Topic("How long the command line takes to start", ("startup.json",),
                      lambda d: f"python bench/startup.py --repeat {d['repeat']}", "under a minute", startup),
 }
