@@ -4,6 +4,7 @@ faked on CPU: the calls torch makes are recorded, no kernel runs)."""
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
@@ -26,6 +27,20 @@ class _FakeCuda:
 
     def set_device(self, device) -> None:
         self.current = torch.device(device).index if isinstance(device, (str, torch.device)) else int(device)
+
+
+def test_torchs_warning_of_a_missing_cuda_context_is_not_shown_once_a_device_is_resolved(monkeypatch):
+    """Autograd's device thread warns at its first cuBLAS call even with the device current
+    (seen on an H200, torch 2.11), then sets the context itself: resolving a device silences
+    exactly that warning, and only it."""
+    _FakeCuda(1, 0).install(monkeypatch)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        resolve_device("cuda")
+        warnings.warn("Attempting to run cuBLAS, but there was no current CUDA context! Attempting to set the "
+                      "primary context...", UserWarning, stacklevel=1)
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["another warning"]
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -100,6 +101,9 @@ def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
     if index >= torch.cuda.device_count():
         raise ZbError(f"device cuda:{index} requested but only {torch.cuda.device_count()} GPU(s) are visible")
     torch.cuda.set_device(index)
+    # autograd's device thread still finds no current context at its first cuBLAS call; torch
+    # then makes the primary context current itself, so its warning says nothing to the user
+    warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
     return torch.device("cuda", index)
 
 
