@@ -20,8 +20,18 @@ is reduced once, after the later of them.
 
 Buckets are flat copies of a stage's gradients (grouped by dtype and device, in reverse order
 of registration, as ``DistributedDataParallel`` groups them); the reduced values are copied back
-into ``.grad``. Every wait is bounded by the runtime's timeout: a replica that died or hangs
+into ``.grad``. Each bucket's flat tensor is allocated once and kept across steps, as
+``DistributedDataParallel`` keeps its buckets: starting a reduction runs on the rank's own
+thread, between two of its passes, and a fresh tensor of a bucket's size costs the host page
+faults each step (on a busy CPU host several times the copy), which would hold up the rank's
+next pass. Every wait is bounded by the runtime's timeout: a replica that died or hangs
 mid-reduction is a one-line ``PipelineError``.
+
+Each reduction is timed from its start to its completion (``last_step``, the trace's lane). A
+bucket on the host (gloo on CPU tensors) completes on the group's thread, which notes the time
+as it completes; elsewhere (NCCL: the future completes when the work is queued, not run) the
+rank notes it when it first sees the work complete, between passes, so such an end reads late
+by up to the pass under way.
 """
 
 from __future__ import annotations
@@ -80,12 +90,29 @@ def in_flight() -> list[int | None]:
 
 @dataclass
 class _Bucket:
-    """Gradients of some parameters of one dtype and device, reduced as one flat tensor."""
+    """Gradients of some parameters of one dtype and device, reduced as one flat tensor;
+    ``completed``: perf_counter when its work completed, noted by the group's thread (host
+    buckets only, ``_note_completion``)."""
 
     params: list[nn.Parameter]
     numel: int
     flat: torch.Tensor | None = None
     work: object | None = None
+    completed: float | None = None
+
+
+def _note_completion(bucket: _Bucket) -> None:
+    """Have ``bucket``'s work note when it completes, where its completion is the collective's
+    (a host tensor: gloo completes the work on its thread once the sum is in; a device
+    tensor's future completes when the work is queued, so those are polled instead)."""
+    flat = bucket.flat
+    if flat is None or flat.device.type != "cpu" or not hasattr(bucket.work, "get_future"):
+        return
+
+    def done(_future, bucket=bucket):
+        bucket.completed = time.perf_counter()
+
+    bucket.work.get_future().then(done)
 
 
 @dataclass
@@ -95,8 +122,13 @@ class _Pending:
     stage: int
     buckets: list[_Bucket]
     started: float = 0.0  # perf_counter when it was launched
-    done: float | None = None  # perf_counter when it was seen complete (polled between passes)
+    done: float | None = None  # perf_counter when it completed (``GradientReducer.poll``)
     works: list = field(default_factory=list)
+
+    def completed(self) -> float | None:
+        """When the last of its buckets completed, where every bucket noted it, else None."""
+        times = [b.completed for b in self.buckets]
+        return None if not times or any(t is None for t in times) else max(t for t in times if t is not None)
 
 
 def refuse_wrapped(stage: int, module: nn.Module) -> None:
@@ -223,6 +255,7 @@ class GradientReducer:
             mine = [p for p in stages[s].parameters() if owner.get(id(p)) == s]
             mine = list({id(p): p for p in mine}.values())[::-1]  # once each; the last registered first
             self._buckets[s] = _bucket(mine, bucket_bytes)
+        self._flats: dict[int, list[torch.Tensor | None]] = {s: [None] * len(b) for s, b in self._buckets.items()}
         self._pending: list[_Pending] = []
         self.last_step: list[tuple[int, float, float]] = []  # (stage, started, completed) in perf_counter seconds
 
@@ -245,21 +278,25 @@ class GradientReducer:
     def start(self, stage: int) -> None:
         """Launch the reduction of ``stage``'s gradients (asynchronous)."""
         pending = _Pending(stage, [], started=time.perf_counter())
-        for params in self._buckets[stage]:
-            flat = _flatten(params)
+        kept = self._flats[stage]
+        for k, params in enumerate(self._buckets[stage]):
+            flat = kept[k] = _flatten(params, kept[k])
             what = f"rank {dist.get_rank()}: the data-parallel reduction of stage {stage}"
             work = post(functools.partial(dist.all_reduce, flat, group=self.group, async_op=True), what)
-            pending.buckets.append(_Bucket(params, flat.numel() - len(params), flat, work))
+            bucket = _Bucket(params, flat.numel() - len(params), flat, work)
+            _note_completion(bucket)
+            pending.buckets.append(bucket)
         self._pending.append(pending)
         buckets = pending.buckets
         note_in_flight(stage, lambda: all(b.work is None or b.work.is_completed() for b in buckets))  # type: ignore[attr-defined]
 
     def poll(self) -> None:
-        """Note the time of reductions seen complete (between passes: no wait)."""
+        """Note the time of reductions complete (between passes: no wait): when their buckets
+        completed where they noted it, else now (module docstring)."""
         now = None
         for p in self._pending:
             if p.done is None and all(b.work.is_completed() for b in p.buckets):  # type: ignore[attr-defined]
-                p.done = now = now or time.perf_counter()
+                p.done = p.completed() or (now := now or time.perf_counter())
 
     @torch.no_grad()
     def finish(self) -> list[int]:
@@ -274,9 +311,9 @@ class GradientReducer:
                     wait(b.work, self.timeout, what)
                     assert b.flat is not None  # set by start
                     _unflatten(b.params, b.flat, b.numel)
-                    b.flat = b.work = None
+                    b.flat = b.work = None  # the flat tensor stays the reducer's, for the next step
                 if p.done is None:
-                    p.done = time.perf_counter()
+                    p.done = p.completed() or time.perf_counter()
                 self.last_step.append((p.stage, p.started, p.done))
                 done.append(p.stage)
         finally:
@@ -318,14 +355,16 @@ def _bucket(params: list[nn.Parameter], cap: int) -> list[list[nn.Parameter]]:
     return buckets
 
 
-def _flatten(params: list[nn.Parameter]) -> torch.Tensor:
+def _flatten(params: list[nn.Parameter], into: torch.Tensor | None = None) -> torch.Tensor:
     """The gradients of ``params`` (zeros for a missing one) as one flat tensor, followed by one
-    presence flag per parameter (1 where this rank has a gradient)."""
+    presence flag per parameter (1 where this rank has a gradient): written into ``into`` where
+    it has the size, dtype and device (the bucket's tensor of an earlier step), else a new one."""
     for p in params:
         lay_out_as_parameter(p)
     p0 = params[0]
     numel = sum(_shard(p).numel() for p in params)
-    flat = torch.empty(numel + len(params), dtype=p0.dtype, device=p0.device)
+    fits = into is not None and into.numel() == numel + len(params) and into.dtype == p0.dtype and into.device == p0.device
+    flat = into if fits and into is not None else torch.empty(numel + len(params), dtype=p0.dtype, device=p0.device)
     at = 0
     for i, p in enumerate(params):
         n = _shard(p).numel()

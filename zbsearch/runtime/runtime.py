@@ -421,7 +421,8 @@ class PipelineRuntime:
     @property
     def reductions(self) -> list[tuple[int, float, float]]:
         """The last step's data-parallel reductions on this rank: (stage, start, end), in seconds
-        of ``time.perf_counter`` (end: when it was first seen complete, between passes)."""
+        of ``time.perf_counter`` (end: when it completed, ``GradientReducer``: on the host as gloo
+        completes it, on a device when the rank first saw it complete, between passes)."""
         return [] if self._dp is None else list(self._dp.last_step)
 
     @property
