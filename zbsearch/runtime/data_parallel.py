@@ -21,11 +21,16 @@ is reduced once, after the later of them.
 Buckets are flat copies of a stage's gradients (grouped by dtype and device, in reverse order
 of registration, as ``DistributedDataParallel`` groups them); the reduced values are copied back
 into ``.grad``. Each bucket's flat tensor is allocated once and kept across steps, as
-``DistributedDataParallel`` keeps its buckets: starting a reduction runs on the rank's own
-thread, between two of its passes, and a fresh tensor of a bucket's size costs the host page
-faults each step (on a busy CPU host several times the copy), which would hold up the rank's
-next pass. Every wait is bounded by the runtime's timeout: a replica that died or hangs
-mid-reduction is a one-line ``PipelineError``.
+``DistributedDataParallel`` keeps its buckets (a fresh one costs the host page faults each
+step). Copying a host stage's gradients into its buckets takes the host a while (12 MiB: a
+millisecond on an idle core, several on a busy one), so ``start`` hands the copies and the
+launches of host buckets (CPU tensors, no DTensor) to one thread of the reducer, in the order
+the stages finish (every replica launches its collectives in the same order), and the rank
+goes on with its next pass at once, as the simulator has it (``zbsearch.reductions``: a
+reduction is ready at its stage's last W, and its time is from there). Device buckets are
+copied and launched on the rank's thread: their copies are queued on the device, whose order
+with the passes is the stream's. Every wait is bounded by the runtime's timeout: a replica
+that died or hangs mid-reduction is a one-line ``PipelineError``.
 
 Each reduction is timed from its start to its completion (``last_step``, the trace's lane). A
 bucket on the host (gloo on CPU tensors) completes on the group's thread, which notes the time
@@ -39,6 +44,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -124,6 +130,13 @@ class _Pending:
     started: float = 0.0  # perf_counter when it was launched
     done: float | None = None  # perf_counter when it completed (``GradientReducer.poll``)
     works: list = field(default_factory=list)
+    posting: Future | None = None  # the reducer's thread copying and launching its buckets, if it does
+
+    def is_done(self) -> bool:
+        """Whether every bucket has been launched and has completed (no wait)."""
+        if self.posting is not None and not self.posting.done():
+            return False
+        return all(b.work is None or b.work.is_completed() for b in self.buckets)  # type: ignore[attr-defined]
 
     def completed(self) -> float | None:
         """When the last of its buckets completed, where every bucket noted it, else None."""
@@ -256,6 +269,7 @@ class GradientReducer:
             mine = list({id(p): p for p in mine}.values())[::-1]  # once each; the last registered first
             self._buckets[s] = _bucket(mine, bucket_bytes)
         self._flats: dict[int, list[torch.Tensor | None]] = {s: [None] * len(b) for s, b in self._buckets.items()}
+        self._poster: ThreadPoolExecutor | None = None  # copies and launches host buckets (module docstring)
         self._pending: list[_Pending] = []
         self.last_step: list[tuple[int, float, float]] = []  # (stage, started, completed) in perf_counter seconds
 
@@ -274,11 +288,24 @@ class GradientReducer:
         return [torch.zeros(sum(_shard(p).numel() for p in ps) + len(ps), dtype=ps[0].dtype, device=ps[0].device)
                 for ps in self._buckets[stage]]
 
-    @torch.no_grad()
     def start(self, stage: int) -> None:
-        """Launch the reduction of ``stage``'s gradients (asynchronous)."""
+        """Launch the reduction of ``stage``'s gradients (asynchronous; host buckets copied and
+        launched by the reducer's thread, module docstring)."""
         pending = _Pending(stage, [], started=time.perf_counter())
-        kept = self._flats[stage]
+        host = all(p.device.type == "cpu" and not isinstance(p, DTensor) for ps in self._buckets[stage] for p in ps)
+        if host:
+            if self._poster is None:
+                self._poster = ThreadPoolExecutor(1, thread_name_prefix=f"zbsearch-reduce-r{dist.get_rank()}")
+            pending.posting = self._poster.submit(self._launch, pending)
+        else:
+            self._launch(pending)
+        self._pending.append(pending)
+        note_in_flight(stage, pending.is_done)
+
+    @torch.no_grad()
+    def _launch(self, pending: _Pending) -> None:
+        """Copy ``pending``'s stage's gradients into its buckets and launch their all-reduces."""
+        stage, kept = pending.stage, self._flats[pending.stage]
         for k, params in enumerate(self._buckets[stage]):
             flat = kept[k] = _flatten(params, kept[k])
             what = f"rank {dist.get_rank()}: the data-parallel reduction of stage {stage}"
@@ -286,17 +313,20 @@ class GradientReducer:
             bucket = _Bucket(params, flat.numel() - len(params), flat, work)
             _note_completion(bucket)
             pending.buckets.append(bucket)
-        self._pending.append(pending)
-        buckets = pending.buckets
-        note_in_flight(stage, lambda: all(b.work is None or b.work.is_completed() for b in buckets))  # type: ignore[attr-defined]
 
     def poll(self) -> None:
         """Note the time of reductions complete (between passes: no wait): when their buckets
         completed where they noted it, else now (module docstring)."""
         now = None
         for p in self._pending:
-            if p.done is None and all(b.work.is_completed() for b in p.buckets):  # type: ignore[attr-defined]
+            if p.done is None and p.is_done():
                 p.done = p.completed() or (now := now or time.perf_counter())
+
+    def close(self) -> None:
+        """Stop the reducer's thread, if it has one (after ``finish``)."""
+        if self._poster is not None:
+            self._poster.shutdown(wait=True)
+            self._poster = None
 
     @torch.no_grad()
     def finish(self) -> list[int]:
@@ -306,6 +336,8 @@ class GradientReducer:
         self.last_step = []
         try:
             for p in self._pending:
+                if p.posting is not None:
+                    p.posting.result()  # launching never blocks: its error (a peer gone), raised here
                 for b in p.buckets:
                     what = f"rank {dist.get_rank()}: the data-parallel reduction of stage {p.stage} ({self.size} replicas)"
                     wait(b.work, self.timeout, what)
@@ -422,3 +454,8 @@ class Reductions:
         """Wait for them all; the stages in the order the first reducer started them."""
         done = [r.finish() for r in self.reducers]
         return done[0]
+
+    def close(self) -> None:
+        """Stop the reducers' threads."""
+        for r in self.reducers:
+            r.close()

@@ -293,6 +293,8 @@ class PipelineRuntime:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
+        if isinstance(self._dp, (GradientReducer, Reductions)):
+            self._dp.close()
         self._comm.close()
 
     def __enter__(self) -> PipelineRuntime:
