@@ -127,7 +127,7 @@ class _Pending:
 
     stage: int
     buckets: list[_Bucket]
-    started: float = 0.0  # perf_counter when it was launched
+    started: float = 0.0  # perf_counter when start() was called (its stage's last W had just ended)
     done: float | None = None  # perf_counter when it completed (``GradientReducer.poll``)
     works: list = field(default_factory=list)
     posting: Future | None = None  # the reducer's thread copying and launching its buckets, if it does
