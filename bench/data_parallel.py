@@ -44,7 +44,10 @@ Predictions, from the profile, of the iteration barrier to barrier:
               simulated timeline: this takes out the runtime's own time per pass (messages,
               waking from sleep), which the emulated profile does not hold
 and, from the runtime's trace of the last overlapped step, each reduction's time in the step
-against the profile's (``zbsearch.reduction_times``, what ``simulate --measured`` compares).
+against the profile's (``zbsearch.reduction_times``, what ``simulate --measured`` compares; its
+end as gloo completed it); and, from every rank's reductions in every overlapped round, how far
+apart the replicas reach each one (``replica_drift``: the simulator has them in step, while a
+collective completes only once the later replica has joined it).
 Target: measured iteration within 5% of the prediction for every schedule.
 
 Saves bench/results/data_parallel.json.
@@ -272,20 +275,42 @@ def worker(rank, world, send, cfg: dict) -> dict | None:
     # 3. the replays
     got = mesh_replay(mesh, scheds, lambda s: mine(s.stage_to_rank), batch, cfg["iters"], warmup=cfg["warmup"])
     after_runs: list = [None] * world
-    dist.all_gather_object(after_runs, {k: v["reduction_stage_ms"] for k, v in got.items()})
+    dist.all_gather_object(after_runs, ({k: v["reduction_stage_ms"] for k, v in got.items()},
+                                        (replica, me, {k: v["overlapped_reductions_ms"] for k, v in got.items()})))
     if rank != 0:
         return None
     out = {}
     for sched in scheds:
         later: dict[int, float] = {}
-        for part in after_runs:
+        for part, _ in after_runs:
             for s, v in part[sched.kind].items():
                 later[int(s)] = max(later.get(int(s), 0.0), v)
         g = got[sched.kind]
         out[sched.kind] = {"schedule": sched.model_dump_json(), "reduction_alone_after_ms": later,
                            "overlapped_ms": g["overlapped_runs_ms"], "after_ms": g["after_runs_ms"],
-                           "none_ms": g["none_runs_ms"], "trace": g["trace"]}
+                           "none_ms": g["none_runs_ms"], "trace": g["trace"],
+                           "replica_lanes": {f"{rep} {r}": lanes[sched.kind] for _, (rep, r, lanes) in after_runs}}
     return out
+
+
+def replica_drift(lanes: dict[str, list]) -> dict:
+    """How far apart the replicas reach each reduction, from every rank's overlapped rounds
+    (``lanes``: "replica rank" -> per round, its (stage, start, end) in ms from the round's
+    barrier): per round, pipeline rank and stage, the spread of the replicas' starts (median,
+    largest), and the part of the reductions' time (start to end, summed over the replicas)
+    that a replica spent waiting for the later one to start (a collective completes only once
+    every replica has joined it)."""
+    by: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
+    for key, rounds in lanes.items():
+        r = int(key.split()[1])
+        for i, runs in enumerate(rounds):
+            for s, start, end in runs:
+                by.setdefault((i, r, int(s)), []).append((start, end))
+    spread = [max(a for a, _ in xs) - min(a for a, _ in xs) for xs in by.values()]
+    waited = sum(max(a for a, _ in xs) - a for xs in by.values() for a, _ in xs)
+    took = sum(b - a for xs in by.values() for a, b in xs)
+    return {"replica_skew_ms": statistics.median(spread) if spread else 0.0, "replica_skew_max_ms": max(spread, default=0.0),
+            "later_replica_wait_share": waited / took if took > 0 else 0.0}
 
 
 def run(pp: int, args) -> dict:
@@ -298,7 +323,7 @@ def run(pp: int, args) -> dict:
     rows = {}
     print(f"PP{pp} x DP{args.dp}, m={args.m}, {args.grad_mb:g} MiB of gradients per rank, passes {args.times} ms")
     print(f"{'schedule':15} {'reduce':>6} {'given':>7} {'sim pass':>8} {'passes':>7} {'sim over':>8} {'on pass':>8} "
-          f"{'overlap':>8} {'err sim':>7} {'err pass':>8} {'after':>7} {'err':>6}")
+          f"{'overlap':>8} {'err sim':>7} {'err pass':>8} {'after':>7} {'err':>6} {'skew':>5} {'waited':>6}")
     for kind, doc in res.items():
         sched = zb.Schedule.model_validate_json(doc["schedule"])
         cost = zb.CostModel.from_profile(sched.profile, sched.stage_to_rank)
@@ -344,12 +369,14 @@ def run(pp: int, args) -> dict:
                          "measured_delay_ms": x.measured_delay_ms, "predicted_delay_ms": x.predicted_delay_ms}
                         for x in in_step],
             "in_step_vs_profiled": statistics.fmean(x.measured_ms / x.predicted_ms for x in in_step) - 1,
+            **replica_drift(doc["replica_lanes"]),
         }
         rows[kind] = row
         print(f"{kind:15} {per_rank:6.1f} {pred_given['overlapped_ms']:7.1f} {pred['passes_ms']:8.1f} {none:7.1f} "
               f"{pred['overlapped_ms']:8.1f} "
               f"{on_passes_over:8.1f} {over:8.1f} {row['overlapped_vs_simulated']:+7.1%} "
-              f"{row['overlapped_vs_on_passes']:+8.1%} {after:7.1f} {row['after_vs_on_passes']:+6.1%}", flush=True)
+              f"{row['overlapped_vs_on_passes']:+8.1%} {after:7.1f} {row['after_vs_on_passes']:+6.1%} "
+              f"{row['replica_skew_ms']:5.1f} {row['later_replica_wait_share']:6.1%}", flush=True)
     return {"pp": pp, "world": pp * args.dp, "schedules": rows, "load_average_before": load,
             "load_average_after": os.getloadavg(), "wall_s": time.perf_counter() - t0}
 
@@ -375,7 +402,7 @@ def main() -> None:
     save({"pp": args.pp, "dp": args.dp, "m": args.m, "grad_mb": args.grad_mb, "times_ms": args.times,
           "iters": args.iters, "warmup": args.warmup, "profile_reps": args.profile_reps, "solve_s": SOLVE_S,
           "pass_reps": args.pass_reps,
-          "slowdown": args.slowdown,
+          "slowdown": args.slowdown, "reduction_end": "completed",
           "runs": runs, "wall_s": time.perf_counter() - t0}, args.output)
 
 

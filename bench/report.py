@@ -1156,8 +1156,10 @@ def data_parallel(docs: list[dict]) -> list[str]:
            "- *reductions in step vs simulated*: in the last overlapped step (the runtime's trace of replica 0), how much "
            "longer each reduction took than the simulator predicts, from its stage's last W or BW to its end (the runtime "
            "issues it at once and the group runs it after the rank's earlier ones, where the simulator's lane starts it: "
-           "that wait counts on both sides), mean over the ranks' stages. The runtime notes a reduction's end between "
-           "actions: one that ends during a pass reads as ending with it.", ""]
+           "that wait counts on both sides), mean over the ranks' stages. "
+           + ("The runtime notes a reduction's end as gloo completes it." if doc.get("reduction_end") == "completed" else
+              "The runtime notes a reduction's end between actions: one that ends during a pass reads as ending with it."),
+           ""]
     slowed = "slowdown" in doc
     shared = _shared(doc)
     if slowed:
@@ -1232,8 +1234,23 @@ def data_parallel(docs: list[dict]) -> list[str]:
                f"5%; largest {max(given):.1%}."] if given else
               [f"- Against the simulator alone: {worst_sim:.1%}; the passes alone ran {min(runtime):+.0%} to "
                f"{max(runtime):+.0%} against their simulation (the runtime's own time per pass, which the emulated "
-               "profile does not hold)."]), ""]
+               "profile does not hold)."]),
+            *_replica_drift(doc), ""]
     return out
+
+
+def _replica_drift(doc: dict) -> list[str]:
+    """The summary's line on how far apart the replicas reach each reduction (results that
+    hold it): the simulator has them in step."""
+    rows = [(run["pp"], kind, r) for run in doc["runs"] for kind, r in run["schedules"].items() if "replica_skew_ms" in r]
+    if not rows:
+        return []
+    worst = max(rows, key=lambda x: x[2]["later_replica_wait_share"])
+    return [f"- Replicas out of step (every rank's reductions, every overlapped round): the replicas reach a reduction a "
+            f"median {min(r['replica_skew_ms'] for _, _, r in rows):.1f} to {max(r['replica_skew_ms'] for _, _, r in rows):.1f} "
+            f"ms apart (largest {max(r['replica_skew_max_ms'] for _, _, r in rows):.0f} ms); waiting for the later replica is "
+            f"{min(r['later_replica_wait_share'] for _, _, r in rows):.0%} to {worst[2]['later_replica_wait_share']:.0%} of "
+            f"the reductions' time (most: {_kind(worst[1])} at PP{worst[0]})."]
 
 
 def compiled(docs: list[dict]) -> list[str]:

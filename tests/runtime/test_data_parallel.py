@@ -376,3 +376,71 @@ def test_mesh_sizes_are_checked_before_any_group():
         MeshSizes(pp=2, tp=0)
     assert MeshSizes(pp=2, dp_replicate=4).describe() == "pp 2 x dp_replicate 4"
     assert MeshSizes(pp=2, dp_replicate=4, tp=2).world == 16
+
+
+def _grads(step: int, rank: int, shapes: list[tuple[int, ...]]) -> list[torch.Tensor | None]:
+    """One rank's random gradients at one step, some missing: what both ranks regenerate."""
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    out: list[torch.Tensor | None] = []
+    for shape in shapes:
+        keep = bool(torch.rand((), generator=gen) < 0.7)
+        out.append(torch.randn(shape, generator=gen) if keep else None)
+    return out
+
+
+def _reducer_steps(rank: int, world: int, send, steps: int) -> None:
+    """A ``GradientReducer`` over several steps of random gradients (some missing, several
+    buckets per stage) on a 2-process gloo group: each step's sums are the replicas' (from
+    their seeds), its buckets' tensors kept from step to step, and a reduction's end the time
+    it completed, even with the rank busy and not looking."""
+    import torch.distributed as dist
+
+    from zbsearch.runtime.data_parallel import GradientReducer
+
+    stages = {0: nn.Sequential(nn.Linear(5, 7), nn.Linear(7, 3)), 1: nn.Sequential(nn.Linear(3, 4, bias=False))}
+    params = [p for s in (0, 1) for p in stages[s].parameters()]
+    shapes = [tuple(p.shape) for p in params]
+    group = dist.group.WORLD
+    assert group is not None
+    reducer = GradientReducer(stages, [0, 1], group, timeout=60, bucket_bytes=64)
+    assert len(reducer._buckets[0]) >= 2  # several buckets in a stage
+    kept = None
+    for step in range(steps):
+        for p, g in zip(params, _grads(step, rank, shapes)):
+            p.grad = None if g is None else g.clone()
+        reducer.start(1)
+        reducer.start(0)
+        assert reducer.finish() == [1, 0]
+        both = [_grads(step, r, shapes) for r in range(world)]
+        for i, p in enumerate(params):
+            given = [g[i] for g in both if g[i] is not None]
+            if not given:
+                assert p.grad is None, (step, i)
+            else:
+                assert p.grad is not None, (step, i)
+                torch.testing.assert_close(p.grad, sum(given[1:], given[0].clone()), rtol=1e-6, atol=1e-6)
+        ptrs = [t.data_ptr() for s in (0, 1) for t in reducer._flats[s] if t is not None]
+        assert kept is None or ptrs == kept, "the buckets' tensors are kept from step to step"
+        kept = ptrs
+    # rank 1 starts late; rank 0 starts at once, then is busy (no poll) well past the completion
+    late, busy = 0.15, 0.6
+    if rank == 1:
+        time.sleep(late)
+    issued = time.perf_counter()
+    reducer.start(0)
+    if rank == 0:
+        time.sleep(busy)
+    called = time.perf_counter()
+    reducer.finish()
+    starts: list = [None] * world
+    dist.all_gather_object(starts, issued)
+    (stage, began, ended), = reducer.last_step
+    assert stage == 0 and began <= ended
+    assert ended >= max(starts), "a collective completes once the later replica has joined it"
+    if rank == 0:  # the host's clock is one for both processes; noted at completion, not at finish
+        assert ended < called - busy / 2, (ended - issued, called - issued)
+
+
+@pytest.mark.slow  # two processes: spawning them takes most of its 7-10 s
+def test_reducer_keeps_its_buckets_and_times_each_reduction_to_its_completion():
+    run_local(_reducer_steps, 2, 3, timeout=120)

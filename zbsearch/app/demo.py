@@ -263,7 +263,10 @@ def mesh_replay(mesh, schedules: list[Schedule], stages_for, batch, steps: int, 
     ``stages_for(schedule)``: this rank's stages; ``batch(schedule)``: this replica's inputs,
     targets and loss function. Returns per schedule kind the medians in ms, the largest time
     any rank's reductions take alone, and (on the mesh's rank 0) the overlapped runtime's last
-    trace as JSON; ``reduction_stage_ms``: this rank's stages' reductions alone.
+    trace as JSON; ``reduction_stage_ms``: this rank's stages' reductions alone;
+    ``overlapped_reductions_ms``: per measured overlapped round, this rank's reductions (stage,
+    start, end) in ms from its leaving the round's barrier (the replicas' compared, a
+    collective's wait for the later replica shows).
     """
     import time
 
@@ -295,6 +298,7 @@ def mesh_replay(mesh, schedules: list[Schedule], stages_for, batch, steps: int, 
         runners[sched.kind] = (modes, reducer, order)
         runtimes[sched.kind] = over
     walls: dict[str, dict[str, list[float]]] = {k: {mode: [] for mode in runners[k][0]} for k in runners}
+    lanes: dict[str, list[list[tuple[int, float, float]]]] = {k: [] for k in runners}
     for i in range(warmup + steps):
         for k, (modes, _, _) in runners.items():
             if progress is not None:
@@ -306,6 +310,8 @@ def mesh_replay(mesh, schedules: list[Schedule], stages_for, batch, steps: int, 
                 dist.barrier()
                 if i >= warmup:
                     walls[k][mode].append((time.perf_counter() - t0) * 1e3)
+                    if mode == "overlapped":
+                        lanes[k].append([(s, (b - t0) * 1e3, (e - t0) * 1e3) for s, b, e in runtimes[k].reductions])
     out = {}
     for k, (_, reducer, order) in runners.items():
         took: dict[int, list[float]] = {st: [] for st in order}
@@ -324,7 +330,7 @@ def mesh_replay(mesh, schedules: list[Schedule], stages_for, batch, steps: int, 
                   "none_ms": statistics.median(walls[k]["none"]),
                   "overlapped_runs_ms": walls[k]["overlapped"], "after_runs_ms": walls[k]["after"],
                   "none_runs_ms": walls[k]["none"],
-                  "reduction_ms": float(worst.item()), "reduction_stage_ms": per_stage,
+                  "reduction_ms": float(worst.item()), "reduction_stage_ms": per_stage, "overlapped_reductions_ms": lanes[k],
                   "trace": trace.model_dump_json() if trace is not None else None}
     return out
 

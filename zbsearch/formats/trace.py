@@ -66,7 +66,8 @@ class TraceInfo(BaseModel):
     num_ranks: int = Field(ge=1)
     reductions: list[list[tuple[int, float, float]]] | None = Field(
         None, description="per rank, its data-parallel gradient reductions: (stage, start, end) in microseconds from "
-        "the step's first action, end when the rank first saw it complete (between passes); absent without replicas")
+        "the step's first action, end when it completed (host tensors: as the group completed it; device tensors: "
+        "when the rank first saw it complete, between passes); absent without replicas")
     gathers: list[list[tuple[int, float, float, float]]] | None = Field(
         None, description="per rank, the parameter gathers of its sharded stages: (stage, start, end, bytes), times in "
         "microseconds from the step's first action (a gather issued at the step's start before it starts below 0), "

@@ -20,8 +20,23 @@ is reduced once, after the later of them.
 
 Buckets are flat copies of a stage's gradients (grouped by dtype and device, in reverse order
 of registration, as ``DistributedDataParallel`` groups them); the reduced values are copied back
-into ``.grad``. Every wait is bounded by the runtime's timeout: a replica that died or hangs
-mid-reduction is a one-line ``PipelineError``.
+into ``.grad``. Each bucket's flat tensor is allocated once and kept across steps, as
+``DistributedDataParallel`` keeps its buckets (a fresh one costs the host page faults each
+step). Copying a host stage's gradients into its buckets takes the host a while (12 MiB: a
+millisecond on an idle core, several on a busy one), so ``start`` hands the copies and the
+launches of host buckets (CPU tensors, no DTensor) to one thread of the reducer, in the order
+the stages finish (every replica launches its collectives in the same order), and the rank
+goes on with its next pass at once, as the simulator has it (``zbsearch.reductions``: a
+reduction is ready at its stage's last W, and its time is from there). Device buckets are
+copied and launched on the rank's thread: their copies are queued on the device, whose order
+with the passes is the stream's. Every wait is bounded by the runtime's timeout: a replica
+that died or hangs mid-reduction is a one-line ``PipelineError``.
+
+Each reduction is timed from its start to its completion (``last_step``, the trace's lane). A
+bucket on the host (gloo on CPU tensors) completes on the group's thread, which notes the time
+as it completes; elsewhere (NCCL: the future completes when the work is queued, not run) the
+rank notes it when it first sees the work complete, between passes, so such an end reads late
+by up to the pass under way.
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -80,12 +96,29 @@ def in_flight() -> list[int | None]:
 
 @dataclass
 class _Bucket:
-    """Gradients of some parameters of one dtype and device, reduced as one flat tensor."""
+    """Gradients of some parameters of one dtype and device, reduced as one flat tensor;
+    ``completed``: perf_counter when its work completed, noted by the group's thread (host
+    buckets only, ``_note_completion``)."""
 
     params: list[nn.Parameter]
     numel: int
     flat: torch.Tensor | None = None
     work: object | None = None
+    completed: float | None = None
+
+
+def _note_completion(bucket: _Bucket) -> None:
+    """Have ``bucket``'s work note when it completes, where its completion is the collective's
+    (a host tensor: gloo completes the work on its thread once the sum is in; a device
+    tensor's future completes when the work is queued, so those are polled instead)."""
+    flat = bucket.flat
+    if flat is None or flat.device.type != "cpu" or not hasattr(bucket.work, "get_future"):
+        return
+
+    def done(_future, bucket=bucket):
+        bucket.completed = time.perf_counter()
+
+    bucket.work.get_future().then(done)
 
 
 @dataclass
@@ -94,9 +127,21 @@ class _Pending:
 
     stage: int
     buckets: list[_Bucket]
-    started: float = 0.0  # perf_counter when it was launched
-    done: float | None = None  # perf_counter when it was seen complete (polled between passes)
+    started: float = 0.0  # perf_counter when start() was called (its stage's last W had just ended)
+    done: float | None = None  # perf_counter when it completed (``GradientReducer.poll``)
     works: list = field(default_factory=list)
+    posting: Future | None = None  # the reducer's thread copying and launching its buckets, if it does
+
+    def is_done(self) -> bool:
+        """Whether every bucket has been launched and has completed (no wait)."""
+        if self.posting is not None and not self.posting.done():
+            return False
+        return all(b.work is None or b.work.is_completed() for b in self.buckets)  # type: ignore[attr-defined]
+
+    def completed(self) -> float | None:
+        """When the last of its buckets completed, where every bucket noted it, else None."""
+        times = [b.completed for b in self.buckets]
+        return None if not times or any(t is None for t in times) else max(t for t in times if t is not None)
 
 
 def refuse_wrapped(stage: int, module: nn.Module) -> None:
@@ -223,6 +268,8 @@ class GradientReducer:
             mine = [p for p in stages[s].parameters() if owner.get(id(p)) == s]
             mine = list({id(p): p for p in mine}.values())[::-1]  # once each; the last registered first
             self._buckets[s] = _bucket(mine, bucket_bytes)
+        self._flats: dict[int, list[torch.Tensor | None]] = {s: [None] * len(b) for s, b in self._buckets.items()}
+        self._poster: ThreadPoolExecutor | None = None  # copies and launches host buckets (module docstring)
         self._pending: list[_Pending] = []
         self.last_step: list[tuple[int, float, float]] = []  # (stage, started, completed) in perf_counter seconds
 
@@ -241,25 +288,45 @@ class GradientReducer:
         return [torch.zeros(sum(_shard(p).numel() for p in ps) + len(ps), dtype=ps[0].dtype, device=ps[0].device)
                 for ps in self._buckets[stage]]
 
-    @torch.no_grad()
     def start(self, stage: int) -> None:
-        """Launch the reduction of ``stage``'s gradients (asynchronous)."""
+        """Launch the reduction of ``stage``'s gradients (asynchronous; host buckets copied and
+        launched by the reducer's thread, module docstring)."""
         pending = _Pending(stage, [], started=time.perf_counter())
-        for params in self._buckets[stage]:
-            flat = _flatten(params)
+        host = all(p.device.type == "cpu" and not isinstance(p, DTensor) for ps in self._buckets[stage] for p in ps)
+        if host:
+            if self._poster is None:
+                self._poster = ThreadPoolExecutor(1, thread_name_prefix=f"zbsearch-reduce-r{dist.get_rank()}")
+            pending.posting = self._poster.submit(self._launch, pending)
+        else:
+            self._launch(pending)
+        self._pending.append(pending)
+        note_in_flight(stage, pending.is_done)
+
+    @torch.no_grad()
+    def _launch(self, pending: _Pending) -> None:
+        """Copy ``pending``'s stage's gradients into its buckets and launch their all-reduces."""
+        stage, kept = pending.stage, self._flats[pending.stage]
+        for k, params in enumerate(self._buckets[stage]):
+            flat = kept[k] = _flatten(params, kept[k])
             what = f"rank {dist.get_rank()}: the data-parallel reduction of stage {stage}"
             work = post(functools.partial(dist.all_reduce, flat, group=self.group, async_op=True), what)
-            pending.buckets.append(_Bucket(params, flat.numel() - len(params), flat, work))
-        self._pending.append(pending)
-        buckets = pending.buckets
-        note_in_flight(stage, lambda: all(b.work is None or b.work.is_completed() for b in buckets))  # type: ignore[attr-defined]
+            bucket = _Bucket(params, flat.numel() - len(params), flat, work)
+            _note_completion(bucket)
+            pending.buckets.append(bucket)
 
     def poll(self) -> None:
-        """Note the time of reductions seen complete (between passes: no wait)."""
+        """Note the time of reductions complete (between passes: no wait): when their buckets
+        completed where they noted it, else now (module docstring)."""
         now = None
         for p in self._pending:
-            if p.done is None and all(b.work.is_completed() for b in p.buckets):  # type: ignore[attr-defined]
-                p.done = now = now or time.perf_counter()
+            if p.done is None and p.is_done():
+                p.done = p.completed() or (now := now or time.perf_counter())
+
+    def close(self) -> None:
+        """Stop the reducer's thread, if it has one (after ``finish``)."""
+        if self._poster is not None:
+            self._poster.shutdown(wait=True)
+            self._poster = None
 
     @torch.no_grad()
     def finish(self) -> list[int]:
@@ -269,14 +336,16 @@ class GradientReducer:
         self.last_step = []
         try:
             for p in self._pending:
+                if p.posting is not None:
+                    p.posting.result()  # launching never blocks: its error (a peer gone), raised here
                 for b in p.buckets:
                     what = f"rank {dist.get_rank()}: the data-parallel reduction of stage {p.stage} ({self.size} replicas)"
                     wait(b.work, self.timeout, what)
                     assert b.flat is not None  # set by start
                     _unflatten(b.params, b.flat, b.numel)
-                    b.flat = b.work = None
+                    b.flat = b.work = None  # the flat tensor stays the reducer's, for the next step
                 if p.done is None:
-                    p.done = time.perf_counter()
+                    p.done = p.completed() or time.perf_counter()
                 self.last_step.append((p.stage, p.started, p.done))
                 done.append(p.stage)
         finally:
@@ -318,14 +387,16 @@ def _bucket(params: list[nn.Parameter], cap: int) -> list[list[nn.Parameter]]:
     return buckets
 
 
-def _flatten(params: list[nn.Parameter]) -> torch.Tensor:
+def _flatten(params: list[nn.Parameter], into: torch.Tensor | None = None) -> torch.Tensor:
     """The gradients of ``params`` (zeros for a missing one) as one flat tensor, followed by one
-    presence flag per parameter (1 where this rank has a gradient)."""
+    presence flag per parameter (1 where this rank has a gradient): written into ``into`` where
+    it has the size, dtype and device (the bucket's tensor of an earlier step), else a new one."""
     for p in params:
         lay_out_as_parameter(p)
     p0 = params[0]
     numel = sum(_shard(p).numel() for p in params)
-    flat = torch.empty(numel + len(params), dtype=p0.dtype, device=p0.device)
+    fits = into is not None and into.numel() == numel + len(params) and into.dtype == p0.dtype and into.device == p0.device
+    flat = into if fits and into is not None else torch.empty(numel + len(params), dtype=p0.dtype, device=p0.device)
     at = 0
     for i, p in enumerate(params):
         n = _shard(p).numel()
@@ -383,3 +454,8 @@ class Reductions:
         """Wait for them all; the stages in the order the first reducer started them."""
         done = [r.finish() for r in self.reducers]
         return done[0]
+
+    def close(self) -> None:
+        """Stop the reducers' threads."""
+        for r in self.reducers:
+            r.close()

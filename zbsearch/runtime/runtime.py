@@ -293,6 +293,8 @@ class PipelineRuntime:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
+        if isinstance(self._dp, (GradientReducer, Reductions)):
+            self._dp.close()
         self._comm.close()
 
     def __enter__(self) -> PipelineRuntime:
@@ -421,7 +423,8 @@ class PipelineRuntime:
     @property
     def reductions(self) -> list[tuple[int, float, float]]:
         """The last step's data-parallel reductions on this rank: (stage, start, end), in seconds
-        of ``time.perf_counter`` (end: when it was first seen complete, between passes)."""
+        of ``time.perf_counter`` (end: when it completed, ``GradientReducer``: on the host as gloo
+        completes it, on a device when the rank first saw it complete, between passes)."""
         return [] if self._dp is None else list(self._dp.last_step)
 
     @property
