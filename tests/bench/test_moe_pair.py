@@ -19,7 +19,7 @@ import pytest
 
 import bench.moe_pair as moe_pair
 from bench.moe_pair import prefix_bound
-from tests.solver.oracle import paired_rank_optima
+from tests.solver.oracle import paired_optima, paired_rank_optima
 from tests.solver.test_pairing_bound import _instance, _rows
 from zbsearch import CostModel, Profile, StageCost
 from zbsearch.bounds import rank_pairing_span_lower_bounds
@@ -124,3 +124,17 @@ def test_prefix_bound_below_the_exact_optimum_of_a_v_of_three_or_four_ranks():
         finally:
             moe_pair._releases = _RELEASES
     assert checked >= 6 and raised >= 2 and caught >= 1, (checked, raised, caught)
+
+
+def test_exact_model_is_the_oracles_optimum():
+    """``moe_pair.solve`` over every rank against the oracle's least span: never above it (a
+    relaxation: the idle model) and, on these, equal (pairs, memory and links modelled exactly)."""
+    equal = 0
+    cases = _cases(6, 1, True)
+    for cost, m, limit, split in cases:
+        best = paired_optima(cost, [_rows(cost, r, m, limit, split) for r in range(2)], limit)["span"]
+        exact = moe_pair.solve(cost, m, limit, [0, 1], time_limit=20)
+        assert exact.status == "OPTIMAL" and exact.value is not None
+        assert exact.bound <= best * (1 + TOL) + TOL and exact.value <= best * (1 + TOL) + TOL, (cost, limit, exact, best)
+        equal += abs(exact.value - best) <= 1e-6
+    assert equal >= len(cases) - 1
