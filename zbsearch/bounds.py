@@ -859,7 +859,7 @@ def _whole_sets(cost: CostModel, r: int, m: int, allowed: float, stages: list[in
     return out if len(out) <= _MOST_SETS else None
 
 
-_MOST_SETS = 64  # beyond that many count vectors the row is left out (ranks of many stages)
+_MOST_SETS = 16  # beyond that many count vectors the rows are left out: they bind where few microbatches fit
 
 
 def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag: float, allowed: float,

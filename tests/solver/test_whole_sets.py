@@ -24,6 +24,8 @@ from .oracle import FAMILIES, Instance, cp_optimum_many, random_instance, with_f
 
 pytestmark = pytest.mark.slow
 
+_GAP = 1e-3  # an integer program's proven bound moves within HiGHS' gap when rows are added
+
 
 def _v_instance(seed: int, m: int = 1) -> tuple[Instance, bool]:
     """A V on two ranks, ``m`` microbatches, recomputation offered (selective too on even
@@ -93,7 +95,7 @@ def test_whole_sets_and_apart_stages_never_exceed_the_optimum(cases, monkeypatch
     without = [_bounds(inst) for inst, _ in cases]
     for (inst, res), got, before in zip(cases, counted, without):
         assert res.optimal
-        assert all(b <= g * (1 + TOL) for b, g in zip(before, got)), (inst.limit, before, got)
+        assert all(b <= g * (1 + _GAP) for b, g in zip(before, got)), (inst.limit, before, got)
         assert all(g <= res.value * (1 + TOL) for g in got), (inst.profile.name, inst.limit, got, res.value)
     raised = [g[0] > b[0] * (1 + TOL) for g, b in zip(counted, without)]
     assert sum(raised) >= 2  # the sample exercises them
