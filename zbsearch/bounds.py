@@ -59,7 +59,9 @@ bounds hold over every choice. The memory-aware ones reason from what a microbat
 between its F and its B and are left out where recomputation is offered; the *area* bound
 (``rank_area_span_lower_bounds``) takes their place: it weighs what a microbatch holds by how
 long it must hold it against the limit times the span, and the recompute passes that free
-memory against the time they add. The *deferral* bound (``rank_deferral_span_lower_bounds``)
+memory against the time they add; where a rank holds several stages, which of their
+microbatches it can hold whole together, and which it must checkpoint so that a later stage's
+can be whole. The *deferral* bound (``rank_deferral_span_lower_bounds``)
 holds either way: memory caps the W passes a rank can leave for after its last B, so the rest
 join its F and B passes in the one-machine bound across ranks. The *relay* bound
 (``rank_relay_span_lower_bounds``) holds either way too and reasons across ranks: the area
@@ -642,6 +644,26 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
     times sum to at most c * T. At the least limit with one stage per rank and m_b = 0 (c = 1)
     each plain microbatch takes L_s + its backward of the span alone, whatever the order.
 
+    Whole sets: per stage, a microbatch holds all of m_f from the start of the pass that makes
+    it whole to the end of its B (in ``for_bounds``' split model, where a fused BW is a B then
+    a W): at least L_s + B plain, t_r + B checkpointed. At any instant the counts per stage of
+    those so held fit the limit together (as above), so they lie in the set P of count vectors
+    c with sum c_s m_f_s within M (``_whole_sets``: its maximal ones). Take lambda_p the time
+    spent with the counts under p (a maximal vector for each instant): sum lambda_p <= T, and
+    stage s's times sum to at most sum lambda_p p_s. The passes that run with their microbatch
+    so held (a plain forward, a recompute pass, a B) run one at a time, with p_s >= 1 for their
+    stage: for every set Q of the rank's stages, those of Q take at most the lambda of the p
+    with some p_s >= 1 in Q (Hall's condition for spreading them over the lambda). On a V rank
+    whose two stages cannot be whole together, this keeps the two stages' backward work apart.
+
+    Apart: a microbatch of a later stage x of the rank is whole when its B starts, and that B
+    runs inside the same microbatch's F to B on stage s. There the microbatch holds m_f plain,
+    or until its recompute pass what its way keeps (never more than m_f), beside x's m_f: a way
+    that cannot fit is left out, and where m_f of both cannot (``_apart``) the microbatch is
+    checkpointed and its recompute pass starts after x's B ends: it holds what it keeps from its
+    forward to the dependency path to that B's end, not to its own B, and cannot be rebuilt
+    before the rank's first B.
+
     Only for ranks whose memory never drops below zero per microbatch (F allocates, B and W
     free, within what F allocated); elsewhere the busy time."""
     bc = cost.for_bounds()
@@ -651,6 +673,12 @@ def rank_area_span_lower_bounds(cost: CostModel, num_microbatches: int, limit: l
         whole = whole and not (deadline is not None and clock.now() > deadline)
         out.append(_area_bound(cost, bc, preds, r, num_microbatches, allowance(limit[r]), whole, core=False))
     return out
+
+
+def _apart(cost: CostModel, r: int, s: int, room: float) -> list[int]:
+    """The stages of rank ``r`` after ``s`` whose microbatches no microbatch of ``s`` can be
+    whole beside within ``room`` (``rank_area_span_lower_bounds``): m_f of both above it."""
+    return [x for x in cost.rank_stages(r) if x > s and cost.m_f[s] + cost.m_f[x] > room]
 
 
 def _area_bound(cost: CostModel, bc: CostModel, preds, r: int, m: int, allowed: float, whole: bool, core: bool,
@@ -679,23 +707,36 @@ def _area_bound(cost: CostModel, bc: CostModel, preds, r: int, m: int, allowed: 
     # columns: per stage and way of holding a microbatch, its count outside the window (n), in
     # the window (w) and, checkpointed, in the window with its recompute pass there too (v)
     cols: list[_Column] = []
+    room = allowed + m * len(cost.rank_stages(r)) * ABS_TOL  # finished microbatches may hold -ABS_TOL each
     for s in stages:
-        lag_s = earliest_starts(bc, (s, Op.F), preds)[(s, Op.B)]
+        path = earliest_starts(bc, (s, Op.F), preds)
+        lag_s = path[(s, Op.B)]
+        # a later stage of the rank is whole inside each microbatch of s (at its B), beside
+        # what that microbatch holds there: its m_f plain, what its way keeps checkpointed
+        beside = max((cost.m_f[x] for x in cost.rank_stages(r) if x > s), default=0.0)
+        apart = _apart(cost, r, s, room)  # where m_f cannot be beside: the recompute pass after the B
+        after = max((path[(x, Op.B)] + bc.t_b[x] for x in apart), default=_NEG)
         least_f, least_b = cost.forward(s), backward(s)
         plain = min(cost.t_f[s], cost.t_ff[s]) - least_f
-        area, held = cost.m_f[s] * lag_s, lag_s + least_b
-        cols += [_Column(s, plain, area, math.inf, 0.0, False, held),
-                 _Column(s, plain, area, cost.m_f[s], -least_f, True, held)]
+        area, held, full, need = cost.m_f[s] * lag_s, lag_s + least_b, lag_s + bc.t_b[s], least_f + plain + bc.t_b[s]
+        if not apart:
+            cols += [_Column(s, plain, area, math.inf, 0.0, False, held, full, need),
+                     _Column(s, plain, area, cost.m_f[s], -least_f, True, held, full, need)]
         for op in cost.recompute_ops(s):
             o = cost.offer(s, op)
             assert o is not None
+            if min(o.keep, cost.m_f[s]) + beside > room:
+                continue  # this way cannot hold the microbatch beside the later stage's
             t_r = o.least  # before a fused or a split backward
+            lag_o = max(lag_s, after + t_r)
             extra = t_r + o.t_f - least_f
-            area, held = o.keep * lag_s + (cost.m_f[s] - o.keep) * t_r, t_r + least_b
-            cols += [_Column(s, extra, area, math.inf, 0.0, False, held),
-                     _Column(s, extra, area, o.keep, t_r - least_f, False, held),
-                     _Column(s, extra, area, cost.m_f[s], -least_f, True, held)]
-    bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole, _whole_at_once(cost, r, m, allowed, core, stages))
+            area, held, full = o.keep * lag_o + (cost.m_f[s] - o.keep) * t_r, t_r + least_b, t_r + bc.t_b[s]
+            cols += [_Column(s, extra, area, math.inf, 0.0, False, held, full, full),
+                     _Column(s, extra, area, o.keep, t_r - least_f, False, held, full, full)]
+            if not apart:  # (else its recompute pass runs after the rank's first B)
+                cols.append(_Column(s, extra, area, cost.m_f[s], -least_f, True, held, full, full))
+    bound = _area_lp(quiet_highs(), cols, stages, m, busy, lag, allowed, whole, _whole_at_once(cost, r, m, allowed, core, stages),
+                     _whole_sets(cost, r, m, allowed, stages))
     least_keep = min(min([cost.m_f[s], *(cost.offer(s, op).keep for op in cost.recompute_ops(s))])  # type: ignore[union-attr]
                      for s in stages)
     if least_keep > 0:
@@ -768,6 +809,8 @@ class _Column:
     window: float
     whole: bool
     held: float  # the least time it is whole at once (see ``_whole_at_once``)
+    full: float = 0.0  # the least time it holds all of m_f, to the end of its B (see ``_whole_sets``)
+    need: float = 0.0  # the least time of its passes that run while it holds all of m_f (ditto)
 
 
 def _whole_at_once(cost: CostModel, r: int, m: int, allowed: float, core: bool = False,
@@ -789,10 +832,42 @@ def _whole_at_once(cost: CostModel, r: int, m: int, allowed: float, core: bool =
     return math.floor(room / least * (1 + REL_TOL))
 
 
+def _whole_sets(cost: CostModel, r: int, m: int, allowed: float, stages: list[int]) -> list[tuple[int, ...]] | None:
+    """The count vectors, one count per stage of ``stages``, of the microbatches rank ``r`` can
+    hold with all of m_f at once within ``allowed`` (``rank_area_span_lower_bounds``), those no
+    other one exceeds in every count; None where the stages may hold all m each at once together,
+    memory may drop below zero per microbatch, or there are more than ``_MOST_SETS``."""
+    if not _balanced_rank(cost, r):
+        return None
+    room = allowed + m * len(cost.rank_stages(r)) * ABS_TOL  # finished microbatches may hold -ABS_TOL each
+    size = [max(cost.m_f[s], 0.0) for s in stages]
+
+    def most(k: int, left: float) -> int:
+        return m if size[k] <= 0 else max(0, min(m, math.floor(left / size[k] * (1 + REL_TOL))))
+
+    if sum(m * x for x in size) <= room:
+        return None
+    found: list[tuple[int, ...]] = []
+    # every count but the last, then the last as large as fits: each vector that fits lies under one
+    for head in itertools.product(*(range(most(k, room) + 1) for k in range(len(stages) - 1))):
+        left = room - sum(c * x for c, x in zip(head, size))
+        if left >= -room * REL_TOL:
+            found.append((*head, most(len(stages) - 1, left)))
+        if len(found) > 4 * _MOST_SETS:
+            return None
+    out = [p for p in found if not any(q != p and all(b >= a for a, b in zip(p, q)) for q in found)]
+    return out if len(out) <= _MOST_SETS else None
+
+
+_MOST_SETS = 16  # beyond that many count vectors the rows are left out: they bind where few microbatches fit
+
+
 def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag: float, allowed: float,
-             whole: bool, at_once: int | None = None) -> float:
+             whole: bool, at_once: int | None = None, sets: list[tuple[int, ...]] | None = None) -> float:
     """The least T of ``rank_area_span_lower_bounds``'s integer program (``whole``) or of its
-    LP relaxation; ``at_once``: how many microbatches may be whole at once (None: no limit)."""
+    LP relaxation; ``at_once``: how many microbatches may be whole at once (None: no limit);
+    ``sets``: the count vectors of microbatches per stage that may hold all of m_f at once
+    (None: no limit)."""
     import highspy
 
     inf = math.inf
@@ -818,6 +893,19 @@ def _area_lp(h, cols: list[_Column], stages: list[int], m: int, busy: float, lag
     h.addRow(0.0, inf, n + 1, counts + [t], [-cols[k].area for k in counts] + [allowed])
     if at_once is not None:  # c T - sum held >= 0
         h.addRow(0.0, inf, n + 1, counts + [t], [-cols[k].held for k in counts] + [float(at_once)])
+    if sets is not None:  # the time each stage's microbatches hold all of m_f lies in T conv(sets)
+        first = h.getNumCol()
+        h.addVars(len(sets), [0.0] * len(sets), [inf] * len(sets))
+        lam = list(range(first, first + len(sets)))
+        h.addRow(-inf, 0.0, len(sets) + 1, lam + [t], [1.0] * len(sets) + [-1.0])  # sum lambda <= T
+        for i, s in enumerate(stages):  # sum full <= sum lambda_p p_s
+            idx = [k for k in counts if cols[k].stage == s]
+            h.addRow(-inf, 0.0, len(idx) + len(sets), idx + lam, [cols[k].full for k in idx] + [-float(p[i]) for p in sets])
+        for size in range(1, len(stages) + 1):  # the passes that need a stage of Q whole run in the sets that hold one
+            for q in itertools.combinations(range(len(stages)), size):
+                idx = [k for k in counts if stages.index(cols[k].stage) in q]
+                hold = [j for j, p in zip(lam, sets) if any(p[i] for i in q)]
+                h.addRow(-inf, 0.0, len(idx) + len(hold), idx + hold, [cols[k].need for k in idx] + [-1.0] * len(hold))
     if whole:  # microbatches come whole: the counts are integers
         h.changeColsIntegrality(n, counts, [highspy.HighsVarType.kInteger] * n)
     h.run()
