@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))  # its siblings, as it imports them
-from data_parallel import replica_drift  # noqa: E402
+from bench.data_parallel import replica_drift  # noqa: E402
 
 
 @pytest.mark.parametrize("seed", range(20))
