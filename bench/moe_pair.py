@@ -20,7 +20,7 @@ no worse.
 * ``solve``: an exact CP-SAT model of a set of ranks (as the simulator times and counts them:
   one pass at a time or an overlapped pair that starts both passes and ends both after
   ``CostModel.pair_time``; memory after each pass within the limit, the pair's forward counted
-  first), every other rank a machine as above or only a delay (``_lags``). Over every rank it is
+  first), every other rank a machine as above or only a delay (``moe_ramp.path_lags``). Over every rank it is
   the exact idle optimum (equal to the oracle's on the tests' instances); over two ranks of the
   open cases CP-SAT proves nothing in minutes, which is why the bound is the prefix search.
 
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import save  # noqa: E402
 from moe import profile  # noqa: E402
-from moe_ramp import CASES  # noqa: E402
+from moe_ramp import CASES, path_lags  # noqa: E402
 
 from zbsearch import CostModel, build_classic  # noqa: E402
 from zbsearch.actions import Action, Op  # noqa: E402
@@ -86,21 +86,6 @@ def _split_dominates(cost: CostModel) -> bool:
     return not cost.can_recompute
 
 
-def _lags(cost: CostModel, mine: list[tuple[int, Op]]) -> dict[tuple[tuple[int, Op], tuple[int, Op]], float]:
-    """Per two pass types of the modelled ranks with a dependency path from the first to the
-    second, the least time from the end of the first to the start of the second (one
-    microbatch): the longest path, every pass on it taking its time alone, links their delay."""
-    chain = cost.without_all_to_all()
-    preds = type_graph(chain)
-    out = {}
-    for x in mine:
-        rel = earliest_starts(chain, x, preds)
-        for y in mine:
-            if y != x and rel[y] > -math.inf:
-                out[(x, y)] = rel[y] - chain.time(*x)
-    return out
-
-
 def _scale(values: list[float]) -> int:
     """The least integer that makes every value whole (refused where one is off a fine grid)."""
     den = 1
@@ -128,7 +113,7 @@ def solve(cost: CostModel, m: int, limit: list[float] | None, ranks: list[int], 
     stages = {s: r for r in ranks for s in cost.rank_stages(r)}
     types = [(s, op) for s in stages for op in (Op.F, Op.B, Op.W)]
     others = [(s, op) for s in range(cost.num_stages) if s not in stages for op in (Op.F, Op.B)] if machines else []
-    lags = _lags(cost, types)
+    lags = path_lags(cost, types)
     pt = {(f, b): cost.pair_time(Action(f, Op.F, 1), Action(b, Op.B, 0), cost.t_f[f], cost.t_b[b])
           for f in stages for b in stages if stages[f] == stages[b]}
     unit = _scale([cost.time(s, op) for s, op in types + others] + [cost.hideable(s, op) for s, op in types]
@@ -302,7 +287,7 @@ def prefix_bound(cost: CostModel, m: int, limit: list[float] | None, r: int, pre
     unpaired in the prefix, ``_unpaired``) plus its idle time, at least the prefix's. A branch and
     bound over the orders of the prefix's slots (one pass, or a pair of a forward and a backward
     of an earlier microbatch) finds the least of that: each slot as early as the rank, memory,
-    the lags from r's own passes (``_lags``) and the other ranks' machines (``_releases``, with
+    the lags from r's own passes (``moe_ramp.path_lags``) and the other ranks' machines (``_releases``, with
     ``machines``) let it, which starts every slot no later and covers no less of the prefix
     than any schedule with the same slots, and the least over every length of the order (the
     slots a schedule starts in the prefix). ``target``: stop once a prefix below it is found
@@ -314,7 +299,7 @@ def prefix_bound(cost: CostModel, m: int, limit: list[float] | None, r: int, pre
     floor = m * sum(cost.time(s, op) - cost.hideable(s, op) for s, op in chains)
     if prefix > floor + TOL:
         raise ValueError("a prefix longer than the least busy time: the rank may end in it")
-    lags = _lags(cost, chains)
+    lags = path_lags(cost, chains)
     into = {c: [(x, g) for (x, y), g in lags.items() if y == c] for c in chains}
     ext = _releases(cost, m, r, chains) if machines else {c: [0.0] * m for c in chains}
     cap = math.inf if limit is None else allowance(limit[r])

@@ -41,18 +41,29 @@ CASES = [(8, 16, 0.4), (8, 32, 0.3), (16, 32, 0.4), (16, 64, 0.3)]  # the open o
 TOL = 1e-9
 
 
+def path_lags(cost: CostModel, mine: list[tuple[int, Op]]) -> dict[tuple[tuple[int, Op], tuple[int, Op]], float]:
+    """Per two pass types of ``mine`` with a dependency path from the first to the second, the
+    least time from the end of the first to the start of the second (one microbatch): the
+    longest path, every pass on it taking its time alone, links their delay."""
+    chain = cost.without_all_to_all()
+    preds = type_graph(chain)
+    out = {}
+    for x in mine:
+        rel = earliest_starts(chain, x, preds)
+        for y in mine:
+            if y != x and rel[y] > -math.inf:
+                out[(x, y)] = rel[y] - chain.time(*x)
+    return out
+
+
 def _lags(cost: CostModel, r: int) -> dict[tuple[str, str], float]:
     """Rank r's stages a (low) and b (high): the least time from the end of one of its passes
     to the start of the next of the same microbatch on r, along the dependency path."""
-    chain = cost.without_all_to_all()
-    preds = type_graph(chain)
     a, b = cost.rank_stages(r)
-
-    def gap(x: tuple[int, Op], y: tuple[int, Op]) -> float:
-        return earliest_starts(chain, x, preds)[y] - chain.time(*x)
-
-    return {("Fa", "Fb"): gap((a, Op.F), (b, Op.F)), ("Fb", "Bb"): gap((b, Op.F), (b, Op.B)),
-            ("Bb", "Ba"): gap((b, Op.B), (a, Op.B)), ("Bb", "Wb"): 0.0, ("Ba", "Wa"): 0.0}
+    fa, fb, bb, ba = (a, Op.F), (b, Op.F), (b, Op.B), (a, Op.B)
+    lag = path_lags(cost, [fa, fb, bb, ba])
+    return {("Fa", "Fb"): lag[(fa, fb)], ("Fb", "Bb"): lag[(fb, bb)], ("Bb", "Ba"): lag[(bb, ba)],
+            ("Bb", "Wb"): 0.0, ("Ba", "Wa"): 0.0}
 
 
 def _schedule(cost: CostModel, r: int, m: int, limit: float, lag: dict, rng: random.Random) -> list[tuple[float, list]] | None:
