@@ -38,25 +38,25 @@ MIB = 2**20
 def _replay(spec, sched: zb.Schedule, device: torch.device, cfg: GPTConfig, m: int, steps: int) -> dict:
     """Steps of one schedule on this process's device: step times, traces and the allocator's
     peak above what the step started with (parameters, gradients and inputs)."""
-    runtime = PipelineRuntime(sched, dict(enumerate(spec.stages)), spec.loss_fn, device=device)
     ids, targets = gpt_batch(cfg, m, seed=2)
     cuda = device.type == "cuda"
     spans, traces, peaks = [], [], []
-    for step in range(steps + 1):  # the first step warms up (and allocates the gradients)
-        for st in spec.stages:
-            st.zero_grad(set_to_none=False)
-        if cuda:
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-        runtime.step(ids, targets)
-        if cuda:
-            torch.cuda.synchronize(device)
-            peaks.append((torch.cuda.max_memory_allocated(device) - base) / MIB)
-        trace = runtime.trace()
-        if step and trace is not None:
-            spans.append(max(trace.span_ms()))
-            traces.append(trace)
+    with PipelineRuntime(sched, dict(enumerate(spec.stages)), spec.loss_fn, device=device) as runtime:
+        for step in range(steps + 1):  # the first step warms up (and allocates the gradients)
+            for st in spec.stages:
+                st.zero_grad(set_to_none=False)
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+                base = torch.cuda.memory_allocated(device)
+            runtime.step(ids, targets)
+            if cuda:
+                torch.cuda.synchronize(device)
+                peaks.append((torch.cuda.max_memory_allocated(device) - base) / MIB)
+            trace = runtime.trace()
+            if step and trace is not None:
+                spans.append(max(trace.span_ms()))
+                traces.append(trace)
     return {"step_ms": statistics.median(spans), "traces": traces,
             "allocator_peak_mib": statistics.median(peaks[1:]) if peaks else None,
             "runtime_peak_mib": max(e.args.activations or 0.0 for e in traces[-1].traceEvents) / MIB}
